@@ -1,0 +1,47 @@
+# fusebox: `make generate` then `make test` on a fresh clone. `make help` lists the rest.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SPEC ?= fusebox.yaml
+OUT ?= .
+# Tools (Prometheus 3 promtool, the OpenTelemetry Collector) are built once into this cache.
+export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
+
+.PHONY: help venv tools generate check check-generated test test-fast bench demo clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+$(BIN)/fusebox: pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(BIN)/fusebox ## create .venv with fusebox and its test dependencies
+
+tools: venv ## install promtool/amtool/prometheus/alertmanager (apt) and build the pinned Go tools
+	bash tools/bootstrap.sh
+
+generate: venv ## generate every output from $(SPEC) into $(OUT)
+	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT)
+
+check: tools ## run promtool/amtool checks and the generated tests on $(OUT)
+	$(BIN)/fusebox check --spec $(SPEC) --out $(OUT)
+
+check-generated: venv ## fail when committed outputs drift from $(SPEC)
+	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT) --check
+
+test: tools ## the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector)
+	$(BIN)/python -m pytest -q
+
+test-fast: venv ## tests that need no external tool
+	$(BIN)/python -m pytest -q -m "not tools and not otelcol"
+
+bench: tools ## run the benchmarks under bench/ (they print figures)
+	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean: ## remove the virtualenv and caches (not the tool cache)
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

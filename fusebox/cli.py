@@ -1,0 +1,50 @@
+"""The ``fusebox`` command. It only wires arguments to the library; each area registers its
+own subcommands (generator: generate/check; collectors: collect; fuse: fuse; demo)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module -> it defines register(subparsers)
+_AREAS = (
+    "fusebox.generator.cli",
+    "fusebox.collectors.cli",
+    "fusebox.fuse.cli",
+    "fusebox.demo.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fusebox import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="fusebox",
+        description="One YAML spec to Prometheus rules, tests, dashboards, collector config, "
+        "runbooks and a fuse (circuit breaker) for multimodal LLM inference.",
+    )
+    parser.add_argument("--version", action="version", version=f"fusebox {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _AREAS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # the area is not built yet
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Every name fusebox emits or reads, defined once.
+
+Renderers, collectors, the fuse service and the tests import these constants instead of
+spelling names out. Sources:
+
+* OTel names follow the hardware semantic conventions (``hw.gpu.memory.usage`` ...,
+  ``docs/hardware/gpu.md``); fusebox-specific instruments live under ``fusebox.``.
+* Prometheus names are what the OpenTelemetry Collector's ``prometheus`` exporter makes of
+  them with its default ``UnderscoreEscapingWithSuffixes`` strategy
+  (prometheus/otlptranslator ``metric_namer.go``); :func:`otel_to_prometheus` re-implements
+  that translation and is golden-tested, because rules and dashboards silently stop
+  receiving data when it drifts.
+* Recording-rule names follow ``level:metric:operations``
+  (Prometheus "Defining recording rules" best practice).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "otel_to_prometheus",
+    "OTEL",
+    "PROM",
+    "LABEL",
+    "SCOPE_LABELS",
+    "ABSENT_ALERT",
+    "FUSE_LEVELS",
+    "GENERATED_HEADER",
+]
+
+# --- OpenTelemetry instrument names (name, unit, instrument kind) -----------------------
+OTEL = {
+    # hardware semantic conventions (Development stability)
+    "gpu_memory_usage": ("hw.gpu.memory.usage", "By", "updowncounter"),
+    "gpu_memory_limit": ("hw.gpu.memory.limit", "By", "updowncounter"),
+    "gpu_utilization": ("hw.gpu.utilization", "1", "gauge"),
+    "gpu_io": ("hw.gpu.io", "By", "counter"),
+    "gpu_power": ("hw.power", "W", "gauge"),
+    # fusebox-specific
+    "gpu_memory_reserved": ("fusebox.gpu.memory.reserved", "By", "updowncounter"),
+    "gpu_memory_bandwidth_utilization": ("fusebox.gpu.memory_bandwidth.utilization", "1", "gauge"),
+    "gpu_pcie_utilization": ("fusebox.gpu.pcie.utilization", "1", "gauge"),
+    "gpu_up": ("fusebox.gpu.up", "1", "updowncounter"),
+    "kv_cache_usage": ("fusebox.kv_cache.usage", "By", "updowncounter"),
+    "kv_cache_limit": ("fusebox.kv_cache.limit", "By", "updowncounter"),
+    "alignment_duration": ("fusebox.alignment.duration", "s", "histogram"),
+}
+
+# unit -> suffix, from otlptranslator's unit map (only the units we emit or test).
+_UNIT_WORDS = {
+    "s": "seconds",
+    "ms": "milliseconds",
+    "By": "bytes",
+    "KiBy": "kibibytes",
+    "MiBy": "mebibytes",
+    "KBy": "kilobytes",
+    "MBy": "megabytes",
+    "W": "watts",
+    "J": "joules",
+    "Cel": "celsius",
+    "Hz": "hertz",
+    "%": "percent",
+    "bit": "bits",
+    "m": "meters",
+    "V": "volts",
+    "A": "amperes",
+}
+_PER_WORDS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "min": "minute"}
+
+
+def otel_to_prometheus(name: str, unit: str, kind: str) -> str:
+    """Translate an OTel metric name to the Prometheus name the Collector exports.
+
+    Mirrors otlptranslator's ``UnderscoreEscapingWithSuffixes`` strategy:
+    non ``[a-zA-Z0-9:_]`` characters become ``_`` (runs collapsed), the unit adds a suffix
+    (``By`` -> ``_bytes``, ``By/s`` -> ``_bytes_per_second``, ``{...}`` annotations dropped),
+    a monotonic counter adds ``_total``, a gauge with unit ``1`` adds ``_ratio``
+    (not an UpDownCounter: ``hw.status`` stays ``hw_status``).
+
+    Args:
+        name: OTel instrument name, e.g. ``"hw.gpu.memory.usage"``.
+        unit: UCUM unit string, e.g. ``"By"``, ``"s"``, ``"1"``, ``"{request}"``.
+        kind: one of ``counter``, ``updowncounter``, ``gauge``, ``histogram``.
+
+    Returns:
+        The Prometheus metric name (histograms: the family name, without ``_bucket``).
+    """
+    out = re.sub(r"[^a-zA-Z0-9:_]+", "_", name).strip("_")
+    out = re.sub(r"__+", "_", out)
+    unit = re.sub(r"\{[^}]*\}", "", unit or "").strip()
+    words: list[str] = []
+    if unit and unit != "1":
+        main, _, per = unit.partition("/")
+        if main and main != "1":
+            words.append(_UNIT_WORDS.get(main, re.sub(r"[^a-zA-Z0-9]+", "_", main)))
+        if per:
+            words.append("per_" + _PER_WORDS.get(per, re.sub(r"[^a-zA-Z0-9]+", "_", per)))
+    elif unit == "1" and kind == "gauge":
+        words.append("ratio")
+    for w in words:
+        if not out.endswith("_" + w):
+            out += "_" + w
+    if kind == "counter" and not out.endswith("_total"):
+        out += "_total"
+    return out
+
+
+def _prom(key: str) -> str:
+    return otel_to_prometheus(*OTEL[key])
+
+
+# --- Prometheus names the rules read (the metric contract) ------------------------------
+PROM = {key: _prom(key) for key in OTEL}
+# PROM["gpu_memory_usage"] == "hw_gpu_memory_usage_bytes" and so on; golden-tested.
+
+# Engine metrics (vLLM / SGLang), by version; see METRICS.md in the docs.
+VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # new, old (<0.10)
+VLLM_CACHE_CONFIG = "vllm:cache_config_info"
+SGLANG_PREFIXES = ("sglang:", "sglang_")
+
+# dcgm-exporter fields (MiB for framebuffer; ratios 0-1 for DCP fields).
+DCGM = {
+    "fb_used": "DCGM_FI_DEV_FB_USED",
+    "fb_free": "DCGM_FI_DEV_FB_FREE",
+    "fb_reserved": "DCGM_FI_DEV_FB_RESERVED",
+    "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "pcie_tx": "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "pcie_rx": "DCGM_FI_PROF_PCIE_RX_BYTES",
+}
+MIB = 1_048_576
+
+# --- label keys -----------------------------------------------------------------------
+LABEL = {
+    "gpu_id": "hw_id",  # GPU or MIG UUID; unique across a cluster, so joins need no host label
+    "gpu_index": "hw_gpu_index",
+    "mig": "hw_gpu_mig",  # "true" on a MIG instance
+    "host": "host_name",
+    "engine": "engine",
+    "model": "model",
+    "cluster": "cluster",
+    "instance": "instance",
+    "job": "job",
+    "severity": "severity",
+    "signal": "signal",
+    "fuse_action": "fuse_action",
+    "fuse_level": "fuse_level",
+    "metric": "metric",
+}
+
+# Labels that name the blast radius of a fuse, most specific last. The fuse service keys
+# its breaker on the subset present in an alert.
+SCOPE_LABELS = ("cluster", "host_name", "instance", "hw_id", "engine")
+
+ABSENT_ALERT = "FuseboxSignalAbsent"
+
+# Fuse levels, ordered: a higher level implies the lower ones' pressure.
+FUSE_LEVELS = {
+    "freeze_admissions": 1,
+    "text_only_fallback": 2,
+    "kv_cache_eviction": 3,
+}
+
+GENERATED_HEADER = "Code generated by fusebox from {spec}. DO NOT EDIT."
+
+
+# --- recording rules ------------------------------------------------------------------
+def record_name(level: str, metric: str, ops: str) -> str:
+    """``level:metric:operations`` (e.g. ``gpu:fusebox_gpu_memory_utilization:ratio``)."""
+    return f"{level}:{metric}:{ops}"
+
+
+def window_word(seconds: float) -> str:
+    """60 -> "1m", 300 -> "5m", 90 -> "1m30s": the window as it appears in rule names."""
+    from fusebox.generator.units import format_duration
+
+    return format_duration(seconds)
+
+
+def signal_records(signal) -> dict[str, str]:
+    """Every recording-rule name a signal produces, by role.
+
+    Roles: ``value`` (the alert reads it; base units), and per kind:
+    gpu_memory -> ``device`` (device-basis ratio, no KV correction);
+    quantile -> ``p50``, ``p99``, ``over_threshold`` (share of observations above each
+    threshold, label ``le``), ``rate`` (observations per second);
+    deriv -> ``usage_ratio`` when the source is the fusebox KV metric.
+    Dashboards and runbooks import these; never spell the names out.
+    """
+    lvl, name = signal.level, signal.name
+    out: dict[str, str] = {}
+    if signal.kind == "gpu_memory":
+        out["value"] = record_name(lvl, f"fusebox_{name}", "ratio")
+        out["device"] = record_name(lvl, "fusebox_gpu_memory_device_utilization", "ratio")
+    elif signal.kind == "gauge":
+        out["value"] = record_name(lvl, f"fusebox_{name}", "ratio" if signal.unit == "ratio" else signal.unit)
+    elif signal.kind == "deriv":
+        w = window_word(signal.window_s)
+        out["value"] = record_name(lvl, f"fusebox_{name}", f"deriv{w}")
+    elif signal.kind == "quantile":
+        w = window_word(signal.window_s)
+        hist = signal.source.metric
+        out["value"] = record_name(lvl, f"fusebox_{name}", f"rate{w}")
+        out["p50"] = record_name(lvl, hist, f"p50_rate{w}")
+        out["p99"] = record_name(lvl, hist, f"p99_rate{w}")
+        out["rate"] = record_name(lvl, hist, f"count_rate{w}")
+        out["over_threshold"] = record_name(lvl, f"fusebox_{name}_over_threshold", f"ratio_rate{w}")
+    return out

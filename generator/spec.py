@@ -1,0 +1,523 @@
+"""The fusebox spec (``apiVersion: fusebox/v1``): its schema, validation and normalised model.
+
+``load_spec(path)`` reads YAML, checks its shape with pydantic (unknown keys are errors),
+converts human units, applies defaults and overrides, and checks semantics (tier order,
+windows vs scrape interval, quantile thresholds on bucket boundaries, PromQL syntax).
+Every problem becomes a :class:`~fusebox.generator.errors.Problem` anchored at the line
+and column of the offending YAML node. The result is a frozen :class:`Spec` that renderers
+consume; renderers never see raw YAML.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fusebox import conventions as C
+
+from . import units
+from .errors import Problem, SpecError
+from .yamlpos import Positions, load
+
+API_VERSION = "fusebox/v1"
+TIER_ORDER = ("warning", "critical")
+KINDS = ("gauge", "gpu_memory", "deriv", "quantile")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_ALERT = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+# --------------------------------------------------------------------------- raw schema
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Scalar = Union[str, int, float]
+
+
+class RawTier(_Strict):
+    threshold: Scalar
+    for_: Optional[Scalar] = Field(None, alias="for")
+    keep_firing_for: Optional[Scalar] = None
+    severity: Optional[str] = None
+    fuse: Optional[str] = None
+    enabled: bool = True
+
+
+class RawSource(_Strict):
+    metric: Optional[str] = None
+    scale: float = 1.0
+    expr: Optional[str] = None
+    note: Optional[str] = None
+
+
+class RawDiagnosis(_Strict):
+    title: str
+    query: str
+
+
+class RawRunbook(_Strict):
+    symptom: str
+    impact: str
+    diagnosis: list[RawDiagnosis] = []
+    sop: dict[str, list[str]] = {}
+
+
+class RawSignal(_Strict):
+    alert: str
+    description: str
+    kind: Literal["gauge", "gpu_memory", "deriv", "quantile"]
+    unit: Literal["ratio", "seconds", "bytes", "bytes_per_second"]
+    level: str = "gpu"
+    direction: Literal["above", "below"] = "above"
+    by: Optional[list[str]] = None
+    window: Optional[Scalar] = None
+    quantile: Optional[float] = None
+    buckets: Optional[list[float]] = None
+    source: str = "fusebox"
+    sources: dict[str, RawSource]
+    tiers: dict[str, RawTier]
+    runbook: RawRunbook
+    secondary: bool = False
+
+
+class RawOverride(_Strict):
+    alert: str
+    tier: Optional[str] = None
+    threshold: Optional[Scalar] = None
+    for_: Optional[Scalar] = Field(None, alias="for")
+    keep_firing_for: Optional[Scalar] = None
+    severity: Optional[str] = None
+    enabled: Optional[bool] = None
+    source: Optional[str] = None
+
+
+class RawAction(_Strict):
+    level: int
+    description: str
+
+
+class RawFuse(_Strict):
+    receiver: str = "fusebox-fuse"
+    webhook_url: str
+    credentials_file: str
+    group_wait_critical: Scalar = "5s"
+    group_wait: Scalar = "30s"
+    group_interval: Scalar = "1m"
+    repeat_interval: Scalar = "4h"
+    actions: dict[str, RawAction]
+
+
+class RawAbsent(_Strict):
+    enabled: bool = True
+    for_: Scalar = Field("5m", alias="for")
+    severity: str = "warning"
+
+
+class RawDefaults(_Strict):
+    for_: Scalar = Field("1m", alias="for")
+    keep_firing_for: Scalar = "1m"
+    absent: RawAbsent = RawAbsent()
+
+
+class RawGlobal(_Strict):
+    scrape_interval: Scalar = "15s"
+    evaluation_interval: Scalar = "15s"
+    runbook_base_url: str
+    dashboard_base_url: str = ""
+    selector: dict[str, str] = {}
+    labels: dict[str, str] = {}
+
+
+class RawMetadata(_Strict):
+    name: str
+    description: str = ""
+
+
+class RawSpec(_Strict):
+    apiVersion: str
+    kind: Literal["FuseboxSpec"]
+    metadata: RawMetadata
+    global_: RawGlobal = Field(alias="global")
+    defaults: RawDefaults = RawDefaults()
+    fuse: RawFuse
+    signals: dict[str, RawSignal]
+    overrides: list[RawOverride] = []
+
+
+# ----------------------------------------------------------------------- normalised model
+@dataclass(frozen=True)
+class Tier:
+    """One alert tier of a signal. ``threshold`` is in the signal's base unit."""
+
+    name: str  # "warning" | "critical"
+    threshold: float
+    threshold_text: str  # as the spec wrote it, for humans
+    for_s: float
+    keep_firing_for_s: float
+    severity: str
+    fuse: Optional[str]  # action name from fuse.actions, or None
+    fuse_level: int  # 0 when no fuse
+    path: tuple  # YAML path, for error reports
+
+
+@dataclass(frozen=True)
+class Source:
+    backend: str
+    metric: Optional[str]
+    scale: float
+    expr: Optional[str]
+    note: Optional[str]
+
+
+@dataclass(frozen=True)
+class Runbook:
+    symptom: str
+    impact: str
+    diagnosis: tuple[tuple[str, str], ...]
+    sop: dict[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A signal and its alert. Values are in Prometheus base units (ratio 0-1, s, B, B/s)."""
+
+    name: str
+    alert: str
+    description: str
+    kind: str
+    unit: str
+    level: str
+    direction: str
+    by: tuple[str, ...]
+    window_s: float
+    quantile: Optional[float]
+    buckets: tuple[float, ...]
+    source: Source
+    sources: dict[str, Source]
+    tiers: tuple[Tier, ...]  # enabled tiers only, warning before critical
+    runbook: Runbook
+    secondary: bool
+    path: tuple
+
+
+@dataclass(frozen=True)
+class FuseAction:
+    name: str
+    level: int
+    description: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    """The normalised spec every renderer consumes."""
+
+    file: str
+    name: str
+    description: str
+    scrape_interval_s: float
+    evaluation_interval_s: float
+    runbook_base_url: str
+    dashboard_base_url: str
+    selector: dict[str, str]
+    labels: dict[str, str]
+    absent_enabled: bool
+    absent_for_s: float
+    absent_severity: str
+    receiver: str
+    webhook_url: str
+    credentials_file: str
+    group_wait_s: float
+    group_wait_critical_s: float
+    group_interval_s: float
+    repeat_interval_s: float
+    actions: dict[str, FuseAction]
+    signals: tuple[Signal, ...]
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+
+    def signal(self, name: str) -> Signal:
+        for s in self.signals:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def runbook_url(self, alert: str) -> str:
+        return f"{self.runbook_base_url.rstrip('/')}/{alert}.md"
+
+
+# ----------------------------------------------------------------------------- loading
+def load_spec(path: str | Path, *, display_path: str | None = None) -> Spec:
+    """Read, validate and normalise a spec file.
+
+    Args:
+        path: the YAML file.
+        display_path: how to name the file in errors (default: ``path`` as given).
+
+    Raises:
+        SpecError: with one Problem per fault, each ``file:line:col: what -- fix``.
+        FileNotFoundError: when the file does not exist.
+    """
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    return parse_spec(text, display_path or str(path))
+
+
+def parse_spec(text: str, file: str = "<spec>") -> Spec:
+    """Like :func:`load_spec` on a string."""
+    data, pos = load(text, file)
+    if not isinstance(data, dict):
+        raise SpecError([pos.problem((), "the spec must be a YAML mapping", "start from the shipped fusebox.yaml")])
+    if data.get("apiVersion") != API_VERSION:
+        raise SpecError([pos.problem(("apiVersion",), f"apiVersion must be {API_VERSION!r} (got {data.get('apiVersion')!r})",
+                                     f"set 'apiVersion: {API_VERSION}'")])
+    try:
+        raw = RawSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError([_pydantic_problem(err, pos) for err in e.errors()]) from None
+    return _Normaliser(raw, data, pos).run()
+
+
+_ALIASES = {"for_": "for", "global_": "global"}
+
+
+def _pydantic_problem(err: dict, pos: Positions) -> Problem:
+    loc = tuple(_ALIASES.get(x, x) if isinstance(x, str) else x for x in err["loc"])
+    # pydantic adds the union member's type name to the path; drop such entries.
+    loc = tuple(x for x in loc if not (isinstance(x, str) and x in ("str", "int", "float")))
+    kind = err["type"]
+    name = ".".join(str(x) for x in loc)
+    if kind == "extra_forbidden":
+        return pos.problem(loc, f"unknown key {loc[-1]!r} in {'.'.join(map(str, loc[:-1])) or 'the spec'}",
+                           "remove it or check its spelling against the shipped fusebox.yaml", key=True)
+    if kind == "missing":
+        return pos.problem(loc[:-1], f"missing required key {loc[-1]!r} in {'.'.join(map(str, loc[:-1])) or 'the spec'}",
+                           f"add '{loc[-1]}:' here")
+    if kind in ("literal_error", "enum"):
+        return pos.problem(loc, f"{name}: {err['msg'].lower()}", "use one of the values listed")
+    return pos.problem(loc, f"{name}: {err['msg']}", "see the shipped fusebox.yaml for the expected shape")
+
+
+class _Normaliser:
+    def __init__(self, raw: RawSpec, data: dict, pos: Positions):
+        self.raw, self.data, self.pos = raw, data, pos
+        self.problems: list[Problem] = []
+
+    def err(self, path: tuple, what: str, fix: str, *, key: bool = False) -> None:
+        self.problems.append(self.pos.problem(path, what, fix, key=key))
+
+    def duration(self, value: Any, path: tuple) -> float:
+        try:
+            return units.parse_duration(value)
+        except ValueError as e:
+            self.err(path, f"malformed duration: {e}", "Prometheus durations are digits with a unit: ms, s, m, h, d, w, y")
+            return 0.0
+
+    def run(self) -> Spec:
+        r = self.raw
+        g = r.global_
+        scrape = self.duration(g.scrape_interval, ("global", "scrape_interval"))
+        evaluation = self.duration(g.evaluation_interval, ("global", "evaluation_interval"))
+        if scrape <= 0:
+            self.err(("global", "scrape_interval"), "scrape_interval must be positive", "e.g. '15s'")
+        for k, v in list(g.selector.items()) + list(g.labels.items()):
+            if not _LABEL.match(k):
+                self.err(("global",), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
+        actions: dict[str, FuseAction] = {}
+        levels: dict[int, str] = {}
+        for name, a in r.fuse.actions.items():
+            if a.level in levels:
+                self.err(("fuse", "actions", name, "level"), f"fuse level {a.level} is used by both {levels[a.level]!r} and {name!r}",
+                         "give each action its own level (1 freeze admissions, 2 text-only fallback, 3 KV-cache eviction)")
+            if a.level < 1:
+                self.err(("fuse", "actions", name, "level"), "fuse levels start at 1", "use 1, 2, 3 ...")
+            levels[a.level] = name
+            actions[name] = FuseAction(name, a.level, a.description)
+        d = r.defaults
+        self.duration(d.for_, ("defaults", "for"))
+        self.duration(d.keep_firing_for, ("defaults", "keep_firing_for"))
+        def_for, def_kff = d.for_, d.keep_firing_for
+        absent_for = self.duration(d.absent.for_, ("defaults", "absent", "for"))
+
+        overrides = self._overrides()
+        signals: list[Signal] = []
+        alerts_seen: dict[str, str] = {}
+        for name, raw_sig in r.signals.items():
+            path = ("signals", name)
+            if not _NAME.match(name):
+                self.err(path, f"signal name {name!r} is not snake_case", "use lower-case letters, digits and '_'", key=True)
+            if not _ALERT.match(raw_sig.alert):
+                self.err(path + ("alert",), f"alert name {raw_sig.alert!r} is not CamelCase",
+                         "use a CamelCase name with a component word, e.g. GPUMemoryUtilizationHigh")
+            if raw_sig.alert in alerts_seen or raw_sig.alert == C.ABSENT_ALERT:
+                self.err(path + ("alert",), f"duplicate alert name {raw_sig.alert!r} (also used by {alerts_seen.get(raw_sig.alert, 'fusebox itself')})",
+                         "one alert name per signal: rename one of them")
+            alerts_seen[raw_sig.alert] = name
+            sig = self._signal(name, raw_sig, path, def_for, def_kff, actions, overrides.get(raw_sig.alert, {}), scrape)
+            if sig:
+                signals.append(sig)
+        for alert, per_tier in overrides.items():
+            if alert not in alerts_seen:
+                idx = per_tier[next(iter(per_tier))][1]
+                self.err(("overrides", idx, "alert"), f"override names unknown alert {alert!r}",
+                         f"use one of: {', '.join(sorted(alerts_seen))}")
+        if self.problems:
+            raise SpecError(self.problems)
+        return Spec(
+            file=self.pos.file, name=r.metadata.name, description=r.metadata.description,
+            scrape_interval_s=scrape, evaluation_interval_s=evaluation,
+            runbook_base_url=g.runbook_base_url, dashboard_base_url=g.dashboard_base_url,
+            selector=dict(g.selector), labels=dict(g.labels),
+            absent_enabled=d.absent.enabled, absent_for_s=absent_for, absent_severity=d.absent.severity,
+            receiver=r.fuse.receiver, webhook_url=r.fuse.webhook_url, credentials_file=r.fuse.credentials_file,
+            group_wait_s=self.duration(r.fuse.group_wait, ("fuse", "group_wait")),
+            group_wait_critical_s=self.duration(r.fuse.group_wait_critical, ("fuse", "group_wait_critical")),
+            group_interval_s=self.duration(r.fuse.group_interval, ("fuse", "group_interval")),
+            repeat_interval_s=self.duration(r.fuse.repeat_interval, ("fuse", "repeat_interval")),
+            actions=actions, signals=tuple(signals), raw=self.data,
+        )
+
+    def _overrides(self) -> dict[str, dict[str, tuple[RawOverride, int]]]:
+        out: dict[str, dict[str, tuple[RawOverride, int]]] = {}
+        for i, o in enumerate(self.raw.overrides):
+            key = o.tier or "*"
+            if o.tier is not None and o.tier not in TIER_ORDER:
+                self.err(("overrides", i, "tier"), f"unknown tier {o.tier!r}", "use 'warning' or 'critical', or leave it out for both")
+            if key in out.setdefault(o.alert, {}):
+                self.err(("overrides", i), f"a second override for {o.alert} tier {key}", "merge the two overrides into one")
+            out[o.alert][key] = (o, i)
+        return out
+
+    def _signal(self, name, s: RawSignal, path, def_for, def_kff, actions, ovr, scrape) -> Optional[Signal]:
+        n_before = len(self.problems)
+        source_name = s.source
+        whole = ovr.get("*")
+        if whole and whole[0].source:
+            source_name = whole[0].source
+        if source_name not in s.sources:
+            self.err(path + ("source",), f"source {source_name!r} is not listed under sources",
+                     f"use one of: {', '.join(s.sources)}")
+        sources: dict[str, Source] = {}
+        for backend, src in s.sources.items():
+            spath = path + ("sources", backend)
+            if s.kind == "gpu_memory":
+                if backend not in ("fusebox", "dcgm"):
+                    self.err(spath, f"gpu_memory signals know the backends 'fusebox' and 'dcgm', not {backend!r}",
+                             "use fusebox or dcgm, or kind: gauge with your own expr")
+            elif (src.metric is None) == (src.expr is None):
+                self.err(spath, f"source {backend!r} needs exactly one of 'metric' or 'expr'",
+                         "name the raw metric (metric: NAME) or give a PromQL expression (expr: ...)")
+            if src.expr is not None:
+                self._check_promql(src.expr, spath + ("expr",))
+            if src.metric is not None and not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", src.metric):
+                self.err(spath + ("metric",), f"{src.metric!r} is not a valid Prometheus metric name",
+                         "metric names match [a-zA-Z_:][a-zA-Z0-9_:]*")
+            if s.kind in ("deriv", "quantile") and src.expr is not None:
+                self.err(spath + ("expr",), f"a {s.kind} signal reads a raw metric, not an expression",
+                         "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
+            sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note)
+        by = tuple(s.by) if s.by is not None else ()
+        for lb in by:
+            if not _LABEL.match(lb):
+                self.err(path + ("by",), f"invalid label name {lb!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
+        window = 0.0
+        if s.kind in ("deriv", "quantile"):
+            if s.window is None:
+                self.err(path, f"a {s.kind} signal needs a 'window'", "add e.g. 'window: 1m' (at least 4 scrape intervals)")
+            else:
+                window = self.duration(s.window, path + ("window",))
+                if s.kind == "deriv" and window < 4 * scrape:
+                    self.err(path + ("window",), f"deriv window {units.format_duration(window)} is under 4 scrape intervals ({units.format_duration(4 * scrape)})",
+                             f"use a window of at least {units.format_duration(4 * scrape)}: deriv needs several samples to fit a slope")
+                if s.kind == "quantile" and window < 2 * scrape:
+                    self.err(path + ("window",), f"rate window {units.format_duration(window)} is under 2 scrape intervals",
+                             f"use at least {units.format_duration(2 * scrape)}; 4 intervals or more is safer")
+        elif s.window is not None:
+            self.err(path + ("window",), f"'window' means nothing for a {s.kind} signal", "remove it")
+        buckets: tuple[float, ...] = ()
+        if s.kind == "quantile":
+            if s.quantile is None or not 0 < s.quantile < 1:
+                self.err(path + ("quantile",), "a quantile signal needs 'quantile' between 0 and 1", "e.g. 'quantile: 0.95'")
+            if not s.buckets:
+                self.err(path, "a quantile signal needs 'buckets'", "list the histogram's bucket bounds in seconds, with every threshold among them")
+            else:
+                buckets = tuple(float(b) for b in s.buckets)
+                if list(buckets) != sorted(set(buckets)):
+                    self.err(path + ("buckets",), "buckets must be strictly increasing", "sort them and drop repeats")
+
+        tiers: list[Tier] = []
+        for tname, t in s.tiers.items():
+            tpath = path + ("tiers", tname)
+            if tname not in TIER_ORDER:
+                self.err(tpath, f"unknown tier {tname!r}", "use 'warning' and/or 'critical'", key=True)
+                continue
+            o = ovr.get(tname, (None, None))[0]
+            w = whole[0] if whole else None
+            def pick(attr, default):
+                for src in (o, w):
+                    v = getattr(src, attr) if src is not None else None
+                    if v is not None:
+                        return v
+                return default
+            threshold_raw = pick("threshold", t.threshold)
+            tp = tpath + ("threshold",) if threshold_raw is t.threshold else ("overrides", (ovr.get(tname) or whole)[1], "threshold")
+            try:
+                threshold = units.parse_quantity(threshold_raw, s.unit)
+            except ValueError as e:
+                self.err(tp, f"wrong unit: {e}", f"write the threshold in {s.unit.replace('_', ' ')}, e.g. "
+                         + {"ratio": "'78.3%'", "seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[s.unit])
+                continue
+            for_s = self.duration(pick("for_", t.for_ if t.for_ is not None else def_for), tpath + ("for",))
+            kff = self.duration(pick("keep_firing_for", t.keep_firing_for if t.keep_firing_for is not None else def_kff), tpath + ("keep_firing_for",))
+            enabled = pick("enabled", t.enabled)
+            if t.fuse is not None and t.fuse not in actions:
+                self.err(tpath + ("fuse",), f"unknown fuse action {t.fuse!r}", f"use one of: {', '.join(actions)}")
+            if s.kind == "quantile" and buckets and not any(abs(threshold - b) < 1e-12 for b in buckets):
+                self.err(tp, f"threshold {units.format_number(threshold)}s is not a histogram bucket boundary",
+                         f"add {units.format_number(threshold)} to 'buckets' (a quantile between bounds is only interpolated: PITFALLS P2)")
+            if not enabled:
+                continue
+            tiers.append(Tier(
+                name=tname, threshold=threshold, threshold_text=str(threshold_raw), for_s=for_s, keep_firing_for_s=kff,
+                severity=pick("severity", t.severity or tname), fuse=t.fuse,
+                fuse_level=actions[t.fuse].level if t.fuse in actions else 0, path=tpath,
+            ))
+        tiers.sort(key=lambda t: TIER_ORDER.index(t.name))
+        by_name = {t.name: t for t in tiers}
+        if "warning" in by_name and "critical" in by_name:
+            wt, ct = by_name["warning"], by_name["critical"]
+            if s.direction == "above" and wt.threshold >= ct.threshold:
+                self.err(ct.path + ("threshold",), f"warning threshold ({wt.threshold_text}) is not below critical ({ct.threshold_text}) for an upper bound",
+                         "lower the warning threshold or raise the critical one")
+            if s.direction == "below" and wt.threshold <= ct.threshold:
+                self.err(ct.path + ("threshold",), f"warning threshold ({wt.threshold_text}) is not above critical ({ct.threshold_text}) for a lower bound",
+                         "raise the warning threshold or lower the critical one")
+        if s.kind in ("deriv", "quantile") and s.direction != "above":
+            self.err(path + ("direction",), f"a {s.kind} signal alerts on growth only", "remove 'direction: below'")
+        for tname in s.runbook.sop:
+            if tname not in TIER_ORDER:
+                self.err(path + ("runbook", "sop", tname), f"unknown tier {tname!r} in runbook.sop", "use 'warning' and/or 'critical'", key=True)
+        if len(self.problems) > n_before:
+            return None
+        rb = s.runbook
+        return Signal(
+            name=name, alert=s.alert, description=s.description.strip(), kind=s.kind, unit=s.unit, level=s.level,
+            direction=s.direction, by=by, window_s=window, quantile=s.quantile, buckets=buckets,
+            source=sources[source_name], sources=sources, tiers=tuple(tiers),
+            runbook=Runbook(rb.symptom.strip(), rb.impact.strip(), tuple((d.title, d.query) for d in rb.diagnosis),
+                            {k: tuple(v) for k, v in rb.sop.items()}),
+            secondary=s.secondary, path=path,
+        )
+
+    def _check_promql(self, expr: str, path: tuple) -> None:
+        try:
+            import promql_parser
+        except ImportError:  # pragma: no cover - it is a dependency
+            return
+        try:
+            promql_parser.parse(expr)
+        except Exception as e:
+            self.err(path, f"invalid PromQL: {str(e).splitlines()[0]}", "fix the expression; `promtool check rules` shows the same error on output")

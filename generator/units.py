@@ -1,0 +1,121 @@
+"""Threshold and duration parsing: what people write -> Prometheus base units.
+
+Thresholds go through pint, so "78.3%" -> 0.783, "1.28s" / "1280ms" -> 1.28,
+"14.7 MB/s" -> 14_700_000 (SI: 1 MB = 10^6 bytes), "14.7 MiB/s" -> 15_414_067.2
+(2^20), "8.7 GB/min" -> 145_000_000 bytes per second. Durations use Prometheus' own
+syntax ("30s", "1m", "1h30m"), which pint would misread ("1m" is a metre there).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pint
+
+# Signal units: name -> (pint target unit, dimensionality check)
+UNITS = {
+    "ratio": "dimensionless",
+    "seconds": "second",
+    "bytes": "byte",
+    "bytes_per_second": "byte / second",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _ureg() -> pint.UnitRegistry:
+    return pint.UnitRegistry()
+
+
+def _tidy(x: float) -> float:
+    # pint's float arithmetic leaves noise (8.7 GB/min -> 144999999.99999997); 12 significant
+    # digits are far beyond any threshold people write.
+    return float(f"{x:.12g}")
+
+
+def parse_quantity(text: str | int | float, unit: str) -> float:
+    """Convert a human threshold to the base-unit float for ``unit`` (a key of UNITS).
+
+    Raises:
+        ValueError: with a message saying what was expected.
+    """
+    if unit not in UNITS:
+        raise ValueError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
+    if isinstance(text, bool):
+        raise ValueError("a threshold must be a number or a quantity such as '78.3%'")
+    if isinstance(text, (int, float)):
+        if unit != "ratio":
+            raise ValueError(f"a bare number is ambiguous for a {unit} threshold; write it with its unit, e.g. "
+                             + {"seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[unit])
+        value = float(text)
+        if not 0 <= value <= 1:
+            raise ValueError(f"a bare ratio must lie in 0..1 (got {value}); write a percentage as '{value}%'")
+        return value
+    s = str(text).strip()
+    ureg = _ureg()
+    try:
+        q = ureg.Quantity(s)
+    except Exception as e:  # pint raises several error types for junk input
+        raise ValueError(f"cannot read {s!r} as a quantity ({type(e).__name__})") from None
+    target = UNITS[unit]
+    try:
+        if unit == "ratio":
+            if not q.dimensionless:
+                raise pint.DimensionalityError(q.units, "dimensionless")
+            return _tidy(q.to("dimensionless").magnitude)
+        return _tidy(q.to(target).magnitude)
+    except pint.DimensionalityError:
+        raise ValueError(f"{s!r} is not a {unit.replace('_', ' ')} value (its unit is {q.units:~})") from None
+
+
+_DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DUR_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
+
+
+def parse_duration(text: str | int) -> float:
+    """Parse a Prometheus duration ("30s", "1m", "1h30m", "0s") into seconds.
+
+    Raises:
+        ValueError: for anything Prometheus itself would reject.
+    """
+    s = str(text).strip()
+    m = _DUR.match(s)
+    if not s or not m or not any(m.groups()):
+        if s == "0":
+            return 0.0
+        raise ValueError(f"{s!r} is not a Prometheus duration (e.g. '30s', '5m', '1h30m')")
+    return sum(int(g) * f for g, f in zip(m.groups(), _DUR_MS) if g) / 1000
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds -> the shortest Prometheus duration string ("90" -> "1m30s")."""
+    ms = int(round(seconds * 1000))
+    if ms == 0:
+        return "0s"
+    out = ""
+    for unit, f in zip(("y", "w", "d", "h", "m", "s", "ms"), _DUR_MS):
+        if unit in ("y", "w"):
+            continue
+        n, ms = divmod(ms, f)
+        if n:
+            out += f"{n}{unit}"
+    return out
+
+
+def format_number(x: float) -> str:
+    """A float as PromQL/YAML writes it: no float noise, integers without '.0'."""
+    x = _tidy(x)
+    return str(int(x)) if x == int(x) and abs(x) < 1e15 else repr(x)
+
+
+def humanize(value: float, unit: str) -> str:
+    """A base-unit value as people write it, for annotations and runbooks."""
+    if unit == "ratio":
+        return f"{format_number(value * 100)}%"
+    if unit == "seconds":
+        return f"{format_number(value)}s"
+    for div, name in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "B")):
+        if abs(value) >= div:
+            suffix = "/s" if unit == "bytes_per_second" else ""
+            return f"{format_number(value / div)} {name}{suffix}"
+    return f"{format_number(value)} B" + ("/s" if unit == "bytes_per_second" else "")

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what the tests need and the project does not vendor:
+#  - promtool, amtool, prometheus, alertmanager from the system package manager when missing;
+#  - pinned Go tools (Prometheus 3 promtool, the OpenTelemetry Collector) built once into
+#    $FUSEBOX_TOOLS and reused.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+TOOLS=${FUSEBOX_TOOLS:-$HOME/.cache/fusebox/tools}
+mkdir -p "$TOOLS"
+
+need_apt=()
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v amtool >/dev/null || need_apt+=(prometheus-alertmanager)
+command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null; then
+    echo "bootstrap: promtool/amtool missing and no apt-get: install Prometheus >= 2.42 and Alertmanager >= 0.25 and put them on PATH" >&2
+    exit 1
+  fi
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  echo "bootstrap: installing ${need_apt[*]} with apt-get"
+  $SUDO apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
+fi
+
+# Pinned Go tools, each built by its own script into $TOOLS (skipped when already there).
+for script in "$here"/build-*.sh; do
+  [ -e "$script" ] || continue
+  bash "$script" "$TOOLS"
+done
