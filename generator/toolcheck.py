@@ -105,7 +105,8 @@ def _attribute(output: str, spec: Spec) -> list[str]:
     for sig in spec.signals:
         names = [sig.alert] + list(C.signal_records(sig).values())
         if any(n in output for n in names):
-            where = f"{spec.file}:{pos.at(sig.path)[0]}:{pos.at(sig.path)[1]}" if pos else spec.file
+            line, col = pos.at(sig.path, key=True) if pos else (1, 1)
+            where = f"{spec.file}:{line}:{col}"
             lines.append(f"{where}: signal {sig.name} ({sig.alert}) is named in the failure above")
     return lines
 
