@@ -75,8 +75,10 @@ def parse_time(value: Any, where: str) -> float | None:
     # Python parses at most 6 fractional digits; Go writes up to 9.
     head, dot, rest = s.partition(".")
     if dot:
-        digits = "".join(c for c in rest[:12] if c.isdigit())
-        tz = rest[len(digits):]
+        n = 0
+        while n < len(rest) and rest[n].isdigit():
+            n += 1
+        digits, tz = rest[:n], rest[n:]
         s = f"{head}.{digits[:6].ljust(6, '0')}{tz}"
     try:
         t = datetime.fromisoformat(s)
