@@ -80,7 +80,8 @@ class FuseService:
         self.dry_run = dry_run
         self.metrics = _Metrics()
         self.breaker = Breaker(rules, hold_s)
-        self.breaker.restore(store.snapshot() or {})
+        self._committed = store.snapshot() or {}
+        self.breaker.restore(self._committed)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -130,15 +131,11 @@ class FuseService:
         """Force a level of a scope; audited. Raises OverrideError (bad input) or Unavailable."""
         with self._lock:
             now = self.clock()
-            before = self.breaker.snapshot()
             decisions = self.breaker.override(scope, level, mode, reason, duration_s, now)
             audit = [{"at": now, "kind": "override", "scope_key": _key(scope), "level": level,
                       "action": self.rules.levels.get(level), "source": "override", "reason": reason,
                       "detail": {"mode": mode, "until": now + duration_s, "scope": scope}}]
-            try:
-                return self._commit(decisions, now, True, audit, before=before)
-            except Unavailable:
-                raise
+            return self._commit(decisions, now, True, audit)
 
     # ------------------------------------------------------------------ queries
     def state(self) -> dict:
@@ -149,7 +146,7 @@ class FuseService:
                 "pending_actions": self.store.pending_count()}
 
     # ------------------------------------------------------------------ machinery
-    def _commit(self, decisions: list[Decision], received: float, changed: bool, extra_audit=(), before=None) -> list[dict]:
+    def _commit(self, decisions: list[Decision], received: float, changed: bool, extra_audit=()) -> list[dict]:
         if not changed:
             return []
         out, rows, audit = [], [], list(extra_audit)
@@ -164,13 +161,15 @@ class FuseService:
                           "action": d.action, "source": d.source, "reason": d.reason,
                           "detail": {"alerts": list(d.alerts), "scope": d.scope}})
             out.append({**payload, "source": d.source})
+        snap = self.breaker.snapshot()
         try:
-            self.store.commit(self.breaker.snapshot(), rows, audit)
+            self.store.commit(snap, rows, audit)
         except StoreError as e:
             log.error("state not persisted, change dropped: %s", e)
             self.breaker = Breaker(self.rules, self.hold_s)
-            self.breaker.restore(before if before is not None else (self.store.snapshot() or {}))
+            self.breaker.restore(self._committed)  # back to what is on disk
             raise Unavailable(str(e)) from e
+        self._committed = snap
         for d in decisions:
             self.metrics.transitions.labels(d.action, d.kind, d.source).inc()
             log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason)
