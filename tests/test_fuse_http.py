@@ -134,8 +134,9 @@ def test_fuzz_the_api_from_its_openapi_schema(svc):
         @given(case=op.as_strategy())
         def check(case):
             before = (svc.store.snapshot(), len(svc.store.audit_log(1000)))
+            base = {k: v for k, v in (case.headers or {}).items() if k.lower() != "authorization"}
             for headers in (dict(AUTH), {}):
-                case.headers = {**(case.headers or {}), **headers}
+                case.headers = {**base, **headers}
                 r = case.call()
                 codes.add((case.method, r.status_code))
                 if r.status_code >= 500:
