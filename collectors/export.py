@@ -243,7 +243,7 @@ class Pipeline:
             def cb(options: Any) -> Iterable[Any]:
                 with self._lock:
                     rs = list(self._readings.get(key, ()))
-                return [Observation(r.value, dict(r.attrs)) for r in rs]
+                return [Observation(float(r.value), dict(r.attrs)) for r in rs]
 
             return cb
 
