@@ -222,3 +222,39 @@ def signal_records(signal) -> dict[str, str]:
         out["bucket_rate"] = record_name(lvl, f"{hist}_bucket", f"rate{w}")
         out["over_threshold"] = record_name(lvl, f"fusebox_{name}_over_threshold", f"ratio_rate{w}")
     return out
+
+
+# --- collectors: attribute keys, self-metrics, service names ---------------------------------
+# OTel attribute keys the collectors set; after translation they are the LABEL values above
+# (``hw.id`` -> ``hw_id``, ``hw.gpu.index`` -> ``hw_gpu_index``, ``host.name`` -> ``host_name``).
+ATTR = {
+    "gpu_id": "hw.id",  # GPU UUID or MIG UUID
+    "gpu_index": "hw.gpu.index",
+    "mig": "hw.gpu.mig",  # "true" on MIG instances
+    "gpu_name": "hw.name",
+    "gpu_parent": "hw.parent",  # the physical GPU's UUID, on MIG instances
+    "gpu_task": "hw.gpu.task",
+    "io_direction": "network.io.direction",
+    "engine": "engine",
+    "model": "model",
+    "endpoint": "endpoint",
+    "reason": "reason",
+    "host": "host.name",
+    "cluster": "cluster",
+    "service": "service.name",
+}
+
+# Collector self-metrics (health of the collectors themselves; no rule reads them).
+OTEL_SELF = {
+    "export_dropped": ("fusebox.collector.export.dropped", "{batch}", "counter"),
+    "scrape_errors": ("fusebox.collector.scrape.errors", "{error}", "counter"),
+}
+PROM_SELF = {key: otel_to_prometheus(*v) for key, v in OTEL_SELF.items()}
+
+# service.name of each collector process (the Collector's prometheus exporter maps it to job).
+SERVICE = {
+    "gpu": "fusebox-gpu-collector",
+    "kv": "fusebox-kv-collector",
+    "latency": "fusebox-latency",
+    "scenario": "fusebox-scenario",
+}
