@@ -194,10 +194,10 @@ def signal_records(signal) -> dict[str, str]:
     """Every recording-rule name a signal produces, by role.
 
     Roles: ``value`` (the alert reads it; base units), and per kind:
-    gpu_memory -> ``device`` (device-basis ratio, no KV correction);
-    quantile -> ``p50``, ``p99``, ``over_threshold`` (share of observations above each
-    threshold, label ``le``), ``rate`` (observations per second);
-    deriv -> ``usage_ratio`` when the source is the fusebox KV metric.
+    gpu_memory -> ``device`` (device-basis ratio, no KV correction), ``total`` (bytes per
+    GPU, label hw_id), ``kv_free`` (free bytes of KV pools per GPU, label hw_id);
+    quantile -> ``bucket_rate`` (summed bucket rates), ``p50``, ``p99``, ``over_threshold``
+    (share of observations above each threshold, label ``le``), ``rate`` (observations/s).
     Dashboards and runbooks import these; never spell the names out.
     """
     lvl, name = signal.level, signal.name
@@ -205,6 +205,8 @@ def signal_records(signal) -> dict[str, str]:
     if signal.kind == "gpu_memory":
         out["value"] = record_name(lvl, f"fusebox_{name}", "ratio")
         out["device"] = record_name(lvl, "fusebox_gpu_memory_device_utilization", "ratio")
+        out["total"] = record_name(lvl, "fusebox_gpu_memory_total", "bytes")
+        out["kv_free"] = record_name(lvl, "fusebox_kv_cache_free", "bytes")
     elif signal.kind == "gauge":
         out["value"] = record_name(lvl, f"fusebox_{name}", "ratio" if signal.unit == "ratio" else signal.unit)
     elif signal.kind == "deriv":
@@ -217,5 +219,6 @@ def signal_records(signal) -> dict[str, str]:
         out["p50"] = record_name(lvl, hist, f"p50_rate{w}")
         out["p99"] = record_name(lvl, hist, f"p99_rate{w}")
         out["rate"] = record_name(lvl, hist, f"count_rate{w}")
+        out["bucket_rate"] = record_name(lvl, f"{hist}_bucket", f"rate{w}")
         out["over_threshold"] = record_name(lvl, f"fusebox_{name}_over_threshold", f"ratio_rate{w}")
     return out

@@ -1,0 +1,74 @@
+"""`fusebox generate` and `fusebox check`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("generate", help="generate rules, tests, runbooks, Alertmanager/Collector config, dashboards")
+    g.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
+    g.add_argument("--out", default=".", help="output directory (default: .)")
+    g.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when files under --out differ from what the spec generates")
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("check", help="run promtool/amtool on generated output and report failures against the spec")
+    c.add_argument("--spec", default="fusebox.yaml")
+    c.add_argument("--out", default=".", help="directory holding the generated files (default: .)")
+    c.add_argument("--promtool", action="append", default=None,
+                   help="promtool binary to use (repeatable; default: promtool on PATH plus the pinned Prometheus 3 build if present)")
+    c.add_argument("--against", nargs="+", metavar="CAPTURE",
+                   help="/metrics captures: report selectors in the generated rules that match no series in them")
+    c.set_defaults(func=cmd_check)
+
+
+def _load(spec_path: str):
+    from .errors import SpecError
+    from .spec import load_spec
+
+    try:
+        return load_spec(spec_path)
+    except FileNotFoundError:
+        print(f"{spec_path}:1:1: spec file not found -- pass --spec PATH or run from the directory holding fusebox.yaml",
+              file=sys.stderr)
+    except SpecError as e:
+        for p in e.problems:
+            print(str(p), file=sys.stderr)
+    return None
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .outputs import render_all
+    from .writer import drift, write_outputs
+
+    spec = _load(args.spec)
+    if spec is None:
+        return 2
+    outputs = render_all(spec)
+    out = Path(args.out)
+    if args.check:
+        problems = drift(outputs, out)
+        for p in problems:
+            print(f"drift: {p}", file=sys.stderr)
+        if problems:
+            print(f"generated files differ from {args.spec}: run `make generate` and commit the result", file=sys.stderr)
+            return 1
+        print(f"generated files match {args.spec} ({len(outputs)} files)")
+        return 0
+    changed = write_outputs(outputs, out)
+    print(f"fusebox: {len(outputs)} files from {args.spec} into {out}/ ({len(changed)} changed)")
+    for rel in changed:
+        print(f"  {rel}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from . import toolcheck
+
+    spec = _load(args.spec)
+    if spec is None:
+        return 2
+    return toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against)

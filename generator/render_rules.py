@@ -1,0 +1,248 @@
+"""Prometheus recording and alerting rules from the spec (pure: returns data, no I/O).
+
+One rule group per signal, recording rules first: rules in a group run in order, so the
+alert reads this evaluation's recorded value, not the previous one (groups run
+independently and would add one evaluation interval of delay).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from fusebox import conventions as C
+
+from .spec import Signal, Spec, Tier
+from .units import format_duration, format_number, humanize
+
+GROUP_PREFIX = "fusebox"
+
+
+@dataclass
+class Rules:
+    """Rendered rules: ``groups`` as in a Prometheus rule file, plus what the tests need."""
+
+    groups: list[dict[str, Any]]
+    # metric name -> signals reading it (drives the absent alerts and their tests)
+    raw_metrics: dict[str, list[str]] = field(default_factory=dict)
+
+
+def selector(metric: str, spec: Spec, extra: dict[str, str] | None = None, regex: dict[str, str] | None = None) -> str:
+    """``metric{k="v",...}`` with the spec's global selector, then ``extra`` and ``regex`` matchers."""
+    parts = [f'{k}="{v}"' for k, v in sorted({**spec.selector, **(extra or {})}.items())]
+    parts += [f'{k}=~"{v}"' for k, v in sorted((regex or {}).items())]
+    return f"{metric}{{{','.join(parts)}}}" if parts else metric
+
+
+def le_regex(bound: float) -> str:
+    """Match a bucket bound whether written "1" (Prometheus 2, OTel exporter) or "1.0" (Prometheus 3)."""
+    text = format_number(bound)
+    if re.fullmatch(r"-?\d+", text):
+        return f"{text}|{text}\\\\.0"
+    return re.escape(text).replace("\\", "\\\\")
+
+
+def _by(labels: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
+    return ", ".join(labels + extra)
+
+
+def signal_raw_metrics(sig: Signal) -> list[str]:
+    """The raw metric names a signal's active source reads (for absent alerts)."""
+    src = sig.source
+    if sig.kind == "gpu_memory":
+        if src.backend == "dcgm":
+            base = [C.DCGM["fb_used"], C.DCGM["fb_free"], C.DCGM["fb_reserved"]]
+        else:
+            base = [C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]]
+        return base + [C.PROM["kv_cache_usage"], C.PROM["kv_cache_limit"]]
+    if sig.kind == "quantile":
+        return [f"{src.metric}_bucket", f"{src.metric}_count"]
+    if src.metric:
+        return [src.metric]
+    return _metrics_in_expr(src.expr or "")
+
+
+def _metrics_in_expr(expr: str) -> list[str]:
+    """Metric names of the vector selectors in a PromQL expression (via promql-parser)."""
+    import promql_parser
+
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        name = getattr(node, "name", None)
+        if type(node).__name__ == "VectorSelector" and name:
+            found.append(name)
+            return
+        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
+            child = getattr(node, attr, None)
+            if child is not None and not isinstance(child, (str, int, float)):
+                walk(child)
+        for arg in getattr(node, "args", None) or []:
+            walk(arg)
+
+    walk(promql_parser.parse(expr))
+    return sorted(set(found))
+
+
+def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
+    names = C.signal_records(sig)
+    src = sig.source
+    out: list[dict[str, Any]] = []
+    if sig.kind == "gpu_memory":
+        usage, limit = C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]
+        if src.backend == "dcgm":
+            # dcgm-exporter speaks MiB, and USED + FREE is not the total (PITFALLS P7):
+            # total = USED + FREE + RESERVED; used = total - FREE.
+            u, f, r = (selector(C.DCGM[k], spec) for k in ("fb_used", "fb_free", "fb_reserved"))
+            total = f"({u} + {f} + {r})"
+            device = f'label_replace(1 - {f} / {total}, "hw_id", "$1", "UUID", "(.+)")'
+            total_bytes = f'label_replace({total} * {C.MIB}, "hw_id", "$1", "UUID", "(.+)")'
+        else:
+            # usage = total - free (NVML v2), so driver-reserved memory counts as used (PITFALLS P6).
+            device = f"{selector(usage, spec)} / {selector(limit, spec)}"
+            total_bytes = selector(limit, spec)
+        kv_free = (f"sum by (hw_id) (clamp_min({selector(C.PROM['kv_cache_limit'], spec)}"
+                   f" - {selector(C.PROM['kv_cache_usage'], spec)}, 0))")
+        out += [
+            {"record": names["device"], "expr": device},
+            {"record": names["total"], "expr": total_bytes},
+            # Free bytes of the KV pools engines pre-allocated on each GPU (vLLM takes ~90%).
+            {"record": names["kv_free"], "expr": kv_free},
+            # Effective utilization: device memory minus the KV pool's free part where a pool is
+            # known on the GPU; device memory alone elsewhere (`or` keeps the unmatched GPUs).
+            {"record": names["value"], "expr": (
+                f"{names['device']}\n"
+                f"  - on (hw_id) group_left ()\n"
+                f"    ({names['kv_free']} / on (hw_id) {names['total']})\n"
+                f"or\n{names['device']}")},
+        ]
+    elif sig.kind == "gauge":
+        expr = src.expr if src.expr else selector(src.metric, spec)
+        if src.scale != 1.0:
+            expr = f"({expr}) * {format_number(src.scale)}"
+        if sig.by:
+            expr = f"max by ({_by(sig.by)}) ({expr})"
+        out.append({"record": names["value"], "expr": expr})
+    elif sig.kind == "deriv":
+        w = format_duration(sig.window_s)
+        # deriv, not rate: KV bytes is a gauge that falls when blocks are freed; rate() would
+        # read every fall as a counter reset and invent growth (PITFALLS P3).
+        inner = f"deriv({selector(src.metric, spec)}[{w}])"
+        expr = f"sum by ({_by(sig.by)}) ({inner})" if sig.by else inner
+        out.append({"record": names["value"], "expr": expr})
+    elif sig.kind == "quantile":
+        w = format_duration(sig.window_s)
+        bucket = selector(f"{src.metric}_bucket", spec)
+        count = selector(f"{src.metric}_count", spec)
+        out.append({"record": names["bucket_rate"], "expr": f"sum by ({_by(sig.by, ('le',))}) (rate({bucket}[{w}]))"})
+        out.append({"record": names["rate"], "expr": f"sum by ({_by(sig.by)}) (rate({count}[{w}]))"})
+        out.append({"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})"})
+        out.append({"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})"})
+        out.append({"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})"})
+        # The exact form beside the interpolated quantile: the share of observations above each
+        # threshold. P95 >= T exactly when this share >= 0.05, because T is a bucket bound.
+        for t in sig.tiers:
+            le = le_regex(t.threshold)
+            out.append({
+                "record": names["over_threshold"],
+                "expr": (f"1 - sum by ({_by(sig.by)}) ({names['bucket_rate']}{{le=~\"{le}\"}})\n"
+                         f"  / {names['rate']}"),
+                "labels": {"le": format_number(t.threshold)},
+            })
+    return out
+
+
+def alert_labels(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
+    """Labels the alerting rule adds (the fuse service reads signal, fuse_action, fuse_level)."""
+    labels = dict(spec.labels)
+    labels[C.LABEL["severity"]] = tier.severity
+    labels[C.LABEL["signal"]] = sig.name
+    if tier.fuse:
+        labels[C.LABEL["fuse_action"]] = tier.fuse
+        labels[C.LABEL["fuse_level"]] = str(tier.fuse_level)
+    return labels
+
+
+_WHERE = {
+    "gpu": "GPU {{ $labels.hw_id }} on {{ $labels.host_name }}",
+    "engine": "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.host_name }}",
+}
+
+
+def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
+    """Annotations use only ``$labels`` (no ``$value``), so generated promtool tests can state
+    them exactly; the value is one click away on the dashboard linked from the runbook."""
+    where = _WHERE.get(sig.level, "{{ $labels.instance }}")
+    op = ">=" if sig.direction == "above" else "<="
+    action = f" The fuse requests: {spec.actions[tier.fuse].description}" if tier.fuse else ""
+    ann = {
+        "summary": f"{sig.alert}: {sig.name} {op} {humanize(tier.threshold, sig.unit)} ({tier.name})",
+        "description": (f"{sig.name} on {where} has been {op} {humanize(tier.threshold, sig.unit)} "
+                        f"for {format_duration(tier.for_s)}.{action}"),
+        "runbook_url": spec.runbook_url(sig.alert),
+    }
+    if spec.dashboard_base_url:
+        ann["dashboard_url"] = f"{spec.dashboard_base_url.rstrip('/')}/d/fusebox-overview"
+    return ann
+
+
+def _alert(sig: Signal, tier: Tier, spec: Spec) -> dict[str, Any]:
+    names = C.signal_records(sig)
+    op = ">=" if sig.direction == "above" else "<="
+    rule: dict[str, Any] = {
+        "alert": sig.alert,
+        "expr": f"{names['value']} {op} {format_number(tier.threshold)}",
+    }
+    if tier.for_s:
+        rule["for"] = format_duration(tier.for_s)
+    if tier.keep_firing_for_s:
+        rule["keep_firing_for"] = format_duration(tier.keep_firing_for_s)
+    rule["labels"] = alert_labels(sig, tier, spec)
+    rule["annotations"] = alert_annotations(sig, tier, spec)
+    return rule
+
+
+def absent_labels(metric: str, signals: list[str], spec: Spec) -> dict[str, str]:
+    labels = dict(spec.labels)
+    labels[C.LABEL["severity"]] = spec.absent_severity
+    labels[C.LABEL["metric"]] = metric
+    labels["signals"] = ",".join(signals)
+    return labels
+
+
+def absent_annotations(metric: str, signals: list[str], spec: Spec) -> dict[str, str]:
+    return {
+        "summary": f"No series of {metric}: {', '.join(signals)} cannot be evaluated",
+        "description": (f"Prometheus has had no series of {metric} for {format_duration(spec.absent_for_s)}. "
+                        f"The alerts of {', '.join(signals)} cannot fire and no fuse can trip on them."),
+        "runbook_url": spec.runbook_url(C.ABSENT_ALERT),
+    }
+
+
+def render_rules(spec: Spec) -> Rules:
+    """Build the rule groups for ``spec``.
+
+    Returns:
+        Rules with one group per signal (recording rules, then one alerting rule per enabled
+        tier, all under the signal's single alert name) and a ``fusebox-absent`` group.
+    """
+    groups: list[dict[str, Any]] = []
+    raw_metrics: dict[str, list[str]] = {}
+    interval = format_duration(spec.evaluation_interval_s)
+    for sig in spec.signals:
+        rules = _records(sig, spec) + [_alert(sig, t, spec) for t in sig.tiers]
+        groups.append({"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": rules})
+        for m in signal_raw_metrics(sig):
+            raw_metrics.setdefault(m, []).append(sig.name)
+    if spec.absent_enabled and raw_metrics:
+        absent_rules = []
+        for m in sorted(raw_metrics):
+            rule = {"alert": C.ABSENT_ALERT, "expr": f"absent({selector(m, spec)})"}
+            if spec.absent_for_s:
+                rule["for"] = format_duration(spec.absent_for_s)
+            rule["labels"] = absent_labels(m, raw_metrics[m], spec)
+            rule["annotations"] = absent_annotations(m, raw_metrics[m], spec)
+            absent_rules.append(rule)
+        groups.append({"name": f"{GROUP_PREFIX}-absent", "interval": interval, "rules": absent_rules})
+    return Rules(groups=groups, raw_metrics=raw_metrics)

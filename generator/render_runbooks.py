@@ -1,0 +1,42 @@
+"""One Markdown runbook per alert, linked from each alert's runbook_url."""
+
+from __future__ import annotations
+
+import jinja2
+
+from fusebox import conventions as C
+
+from .render_rules import Rules
+from .spec import Spec
+from .units import format_duration, format_number, humanize
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("fusebox.generator", "templates"),
+                          keep_trailing_newline=True, trim_blocks=False, autoescape=False)
+
+
+def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
+    """{relative path: markdown} for every alert name, plus the absent alert's."""
+    out: dict[str, str] = {}
+    tmpl = _ENV.get_template("runbook.md.j2")
+    for sig in spec.signals:
+        value = C.signal_records(sig)["value"]
+        op = ">=" if sig.direction == "above" else "<="
+        tiers = [{
+            "name": t.name, "threshold": humanize(t.threshold, sig.unit),
+            "expr": f"{value} {op} {format_number(t.threshold)}",
+            "for": format_duration(t.for_s), "kff": format_duration(t.keep_firing_for_s),
+            "severity": t.severity,
+            "fuse": f"level {t.fuse_level}: {t.fuse}" if t.fuse else "none",
+            "sop": sig.runbook.sop.get(t.name, ()),
+        } for t in sig.tiers]
+        out[f"runbooks/{sig.alert}.md"] = tmpl.render(
+            header=header, alert=sig.alert, description=sig.description, tiers=tiers,
+            symptom=sig.runbook.symptom, impact=sig.runbook.impact, diagnosis=sig.runbook.diagnosis,
+            signal=sig.name, spec_file=spec.file, source=sig.source.backend,
+        )
+    if spec.absent_enabled:
+        out[f"runbooks/{C.ABSENT_ALERT}.md"] = _ENV.get_template("runbook_absent.md.j2").render(
+            header=header, alert=C.ABSENT_ALERT, absent_for=format_duration(spec.absent_for_s),
+            metrics=sorted(rules.raw_metrics.items()),
+        )
+    return out
