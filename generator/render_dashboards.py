@@ -70,6 +70,7 @@ _LEVEL_VARS = {
     "gpu": ("cluster", "instance", "gpu"),
     "engine": ("cluster", "instance", "engine", "model"),
     "host": ("cluster", "instance"),
+    "hw_id": ("gpu",),  # per-GPU records summed by hw_id alone (KV free, total)
 }
 _LEGEND = {
     "gpu": "{{host_name}} {{hw_id}}",
@@ -214,15 +215,14 @@ def _gpu_memory(spec) -> Optional[DashboardDef]:
     alert = sigs[0].alert
     g = lambda m: _sel(m, "gpu")  # noqa: E731
     panels += [
-        PanelDef("Device memory used and total", "hw.gpu.memory.usage and hw.gpu.memory.limit (bytes) per GPU / MIG instance.",
+        PanelDef("Device memory used and total", "hw.gpu.memory.usage (bytes) per GPU / MIG instance, and the total the rules divide by.",
                  (Query(g(C.PROM["gpu_memory_usage"]), "used {{host_name}} {{hw_id}}"),
-                  Query(g(C.PROM["gpu_memory_limit"]), "total {{host_name}} {{hw_id}}")),
+                  Query(_sel(r["total"], "hw_id"), "total {{hw_id}}")),
                  "decbytes", (alert,)),
         PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (PITFALLS P6).",
                  (Query(g(C.PROM["gpu_memory_reserved"]), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
         PanelDef("KV pool free bytes per GPU", "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
-                 (Query(f"sum by (cluster, host_name, hw_id) ({_sel(C.PROM['kv_cache_limit'], 'gpu')} - {_sel(C.PROM['kv_cache_usage'], 'gpu')})",
-                        "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
+                 (Query(_sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)),
     ]
     return DashboardDef("gpu-memory", f"fusebox / {spec.name} / GPU memory",
                         "GPU memory per GPU and MIG instance, effective vs device basis.", tuple(panels))
@@ -446,11 +446,11 @@ def _defs(spec) -> list[DashboardDef]:
     return [d for d in (_overview(spec), _gpu_memory(spec), _kv_cache(spec), _latency(spec), _secondary(spec)) if d]
 
 
-def dashboards(spec) -> dict[str, dict]:
+def dashboards(spec, header: Optional[str] = None) -> dict[str, dict]:
     """Every dashboard as a JSON-ready dict, keyed by its name (``overview``, ``gpu-memory``, ...)."""
     from grafanalib._gen import DashboardEncoder
 
-    header = C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
+    header = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
     out: dict[str, dict] = {}
     for d in _defs(spec):
         raw = json.loads(json.dumps(_grafanalib_dashboard(spec, d).to_json_data(), cls=DashboardEncoder))
@@ -458,10 +458,15 @@ def dashboards(spec) -> dict[str, dict]:
     return out
 
 
-def render_dashboards(spec) -> dict[str, str]:
-    """``{"dashboards/<name>.json": json_text}`` for the writer. Deterministic (sorted keys)."""
+def render_dashboards(spec, header: Optional[str] = None) -> dict[str, str]:
+    """``{"dashboards/fusebox-<name>.json": json_text}``. Deterministic (sorted keys)."""
     return {f"{OUT_DIR}/fusebox-{name}.json": json.dumps(d, indent=2, sort_keys=True) + "\n"
-            for name, d in dashboards(spec).items()}
+            for name, d in dashboards(spec, header).items()}
+
+
+def outputs(spec, header: str) -> dict[str, str]:
+    """The writer's entry point (generator/outputs.py EXTRA_RENDERERS)."""
+    return render_dashboards(spec, header)
 
 
 def panel_queries(dashboard: dict) -> Iterable[tuple[str, str, str]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import PurePath
+from typing import Optional
 
 import yaml
 
@@ -50,9 +51,16 @@ def _yaml(header: str, obj) -> str:
     return header + yaml.safe_dump(obj, sort_keys=True, default_flow_style=False)
 
 
-def render_grafana_provisioning(spec, options: ProvisioningOptions = ProvisioningOptions()) -> dict[str, str]:
+def outputs(spec, header: str) -> dict[str, str]:
+    """The writer's entry point (generator/outputs.py EXTRA_RENDERERS): default options."""
+    return render_grafana_provisioning(spec, header=header)
+
+
+def render_grafana_provisioning(spec, options: ProvisioningOptions = ProvisioningOptions(),
+                                header: Optional[str] = None) -> dict[str, str]:
     """The provisioning files and the ConfigMaps. Deterministic (sorted keys)."""
-    header = "# " + C.GENERATED_HEADER.format(spec=PurePath(spec.file).name) + "\n"
+    header_line = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
+    header = "# " + header_line + "\n"
     interval = f"{int(spec.scrape_interval_s)}s"
     datasource = {
         "apiVersion": 1,
@@ -72,7 +80,7 @@ def render_grafana_provisioning(spec, options: ProvisioningOptions = Provisionin
         }],
     }
     maps = []
-    for name, d in dashboards(spec).items():
+    for name, d in dashboards(spec, header_line).items():
         maps.append({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"fusebox-dashboard-{name}", "namespace": options.namespace,

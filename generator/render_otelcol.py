@@ -151,9 +151,14 @@ def otelcol_config(spec, options: OtelcolOptions = OtelcolOptions()) -> dict:
     }
 
 
-def render_otelcol(spec, options: OtelcolOptions = OtelcolOptions()) -> dict[str, str]:
+def outputs(spec, header: str) -> dict[str, str]:
+    """The writer's entry point (generator/outputs.py EXTRA_RENDERERS): default options."""
+    return render_otelcol(spec, header=header)
+
+
+def render_otelcol(spec, options: OtelcolOptions = OtelcolOptions(), header: Optional[str] = None) -> dict[str, str]:
     """``{"otel/otelcol.yaml": text}``: the config with a generated-file header. Deterministic."""
-    header = "# " + C.GENERATED_HEADER.format(spec=PurePath(spec.file).name) + "\n"
+    header = "# " + (header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)) + "\n"
     notes = (
         "# OpenTelemetry Collector (core v0.165.0, contrib v0.165.1; tools/build-otelcol.sh).\n"
         "# Listen addresses come from the environment, with loopback defaults:\n"
