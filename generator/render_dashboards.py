@@ -1,0 +1,476 @@
+"""Grafana dashboards from the spec: an overview and one drill-down per area.
+
+Pure renderer: ``render_dashboards(spec) -> {relative_path: json_text}``; no I/O.
+
+Panels are built with grafanalib 0.7.1 and passed through :func:`adapt`, a thin adapter that
+fixes what grafanalib writes for Grafana 5 but current Grafana (>= 11) misreads (PITFALLS P8):
+
+* ``schemaVersion`` 12 -> :data:`SCHEMA_VERSION`;
+* data sources as bare strings -> ``{"type": "prometheus", "uid": "${datasource}"}`` on every
+  panel, target, template and annotation (a string that does not resolve renders nothing);
+* the first threshold step's value ``"null"`` (a string) -> JSON ``null``;
+* threshold lines shown (``thresholdsStyle.mode = "line"``) on every panel drawn against the
+  spec's tiers.
+
+Every query reads the recording rules named by :func:`fusebox.conventions.signal_records`
+(never raw histograms); thresholds are the spec's tiers in base units, so a panel's line is
+the alert's threshold by construction. Units follow the signal's unit (ratio ->
+``percentunit``, bytes -> ``decbytes``, bytes/s -> ``Bps``, seconds -> ``s``; SI, because the
+spec's MB are SI). Every panel links to the runbook of the alert it shows
+(``spec.runbook_url(alert)``); UIDs are derived from the spec name and the dashboard name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Iterable, Optional
+
+from fusebox import conventions as C
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "DATASOURCE",
+    "UNITS",
+    "VARIABLES",
+    "dashboards",
+    "render_dashboards",
+    "adapt",
+    "panel_queries",
+    "dashboard_uid",
+]
+
+# Grafana 11.x writes schemaVersion 39; later versions migrate it up silently on load.
+SCHEMA_VERSION = 39
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+OUT_DIR = "dashboards"
+
+# Signal unit -> Grafana unit id. SI bytes: the spec writes "14.7 MB/s" as 14,700,000 B/s.
+UNITS = {
+    "ratio": "percentunit",
+    "seconds": "s",
+    "bytes": "decbytes",
+    "bytes_per_second": "Bps",
+}
+
+# Template variables: name -> (label the filter matches, human label). "instance" filters on
+# host_name: after OTLP the Prometheus `instance` label names the Collector, not the host.
+VARIABLES = {
+    "cluster": (C.LABEL["cluster"], "Cluster"),
+    "instance": (C.LABEL["host"], "Instance (host)"),
+    "gpu": (C.LABEL["gpu_id"], "GPU / MIG instance"),
+    "engine": (C.LABEL["engine"], "Engine"),
+    "model": (C.LABEL["model"], "Model"),
+}
+# Which variables filter a series of a given level (labels the recording rules keep).
+_LEVEL_VARS = {
+    "gpu": ("cluster", "instance", "gpu"),
+    "engine": ("cluster", "instance", "engine", "model"),
+    "host": ("cluster", "instance"),
+    "hw_id": ("gpu",),  # per-GPU records summed by hw_id alone (KV free, total)
+}
+_LEGEND = {
+    "gpu": "{{host_name}} {{hw_id}}",
+    "engine": "{{host_name}} {{engine}} {{model}}",
+    "host": "{{cluster}} {{host_name}}",
+}
+_TIER_COLORS = {"warning": "orange", "critical": "red"}
+_FUSE_COLORS = ("green", "yellow", "orange", "red", "purple")
+_TOPK = 5  # series per overview panel: the ones nearest their fuse
+
+
+def _sel(metric: str, level: str, extra: str = "") -> str:
+    """``metric{cluster=~"$cluster", ...}`` with the template filters for ``level``."""
+    matchers = [f'{VARIABLES[v][0]}=~"${v}"' for v in _LEVEL_VARS[level]]
+    if extra:
+        matchers.append(extra)
+    return f"{metric}{{{', '.join(matchers)}}}"
+
+
+# ---------------------------------------------------------------------- panel model
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class PanelDef:
+    """One panel before grafanalib: what it shows, against which tiers, for which alerts."""
+
+    title: str
+    description: str
+    queries: tuple[Query, ...]
+    unit: str
+    alerts: tuple[str, ...]  # runbooks linked (the alert(s) the panel shows)
+    tiers: tuple = ()  # spec Tier objects drawn as threshold lines
+    kind: str = "timeseries"  # timeseries | stat
+    mappings: tuple = ()
+    steps: Optional[tuple] = None  # explicit (color, value) steps for stat panels
+    width: int = 12
+    soft_max: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class DashboardDef:
+    name: str  # file stem and UID seed
+    title: str
+    description: str
+    panels: tuple[PanelDef, ...]
+    annotations: tuple[dict, ...] = field(default_factory=tuple)
+
+
+# ------------------------------------------------------------------------- panels
+def _signal_panel(spec, sig, role: str, title: str, description: str, expr: str, legend: str,
+                  *, tiers=True, width=12, unit: Optional[str] = None) -> PanelDef:
+    return PanelDef(
+        title=title, description=description, queries=(Query(expr, legend),),
+        unit=unit or UNITS[sig.unit], alerts=(sig.alert,), tiers=sig.tiers if tiers else (),
+        width=width, soft_max=1.0 if (unit or UNITS[sig.unit]) == "percentunit" else None,
+    )
+
+
+def _tier_text(sig) -> str:
+    return ", ".join(f"{t.name} {t.threshold_text}" for t in sig.tiers)
+
+
+def _overview(spec) -> DashboardDef:
+    alerts = [s.alert for s in spec.signals]
+    alert_re = "|".join(alerts + [C.ABSENT_ALERT])
+    levels = {a.level: a.name for a in spec.actions.values()}
+    mapping_opts = {"0": {"text": "closed", "color": _FUSE_COLORS[0], "index": 0}}
+    for lvl in sorted(levels):
+        mapping_opts[str(lvl)] = {"text": f"L{lvl} {levels[lvl]}", "color": _FUSE_COLORS[min(lvl, len(_FUSE_COLORS) - 1)],
+                                  "index": lvl}
+    scope = ", ".join(C.SCOPE_LABELS)
+    panels = [
+        PanelDef(
+            title="Fuse state per scope",
+            description=("Current fuse level from the fuse service (" + C.FUSE_LEVEL_METRIC + "): 0 closed, "
+                         + ", ".join(f"{l} {n}" for l, n in sorted(levels.items())) + "."),
+            queries=(Query(f"max by ({scope}) ({_sel(C.FUSE_LEVEL_METRIC, 'host')})",
+                           "{{cluster}} {{host_name}} {{hw_id}} {{engine}}"),),
+            unit="none", alerts=tuple(a for s in spec.signals for a in [s.alert] if any(t.fuse for t in s.tiers)),
+            kind="stat", mappings=({"type": "value", "options": mapping_opts},),
+            steps=tuple([(_FUSE_COLORS[0], None)] + [(_FUSE_COLORS[min(l, len(_FUSE_COLORS) - 1)], float(l)) for l in sorted(levels)]),
+            width=12,
+        ),
+        PanelDef(
+            title="Firing fusebox alerts",
+            description="Alerts firing now, by alert and severity (Prometheus ALERTS series).",
+            queries=(Query(f'count by (alertname, severity) ({C.ALERTS_METRIC}{{alertstate="firing", alertname=~"{alert_re}"}})',
+                           "{{alertname}} ({{severity}})"),),
+            unit="none", alerts=tuple(alerts), kind="stat",
+            steps=(("green", None), ("red", 1.0)), width=12,
+        ),
+    ]
+    for sig in spec.signals:
+        rec = C.signal_records(sig)["value"]
+        panels.append(_signal_panel(
+            spec, sig, "value", f"{sig.alert}: {sig.name.replace('_', ' ')}",
+            f"{sig.description} Top {_TOPK} series nearest the fuse; lines at {_tier_text(sig)}.",
+            f"topk({_TOPK}, {_sel(rec, sig.level)})", _LEGEND.get(sig.level, "{{instance}}"),
+            width=12 if not sig.secondary else 8,
+        ))
+    annotations = (
+        {
+            "datasource": dict(DATASOURCE), "enable": True, "hide": False, "iconColor": "red",
+            "name": "fusebox alerts firing",
+            "expr": f'{C.ALERTS_METRIC}{{alertstate="firing", alertname=~"{alert_re}"}}',
+            "step": f"{int(spec.evaluation_interval_s)}s", "titleFormat": "{{alertname}}",
+            "textFormat": "{{severity}} {{host_name}} {{hw_id}} {{engine}}", "tagKeys": "alertname,severity",
+            "useValueForTime": False,
+        },
+        {
+            "datasource": dict(DATASOURCE), "enable": True, "hide": False, "iconColor": "purple",
+            "name": "fuse engaged",
+            "expr": f"{C.FUSE_LEVEL_METRIC} > 0",
+            "step": f"{int(spec.evaluation_interval_s)}s", "titleFormat": "fuse level {{__value__}}",
+            "textFormat": "{{cluster}} {{host_name}} {{hw_id}} {{engine}}", "tagKeys": "cluster,host_name",
+            "useValueForTime": False,
+        },
+    )
+    return DashboardDef("overview", f"fusebox / {spec.name} / overview",
+                        "Which fuse is near, where, and why: every signal against its tiers, the fuse state, alert annotations.",
+                        tuple(panels), annotations)
+
+
+def _gpu_memory(spec) -> Optional[DashboardDef]:
+    sigs = [s for s in spec.signals if s.kind == "gpu_memory"]
+    if not sigs:
+        return None
+    panels: list[PanelDef] = []
+    for sig in sigs:
+        r = C.signal_records(sig)
+        legend = "{{host_name}} {{hw_id}} mig={{hw_gpu_mig}}"
+        panels.append(_signal_panel(spec, sig, "value", "Effective utilization per GPU and MIG instance",
+                                    f"{sig.description} Lines at {_tier_text(sig)}.",
+                                    _sel(r["value"], "gpu"), legend))
+        panels.append(_signal_panel(spec, sig, "device", "Device-basis utilization (no KV-pool correction)",
+                                    "(total - free) / total as NVML or DCGM report it; engines that pre-allocate the KV pool sit high here "
+                                    "while the effective basis stays low.", _sel(r["device"], "gpu"), legend))
+    alert = sigs[0].alert
+    g = lambda m: _sel(m, "gpu")  # noqa: E731
+    panels += [
+        PanelDef("Device memory used and total", "hw.gpu.memory.usage (bytes) per GPU / MIG instance, and the total the rules divide by.",
+                 (Query(g(C.PROM["gpu_memory_usage"]), "used {{host_name}} {{hw_id}}"),
+                  Query(_sel(r["total"], "hw_id"), "total {{hw_id}}")),
+                 "decbytes", (alert,)),
+        PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (PITFALLS P6).",
+                 (Query(g(C.PROM["gpu_memory_reserved"]), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
+        PanelDef("KV pool free bytes per GPU", "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
+                 (Query(_sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)),
+    ]
+    return DashboardDef("gpu-memory", f"fusebox / {spec.name} / GPU memory",
+                        "GPU memory per GPU and MIG instance, effective vs device basis.", tuple(panels))
+
+
+def _kv_cache(spec) -> Optional[DashboardDef]:
+    sigs = [s for s in spec.signals if s.kind == "deriv"]
+    if not sigs:
+        return None
+    panels: list[PanelDef] = []
+    for sig in sigs:
+        r = C.signal_records(sig)
+        panels.append(_signal_panel(spec, sig, "value", f"{sig.alert}: growth per engine",
+                                    f"{sig.description} Lines at {_tier_text(sig)} (SI: 1 MB = 10^6 B).",
+                                    _sel(r["value"], "engine"), _LEGEND["engine"]))
+    alerts = tuple(s.alert for s in sigs)
+    usage, limit = C.PROM["kv_cache_usage"], C.PROM["kv_cache_limit"]
+    by = "cluster, host_name, engine, model"
+    panels += [
+        PanelDef("KV-cache bytes per engine", "fusebox.kv_cache.usage: bytes of KV cache in use per engine.",
+                 (Query(f"sum by ({by}) ({_sel(usage, 'engine')})", _LEGEND["engine"]),), "decbytes", alerts),
+        PanelDef("KV pool usage per engine", "KV bytes in use over the pool's bytes (0-1).",
+                 (Query(f"sum by ({by}) ({_sel(usage, 'engine')}) / sum by ({by}) ({_sel(limit, 'engine')})", _LEGEND["engine"]),),
+                 "percentunit", alerts, soft_max=1.0),
+    ]
+    return DashboardDef("kv-cache", f"fusebox / {spec.name} / KV cache",
+                        "KV-cache bytes, pool usage and growth per engine.", tuple(panels))
+
+
+def _latency(spec) -> Optional[DashboardDef]:
+    sigs = [s for s in spec.signals if s.kind == "quantile"]
+    if not sigs:
+        return None
+    panels: list[PanelDef] = []
+    for sig in sigs:
+        r = C.signal_records(sig)
+        q = int(round(sig.quantile * 100))
+        panels.append(PanelDef(
+            f"{sig.alert}: P50 / P{q} / P99 per engine",
+            f"{sig.description} Lines at {_tier_text(sig)}; the alert reads P{q}. NaN (a gap) means no traffic (PITFALLS P1).",
+            (Query(_sel(r["p50"], "engine"), "P50 {{host_name}} {{engine}} {{model}}"),
+             Query(_sel(r["value"], "engine"), f"P{q} " + "{{host_name}} {{engine}} {{model}}"),
+             Query(_sel(r["p99"], "engine"), "P99 {{host_name}} {{engine}} {{model}}")),
+            UNITS[sig.unit], (sig.alert,), sig.tiers, width=24,
+        ))
+        panels.append(PanelDef(
+            "Share of observations over each threshold",
+            "Fraction of observations slower than each tier's threshold (label le), over the rule window. "
+            f"Above {1 - sig.quantile:g} at a threshold means P{q} is above it.",
+            (Query(_sel(r["over_threshold"], "engine"), "> {{le}}s {{host_name}} {{engine}} {{model}}"),),
+            "percentunit", (sig.alert,), soft_max=1.0,
+        ))
+        panels.append(PanelDef(
+            "Observations per second", "Rate of observations per engine: zero traffic explains a gap in the quantiles.",
+            (Query(_sel(r["rate"], "engine"), _LEGEND["engine"]),), "ops", (sig.alert,),
+        ))
+    return DashboardDef("alignment-latency", f"fusebox / {spec.name} / alignment latency",
+                        "Alignment latency quantiles and the share of observations over each threshold.", tuple(panels))
+
+
+def _secondary(spec) -> Optional[DashboardDef]:
+    sigs = [s for s in spec.signals if s.kind == "gauge"]
+    panels: list[PanelDef] = []
+    for sig in sigs:
+        r = C.signal_records(sig)
+        panels.append(_signal_panel(spec, sig, "value", f"{sig.alert}: {sig.name.replace('_', ' ')}",
+                                    f"{sig.description} Lines at {_tier_text(sig)}.",
+                                    _sel(r["value"], sig.level), _LEGEND.get(sig.level, "{{instance}}")))
+    # Not spec signals (no alert of their own): linked to the alert whose diagnosis uses them.
+    bw = next((s.alert for s in spec.signals if s.name == "memory_bandwidth_saturation"), spec.signals[0].alert)
+    kv = next((s.alert for s in spec.signals if s.kind == "deriv"), spec.signals[0].alert)
+    by = "cluster, host_name"
+    model_by = "cluster, host_name, model_name"
+    w = "5m"
+    panels += [
+        PanelDef("Energy per generated token",
+                 "GPU power (hw.power, W) per host over generated tokens per second (vLLM, SGLang): joules per token.",
+                 (Query(f"sum by ({by}) ({_sel(C.PROM['gpu_power'], 'host')}) / sum by ({by}) ("
+                        f"rate({_sel(C.VLLM_GENERATION_TOKENS, 'host')}[{w}]) or rate({_sel(C.SGLANG_GENERATION_TOKENS, 'host')}[{w}]))",
+                        _LEGEND["host"]),), "joule", (bw,)),
+        PanelDef("Prefix-cache hit rate",
+                 "Prefix-cache hits over queries (vLLM >= 0.9 counters), or SGLang's cache_hit_rate gauge; a drop speeds up KV growth.",
+                 (Query(f"sum by ({model_by}) (rate({_sel(C.VLLM_PREFIX_CACHE_HITS, 'host')}[{w}])) / "
+                        f"sum by ({model_by}) (rate({_sel(C.VLLM_PREFIX_CACHE_QUERIES, 'host')}[{w}]))",
+                        "vLLM {{host_name}} {{model_name}}"),
+                  Query(f"avg by ({model_by}) ({_sel(C.SGLANG_CACHE_HIT_RATE, 'host')})", "SGLang {{host_name}} {{model_name}}")),
+                 "percentunit", (kv,), soft_max=1.0),
+    ]
+    return DashboardDef("secondary", f"fusebox / {spec.name} / secondary signals",
+                        "Memory bandwidth, PCIe, energy per token, prefix-cache hit rate.", tuple(panels))
+
+
+# ------------------------------------------------------------------ grafanalib + adapter
+def dashboard_uid(spec_name: str, name: str) -> str:
+    """Stable Grafana UID from the spec name and dashboard name (<= 40 chars, [a-z0-9-])."""
+    slug = re.sub(r"[^a-z0-9]+", "-", f"fusebox-{spec_name}-{name}".lower()).strip("-")
+    if len(slug) <= 40:
+        return slug
+    digest = hashlib.sha1(slug.encode()).hexdigest()[:8]
+    return f"{slug[:31].rstrip('-')}-{digest}"
+
+
+def _templates(spec) -> list:
+    from grafanalib.core import Template
+
+    by_kind = {s.kind: C.signal_records(s)["value"] for s in spec.signals}
+    gpu_rec = by_kind.get("gpu_memory") or C.PROM["gpu_memory_limit"]
+    eng_rec = by_kind.get("quantile") or by_kind.get("deriv") or C.PROM["kv_cache_usage"]
+    src = {"cluster": gpu_rec, "instance": gpu_rec, "gpu": gpu_rec, "engine": eng_rec, "model": eng_rec}
+    out = [Template(name="datasource", label="Data source", query="prometheus", type="datasource")]
+    for var, (label, human) in VARIABLES.items():
+        # Each variable's values are narrowed by the ones above it (cluster, then host).
+        parents = [f'{VARIABLES[p][0]}=~"${p}"' for p in {"cluster": (), "instance": ("cluster",)}.get(var, ("cluster", "instance"))]
+        selector = f"{src[var]}{{{', '.join(parents)}}}" if parents else src[var]
+        out.append(Template(name=var, label=human, query=f"label_values({selector}, {label})",
+                            dataSource=dict(DATASOURCE), includeAll=True, multi=True, allValue=".*", default="$__all",
+                            refresh=2))
+    return out
+
+
+def _grafanalib_dashboard(spec, d: DashboardDef):
+    from grafanalib.core import (Annotations, Dashboard, GridPos, Stat, Target, Templating, Threshold,
+                                 TimeSeries)
+
+    panels = []
+    x = y = 0
+    row_h = 8
+    for i, p in enumerate(d.panels, start=1):
+        if x + p.width > 24:
+            x, y = 0, y + row_h
+        steps = _steps(p)
+        thresholds = [Threshold(color, idx, float(value) if value is not None else 0.0)
+                      for idx, (color, value) in enumerate(steps)]
+        targets = [Target(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + j), datasource=dict(DATASOURCE))
+                   for j, q in enumerate(p.queries)]
+        links = [{"title": f"Runbook: {a}", "url": spec.runbook_url(a), "targetBlank": True} for a in p.alerts]
+        common = dict(title=p.title, description=p.description, dataSource=dict(DATASOURCE), targets=targets,
+                      gridPos=GridPos(h=row_h, w=p.width, x=x, y=y), id=i, links=links, thresholds=thresholds)
+        if p.kind == "stat":
+            panel = Stat(format=p.unit, mappings=list(p.mappings), reduceCalc="lastNotNull", graphMode="none",
+                         colorMode="background", textMode="value_and_name", **common)
+        else:
+            panel = TimeSeries(unit=p.unit, thresholdsStyleMode="line" if p.tiers else "off",
+                               legendDisplayMode="table", legendPlacement="right", legendCalcs=["lastNotNull", "max"],
+                               tooltipMode="multi", tooltipSort="desc", spanNulls=False, **common)
+        panels.append(panel)
+        x += p.width
+    return Dashboard(
+        title=d.title, uid=dashboard_uid(spec.name, d.name), description=d.description, tags=["fusebox", spec.name],
+        panels=panels, templating=Templating(list=_templates(spec)), annotations=Annotations(list=list(d.annotations)),
+        editable=False, refresh="30s", timezone="utc", graphTooltip=1,
+        links=[{"asDropdown": True, "includeVars": True, "keepTime": True, "tags": ["fusebox", spec.name],
+                "targetBlank": False, "title": "fusebox dashboards", "type": "dashboards"}],
+    )
+
+
+def _steps(p: PanelDef) -> tuple:
+    """Threshold steps (color, value): base step first (value None), then the spec's tiers."""
+    if p.steps is not None:
+        return p.steps
+    out = [("green", None)]
+    for t in p.tiers:  # warning before critical (spec order)
+        out.append((_TIER_COLORS.get(t.name, "red"), t.threshold))
+    return tuple(out)
+
+
+def adapt(obj: dict, *, header: str) -> dict:
+    """Fix grafanalib 0.7.1's JSON for current Grafana (see the module docstring).
+
+    Args:
+        obj: ``Dashboard.to_json_data()`` serialised and re-read as plain JSON.
+        header: the "Code generated ..." line, put first in the dashboard's description.
+    Returns:
+        The same dict, modified.
+    """
+    obj["schemaVersion"] = SCHEMA_VERSION
+    obj["description"] = f"{header} {obj.get('description', '')}".strip()
+    for key in ("rows", "style", "hideControls", "sharedCrosshair", "gnetId", "id", "__inputs"):
+        obj.pop(key, None)
+    obj["annotations"]["list"] = [_builtin_annotation()] + obj["annotations"]["list"]
+    for t in obj["templating"]["list"]:
+        if t.get("type") == "datasource":
+            t["datasource"] = None
+            t["current"] = {}
+        else:
+            t["datasource"] = dict(DATASOURCE)
+            t["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
+            t["definition"] = t["query"]
+            t["query"] = {"query": t["query"], "refId": f"{t['name']}-query"}
+        for k in ("auto", "auto_count", "auto_min", "useTags", "tagsQuery", "tagValuesQuery"):
+            t.pop(k, None)
+    for p in obj["panels"]:
+        p["datasource"] = dict(DATASOURCE)
+        for k in ("height", "span", "minSpan", "error", "isNew", "repeat", "repeatDirection", "maxPerRow", "cacheTimeout"):
+            p.pop(k, None)
+        for t in p.get("targets", []):
+            t["datasource"] = dict(DATASOURCE)
+            for k in ("target", "metric", "step", "query", "intervalFactor"):
+                t.pop(k, None)
+            t["range"], t["instant"] = True, False
+        defaults = p["fieldConfig"]["defaults"]
+        steps = defaults.get("thresholds", {}).get("steps", [])
+        defaults["thresholds"] = {
+            "mode": "absolute",
+            "steps": [{"color": s["color"], "value": None if i == 0 else s["value"]} for i, s in enumerate(steps)],
+        }
+        if p.get("type") == "timeseries" and defaults.get("unit") == "percentunit":
+            defaults["custom"]["axisSoftMin"], defaults["custom"]["axisSoftMax"] = 0, 1
+        if p.get("type") == "stat":
+            defaults.pop("custom", None)
+            p["options"]["reduceOptions"]["fields"] = ""
+    return obj
+
+
+def _builtin_annotation() -> dict:
+    return {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}
+
+
+def _defs(spec) -> list[DashboardDef]:
+    return [d for d in (_overview(spec), _gpu_memory(spec), _kv_cache(spec), _latency(spec), _secondary(spec)) if d]
+
+
+def dashboards(spec, header: Optional[str] = None) -> dict[str, dict]:
+    """Every dashboard as a JSON-ready dict, keyed by its name (``overview``, ``gpu-memory``, ...)."""
+    from grafanalib._gen import DashboardEncoder
+
+    header = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
+    out: dict[str, dict] = {}
+    for d in _defs(spec):
+        raw = json.loads(json.dumps(_grafanalib_dashboard(spec, d).to_json_data(), cls=DashboardEncoder))
+        out[d.name] = adapt(raw, header=header)
+    return out
+
+
+def render_dashboards(spec, header: Optional[str] = None) -> dict[str, str]:
+    """``{"dashboards/fusebox-<name>.json": json_text}``. Deterministic (sorted keys)."""
+    return {f"{OUT_DIR}/fusebox-{name}.json": json.dumps(d, indent=2, sort_keys=True) + "\n"
+            for name, d in dashboards(spec, header).items()}
+
+
+def outputs(spec, header: str) -> dict[str, str]:
+    """The writer's entry point (generator/outputs.py EXTRA_RENDERERS)."""
+    return render_dashboards(spec, header)
+
+
+def panel_queries(dashboard: dict) -> Iterable[tuple[str, str, str]]:
+    """Yield ``(panel_title, refId, expr)`` for every query of a rendered dashboard."""
+    for p in dashboard["panels"]:
+        for t in p.get("targets", []):
+            yield p["title"], t["refId"], t["expr"]

@@ -1,0 +1,96 @@
+"""Grafana provisioning from the spec: data source, dashboards provider, Kubernetes ConfigMaps.
+
+Pure renderer: ``render_grafana_provisioning(spec, options) -> {relative_path: text}``; no I/O.
+
+* ``grafana/provisioning/datasources/fusebox.yaml``: a Prometheus data source with a fixed UID
+  (:data:`DATASOURCE_UID`), the default, so the dashboards' ``${datasource}`` variable resolves
+  on first load;
+* ``grafana/provisioning/dashboards/fusebox.yaml``: a file provider reading the generated
+  dashboards from :attr:`ProvisioningOptions.dashboards_path`;
+* ``k8s/grafana-dashboards.yaml``: one ConfigMap per dashboard labelled
+  ``grafana_dashboard: "1"``, the label the Grafana Helm chart's sidecar watches.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Optional
+
+import yaml
+
+from fusebox import conventions as C
+
+from .render_dashboards import dashboards
+
+__all__ = ["ProvisioningOptions", "render_grafana_provisioning", "DATASOURCE_UID", "DASHBOARD_LABEL"]
+
+DATASOURCE_UID = "fusebox-prometheus"
+DASHBOARD_LABEL = {"grafana_dashboard": "1"}
+
+
+@dataclass(frozen=True)
+class ProvisioningOptions:
+    """Where things are, as Grafana sees them.
+
+    Attributes:
+        prometheus_url: the data source URL (inside docker-compose: ``http://prometheus:9090``).
+        dashboards_path: the folder Grafana reads dashboards JSON from.
+        folder: the Grafana folder the dashboards land in.
+        namespace: Kubernetes namespace of the ConfigMaps.
+    """
+
+    prometheus_url: str = "http://prometheus:9090"
+    dashboards_path: str = "/var/lib/grafana/dashboards/fusebox"
+    folder: str = "fusebox"
+    namespace: str = "monitoring"
+
+
+def _yaml(header: str, obj) -> str:
+    return header + yaml.safe_dump(obj, sort_keys=True, default_flow_style=False)
+
+
+def outputs(spec, header: str) -> dict[str, str]:
+    """The writer's entry point (generator/outputs.py EXTRA_RENDERERS): default options."""
+    return render_grafana_provisioning(spec, header=header)
+
+
+def render_grafana_provisioning(spec, options: ProvisioningOptions = ProvisioningOptions(),
+                                header: Optional[str] = None) -> dict[str, str]:
+    """The provisioning files and the ConfigMaps. Deterministic (sorted keys)."""
+    header_line = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
+    header = "# " + header_line + "\n"
+    interval = f"{int(spec.scrape_interval_s)}s"
+    datasource = {
+        "apiVersion": 1,
+        "datasources": [{
+            "name": "Prometheus (fusebox)", "type": "prometheus", "uid": DATASOURCE_UID, "access": "proxy",
+            "url": options.prometheus_url, "isDefault": True, "editable": False,
+            # timeInterval: the scrape interval, so Grafana never asks for a step below it.
+            "jsonData": {"timeInterval": interval, "httpMethod": "POST"},
+        }],
+    }
+    provider = {
+        "apiVersion": 1,
+        "providers": [{
+            "name": f"fusebox-{spec.name}", "orgId": 1, "folder": options.folder, "type": "file",
+            "disableDeletion": True, "allowUiUpdates": False, "updateIntervalSeconds": 30,
+            "options": {"path": options.dashboards_path, "foldersFromFilesStructure": False},
+        }],
+    }
+    maps = []
+    for name, d in dashboards(spec, header_line).items():
+        maps.append({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"fusebox-dashboard-{name}", "namespace": options.namespace,
+                         "labels": dict(DASHBOARD_LABEL, **{"app.kubernetes.io/part-of": "fusebox"}),
+                         "annotations": {"grafana_folder": options.folder}},
+            "data": {f"fusebox-{name}.json": json.dumps(d, indent=2, sort_keys=True) + "\n"},
+        })
+    k8s = header + "".join("---\n" + yaml.safe_dump(m, sort_keys=True, default_flow_style=False) for m in maps)
+    return {
+        "grafana/provisioning/datasources/fusebox.yaml": _yaml(header, datasource),
+        "grafana/provisioning/dashboards/fusebox.yaml": _yaml(header, provider),
+        "k8s/grafana-dashboards.yaml": k8s,
+    }

@@ -1,0 +1,127 @@
+"""Helpers for the dashboards / Collector tests: the real tools, on free loopback ports.
+
+Tools missing: pytest.skip locally, pytest.fail under CI (env CI=true), with how to get them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OTELCOL_VERSION = "v0.165.0"
+
+
+def missing(what: str, how: str):
+    msg = f"{what} not found: {how}"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def tools_dir() -> Path:
+    return Path(os.environ.get("FUSEBOX_TOOLS", Path.home() / ".cache" / "fusebox" / "tools"))
+
+
+def otelcol_binary() -> Path:
+    """The Collector built by tools/build-otelcol.sh (or $FUSEBOX_OTELCOL)."""
+    p = Path(os.environ.get("FUSEBOX_OTELCOL") or tools_dir() / f"otelcol-{OTELCOL_VERSION}" / "otelcol-fusebox")
+    if not os.access(p, os.X_OK):
+        missing(f"OpenTelemetry Collector {p}", "run `make tools` (tools/build-otelcol.sh builds it with Go)")
+    return p
+
+
+def prometheus_binary() -> str:
+    p = shutil.which("prometheus")
+    if not p:
+        missing("prometheus", "run `make tools` (installs Prometheus >= 2.42)")
+    return p
+
+
+def promtool_binary() -> str:
+    p = shutil.which("promtool")
+    if not p:
+        missing("promtool", "run `make tools` (installs Prometheus >= 2.42)")
+    return p
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+        return r.read()
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0, log: Path | None = None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text()[-4000:] if log else ''}")
+        try:
+            http_get(url, timeout=1)
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"{url} not up after {timeout}s:\n{log.read_text()[-4000:] if log else ''}")
+
+
+@contextlib.contextmanager
+def process(args: list[str], log: Path, env: dict | None = None):
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def prometheus(tmp: Path, config: dict, *, storage: Path | None = None, extra_args: tuple = ()):
+    """A real Prometheus on a free loopback port; yields its base URL."""
+    import yaml
+
+    port = free_port()
+    cfg = tmp / "prometheus.yml"
+    cfg.write_text(yaml.safe_dump(config))
+    storage = storage or tmp / "tsdb"
+    args = [prometheus_binary(), f"--config.file={cfg}", f"--storage.tsdb.path={storage}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra_args]
+    with process(args, tmp / "prometheus.log") as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/-/ready", proc, log=tmp / "prometheus.log")
+        yield url
+
+
+def query(base: str, expr: str, at: float | None = None) -> list[dict]:
+    params = {"query": expr}
+    if at is not None:
+        params["time"] = f"{at:.3f}"
+    body = json.loads(http_get(f"{base}/api/v1/query?{urllib.parse.urlencode(params)}"))
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def query_range(base: str, expr: str, start: float, end: float, step: float) -> list[dict]:
+    params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    body = json.loads(http_get(f"{base}/api/v1/query_range?{urllib.parse.urlencode(params)}", timeout=120))
+    assert body["status"] == "success", body
+    return body["data"]["result"]

@@ -1,0 +1,138 @@
+"""Every panel query returns data from a real Prometheus running the generated rules on a breach.
+
+The breach is served live by a small exporter in the test (the boundary: the GPUs, engines and
+fuse service of a real deployment), scraped every second by Prometheus 2.42 with the rules file
+`fusebox generate` writes (rules/fusebox.rules.yml). Values, worked out by hand:
+
+* GPU of PITFALLS P6: used 62800 MiB of 80000 MiB -> device ratio 0.785;
+* PCIe at 0.97 (>= 95 %, for 3s) -> GPUPCIeLinkSaturated fires within two evaluations;
+* alignments at 10/s: 10 % at 0.3 s, 10 % at 0.9 s, 80 % at 1.4 s -> share over 0.85 s = 0.9,
+  share over 1.28 s = 0.8, P95 inside the (1.28, 1.5] bucket;
+* KV bytes growing 20 MB/s;
+* the fuse service at level 2 on one engine scope.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import re
+import threading
+import time
+
+import pytest
+
+from dashboards_support import ROOT, prometheus, query, query_range
+from fusebox import conventions as C
+from fusebox.generator.outputs import RULE_FILE, render_all
+from fusebox.generator.render_dashboards import dashboards
+from fusebox.generator.spec import load_spec
+
+pytestmark = pytest.mark.tools
+
+MIB = 1_048_576
+BUCKETS = ("0.05", "0.1", "0.25", "0.5", "0.75", "0.85", "1.0", "1.28", "1.5", "2.0", "2.5", "5.0", "10.0", "+Inf")
+HOST = 'cluster="lab-a", host_name="gpu-node-1"'
+GPU = HOST + ', hw_id="GPU-8f1c2a5e"'
+ENGINE = HOST + ', hw_id="GPU-8f1c2a5e", engine="vllm-0", model="llava-1.5-7b"'
+
+
+def exposition(t: float) -> str:
+    """The breach at ``t`` seconds after the start, in the text format."""
+    P = C.PROM
+    n = int(10 * t) + 10  # alignments so far
+    obs = {0.3: n // 10, 0.9: n // 10}
+    obs[1.4] = n - obs[0.3] - obs[0.9]
+    lines = [
+        f"{P['gpu_memory_usage']}{{{GPU}}} {62_800 * MIB}",
+        f"{P['gpu_memory_limit']}{{{GPU}}} {80_000 * MIB}",
+        f"{P['gpu_memory_reserved']}{{{GPU}}} {600 * MIB}",
+        f"{P['gpu_memory_bandwidth_utilization']}{{{GPU}}} 0.5",
+        f"{P['gpu_pcie_utilization']}{{{GPU}}} 0.97",
+        f"{P['gpu_power']}{{{GPU}}} 300",
+        f"{P['gpu_up']}{{{GPU}}} 1",
+        f"{P['kv_cache_usage']}{{{ENGINE}}} {2_000_000_000 + int(20_000_000 * t)}",
+        f"{P['kv_cache_limit']}{{{ENGINE}}} 8000000000",
+        f'{C.VLLM_GENERATION_TOKENS}{{{HOST}, model_name="llava-1.5-7b"}} {int(500 * t)}',
+        f'{C.VLLM_PREFIX_CACHE_QUERIES}{{{HOST}, model_name="llava-1.5-7b"}} {int(1000 * t)}',
+        f'{C.VLLM_PREFIX_CACHE_HITS}{{{HOST}, model_name="llava-1.5-7b"}} {int(400 * t)}',
+        f'{C.SGLANG_CACHE_HIT_RATE}{{{HOST}, model_name="qwen2-vl"}} 0.35',
+        f'{C.FUSE_LEVEL_METRIC}{{cluster="lab-a", host_name="gpu-node-1", instance="", hw_id="", engine="vllm-0"}} 2',
+    ]
+    h = P["alignment_duration"]
+    for le in BUCKETS:
+        bound = float(le)
+        lines.append(f'{h}_bucket{{{ENGINE}, le="{le}"}} {sum(c for v, c in obs.items() if v <= bound)}')
+    lines.append(f"{h}_count{{{ENGINE}}} {n}")
+    lines.append(f"{h}_sum{{{ENGINE}}} {sum(v * c for v, c in obs.items()):.3f}")
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def breach_exporter():
+    start = time.time()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = exposition(time.time() - start).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def substitute(expr: str) -> str:
+    return re.sub(r"\$(\w+)", ".*", expr)
+
+
+def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
+    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+    rules = tmp_path / "fusebox.rules.yml"
+    rules.write_text(render_all(spec)[RULE_FILE])
+    boards = dashboards(spec)
+    with breach_exporter() as target:
+        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+               "rule_files": [str(rules)],
+               "scrape_configs": [{"job_name": "breach", "honor_labels": True, "static_configs": [{"targets": [target]}]}]}
+        with prometheus(tmp_path, cfg) as base:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                if query(base, 'ALERTS{alertstate="firing", alertname="GPUPCIeLinkSaturated"}') and \
+                        query(base, "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m"):
+                    break
+                time.sleep(1)
+            time.sleep(6)  # one more rule evaluation (groups run every 5s)
+            end = time.time()
+            empty = []
+            n = 0
+            for name, d in boards.items():
+                for p in d["panels"]:
+                    for t in p["targets"]:
+                        n += 1
+                        if not query_range(base, substitute(t["expr"]), end - 60, end, 5):
+                            empty.append(f"{name} / {p['title']} / {t['refId']}: {t['expr']}")
+            assert not empty, "panel queries without data:\n" + "\n".join(empty)
+            assert n >= 25
+            # The values the panels draw are the breach's, worked out by hand above.
+            over = {r["metric"]["le"]: float(r["value"][1]) for r in
+                    query(base, "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m")}
+            assert over == {"0.85": pytest.approx(0.9, abs=0.02), "1.28": pytest.approx(0.8, abs=0.02)}
+            p95 = float(query(base, "engine:fusebox_alignment_latency_p95:rate5m")[0]["value"][1])
+            assert 1.28 < p95 <= 1.5
+            device = float(query(base, "gpu:fusebox_gpu_memory_device_utilization:ratio")[0]["value"][1])
+            assert device == pytest.approx(0.785)
+            growth = float(query(base, "engine:fusebox_kv_cache_growth_rate:deriv1m")[0]["value"][1])
+            assert growth == pytest.approx(20e6, rel=0.1)

@@ -1,0 +1,200 @@
+"""The generated dashboards: valid PromQL, the spec's thresholds, units, links, current Grafana JSON.
+
+Expected thresholds are the figures written in fusebox.yaml, converted by hand here (not by the
+renderer or the spec loader): 72.0% -> 0.72, 78.3% -> 0.783, 0.85 s, 1.28 s, 9.2 MB/s ->
+9,200,000 B/s, 14.7 MB/s -> 14,700,000 B/s (SI), 92% -> 0.92, 8.7 GB/min -> 145,000,000 B/s,
+95% -> 0.95.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import promql_parser
+import pytest
+
+from fusebox import conventions as C
+from fusebox.generator.render_dashboards import dashboards, render_dashboards
+from fusebox.generator.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNBOOK_BASE = "https://github.com/your-org/monitoring/blob/main/runbooks"
+
+# alert -> (Grafana unit, [threshold step values after the base step]) worked out from fusebox.yaml.
+EXPECTED = {
+    "GPUMemoryUtilizationHigh": ("percentunit", [0.72, 0.783]),
+    "AlignmentLatencyP95High": ("s", [0.85, 1.28]),
+    "KVCacheGrowthRateHigh": ("Bps", [9_200_000.0, 14_700_000.0]),
+    "GPUMemoryBandwidthSaturated": ("percentunit", [0.92]),
+    "KVCacheGrowthOOMImminent": ("Bps", [145_000_000.0]),
+    "GPUPCIeLinkSaturated": ("percentunit", [0.95]),
+}
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+
+
+@pytest.fixture(scope="module")
+def boards(spec):
+    return dashboards(spec)
+
+
+def _panels(boards):
+    for name, d in boards.items():
+        for p in d["panels"]:
+            yield name, p
+
+
+def substitute(expr: str) -> str:
+    """Template variables as Grafana expands "All" (allValue .*)."""
+    return re.sub(r"\$(\w+)", ".*", expr)
+
+
+def test_the_overview_and_four_drill_downs_are_rendered(boards):
+    assert sorted(boards) == ["alignment-latency", "gpu-memory", "kv-cache", "overview", "secondary"]
+
+
+def test_every_panel_query_parses_as_promql(boards):
+    n = 0
+    for name, p in _panels(boards):
+        for t in p["targets"]:
+            promql_parser.parse(substitute(t["expr"]))
+            n += 1
+    assert n >= 25
+
+
+def test_panels_read_recording_rules_not_raw_histograms(boards, spec):
+    # bucket_rate is an intermediate record the quantiles are computed from; no panel needs it.
+    records = {r for s in spec.signals for role, r in C.signal_records(s).items() if role != "bucket_rate"}
+    used = set()
+    for _, p in _panels(boards):
+        for t in p["targets"]:
+            assert "_bucket" not in t["expr"], (p["title"], t["expr"])
+            assert "histogram_quantile" not in t["expr"]
+            used |= {r for r in records if re.search(re.escape(r) + r"\{", t["expr"])}
+    assert used == records, f"recording rules no panel shows: {sorted(records - used)}"
+
+
+def test_every_threshold_drawn_equals_the_spec_figure(boards):
+    seen = set()
+    for _, p in _panels(boards):
+        urls = [l["url"] for l in p["links"]]
+        if p["type"] != "timeseries" or p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "line":
+            continue
+        (alert,) = [u.rsplit("/", 1)[1][:-3] for u in urls]
+        unit, values = EXPECTED[alert]
+        steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert steps[0]["value"] is None, p["title"]
+        assert [s["value"] for s in steps[1:]] == pytest.approx(values, rel=1e-12), p["title"]
+        assert p["fieldConfig"]["defaults"]["unit"] == unit, p["title"]
+        seen.add(alert)
+    assert seen == set(EXPECTED)
+
+
+def test_overview_draws_every_signal_against_its_lines(boards):
+    titles = [p["title"] for p in boards["overview"]["panels"]]
+    for alert in EXPECTED:
+        assert any(t.startswith(alert + ":") for t in titles), alert
+
+
+def test_units_match_values(boards):
+    for _, p in _panels(boards):
+        unit = p["fieldConfig"]["defaults"]["unit"]
+        exprs = " ".join(t["expr"] for t in p["targets"])
+        if ":ratio" in exprs or "over_threshold" in exprs:
+            assert unit == "percentunit", p["title"]
+        if "_bytes{" in exprs and "/" not in exprs:
+            assert unit == "decbytes", p["title"]
+        if ":deriv" in exprs:
+            assert unit == "Bps", p["title"]
+        if "count_rate" in exprs:
+            assert unit == "ops", p["title"]
+
+
+def test_every_panel_links_to_the_runbook_of_its_alert(boards, spec):
+    alerts = {s.alert for s in spec.signals}
+    for _, p in _panels(boards):
+        assert p["links"], p["title"]
+        for link in p["links"]:
+            alert = link["url"].rsplit("/", 1)[1][: -len(".md")]
+            assert alert in alerts
+            assert link["url"] == f"{RUNBOOK_BASE}/{alert}.md"
+        named = p["title"].split(":", 1)[0]
+        if named in alerts:  # a panel titled after an alert links to that alert's runbook
+            assert p["links"][0]["url"] == f"{RUNBOOK_BASE}/{named}.md", p["title"]
+
+
+def test_grafanalib_faults_are_fixed_for_current_grafana(boards):
+    ds = {"type": "prometheus", "uid": "${datasource}"}
+    for name, d in boards.items():
+        assert d["schemaVersion"] >= 36, "schemaVersion 12 is grafanalib's; Grafana >= 9 writes 36+"
+        text = json.dumps(d)
+        assert '"null"' not in text, "first threshold step must be JSON null, not the string"
+        for p in d["panels"]:
+            assert p["datasource"] == ds
+            for t in p["targets"]:
+                assert t["datasource"] == ds
+        for v in d["templating"]["list"]:
+            if v["type"] == "query":
+                assert v["datasource"] == ds
+        for a in d["annotations"]["list"][1:]:
+            assert a["datasource"] == ds
+
+
+def test_template_variables_cover_datasource_cluster_instance_gpu_model(boards):
+    names = [v["name"] for v in boards["overview"]["templating"]["list"]]
+    assert names[0] == "datasource"
+    assert {"cluster", "instance", "gpu", "model", "engine"} <= set(names)
+    ds = boards["overview"]["templating"]["list"][0]
+    assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+
+
+def test_overview_shows_fuse_state_and_firing_alerts(boards, spec):
+    ov = boards["overview"]
+    exprs = [t["expr"] for p in ov["panels"] for t in p["targets"]]
+    assert any(C.FUSE_LEVEL_METRIC in e for e in exprs)
+    assert any('ALERTS{alertstate="firing"' in e for e in exprs)
+    fuse = next(p for p in ov["panels"] if C.FUSE_LEVEL_METRIC in p["targets"][0]["expr"])
+    texts = {k: v["text"] for m in fuse["fieldConfig"]["defaults"]["mappings"] for k, v in m["options"].items()}
+    # Levels from fusebox.yaml's fuse.actions (1 freeze, 2 text-only, 3 KV eviction).
+    assert texts == {"0": "closed", "1": "L1 freeze_admissions", "2": "L2 text_only_fallback", "3": "L3 kv_cache_eviction"}
+    names = [a["name"] for a in ov["annotations"]["list"]]
+    assert "fusebox alerts firing" in names
+
+
+def test_latency_drill_down_shows_p50_p95_p99_and_share_over_each_threshold(boards):
+    panels = boards["alignment-latency"]["panels"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    for rec in ("engine:fusebox_alignment_duration_seconds:p50_rate5m", "engine:fusebox_alignment_latency_p95:rate5m",
+                "engine:fusebox_alignment_duration_seconds:p99_rate5m",
+                "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m"):
+        assert any(e.startswith(rec + "{") for e in exprs), rec
+
+
+def test_uids_are_stable_and_derived_from_names(spec, boards):
+    again = dashboards(spec)
+    assert {n: d["uid"] for n, d in boards.items()} == {n: d["uid"] for n, d in again.items()}
+    assert boards["overview"]["uid"] == "fusebox-multimodal-inference-overview"
+    assert all(len(d["uid"]) <= 40 for d in boards.values())
+    assert len({d["uid"] for d in boards.values()}) == len(boards)
+
+
+def test_output_is_deterministic_with_a_generated_header(spec):
+    a, b = render_dashboards(spec), render_dashboards(spec)
+    assert a == b
+    for path, text in a.items():
+        assert path.startswith("dashboards/") and path.endswith(".json")
+        d = json.loads(text)
+        assert d["description"].startswith("Code generated by fusebox from fusebox.yaml. DO NOT EDIT.")
+        assert list(d) == sorted(d)
+
+
+def test_a_changed_threshold_moves_the_line(spec):
+    text = (ROOT / "fusebox.yaml").read_text().replace("threshold: 78.3%", "threshold: 80%")
+    changed = dashboards(parse_spec(text, "fusebox.yaml"))
+    p = next(p for p in changed["overview"]["panels"] if p["title"].startswith("GPUMemoryUtilizationHigh"))
+    assert [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, 0.72, 0.8]

@@ -1,0 +1,110 @@
+"""End to end through the real Collector: OTLP in, Prometheus exporter out, a real Prometheus scraping.
+
+A small pusher built on opentelemetry-sdk sends the fusebox instruments (conventions.OTEL) the
+way the collectors do. Expected values are the P6 GPU of PITFALLS.md, worked out by hand:
+used = total - free = 80000 - 17200 = 62800 MiB = 65,850,572,800 B; total 80000 MiB =
+83,886,080,000 B; reserved 600 MiB = 629,145,600 B. Alignments 0.3 s x3, 0.9 s, 1.5 s: count 5,
+3 at or under 0.85 s, 4 at or under 1.28 s, sum 3.3 s.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from dashboards_support import free_port, otelcol_binary, process, prometheus, query, wait_http
+from fusebox import conventions as C
+from fusebox.generator.render_otelcol import render_otelcol
+from fusebox.generator.spec import load_spec
+from dashboards_support import ROOT
+
+pytestmark = [pytest.mark.otelcol, pytest.mark.tools]
+
+MIB = 1_048_576
+RESOURCE = {"host.name": "gpu-node-1", "cluster": "lab-a", "service.name": "fusebox-test-pusher"}
+GPU = {"hw.id": "GPU-8f1c2a5e", "hw.gpu.index": "0"}
+ENGINE = {"engine": "vllm-0", "model": "llava-1.5-7b"}
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.85, 1.0, 1.28, 1.5, 2.0, 2.5, 5.0, 10.0)  # fusebox.yaml
+
+EXPECTED = {  # PROM key -> (extra label matchers, value)
+    "gpu_memory_usage": ('hw_id="GPU-8f1c2a5e"', 62_800 * MIB),
+    "gpu_memory_limit": ('hw_id="GPU-8f1c2a5e"', 80_000 * MIB),
+    "gpu_memory_reserved": ('hw_id="GPU-8f1c2a5e"', 600 * MIB),
+    "gpu_memory_bandwidth_utilization": ('hw_id="GPU-8f1c2a5e"', 0.5),
+    "gpu_pcie_utilization": ('hw_id="GPU-8f1c2a5e"', 0.25),
+    "gpu_up": ('hw_id="GPU-8f1c2a5e"', 1),
+    "gpu_power": ('hw_id="GPU-8f1c2a5e"', 300),
+    "kv_cache_usage": ('engine="vllm-0", model="llava-1.5-7b"', 2_000_000_000),
+    "kv_cache_limit": ('engine="vllm-0", model="llava-1.5-7b"', 4_000_000_000),
+}
+
+
+def _push(endpoint: str) -> None:
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.metrics import Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+    from opentelemetry.sdk.resources import Resource
+
+    name, unit, _ = C.OTEL["alignment_duration"]
+    reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint + "/v1/metrics"), export_interval_millis=1000)
+    provider = MeterProvider(resource=Resource.create(RESOURCE), metric_readers=[reader],
+                             views=[View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(BUCKETS))])
+    meter = provider.get_meter("fusebox.test")
+    values = {k: v for k, (_, v) in EXPECTED.items()}
+    for key, v in values.items():
+        otel_name, otel_unit, kind = C.OTEL[key]
+        attrs = ENGINE if key.startswith("kv_") else GPU
+        cb = (lambda v, attrs: lambda _opts: [Observation(v, attrs)])(v, attrs)
+        if kind == "gauge":
+            meter.create_observable_gauge(otel_name, [cb], unit=otel_unit)
+        else:
+            meter.create_observable_up_down_counter(otel_name, [cb], unit=otel_unit)
+    hist = meter.create_histogram(name, unit=unit)
+    for x in (0.3, 0.3, 0.3, 0.9, 1.5):
+        hist.record(x, ENGINE)
+    return provider
+
+
+def test_the_names_the_rules_read_arrive_in_prometheus_with_values_and_host_label(tmp_path):
+    binary = otelcol_binary()
+    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+    (text,) = render_otelcol(spec).values()
+    cfg = tmp_path / "otelcol.yaml"
+    cfg.write_text(text)
+    ports = {k: free_port() for k in ("grpc", "http", "prom", "health", "tele")}
+    env = dict(os.environ, FUSEBOX_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{ports['grpc']}",
+               FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['http']}",
+               FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ports['prom']}",
+               FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{ports['health']}",
+               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]))
+    log = tmp_path / "otelcol.log"
+    with process([str(binary), f"--config={cfg}"], log, env=env) as col:
+        wait_http(f"http://127.0.0.1:{ports['health']}/", col, log=log)
+        provider = _push(f"http://127.0.0.1:{ports['http']}")
+        try:
+            prom_cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                        "scrape_configs": [{"job_name": "otelcol", "honor_labels": True,
+                                            "static_configs": [{"targets": [f"127.0.0.1:{ports['prom']}"]}]}]}
+            with prometheus(tmp_path, prom_cfg) as base:
+                hist = C.PROM["alignment_duration"]
+                deadline = time.monotonic() + 45
+                while time.monotonic() < deadline:
+                    if query(base, f"{hist}_count") and all(query(base, C.PROM[k]) for k in EXPECTED):
+                        break
+                    time.sleep(0.5)
+                for key, (matchers, value) in EXPECTED.items():
+                    name = C.PROM[key]
+                    res = query(base, f'{name}{{host_name="gpu-node-1", cluster="lab-a", {matchers}}}')
+                    assert len(res) == 1, (name, query(base, name), log.read_text()[-2000:])
+                    assert float(res[0]["value"][1]) == pytest.approx(value), name
+                sel = 'host_name="gpu-node-1", cluster="lab-a", engine="vllm-0", model="llava-1.5-7b"'
+                assert float(query(base, f"{hist}_count{{{sel}}}")[0]["value"][1]) == 5
+                assert float(query(base, f"{hist}_sum{{{sel}}}")[0]["value"][1]) == pytest.approx(3.3)
+                assert float(query(base, f'{hist}_bucket{{{sel}, le="0.85"}}')[0]["value"][1]) == 3
+                assert float(query(base, f'{hist}_bucket{{{sel}, le="1.28"}}')[0]["value"][1]) == 4
+        finally:
+            provider.shutdown()
