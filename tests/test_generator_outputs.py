@@ -14,7 +14,7 @@ from fusebox.generator.outputs import render_all
 from fusebox.generator.toolcheck import unmatched_selectors
 from fusebox.generator.writer import drift, write_outputs
 
-from .conftest import FIXTURES, ROOT, SPEC
+from _support import FIXTURES, ROOT, SPEC
 
 
 def test_every_file_has_the_generated_header(spec):

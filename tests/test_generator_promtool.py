@@ -15,7 +15,7 @@ from fusebox.generator import parse_spec
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 
-from .conftest import ROOT, SPEC, need, promtools
+from _support import ROOT, SPEC, need, promtools
 
 pytestmark = pytest.mark.tools
 HAND = Path(__file__).parent / "promtool"

@@ -11,7 +11,7 @@ import pytest
 from fusebox.generator import SpecError, parse_spec
 from fusebox.generator.units import parse_duration, parse_quantity
 
-from .conftest import ROOT, SPEC
+from _support import ROOT, SPEC
 
 BASE = SPEC.read_text(encoding="utf-8")
 
