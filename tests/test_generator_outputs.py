@@ -150,3 +150,16 @@ def test_le_regex_matches_both_prometheus_spellings():
         for s in ok:
             assert re.fullmatch(pat, s), (bound, s)
         assert not re.fullmatch(pat, "1.5")
+
+
+def test_installed_import_names_are_namespaced():
+    import importlib.util
+
+    import fusebox.collectors
+    import fusebox.fuse
+    import fusebox.generator  # noqa: F401
+
+    for bare in ("generator", "collectors", "fuse"):
+        spec = importlib.util.find_spec(bare)
+        # only the source folder itself (when tests run from the repo root) may match, never site-packages
+        assert spec is None or str(ROOT) in str(spec.origin or spec.submodule_search_locations), bare
