@@ -221,6 +221,10 @@ class Pipeline:
         self.otlp_reader = None
         if exporter is None and otlp_endpoint is not None:
             exporter = otlp_exporter(otlp_endpoint, otlp_protocol)
+            # the SDK exporter logs every failed attempt; BoundedExporter reports drops itself
+            import logging
+
+            logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.CRITICAL)
         if exporter is not None:
             self.bounded = BoundedExporter(exporter, max_queue=max_queue, max_attempts=max_attempts, log=log)
             # math.inf: no timer thread; each collection round pushes once (export_round)

@@ -186,13 +186,39 @@ def parse_families(text: str) -> list:
         raise MalformedMetrics(f"{type(e).__name__}: {e}") from None
 
 
+# The families the KV collector reads. Only their lines go to the parser: a vLLM /metrics is
+# 40-50 KB of histograms we do not need, and parsing it all costs ~8 ms per engine and round.
+KV_FAMILIES = (
+    *C.VLLM_KV_USAGE, C.VLLM_CACHE_CONFIG,
+    *(p + n for p in C.SGLANG_PREFIXES for n in ("token_usage", "max_total_num_tokens", "num_used_tokens")),
+    "tgi_batch_current_max_tokens",
+)  # fmt: skip
+
+
+def relevant_lines(text: str, families: tuple[str, ...] = KV_FAMILIES) -> str:
+    """The lines of ``text`` (samples, HELP and TYPE) belonging to ``families``."""
+    keep = []
+    for line in text.splitlines():
+        s = line.lstrip()
+        if s.startswith("#"):
+            parts = s.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2].startswith(families):
+                keep.append(s)
+        elif s.startswith(families):
+            keep.append(s)
+    return "\n".join(keep) + "\n"
+
+
 def engines_from_text(text: str) -> list[EngineKv]:
     """Every engine whose KV state ``text`` exposes (vLLM, SGLang, TGI).
 
+    Only the lines of :data:`KV_FAMILIES` are parsed (prometheus-client's parser); a
+    malformed line elsewhere in the text does not concern the KV signal.
+
     Raises:
-        MalformedMetrics: unparsable text.
+        MalformedMetrics: unparsable text in those families.
     """
-    fams = parse_families(text)
+    fams = parse_families(relevant_lines(text))
     samples: dict[str, list] = {}
     for fam in fams:
         for s in fam.samples:

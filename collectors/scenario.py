@@ -133,7 +133,7 @@ class Phase:
 class Crossing:
     """A predicted alert-expression event (Prometheus semantics, no scrape jitter).
 
-    ``event`` is ``above`` (expression first >= threshold), ``fires`` (above for the tier's
+    ``event`` is ``above`` (expression first > threshold), ``fires`` (above for the tier's
     ``for``), ``below`` (back under) or ``resolves`` (below + ``keep_firing_for``, only after
     it fired). ``entity`` is a GPU UUID or an engine id.
     """
@@ -335,7 +335,9 @@ class Scenario:
         above_since = None
         fired = False
         for t, v in zip(times, values):
-            is_above = v == v and v >= thr  # NaN (no traffic) is never above (PITFALLS P1)
+            # strictly above, as the generated alerts compare (`expr > threshold`); NaN (no
+            # traffic) is never above (PITFALLS P1)
+            is_above = v == v and v > thr
             if is_above and above_since is None:
                 above_since = t
                 out.append(Crossing(t, signal, tier, "above", entity, thr, v, self.phase_at(t).name))

@@ -262,3 +262,19 @@ def test_fuzz_no_exception_escapes_the_parser_or_the_collector(lines):
     col = KvCollector(["fuzz"], KvGeometry(2, 2, 8, 2), fetch=lambda _e, _t: text)
     for r in col.collect():
         assert r.key in ("kv_cache_usage", "kv_cache_limit")
+
+
+@pytest.mark.parametrize(
+    "dump, blocks, geo",
+    [
+        # llama-2-13b: 40 layers, 40 heads (MHA), hidden 5120 -> head 128, float16; num_gpu_blocks 2657
+        ("bsc_patched-vllm-0.6.1_llama-2-13b_gauges_only.txt", 2657, KvGeometry(40, 40, 128, 2)),
+        # TinyLlama-1.1B: 22 layers, 4 KV heads, hidden 2048 / 32 heads = 64, bfloat16; num_gpu_blocks 6971
+        ("hardware-aware-router_vllm-v1_tinyllama-1.1b_idle_2025-11.txt", 6971, KvGeometry(22, 4, 64, 2)),
+        ("datadog_vllm_metrics_fixture_opt-125m.txt", 7281, KvGeometry(12, 12, 64, 2)),
+    ],
+)
+def test_pool_bytes_of_every_vllm_dump(dump, blocks, geo):
+    r = {x.key: x.value for x in KvCollector([str(FIX / dump)], geo).collect()}
+    assert r["kv_cache_limit"] == blocks * 16 * geo.bytes_per_token  # block_size 16 in every dump
+    assert r["kv_cache_usage"] == 0.0  # idle captures
