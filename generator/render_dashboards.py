@@ -43,8 +43,9 @@ __all__ = [
     "dashboard_uid",
 ]
 
-# Grafana 11.x writes schemaVersion 39; later versions migrate it up silently on load.
-SCHEMA_VERSION = 39
+# What Grafana 12 writes (the corpus' SGLang and vLLM production-stack dashboards carry 41);
+# Grafana migrates older versions up on load, never down.
+SCHEMA_VERSION = 41
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 OUT_DIR = "dashboards"
 

@@ -37,7 +37,7 @@ def test_compose_file_is_valid_against_the_compose_specification(compose, valida
 
 
 def test_the_schema_rejects_a_malformed_service(validator):
-    bad = {"services": {"grafana": {"image": "grafana/grafana:11.2.0", "ports": "3000:3000", "restart_policy": "always"}}}
+    bad = {"services": {"grafana": {"image": "grafana/grafana:12.0.0", "ports": "3000:3000", "restart_policy": "always"}}}
     assert list(validator.iter_errors(bad))
 
 
