@@ -1,0 +1,16 @@
+"""The fuse service: Alertmanager webhook -> tiered circuit breaker on the inference gateway.
+
+Public surface: :class:`Breaker` (pure state machine), :class:`FuseRules`, :func:`parse_payload`,
+:class:`FuseService`, :func:`create_app`, the adapters and :class:`ReferenceGateway`.
+Heavy imports (FastAPI) stay in :mod:`fusebox.fuse.app`.
+"""
+
+from .breaker import Breaker, Decision, Outcome, OverrideError
+from .payload import AlertEvent, Notification, PayloadError, fingerprint, parse_payload
+from .rules import FuseRules, Target, scope_key, scope_of
+
+__all__ = [
+    "Breaker", "Decision", "Outcome", "OverrideError",
+    "AlertEvent", "Notification", "PayloadError", "fingerprint", "parse_payload",
+    "FuseRules", "Target", "scope_key", "scope_of",
+]

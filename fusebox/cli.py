@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name and name.startswith(e.name):  # the area is not built yet
+            if e.name and (name == e.name or name.startswith(e.name + ".")):  # the area is not built yet
                 continue
             raise
         mod.register(sub)

@@ -26,7 +26,7 @@ PROMETHEUSRULE_FILE = "k8s/prometheusrule.yml"
 EXTRA_RENDERERS = ("render_dashboards", "render_grafana_provisioning", "render_otelcol")
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml when present: 10x faster
     pass
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from fusebox import conventions as C
 
+from .promql import vector_selectors
 from .spec import Signal, Spec, Tier
 from .units import format_duration, format_number, humanize
 
@@ -64,25 +65,8 @@ def signal_raw_metrics(sig: Signal) -> list[str]:
 
 
 def _metrics_in_expr(expr: str) -> list[str]:
-    """Metric names of the vector selectors in a PromQL expression (via promql-parser)."""
-    import promql_parser
-
-    found: list[str] = []
-
-    def walk(node: Any) -> None:
-        name = getattr(node, "name", None)
-        if type(node).__name__ == "VectorSelector" and name:
-            found.append(name)
-            return
-        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, (str, int, float)):
-                walk(child)
-        for arg in getattr(node, "args", None) or []:
-            walk(arg)
-
-    walk(promql_parser.parse(expr))
-    return sorted(set(found))
+    """Metric names of the vector selectors in a PromQL expression."""
+    return sorted({sel.name for sel in vector_selectors(expr) if sel.name})
 
 
 def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:

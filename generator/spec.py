@@ -477,7 +477,10 @@ class _Normaliser:
                 self.err(tpath + ("fuse",), f"unknown fuse action {t.fuse!r}", f"use one of: {', '.join(actions)}")
             if s.kind == "quantile" and buckets and not any(abs(threshold - b) < 1e-12 for b in buckets):
                 self.err(tp, f"threshold {units.format_number(threshold)}s is not a histogram bucket boundary",
-                         f"add {units.format_number(threshold)} to 'buckets' (a quantile between bounds is only interpolated: PITFALLS P2)")
+                         f"add {units.format_number(threshold)} to 'buckets' (a quantile between bounds is only interpolated)")
+            elif s.kind == "quantile" and buckets and (abs(threshold - buckets[-1]) < 1e-12):
+                self.err(tp, f"threshold {units.format_number(threshold)}s is the highest bucket bound: a quantile can never exceed it",
+                         "add a larger bucket bound after it (thresholds need neighbours on both sides)")
             if not enabled:
                 continue
             tiers.append(Tier(

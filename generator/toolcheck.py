@@ -25,6 +25,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from .promql import vector_selectors
 from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE
 from .spec import Spec
 
@@ -105,7 +106,8 @@ def _attribute(output: str, spec: Spec) -> list[str]:
     for sig in spec.signals:
         names = [sig.alert] + list(C.signal_records(sig).values())
         if any(n in output for n in names):
-            where = f"{spec.file}:{pos.at(sig.path)[0]}:{pos.at(sig.path)[1]}" if pos else spec.file
+            line, col = pos.at(sig.path, key=True) if pos else (1, 1)
+            where = f"{spec.file}:{line}:{col}"
             lines.append(f"{where}: signal {sig.name} ({sig.alert}) is named in the failure above")
     return lines
 
@@ -179,26 +181,6 @@ def rule_groups(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return doc.get("groups", [])
 
 
-def _selectors(expr: str) -> list[Any]:
-    import promql_parser
-
-    found = []
-
-    def walk(node: Any) -> None:
-        if type(node).__name__ == "VectorSelector":
-            found.append(node)
-            return
-        for attr in ("expr", "lhs", "rhs", "vector_selector", "param"):
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, (str, int, float)):
-                walk(child)
-        for arg in getattr(node, "args", None) or []:
-            walk(arg)
-
-    walk(promql_parser.parse(expr))
-    return found
-
-
 def _matches(sel: Any, name: str, labels: dict[str, str]) -> bool:
     import promql_parser
 
@@ -247,7 +229,7 @@ def unmatched_selectors(doc: dict[str, Any], captures: list[Path]) -> list[Unmat
     for g in groups:
         for r in g.get("rules", []):
             name = r.get("alert") or r.get("record")
-            for sel in _selectors(str(r["expr"])):
+            for sel in vector_selectors(str(r["expr"])):
                 if sel.name in recorded or not sel.name or sel.name in SYNTHETIC:
                     continue
                 text = str(sel)

@@ -45,7 +45,7 @@ def load(text: str, file: str) -> tuple[Any, Positions]:
     """Parse YAML text; return (data, positions). Raises SpecError on syntax errors."""
     pos = Positions(file)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)

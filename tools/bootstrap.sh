@@ -13,9 +13,11 @@ command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v amtool >/dev/null || need_apt+=(prometheus-alertmanager)
 command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
+# Headless Chromium renders the fuse service's status page in tests/test_fuse_status_page.py.
+command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null; then
-    echo "bootstrap: promtool/amtool missing and no apt-get: install Prometheus >= 2.42 and Alertmanager >= 0.25 and put them on PATH" >&2
+    echo "bootstrap: ${need_apt[*]} missing and no apt-get: install Prometheus >= 2.42, Alertmanager >= 0.25 and Chromium and put them on PATH" >&2
     exit 1
   fi
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -1,0 +1,134 @@
+"""Benchmark of the fuse service. Prints figures; asserts nothing.
+
+1. The pure breaker: notifications per second (in memory, no I/O).
+2. `fusebox fuse serve` (a separate process, SQLite synchronous=FULL) over HTTP: notifications
+   per second it absorbs with N concurrent senders, and the p50/p99 request latency (the
+   decision is committed before the 200, so this is the decision latency).
+3. Decision latency from the request to the gateway call: the time from sending a notification
+   that trips a level to the reference gateway receiving the control call.
+
+Usage: python bench/bench_fuse.py [--notifications 3000] [--concurrency 8] [--trips 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for  # noqa: E402
+
+from fusebox.fuse import Breaker, FuseRules, parse_payload  # noqa: E402
+from fusebox.fuse.gateway import ReferenceGateway, read_log  # noqa: E402
+from fusebox.generator.spec import load_spec  # noqa: E402
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def bench_breaker(n: int) -> float:
+    rules = FuseRules.from_spec(load_spec(SPEC))
+    b = Breaker(rules, 60)
+    t0 = 1_700_000_000.0
+    notes = [parse_payload(payload(alert("GPUMemoryUtilizationHigh", starts=t0, cluster="a", hw_id=f"GPU-{i % 64}")), t0)
+             for i in range(n)]
+    start = time.perf_counter()
+    for i, nt in enumerate(notes):
+        b.on_notification(nt, t0 + i * 0.001)
+    return n / (time.perf_counter() - start)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--notifications", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--trips", type=int, default=100)
+    args = ap.parse_args()
+
+    rate_pure = bench_breaker(20000)
+    print(f"breaker (pure, in memory): {rate_pure:,.0f} notifications/s")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "token").write_text(TOKEN)
+        gw = ReferenceGateway("127.0.0.1", 0, tmp / "gw.jsonl").start()
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--listen", f"127.0.0.1:{port}",
+             "--state", str(tmp / "s.sqlite"), "--token-file", str(tmp / "token"), "--gateway-url", gw.url,
+             "--hold", "3600", "--tick", "0.05", "--retry-backoff", "0.01", "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            def up():
+                try:
+                    return httpx.get(url + "/healthz", timeout=1).status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_for(up, 30, 0.1, "service start")
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            local = threading.local()
+
+            def send(body):
+                c = getattr(local, "c", None) or httpx.Client(headers=headers, timeout=30)
+                local.c = c
+                t = time.perf_counter()
+                r = c.post(url + "/alertmanager", json=body)
+                assert r.status_code == 200, r.text
+                return time.perf_counter() - t
+
+            # Absorption: the realistic load is repeats (group_interval / repeat_interval resends)
+            # of alerts already holding a level, plus HA duplicates; 1 in 50 is a new scope (a trip).
+            t0 = time.time() - 60
+            bodies = []
+            for i in range(args.notifications):
+                scope = {"cluster": "a", "hw_id": f"GPU-{i // 50}"}
+                bodies.append(payload(alert("GPUMemoryUtilizationHigh", starts=t0, **scope)))
+            start = time.perf_counter()
+            with ThreadPoolExecutor(args.concurrency) as ex:
+                lat = list(ex.map(send, bodies))
+            wall = time.perf_counter() - start
+            n_trips = len({b["alerts"][0]["labels"]["hw_id"] for b in bodies})
+            print(f"service over HTTP, {args.concurrency} senders: {args.notifications / wall:,.0f} notifications/s "
+                  f"({n_trips} trips among {args.notifications}); request latency p50 {pct(lat, .5) * 1e3:.1f} ms, "
+                  f"p99 {pct(lat, .99) * 1e3:.1f} ms")
+            print(f"ratio pure breaker / service: {rate_pure / (args.notifications / wall):,.0f}x")
+            wait_for(lambda: len(read_log(tmp / "gw.jsonl")) >= n_trips, 60, 0.05, "trips applied")
+
+            # Request -> gateway call, one trip at a time (idle service).
+            base = len(read_log(tmp / "gw.jsonl"))
+            e2e = []
+            c = httpx.Client(headers=headers, timeout=30)
+            for i in range(args.trips):
+                body = payload(alert("KVCacheGrowthRateHigh", starts=t0, cluster="b", host_name="h", engine=f"e{i}"))
+                sent = time.time()
+                assert c.post(url + "/alertmanager", json=body).status_code == 200
+                wait_for(lambda: len(read_log(tmp / "gw.jsonl")) >= base + i + 1, 10, 0.0005, "gateway call")
+                e2e.append(read_log(tmp / "gw.jsonl")[-1]["at"] - sent)
+            print(f"decision latency request -> gateway call ({args.trips} trips): p50 {statistics.median(e2e) * 1e3:.1f} ms, "
+                  f"p99 {pct(e2e, .99) * 1e3:.1f} ms")
+            dup = sum(r["duplicate"] for r in read_log(tmp / "gw.jsonl"))
+            print(f"gateway calls: {len(read_log(tmp / 'gw.jsonl'))} (expected {n_trips + args.trips}), duplicates {dup}")
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            gw.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

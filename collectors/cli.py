@@ -1,0 +1,281 @@
+"""``fusebox collect gpu|kv|latency|scenario``: wires arguments to the collectors.
+
+Exit codes: 0 done, 1 a runtime failure, 2 bad input (file, config, arguments) or no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+_EXPORT_HELP = "OTLP receiver (default http://127.0.0.1:4318 for http, :4317 for grpc)"
+
+
+def _common(p: argparse.ArgumentParser, *, once: bool = True) -> None:
+    if once:
+        p.add_argument("--once", action="store_true", help="collect one round, print it in Prometheus text format, exit")
+    p.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between rounds (default 5)")
+    p.add_argument("--otlp-endpoint", metavar="URL", default=None, help=_EXPORT_HELP)
+    p.add_argument("--otlp-protocol", choices=("http", "grpc"), default="http", help="http/protobuf (default) or grpc")
+    p.add_argument("--no-otlp", action="store_true", help="do not push OTLP (use with --metrics-port)")
+    p.add_argument("--metrics-port", type=int, metavar="N", default=None, help="also serve /metrics on 127.0.0.1:N")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
+    p.add_argument("--cluster", metavar="NAME", default=None, help="resource attribute `cluster` (label after export)")
+    p.add_argument("--host-name", metavar="NAME", default=None, help="resource attribute host.name (default: hostname)")
+    p.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)  # bounded runs for tests
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("collect", help="run a collector (gpu, kv, latency, scenario)",
+                              description="Collect GPU, KV-cache or alignment-latency signals and push them as OTLP.")
+    sub = p.add_subparsers(dest="collector", required=True, metavar="COLLECTOR")
+
+    g = sub.add_parser("gpu", help="GPU memory, utilization, PCIe, power via NVML (or --replay a capture)")
+    g.add_argument("--replay", metavar="PATH", help="nvidia-smi -q -x XML, --query-gpu CSV or exporter capture")
+    g.add_argument("--replay-section", default="load", help="section of an exporter capture (load|idle)")
+    _common(g)
+    g.set_defaults(func=cmd_gpu)
+
+    k = sub.add_parser("kv", help="KV-cache bytes from vLLM/SGLang/TGI /metrics and the model's config.json")
+    k.add_argument("--endpoint", action="append", required=True, metavar="URL_OR_PATH",
+                   help="engine /metrics URL or a file; repeat for API-server processes of the same engine")
+    k.add_argument("--model-config", required=True, metavar="PATH", help="the model's config.json")
+    k.add_argument("--gpu", action="append", default=[], metavar="UUID", help="GPU/MIG UUID the engine runs on (one per tp rank)")
+    k.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: number of --gpu, else 1)")
+    k.add_argument("--kv-dtype", default=None, help="KV-cache dtype override, e.g. fp8 (default: engine cache_dtype or model dtype)")
+    k.add_argument("--engine-id", default=None, help="the `engine` attribute (default: the model name)")
+    k.add_argument("--model", default=None, help="the `model` attribute when the engine does not label it (TGI)")
+    k.add_argument("--max-total-tokens", type=float, default=None, help="TGI --max-batch-total-tokens (TGI exposes no capacity)")
+    k.add_argument("--timeout", type=float, default=2.0, help="per-endpoint fetch timeout, seconds")
+    _common(k)
+    k.set_defaults(func=cmd_kv)
+
+    lat = sub.add_parser("latency", help="fallback: alignment latency derived from an engine's own histogram")
+    lat.add_argument("--endpoint", required=True, metavar="URL_OR_PATH", help="engine /metrics URL or file")
+    lat.add_argument("--engine-id", required=True, help="the `engine` attribute")
+    lat.add_argument("--model", default=None, help="the `model` attribute (default: the engine's model_name)")
+    lat.add_argument("--metric", default=None, help="engine histogram to use (default: vLLM/SGLang time to first token)")
+    lat.add_argument("--spec", default="fusebox.yaml", help="spec giving the buckets (default fusebox.yaml)")
+    _common(lat)
+    lat.set_defaults(func=cmd_latency)
+
+    s = sub.add_parser("scenario", help="play a scenario file through the real collectors (demo)")
+    s.add_argument("path", nargs="?", default=None, metavar="PATH", help="scenario YAML (default: the packaged 'breach')")
+    s.add_argument("--speed", type=float, default=1.0, metavar="X", help="scenario seconds per wall second (default 1)")
+    s.add_argument("--once-at", type=float, default=None, metavar="SECONDS",
+                   help="print the collection at scenario time SECONDS in Prometheus text format and exit")
+    s.add_argument("--timeline", choices=("text", "json"), default=None,
+                   help="print the phases and the predicted threshold crossings, then exit")
+    s.add_argument("--spec", default="fusebox.yaml", help="spec giving thresholds and buckets (default fusebox.yaml)")
+    _common(s, once=False)
+    s.set_defaults(func=cmd_scenario)
+
+
+# ------------------------------------------------------------------------- helpers
+def _err(msg: str) -> None:
+    print(f"fusebox collect: {msg}", file=sys.stderr, flush=True)
+
+
+def _pipeline(args, service: str, keys, *, buckets=None, once: bool = False, host=None, cluster=None):
+    from .export import Pipeline, log_stderr
+
+    endpoint = None if (once or args.no_otlp) else (args.otlp_endpoint or _default_endpoint(args))
+    return Pipeline(service, keys, histogram_buckets=buckets, host=args.host_name or host,
+                    cluster=args.cluster or cluster, otlp_endpoint=endpoint, otlp_protocol=args.otlp_protocol,
+                    log=log_stderr)
+
+
+def _default_endpoint(args) -> str:
+    from .export import DEFAULT_OTLP_GRPC, DEFAULT_OTLP_HTTP
+
+    return DEFAULT_OTLP_GRPC if args.otlp_protocol == "grpc" else DEFAULT_OTLP_HTTP
+
+
+def _loop(args, pipe, round_fn) -> int:
+    if args.metrics_port is not None:
+        pipe.serve_metrics(args.metrics_port, args.metrics_addr)
+    n = 0
+    try:
+        while True:
+            t0 = time.monotonic()
+            round_fn()
+            pipe.export_round()
+            n += 1
+            if args.rounds and n >= args.rounds:
+                break
+            time.sleep(max(0.0, args.interval - (time.monotonic() - t0)))
+    finally:
+        pipe.shutdown()
+    return 0
+
+
+def _spec_buckets(path: str):
+    from .latency import spec_buckets
+
+    try:
+        return spec_buckets(path)
+    except Exception as e:  # SpecError (file:line:col lines), missing file
+        _err(f"cannot read the latency buckets from {path}:\n{e}")
+        return None
+
+
+# ------------------------------------------------------------------------- commands
+GPU_KEYS = ("gpu_up", "gpu_memory_usage", "gpu_memory_limit", "gpu_memory_reserved", "gpu_utilization",
+            "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power")  # fmt: skip
+
+
+def cmd_gpu(args) -> int:
+    from .gpu import GpuCollector, NoGpuError
+
+    if args.replay:
+        from .replay import ReplayError, SyntheticNvml, load_replay
+
+        try:
+            frames = load_replay(args.replay, args.replay_section)
+        except ReplayError as e:
+            _err(str(e))
+            return 2
+        nvml = SyntheticNvml.from_frames(frames)
+    else:
+        import pynvml as nvml
+    col = GpuCollector(nvml)
+    try:
+        col.open()
+    except NoGpuError as e:
+        _err(f"no NVIDIA GPU available ({e}).\n"
+             "  This machine has no usable libnvidia-ml / driver. To run without a GPU, replay a capture:\n"
+             "  fusebox collect gpu --replay nvidia-smi-q-x.xml --once   (or play a scenario: fusebox collect scenario)")
+        return 2
+    pipe = _pipeline(args, "gpu", GPU_KEYS, once=args.once)
+
+    def one_round() -> None:
+        pipe.set_readings(col.collect())
+        if args.replay:
+            nvml.advance()
+
+    if args.once:
+        one_round()
+        sys.stdout.write(pipe.prometheus_text())
+        for d in col.devices:
+            if not d.up:
+                _err(f"GPU {d.index} ({d.uuid}) is down: {d.last_error}")
+        col.close()
+        return 0
+    try:
+        return _loop(args, pipe, one_round)
+    finally:
+        col.close()
+
+
+KV_KEYS = ("kv_cache_usage", "kv_cache_limit")
+
+
+def cmd_kv(args) -> int:
+    from .export import log_stderr
+    from .kvcache import ConfigError, KvCollector, kv_geometry, load_model_config
+
+    try:
+        cfg = load_model_config(args.model_config)
+        geo = kv_geometry(cfg, args.kv_dtype, source=args.model_config)
+        col = KvCollector(args.endpoint, geo, gpus=args.gpu, tp=args.tp, engine_id=args.engine_id, model=args.model,
+                          max_total_tokens=args.max_total_tokens, kv_dtype=args.kv_dtype, timeout_s=args.timeout,
+                          log=log_stderr)
+    except (ConfigError, ValueError) as e:
+        _err(str(e))
+        return 2
+    pipe = _pipeline(args, "kv", KV_KEYS, once=args.once)
+
+    def one_round() -> None:
+        pipe.set_readings(col.collect())
+        pipe.set_errors(col.error_readings())
+
+    if args.once:
+        one_round()
+        sys.stdout.write(f"# fusebox: {geo.bytes_per_token} bytes per token ({geo.layers} attention layers x "
+                         f"{geo.kv_heads} KV heads x {geo.head_dim} head dim x {geo.dtype_bytes} B x 2), tp {col.tp}\n")
+        for note in sorted(col.notes):
+            sys.stdout.write(f"# fusebox: {note}\n")
+        sys.stdout.write(pipe.prometheus_text())
+        return 0 if not col.errors else 1
+    return _loop(args, pipe, one_round)
+
+
+def cmd_latency(args) -> int:
+    from .latency import EngineHistogramFallback
+
+    buckets = _spec_buckets(args.spec)
+    if buckets is None:
+        return 2
+    pipe = _pipeline(args, "latency", (), buckets=buckets, once=args.once)
+    fb = EngineHistogramFallback(pipe.alignment, engine=args.engine_id, model=args.model, metric=args.metric,
+                                 endpoint=args.endpoint)
+    said = [False]
+
+    def one_round() -> None:
+        fb.poll()
+        if fb.source and not said[0]:
+            said[0] = True
+            print(f"fusebox collect latency: deriving alignment latency from {fb.source} "
+                  "(engine histogram; an upper bound of the hand-off)", file=sys.stderr, flush=True)
+
+    if args.once:
+        fb.poll()  # baseline
+        fb.poll()
+        sys.stdout.write(f"# fusebox: alignment latency derived from {fb.source or 'nothing (no histogram found)'}\n")
+        sys.stdout.write(pipe.prometheus_text())
+        return 0 if fb.source else 1
+    return _loop(args, pipe, one_round)
+
+
+def cmd_scenario(args) -> int:
+    from .scenario import ScenarioError, ScenarioRunner, load_scenario
+
+    try:
+        sc = load_scenario(args.path)
+    except ScenarioError as e:
+        _err(str(e))
+        return 2
+    if args.timeline:
+        spec = None
+        try:
+            from fusebox.generator.spec import load_spec
+
+            spec = load_spec(args.spec)
+        except Exception as e:  # noqa: BLE001 -- fall back to the mission numbers, say so
+            _err(f"{args.spec}: not used ({str(e).splitlines()[0] if str(e) else type(e).__name__}); mission numbers instead")
+        crossings = sc.predict(spec)
+        if args.timeline == "json":
+            json.dump({"scenario": sc.name, "duration_s": sc.duration_s, "tick_s": sc.tick_s,
+                       "phases": sc.timeline(), "crossings": [c.as_dict() for c in crossings]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print(f"scenario {sc.name}: {sc.duration_s:.0f} s at speed 1 ({sc.path})")
+            for p in sc.phases:
+                print(f"  {p.start_s:6.0f}s - {p.end_s:6.0f}s  {p.name:10s} {p.description}")
+            print("predicted crossings (Prometheus semantics, samples every scrape interval):")
+            for c in crossings:
+                print(f"  {c.time_s:6.0f}s  {c.signal:24s} {c.tier:8s} {c.event:8s} {c.entity}  "
+                      f"value={c.value:.4g} threshold={c.threshold:.4g} phase={c.phase}")
+        return 0
+    buckets = _spec_buckets(args.spec)
+    if buckets is None:
+        return 2
+    once = args.once_at is not None
+    pipe = _pipeline(args, "scenario", ScenarioRunner.KEYS, buckets=buckets, once=once, host=sc.host,
+                     cluster=sc.cluster or None)
+    runner = ScenarioRunner(sc, pipe)
+    if once:
+        runner.step(min(args.once_at, sc.duration_s))
+        p = sc.phase_at(args.once_at)
+        sys.stdout.write(f"# fusebox: scenario {sc.name} t={args.once_at:g}s phase={p.name}\n")
+        sys.stdout.write(pipe.prometheus_text())
+        return 0
+    if args.metrics_port is not None:
+        pipe.serve_metrics(args.metrics_port, args.metrics_addr)
+    try:
+        runner.run(speed=args.speed, say=lambda m: print(m, flush=True))
+    finally:
+        pipe.shutdown()
+    return 0

@@ -1,0 +1,422 @@
+"""Export: readings -> OpenTelemetry SDK -> OTLP (bounded queue, bounded retry), Prometheus
+text (``--once``) and an optional prometheus-client ``/metrics`` endpoint.
+
+:class:`Pipeline` owns one ``MeterProvider`` per collector process. Collectors hand it their
+:class:`~fusebox.collectors._model.Reading` lists (:meth:`Pipeline.set_readings`); observable
+instruments report the latest list whenever a reader collects. The alignment-latency
+histogram is a synchronous instrument whose buckets come from a ``View`` with
+``ExplicitBucketHistogramAggregation`` (the spec's boundaries, PITFALLS P2).
+
+Names: instruments carry the OTel names of :data:`fusebox.conventions.OTEL`; the Prometheus
+text rendered here uses :func:`fusebox.conventions.otel_to_prometheus`, i.e. the names the
+Collector's prometheus exporter produces (``hw_gpu_memory_usage_bytes``,
+``fusebox_alignment_duration_seconds_bucket`` ...), and attribute keys with ``.`` -> ``_``
+(``hw.id`` -> ``hw_id``). Resource attributes ``host.name`` and ``cluster`` become labels, as
+the Collector config's ``resource_to_telemetry_conversion`` does.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from fusebox import conventions as C
+
+from ._model import Reading
+
+A = C.ATTR
+DEFAULT_OTLP_HTTP = "http://127.0.0.1:4318"
+DEFAULT_OTLP_GRPC = "http://127.0.0.1:4317"
+# Resource attributes promoted to labels in the --once text and /metrics.
+RESOURCE_LABELS = (A["host"], A["cluster"])
+
+
+def _label(key: str) -> str:
+    out = re.sub(r"[^a-zA-Z0-9_]+", "_", key)
+    return "_" + out if out[:1].isdigit() else out
+
+
+# ------------------------------------------------------------------------- bounded OTLP
+class BoundedExporter:
+    """Wraps an OTLP ``MetricExporter``: a bounded queue (oldest batch dropped and counted
+    when full) drained by one thread that retries each batch a bounded number of times.
+
+    ``export`` never blocks the collection loop. ``dropped`` counts batches lost to a full
+    queue or to exhausted retries; ``sent`` counts batches the receiver accepted.
+    """
+
+    def __init__(self, inner: Any, *, max_queue: int = 32, max_attempts: int = 3, backoff_s: float = 0.5,
+                 log: Callable[[str], None] | None = None):
+        from opentelemetry.sdk.metrics.export import MetricExporter
+
+        self.inner = inner
+        self.max_attempts = max(1, max_attempts)
+        self.backoff_s = backoff_s
+        self.queue: collections.deque = collections.deque()
+        self.max_queue = max(1, max_queue)
+        self.dropped = 0
+        self.sent = 0
+        self.failures = 0
+        self.log = log
+        self._cv = threading.Condition()
+        self._stop = False
+        self._busy = False
+        self._thread = threading.Thread(target=self._run, name="fusebox-otlp", daemon=True)
+        self._thread.start()
+        outer = self
+
+        class _Adapter(MetricExporter):  # what the SDK reader talks to
+            def __init__(self) -> None:
+                super().__init__(
+                    preferred_temporality=getattr(inner, "_preferred_temporality", None),
+                    preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
+                )
+
+            def export(self, metrics_data, timeout_millis: float = 10_000, **kw):
+                return outer.enqueue(metrics_data)
+
+            def force_flush(self, timeout_millis: float = 10_000) -> bool:
+                return outer.flush(timeout_millis / 1000)
+
+            def shutdown(self, timeout_millis: float = 30_000, **kw) -> None:
+                outer.shutdown()
+
+        self.adapter = _Adapter()
+
+    def enqueue(self, metrics_data: Any):
+        from opentelemetry.sdk.metrics.export import MetricExportResult
+
+        with self._cv:
+            if len(self.queue) >= self.max_queue:
+                self.queue.popleft()
+                self.dropped += 1
+            self.queue.append(metrics_data)
+            self._cv.notify()
+        return MetricExportResult.SUCCESS
+
+    def _run(self) -> None:
+        from opentelemetry.sdk.metrics.export import MetricExportResult
+
+        while True:
+            with self._cv:
+                while not self.queue and not self._stop:
+                    self._cv.wait()
+                if self._stop and not self.queue:
+                    return
+                batch = self.queue.popleft()
+                self._busy = True
+            ok = False
+            for attempt in range(self.max_attempts):
+                try:
+                    ok = self.inner.export(batch) == MetricExportResult.SUCCESS
+                except Exception:  # noqa: BLE001 -- a peer failing must not kill the thread
+                    ok = False
+                if ok or self._stop:
+                    break
+                time.sleep(min(self.backoff_s * (2**attempt), 5.0))
+            with self._cv:
+                self._busy = False
+                if ok:
+                    self.sent += 1
+                else:
+                    self.failures += 1
+                    self.dropped += 1
+                    if self.log and self.failures in (1, 10, 100) or self.failures % 1000 == 0:
+                        if self.log:
+                            self.log(f"otlp: export failed {self.failures} time(s); batches dropped: {self.dropped}")
+                self._cv.notify_all()
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self.queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5)
+        try:
+            self.inner.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def otlp_exporter(endpoint: str | None, protocol: str = "http", timeout_s: float = 5.0) -> Any:
+    """The OTLP metric exporter for ``protocol`` (``http`` = http/protobuf, or ``grpc``).
+
+    Raises:
+        SystemExit-style RuntimeError: gRPC asked for but its extra is not installed.
+    """
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        except ImportError as e:
+            raise RuntimeError("--otlp-protocol grpc needs the grpc extra: pip install 'fusebox[grpc]'") from e
+        return OTLPMetricExporter(endpoint=endpoint or DEFAULT_OTLP_GRPC, insecure=True, timeout=timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    url = (endpoint or DEFAULT_OTLP_HTTP).rstrip("/")
+    if not re.search(r"https?://[^/]+/.+", url):
+        url += "/v1/metrics"
+    return OTLPMetricExporter(endpoint=url, timeout=timeout_s)
+
+
+# ------------------------------------------------------------------------- the pipeline
+class Pipeline:
+    """One collector process's metrics pipeline.
+
+    Args:
+        service: key of :data:`fusebox.conventions.SERVICE` (``gpu``, ``kv``, ``latency``,
+            ``scenario``) or a literal service name.
+        keys: the :data:`~fusebox.conventions.OTEL` keys fed by readings (observable
+            instruments are created for them).
+        histogram_buckets: boundaries (seconds) of the alignment-latency histogram; when
+            given, :attr:`alignment` is the histogram instrument.
+        host, cluster: resource attributes ``host.name`` (default: this host) and ``cluster``.
+        otlp_endpoint / otlp_protocol: where to push; None disables OTLP.
+        exporter: an already built exporter (tests); overrides the OTLP arguments.
+    """
+
+    def __init__(
+        self,
+        service: str,
+        keys: Sequence[str] = (),
+        *,
+        histogram_buckets: Sequence[float] | None = None,
+        host: str | None = None,
+        cluster: str | None = None,
+        otlp_endpoint: str | None = None,
+        otlp_protocol: str = "http",
+        exporter: Any = None,
+        max_queue: int = 32,
+        max_attempts: int = 3,
+        log: Callable[[str], None] | None = None,
+    ):
+        from opentelemetry.metrics import Observation
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+
+        attrs = {A["service"]: C.SERVICE.get(service, service), A["host"]: host or socket.gethostname()}
+        if cluster:
+            attrs[A["cluster"]] = cluster
+        self.resource_attrs = attrs
+        self._readings: dict[str, list[Reading]] = {k: [] for k in keys}
+        self._lock = threading.Lock()
+        self.memory_reader = InMemoryMetricReader()
+        readers = [self.memory_reader]
+        self.bounded: BoundedExporter | None = None
+        self.otlp_reader = None
+        if exporter is None and otlp_endpoint is not None:
+            exporter = otlp_exporter(otlp_endpoint, otlp_protocol)
+        if exporter is not None:
+            self.bounded = BoundedExporter(exporter, max_queue=max_queue, max_attempts=max_attempts, log=log)
+            # math.inf: no timer thread; each collection round pushes once (export_round)
+            self.otlp_reader = PeriodicExportingMetricReader(self.bounded.adapter, export_interval_millis=math.inf)
+            readers.append(self.otlp_reader)
+        views = []
+        if histogram_buckets is not None:
+            from .latency import latency_view
+
+            views.append(latency_view(histogram_buckets))
+        self.provider = MeterProvider(resource=Resource.create(attrs), metric_readers=readers, views=views)
+        self.meter = self.provider.get_meter("fusebox.collectors")
+        self.alignment = None
+        if histogram_buckets is not None:
+            from .latency import alignment_histogram
+
+            self.alignment = alignment_histogram(self.meter)
+
+        def make_cb(key: str):
+            def cb(options: Any) -> Iterable[Any]:
+                with self._lock:
+                    rs = list(self._readings.get(key, ()))
+                return [Observation(float(r.value), dict(r.attrs)) for r in rs]
+
+            return cb
+
+        for key in keys:
+            name, unit, kind = C.OTEL[key]
+            create = {
+                "updowncounter": self.meter.create_observable_up_down_counter,
+                "gauge": self.meter.create_observable_gauge,
+                "counter": self.meter.create_observable_counter,
+            }[kind]
+            create(name, callbacks=[make_cb(key)], unit=unit, description=_DESCRIPTIONS.get(key, ""))
+        # self-metrics: dropped export batches and endpoint errors
+        self._self_counts: dict[tuple[str, tuple], float] = {}
+        for skey in ("export_dropped", "scrape_errors"):
+            name, unit, _kind = C.OTEL_SELF[skey]
+            self.meter.create_observable_counter(name, callbacks=[self._self_cb(skey)], unit=unit,
+                                                 description=_DESCRIPTIONS.get(skey, ""))
+
+    def _self_cb(self, skey: str):
+        from opentelemetry.metrics import Observation
+
+        def cb(options: Any) -> Iterable[Any]:
+            out = []
+            if skey == "export_dropped":
+                out.append(Observation(self.bounded.dropped if self.bounded else 0, {}))
+            for (k, attrs), v in list(self._self_counts.items()):
+                if k == skey:
+                    out.append(Observation(v, dict(attrs)))
+            return out
+
+        return cb
+
+    def set_errors(self, items: Iterable[tuple[dict, int]]) -> None:
+        """Endpoint error counts, e.g. from :meth:`KvCollector.error_readings`."""
+        for attrs, n in items:
+            self._self_counts[("scrape_errors", tuple(sorted(attrs.items())))] = n
+
+    def set_readings(self, readings: Sequence[Reading]) -> None:
+        """Replace the current readings (grouped by key). Keys not in ``keys`` raise KeyError."""
+        grouped: dict[str, list[Reading]] = {k: [] for k in self._readings}
+        for r in readings:
+            grouped[r.key].append(r)
+        with self._lock:
+            self._readings = grouped
+
+    def export_round(self, timeout_s: float = 10.0) -> None:
+        """Collect once for the OTLP reader (queued; never blocks on the network)."""
+        if self.otlp_reader is not None:
+            self.otlp_reader.collect(timeout_millis=timeout_s * 1000)
+
+    def prometheus_text(self) -> str:
+        """One collection in Prometheus text exposition format, final Prometheus names."""
+        return render_prometheus(self.memory_reader.get_metrics_data())
+
+    def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> Any:
+        """Start a prometheus-client HTTP server on ``addr:port`` serving this pipeline."""
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_PromClientBridge(self))
+        return start_http_server(port, addr=addr, registry=registry)
+
+    def shutdown(self) -> None:
+        if self.bounded is not None:
+            self.bounded.flush(5.0)
+        try:
+            self.provider.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+_DESCRIPTIONS = {
+    "gpu_memory_usage": "GPU memory in use, total - free (NVML v2), bytes",
+    "gpu_memory_limit": "GPU memory total, bytes",
+    "gpu_memory_reserved": "GPU memory reserved by the driver (NVML v2), bytes",
+    "gpu_utilization": "GPU busy time share, 0-1",
+    "gpu_memory_bandwidth_utilization": "Device-memory interface busy share (NVML utilization.memory / 100), 0-1",
+    "gpu_pcie_utilization": "PCIe link utilization, max(tx, rx) / link maximum, 0-1",
+    "gpu_io": "PCIe bytes transferred (integrated NVML throughput)",
+    "gpu_power": "GPU power draw, watts",
+    "gpu_up": "1 while NVML answers for the device, 0 when it is lost or errors",
+    "kv_cache_usage": "KV-cache bytes in use (engine usage fraction x pool bytes / tp)",
+    "kv_cache_limit": "KV-cache pool bytes (num_gpu_blocks x block_size x bytes/token / tp)",
+    "alignment_duration": "Vision-encoder to language-decoder hand-off time, seconds",
+    "export_dropped": "OTLP export batches dropped (queue full or retries exhausted)",
+    "scrape_errors": "Engine /metrics fetches that failed, by endpoint and reason",
+}
+
+
+# ------------------------------------------------------------------------- rendering
+def _fmt(v: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(v)
+
+
+def _esc(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(d: dict) -> str:
+    if not d:
+        return ""
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(d.items())) + "}"
+
+
+def iter_families(metrics_data: Any) -> Iterable[tuple[str, str, str, list[tuple[str, dict, float]]]]:
+    """(name, type, help, [(sample name, labels, value)]) per metric, Prometheus names."""
+    from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
+
+    fams: dict[str, tuple[str, str, list]] = {}
+    if metrics_data is None:
+        return []
+    for rm in metrics_data.resource_metrics:
+        res = {
+            _label(k): str(v) for k, v in rm.resource.attributes.items() if k in RESOURCE_LABELS
+        }
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                data = m.data
+                if isinstance(data, Histogram):
+                    kind, ptype = "histogram", "histogram"
+                elif isinstance(data, Sum):
+                    kind = "counter" if data.is_monotonic else "updowncounter"
+                    ptype = "counter" if data.is_monotonic else "gauge"
+                elif isinstance(data, Gauge):
+                    kind, ptype = "gauge", "gauge"
+                else:
+                    continue
+                name = C.otel_to_prometheus(m.name, m.unit or "", kind)
+                _, _, samples = fams.setdefault(name, (ptype, m.description or "", []))
+                for p in data.data_points:
+                    labels = {**res, **{_label(k): str(v) for k, v in (p.attributes or {}).items()}}
+                    if kind == "histogram":
+                        cum = 0
+                        for bound, count in zip(list(p.explicit_bounds) + [math.inf], p.bucket_counts):
+                            cum += count
+                            samples.append((name + "_bucket", {**labels, "le": _fmt(bound)}, float(cum)))
+                        samples.append((name + "_sum", labels, float(p.sum)))
+                        samples.append((name + "_count", labels, float(p.count)))
+                    else:
+                        samples.append((name, labels, float(p.value)))
+    return [(n, t, h, s) for n, (t, h, s) in sorted(fams.items())]
+
+
+def render_prometheus(metrics_data: Any) -> str:
+    """Prometheus text exposition (0.0.4) of an OTel ``MetricsData``."""
+    lines = []
+    for name, ptype, help_, samples in iter_families(metrics_data):
+        lines.append(f"# HELP {name} {help_}".rstrip())
+        lines.append(f"# TYPE {name} {ptype}")
+        for sname, labels, value in samples:
+            lines.append(f"{sname}{_labels(labels)} {_fmt(value)}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+class _PromClientBridge:
+    """prometheus-client collector serving a :class:`Pipeline`'s current values."""
+
+    def __init__(self, pipeline: Pipeline):
+        self.pipeline = pipeline
+
+    def collect(self):
+        from prometheus_client.metrics_core import Metric
+
+        data = self.pipeline.memory_reader.get_metrics_data()
+        for name, ptype, help_, samples in iter_families(data):
+            fam = name[: -len("_total")] if ptype == "counter" and name.endswith("_total") else name
+            m = Metric(fam, help_, ptype)
+            for sname, labels, value in samples:
+                m.add_sample(sname, labels, value)
+            yield m
+
+
+def log_stderr(msg: str) -> None:
+    print(f"fusebox: {msg}", file=sys.stderr, flush=True)

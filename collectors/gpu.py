@@ -1,0 +1,287 @@
+"""GPU collector on NVML (nvidia-ml-py), one reading list per round.
+
+The collector takes its NVML module as a parameter (``pynvml`` in production, the replay or
+scenario backends of :mod:`fusebox.collectors.replay`, or a test fake): it only calls the
+nvidia-ml-py functions listed in :data:`NVML_CALLS`.
+
+Per GPU and per MIG instance it reports (OTel name, unit; Prometheus name after translation):
+
+* ``hw.gpu.memory.usage`` (By) = total - free from the **v2** memory call (PITFALLS P6: the
+  same GPU is above or below 78.3 % depending on the formula; total - free does not depend
+  on the API version and includes the driver-reserved part);
+* ``hw.gpu.memory.limit`` (By) = total; ``fusebox.gpu.memory.reserved`` (By) = v2 reserved;
+* ``hw.gpu.utilization`` (1, ``hw.gpu.task=general``) = utilization.gpu / 100;
+* ``fusebox.gpu.memory_bandwidth.utilization`` (1) = utilization.memory / 100;
+* ``hw.gpu.io`` (By, counter, ``network.io.direction``) = PCIe throughput integrated over time;
+* ``fusebox.gpu.pcie.utilization`` (1) = max(tx, rx) / (per-lane bandwidth of the link's max
+  generation x max width);
+* ``hw.power`` (W) = power usage / 1000;
+* ``fusebox.gpu.up`` (1): 1 while NVML answers for the device, 0 when it is lost or errors;
+  a down device drops every other series until it answers again.
+
+MIG instances have no utilization, PCIe or power of their own (NVML says NOT_SUPPORTED);
+those series are simply absent for them. Compute instances that share a GPU instance report
+the same (shared) memory, as nvidia-smi does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fusebox import conventions as C
+
+from ._model import Reading
+
+A = C.ATTR
+
+# PCIe usable bandwidth per lane and direction, bytes/s, after line encoding
+# (8b/10b for gen 1-2, 128b/130b for gen 3-5; gen 6 FLIT approximated as 2x gen 5).
+PCIE_LANE_BYTES_PER_S = {
+    1: 250e6,
+    2: 500e6,
+    3: 8e9 * 128 / 130 / 8,
+    4: 16e9 * 128 / 130 / 8,
+    5: 32e9 * 128 / 130 / 8,
+    6: 64e9 * 128 / 130 / 8,
+}
+# NVML reports PCIe throughput in KB/s (nvmlDeviceGetPcieThroughput); KB = 1024 bytes.
+KB = 1024
+
+NVML_CALLS = (
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+)
+
+
+class NoGpuError(RuntimeError):
+    """NVML could not be initialised (no driver, no libnvidia-ml, no device)."""
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass
+class _Device:
+    handle: Any
+    uuid: str
+    index: str
+    name: str
+    mig: bool = False
+    parent: str | None = None
+    pcie_bytes_per_s: float | None = None
+    up: bool = True
+    last_error: str = ""
+    io_total: dict[str, float] = field(default_factory=lambda: {"transmit": 0.0, "receive": 0.0})
+
+    def attrs(self) -> dict[str, str]:
+        a = {A["gpu_id"]: self.uuid, A["gpu_index"]: self.index, A["gpu_name"]: self.name}
+        if self.mig:
+            a[A["mig"]] = "true"
+            a[A["gpu_parent"]] = self.parent or ""
+        return a
+
+
+class GpuCollector:
+    """Collects GPU readings through an nvidia-ml-py-shaped module.
+
+    Args:
+        nvml: ``pynvml`` or any object with the functions in :data:`NVML_CALLS`, the
+            ``NVMLError`` class and the ``nvmlMemory_v2``, ``NVML_PCIE_UTIL_TX_BYTES``,
+            ``NVML_PCIE_UTIL_RX_BYTES``, ``NVML_DEVICE_MIG_ENABLE`` constants.
+        clock: monotonic seconds, used to integrate PCIe throughput into ``hw.gpu.io``.
+
+    NVML is initialised once (:meth:`open`) and device handles are cached: re-initialising
+    per poll multiplies its cost (STYLE 6). :meth:`collect` never raises for a device
+    error; it reports the device as down.
+
+    Raises:
+        NoGpuError: from :meth:`open` when NVML cannot be initialised or sees no device.
+    """
+
+    def __init__(self, nvml: Any, *, clock: Callable[[], float] = time.monotonic):
+        self.nvml = nvml
+        self.clock = clock
+        self.devices: list[_Device] = []
+        self._opened = False
+        self._last_t: float | None = None
+        self.errors = 0
+
+    # -- setup -------------------------------------------------------------------------
+    def open(self) -> "GpuCollector":
+        if self._opened:
+            return self
+        nv = self.nvml
+        try:
+            nv.nvmlInit()
+            count = nv.nvmlDeviceGetCount()
+        except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded, OSError ...
+            raise NoGpuError(f"NVML could not be initialised: {e}") from e
+        if count == 0:
+            raise NoGpuError("NVML found no GPU")
+        for i in range(count):
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                dev = _Device(h, _s(nv.nvmlDeviceGetUUID(h)), str(i), _s(nv.nvmlDeviceGetName(h)))
+            except nv.NVMLError as e:
+                # keep a placeholder so the index is reported down rather than vanishing
+                self.devices.append(_Device(None, f"unknown-gpu-{i}", str(i), "", up=False, last_error=str(e)))
+                continue
+            dev.pcie_bytes_per_s = self._link_bandwidth(h)
+            self.devices.append(dev)
+            self.devices.extend(self._mig_devices(dev))
+        self._opened = True
+        return self
+
+    def close(self) -> None:
+        if self._opened:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self._opened = False
+
+    def __enter__(self) -> "GpuCollector":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _link_bandwidth(self, h: Any) -> float | None:
+        nv = self.nvml
+        try:
+            gen = int(nv.nvmlDeviceGetMaxPcieLinkGeneration(h))
+            width = int(nv.nvmlDeviceGetMaxPcieLinkWidth(h))
+        except nv.NVMLError:
+            return None
+        lane = PCIE_LANE_BYTES_PER_S.get(gen)
+        return lane * width if lane and width > 0 else None
+
+    def _mig_devices(self, parent: _Device) -> list[_Device]:
+        nv = self.nvml
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(parent.handle)
+        except nv.NVMLError:
+            return []  # not MIG capable (NOT_SUPPORTED)
+        if current != nv.NVML_DEVICE_MIG_ENABLE:
+            return []
+        out = []
+        try:
+            n = nv.nvmlDeviceGetMaxMigDeviceCount(parent.handle)
+        except nv.NVMLError:
+            return []
+        for j in range(n):
+            try:
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, j)
+                uuid = _s(nv.nvmlDeviceGetUUID(mh))
+                name = _s(nv.nvmlDeviceGetName(mh))
+            except nv.NVMLError:
+                continue  # slot not populated (NOT_FOUND)
+            out.append(_Device(mh, uuid, f"{parent.index}:{j}", name, mig=True, parent=parent.uuid))
+        return out
+
+    # -- one round ----------------------------------------------------------------------
+    def collect(self) -> list[Reading]:
+        """One round of readings for every device, in device order.
+
+        Returns:
+            list of :class:`Reading`; a down device contributes only ``gpu_up`` = 0.
+        """
+        if not self._opened:
+            self.open()
+        now = self.clock()
+        dt = 0.0 if self._last_t is None else max(0.0, now - self._last_t)
+        self._last_t = now
+        out: list[Reading] = []
+        for dev in self.devices:
+            out.extend(self._collect_device(dev, dt))
+        return out
+
+    def _collect_device(self, dev: _Device, dt: float) -> list[Reading]:
+        nv = self.nvml
+        attrs = dev.attrs()
+        if dev.handle is None:
+            return [Reading("gpu_up", 0.0, attrs)]
+        try:
+            mem = nv.nvmlDeviceGetMemoryInfo(dev.handle, version=nv.nvmlMemory_v2)
+            reserved = float(mem.reserved)
+        except nv.NVMLError as e:
+            if _code(nv, e) in _unsupported(nv):
+                try:  # v1: total and free are still right; reserved is unknown
+                    mem = nv.nvmlDeviceGetMemoryInfo(dev.handle)
+                    reserved = None
+                except nv.NVMLError as e2:
+                    return self._down(dev, attrs, e2)
+            else:
+                return self._down(dev, attrs, e)
+        except Exception as e:  # a broken binding must not kill the loop
+            return self._down(dev, attrs, e)
+        dev.up, dev.last_error = True, ""
+        total, free = float(mem.total), float(mem.free)
+        r = [
+            Reading("gpu_up", 1.0, attrs),
+            Reading("gpu_memory_usage", total - free, attrs),
+            Reading("gpu_memory_limit", total, attrs),
+        ]
+        if reserved is not None:
+            r.append(Reading("gpu_memory_reserved", reserved, attrs))
+        try:
+            util = nv.nvmlDeviceGetUtilizationRates(dev.handle)
+            r.append(Reading("gpu_utilization", util.gpu / 100.0, {**attrs, A["gpu_task"]: "general"}))
+            r.append(Reading("gpu_memory_bandwidth_utilization", util.memory / 100.0, attrs))
+        except nv.NVMLError as e:
+            if self._lost(nv, e):
+                return self._down(dev, attrs, e)
+        if not dev.mig:
+            try:
+                tx = float(nv.nvmlDeviceGetPcieThroughput(dev.handle, nv.NVML_PCIE_UTIL_TX_BYTES)) * KB
+                rx = float(nv.nvmlDeviceGetPcieThroughput(dev.handle, nv.NVML_PCIE_UTIL_RX_BYTES)) * KB
+                dev.io_total["transmit"] += tx * dt
+                dev.io_total["receive"] += rx * dt
+                for direction, total_b in dev.io_total.items():
+                    r.append(Reading("gpu_io", total_b, {**attrs, A["io_direction"]: direction}))
+                if dev.pcie_bytes_per_s:
+                    r.append(Reading("gpu_pcie_utilization", max(tx, rx) / dev.pcie_bytes_per_s, attrs))
+            except nv.NVMLError as e:
+                if self._lost(nv, e):
+                    return self._down(dev, attrs, e)
+            try:
+                r.append(Reading("gpu_power", float(nv.nvmlDeviceGetPowerUsage(dev.handle)) / 1000.0, attrs))
+            except nv.NVMLError as e:
+                if self._lost(nv, e):
+                    return self._down(dev, attrs, e)
+        return r
+
+    def _lost(self, nv: Any, e: Exception) -> bool:
+        return _code(nv, e) not in _unsupported(nv)
+
+    def _down(self, dev: _Device, attrs: dict, e: Exception) -> list[Reading]:
+        self.errors += 1
+        dev.up, dev.last_error = False, str(e) or type(e).__name__
+        return [Reading("gpu_up", 0.0, attrs)]
+
+
+def _code(nv: Any, e: Exception) -> int | None:
+    return getattr(e, "value", None)
+
+
+def _unsupported(nv: Any) -> tuple:
+    return (
+        getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3),
+        getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+    )

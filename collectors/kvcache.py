@@ -1,0 +1,422 @@
+"""KV-cache collector: engine /metrics (vLLM, SGLang, TGI) + model config.json -> bytes.
+
+No engine exposes KV bytes. This module derives them:
+
+* **bytes per token** (:func:`kv_geometry`) = 2 (K and V) x attention layers x KV heads x
+  head dim x element size, from the model's ``config.json`` (top level, ``text_config`` or
+  ``llm_config``; ``dtype`` or ``torch_dtype``; ``num_key_value_heads`` for GQA, defaulting
+  to the attention heads; ``head_dim`` or hidden / heads; only ``full_attention`` entries of
+  ``layer_types`` for hybrid models; Llama defaults when a llava-hf ``text_config`` omits
+  its geometry; Mllama ``cross_attention_layers`` excluded because they cache image tokens,
+  not text tokens) and a KV-cache dtype override (``fp8`` -> 1 byte);
+* **vLLM**: usage fraction from ``vllm:kv_cache_usage_perc`` or, before 0.10,
+  ``vllm:gpu_cache_usage_perc`` (a fraction 0-1 despite the name; PITFALLS P4: a dump may
+  carry both, read one, never add them), pool = ``num_gpu_blocks`` x ``block_size`` tokens
+  from ``vllm:cache_config_info`` (``cache_dtype`` other than ``auto`` overrides the dtype);
+* **SGLang** (``sglang:`` or ``sglang_`` prefix): usage = ``token_usage`` x
+  ``max_total_num_tokens`` tokens (when the capacity is missing it is taken as
+  ``num_used_tokens / token_usage`` and reported as derived);
+* **TGI**: ``tgi_batch_current_max_tokens`` tokens in use; TGI exposes no capacity, so the
+  limit needs ``max_total_tokens`` (its ``--max-batch-total-tokens``).
+
+Several API-server processes reporting the same engine (same model and ``engine`` label,
+or the same SGLang engine across ``tp_rank``) are one engine: the **max** is taken, never a
+sum or an average.
+
+Each engine is exported as ``fusebox.kv_cache.usage`` / ``.limit`` (By) with ``engine``,
+``model`` and, per GPU it runs on, ``hw.id``: with tensor parallelism tp the pool is split
+evenly, one series per GPU carrying pool / tp, so ``sum by (hw_id) (limit - usage)`` is the
+pool's free bytes on each GPU.
+
+An endpoint that is down, slow or malformed is counted (:attr:`KvCollector.errors`) and
+reported; it never raises out of :meth:`KvCollector.collect`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from fusebox import conventions as C
+
+from ._model import Reading
+
+A = C.ATTR
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1,
+}  # fmt: skip
+
+# transformers defaults used when a sub-config omits its geometry (llava-hf's text_config).
+_MODEL_DEFAULTS = {
+    "llama": {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096},
+    "mistral": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096},
+    "qwen2": {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192},
+}
+
+
+class ConfigError(ValueError):
+    """A model config from which bytes per token cannot be derived."""
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    """Per-token KV geometry of a model. ``bytes_per_token`` covers all layers and all KV
+    heads of the model (the whole pool, before any tensor-parallel split)."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    source: str = ""
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+def _dtype_bytes(name: Any, where: str) -> int:
+    key = str(name).lower().replace("torch.", "")
+    if key not in DTYPE_BYTES:
+        raise ConfigError(f"{where}: unknown dtype {name!r} -- pass --kv-dtype (e.g. bfloat16, fp8)")
+    return DTYPE_BYTES[key]
+
+
+def kv_geometry(config: dict, kv_dtype: str | None = None, source: str = "config.json") -> KvGeometry:
+    """Derive the KV geometry of ``config`` (a parsed HF ``config.json``).
+
+    Args:
+        config: the parsed JSON object.
+        kv_dtype: KV-cache dtype override (``"fp8"``, ``"auto"`` or None = model dtype).
+        source: name used in error messages.
+
+    Raises:
+        ConfigError: no attention geometry or dtype could be found.
+    """
+    text = config
+    where = source
+    for key in ("text_config", "llm_config"):
+        if isinstance(config.get(key), dict):
+            text, where = config[key], f"{source}:{key}"
+            break
+    defaults = _MODEL_DEFAULTS.get(str(text.get("model_type", "")), {})
+
+    def get(name: str) -> Any:
+        # never fall back to the top level from a sub-config: there it describes the
+        # wrapper or the vision tower, not the language model
+        return text[name] if name in text else defaults.get(name)
+
+    n_layers = get("num_hidden_layers")
+    heads = get("num_attention_heads")
+    hidden = get("hidden_size")
+    if n_layers is None or heads is None:
+        raise ConfigError(f"{where}: no num_hidden_layers / num_attention_heads (model_type {text.get('model_type')!r})")
+    kv_heads = get("num_key_value_heads") or heads
+    head_dim = get("head_dim") or (hidden // heads if hidden else None)
+    if not head_dim:
+        raise ConfigError(f"{where}: no head_dim and no hidden_size to derive it")
+    layers = int(n_layers)
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        # hybrid models (LFM2: conv + attention; Gemma-style sliding windows still cache)
+        layers = sum(1 for t in layer_types if "attention" in str(t))
+    cross = text.get("cross_attention_layers")
+    if isinstance(cross, list):
+        layers -= len(cross)  # Mllama: cross-attention layers hold image-token KV only
+    if kv_dtype and kv_dtype.lower() not in ("auto", ""):
+        dbytes = _dtype_bytes(kv_dtype, "--kv-dtype")
+    else:
+        dt = text.get("dtype") or text.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype")
+        if dt is None:
+            raise ConfigError(f"{where}: no dtype / torch_dtype -- pass --kv-dtype")
+        dbytes = _dtype_bytes(dt, where)
+    return KvGeometry(layers, int(kv_heads), int(head_dim), dbytes, where)
+
+
+def load_model_config(path: str | Path) -> dict:
+    """Read a config.json. Raises ConfigError with the path on unreadable or invalid JSON."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read model config ({e.strerror})") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+
+
+# ------------------------------------------------------------------------- /metrics parsing
+@dataclass
+class EngineKv:
+    """One engine's KV state as read from /metrics. Token counts, fraction 0-1."""
+
+    kind: str  # vllm | sglang | tgi
+    key: str  # engine identity within the endpoint set
+    model: str
+    usage_fraction: float | None = None
+    used_tokens: float | None = None
+    capacity_tokens: float | None = None
+    cache_dtype: str | None = None
+    notes: list[str] = field(default_factory=list)
+    source_metric: str = ""
+
+
+class MalformedMetrics(ValueError):
+    """The exposition text could not be parsed."""
+
+
+def parse_families(text: str) -> list:
+    """Parse exposition text with prometheus-client's parser.
+
+    Raises:
+        MalformedMetrics: for any parse failure (the parser raises ValueError, IndexError,
+            TypeError ... on bad input); nothing else escapes.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        return list(text_string_to_metric_families(text))
+    except Exception as e:  # noqa: BLE001 -- the parser's errors are not one class
+        raise MalformedMetrics(f"{type(e).__name__}: {e}") from None
+
+
+def engines_from_text(text: str) -> list[EngineKv]:
+    """Every engine whose KV state ``text`` exposes (vLLM, SGLang, TGI).
+
+    Raises:
+        MalformedMetrics: unparsable text.
+    """
+    fams = parse_families(text)
+    samples: dict[str, list] = {}
+    for fam in fams:
+        for s in fam.samples:
+            samples.setdefault(s.name, []).append(s)
+    out: dict[tuple, EngineKv] = {}
+
+    def eng(kind: str, labels: dict) -> EngineKv:
+        model = labels.get("model_name", "")
+        ekey = (kind, model, labels.get("engine", ""))
+        if ekey not in out:
+            out[ekey] = EngineKv(kind, labels.get("engine", ""), model)
+        return out[ekey]
+
+    def fmax(a: float | None, b: float) -> float:
+        if b != b:  # NaN from the engine: ignore
+            return a
+        return b if a is None else max(a, b)
+
+    # vLLM: the new name wins; the old one only where the new one is absent (P4).
+    for name in C.VLLM_KV_USAGE:
+        got = False
+        for s in samples.get(name, ()):
+            e = eng("vllm", s.labels)
+            if e.source_metric and e.source_metric != name:
+                continue
+            e.source_metric = name
+            e.usage_fraction = fmax(e.usage_fraction, s.value)
+            got = True
+        if got:
+            break
+    # cache_config_info carries no model_name; it belongs to the engine core with the same
+    # `engine` label (or to every engine of the dump when it has none).
+    cfgs: dict[str, tuple[float, str | None]] = {}
+    for s in samples.get(C.VLLM_CACHE_CONFIG, ()):
+        try:
+            cap = float(s.labels["num_gpu_blocks"]) * float(s.labels["block_size"])
+        except (KeyError, ValueError):
+            continue  # "None" before the engine has profiled memory
+        prev = cfgs.get(s.labels.get("engine", ""))
+        if prev is None or cap > prev[0]:
+            cfgs[s.labels.get("engine", "")] = (cap, s.labels.get("cache_dtype"))
+    for e in [e for e in out.values() if e.kind == "vllm"]:
+        cfg = cfgs.get(e.key) or cfgs.get("") or (next(iter(cfgs.values())) if len(cfgs) == 1 else None)
+        if cfg:
+            e.capacity_tokens, e.cache_dtype = cfg
+
+    # SGLang, either prefix; tp ranks of one engine carry the same values -> max.
+    for prefix in C.SGLANG_PREFIXES:
+        for s in samples.get(prefix + "token_usage", ()):
+            e = eng("sglang", s.labels)
+            e.usage_fraction = fmax(e.usage_fraction, s.value)
+            e.source_metric = prefix + "token_usage"
+        for s in samples.get(prefix + "max_total_num_tokens", ()):
+            e = eng("sglang", s.labels)
+            e.capacity_tokens = fmax(e.capacity_tokens, s.value)
+        for s in samples.get(prefix + "num_used_tokens", ()):
+            e = eng("sglang", s.labels)
+            e.used_tokens = fmax(e.used_tokens, s.value)
+
+    for s in samples.get("tgi_batch_current_max_tokens", ()):
+        e = eng("tgi", s.labels)
+        e.used_tokens = fmax(e.used_tokens, s.value)
+        e.source_metric = "tgi_batch_current_max_tokens"
+
+    # drop engines that only had config info and no usage (e.g. a partial dump)
+    return [e for e in out.values() if e.usage_fraction is not None or e.used_tokens is not None]
+
+
+# ------------------------------------------------------------------------- the collector
+def default_fetch(endpoint: str, timeout_s: float) -> str:
+    """GET an http(s) URL (httpx) or read a file path."""
+    if endpoint.startswith(("http://", "https://")):
+        import httpx
+
+        r = httpx.get(endpoint, timeout=timeout_s)
+        r.raise_for_status()
+        return r.text
+    return Path(endpoint).read_text(encoding="utf-8", errors="replace")
+
+
+class KvCollector:
+    """Turns the /metrics of one engine deployment into KV bytes per GPU.
+
+    Args:
+        endpoints: http URLs or file paths; several = API-server processes of the same
+            deployment (the max is taken per engine).
+        geometry: the model's :class:`KvGeometry` (from :func:`kv_geometry`).
+        gpus: GPU (or MIG) UUIDs the engine runs on; with ``tp`` > 1 one per rank.
+        tp: tensor-parallel size (default ``len(gpus)`` or 1). Pool bytes are split evenly.
+        engine_id: the ``engine`` attribute (default: the model name, plus ``/<engine>``
+            when the dump distinguishes several vLLM engine cores).
+        model: the ``model`` attribute when the dump has no ``model_name`` label (TGI).
+        max_total_tokens: TGI's pool capacity in tokens (it is not exposed).
+        kv_dtype: KV dtype override; otherwise vLLM's ``cache_dtype`` or the model dtype.
+        fetch: ``fetch(endpoint, timeout_s) -> text``; injectable for tests and the scenario.
+
+    Raises:
+        ValueError: ``gpus`` given and ``tp`` disagrees with their number.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        geometry: KvGeometry,
+        *,
+        gpus: Sequence[str] = (),
+        tp: int | None = None,
+        engine_id: str | None = None,
+        model: str | None = None,
+        max_total_tokens: float | None = None,
+        kv_dtype: str | None = None,
+        timeout_s: float = 2.0,
+        fetch: Callable[[str, float], str] = default_fetch,
+        log: Callable[[str], None] | None = None,
+    ):
+        self.endpoints = list(endpoints)
+        self.geometry = geometry
+        self.gpus = list(gpus)
+        self.tp = tp or (len(self.gpus) or 1)
+        if self.gpus and self.tp != len(self.gpus):
+            raise ValueError(f"--tp {self.tp} but {len(self.gpus)} --gpu given: give one GPU per tensor-parallel rank")
+        self.engine_id = engine_id
+        self.model = model
+        self.max_total_tokens = max_total_tokens
+        self.kv_dtype = kv_dtype
+        self.timeout_s = timeout_s
+        self.fetch = fetch
+        self.log = log
+        self.errors: Counter = Counter()  # (endpoint, reason) -> count
+        self._last_state: dict[str, str] = {}
+        self.notes: set[str] = set()
+
+    def _report(self, endpoint: str, state: str, detail: str = "") -> None:
+        if self._last_state.get(endpoint) != state:
+            self._last_state[endpoint] = state
+            if self.log and state != "ok":
+                self.log(f"kv: {endpoint}: {state}{': ' + detail if detail else ''}")
+            elif self.log and state == "ok" and detail == "recovered":
+                self.log(f"kv: {endpoint}: ok again")
+
+    def poll(self) -> list[EngineKv]:
+        """Fetch and parse every endpoint; merge engines by identity with max."""
+        merged: dict[tuple, EngineKv] = {}
+        for ep in self.endpoints:
+            t0 = time.monotonic()
+            try:
+                text = self.fetch(ep, self.timeout_s)
+            except Exception as e:  # noqa: BLE001 -- down, refused, timeout, 5xx, missing file
+                reason = "timeout" if "timeout" in type(e).__name__.lower() else "down"
+                self.errors[(ep, reason)] += 1
+                self._report(ep, reason, str(e) or type(e).__name__)
+                continue
+            if time.monotonic() - t0 > self.timeout_s:
+                self.errors[(ep, "slow")] += 1
+            try:
+                engines = engines_from_text(text)
+            except MalformedMetrics as e:
+                self.errors[(ep, "malformed")] += 1
+                self._report(ep, "malformed", str(e))
+                continue
+            if not engines:
+                self.errors[(ep, "no_kv_metric")] += 1
+                self._report(ep, "no_kv_metric", "no vLLM/SGLang/TGI KV metric in the text")
+                continue
+            self._report(ep, "ok", "recovered" if self._last_state.get(ep, "ok") != "ok" else "")
+            for e in engines:
+                k = (e.kind, e.model, e.key)
+                m = merged.get(k)
+                if m is None:
+                    merged[k] = e
+                    continue
+                for f in ("usage_fraction", "used_tokens", "capacity_tokens"):
+                    a, b = getattr(m, f), getattr(e, f)
+                    setattr(m, f, b if a is None else a if b is None else max(a, b))
+        return list(merged.values())
+
+    def engine_bytes(self, e: EngineKv) -> tuple[float | None, float | None]:
+        """(usage bytes, limit bytes) of a whole engine (before the tp split)."""
+        geo = self.geometry
+        dtype = self.kv_dtype or (e.cache_dtype if e.cache_dtype not in (None, "auto") else None)
+        bpt = geo.bytes_per_token
+        if dtype:
+            try:
+                bpt = 2 * geo.layers * geo.kv_heads * geo.head_dim * _dtype_bytes(dtype, "cache_dtype")
+            except ConfigError as err:
+                self.notes.add(str(err))
+        cap = e.capacity_tokens
+        if e.kind == "tgi":
+            cap = self.max_total_tokens
+        if cap is None and e.kind == "sglang" and e.used_tokens and e.usage_fraction:
+            cap = e.used_tokens / e.usage_fraction
+            self.notes.add("sglang: max_total_num_tokens missing; capacity derived as num_used_tokens / token_usage")
+        used = None
+        if e.usage_fraction is not None and cap is not None:
+            used = e.usage_fraction * cap
+        elif e.used_tokens is not None:
+            used = e.used_tokens
+        if cap is None and e.kind == "tgi":
+            self.notes.add("tgi: no pool capacity exposed; pass --max-total-tokens for the limit")
+        return (None if used is None else used * bpt, None if cap is None else cap * bpt)
+
+    def collect(self) -> list[Reading]:
+        """One round: usage and limit readings per engine and GPU (pool / tp each)."""
+        engines = self.poll()
+        multi = len({e.key for e in engines if e.kind == "vllm"}) > 1
+        out: list[Reading] = []
+        for e in engines:
+            usage, limit = self.engine_bytes(e)
+            model = e.model or self.model or ""
+            engine = self.engine_id or model or "engine"
+            if multi and e.key:
+                engine = f"{engine}/{e.key}"
+            base = {A["engine"]: engine, A["model"]: model}
+            targets = self.gpus or [None]
+            for gpu in targets:
+                attrs = dict(base)
+                if gpu:
+                    attrs[A["gpu_id"]] = gpu
+                if usage is not None and math.isfinite(usage):
+                    out.append(Reading("kv_cache_usage", usage / self.tp, attrs))
+                if limit is not None and math.isfinite(limit):
+                    out.append(Reading("kv_cache_limit", limit / self.tp, attrs))
+        return out
+
+    def error_readings(self) -> Iterable[tuple[dict, int]]:
+        for (ep, reason), n in sorted(self.errors.items()):
+            yield {A["endpoint"]: ep, A["reason"]: reason}, n

@@ -1,0 +1,217 @@
+"""Alignment-latency instrumentation: time the vision-encoder -> language-decoder hand-off.
+
+Records ``fusebox.alignment.duration`` (seconds, histogram; Prometheus
+``fusebox_alignment_duration_seconds_{bucket,sum,count}``) with attributes ``engine`` and
+``model``. Buckets are the spec's (``alignment_latency_p95.buckets``, default spec
+``fusebox.yaml``): every threshold (0.85 s, 1.28 s) is a bucket boundary with neighbours on
+both sides, so ``histogram_quantile`` can neither invent nor hide a breach (PITFALLS P2).
+The OTel SDK default buckets (0, 5, 10, 25 ...) are shaped for milliseconds and are never
+used: :func:`latency_view` installs ``ExplicitBucketHistogramAggregation(boundaries)``.
+
+Use::
+
+    provider = install(spec_path="fusebox.yaml")          # once, at start-up
+    with alignment_timer(engine="llava-0", model="llava-1.5-7b"):
+        embeddings = projector(vision_encoder(images))      # the hand-off
+
+    @alignment_timer(engine="llava-0", model="llava-1.5-7b")
+    def align(images): ...
+
+For servers that cannot be instrumented, :class:`EngineHistogramFallback` derives the signal
+from an engine histogram (vLLM / SGLang time to first token) and says which one it used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from fusebox import conventions as C
+
+A = C.ATTR
+HIST_NAME, HIST_UNIT, _ = C.OTEL["alignment_duration"]
+_HISTOGRAMS: dict[int, Any] = {}
+
+
+def spec_buckets(spec_path: str | Path = "fusebox.yaml") -> tuple[float, ...]:
+    """Bucket boundaries (seconds) of the spec's ``alignment_latency_p95`` signal.
+
+    Raises:
+        fusebox.generator.errors.SpecError: the spec is invalid (file:line:col messages).
+        ValueError: the signal has no buckets.
+    """
+    from fusebox.generator.spec import load_spec
+
+    sig = load_spec(str(spec_path)).signal("alignment_latency_p95")
+    if not sig.buckets:
+        raise ValueError(f"{spec_path}: signal alignment_latency_p95 has no buckets")
+    return tuple(float(b) for b in sig.buckets)
+
+
+def latency_view(buckets: Sequence[float]) -> Any:
+    """An OTel SDK ``View`` giving the alignment histogram exactly ``buckets``."""
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+    return View(instrument_name=HIST_NAME, aggregation=ExplicitBucketHistogramAggregation(boundaries=list(buckets)))
+
+
+def alignment_histogram(meter: Any) -> Any:
+    """The ``fusebox.alignment.duration`` histogram of ``meter`` (created once per meter)."""
+    h = _HISTOGRAMS.get(id(meter))
+    if h is None:
+        h = meter.create_histogram(HIST_NAME, unit=HIST_UNIT, description="Vision-encoder to language-decoder hand-off time, seconds")
+        _HISTOGRAMS[id(meter)] = h
+    return h
+
+
+def install(spec_path: str | Path = "fusebox.yaml", *, buckets: Sequence[float] | None = None,
+            otlp_endpoint: str | None = None, host: str | None = None, cluster: str | None = None):
+    """Set the global MeterProvider up for alignment timing and return the
+    :class:`~fusebox.collectors.export.Pipeline` behind it (OTLP push when an endpoint is
+    given; call ``pipeline.export_round()`` periodically, or use ``--metrics-port``)."""
+    from opentelemetry import metrics
+
+    from .export import Pipeline
+
+    pipe = Pipeline("latency", (), histogram_buckets=tuple(buckets or spec_buckets(spec_path)),
+                    otlp_endpoint=otlp_endpoint, host=host, cluster=cluster)
+    metrics.set_meter_provider(pipe.provider)
+    return pipe
+
+
+def record_alignment(seconds: float, *, engine: str, model: str, meter: Any = None) -> None:
+    """Record one hand-off duration (seconds) for ``engine``/``model``."""
+    if meter is None:
+        from opentelemetry import metrics
+
+        meter = metrics.get_meter("fusebox.collectors.latency")
+    alignment_histogram(meter).record(seconds, {A["engine"]: engine, A["model"]: model})
+
+
+class alignment_timer:
+    """Context manager and decorator timing the hand-off with ``time.perf_counter``.
+
+    The duration is recorded also when the timed block raises (a failed hand-off took that
+    long too). Works on plain and ``async`` functions.
+    """
+
+    def __init__(self, *, engine: str, model: str, meter: Any = None, clock: Callable[[], float] = time.perf_counter):
+        self.engine, self.model, self.meter, self.clock = engine, model, meter, clock
+        self.elapsed: float | None = None
+        self._t0 = 0.0
+
+    def __enter__(self) -> "alignment_timer":
+        self._t0 = self.clock()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.elapsed = self.clock() - self._t0
+        record_alignment(self.elapsed, engine=self.engine, model=self.model, meter=self.meter)
+
+    def __call__(self, func: Callable) -> Callable:
+        if asyncio.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def awrapper(*args: Any, **kw: Any) -> Any:
+                with alignment_timer(engine=self.engine, model=self.model, meter=self.meter, clock=self.clock):
+                    return await func(*args, **kw)
+
+            return awrapper
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            with alignment_timer(engine=self.engine, model=self.model, meter=self.meter, clock=self.clock):
+                return func(*args, **kw)
+
+        return wrapper
+
+
+# ------------------------------------------------------------------------- fallback
+# Engine histograms that bound the hand-off from above, in order of preference. No engine
+# exposes encoder latency itself (vLLM issue #25377); TTFT includes encoder + prefill.
+FALLBACK_SOURCES = (
+    "vllm:time_to_first_token_seconds",
+    "sglang:time_to_first_token_seconds",
+    "sglang_time_to_first_token_seconds",
+)
+
+
+class EngineHistogramFallback:
+    """Derive alignment-latency observations from an engine's own histogram.
+
+    Each :meth:`poll` reads the engine's cumulative buckets, takes the increase since the
+    last poll and re-records it into the spec-bucketed histogram, spreading the ``n``
+    observations of an engine bucket ``(lo, hi]`` evenly inside it (the linear
+    interpolation ``histogram_quantile`` itself assumes). A counter reset (restart) is
+    treated as a fresh start. The result is an upper bound of the hand-off (TTFT), and
+    :attr:`source` says which metric it came from.
+    """
+
+    def __init__(self, histogram: Any, *, engine: str, model: str | None = None, metric: str | None = None,
+                 fetch: Callable[[str, float], str] | None = None, endpoint: str = "", timeout_s: float = 2.0):
+        from .kvcache import default_fetch
+
+        self.hist = histogram
+        self.engine, self.model = engine, model
+        self.metric = metric
+        self.source: str | None = None
+        self.fetch = fetch or default_fetch
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._last: dict[tuple, list[tuple[float, float]]] = {}
+        self.errors = 0
+
+    def _buckets(self, text: str) -> dict[tuple, tuple[str, list[tuple[float, float]]]]:
+        from .kvcache import parse_families
+
+        fams = parse_families(text)
+        wanted = (self.metric,) if self.metric else FALLBACK_SOURCES
+        out: dict[tuple, tuple[str, list]] = {}
+        for name in wanted:
+            for fam in fams:
+                for s in fam.samples:
+                    if s.name != name + "_bucket":
+                        continue
+                    labels = {k: v for k, v in s.labels.items() if k != "le"}
+                    key = (name, labels.get("model_name", ""))
+                    out.setdefault(key, (name, []))[1].append((float(s.labels["le"]), s.value))
+            if out:
+                break
+        for _k, (_n, b) in out.items():
+            b.sort()
+        return out
+
+    def poll(self) -> int:
+        """Fetch, diff and re-record. Returns the number of observations recorded."""
+        try:
+            text = self.fetch(self.endpoint, self.timeout_s)
+            hists = self._buckets(text)
+        except Exception:  # noqa: BLE001 -- a down or malformed engine is counted, never fatal
+            self.errors += 1
+            return 0
+        n_total = 0
+        for key, (name, buckets) in hists.items():
+            self.source = name
+            model = self.model or key[1]
+            prev = self._last.get(key)
+            self._last[key] = buckets
+            if prev is None:
+                continue  # first sight: only a baseline
+            prev_map = dict(prev)
+            if any(c < prev_map.get(le, 0) for le, c in buckets):
+                prev_map = {}  # counter reset
+            lo, prev_cum_now, prev_cum_before = 0.0, 0.0, 0.0
+            for le, cum in buckets:
+                before = prev_map.get(le, 0.0)
+                n = int(round((cum - prev_cum_now) - (before - prev_cum_before)))
+                prev_cum_now, prev_cum_before = cum, before
+                if n > 0:
+                    hi = le if le != float("inf") else max(lo * 2, lo + 1.0)
+                    for k in range(n):
+                        self.hist.record(lo + (hi - lo) * (k + 0.5) / n, {A["engine"]: self.engine, A["model"]: model})
+                    n_total += n
+                lo = le if le != float("inf") else lo
+        return n_total

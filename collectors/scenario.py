@@ -1,0 +1,670 @@
+"""Scenario: one YAML file drives a synthetic multimodal cluster through a breach and back.
+
+A scenario (``kind: FuseboxScenario``) names GPUs, engines and **phases**. Each phase has a
+duration and targets; the synthetic cluster it describes is collected through the real
+collector code paths:
+
+* GPUs: :class:`~fusebox.collectors.replay.SyntheticNvml` answers NVML calls from the
+  scenario's state at time t, read by :class:`~fusebox.collectors.gpu.GpuCollector`;
+* KV cache: each engine serves vLLM-style ``/metrics`` text (``vllm:kv_cache_usage_perc``
+  and ``vllm:cache_config_info``), parsed by :class:`~fusebox.collectors.kvcache.KvCollector`;
+* alignment latency: observations are recorded into the spec-bucketed histogram of
+  :mod:`fusebox.collectors.latency`.
+
+Targets (see docs/collectors.md for the full format):
+
+``gpu_memory``  {GPU index or UUID: ratio}: memory in use on the GPU **outside** KV pools
+    (weights, activations, vision-encoder buffers) at the phase's end, ramped linearly from
+    the previous phase's end. An engine's KV pool is preallocated on its GPUs (as vLLM
+    does), so device usage = this ratio x total + pool shares, and the **effective** ratio
+    the alert reads, (usage - KV free) / total, = this ratio + KV used / total.
+``gpu_utilization``, ``memory_bandwidth`` {GPU: ratio}: ramped likewise.
+``kv_growth``   {engine: rate, e.g. "18 MB/s"}: constant over the phase (negative frees).
+``alignment_p95`` {engine: seconds}: P95 of the phase's hand-off times (observations are
+    spread evenly over [0, p95 / 0.95], whose 95th percentile is p95).
+``alignment_rate`` {engine: observations per second}.
+
+Keys a phase leaves out keep their previous value. :func:`load_scenario` returns a
+:class:`Scenario` whose :meth:`Scenario.timeline` lists the phases and whose
+:meth:`Scenario.predict` says when each alert expression of the spec crosses its
+thresholds, evaluated the way Prometheus does (samples every scrape interval, ``deriv``
+least squares over the window, ``histogram_quantile`` over bucket increases).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from fusebox import conventions as C
+
+from .kvcache import KvCollector, KvGeometry
+from .replay import DeviceState, SyntheticNvml
+
+A = C.ATTR
+DEFAULT_SCENARIO = "breach"
+# Mission numbers, used when no spec is given to predict(): (threshold, for_s, keep_firing_for_s)
+_DEFAULT_TIERS = {
+    "gpu_memory_utilization": {"warning": (0.72, 60, 60), "critical": (0.783, 30, 60)},
+    "kv_cache_growth_rate": {"warning": (9.2e6, 60, 60), "critical": (14.7e6, 30, 60)},
+    "alignment_latency_p95": {"warning": (0.85, 60, 60), "critical": (1.28, 30, 60)},
+}
+_DEFAULT_WINDOWS = {"kv_cache_growth_rate": 60.0, "alignment_latency_p95": 300.0}
+_DEFAULT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.85, 1.0, 1.28, 1.5, 2.0, 2.5, 5.0, 10.0)
+
+
+class ScenarioError(ValueError):
+    """An invalid scenario file; ``str()`` lists ``file:line:col: what -- fix`` lines."""
+
+
+# ------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class ScenarioGpu:
+    uuid: str
+    index: int
+    name: str
+    total: int  # bytes
+    reserved: int
+    pcie_gen: int = 5
+    pcie_width: int = 16
+    power_idle_w: float = 70.0
+    power_max_w: float = 700.0
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class ScenarioEngine:
+    id: str
+    model: str
+    gpus: tuple[str, ...]
+    geometry: KvGeometry
+    block_size: int
+    num_gpu_blocks: int
+    kv_start: float  # bytes in use at t = 0
+
+    @property
+    def pool_bytes(self) -> float:
+        return float(self.num_gpu_blocks * self.block_size * self.geometry.bytes_per_token)
+
+    @property
+    def tp(self) -> int:
+        return max(1, len(self.gpus))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase: ``[start_s, end_s)`` in scenario seconds, with the targets in force.
+
+    ``gpu_memory`` etc. are the values at the phase's END (ramped from ``*_from``, the
+    previous phase's end); ``kv_growth`` (bytes/s), ``alignment_p95`` (s) and
+    ``alignment_rate`` (1/s) hold for the whole phase.
+    """
+
+    name: str
+    start_s: float
+    end_s: float
+    description: str = ""
+    gpu_memory: dict[str, float] = field(default_factory=dict)
+    gpu_memory_from: dict[str, float] = field(default_factory=dict)
+    gpu_utilization: dict[str, float] = field(default_factory=dict)
+    gpu_utilization_from: dict[str, float] = field(default_factory=dict)
+    memory_bandwidth: dict[str, float] = field(default_factory=dict)
+    memory_bandwidth_from: dict[str, float] = field(default_factory=dict)
+    kv_growth: dict[str, float] = field(default_factory=dict)
+    alignment_p95: dict[str, float] = field(default_factory=dict)
+    alignment_rate: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name, "start_s": self.start_s, "end_s": self.end_s, "description": self.description,
+            "gpu_memory": self.gpu_memory, "kv_growth_bytes_per_s": self.kv_growth,
+            "alignment_p95_s": self.alignment_p95, "alignment_rate_per_s": self.alignment_rate,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """A predicted alert-expression event (Prometheus semantics, no scrape jitter).
+
+    ``event`` is ``above`` (expression first >= threshold), ``fires`` (above for the tier's
+    ``for``), ``below`` (back under) or ``resolves`` (below + ``keep_firing_for``, only after
+    it fired). ``entity`` is a GPU UUID or an engine id.
+    """
+
+    time_s: float
+    signal: str
+    tier: str
+    event: str
+    entity: str
+    threshold: float
+    value: float
+    phase: str
+
+    def as_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    cluster: str
+    host: str
+    tick_s: float
+    gpus: list[ScenarioGpu]
+    engines: list[ScenarioEngine]
+    phases: list[Phase]
+    path: str = ""
+
+    # -- time ------------------------------------------------------------------------
+    @property
+    def duration_s(self) -> float:
+        return self.phases[-1].end_s
+
+    def phase_at(self, t: float) -> Phase:
+        """The phase in force at scenario time ``t`` (the last one after the end)."""
+        for p in self.phases:
+            if p.start_s <= t < p.end_s:
+                return p
+        return self.phases[-1] if t >= self.duration_s else self.phases[0]
+
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(f"no phase {name!r}; phases: {', '.join(p.name for p in self.phases)}")
+
+    def _ramp(self, attr: str, key: str, t: float) -> float:
+        p = self.phase_at(t)
+        end, start = getattr(p, attr).get(key, 0.0), getattr(p, attr + "_from").get(key, 0.0)
+        if p.duration_s <= 0:
+            return end
+        f = min(1.0, max(0.0, (t - p.start_s) / p.duration_s))
+        return start + (end - start) * f
+
+    def gpu(self, ref: str | int) -> ScenarioGpu:
+        for g in self.gpus:
+            if str(ref) in (g.uuid, str(g.index)):
+                return g
+        raise KeyError(f"no GPU {ref!r}")
+
+    def engine(self, eid: str) -> ScenarioEngine:
+        for e in self.engines:
+            if e.id == eid:
+                return e
+        raise KeyError(f"no engine {eid!r}")
+
+    # -- state -----------------------------------------------------------------------
+    def other_memory_ratio(self, gpu: str, t: float) -> float:
+        """Non-KV memory in use on ``gpu`` at ``t``, ratio of total."""
+        return self._ramp("gpu_memory", self.gpu(gpu).uuid, t)
+
+    def kv_used_bytes(self, eid: str, t: float) -> float:
+        """Engine-wide KV bytes in use at ``t`` (clamped to [0, pool])."""
+        e = self.engine(eid)
+        used = e.kv_start
+        for p in self.phases:
+            if t <= p.start_s:
+                break
+            dt = min(t, p.end_s) - p.start_s
+            used = min(e.pool_bytes, max(0.0, used + p.kv_growth.get(eid, 0.0) * dt))
+        return used
+
+    def _pool_share(self, gpu_uuid: str, t: float | None) -> tuple[float, float]:
+        """(pool bytes, KV used bytes) of every engine on ``gpu_uuid``."""
+        pool = used = 0.0
+        for e in self.engines:
+            if gpu_uuid in e.gpus:
+                pool += e.pool_bytes / e.tp
+                if t is not None:
+                    used += self.kv_used_bytes(e.id, t) / e.tp
+        return pool, used
+
+    def device_usage_bytes(self, gpu: str, t: float) -> float:
+        g = self.gpu(gpu)
+        pool, _ = self._pool_share(g.uuid, None)
+        return self.other_memory_ratio(g.uuid, t) * g.total + pool
+
+    def device_memory_ratio(self, gpu: str, t: float) -> float:
+        """(total - free) / total as NVML would report it."""
+        g = self.gpu(gpu)
+        return self.device_usage_bytes(g.uuid, t) / g.total
+
+    def effective_memory_ratio(self, gpu: str, t: float) -> float:
+        """(usage - KV pool free) / total: what the GPU-memory alert reads."""
+        g = self.gpu(gpu)
+        pool, used = self._pool_share(g.uuid, t)
+        return (self.device_usage_bytes(g.uuid, t) - (pool - used)) / g.total
+
+    def device_states(self, t: float) -> list[DeviceState]:
+        out = []
+        for g in self.gpus:
+            usage = int(round(self.device_usage_bytes(g.uuid, t)))
+            util = self._ramp("gpu_utilization", g.uuid, t)
+            bw = self._ramp("memory_bandwidth", g.uuid, t)
+            out.append(
+                DeviceState(
+                    uuid=g.uuid, index=g.index, name=g.name, total=g.total, free=g.total - usage,
+                    used=max(0, usage - g.reserved), reserved=g.reserved,
+                    util_gpu=100 * util, util_mem=100 * bw,
+                    power_w=g.power_idle_w + (g.power_max_w - g.power_idle_w) * util,
+                    pcie_gen_max=g.pcie_gen, pcie_width_max=g.pcie_width,
+                    tx_kbps=util * 2e6, rx_kbps=util * 4e6,  # KB/s: a few GB/s of image uploads
+                )  # fmt: skip
+            )
+        return out
+
+    def vllm_text(self, eid: str, t: float) -> str:
+        """What the engine's vLLM ``/metrics`` would say at ``t`` (KV families only)."""
+        e = self.engine(eid)
+        frac = self.kv_used_bytes(eid, t) / e.pool_bytes
+        return (
+            "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="{e.model}"}} {frac!r}\n'
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="{e.block_size}",cache_dtype="auto",engine="0",'
+            f'num_gpu_blocks="{e.num_gpu_blocks}"}} 1.0\n'
+        )
+
+    def alignment_observations(self, eid: str, tick: int) -> list[float]:
+        """Hand-off times recorded in tick ``tick`` (the interval ending at (tick+1) x tick_s)."""
+        t_end = (tick + 1) * self.tick_s
+        p = self.phase_at(t_end - 1e-9)
+        p95 = p.alignment_p95.get(eid)
+        rate = p.alignment_rate.get(eid, 0.0)
+        if not p95 or rate <= 0:
+            return []
+        n = int(round(rate * self.tick_s))
+        top = p95 / 0.95
+        return [top * (i + 0.5) / n for i in range(n)]
+
+    def ticks(self, t: float) -> int:
+        """Number of whole ticks completed by scenario time ``t``."""
+        return int(math.floor(t / self.tick_s + 1e-9))
+
+    # -- timeline and predictions -----------------------------------------------------
+    def timeline(self) -> list[dict]:
+        return [p.as_dict() for p in self.phases]
+
+    def predict(self, spec: Any = None, *, scrape_s: float | None = None) -> list[Crossing]:
+        """Predicted crossings of the three primary alert expressions, in time order.
+
+        Args:
+            spec: a loaded :class:`fusebox.generator.spec.Spec` (thresholds, ``for``,
+                windows, buckets, scrape interval), or None for the mission numbers.
+            scrape_s: sample spacing; default the spec's scrape interval (5 s).
+        """
+        tiers, windows, buckets = _DEFAULT_TIERS, dict(_DEFAULT_WINDOWS), _DEFAULT_BUCKETS
+        step = scrape_s or 5.0
+        if spec is not None:
+            tiers = {}
+            for name in _DEFAULT_TIERS:
+                sig = spec.signal(name)
+                tiers[name] = {t.name: (t.threshold, t.for_s, t.keep_firing_for_s) for t in sig.tiers}
+                if sig.window_s:
+                    windows[name] = sig.window_s
+                if sig.buckets:
+                    buckets = tuple(sig.buckets)
+            step = scrape_s or spec.scrape_interval_s
+        times = [i * step for i in range(int(self.duration_s // step) + 1)]
+        series: dict[tuple[str, str], list[float]] = {}
+        for g in self.gpus:
+            series[("gpu_memory_utilization", g.uuid)] = [self.effective_memory_ratio(g.uuid, t) for t in times]
+        for e in self.engines:
+            kv = [self.kv_used_bytes(e.id, t) for t in times]
+            series[("kv_cache_growth_rate", e.id)] = _deriv_series(times, kv, windows["kv_cache_growth_rate"])
+            series[("alignment_latency_p95", e.id)] = self._p95_series(e.id, times, buckets, windows["alignment_latency_p95"])
+        out: list[Crossing] = []
+        for (signal, entity), values in series.items():
+            for tier, (thr, for_s, kff) in tiers[signal].items():
+                out.extend(self._events(signal, tier, entity, thr, for_s, kff, times, values))
+        out.sort(key=lambda c: (c.time_s, c.signal, c.tier, c.entity))
+        return out
+
+    def _events(self, signal, tier, entity, thr, for_s, kff, times, values) -> list[Crossing]:
+        out = []
+        above_since = None
+        fired = False
+        for t, v in zip(times, values):
+            is_above = v == v and v >= thr  # NaN (no traffic) is never above (PITFALLS P1)
+            if is_above and above_since is None:
+                above_since = t
+                out.append(Crossing(t, signal, tier, "above", entity, thr, v, self.phase_at(t).name))
+            if is_above and not fired and t - above_since >= for_s:
+                fired = True
+                out.append(Crossing(t, signal, tier, "fires", entity, thr, v, self.phase_at(t).name))
+            if not is_above and above_since is not None:
+                out.append(Crossing(t, signal, tier, "below", entity, thr, v, self.phase_at(t).name))
+                if fired:
+                    out.append(Crossing(t + kff, signal, tier, "resolves", entity, thr, v, self.phase_at(t + kff).name))
+                above_since, fired = None, False
+        return out
+
+    def cumulative_buckets(self, eid: str, t: float, buckets: Sequence[float]) -> list[float]:
+        """Cumulative histogram counts (le each bound, then +Inf) of observations up to ``t``."""
+        counts = [0.0] * (len(buckets) + 1)
+        for k in range(self.ticks(t)):
+            for v in self.alignment_observations(eid, k):
+                for i, b in enumerate(buckets):
+                    if v <= b:
+                        counts[i] += 1
+                counts[-1] += 1
+        return counts
+
+    def _p95_series(self, eid: str, times: list[float], buckets: Sequence[float], window: float) -> list[float]:
+        cum = [self.cumulative_buckets(eid, t, buckets) for t in times]
+        step = times[1] - times[0] if len(times) > 1 else 1.0
+        back = int(round(window / step))
+        out = []
+        for i in range(len(times)):
+            j = max(0, i - back)
+            inc = [a - b for a, b in zip(cum[i], cum[j])]
+            out.append(_histogram_quantile(0.95, list(buckets) + [math.inf], inc))
+        return out
+
+
+def _deriv_series(times: list[float], values: list[float], window: float) -> list[float]:
+    """Prometheus ``deriv(x[window])``: least-squares slope of samples in (t - window, t]."""
+    out = []
+    for i, t in enumerate(times):
+        pts = [(tt, v) for tt, v in zip(times[: i + 1], values[: i + 1]) if tt > t - window]
+        if len(pts) < 2:
+            out.append(float("nan"))
+            continue
+        n = len(pts)
+        mx = sum(p[0] for p in pts) / n
+        my = sum(p[1] for p in pts) / n
+        sxx = sum((p[0] - mx) ** 2 for p in pts)
+        out.append(sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx)
+    return out
+
+
+def _histogram_quantile(q: float, bounds: list[float], cum: list[float]) -> float:
+    """Prometheus' ``histogram_quantile`` on cumulative counts (linear within a bucket)."""
+    total = cum[-1]
+    if total <= 0:
+        return float("nan")
+    rank = q * total
+    prev_b, prev_c = 0.0, 0.0
+    for b, c in zip(bounds, cum):
+        if c >= rank:
+            if b == math.inf:
+                return prev_b
+            if c == prev_c:
+                return b
+            return prev_b + (b - prev_b) * (rank - prev_c) / (c - prev_c)
+        prev_b, prev_c = b, c
+    return bounds[-2]
+
+
+# ------------------------------------------------------------------------- loading
+def _scenario_path(path: str | Path | None) -> Path:
+    if path is None or str(path) == DEFAULT_SCENARIO or (not Path(str(path)).exists() and "/" not in str(path)
+                                                         and not str(path).endswith((".yaml", ".yml"))):
+        name = DEFAULT_SCENARIO if path is None else str(path)
+        ref = resources.files("fusebox.collectors") / "scenarios" / f"{name}.yaml"
+        return Path(str(ref))
+    return Path(path)
+
+
+def default_scenario_path() -> Path:
+    """Path of the packaged default scenario (``collectors/scenarios/breach.yaml``)."""
+    return _scenario_path(None)
+
+
+def load_scenario(path: str | Path | None = None) -> Scenario:
+    """Load and validate a scenario file (or the packaged one by name, default ``breach``).
+
+    Raises:
+        ScenarioError: every problem, as ``file:line:col: what -- how to fix it`` lines.
+    """
+    from fusebox.generator.errors import Problem, SpecError
+    from fusebox.generator.units import parse_duration, parse_quantity
+    from fusebox.generator.yamlpos import load
+
+    p = _scenario_path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(f"{p}:1:1: cannot read the scenario ({e.strerror}) -- check the path") from None
+    try:
+        raw, pos = load(text, str(p))
+    except SpecError as e:
+        raise ScenarioError(str(e)) from None
+    problems: list[Problem] = []
+
+    def bad(where: tuple, what: str, fix: str) -> None:
+        problems.append(pos.problem(where, what, fix))
+
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{p}:1:1: a scenario is a mapping -- start from collectors/scenarios/breach.yaml")
+    if raw.get("kind") != "FuseboxScenario":
+        bad(("kind",), f"kind is {raw.get('kind')!r}", "write 'kind: FuseboxScenario'")
+
+    def dur(v: Any, where: tuple) -> float:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+            return float(v)
+        try:
+            return parse_duration(v)
+        except ValueError as e:
+            bad(where, str(e), "write a duration such as '45s' or '2m'")
+            return 0.0
+
+    def qty(v: Any, unit: str, where: tuple, example: str) -> float:
+        if unit == "ratio" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not 0 <= v <= 1:
+                bad(where, f"ratio {v} outside 0..1", f"write a fraction or a percentage, e.g. {example}")
+            return float(v)
+        if unit == "rate" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        if unit == "rate":
+            bad(where, f"{v!r} is not a number", f"write observations per second, e.g. {example}")
+            return 0.0
+        try:
+            if unit == "seconds" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+            return parse_quantity(v, unit)
+        except ValueError as e:
+            bad(where, str(e), f"write e.g. {example}")
+            return 0.0
+
+    tick = dur(raw.get("tick", "1s"), ("tick",))
+    if tick <= 0:
+        bad(("tick",), "tick must be positive", "write e.g. 'tick: 1s'")
+        tick = 1.0
+    gpus: list[ScenarioGpu] = []
+    for i, g in enumerate(raw.get("gpus") or []):
+        w = ("gpus", i)
+        if not isinstance(g, dict) or "uuid" not in g or "memory" not in g:
+            bad(w, "a GPU needs uuid and memory", "e.g. {uuid: GPU-..., index: 0, memory: 81559 MiB}")
+            continue
+        gpus.append(
+            ScenarioGpu(
+                uuid=str(g["uuid"]), index=int(g.get("index", i)), name=str(g.get("name", "Synthetic GPU")),
+                total=int(qty(g["memory"], "bytes", w + ("memory",), "'81559 MiB'")),
+                reserved=int(qty(g.get("reserved", "0 MiB"), "bytes", w + ("reserved",), "'479 MiB'")),
+                pcie_gen=int((g.get("pcie") or {}).get("gen", 5)), pcie_width=int((g.get("pcie") or {}).get("width", 16)),
+                power_idle_w=float(g.get("power_idle_w", 70)), power_max_w=float(g.get("power_max_w", 700)),
+                role=str(g.get("role", "")),
+            )  # fmt: skip
+        )
+    if not gpus:
+        bad(("gpus",), "no GPUs", "list at least one GPU under 'gpus:'")
+    uuids = {g.uuid for g in gpus}
+
+    def gpu_key(k: Any, where: tuple) -> str | None:
+        for g in gpus:
+            if str(k) in (g.uuid, str(g.index)):
+                return g.uuid
+        bad(where, f"unknown GPU {k!r}", f"use a GPU index or UUID from 'gpus:' ({', '.join(sorted(uuids))})")
+        return None
+
+    engines: list[ScenarioEngine] = []
+    for i, e in enumerate(raw.get("engines") or []):
+        w = ("engines", i)
+        if not isinstance(e, dict) or "id" not in e:
+            bad(w, "an engine needs an id", "e.g. {id: llava-0, model: ..., gpus: [0], kv_geometry: {...}}")
+            continue
+        eg = [gpu_key(x, w + ("gpus", j)) for j, x in enumerate(e.get("gpus") or [])]
+        geo_raw = e.get("kv_geometry") or {}
+        try:
+            from .kvcache import DTYPE_BYTES
+
+            geo = KvGeometry(int(geo_raw["layers"]), int(geo_raw["kv_heads"]), int(geo_raw["head_dim"]),
+                             DTYPE_BYTES[str(geo_raw.get("dtype", "float16"))], "scenario")
+        except (KeyError, ValueError, TypeError):
+            bad(w + ("kv_geometry",), "kv_geometry needs layers, kv_heads, head_dim and a known dtype",
+                "e.g. {layers: 32, kv_heads: 32, head_dim: 128, dtype: float16}")
+            continue
+        block = int(e.get("block_size", 16))
+        pool = qty(e.get("kv_pool", "0 GB"), "bytes", w + ("kv_pool",), "'40 GiB'")
+        blocks = int(pool // (block * geo.bytes_per_token))
+        if blocks <= 0:
+            bad(w + ("kv_pool",), "kv_pool holds no block", "give the pool size, e.g. 'kv_pool: 40 GiB'")
+        engines.append(ScenarioEngine(str(e["id"]), str(e.get("model", e["id"])), tuple(x for x in eg if x), geo, block,
+                                      blocks, qty(e.get("kv_start", "0 GB"), "bytes", w + ("kv_start",), "'8 GB'")))
+    eids = {e.id for e in engines}
+
+    phases: list[Phase] = []
+    t = 0.0
+    last: dict[str, dict[str, float]] = {k: {} for k in ("gpu_memory", "gpu_utilization", "memory_bandwidth",
+                                                          "kv_growth", "alignment_p95", "alignment_rate")}
+    for i, ph in enumerate(raw.get("phases") or []):
+        w = ("phases", i)
+        if not isinstance(ph, dict) or "name" not in ph or "duration" not in ph:
+            bad(w, "a phase needs name and duration", "e.g. {name: breach, duration: 90s, ...}")
+            continue
+        d = dur(ph["duration"], w + ("duration",))
+        vals: dict[str, dict[str, float]] = {}
+        for key, unit, example, keyer in (
+            ("gpu_memory", "ratio", "'76%'", "gpu"), ("gpu_utilization", "ratio", "'60%'", "gpu"),
+            ("memory_bandwidth", "ratio", "'40%'", "gpu"), ("kv_growth", "bytes_per_second", "'18 MB/s'", "engine"),
+            ("alignment_p95", "seconds", "'1.6s'", "engine"), ("alignment_rate", "rate", "20", "engine"),
+        ):  # fmt: skip
+            cur = dict(last[key])
+            given = ph.get(key) or {}
+            if not isinstance(given, dict):
+                given = {g.uuid: given for g in gpus} if keyer == "gpu" else {e: given for e in eids}
+            for k, v in given.items():
+                if keyer == "gpu":
+                    kk = gpu_key(k, w + (key, k))
+                else:
+                    kk = str(k) if str(k) in eids else None
+                    if kk is None:
+                        bad(w + (key, k), f"unknown engine {k!r}", f"use an engine id from 'engines:' ({', '.join(sorted(eids))})")
+                if kk:
+                    cur[kk] = qty(v, unit, w + (key, k), example)
+            vals[key] = cur
+        phases.append(
+            Phase(
+                name=str(ph["name"]), start_s=t, end_s=t + d, description=str(ph.get("description", "")),
+                gpu_memory=vals["gpu_memory"], gpu_memory_from=dict(last["gpu_memory"]) if phases else vals["gpu_memory"],
+                gpu_utilization=vals["gpu_utilization"],
+                gpu_utilization_from=dict(last["gpu_utilization"]) if phases else vals["gpu_utilization"],
+                memory_bandwidth=vals["memory_bandwidth"],
+                memory_bandwidth_from=dict(last["memory_bandwidth"]) if phases else vals["memory_bandwidth"],
+                kv_growth=vals["kv_growth"], alignment_p95=vals["alignment_p95"], alignment_rate=vals["alignment_rate"],
+            )  # fmt: skip
+        )
+        last = vals
+        t += d
+    if not phases:
+        bad(("phases",), "no phases", "list at least one phase under 'phases:'")
+    names = [p.name for p in phases]
+    for i, n in enumerate(names):
+        if names.index(n) != i:
+            bad(("phases", i, "name"), f"phase name {n!r} used twice", "give each phase its own name")
+    if problems:
+        raise ScenarioError("\n".join(str(pr) for pr in problems))
+    meta = raw.get("metadata") or {}
+    sc = Scenario(str(meta.get("name", p.stem)), str(meta.get("description", "")), str(raw.get("cluster", "")),
+                  str(raw.get("host", "fusebox-scenario")), tick, gpus, engines, phases, str(p))
+    # physical sanity: usage may never exceed the card
+    for g in gpus:
+        for k in range(int(sc.duration_s) + 1):
+            if sc.device_usage_bytes(g.uuid, k) > g.total:
+                raise ScenarioError(f"{p}:{pos.at(('gpus',))[0]}:1: GPU {g.uuid} would use more than its memory at "
+                                    f"t={k}s -- lower gpu_memory targets or the engines' kv_pool on it")
+    return sc
+
+
+# ------------------------------------------------------------------------- the runner
+class ScenarioRunner:
+    """Drives a :class:`Scenario` through the real collectors into a
+    :class:`~fusebox.collectors.export.Pipeline` (which must have the alignment histogram).
+
+    :meth:`step` collects one round at scenario time ``t``; alignment observations of every
+    tick completed by ``t`` and not yet recorded are recorded first, so ``step(T)`` alone
+    gives the cumulative histogram of a run that reached T.
+    """
+
+    KEYS = ("gpu_up", "gpu_memory_usage", "gpu_memory_limit", "gpu_memory_reserved", "gpu_utilization",
+            "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power",
+            "kv_cache_usage", "kv_cache_limit")  # fmt: skip
+
+    def __init__(self, scenario: Scenario, pipeline: Any):
+        from .gpu import GpuCollector
+
+        self.sc = scenario
+        self.pipeline = pipeline
+        self.t = 0.0
+        self.nvml = SyntheticNvml(lambda: self.sc.device_states(self.t))
+        self.gpu = GpuCollector(self.nvml, clock=lambda: self.t).open()
+        self.kv = {
+            e.id: KvCollector([f"scenario://{e.id}/metrics"], e.geometry, gpus=e.gpus, engine_id=e.id, model=e.model,
+                              fetch=lambda ep, _to, eid=e.id: self.sc.vllm_text(eid, self.t))
+            for e in scenario.engines
+        }  # fmt: skip
+        self._ticks_done = 0
+
+    def step(self, t: float) -> list:
+        self.t = t
+        done = self.sc.ticks(t)
+        hist = self.pipeline.alignment
+        for k in range(self._ticks_done, done):
+            for e in self.sc.engines:
+                for v in self.sc.alignment_observations(e.id, k):
+                    hist.record(v, {A["engine"]: e.id, A["model"]: e.model})
+        self._ticks_done = max(self._ticks_done, done)
+        readings = self.gpu.collect()
+        for kv in self.kv.values():
+            readings.extend(kv.collect())
+        self.pipeline.set_readings(readings)
+        return readings
+
+    def run(self, *, speed: float = 1.0, clock: Callable[[], float] | None = None,
+            sleep: Callable[[float], None] | None = None, say: Callable[[str], None] = print,
+            until: float | None = None) -> None:
+        """Real-time loop: one step per tick (wall tick = tick / speed), exporting each round."""
+        import time as _time
+
+        clock = clock or _time.monotonic
+        sleep = sleep or _time.sleep
+        end = self.sc.duration_s if until is None else until
+        start = clock()
+        phase = None
+        k = 0
+        while True:
+            t = min(end, k * self.sc.tick_s)
+            p = self.sc.phase_at(t)
+            if p.name != phase:
+                phase = p.name
+                say(f"scenario t={t:.0f}s phase={p.name} ({p.start_s:.0f}s-{p.end_s:.0f}s) {p.description}".rstrip())
+            self.step(t)
+            self.pipeline.export_round()
+            if t >= end:
+                break
+            k += 1
+            wait = start + (k * self.sc.tick_s) / speed - clock()
+            if wait > 0:
+                sleep(wait)
+        say(f"scenario t={end:.0f}s done")

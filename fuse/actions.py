@@ -1,0 +1,117 @@
+"""Action adapters: what a decision does outside the service.
+
+Every adapter has a stable ``name`` (the outbox key), ``wants(payload) -> bool`` and
+``apply(payload)``, which returns when the action is applied and raises :class:`ActionError`
+otherwise; the dispatcher retries with backoff until it returns. ``payload`` is the gateway
+control body: ``{"action", "level", "state": "trip"|"release", "reason", "scope", "decision_id"}``.
+
+* :class:`HttpGateway`: ``POST <gateway>/v1/control/fuse`` with a bearer token (the seed's
+  control call); the gateway is idempotent per ``decision_id`` (also sent as ``Idempotency-Key``).
+* :class:`VllmResetPrefixCache`: ``POST <engine>/reset_prefix_cache`` on a level-3 trip
+  (vLLM's API server; only on a trip: there is nothing to undo on release).
+* :class:`DryRun`: logs the decision and calls nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Protocol
+
+import httpx
+
+log = logging.getLogger("fusebox.fuse")
+
+__all__ = ["ActionError", "Adapter", "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "CONTROL_PATH"]
+
+CONTROL_PATH = "/v1/control/fuse"
+TOKEN_ENV = "FUSEBOX_GATEWAY_TOKEN"
+
+
+class ActionError(RuntimeError):
+    """The action was not applied (connection refused, timeout, non-2xx); retry later."""
+
+
+class Adapter(Protocol):
+    name: str
+
+    def wants(self, payload: dict) -> bool: ...
+
+    def apply(self, payload: dict) -> None: ...
+
+
+def read_token(path: Optional[str] = None, env: Optional[str] = TOKEN_ENV) -> Optional[str]:
+    """A bearer token from env var ``env`` (when set) or from the file ``path`` (stripped); None if neither."""
+    if env and os.environ.get(env):
+        return os.environ[env].strip()
+    if path:
+        return Path(path).read_text(encoding="utf-8").strip()
+    return None
+
+
+class HttpGateway:
+    """The generic control call: ``POST <url>/v1/control/fuse`` (timeout in seconds)."""
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout_s: float = 5.0):
+        self.url = url.rstrip("/") + CONTROL_PATH
+        self.name = "gateway"
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def wants(self, payload: dict) -> bool:
+        return True
+
+    def apply(self, payload: dict) -> None:
+        try:
+            r = self._client.post(self.url, json=payload,
+                                  headers={**self._headers, "Idempotency-Key": payload["decision_id"]})
+        except httpx.HTTPError as e:
+            raise ActionError(f"{self.url}: {type(e).__name__}: {e}") from None
+        if not 200 <= r.status_code < 300:
+            raise ActionError(f"{self.url}: HTTP {r.status_code} {r.text[:200]}")
+
+
+class VllmResetPrefixCache:
+    """vLLM's ``POST /reset_prefix_cache`` on a trip of ``action`` (default kv_cache_eviction).
+
+    ``engine``: only scopes whose ``engine`` label equals it (None: every scope).
+    """
+
+    def __init__(self, base_url: str, engine: Optional[str] = None, action: str = "kv_cache_eviction",
+                 timeout_s: float = 5.0):
+        self.url = base_url.rstrip("/") + "/reset_prefix_cache"
+        self.engine = engine
+        self.action = action
+        self.name = f"vllm:{engine or '*'}:{base_url.rstrip('/')}"
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def wants(self, payload: dict) -> bool:
+        if payload["state"] != "trip" or payload["action"] != self.action:
+            return False
+        return self.engine is None or payload["scope"].get("engine") == self.engine
+
+    def apply(self, payload: dict) -> None:
+        try:
+            r = self._client.post(self.url)
+        except httpx.HTTPError as e:
+            raise ActionError(f"{self.url}: {type(e).__name__}: {e}") from None
+        if not 200 <= r.status_code < 300:
+            raise ActionError(f"{self.url}: HTTP {r.status_code}")
+
+
+class DryRun:
+    """Logs what would be done; never fails."""
+
+    name = "dry-run"
+
+    def __init__(self):
+        self.seen: list[dict] = []
+
+    def wants(self, payload: dict) -> bool:
+        return True
+
+    def apply(self, payload: dict) -> None:
+        self.seen.append(payload)
+        log.warning("dry-run: would %s %s (level %s) on %s: %s", payload["state"], payload["action"],
+                    payload["level"], payload["scope"], payload["reason"])

@@ -1,0 +1,286 @@
+"""The tiered breaker: a pure state machine, ``(alerts | override | time) -> decisions``.
+
+No I/O and no clock of its own: every call takes ``now`` (Unix seconds). The service persists
+:meth:`Breaker.snapshot` after every change and feeds :meth:`Breaker.restore` at start.
+
+Rules (issue 5, STYLE.md section 8):
+
+* Per scope (the SCOPE_LABELS present in the alert) and per level (the spec's action levels,
+  1 freeze admissions, 2 text-only fallback, 3 KV-cache eviction), a level is tripped while at
+  least one firing alert holds it.
+* An alert is identified by its fingerprint; an instance of it by its ``startsAt``. The same
+  notification resent, an HA pair's duplicate, or a "firing" whose ``startsAt`` is not after a
+  "resolved" already seen for that fingerprint (a stale firing) changes nothing.
+* When the last holder of a tripped level resolves, the level is released only after
+  ``hold_s`` seconds without any holder (hysteresis); a holder firing meanwhile cancels the
+  release, so a signal flapping around its threshold trips at most once per hold time.
+* Only an explicit "resolved" alert removes a holder; alerts missing from a notification
+  (``truncatedAlerts`` > 0 or otherwise) never release anything.
+* An override forces a level of a scope tripped or released until it expires; then the level
+  follows its holders again (released at once when none holds it).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Optional
+
+from .payload import AlertEvent, Notification
+from .rules import FuseRules, scope_key, scope_of
+
+__all__ = ["Decision", "Outcome", "Breaker", "OverrideError"]
+
+# How long a "resolved" is remembered to reject a stale "firing" of the same alert instance.
+TOMBSTONE_S = 24 * 3600.0
+
+
+class OverrideError(ValueError):
+    """An override names an unknown level or a non-positive duration."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A change of one level of one scope, to be told to the gateway.
+
+    kind: "trip" | "release". source: "alert" | "hold_expired" | "override" | "override_expired".
+    alerts: ``alertname/fingerprint`` of the alerts holding the level at the time.
+    """
+
+    kind: str
+    scope: dict
+    scope_key: str
+    level: int
+    action: str
+    reason: str
+    source: str
+    at: float
+    alerts: tuple = ()
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["alerts"] = list(self.alerts)
+        return d
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one alert of a notification did: "tripped", "held", "duplicate", "stale", "no_fuse",
+    "resolved" (a holder left), "release_pending" (the last one left; hold started),
+    "not_held" (a resolved alert that held nothing)."""
+
+    fingerprint: str
+    alertname: str
+    result: str
+
+
+@dataclass
+class _Level:
+    tripped: bool = False
+    holders: dict = field(default_factory=dict)  # fingerprint -> {"start": s, "alert": name}
+    release_at: Optional[float] = None
+    tripped_at: Optional[float] = None
+    override: Optional[dict] = None  # {"mode": "trip"|"release", "until": t, "reason": str}
+
+
+class Breaker:
+    """Per-scope, per-level fuse state. Not thread-safe: the service serialises calls."""
+
+    def __init__(self, rules: FuseRules, hold_s: float = 300.0):
+        if hold_s < 0:
+            raise ValueError("hold_s must be >= 0")
+        self.rules = rules
+        self.hold_s = float(hold_s)
+        self.scopes: dict[str, dict] = {}  # key -> {"labels": {...}, "levels": {level: _Level}}
+        self.resolved: dict[str, list] = {}  # fingerprint -> [latest resolved startsAt, seen at]
+
+    # ------------------------------------------------------------------ inputs
+    def on_notification(self, note: Notification, now: float) -> tuple[list[Decision], list[Outcome]]:
+        """Apply every alert of a notification; returns the decisions and one outcome per alert."""
+        decisions = self.tick(now)
+        outcomes = []
+        for a in note.alerts:
+            d, o = self._on_alert(a, now)
+            outcomes.append(o)
+            if d:
+                decisions.append(d)
+        return decisions, outcomes
+
+    def tick(self, now: float) -> list[Decision]:
+        """Release levels whose hold time has passed, end expired overrides, forget old tombstones."""
+        out = []
+        for key, sc in self.scopes.items():
+            for lvl, st in sorted(sc["levels"].items()):
+                if st.override and st.override["until"] <= now:
+                    st.override = None
+                    if not st.holders:
+                        st.release_at = None
+                    d = self._settle(key, lvl, now, "override_expired", "override expired")
+                    if d:
+                        out.append(d)
+                elif st.release_at is not None and st.release_at <= now and not st.holders:
+                    st.release_at = None
+                    d = self._settle(key, lvl, now, "hold_expired", f"no alert for the hold time ({self.hold_s:g}s)")
+                    if d:
+                        out.append(d)
+        for fp in [fp for fp, (_, seen) in self.resolved.items() if now - seen > TOMBSTONE_S]:
+            del self.resolved[fp]
+        return out
+
+    def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, now: float) -> list[Decision]:
+        """Force ``level`` of ``scope`` tripped (mode "trip") or released ("release") for ``duration_s``.
+
+        Raises:
+            OverrideError: unknown level, mode, or a duration <= 0.
+        """
+        if level not in self.rules.levels:
+            raise OverrideError(f"unknown fuse level {level}; the spec has {sorted(self.rules.levels)}")
+        if mode not in ("trip", "release"):
+            raise OverrideError("mode must be 'trip' or 'release'")
+        if not duration_s or duration_s <= 0:
+            raise OverrideError("expires_in_s must be > 0")
+        scope = scope_of(scope)
+        key = scope_key(scope)
+        st = self._level(key, scope, level)
+        st.override = {"mode": mode, "until": now + duration_s, "reason": reason}
+        st.release_at = None
+        d = self._settle(key, level, now, "override", f"override {mode}: {reason}")
+        return [d] if d else []
+
+    # ------------------------------------------------------------------ queries
+    def levels(self, now: Optional[float] = None) -> dict[str, int]:
+        """scope key -> highest tripped level (scopes with nothing tripped are left out)."""
+        out = {}
+        for key, sc in self.scopes.items():
+            tripped = [lvl for lvl, st in sc["levels"].items() if st.tripped]
+            if tripped:
+                out[key] = max(tripped)
+        return out
+
+    def view(self) -> list[dict]:
+        """Every known scope with its levels, holders, pending releases and overrides (JSON-able)."""
+        out = []
+        for key in sorted(self.scopes):
+            sc = self.scopes[key]
+            levels = {}
+            for lvl, st in sorted(sc["levels"].items()):
+                levels[str(lvl)] = {
+                    "action": self.rules.levels.get(lvl, ""),
+                    "tripped": st.tripped,
+                    "tripped_at": st.tripped_at,
+                    "release_at": st.release_at,
+                    "override": copy.deepcopy(st.override),
+                    "alerts": [f"{h['alert']}/{fp}" for fp, h in sorted(st.holders.items())],
+                }
+            tripped = [int(k) for k, v in levels.items() if v["tripped"]]
+            out.append({"key": key, "labels": dict(sc["labels"]), "level": max(tripped, default=0), "levels": levels})
+        return out
+
+    # ------------------------------------------------------------------ persistence
+    def snapshot(self) -> dict:
+        """JSON-able state; :meth:`restore` takes it back."""
+        return {
+            "version": 1,
+            "scopes": {
+                key: {"labels": sc["labels"], "levels": {str(lvl): asdict(st) for lvl, st in sc["levels"].items()}}
+                for key, sc in self.scopes.items()
+            },
+            "resolved": self.resolved,
+        }
+
+    def restore(self, snap: dict) -> None:
+        if not snap:
+            return
+        self.scopes = {
+            key: {"labels": dict(sc["labels"]), "levels": {int(lvl): _Level(**st) for lvl, st in sc["levels"].items()}}
+            for key, sc in snap.get("scopes", {}).items()
+        }
+        self.resolved = {fp: list(v) for fp, v in snap.get("resolved", {}).items()}
+
+    # ------------------------------------------------------------------ machinery
+    def _level(self, key: str, scope: dict, level: int) -> _Level:
+        sc = self.scopes.setdefault(key, {"labels": dict(scope), "levels": {}})
+        return sc["levels"].setdefault(level, _Level())
+
+    def _find_holder(self, fp: str) -> Optional[tuple[str, int, _Level]]:
+        for key, sc in self.scopes.items():
+            for lvl, st in sc["levels"].items():
+                if fp in st.holders:
+                    return key, lvl, st
+        return None
+
+    def _on_alert(self, a: AlertEvent, now: float) -> tuple[Optional[Decision], Outcome]:
+        name = a.labels.get("alertname", "")
+        target = self.rules.target(a.labels)
+        if target is None:
+            return None, Outcome(a.fingerprint, name, "no_fuse")
+        scope = scope_of(a.labels)
+        key = scope_key(scope)
+        if a.status == "firing":
+            tomb = self.resolved.get(a.fingerprint)
+            if tomb and a.starts_at <= tomb[0]:
+                return None, Outcome(a.fingerprint, name, "stale")
+            st = self._level(key, scope, target.level)
+            held = st.holders.get(a.fingerprint)
+            if held is not None and a.starts_at <= held["start"]:
+                return None, Outcome(a.fingerprint, name, "duplicate")
+            st.holders[a.fingerprint] = {"start": a.starts_at, "alert": name}
+            st.release_at = None
+            was = st.tripped
+            d = self._settle(key, target.level, now, "alert", f"{name} firing")
+            return d, Outcome(a.fingerprint, name, "tripped" if d else ("held" if was else "overridden"))
+        # resolved
+        tomb = self.resolved.get(a.fingerprint)
+        if not tomb or a.starts_at > tomb[0]:
+            self.resolved[a.fingerprint] = [a.starts_at, now]
+        found = self._find_holder(a.fingerprint)
+        if not found or found[2].holders[a.fingerprint]["start"] > a.starts_at:
+            return None, Outcome(a.fingerprint, name, "not_held")
+        fkey, lvl, st = found
+        del st.holders[a.fingerprint]
+        if st.holders:
+            return None, Outcome(a.fingerprint, name, "resolved")
+        if st.tripped and not (st.override and st.override["until"] > now):
+            st.release_at = now + self.hold_s
+            d = self._settle(fkey, lvl, now, "hold_expired", f"no alert for the hold time ({self.hold_s:g}s)") if self.hold_s == 0 else None
+            if d:
+                st.release_at = None
+                return d, Outcome(a.fingerprint, name, "resolved")
+            return None, Outcome(a.fingerprint, name, "release_pending")
+        return None, Outcome(a.fingerprint, name, "resolved")
+
+    def _desired(self, st: _Level, now: float) -> bool:
+        if st.override and st.override["until"] > now:
+            return st.override["mode"] == "trip"
+        return bool(st.holders) or (st.release_at is not None and now < st.release_at)
+
+    def _settle(self, key: str, level: int, now: float, source: str, reason: str) -> Optional[Decision]:
+        sc = self.scopes[key]
+        st = sc["levels"][level]
+        want = self._desired(st, now)
+        if want == st.tripped:
+            return None
+        st.tripped = want
+        st.tripped_at = now if want else None
+        if not want:
+            st.release_at = None
+        return Decision(
+            kind="trip" if want else "release", scope=dict(sc["labels"]), scope_key=key, level=level,
+            action=self.rules.levels.get(level, ""), reason=reason, source=source, at=now,
+            alerts=tuple(f"{h['alert']}/{fp}" for fp, h in sorted(st.holders.items())),
+        )
+
+
+def replay(rules: FuseRules, hold_s: float, steps: Iterable[tuple[float, object]]) -> list[Decision]:
+    """Feed ``(now, Notification | None)`` steps (None = a tick) and collect every decision.
+
+    A helper for tests and the benchmark: the whole breaker behaviour as a pure function.
+    """
+    b = Breaker(rules, hold_s)
+    out: list[Decision] = []
+    for now, item in steps:
+        if item is None:
+            out.extend(b.tick(now))
+        else:
+            out.extend(b.on_notification(item, now)[0])
+    return out

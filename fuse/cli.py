@@ -1,0 +1,137 @@
+"""``fusebox fuse serve`` (the Alertmanager webhook -> breaker -> gateway service) and
+``fusebox fuse gateway`` (the reference gateway that logs what it is told)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+DEFAULT_LISTEN = "127.0.0.1:9095"
+DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
+
+
+def _hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, e.g. 300") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return v
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker)",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="fuse_command", required=True, metavar="SUBCOMMAND")
+
+    s = sub.add_parser("serve", help="receive Alertmanager notifications and trip/release fuses on the gateway")
+    s.add_argument("--spec", default="fusebox.yaml", help="the fusebox spec (levels and actions per alert)")
+    s.add_argument("--listen", type=_hostport, default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
+    s.add_argument("--state", default="fusebox-fuse.sqlite", help="SQLite file for state, outbox and audit log")
+    s.add_argument("--token-file", required=True,
+                   help="bearer token Alertmanager (credentials_file) and SREs present; first line of the file")
+    s.add_argument("--gateway-url", help="inference gateway base URL; POST <url>/v1/control/fuse")
+    s.add_argument("--gateway-token-file", help="token for the gateway (env FUSEBOX_GATEWAY_TOKEN wins)")
+    s.add_argument("--dry-run", action="store_true", help="log each decision, call nothing")
+    s.add_argument("--hold", type=_seconds, default=300.0, help="seconds without alerts before a release (default 300)")
+    s.add_argument("--retry-backoff", type=_seconds, default=0.5, help="first retry delay, doubling (default 0.5 s)")
+    s.add_argument("--retry-max", type=_seconds, default=30.0, help="longest retry delay (default 30 s)")
+    s.add_argument("--timeout", type=_seconds, default=5.0, help="per-call timeout to the gateway (default 5 s)")
+    s.add_argument("--tick", type=_seconds, default=1.0, help="how often hold times are checked (default 1 s)")
+    s.add_argument("--vllm-url", action="append", default=[], metavar="[ENGINE=]URL",
+                   help="vLLM server to POST /reset_prefix_cache on a KV-eviction trip (repeatable)")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=serve)
+
+    g = sub.add_parser("gateway", help="reference gateway: accept POST /v1/control/fuse and log it as JSON lines")
+    g.add_argument("--listen", type=_hostport, default=DEFAULT_GATEWAY_LISTEN,
+                   help=f"HOST:PORT (default {DEFAULT_GATEWAY_LISTEN})")
+    g.add_argument("--log", required=True, help="JSON-lines file, one line per control call")
+    g.add_argument("--token-file", help="require this bearer token (env FUSEBOX_GATEWAY_TOKEN wins)")
+    g.set_defaults(func=gateway)
+
+
+def _err(msg: str) -> int:
+    print(f"fusebox fuse: {msg}", file=sys.stderr)
+    return 2
+
+
+def build_service(args):
+    """The service and its bearer token from parsed ``serve`` arguments (no server started)."""
+    from fusebox.generator.spec import load_spec
+
+    from .actions import DryRun, HttpGateway, VllmResetPrefixCache, read_token
+    from .rules import FuseRules
+    from .service import FuseService
+    from .store import Store
+
+    spec = load_spec(args.spec)
+    token = read_token(args.token_file, env=None)
+    if args.dry_run:
+        adapters = [DryRun()]
+    else:
+        if not args.gateway_url:
+            raise ValueError("--gateway-url is required unless --dry-run")
+        adapters = [HttpGateway(args.gateway_url, read_token(args.gateway_token_file), args.timeout)]
+        for item in args.vllm_url:
+            engine, sep, url = item.partition("=")
+            if not sep or "://" in engine:
+                engine, url = None, item
+            adapters.append(VllmResetPrefixCache(url, engine, timeout_s=args.timeout))
+    service = FuseService(FuseRules.from_spec(spec), Store(args.state), adapters, hold_s=args.hold,
+                          backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),
+                          tick_s=max(args.tick, 0.01), dry_run=args.dry_run)
+    return service, token
+
+
+def serve(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from fusebox.generator.errors import SpecError
+
+    try:
+        service, token = build_service(args)
+    except SpecError as e:
+        return _err(str(e))
+    except (OSError, ValueError) as e:
+        return _err(str(e))
+    if not token:
+        return _err(f"{args.token_file}: empty token file")
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(service, token)
+    host, port = args.listen
+    service.start()
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    finally:
+        service.stop()
+        service.store.close()
+    return 0
+
+
+def gateway(args) -> int:
+    from .actions import read_token
+    from .gateway import ReferenceGateway
+
+    try:
+        token = read_token(args.token_file)
+        gw = ReferenceGateway(*args.listen, args.log, token)
+    except OSError as e:
+        return _err(str(e))
+    print(f"fusebox fuse gateway: listening on {gw.url}, logging to {args.log}", file=sys.stderr, flush=True)
+    try:
+        gw.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0

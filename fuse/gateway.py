@@ -1,0 +1,123 @@
+"""A tiny reference inference gateway for tests and the demo: it only records what it is told.
+
+``POST /v1/control/fuse`` with ``{"action", "level", "state": "trip"|"release", "reason",
+"scope", "decision_id"}`` appends one JSON line to the log file per request:
+``{"at", "decision_id", "action", "level", "state", "reason", "scope", "duplicate"}``;
+``duplicate`` is true when the decision id was already applied (idempotent: nothing changes,
+200 again). Bad JSON or missing fields: 400, not logged. With a token, a missing or wrong
+bearer token: 401, not logged. ``GET /v1/control/fuse`` returns the applied state,
+``{"<scope key> <action>": "trip"|"release"}``. Decision ids are reloaded from the log at start.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Optional
+
+from .actions import CONTROL_PATH
+from .rules import scope_key
+
+__all__ = ["ReferenceGateway", "read_log"]
+
+_FIELDS = {"action": str, "level": int, "state": str, "reason": str, "scope": dict, "decision_id": str}
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """Every JSON line of a reference gateway log (empty when the file does not exist)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class ReferenceGateway:
+    """Run with :meth:`start` (background thread) or :meth:`serve_forever`; ``port`` 0 picks one."""
+
+    def __init__(self, host: str, port: int, log_path: str | Path, token: Optional[str] = None):
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.token = token
+        self.applied: dict[str, dict] = {}
+        self.state: dict[str, str] = {}
+        for rec in read_log(self.log_path):
+            if not rec.get("duplicate"):
+                self._apply(rec)
+        self._lock = threading.Lock()
+        gw = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _send(self, code: int, obj) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/healthz":
+                    return self._send(200, "ok")
+                if self.path == CONTROL_PATH:
+                    with gw._lock:
+                        return self._send(200, dict(gw.state))
+                self._send(404, {"error": "not found"})
+
+            def do_POST(self):
+                if self.path != CONTROL_PATH:
+                    return self._send(404, {"error": "not found"})
+                if gw.token and not hmac.compare_digest(self.headers.get("Authorization", "").encode(),
+                                                        f"Bearer {gw.token}".encode()):
+                    return self._send(401, {"error": "missing or wrong bearer token"})
+                try:
+                    n = int(self.headers.get("Content-Length") or 0)
+                    rec = json.loads(self.rfile.read(n))
+                    for k, t in _FIELDS.items():
+                        if not isinstance(rec.get(k), t):
+                            raise ValueError(f"field {k!r} must be {t.__name__}")
+                    if rec["state"] not in ("trip", "release"):
+                        raise ValueError("state must be 'trip' or 'release'")
+                except (ValueError, json.JSONDecodeError) as e:
+                    return self._send(400, {"error": str(e)})
+                with gw._lock:
+                    dup = rec["decision_id"] in gw.applied
+                    line = {"at": time.time(), **{k: rec[k] for k in _FIELDS}, "duplicate": dup}
+                    with gw.log_path.open("a", encoding="utf-8") as f:
+                        f.write(json.dumps(line, sort_keys=True) + "\n")
+                    if not dup:
+                        gw._apply(line)
+                self._send(200, {"applied": not dup, "duplicate": dup})
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.host, self.port = self.server.server_address[:2]
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _apply(self, rec: dict) -> None:
+        self.applied[rec["decision_id"]] = rec
+        self.state[f"{scope_key(rec['scope'])} {rec['action']}"] = rec["state"]
+
+    def start(self) -> "ReferenceGateway":
+        self._thread = threading.Thread(target=self.server.serve_forever, name="ref-gateway", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self.server.serve_forever()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        if self._thread:
+            self._thread.join(timeout=5)

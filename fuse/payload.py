@@ -1,0 +1,157 @@
+"""Alertmanager webhook payloads (versions 0, 3 and 4) to plain :class:`AlertEvent` values.
+
+Alertmanager's webhook notifier sends ``{"version": "4", "status", "alerts": [...],
+"groupKey", "truncatedAlerts", ...}`` (notify/webhook/webhook.go). Older senders and hand-made
+payloads differ: version 0 and 3 have no ``fingerprint``; some alerts carry no ``status``
+(then it is derived from ``endsAt``, as Alertmanager itself does); ``version`` and
+``groupKey`` may be integers. Unknown fields are ignored. What cannot be used (no alerts list,
+an alert without labels or without ``startsAt``) raises :class:`PayloadError`, which the HTTP
+layer turns into a 400 that changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "fingerprint", "parse_time"]
+
+# Alertmanager's model.SeparatorByte and FNV-1a 64 (prometheus/common model/signature.go).
+_SEP = b"\xff"
+_FNV_OFFSET = 14695981039346656037
+_FNV_PRIME = 1099511628211
+_ZERO_YEAR = 1  # Go's zero time, "0001-01-01T00:00:00Z": "no end known"
+
+
+class PayloadError(ValueError):
+    """The payload cannot be used; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    """One alert of a notification.
+
+    ``starts_at``/``ends_at`` are Unix seconds (``ends_at`` None when Go's zero time);
+    ``fingerprint`` is the one Alertmanager sent, or the one it would have computed.
+    """
+
+    status: str  # "firing" | "resolved"
+    labels: dict[str, str]
+    fingerprint: str
+    starts_at: float
+    ends_at: float | None
+
+
+@dataclass(frozen=True)
+class Notification:
+    version: str
+    status: str
+    group_key: str
+    receiver: str
+    truncated_alerts: int
+    alerts: tuple[AlertEvent, ...]
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    """Alertmanager's alert fingerprint: FNV-1a 64 over sorted ``name 0xff value 0xff``, as %016x."""
+    h = _FNV_OFFSET
+    for name in sorted(labels):
+        for chunk in (name.encode(), _SEP, str(labels[name]).encode(), _SEP):
+            for b in chunk:
+                h ^= b
+                h = (h * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def parse_time(value: Any, where: str) -> float | None:
+    """RFC 3339 with 0-9 fractional digits and Z or an offset -> Unix seconds; Go's zero time -> None."""
+    if not isinstance(value, str) or not value:
+        raise PayloadError(f"{where}: expected an RFC 3339 time string, got {value!r}")
+    s = value.strip()
+    if s.endswith(("Z", "z")):
+        s = s[:-1] + "+00:00"
+    # Python parses at most 6 fractional digits; Go writes up to 9.
+    head, dot, rest = s.partition(".")
+    if dot:
+        n = 0
+        while n < len(rest) and rest[n].isdigit():
+            n += 1
+        digits, tz = rest[:n], rest[n:]
+        s = f"{head}.{digits[:6].ljust(6, '0')}{tz}"
+    try:
+        t = datetime.fromisoformat(s)
+    except ValueError:
+        raise PayloadError(f"{where}: {value!r} is not an RFC 3339 time") from None
+    if t.year <= _ZERO_YEAR:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.timestamp()
+
+
+def _str_dict(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PayloadError(f"{where}: expected an object of strings")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def parse_payload(body: bytes | str | dict, now: float) -> Notification:
+    """Parse a webhook body.
+
+    Args:
+        body: the raw request body (JSON) or an already decoded object.
+        now: Unix seconds, used to derive a missing per-alert status from ``endsAt``.
+
+    Raises:
+        PayloadError: malformed JSON, no ``alerts`` list, an alert without labels, alertname or
+            startsAt, or an unknown status.
+    """
+    if isinstance(body, (bytes, str)):
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise PayloadError(f"body is not JSON: {e}") from None
+    else:
+        data = body
+    if not isinstance(data, dict):
+        raise PayloadError("body must be a JSON object (Alertmanager webhook payload)")
+    alerts_raw = data.get("alerts")
+    if not isinstance(alerts_raw, list):
+        raise PayloadError("'alerts' must be a list")
+    group_status = data.get("status")
+    if group_status is not None and group_status not in ("firing", "resolved"):
+        raise PayloadError(f"'status' must be 'firing' or 'resolved', got {group_status!r}")
+    truncated = data.get("truncatedAlerts", 0) or 0
+    if not isinstance(truncated, int) or isinstance(truncated, bool) or truncated < 0:
+        raise PayloadError("'truncatedAlerts' must be a non-negative integer")
+    out = []
+    for i, a in enumerate(alerts_raw):
+        where = f"alerts[{i}]"
+        if not isinstance(a, dict):
+            raise PayloadError(f"{where}: expected an object")
+        labels = _str_dict(a.get("labels"), f"{where}.labels")
+        if "alertname" not in labels:
+            raise PayloadError(f"{where}.labels: no 'alertname'")
+        starts = parse_time(a.get("startsAt"), f"{where}.startsAt")
+        if starts is None:
+            raise PayloadError(f"{where}.startsAt: zero time")
+        ends = parse_time(a["endsAt"], f"{where}.endsAt") if a.get("endsAt") else None
+        status = a.get("status")
+        if status is None:
+            # Alertmanager: resolved when endsAt is set and not after now (types.Alert.Resolved).
+            status = "resolved" if ends is not None and ends <= now else "firing"
+        if status not in ("firing", "resolved"):
+            raise PayloadError(f"{where}.status must be 'firing' or 'resolved', got {status!r}")
+        fp = a.get("fingerprint")
+        if not isinstance(fp, str) or not fp:
+            fp = fingerprint(labels)
+        out.append(AlertEvent(status, labels, fp, starts, ends))
+    return Notification(
+        version=str(data.get("version", "")), status=str(group_status or ""),
+        group_key=str(data.get("groupKey", "")), receiver=str(data.get("receiver", "")),
+        truncated_alerts=truncated, alerts=tuple(out),
+    )

@@ -1,0 +1,159 @@
+"""SQLite persistence: the breaker's state, an outbox of actions to apply, an append-only audit log.
+
+One file (``--state PATH``), WAL journal, ``synchronous=FULL``: a decision is on disk, with the
+actions it needs, before the webhook answers 200, so a crash or restart loses none and repeats
+none. Tables:
+
+* ``meta(key, value)``: ``breaker`` = the JSON snapshot of :class:`fusebox.fuse.breaker.Breaker`.
+* ``outbox(seq, decision_id, adapter, payload, received, status, attempts, last_error, applied_at)``:
+  one row per decision and adapter, applied strictly in ``seq`` order.
+* ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``:
+  triggers reject UPDATE and DELETE, so the log can only grow.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Iterable, Optional
+
+__all__ = ["Store", "StoreError"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  decision_id TEXT NOT NULL, adapter TEXT NOT NULL, payload TEXT NOT NULL,
+  received REAL NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
+  attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, applied_at REAL,
+  UNIQUE (decision_id, adapter));
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (status, seq);
+CREATE TABLE IF NOT EXISTS audit (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, kind TEXT NOT NULL,
+  decision_id TEXT, scope_key TEXT, level INTEGER, action TEXT, source TEXT, reason TEXT,
+  detail TEXT NOT NULL DEFAULT '{}');
+CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
+  BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
+  BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+"""
+
+
+class StoreError(RuntimeError):
+    """The database could not be written (disk full, locked, read-only): a retry may help."""
+
+
+class Store:
+    """Thread-safe wrapper around one SQLite connection."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ----------------------------------------------------------------- writes
+    def commit(self, snapshot: Optional[dict], outbox: Iterable[tuple[str, str, dict, float]] = (),
+               audit: Iterable[dict] = ()) -> None:
+        """Write a breaker snapshot, outbox rows ``(decision_id, adapter, payload, received)``
+        and audit rows in one transaction.
+
+        Raises:
+            StoreError: when SQLite cannot write; nothing of the change is kept.
+        """
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                if snapshot is not None:
+                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('breaker', ?)",
+                                     (json.dumps(snapshot, separators=(",", ":")),))
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO outbox (decision_id, adapter, payload, received) VALUES (?, ?, ?, ?)",
+                    [(d, a, json.dumps(p, separators=(",", ":")), r) for d, a, p, r in outbox])
+                self._audit_rows(audit)
+                self._db.execute("COMMIT")
+            except sqlite3.Error as e:
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise StoreError(f"{self.path}: {e}") from e
+
+    def _audit_rows(self, rows: Iterable[dict]) -> None:
+        self._db.executemany(
+            "INSERT INTO audit (at, kind, decision_id, scope_key, level, action, source, reason, detail) "
+            "VALUES (:at, :kind, :decision_id, :scope_key, :level, :action, :source, :reason, :detail)",
+            [{"decision_id": None, "scope_key": None, "level": None, "action": None, "source": None,
+              "reason": None, **r, "detail": json.dumps(r.get("detail", {}), separators=(",", ":"))} for r in rows])
+
+    def audit(self, row: dict) -> None:
+        self.commit(None, (), [row])
+
+    def mark_applied(self, seq: int, at: float, audit: dict) -> None:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1 WHERE seq=?", (at, seq))
+                self._audit_rows([audit])
+                self._db.execute("COMMIT")
+            except sqlite3.Error as e:
+                self._db.execute("ROLLBACK")
+                raise StoreError(str(e)) from e
+
+    def mark_failed(self, seq: int, error: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE seq=?", (error[:500], seq))
+
+    # ----------------------------------------------------------------- reads
+    def snapshot(self) -> Optional[dict]:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='breaker'").fetchone()
+        return json.loads(row[0]) if row else None
+
+    def next_pending(self) -> Optional[dict]:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT seq, decision_id, adapter, payload, received, attempts FROM outbox "
+                "WHERE status='pending' ORDER BY seq LIMIT 1").fetchone()
+        if not row:
+            return None
+        return {"seq": row[0], "decision_id": row[1], "adapter": row[2], "payload": json.loads(row[3]),
+                "received": row[4], "attempts": row[5]}
+
+    def pending_count(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT count(*) FROM outbox WHERE status='pending'").fetchone()[0]
+
+    def outbox(self) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute("SELECT seq, decision_id, adapter, status, attempts, last_error FROM outbox ORDER BY seq").fetchall()
+        return [dict(zip(("seq", "decision_id", "adapter", "status", "attempts", "last_error"), r)) for r in rows]
+
+    def audit_log(self, limit: int = 50, kinds: Optional[tuple[str, ...]] = None) -> list[dict]:
+        """The newest ``limit`` audit rows, newest first."""
+        q = "SELECT seq, at, kind, decision_id, scope_key, level, action, source, reason, detail FROM audit"
+        args: list = []
+        if kinds:
+            q += " WHERE kind IN (%s)" % ",".join("?" * len(kinds))
+            args.extend(kinds)
+        q += " ORDER BY seq DESC LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(q, args).fetchall()
+        cols = ("seq", "at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason", "detail")
+        out = []
+        for r in rows:
+            d = dict(zip(cols, r))
+            d["detail"] = json.loads(d["detail"])
+            out.append(d)
+        return out

@@ -1,0 +1,68 @@
+"""Action adapters: the vLLM /reset_prefix_cache call on level-3 trips only, and dry-run calls nothing.
+
+The vLLM server is the user's own system, absent here: a stand-in records the POSTs it gets."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from _fuse_support import LiveService, alert, payload, wait_for
+
+from fusebox.fuse.actions import DryRun, HttpGateway, VllmResetPrefixCache
+from fusebox.fuse.gateway import ReferenceGateway, read_log
+
+ENG = {"cluster": "a", "host_name": "h1", "engine": "vllm-0"}
+
+
+def fake_vllm():
+    seen = []
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, seen
+
+
+def test_kv_eviction_trip_resets_the_prefix_cache_of_the_matching_engine_only(tmp_path):
+    srv, seen = fake_vllm()
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
+    vurl = f"http://127.0.0.1:{srv.server_address[1]}"
+    adapters = [HttpGateway(gw.url), VllmResetPrefixCache(vurl, engine="vllm-0"),
+                VllmResetPrefixCache(vurl, engine="other-engine")]
+    t0 = time.time() - 30
+    try:
+        with LiveService(tmp_path / "s.sqlite", adapters=adapters, hold_s=0.1) as svc:
+            svc.post(payload(alert("KVCacheGrowthRateHigh", starts=t0, **ENG)))
+            svc.post(payload(alert("AlignmentLatencyP95High", starts=t0, **ENG)))
+            svc.post(payload(alert("KVCacheGrowthRateHigh", "resolved", starts=t0, **ENG)))
+            wait_for(lambda: len(read_log(tmp_path / "gw.jsonl")) == 3, 5, what="trip 3, trip 2, release 3")
+            wait_for(lambda: svc.state()["pending_actions"] == 0, 5, what="outbox drained")
+    finally:
+        gw.stop()
+        srv.shutdown()
+    assert seen == ["/reset_prefix_cache"]  # one level-3 trip on vllm-0; nothing for level 2 or the release
+
+
+def test_dry_run_logs_and_calls_nothing(tmp_path):
+    dry = DryRun()
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
+    try:
+        with LiveService(tmp_path / "s.sqlite", adapters=[dry], dry_run=True) as svc:
+            svc.post(payload(alert("GPUMemoryUtilizationHigh", cluster="a", hw_id="GPU-1")))
+            wait_for(lambda: svc.state()["pending_actions"] == 0, 5, what="dry-run applied")
+            assert svc.state()["levels"] == {'{cluster="a",hw_id="GPU-1"}': 1}
+    finally:
+        gw.stop()
+    assert [(p["state"], p["action"]) for p in dry.seen] == [("trip", "freeze_admissions")]
+    assert read_log(tmp_path / "gw.jsonl") == []

@@ -1,0 +1,142 @@
+"""Generated rules and tests under the real tools: promtool 2.42 (Debian) and 3.x (pinned build),
+amtool's config check and routing tests; plus hand-written promtool tests (tests/promtool/)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fusebox.generator import parse_spec
+from fusebox.generator.outputs import render_all
+from fusebox.generator.writer import write_outputs
+
+from _support import ROOT, SPEC, need, promtools
+
+pytestmark = pytest.mark.tools
+HAND = Path(__file__).parent / "promtool"
+
+
+def _run(cmd, cwd=None):
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
+def test_generated_rules_pass_check_and_generated_tests(generated, which):
+    pt = promtools()[which]
+    r = _run([pt, "check", "rules", str(generated / "rules/fusebox.rules.yml")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=generated / "rules")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout + r.stderr
+
+
+def test_generated_tests_cover_every_tier_both_sides(generated, spec):
+    text = (generated / "rules/fusebox.rules.test.yml").read_text()
+    for sig in spec.signals:
+        for t in sig.tiers:
+            assert f"{sig.alert} {t.name}: {sig.name} just above {t.threshold_text}" in text
+            assert f"{sig.alert} {t.name}: {sig.name} just below {t.threshold_text}" in text
+    assert "zero traffic gives a NaN quantile" in text
+    assert "only the absent alert fires" in text
+    doc = yaml.safe_load(text)
+    for group in doc["tests"]:
+        for s in group["input_series"]:
+            assert s["values"].endswith("stale"), s
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
+def test_generated_tests_fail_when_a_threshold_drifts(generated, tmp_path, which):
+    """The generated tests can fail: nudge the critical GPU line from 0.783 to 0.7839."""
+    pt = promtools()[which]
+    shutil.copytree(generated / "rules", tmp_path / "rules")
+    rules = tmp_path / "rules/fusebox.rules.yml"
+    text = rules.read_text()
+    assert ">= 0.783\n" in text
+    rules.write_text(text.replace(">= 0.783\n", ">= 0.7839\n"))
+    r = _run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=tmp_path / "rules")
+    assert r.returncode != 0
+    assert "GPUMemoryUtilizationHigh" in r.stdout + r.stderr
+
+
+def _hand_test(out: Path, name: str, pt: str):
+    shutil.copy(HAND / name, out / "rules" / name)
+    r = _run([pt, "test", "rules", name], cwd=out / "rules")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
+@pytest.mark.parametrize("name", ["gpu_memory.test.yml", "kv_growth.test.yml", "alignment_p95.test.yml"])
+def test_hand_written_values(generated, tmp_path, name, which):
+    out = tmp_path / "g"
+    shutil.copytree(generated, out)
+    _hand_test(out, name, promtools()[which])
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
+def test_mib_threshold_keeps_14_8_mb_per_s_silent(tmp_path, which):
+    text = SPEC.read_text().replace("overrides: []", """overrides:
+  - alert: KVCacheGrowthRateHigh
+    tier: critical
+    threshold: 14.7 MiB/s
+""")
+    spec = parse_spec(text, "fusebox.yaml")
+    write_outputs(render_all(spec), tmp_path)
+    assert ">= 15414067.2" in (tmp_path / "rules/fusebox.rules.yml").read_text()
+    _hand_test(tmp_path, "kv_growth_mib.test.yml", promtools()[which])
+
+
+def test_alertmanager_config_and_routes(generated, spec):
+    amtool = need("amtool")
+    cfg = generated / "alertmanager/alertmanager.yml"
+    r = _run([amtool, "check-config", str(cfg)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = yaml.safe_load(cfg.read_text())
+    hook = doc["receivers"][0]["webhook_configs"][0]
+    assert hook["url"] == "http://127.0.0.1:9095/alertmanager"
+    assert hook["http_config"]["authorization"]["credentials_file"]
+    assert "credentials" not in hook["http_config"]["authorization"]  # never inline
+    crit = next(r for r in doc["route"]["routes"] if r["matchers"] == ['severity="critical"'])
+    assert crit["group_wait"] == "5s"
+    assert doc["inhibit_rules"][0]["source_matchers"] == ['severity="critical"']
+    assert "alertname" in doc["inhibit_rules"][0]["equal"] and "hw_id" in doc["inhibit_rules"][0]["equal"]
+    # routing: each tier reaches the fuse receiver (amtool prints the receiver names)
+    for labels in (["alertname=GPUMemoryUtilizationHigh", "severity=critical"],
+                   ["alertname=KVCacheGrowthRateHigh", "severity=warning"]):
+        r = _run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels])
+        assert r.returncode == 0 and r.stdout.strip() == "fusebox-fuse", r.stdout + r.stderr
+
+
+def test_fusebox_check_cli_runs_all_tools(generated):
+    promtools()
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(generated)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 failed" in r.stdout
+    assert r.stdout.count("promtool test rules") == 2  # 2.42 and 3.x
+
+
+def test_fusebox_check_reports_failure_against_the_spec(generated, tmp_path):
+    promtools()
+    out = tmp_path / "g"
+    shutil.copytree(generated, out)
+    rules = out / "rules/fusebox.rules.yml"
+    rules.write_text(rules.read_text().replace(">= 14700000\n", ">= 15000000\n"))
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 1
+    line = next(i for i, l in enumerate(SPEC.read_text().splitlines(), 1) if l.startswith("  kv_cache_growth_rate:"))
+    assert f"{SPEC}:{line}:" in r.stdout and "KVCacheGrowthRateHigh" in r.stdout
+
+
+def test_missing_promtool_is_a_clear_message(generated, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(generated)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 3
+    assert "promtool not found" in r.stderr and "apt-get install prometheus" in r.stderr
+    assert "Traceback" not in r.stderr
