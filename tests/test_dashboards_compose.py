@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
-from dashboards_support import ROOT
+from _dashboards_support import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
 SCHEMA = ROOT / "tests" / "fixtures" / "dashboards" / "compose-spec.json"

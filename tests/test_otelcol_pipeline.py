@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from dashboards_support import free_port, otelcol_binary, process, prometheus, query, wait_http
+from _dashboards_support import free_port, otelcol_binary, process, prometheus, query, wait_http
 from fusebox import conventions as C
 from fusebox.generator.render_otelcol import render_otelcol
 from fusebox.generator.spec import load_spec
-from dashboards_support import ROOT
+from _dashboards_support import ROOT
 
 pytestmark = [pytest.mark.otelcol, pytest.mark.tools]
 
