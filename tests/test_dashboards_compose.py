@@ -82,3 +82,13 @@ def test_mounted_generated_files_are_the_ones_fusebox_generates(compose):
                 if rel in ("secrets/fuse.token",):
                     continue
                 assert rel in generated or rel.split("/")[0] in dirs or (ROOT / rel).exists(), rel
+
+
+@pytest.mark.parametrize("service", ["collectors", "fuse"])
+def test_fusebox_service_commands_parse_with_the_real_cli(compose, service):
+    from fusebox.cli import build_parser
+
+    command = compose["services"][service]["command"]
+    assert command[0] == "fusebox"
+    args = build_parser().parse_args(command[1:])  # argparse exits (SystemExit) on a wrong flag
+    assert callable(args.func)
