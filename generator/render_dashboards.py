@@ -43,8 +43,9 @@ __all__ = [
     "dashboard_uid",
 ]
 
-# Grafana 11.x writes schemaVersion 39; later versions migrate it up silently on load.
-SCHEMA_VERSION = 39
+# What Grafana 12 writes (the corpus' SGLang and vLLM production-stack dashboards carry 41);
+# Grafana migrates older versions up on load, never down.
+SCHEMA_VERSION = 41
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 OUT_DIR = "dashboards"
 
@@ -112,6 +113,7 @@ class PanelDef:
     steps: Optional[tuple] = None  # explicit (color, value) steps for stat panels
     width: int = 12
     soft_max: Optional[float] = None
+    no_value: str = "no data"  # what a stat panel says when the query returns nothing
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ def _overview(spec) -> DashboardDef:
             unit="none", alerts=tuple(a for s in spec.signals for a in [s.alert] if any(t.fuse for t in s.tiers)),
             kind="stat", mappings=({"type": "value", "options": mapping_opts},),
             steps=tuple([(_FUSE_COLORS[0], None)] + [(_FUSE_COLORS[min(l, len(_FUSE_COLORS) - 1)], float(l)) for l in sorted(levels)]),
-            width=12,
+            width=12, no_value="no fuse tripped (or the fuse service is not scraped)",
         ),
         PanelDef(
             title="Firing fusebox alerts",
@@ -164,7 +166,7 @@ def _overview(spec) -> DashboardDef:
             queries=(Query(f'count by (alertname, severity) ({C.ALERTS_METRIC}{{alertstate="firing", alertname=~"{alert_re}"}})',
                            "{{alertname}} ({{severity}})"),),
             unit="none", alerts=tuple(alerts), kind="stat",
-            steps=(("green", None), ("red", 1.0)), width=12,
+            steps=(("green", None), ("red", 1.0)), width=12, no_value="none firing",
         ),
     ]
     for sig in spec.signals:
@@ -363,7 +365,8 @@ def _grafanalib_dashboard(spec, d: DashboardDef):
                       gridPos=GridPos(h=row_h, w=p.width, x=x, y=y), id=i, links=links, thresholds=thresholds)
         if p.kind == "stat":
             panel = Stat(format=p.unit, mappings=list(p.mappings), reduceCalc="lastNotNull", graphMode="none",
-                         colorMode="background", textMode="value_and_name", **common)
+                         colorMode="background", textMode="value_and_name",
+                         noValue=p.no_value, **common)
         else:
             panel = TimeSeries(unit=p.unit, thresholdsStyleMode="line" if p.tiers else "off",
                                legendDisplayMode="table", legendPlacement="right", legendCalcs=["lastNotNull", "max"],

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from dashboards_support import ROOT, prometheus, query, query_range
+from _dashboards_support import ROOT, prometheus, query, query_range
 from fusebox import conventions as C
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards

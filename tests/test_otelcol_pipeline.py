@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from dashboards_support import free_port, otelcol_binary, process, prometheus, query, wait_http
+from _dashboards_support import free_port, otelcol_binary, process, prometheus, query, wait_http
 from fusebox import conventions as C
 from fusebox.generator.render_otelcol import render_otelcol
 from fusebox.generator.spec import load_spec
-from dashboards_support import ROOT
+from _dashboards_support import ROOT
 
 pytestmark = [pytest.mark.otelcol, pytest.mark.tools]
 
@@ -108,3 +108,105 @@ def test_the_names_the_rules_read_arrive_in_prometheus_with_values_and_host_labe
                 assert float(query(base, f'{hist}_bucket{{{sel}, le="1.28"}}')[0]["value"][1]) == 4
         finally:
             provider.shutdown()
+
+
+def test_engine_metrics_scraped_by_the_collector_carry_host_and_cluster(tmp_path):
+    """The scrape option: vLLM's /metrics through the prometheus receiver, stamped by `resource`."""
+    import http.server
+    import threading
+
+    from fusebox.generator.render_otelcol import OtelcolOptions
+
+    body = (b"# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+            b"# TYPE vllm:kv_cache_usage_perc gauge\n"
+            b'vllm:kv_cache_usage_perc{engine="0",model_name="llava-1.5-7b"} 0.42\n')
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    binary = otelcol_binary()
+    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+    opts = OtelcolOptions(scrape_targets=(f"127.0.0.1:{engine.server_address[1]}",), scrape_interval_s=1)
+    (text,) = render_otelcol(spec, opts).values()
+    cfg = tmp_path / "otelcol.yaml"
+    cfg.write_text(text)
+    ports = {k: free_port() for k in ("grpc", "http", "prom", "health", "tele")}
+    env = dict(os.environ, FUSEBOX_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{ports['grpc']}",
+               FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['http']}",
+               FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ports['prom']}",
+               FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{ports['health']}",
+               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]), HOSTNAME="gpu-node-7", FUSEBOX_CLUSTER="lab-b")
+    log = tmp_path / "otelcol.log"
+    try:
+        with process([str(binary), f"--config={cfg}"], log, env=env) as col:
+            wait_http(f"http://127.0.0.1:{ports['health']}/", col, log=log)
+            prom_cfg = {"global": {"scrape_interval": "1s"},
+                        "scrape_configs": [{"job_name": "otelcol", "honor_labels": True,
+                                            "static_configs": [{"targets": [f"127.0.0.1:{ports['prom']}"]}]}]}
+            with prometheus(tmp_path, prom_cfg) as base:
+                sel = 'vllm:kv_cache_usage_perc{host_name="gpu-node-7", cluster="lab-b", model_name="llava-1.5-7b"}'
+                deadline = time.monotonic() + 45
+                res = []
+                while time.monotonic() < deadline and not res:
+                    res = query(base, sel)
+                    time.sleep(0.5)
+                assert res, (query(base, "vllm:kv_cache_usage_perc"), log.read_text()[-2000:])
+                assert float(res[0]["value"][1]) == pytest.approx(0.42)
+    finally:
+        engine.shutdown()
+        engine.server_close()
+
+
+def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_collector(tmp_path):
+    """`fusebox collect gpu --replay` (the real collector, an RTX 4090 nvidia-smi -q -x capture)
+    -> OTLP -> Collector -> Prometheus. From the capture's fb_memory_usage, by hand:
+    total 24564 MiB = 25,757,220,864 B; used = total - free = 24564 - 24214 = 350 MiB =
+    367,001,600 B (PITFALLS P6); reserved 346 MiB = 362,807,296 B."""
+    import subprocess
+    import sys
+
+    fixture = ROOT / "tests" / "fixtures" / "collectors" / "netdata_rtx-4090-driver-535_nvidia-smi-q-x.xml"
+    if not fixture.exists():
+        pytest.skip("collectors fixtures not merged yet")
+    binary = otelcol_binary()
+    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+    (text,) = render_otelcol(spec).values()
+    cfg = tmp_path / "otelcol.yaml"
+    cfg.write_text(text)
+    ports = {k: free_port() for k in ("grpc", "http", "prom", "health", "tele")}
+    env = dict(os.environ, FUSEBOX_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{ports['grpc']}",
+               FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['http']}",
+               FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ports['prom']}",
+               FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{ports['health']}",
+               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]))
+    log = tmp_path / "otelcol.log"
+    gpu = 'hw_id="GPU-71d1acc2-662d-2166-bf9f-65272d2fc437", host_name="replay-node", cluster="lab-c"'
+    expected = {C.PROM["gpu_memory_limit"]: 24_564 * MIB, C.PROM["gpu_memory_usage"]: 350 * MIB,
+                C.PROM["gpu_memory_reserved"]: 346 * MIB}
+    with process([str(binary), f"--config={cfg}"], log, env=env) as col:
+        wait_http(f"http://127.0.0.1:{ports['health']}/", col, log=log)
+        prom_cfg = {"global": {"scrape_interval": "1s"},
+                    "scrape_configs": [{"job_name": "otelcol", "honor_labels": True,
+                                        "static_configs": [{"targets": [f"127.0.0.1:{ports['prom']}"]}]}]}
+        with prometheus(tmp_path, prom_cfg) as base:
+            run = subprocess.run(
+                [sys.executable, "-m", "fusebox.cli", "collect", "gpu", "--replay", str(fixture), "--interval", "1",
+                 "--rounds", "4", "--otlp-endpoint", f"http://127.0.0.1:{ports['http']}", "--host-name", "replay-node",
+                 "--cluster", "lab-c"], capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0, run.stdout + run.stderr
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(query(base, f"{n}{{{gpu}}}") for n in expected):
+                time.sleep(0.5)
+            for name, value in expected.items():
+                res = query(base, f"{name}{{{gpu}}}")
+                assert res, (name, query(base, name), log.read_text()[-2000:])
+                assert float(res[0]["value"][1]) == value, name
