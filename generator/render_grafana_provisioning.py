@@ -20,6 +20,9 @@ from typing import Optional
 
 import yaml
 
+# libyaml's emitter when present: the dashboards' ConfigMaps are large
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 from fusebox import conventions as C
 
 from .render_dashboards import dashboards
@@ -48,7 +51,7 @@ class ProvisioningOptions:
 
 
 def _yaml(header: str, obj) -> str:
-    return header + yaml.safe_dump(obj, sort_keys=True, default_flow_style=False)
+    return header + yaml.dump(obj, Dumper=_DUMPER, sort_keys=True, default_flow_style=False)
 
 
 def outputs(spec, header: str) -> dict[str, str]:
@@ -88,7 +91,7 @@ def render_grafana_provisioning(spec, options: ProvisioningOptions = Provisionin
                          "annotations": {"grafana_folder": options.folder}},
             "data": {f"fusebox-{name}.json": json.dumps(d, indent=2, sort_keys=True) + "\n"},
         })
-    k8s = header + "".join("---\n" + yaml.safe_dump(m, sort_keys=True, default_flow_style=False) for m in maps)
+    k8s = header + "".join("---\n" + yaml.dump(m, Dumper=_DUMPER, sort_keys=True, default_flow_style=False) for m in maps)
     return {
         "grafana/provisioning/datasources/fusebox.yaml": _yaml(header, datasource),
         "grafana/provisioning/dashboards/fusebox.yaml": _yaml(header, provider),

@@ -25,6 +25,9 @@ from typing import Optional
 
 import yaml
 
+# libyaml's emitter when present: the dashboards' ConfigMaps are large
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 from fusebox import conventions as C
 
 __all__ = ["OtelcolOptions", "otelcol_config", "render_otelcol", "metric_expiration_s", "PROMOTED_RESOURCE_ATTRIBUTES", "ENV"]
