@@ -25,13 +25,13 @@ venv: $(BIN)/fusebox ## create .venv with fusebox and its test dependencies
 tools: venv ## install promtool/amtool/prometheus/alertmanager (apt) and build the pinned Go tools
 	bash tools/bootstrap.sh
 
-generate: venv ## generate every output from $(SPEC) into $(OUT)
+generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into OUT (default .)
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT)
 
-check: tools ## run promtool/amtool checks and the generated tests on $(OUT)
+check: tools ## run promtool/amtool checks and the generated tests on the outputs
 	$(BIN)/fusebox check --spec $(SPEC) --out $(OUT)
 
-check-generated: venv ## fail when committed outputs drift from $(SPEC)
+check-generated: venv ## fail when committed outputs drift from the spec
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT) --check
 
 test: tools ## the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector)

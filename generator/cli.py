@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser("check", help="run promtool/amtool on generated output and report failures against the spec")
-    c.add_argument("--spec", default="fusebox.yaml")
+    c.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
     c.add_argument("--out", default=".", help="directory holding the generated files (default: .)")
     c.add_argument("--promtool", action="append", default=None,
                    help="promtool binary to use (repeatable; default: promtool on PATH plus the pinned Prometheus 3 build if present)")
@@ -34,6 +34,9 @@ def _load(spec_path: str):
     except FileNotFoundError:
         print(f"{spec_path}:1:1: spec file not found -- pass --spec PATH or run from the directory holding fusebox.yaml",
               file=sys.stderr)
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        print(f"{spec_path}:1:1: cannot read the spec ({type(e).__name__}) -- pass --spec with a readable YAML file",
+              file=sys.stderr)
     except SpecError as e:
         for p in e.problems:
             print(str(p), file=sys.stderr)
@@ -47,8 +50,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = _load(args.spec)
     if spec is None:
         return 2
-    outputs = render_all(spec)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"{out}: --out names a file -- pass a directory (it is created when missing)", file=sys.stderr)
+        return 2
+    outputs = render_all(spec)
     if args.check:
         problems = drift(outputs, out)
         for p in problems:

@@ -285,7 +285,11 @@ _ALIASES = {"for_": "for", "global_": "global"}
 
 
 def _pydantic_problem(err: dict, pos: Positions) -> Problem:
-    loc = tuple(_ALIASES.get(x, x) if isinstance(x, str) else x for x in err["loc"])
+    raw_loc = err["loc"]
+    if err["type"] == "extra_forbidden":  # the last element is the user's own (wrong) key: keep it
+        loc = tuple(_ALIASES.get(x, x) if isinstance(x, str) else x for x in raw_loc[:-1]) + (raw_loc[-1],)
+    else:
+        loc = tuple(_ALIASES.get(x, x) if isinstance(x, str) else x for x in raw_loc)
     # pydantic adds the union member's type name to the path; drop such entries.
     loc = tuple(x for x in loc if not (isinstance(x, str) and x in ("str", "int", "float")))
     kind = err["type"]

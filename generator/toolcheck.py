@@ -90,8 +90,9 @@ def promtools(explicit: list[str] | None = None) -> list[str]:
 
 def _run(cmd: list[str], cwd: Path | None = None) -> ToolResult:
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
-    return ToolResult(" ".join(Path(cmd[0]).name if i == 0 else c for i, c in enumerate(cmd)), p.returncode == 0,
-                      (p.stdout + p.stderr).strip())
+    v = _version(cmd[0])
+    tool = Path(cmd[0]).name + (f" {'.'.join(map(str, v))}" if v else "")
+    return ToolResult(" ".join([tool] + cmd[1:]), p.returncode == 0, (p.stdout + p.stderr).strip())
 
 
 def _attribute(output: str, spec: Spec) -> list[str]:
@@ -157,12 +158,19 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
             print("     " + r.output.replace("\n", "\n     "), file=stream)
             for line in _attribute(r.output, spec):
                 print(f"     {line}", file=stream)
+            if "test rules" in r.name:
+                print("     (if you edited the spec, run `fusebox generate` first: the tests check the generated rules)",
+                      file=stream)
     if captures:
         rules = yaml.safe_load((out_dir / RULE_FILE).read_text(encoding="utf-8"))
         unmatched = unmatched_selectors(rules, [Path(c) for c in captures])
         for u in unmatched:
             print(f"NONE {u.rule}: selector {u.selector} matches no series in the captures", file=stream)
         print(f"{len(unmatched)} selector(s) match no series in {len(captures)} capture(s)", file=stream)
+        if any(u.selector.startswith(("hw_", "fusebox_")) for u in unmatched):
+            print("     hint: fusebox_* and hw_* series come from the fusebox collectors through the Collector, never from an "
+                  "engine's own /metrics; capture `fusebox collect ... --once` output (or the Collector's /metrics) too",
+                  file=stream)
     print(f"{len(results) - failed} passed, {failed} failed", file=stream)
     return 1 if failed else 0
 

@@ -62,10 +62,14 @@ def parse_quantity(text: str | int | float, unit: str) -> float:
         if unit == "ratio":
             if not q.dimensionless:
                 raise pint.DimensionalityError(q.units, "dimensionless")
-            return _tidy(q.to("dimensionless").magnitude)
+            value = _tidy(q.to("dimensionless").magnitude)
+            if not 0 <= value <= 1:
+                hint = f"write '{s}%'" if str(q.units) == "dimensionless" else "a utilization lies in 0%..100%"
+                raise ValueError(f"{s!r} is {value:g} as a ratio, outside 0..1; {hint}")
+            return value
         return _tidy(q.to(target).magnitude)
     except pint.DimensionalityError:
-        raise ValueError(f"{s!r} is not a {unit.replace('_', ' ')} value (its unit is {q.units:~})") from None
+        raise ValueError(f"{s!r} is not a {unit.replace('_', ' ')} value (its unit is {format(q.units, '~') or 'none'})") from None
 
 
 _DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")

@@ -117,7 +117,8 @@ def test_fusebox_check_cli_runs_all_tools(generated):
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 failed" in r.stdout
-    assert r.stdout.count("promtool test rules") == 2  # 2.42 and 3.x
+    assert r.stdout.count("test rules fusebox.rules.test.yml") == 2  # 2.42 and 3.x
+    assert "promtool 2.42 test rules" in r.stdout
 
 
 def test_fusebox_check_reports_failure_against_the_spec(generated, tmp_path):

@@ -32,7 +32,8 @@ def test_thresholds_are_converted_to_base_units(text, unit, expected):
 
 
 @pytest.mark.parametrize("text,unit", [("1.28s", "ratio"), ("78.3%", "seconds"), ("14.7 MB", "bytes_per_second"),
-                                       ("fast", "seconds"), (1.28, "seconds"), (78.3, "ratio")])
+                                       ("fast", "seconds"), (1.28, "seconds"), (78.3, "ratio"),
+                                       ("78.3", "ratio"), ("178.3%", "ratio")])
 def test_wrong_units_are_rejected(text, unit):
     with pytest.raises(ValueError):
         parse_quantity(text, unit)
@@ -99,6 +100,8 @@ def _line_of(text: str, needle: str, nth: int = 1) -> int:
 BAD = {
     # name: (replace old, new, needle on the reported line, words in the message)
     "yaml error": ("  evaluation_interval: 5s", "  evaluation_interval: [5s", None, "YAML syntax error"),
+    "misspelled for_": ("        threshold: 72.0%        # seed: safe level\n        for: 1m", "        threshold: 72.0%        # seed: safe level\n        for_: 1m", "for_: 1m", "unknown key 'for_'"),
+    "ratio without percent": ("threshold: 78.3%", 'threshold: "78.3"', 'threshold: "78.3"', "outside 0..1"),
     "unknown key": ("  scrape_interval: 5s", "  scrape_interval: 5s\n  scrape_intervall: 5s", "scrape_intervall", "unknown key 'scrape_intervall'"),
     "wrong unit": ("threshold: 78.3%", "threshold: 78.3 MB/s", "threshold: 78.3 MB/s", "wrong unit"),
     "warning above critical": ("threshold: 72.0%", "threshold: 80%", "threshold: 78.3%", "not below critical"),
