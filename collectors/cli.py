@@ -93,6 +93,19 @@ def _default_endpoint(args) -> str:
     return DEFAULT_OTLP_GRPC if args.otlp_protocol == "grpc" else DEFAULT_OTLP_HTTP
 
 
+def _announce(args, what: str) -> None:
+    """One start-up line: where the data goes, so a silent collector is never a mystery."""
+    sinks = []
+    if not args.no_otlp:
+        sinks.append(f"OTLP {args.otlp_protocol} to {args.otlp_endpoint or _default_endpoint(args)}")
+    if args.metrics_port is not None:
+        sinks.append(f"/metrics on {args.metrics_addr}:{args.metrics_port}")
+    if not sinks:
+        _err("warning: --no-otlp without --metrics-port: collected values go nowhere (use --once to print them)")
+    print(f"fusebox collect {what}: every {args.interval:g}s -> {', '.join(sinks) or 'nowhere'}",
+          file=sys.stderr, flush=True)
+
+
 def _loop(args, pipe, round_fn) -> int:
     if args.metrics_port is not None:
         pipe.serve_metrics(args.metrics_port, args.metrics_addr)
@@ -163,6 +176,7 @@ def cmd_gpu(args) -> int:
                 _err(f"GPU {d.index} ({d.uuid}) is down: {d.last_error}")
         col.close()
         return 0
+    _announce(args, "gpu")
     try:
         return _loop(args, pipe, one_round)
     finally:
@@ -199,6 +213,7 @@ def cmd_kv(args) -> int:
             sys.stdout.write(f"# fusebox: {note}\n")
         sys.stdout.write(pipe.prometheus_text())
         return 0 if not col.errors else 1
+    _announce(args, "kv")
     return _loop(args, pipe, one_round)
 
 
@@ -226,6 +241,7 @@ def cmd_latency(args) -> int:
         sys.stdout.write(f"# fusebox: alignment latency derived from {fb.source or 'nothing (no histogram found)'}\n")
         sys.stdout.write(pipe.prometheus_text())
         return 0 if fb.source else 1
+    _announce(args, "latency")
     return _loop(args, pipe, one_round)
 
 
@@ -263,6 +279,9 @@ def cmd_scenario(args) -> int:
     if buckets is None:
         return 2
     once = args.once_at is not None
+    if once and not 0 <= args.once_at <= sc.duration_s:
+        _err(f"--once-at {args.once_at:g} is outside the scenario (0..{sc.duration_s:g} s at speed 1)")
+        return 2
     pipe = _pipeline(args, "scenario", ScenarioRunner.KEYS, buckets=buckets, once=once, host=sc.host,
                      cluster=sc.cluster or None)
     runner = ScenarioRunner(sc, pipe)

@@ -301,6 +301,12 @@ def load_replay(path: str | Path, section: str = "load") -> list[list[DeviceStat
         return [parse_smi_xml(text, str(p))]
     if "nvidia_gpu_exporter GPU capture" in head or ":: query-gpu" in text:
         return [parse_exporter_capture(text, section, str(p))]
+    first = head.splitlines()[0] if head else ""
+    if "," not in first or "uuid" not in first.lower():
+        raise ReplayError(
+            f"{p}: not a capture this replay reads; it accepts `nvidia-smi -q -x` XML, "
+            "`nvidia-smi --query-gpu=...,uuid,memory.total,memory.used,memory.free... --format=csv` output, "
+            "or an nvidia_gpu_exporter capture")
     return parse_query_gpu_csv(text, str(p))
 
 
