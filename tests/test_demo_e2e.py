@@ -12,11 +12,17 @@ holds those six calls and nothing else. One run takes about 4 minutes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from dashboards_support import missing
+
+def missing(what: str, how: str):
+    msg = f"{what} not found: {how}"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(msg)
+    pytest.skip(msg)
 
 pytestmark = [pytest.mark.tools, pytest.mark.otelcol]
 

@@ -45,7 +45,7 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
         once: play the scenario once, then stop and verify; otherwise loop until Ctrl-C.
         stop_when: stop as soon as it returns True (the benchmark stops at the last trip).
         max_wall_s: stop after this long whatever happened (default: scenario length
-            / speed + 120 s for ``once``).
+            / speed + 120 s for ``once``; no limit otherwise).
 
     The stack is always stopped before returning (also on KeyboardInterrupt, re-raised).
     """
@@ -72,7 +72,7 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
         spec = stack.spec
         grace = max(t.keep_firing_for_s for s in spec.signals for t in s.tiers) + spec.group_interval_s \
             + spec.evaluation_interval_s + opts.hold_s + 15
-        limit = max_wall_s or (sc.duration_s / opts.speed + 120 + grace)
+        limit = max_wall_s or ((sc.duration_s / opts.speed + 120 + grace) if once else float("inf"))
         done_at = None
         while True:
             stack.sup.check()

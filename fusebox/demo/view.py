@@ -31,7 +31,6 @@ class DemoView:
         self.live_mode = self.console.is_terminal if live is None else live
         self.title = title
         self.urls: dict[str, str] = {}
-        self.notes: list[str] = []
         self._live = None
         self._watcher: Optional[Watcher] = None
         self._recent: list[str] = []
@@ -97,6 +96,8 @@ class DemoView:
             if k in self.urls:
                 head.append(f"\n{k:13s}{self.urls[k]}")
         head.append("\nCtrl-C stops everything the demo started.", style="dim")
+        if w and w.errors:  # a peer not answering right now: shown, not fatal
+            head.append("\n" + "; ".join(f"{k} not answering: {v}" for k, v in sorted(w.errors.items())), style="red")
 
         sig = Table(title="signals (recording rules, from Prometheus)", expand=True, title_justify="left")
         for col in ("signal", "entity", "value", "warning", "critical", "state"):
@@ -136,8 +137,5 @@ class DemoView:
                 fuses.add_row("all scopes", Text("0 (closed)", style="green"), "")
             for lvl in sorted(calls):
                 fuses.add_row("", f"level {lvl}", ", ".join(calls[lvl]))
-            if w.errors:
-                for k, v in sorted(w.errors.items()):
-                    self.notes = [f"{k}: {v}"]
         ev = Text("\n".join(self._recent) or "waiting for the first events...")
         return Group(Panel(head), sig, alerts, fuses, Panel(ev, title="events"))
