@@ -1,0 +1,95 @@
+"""What a ``--once`` run must have shown, and the check of an observed event log against it.
+
+Expected, for each primary signal with a fuse: its warning fires before its critical; the
+critical's fuse level is tripped exactly once, on the scope of the entity the scenario breaches
+(GPU UUID for GPU memory, engine id for the engine signals); released exactly once, after the
+scenario's recovery phase began; and the gateway is told nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusebox import conventions as C
+
+from .watch import PRIMARY, Event
+
+__all__ = ["Expectation", "expectations", "verify"]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    signal: str
+    alert: str
+    action: str
+    level: int
+    scope_label: str  # hw_id or engine
+    entity: str  # GPU UUID or engine id the scenario breaches
+
+
+def expectations(spec, scenario) -> list[Expectation]:
+    """One per primary signal whose critical tier trips a fuse. The entity comes from the
+    scenario's own prediction (``Scenario.predict``), not from what the stack reports."""
+    fires = {c.signal: c.entity for c in scenario.predict(spec) if c.tier == "critical" and c.event == "fires"}
+    out = []
+    for name in PRIMARY:
+        sig = spec.signal(name)
+        tier = next((t for t in sig.tiers if t.fuse), None)
+        if tier is None or name not in fires:
+            continue
+        label = C.LABEL["gpu_id"] if sig.level == "gpu" else C.LABEL["engine"]
+        out.append(Expectation(name, sig.alert, tier.fuse, spec.actions[tier.fuse].level, label, fires[name]))
+    return out
+
+
+def _first(events: list[Event], **match) -> float | None:
+    for e in events:
+        if all((getattr(e, k) if k in ("kind", "what") else e.detail.get(k)) == v for k, v in match.items()):
+            return e.at
+    return None
+
+
+def verify(events: list[Event], spec, scenario) -> list[str]:
+    """Problems with ``events`` (an ordered log of one scenario run); empty means OK."""
+    problems: list[str] = []
+    exp = expectations(spec, scenario)
+    if len(exp) != 3:
+        problems.append(f"the scenario breaches {len(exp)} fused signals, expected 3 "
+                        f"({', '.join(e.signal for e in exp)})")
+    recovery = _first(events, kind="phase", what="recovery")
+    if recovery is None:
+        problems.append("the scenario never reached its recovery phase")
+    calls = [e for e in events if e.kind == "fuse"]
+    for x in exp:
+        w = _first(events, kind="alert", what="firing", alertname=x.alert, severity="warning")
+        c = _first(events, kind="alert", what="firing", alertname=x.alert, severity="critical")
+        if w is None:
+            problems.append(f"{x.alert} warning never fired")
+        if c is None:
+            problems.append(f"{x.alert} critical never fired")
+        if w is not None and c is not None and not w < c:
+            problems.append(f"{x.alert}: critical fired {w - c:.1f}s before warning")
+        mine = [e for e in calls if e.detail.get("action") == x.action and e.detail.get("level") == x.level]
+        trips = [e for e in mine if e.what == "trip"]
+        rels = [e for e in mine if e.what == "release"]
+        if len(trips) != 1:
+            problems.append(f"level {x.level} ({x.action}) tripped {len(trips)} times, expected once")
+        if len(rels) != 1:
+            problems.append(f"level {x.level} ({x.action}) released {len(rels)} times, expected once")
+        for e in trips + rels:
+            got = e.detail.get("scope", {}).get(x.scope_label)
+            if got != x.entity:
+                problems.append(f"level {x.level} {e.what} on {x.scope_label}={got!r}, expected {x.entity!r}")
+        if trips and c is not None and trips[0].at < c - 1.0:  # poll granularity: ALERTS is sampled
+            problems.append(f"level {x.level} tripped before {x.alert} critical fired")
+        if trips and rels and rels[0].at <= trips[0].at:
+            problems.append(f"level {x.level} released before it tripped")
+        if rels and recovery is not None and rels[0].at < recovery:
+            problems.append(f"level {x.level} released before the recovery phase")
+    expected_calls = {(x.action, x.level) for x in exp}
+    for e in calls:
+        if (e.detail.get("action"), e.detail.get("level")) not in expected_calls:
+            problems.append(f"unexpected gateway call: {e.text}")
+        if e.detail.get("duplicate"):
+            problems.append(f"duplicate gateway call: {e.text}")
+    return problems

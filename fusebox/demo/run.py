@@ -1,0 +1,110 @@
+"""One demo run: prepare, start, play the scenario (once or in a loop), watch, stop, verify."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from .check import verify
+from .stack import Stack, StackOptions
+from .view import DemoView
+from .watch import Event, Watcher
+
+__all__ = ["RunResult", "run"]
+
+
+@dataclass
+class RunResult:
+    """``problems`` empty and ``error`` None means every expected event happened (``--once``).
+
+    ``events``: the ordered event log; ``scenario_t0``: wall time of scenario t=0;
+    ``spec``: the demo spec as loaded; ``workdir``: logs and generated files.
+    """
+
+    ok: bool
+    problems: list[str]
+    events: list[Event]
+    scenario_t0: Optional[float]
+    spec: object
+    scenario: object
+    speed: float
+    workdir: Path
+    urls: dict = field(default_factory=dict)
+    error: Optional[str] = None
+    wall_s: float = 0.0
+
+
+def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
+        stop_when: Optional[Callable[[Watcher], bool]] = None, poll_s: float = 0.5,
+        max_wall_s: Optional[float] = None) -> RunResult:
+    """Run the demo.
+
+    Args:
+        once: play the scenario once, then stop and verify; otherwise loop until Ctrl-C.
+        stop_when: stop as soon as it returns True (the benchmark stops at the last trip).
+        max_wall_s: stop after this long whatever happened (default: scenario length
+            / speed + 120 s for ``once``; no limit otherwise).
+
+    The stack is always stopped before returning (also on KeyboardInterrupt, re-raised).
+    """
+    from fusebox.collectors.scenario import load_scenario
+
+    from .supervisor import ChildDied
+
+    started = time.time()
+    view = view or DemoView()
+    sc = load_scenario(opts.scenario)
+    view.scenario_name, view.scenario_len, view.speed = sc.name, sc.duration_s, opts.speed
+    stack = Stack(opts, say=view.say)
+    watcher: Optional[Watcher] = None
+    error = None
+    try:
+        view.say(f"demo: generating from {opts.spec} into {stack.workdir}")
+        stack.prepare()
+        view.say("demo: starting gateway, fuse service, Alertmanager, OpenTelemetry Collector, Prometheus")
+        stack.start()
+        watcher = Watcher(stack.urls, stack.spec, stack.gateway_log)
+        view.t0 = time.time()
+        view.start(stack.urls, watcher)
+        stack.start_scenario(on_line=watcher.scenario_line)
+        spec = stack.spec
+        grace = max(t.keep_firing_for_s for s in spec.signals for t in s.tiers) + spec.group_interval_s \
+            + spec.evaluation_interval_s + opts.hold_s + 15
+        limit = max_wall_s or ((sc.duration_s / opts.speed + 120 + grace) if once else float("inf"))
+        done_at = None
+        while True:
+            stack.sup.check()
+            view.update(watcher.poll())
+            now = time.time()
+            child = stack.scenario_child
+            if child is not None and child.proc.poll() == 0 and done_at is None:
+                if once:
+                    done_at = now
+                else:
+                    view.update(watcher.poll())
+                    stack.start_scenario(on_line=watcher.scenario_line)
+            if stop_when is not None and stop_when(watcher):
+                break
+            if once and done_at is not None and (not verify(watcher.events, spec, sc) or now - done_at > grace):
+                break
+            if now - started > limit:
+                error = f"stopped after {limit:.0f}s without the scenario finishing"
+                break
+            time.sleep(poll_s)
+    except ChildDied as e:
+        error = f"{e}"
+    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+        error = str(e)
+    finally:
+        view.stop()
+        if stack.sup.children:
+            view.say("demo: stopping " + ", ".join(f"{c.name} (pid {c.pid})" for c in reversed(stack.sup.children)))
+        stack.stop()
+    events = watcher.events if watcher else []
+    problems = verify(events, stack.spec, sc) if (once and watcher and not error) else []
+    return RunResult(ok=error is None and not problems, problems=problems, events=list(events),
+                     scenario_t0=watcher.scenario_t0 if watcher else None, spec=stack.spec, scenario=sc,
+                     speed=opts.speed, workdir=stack.workdir, urls=stack.urls, error=error,
+                     wall_s=time.time() - started)

@@ -1,0 +1,108 @@
+"""The demo's spec variant: the user's spec with intervals tuned for fast detection.
+
+Only the spec's own fields change (global intervals, each tier's ``for`` and
+``keep_firing_for``, the fuse receiver's ``group_wait``/``group_interval``, the webhook URL and
+the token file), so the generated rules, Alertmanager config and Collector config are exactly
+what ``fusebox generate`` makes of such a spec. Thresholds, windows and buckets are untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import yaml
+
+__all__ = ["Timing", "FAST", "demo_spec_text", "floor_s"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Durations written into the demo spec (spec syntax, e.g. ``"1s"``).
+
+    ``warning_for`` / ``critical_for`` cap each tier's ``for`` (a tier already shorter keeps
+    its own, e.g. the PCIe 3s and the OOM-imminent 0s tiers).
+    """
+
+    scrape_interval: str = "1s"
+    evaluation_interval: str = "1s"
+    warning_for: str = "20s"
+    critical_for: str = "10s"
+    keep_firing_for: str = "10s"
+    group_wait_critical: str = "1s"
+    group_wait: str = "5s"
+    group_interval: str = "5s"
+
+
+# Fast detection for the demo: floor = 1 s scrape + 1 s evaluation + 10 s for + 1 s group_wait.
+# Warnings keep a longer `for` than criticals so that, as in the shipped spec, a warning
+# fires before its critical on a signal that climbs through both.
+FAST = Timing()
+
+
+def _seconds(text) -> float:
+    from fusebox.generator.units import parse_duration
+
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    return parse_duration(str(text))
+
+
+def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
+                   timing: Optional[Timing] = FAST, source: str = "fusebox.yaml") -> str:
+    """The demo spec (YAML text) derived from ``base_text`` (the user's spec).
+
+    Args:
+        base_text: the spec's YAML text (``apiVersion: fusebox/v1``).
+        webhook_url: the fuse service's Alertmanager webhook on its demo port.
+        credentials_file: absolute path of the bearer-token file Alertmanager reads.
+        timing: durations to write; None keeps the spec's own (the "default intervals" run).
+        source: named in the header comment.
+
+    Raises:
+        ValueError: ``base_text`` is not a mapping with ``global``/``fuse``/``signals``.
+    """
+    raw = yaml.safe_load(base_text)
+    if not isinstance(raw, dict) or not isinstance(raw.get("signals"), dict):
+        raise ValueError(f"{source}: not a fusebox spec (no 'signals' mapping)")
+    fuse = raw.setdefault("fuse", {})
+    fuse["webhook_url"] = webhook_url
+    fuse["credentials_file"] = credentials_file
+    if timing is not None:
+        g = raw.setdefault("global", {})
+        g["scrape_interval"] = timing.scrape_interval
+        g["evaluation_interval"] = timing.evaluation_interval
+        d = raw.setdefault("defaults", {})
+        default_for = _seconds(d.get("for", "1m"))
+        d["keep_firing_for"] = timing.keep_firing_for
+        fuse["group_wait_critical"] = timing.group_wait_critical
+        fuse["group_wait"] = timing.group_wait
+        fuse["group_interval"] = timing.group_interval
+        for sig in raw["signals"].values():
+            for name, tier in (sig.get("tiers") or {}).items():
+                if not isinstance(tier, dict):
+                    continue
+                cap = timing.warning_for if name == "warning" else timing.critical_for
+                own = _seconds(tier.get("for", default_for))
+                if own > _seconds(cap):
+                    tier["for"] = cap
+                if "keep_firing_for" in tier:
+                    tier["keep_firing_for"] = timing.keep_firing_for
+        for o in raw.get("overrides") or []:
+            if isinstance(o, dict) and "for" in o:
+                cap = timing.warning_for if o.get("tier") == "warning" else timing.critical_for
+                if _seconds(o["for"]) > _seconds(cap):
+                    o["for"] = cap
+    head = (f"# fusebox demo spec: {source} with the demo's ports"
+            + (" and intervals tuned for fast detection" if timing is not None else "") + ".\n"
+            "# Written by `fusebox demo`; edit the source spec, not this file.\n")
+    return head + yaml.safe_dump(raw, sort_keys=False, width=120)
+
+
+def floor_s(spec, signal_name: str) -> float:
+    """Breach-to-fuse floor the configuration implies for a signal's critical tier, seconds:
+    scrape interval + evaluation interval + the tier's ``for`` + the critical ``group_wait``."""
+    sig = spec.signal(signal_name)
+    crit = [t for t in sig.tiers if t.fuse]
+    tier = crit[-1] if crit else sig.tiers[-1]
+    return spec.scrape_interval_s + spec.evaluation_interval_s + tier.for_s + spec.group_wait_critical_s

@@ -1,0 +1,256 @@
+"""The demo stack: generate from a demo spec, then start every process on free loopback ports.
+
+Order: reference gateway, fuse service, Alertmanager, OpenTelemetry Collector, Prometheus
+(each waited for on its readiness URL), then the scenario player. Ports are picked free at
+start; the generated Alertmanager config gets the fuse service's port through the demo spec's
+``webhook_url``, the Collector through its ``FUSEBOX_*`` environment variables, Prometheus
+through the config written here.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from .spec import FAST, Timing, demo_spec_text
+from .supervisor import Child, ChildDied, Supervisor
+
+__all__ = ["Ports", "StackOptions", "Stack", "ToolMissing", "find_tools"]
+
+PORT_NAMES = ("prometheus", "alertmanager", "otlp_grpc", "otlp_http", "otel_prometheus", "otel_health",
+              "otel_telemetry", "gateway", "fuse")
+
+
+class ToolMissing(RuntimeError):
+    """A binary the demo runs is not installed; ``str()`` says how to get it."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Ports:
+    prometheus: int
+    alertmanager: int
+    otlp_grpc: int
+    otlp_http: int
+    otel_prometheus: int
+    otel_health: int
+    otel_telemetry: int
+    gateway: int
+    fuse: int
+
+    @classmethod
+    def pick(cls) -> "Ports":
+        ports: list[int] = []
+        while len(ports) < len(PORT_NAMES):
+            p = free_port()
+            if p not in ports:
+                ports.append(p)
+        return cls(*ports)
+
+
+def tools_dir() -> Path:
+    return Path(os.environ.get("FUSEBOX_TOOLS") or Path.home() / ".cache" / "fusebox" / "tools")
+
+
+def find_tools() -> dict[str, str]:
+    """Paths of prometheus, alertmanager and the Collector built by tools/build-otelcol.sh.
+
+    Raises:
+        ToolMissing: naming each missing binary and ``make tools``.
+    """
+    found: dict[str, Optional[str]] = {
+        "prometheus": os.environ.get("FUSEBOX_PROMETHEUS") or shutil.which("prometheus"),
+        "alertmanager": os.environ.get("FUSEBOX_ALERTMANAGER") or shutil.which("prometheus-alertmanager")
+        or shutil.which("alertmanager"),
+    }
+    otel = os.environ.get("FUSEBOX_OTELCOL")
+    if not otel:
+        built = sorted(glob.glob(str(tools_dir() / "otelcol-v*" / "otelcol-fusebox")))
+        otel = built[-1] if built else None
+    found["otelcol"] = otel if otel and os.access(otel, os.X_OK) else None
+    missing = [k for k, v in found.items() if not v]
+    if missing:
+        where = {"prometheus": "prometheus (>= 2.42)", "alertmanager": "prometheus-alertmanager (>= 0.25)",
+                 "otelcol": f"the OpenTelemetry Collector ({tools_dir()}/otelcol-v*/otelcol-fusebox)"}
+        raise ToolMissing("missing " + ", ".join(where[m] for m in missing)
+                          + ": run `make tools` (tools/bootstrap.sh installs and builds them)")
+    return {k: str(v) for k, v in found.items()}
+
+
+@dataclass
+class StackOptions:
+    """What one demo run starts.
+
+    Attributes:
+        workdir: generated files, logs, state and storage go here (wiped at start).
+        spec: the user's spec (read only; the demo writes its own variant into ``workdir``).
+        scenario: scenario file, or None for the packaged ``breach``.
+        speed: scenario seconds per wall second. KV growth is bytes per *scenario* second, so
+            the rate Prometheus sees is multiplied by it: keep it <= 1.25 with the breach
+            scenario (its pressure phase grows at 11 MB/s, under the 14.7 MB/s critical).
+        timing: demo durations, or None to keep the spec's own intervals.
+        hold_s: the fuse service's release hold time.
+    """
+
+    workdir: Path
+    spec: Path = Path("fusebox.yaml")
+    scenario: Optional[str] = None
+    speed: float = 1.25
+    timing: Optional[Timing] = FAST
+    hold_s: float = 10.0
+    grafana_url: Optional[str] = None
+
+
+def _fusebox() -> list[str]:
+    return [sys.executable, "-m", "fusebox.cli"]
+
+
+class Stack:
+    def __init__(self, opts: StackOptions, *, say: Callable[[str], None] = lambda _m: None):
+        self.opts = opts
+        self.say = say
+        self.workdir = Path(opts.workdir).resolve()
+        self.ports = Ports.pick()
+        self.sup = Supervisor(self.workdir / "logs", say=say)
+        self.tools: dict[str, str] = {}
+        self.spec_path = self.workdir / "fusebox.demo.yaml"
+        self.token_path = self.workdir / "fuse.token"
+        self.gateway_log = self.workdir / "gateway.jsonl"
+        self.out = self.workdir / "generated"
+        self.scenario_child: Optional[Child] = None
+        self.scenario_runs = 0
+        self.spec = None
+
+    # -- URLs -------------------------------------------------------------------------
+    @property
+    def urls(self) -> dict[str, str]:
+        p = self.ports
+        u = {"prometheus": f"http://127.0.0.1:{p.prometheus}", "alertmanager": f"http://127.0.0.1:{p.alertmanager}",
+             "fuse": f"http://127.0.0.1:{p.fuse}", "gateway": f"http://127.0.0.1:{p.gateway}",
+             "otlp": f"http://127.0.0.1:{p.otlp_http}"}
+        if self.opts.grafana_url:
+            u["grafana"] = self.opts.grafana_url
+        return u
+
+    # -- preparation ------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Wipe ``workdir``, write the token, the demo spec and the Prometheus config, generate.
+
+        Raises:
+            ToolMissing, ValueError (bad spec), RuntimeError (generate failed, with its output).
+        """
+        from fusebox.generator.spec import load_spec
+
+        self.tools = find_tools()
+        if self.workdir.exists():
+            shutil.rmtree(self.workdir)
+        self.workdir.mkdir(parents=True)
+        self.token_path.write_text(secrets.token_hex(16) + "\n")
+        self.token_path.chmod(0o600)
+        base = Path(self.opts.spec).read_text(encoding="utf-8")
+        self.spec_path.write_text(demo_spec_text(
+            base, webhook_url=f"{self.urls['fuse']}/alertmanager", credentials_file=str(self.token_path),
+            timing=self.opts.timing, source=str(self.opts.spec)))
+        r = subprocess.run([*_fusebox(), "generate", "--spec", str(self.spec_path), "--out", str(self.out)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"fusebox generate failed on {self.spec_path}:\n{r.stdout}{r.stderr}")
+        self.spec = load_spec(self.spec_path)
+        from fusebox.generator.outputs import ALERTMANAGER_FILE, RULE_FILE
+
+        self.rules_file = self.out / RULE_FILE
+        self.am_file = self.out / ALERTMANAGER_FILE
+        self.otel_file = self.out / "otel" / "otelcol.yaml"
+        s = self.spec
+        prom = {
+            "global": {"scrape_interval": f"{s.scrape_interval_s:g}s", "evaluation_interval": f"{s.evaluation_interval_s:g}s"},
+            "rule_files": [str(self.rules_file)],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.ports.alertmanager}"]}]}]},
+            "scrape_configs": [
+                # honor_labels: the exporter's own job/instance labels are the collectors' identity
+                {"job_name": "otelcol", "honor_labels": True,
+                 "static_configs": [{"targets": [f"127.0.0.1:{self.ports.otel_prometheus}"]}]},
+                {"job_name": "fusebox-fuse", "static_configs": [{"targets": [f"127.0.0.1:{self.ports.fuse}"]}]},
+            ],
+        }
+        self.prom_file = self.workdir / "prometheus.yml"
+        self.prom_file.write_text(yaml.safe_dump(prom, sort_keys=False))
+
+    # -- processes --------------------------------------------------------------------
+    def start(self, *, deadline_s: float = 60.0) -> None:
+        """Start the services and wait until each is ready (raises ChildDied / TimeoutError)."""
+        p, w, t = self.ports, self.workdir, self.tools
+        gw = self.sup.start("gateway", [*_fusebox(), "fuse", "gateway", "--listen", f"127.0.0.1:{p.gateway}",
+                                        "--log", str(self.gateway_log)])
+        self._ready(gw, f"{self.urls['gateway']}/healthz", deadline_s)
+        fuse = self.sup.start("fuse", [*_fusebox(), "fuse", "serve", "--spec", str(self.spec_path),
+                                       "--listen", f"127.0.0.1:{p.fuse}", "--state", str(w / "fuse.sqlite"),
+                                       "--token-file", str(self.token_path), "--gateway-url", self.urls["gateway"],
+                                       "--hold", f"{self.opts.hold_s:g}"])
+        self._ready(fuse, f"{self.urls['fuse']}/state", deadline_s)
+        am = self.sup.start("alertmanager", [t["alertmanager"], f"--config.file={self.am_file}",
+                                             f"--storage.path={w / 'alertmanager'}",
+                                             f"--web.listen-address=127.0.0.1:{p.alertmanager}",
+                                             "--cluster.listen-address=", "--log.level=warn"])
+        env = dict(os.environ, FUSEBOX_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{p.otlp_grpc}",
+                   FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{p.otlp_http}",
+                   FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{p.otel_prometheus}",
+                   FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{p.otel_health}",
+                   FUSEBOX_OTELCOL_TELEMETRY_HOST="127.0.0.1", FUSEBOX_OTELCOL_TELEMETRY_PORT=str(p.otel_telemetry))
+        col = self.sup.start("otelcol", [t["otelcol"], f"--config={self.otel_file}"], env=env)
+        prom = self.sup.start("prometheus", [t["prometheus"], f"--config.file={self.prom_file}",
+                                             f"--storage.tsdb.path={w / 'prometheus'}",
+                                             f"--web.listen-address=127.0.0.1:{p.prometheus}", "--log.level=warn"])
+        self._ready(am, f"{self.urls['alertmanager']}/-/ready", deadline_s)
+        self._ready(col, f"http://127.0.0.1:{p.otel_health}/", deadline_s)
+        self._ready(prom, f"{self.urls['prometheus']}/-/ready", deadline_s)
+
+    def start_scenario(self, on_line: Optional[Callable[[float, str], None]] = None) -> Child:
+        """Start (or restart) the scenario player; it exits 0 at the scenario's end."""
+        if self.scenario_child is not None:
+            self.sup.children.remove(self.scenario_child)
+        self.scenario_runs += 1
+        args = [*_fusebox(), "collect", "scenario"] + ([self.opts.scenario] if self.opts.scenario else []) + [
+            "--speed", f"{self.opts.speed:g}", "--spec", str(self.spec_path), "--otlp-endpoint", self.urls["otlp"]]
+        self.scenario_child = self.sup.start(f"scenario-{self.scenario_runs}" if self.scenario_runs > 1 else "scenario",
+                                             args, may_exit=True, on_line=on_line)
+        return self.scenario_child
+
+    def _ready(self, child: Child, url: str, deadline_s: float) -> None:
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if child.proc.poll() is not None:
+                raise ChildDied(child)
+            try:
+                with urllib.request.urlopen(url, timeout=1):  # noqa: S310 -- loopback
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"{child.name} (pid {child.pid}) not ready at {url} after {deadline_s:g}s; "
+                           f"its log: {child.log_path}")
+
+    def stop(self) -> None:
+        self.sup.stop_all()
+
+
+def http_json(url: str, timeout: float = 2.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 -- loopback
+        return json.loads(r.read())

@@ -1,0 +1,187 @@
+"""What the demo sees, polled from the stack's own APIs, as a state snapshot and an event log.
+
+Sources: Prometheus' HTTP API (each signal's recording rule, ``ALERTS``), Alertmanager's
+``/api/v2/alerts`` (what it holds, inhibited or not), the fuse service's ``GET /state``, the
+reference gateway's JSON-lines log (each control call, with its own timestamp) and the
+scenario player's output (phase changes, stamped as they arrive).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from fusebox import conventions as C
+
+from .stack import http_json
+
+__all__ = ["Event", "Watcher", "PRIMARY"]
+
+# The three mission signals (fusebox.yaml); the demo shows these, with their fuse levels.
+PRIMARY = ("gpu_memory_utilization", "alignment_latency_p95", "kv_cache_growth_rate")
+_PHASE = re.compile(r"scenario t=(?P<t>[\d.]+)s (?:phase=(?P<phase>\S+)|done)")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One observed event. ``at``: wall-clock seconds (time.time()).
+
+    kind/what: ``phase``/<phase name>, ``scenario``/``done``; ``alert``/``pending``|``firing``|
+    ``resolved`` (alertname, severity, entity in ``detail``); ``fuse``/``trip``|``release``
+    (gateway log: action, level, scope); ``state``/<level> (fuse /state per scope).
+    """
+
+    at: float
+    kind: str
+    what: str
+    detail: dict = field(default_factory=dict)
+    text: str = ""
+
+
+def _entity(labels: dict) -> str:
+    return labels.get(C.LABEL["gpu_id"]) or labels.get(C.LABEL["engine"]) or ""
+
+
+def short(entity: str) -> str:
+    """GPU UUIDs shortened for a terminal (``GPU-5ca1ab1e…0000``)."""
+    return entity if len(entity) <= 24 else f"{entity[:12]}…{entity[-4:]}"
+
+
+class Watcher:
+    """Poll with :meth:`poll` (returns the new events); read :attr:`values`, :attr:`alerts`,
+    :attr:`fuses`, :attr:`phase`, :attr:`events`."""
+
+    def __init__(self, urls: dict[str, str], spec, gateway_log: Path):
+        self.urls = urls
+        self.spec = spec
+        self.gateway_log = Path(gateway_log)
+        self.signals = [spec.signal(n) for n in PRIMARY if any(s.name == n for s in spec.signals)]
+        self.events: list[Event] = []
+        self._pending: list[Event] = []
+        self._lock = threading.Lock()
+        self.values: dict[str, list[tuple[str, float]]] = {}  # signal -> [(entity, value)]
+        self.alerts: dict[tuple[str, str, str], tuple[str, float]] = {}  # (alert, severity, entity) -> (state, since)
+        self.am_alerts: dict[str, int] = {}  # "active"/"suppressed" -> count
+        self.fuses: dict[str, int] = {}  # scope key -> level (fuse /state)
+        self.gateway_calls: list[dict] = []
+        self.phase: Optional[str] = None
+        self.phase_t: float = 0.0
+        self.scenario_t0: Optional[float] = None  # wall time of scenario t=0 (latest run)
+        self.errors: dict[str, str] = {}
+        self._gw_offset = 0
+
+    # -- scenario output (called from the supervisor's reader thread) --------------------
+    def scenario_line(self, at: float, line: str) -> None:
+        m = _PHASE.search(line)
+        if not m:
+            return
+        t = float(m.group("t"))
+        with self._lock:
+            if m.group("phase"):
+                if t == 0:
+                    self.scenario_t0 = at
+                self.phase, self.phase_t = m.group("phase"), at
+                self._pending.append(Event(at, "phase", m.group("phase"), {"t": t}, line.split(" ", 2)[-1]))
+            else:
+                self._pending.append(Event(at, "scenario", "done", {"t": t}, f"scenario done at t={t:g}s"))
+
+    # -- polling ----------------------------------------------------------------------
+    def poll(self) -> list[Event]:
+        new: list[Event] = []
+        for name, fn in (("prometheus", self._poll_prometheus), ("alertmanager", self._poll_am),
+                         ("fuse", self._poll_fuse), ("gateway", self._poll_gateway)):
+            try:
+                new.extend(fn())
+                self.errors.pop(name, None)
+            except (OSError, ValueError, KeyError) as e:
+                self.errors[name] = str(e)
+        with self._lock:
+            new = self._pending + new
+            self._pending = []
+        new.sort(key=lambda e: e.at)
+        self.events.extend(new)
+        return new
+
+    def _query(self, expr: str) -> list[dict]:
+        q = urllib.parse.urlencode({"query": expr})
+        body = http_json(f"{self.urls['prometheus']}/api/v1/query?{q}")
+        if body.get("status") != "success":
+            raise ValueError(f"Prometheus: {body}")
+        return body["data"]["result"]
+
+    def _poll_prometheus(self) -> list[Event]:
+        now = time.time()
+        for sig in self.signals:
+            rec = C.signal_records(sig)["value"]
+            rows = self._query(rec)
+            self.values[sig.name] = sorted((_entity(r["metric"]), float(r["value"][1])) for r in rows)
+        seen: dict[tuple[str, str, str], str] = {}
+        for r in self._query(C.ALERTS_METRIC):
+            m = r["metric"]
+            key = (m.get("alertname", ""), m.get(C.LABEL["severity"], ""), _entity(m))
+            seen[key] = m.get("alertstate", "")
+        out = []
+        for key, state in seen.items():
+            old = self.alerts.get(key)
+            if old is None or old[0] != state:
+                self.alerts[key] = (state, now)
+                out.append(self._alert_event(now, key, state))
+        for key in list(self.alerts):
+            if key not in seen:
+                was = self.alerts.pop(key)[0]
+                if was == "firing":
+                    out.append(self._alert_event(now, key, "resolved"))
+        return out
+
+    def _alert_event(self, now: float, key, state: str) -> Event:
+        alert, sev, ent = key
+        return Event(now, "alert", state, {"alertname": alert, "severity": sev, "entity": ent},
+                     f"{alert} {sev} {state}" + (f" ({short(ent)})" if ent else ""))
+
+    def _poll_am(self) -> list[Event]:
+        rows = http_json(f"{self.urls['alertmanager']}/api/v2/alerts")
+        counts: dict[str, int] = {}
+        for a in rows:
+            st = (a.get("status") or {}).get("state", "?")
+            counts[st] = counts.get(st, 0) + 1
+        self.am_alerts = counts
+        return []
+
+    def _poll_fuse(self) -> list[Event]:
+        now = time.time()
+        levels = http_json(f"{self.urls['fuse']}/state").get("levels", {})
+        out = []
+        for scope in set(levels) | set(self.fuses):
+            old, new = self.fuses.get(scope, 0), int(levels.get(scope, 0))
+            if old != new:
+                out.append(Event(now, "state", str(new), {"scope": scope, "from": old},
+                                 f"fuse /state {scope}: level {old} -> {new}"))
+        self.fuses = {k: int(v) for k, v in levels.items()}
+        return out
+
+    def _poll_gateway(self) -> list[Event]:
+        if not self.gateway_log.exists():
+            return []
+        with open(self.gateway_log, "rb") as f:
+            f.seek(self._gw_offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        self._gw_offset += end
+        out = []
+        for raw in chunk[:end].splitlines():
+            if not raw.strip():
+                continue
+            rec = json.loads(raw)
+            self.gateway_calls.append(rec)
+            scope = ",".join(f"{k}={short(str(v))}" for k, v in sorted(rec.get("scope", {}).items())
+                             if k in (C.LABEL["gpu_id"], C.LABEL["engine"]))
+            out.append(Event(float(rec["at"]), "fuse", rec["state"], rec,
+                             f"gateway: {rec['state']} level {rec['level']} {rec['action']} [{scope}]"
+                             + (" (duplicate)" if rec.get("duplicate") else "")))
+        return out

@@ -1,0 +1,174 @@
+"""The demo's parts that need no external tool: the demo spec, the floor, the checker, the
+process supervisor (real processes, real process groups)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fusebox.demo.watch import Event
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU0 = "GPU-5ca1ab1e-0000-4000-8000-000000000000"
+ENGINE = "llava-decoder-0"
+
+
+@pytest.fixture(scope="module")
+def demo_spec(tmp_path_factory):
+    from fusebox.demo import FAST, demo_spec_text
+    from fusebox.generator.spec import load_spec
+
+    p = tmp_path_factory.mktemp("spec") / "demo.yaml"
+    p.write_text(demo_spec_text((ROOT / "fusebox.yaml").read_text(), webhook_url="http://127.0.0.1:5/alertmanager",
+                                credentials_file="/tmp/x.token", timing=FAST))
+    return load_spec(p)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    from fusebox.generator.spec import load_spec
+
+    return load_spec(ROOT / "fusebox.yaml")
+
+
+def test_the_demo_spec_shortens_intervals_and_fors_but_keeps_thresholds_and_windows(demo_spec, shipped):
+    assert demo_spec.scrape_interval_s == 1 and demo_spec.evaluation_interval_s == 1
+    assert demo_spec.group_wait_critical_s == 1 and demo_spec.group_interval_s == 5
+    assert demo_spec.webhook_url == "http://127.0.0.1:5/alertmanager" and demo_spec.credentials_file == "/tmp/x.token"
+    for name, warn_t, crit_t, window in (("gpu_memory_utilization", 0.72, 0.783, None),
+                                         ("alignment_latency_p95", 0.85, 1.28, 300),
+                                         ("kv_cache_growth_rate", 9.2e6, 14.7e6, 60)):
+        s = demo_spec.signal(name)
+        tiers = {t.name: t for t in s.tiers}
+        assert tiers["warning"].threshold == pytest.approx(warn_t) and tiers["critical"].threshold == pytest.approx(crit_t)
+        assert tiers["warning"].for_s == 20 and tiers["critical"].for_s == 10
+        assert tiers["critical"].keep_firing_for_s == 10
+        if window:
+            assert s.window_s == window == shipped.signal(name).window_s
+    # tiers already shorter than the cap keep their own `for` (PCIe 3 s, OOM-imminent 0 s)
+    assert demo_spec.signal("pcie_link_utilization").tiers[0].for_s == 3
+    assert demo_spec.signal("kv_cache_growth_oom").tiers[0].for_s == 0
+
+
+def test_the_floor_is_scrape_plus_evaluation_plus_for_plus_group_wait(demo_spec, shipped):
+    from fusebox.demo import floor_s
+
+    assert floor_s(demo_spec, "kv_cache_growth_rate") == 1 + 1 + 10 + 1
+    assert floor_s(shipped, "gpu_memory_utilization") == 5 + 5 + 30 + 5
+
+
+def _events():
+    """A run that went right: warnings, criticals, the six gateway calls, phases."""
+    ev = [Event(0, "phase", "baseline"), Event(100, "phase", "breach"), Event(200, "phase", "recovery")]
+    for i, alert in enumerate(("GPUMemoryUtilizationHigh", "AlignmentLatencyP95High", "KVCacheGrowthRateHigh")):
+        ent = GPU0 if i == 0 else ENGINE
+        ev.append(Event(50 + i, "alert", "firing", {"alertname": alert, "severity": "warning", "entity": ent}))
+        ev.append(Event(110 + i, "alert", "firing", {"alertname": alert, "severity": "critical", "entity": ent}))
+    for lvl, action, scope in ((1, "freeze_admissions", {"hw_id": GPU0}), (2, "text_only_fallback", {"engine": ENGINE}),
+                               (3, "kv_cache_eviction", {"engine": ENGINE})):
+        ev.append(Event(112 + lvl, "fuse", "trip", {"level": lvl, "action": action, "scope": scope}))
+        ev.append(Event(230 + lvl, "fuse", "release", {"level": lvl, "action": action, "scope": scope}))
+    return sorted(ev, key=lambda e: e.at)
+
+
+@pytest.fixture(scope="module")
+def scenario():
+    from fusebox.collectors.scenario import load_scenario
+
+    return load_scenario()
+
+
+def test_a_run_with_every_expected_event_passes(shipped, scenario):
+    from fusebox.demo import verify
+
+    assert verify(_events(), shipped, scenario) == []
+
+
+@pytest.mark.parametrize("mutate, says", [
+    (lambda ev: [e for e in ev if not (e.kind == "fuse" and e.what == "release" and e.detail["level"] == 2)],
+     "level 2 (text_only_fallback) released 0 times"),
+    (lambda ev: ev + [Event(300, "fuse", "trip", {"level": 3, "action": "kv_cache_eviction", "scope": {"engine": ENGINE}})],
+     "level 3 (kv_cache_eviction) tripped 2 times"),
+    (lambda ev: ev + [Event(120, "fuse", "trip", {"level": 1, "action": "freeze_admissions", "scope": {"hw_id": "GPU-other"}})],
+     "level 1 (freeze_admissions) tripped 2 times"),
+    (lambda ev: [Event(e.at if e.detail.get("severity") != "warning" or e.detail["alertname"] != "KVCacheGrowthRateHigh"
+                       else 130, e.kind, e.what, e.detail) for e in ev],
+     "KVCacheGrowthRateHigh: critical fired"),
+    (lambda ev: [e for e in ev if e.what != "recovery"], "never reached its recovery phase"),
+    (lambda ev: ev + [Event(240, "fuse", "trip", {"level": 2, "action": "freeze_admissions", "scope": {}})],
+     "unexpected gateway call"),
+    (lambda ev: [Event(e.at, e.kind, e.what, dict(e.detail, scope={"engine": "other"}))
+                 if e.kind == "fuse" and e.detail["level"] == 3 else e for e in ev],
+     "level 3 trip on engine='other'"),
+])
+def test_a_run_missing_or_adding_an_event_fails_and_says_what(shipped, scenario, mutate, says):
+    from fusebox.demo import verify
+
+    problems = verify(mutate(_events()), shipped, scenario)
+    assert any(says in p for p in problems), problems
+
+
+def test_a_child_that_dies_early_is_named_with_its_status_and_log(tmp_path):
+    from fusebox.demo.supervisor import ChildDied, Supervisor
+
+    sup = Supervisor(tmp_path)
+    try:
+        sup.start("flaky", [sys.executable, "-c", "import sys; print('cannot bind 127.0.0.1:1'); sys.exit(3)"])
+        time.sleep(1.0)
+        with pytest.raises(ChildDied) as e:
+            sup.check()
+        msg = str(e.value)
+        assert "flaky (pid" in msg and "status 3" in msg and str(tmp_path / "flaky.log") in msg
+        assert "cannot bind 127.0.0.1:1" in msg
+    finally:
+        sup.stop_all()
+
+
+def test_stop_all_ends_each_child_and_its_grandchildren_by_process_group(tmp_path):
+    from fusebox.demo.supervisor import Supervisor
+
+    sup = Supervisor(tmp_path)
+    pidfile = tmp_path / "grandchild.pid"
+    # a child that ignores SIGTERM and leaves a grandchild behind in its group
+    child = sup.start("stubborn", ["sh", "-c", f"trap '' TERM; sleep 300 & echo $! > {pidfile}; wait"])
+    deadline = time.monotonic() + 5
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    assert os.getpgid(grandchild) == child.pid
+    t0 = time.monotonic()
+    sup.stop_all()
+    assert child.proc.returncode is not None
+    assert time.monotonic() - t0 < 15
+    assert sup.children == []
+    # the grandchild is dead: gone, or a zombie waiting for whoever reaps orphans here
+    deadline = time.monotonic() + 5
+    while _alive(grandchild):
+        assert time.monotonic() < deadline, f"grandchild {grandchild} survived"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def test_demo_without_tools_fails_clearly(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("FUSEBOX_TOOLS", str(tmp_path / "none"))
+    monkeypatch.delenv("FUSEBOX_OTELCOL", raising=False)
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--spec", str(ROOT / "fusebox.yaml"),
+                        "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
+    assert r.returncode == 2
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("demo: FAILED missing prometheus") and "make tools" in last
+    assert not (tmp_path / "w").exists()
