@@ -123,9 +123,18 @@ VLLM_CACHE_CONFIG = "vllm:cache_config_info"
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter, tokens
 VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # counter, tokens (>= 0.9)
 VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"  # counter, tokens (>= 0.9)
+VLLM_PREFIX_CACHE_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"  # counter, tokens (< 0.9; PR #18354)
+VLLM_PREFIX_CACHE_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"  # counter, tokens (< 0.9)
 SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"  # gauge, fraction 0-1
 SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"  # counter, tokens
 SGLANG_PREFIXES = ("sglang:", "sglang_")
+
+
+def sglang_names(name: str) -> tuple[str, ...]:
+    """Every spelling of an SGLang metric, ``sglang:`` first: ``"sglang:cache_hit_rate"`` ->
+    ``("sglang:cache_hit_rate", "sglang_cache_hit_rate")`` (the prefix varies by version)."""
+    base = next((name[len(p):] for p in SGLANG_PREFIXES if name.startswith(p)), name)
+    return tuple(p + base for p in SGLANG_PREFIXES)
 
 # dcgm-exporter fields (MiB for framebuffer; ratios 0-1 for DCP fields).
 DCGM = {
@@ -235,6 +244,46 @@ def signal_records(signal) -> dict[str, str]:
         out["bucket_rate"] = record_name(lvl, f"{hist}_bucket", f"rate{w}")
         out["over_threshold"] = record_name(lvl, f"fusebox_{name}_over_threshold", f"ratio_rate{w}")
     return out
+
+
+# Window of the rates the dashboard records take (engine token and prefix-cache counters).
+DASHBOARD_RATE_WINDOW_S = 300.0
+
+
+def dashboard_records() -> dict[str, str]:
+    """Recording-rule names the dashboards read beyond the signals' own, by role.
+
+    They live in the ``fusebox-dashboard`` rule group and raise no alert; none of them adds an
+    absent alert (vLLM and SGLang metrics are optional). Roles and labels:
+
+    * ``kv_usage``, ``kv_limit``: KV-cache bytes in use / pool bytes per engine (summed over the
+      engine's GPUs; labels cluster, host_name, engine, model), bytes;
+    * ``kv_ratio``: ``kv_usage / kv_limit`` per engine, ratio 0-1;
+    * ``gpu_used``, ``gpu_reserved``: device memory used (total - free) and driver-reserved per
+      GPU / MIG instance, bytes, whichever backend the GPU-memory signal reads (NVML or DCGM);
+    * ``host_power``: GPU power summed per host (cluster, host_name), watts;
+    * ``host_tokens``: generated tokens per second per host, vLLM and SGLang engines each counted
+      once, rate over :data:`DASHBOARD_RATE_WINDOW_S`;
+    * ``energy_per_token``: ``host_power / host_tokens``, joules per generated token (no sample
+      where no token was generated);
+    * ``prefix_hit_vllm``: vLLM prefix-cache hits over queries (counters, either name
+      generation), per cluster, host_name, model_name, ratio 0-1 over the rate window;
+    * ``prefix_hit_sglang``: SGLang's ``cache_hit_rate`` gauge averaged per cluster, host_name,
+      model_name, ratio 0-1.
+    """
+    w = window_word(DASHBOARD_RATE_WINDOW_S)
+    return {
+        "kv_usage": record_name("engine", "fusebox_kv_cache_usage", "bytes"),
+        "kv_limit": record_name("engine", "fusebox_kv_cache_limit", "bytes"),
+        "kv_ratio": record_name("engine", "fusebox_kv_cache_usage", "ratio"),
+        "gpu_used": record_name("gpu", "fusebox_gpu_memory_used", "bytes"),
+        "gpu_reserved": record_name("gpu", "fusebox_gpu_memory_reserved", "bytes"),
+        "host_power": record_name("host", "fusebox_gpu_power", "watts"),
+        "host_tokens": record_name("host", "fusebox_generation_tokens", f"rate{w}"),
+        "energy_per_token": record_name("host", "fusebox_energy_per_generated_token", f"joules_rate{w}"),
+        "prefix_hit_vllm": record_name("model", "fusebox_vllm_prefix_cache_hit", f"ratio_rate{w}"),
+        "prefix_hit_sglang": record_name("model", "fusebox_sglang_prefix_cache_hit", "ratio"),
+    }
 
 
 # --- collectors: attribute keys, self-metrics, service names ---------------------------------

@@ -12,8 +12,9 @@ fixes what grafanalib writes for Grafana 5 but current Grafana (>= 11) misreads 
 * threshold lines shown (``thresholdsStyle.mode = "line"``) on every panel drawn against the
   spec's tiers.
 
-Every query reads the recording rules named by :func:`fusebox.conventions.signal_records`
-(never raw histograms); thresholds are the spec's tiers in base units, so a panel's line is
+Every query reads the recording rules named by :func:`fusebox.conventions.signal_records` and
+:func:`fusebox.conventions.dashboard_records` (never raw histograms; the overview's fuse state and
+firing alerts, a handful of series, read ``fusebox_fuse_level`` and ``ALERTS``); thresholds are the spec's tiers in base units, so a panel's line is
 the alert's threshold by construction. Units follow the signal's unit (ratio ->
 ``percentunit``, bytes -> ``decbytes``, bytes/s -> ``Bps``, seconds -> ``s``; SI, because the
 spec's MB are SI). Every panel links to the runbook of the alert it shows
@@ -215,14 +216,14 @@ def _gpu_memory(spec) -> Optional[DashboardDef]:
                                     "(total - free) / total as NVML or DCGM report it; engines that pre-allocate the KV pool sit high here "
                                     "while the effective basis stays low.", _sel(r["device"], "gpu"), legend))
     alert = sigs[0].alert
-    g = lambda m: _sel(m, "gpu")  # noqa: E731
+    d = C.dashboard_records()
     panels += [
-        PanelDef("Device memory used and total", "hw.gpu.memory.usage (bytes) per GPU / MIG instance, and the total the rules divide by.",
-                 (Query(g(C.PROM["gpu_memory_usage"]), "used {{host_name}} {{hw_id}}"),
+        PanelDef("Device memory used and total", "Device memory used (total - free, bytes) per GPU / MIG instance, and the total the rules divide by.",
+                 (Query(_sel(d["gpu_used"], "gpu"), "used {{host_name}} {{hw_id}}"),
                   Query(_sel(r["total"], "hw_id"), "total {{hw_id}}")),
                  "decbytes", (alert,)),
         PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (PITFALLS P6).",
-                 (Query(g(C.PROM["gpu_memory_reserved"]), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
+                 (Query(_sel(d["gpu_reserved"], "gpu"), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
         PanelDef("KV pool free bytes per GPU", "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
                  (Query(_sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)),
     ]
@@ -241,13 +242,12 @@ def _kv_cache(spec) -> Optional[DashboardDef]:
                                     f"{sig.description} Lines at {_tier_text(sig)} (SI: 1 MB = 10^6 B).",
                                     _sel(r["value"], "engine"), _LEGEND["engine"]))
     alerts = tuple(s.alert for s in sigs)
-    usage, limit = C.PROM["kv_cache_usage"], C.PROM["kv_cache_limit"]
-    by = "cluster, host_name, engine, model"
+    d = C.dashboard_records()
     panels += [
-        PanelDef("KV-cache bytes per engine", "fusebox.kv_cache.usage: bytes of KV cache in use per engine.",
-                 (Query(f"sum by ({by}) ({_sel(usage, 'engine')})", _LEGEND["engine"]),), "decbytes", alerts),
+        PanelDef("KV-cache bytes per engine", "fusebox.kv_cache.usage: bytes of KV cache in use per engine (summed over its GPUs).",
+                 (Query(_sel(d["kv_usage"], "engine"), _LEGEND["engine"]),), "decbytes", alerts),
         PanelDef("KV pool usage per engine", "KV bytes in use over the pool's bytes (0-1).",
-                 (Query(f"sum by ({by}) ({_sel(usage, 'engine')}) / sum by ({by}) ({_sel(limit, 'engine')})", _LEGEND["engine"]),),
+                 (Query(_sel(d["kv_ratio"], "engine"), _LEGEND["engine"]),),
                  "percentunit", alerts, soft_max=1.0),
     ]
     return DashboardDef("kv-cache", f"fusebox / {spec.name} / KV cache",
@@ -296,21 +296,15 @@ def _secondary(spec) -> Optional[DashboardDef]:
     # Not spec signals (no alert of their own): linked to the alert whose diagnosis uses them.
     bw = next((s.alert for s in spec.signals if s.name == "memory_bandwidth_saturation"), spec.signals[0].alert)
     kv = next((s.alert for s in spec.signals if s.kind == "deriv"), spec.signals[0].alert)
-    by = "cluster, host_name"
-    model_by = "cluster, host_name, model_name"
-    w = "5m"
+    d = C.dashboard_records()
     panels += [
         PanelDef("Energy per generated token",
-                 "GPU power (hw.power, W) per host over generated tokens per second (vLLM, SGLang): joules per token.",
-                 (Query(f"sum by ({by}) ({_sel(C.PROM['gpu_power'], 'host')}) / sum by ({by}) ("
-                        f"rate({_sel(C.VLLM_GENERATION_TOKENS, 'host')}[{w}]) or rate({_sel(C.SGLANG_GENERATION_TOKENS, 'host')}[{w}]))",
-                        _LEGEND["host"]),), "joule", (bw,)),
+                 "GPU power (hw.power, W) per host over generated tokens per second (vLLM, SGLang; 5m rate): joules per token.",
+                 (Query(_sel(d["energy_per_token"], "host"), _LEGEND["host"]),), "joule", (bw,)),
         PanelDef("Prefix-cache hit rate",
-                 "Prefix-cache hits over queries (vLLM >= 0.9 counters), or SGLang's cache_hit_rate gauge; a drop speeds up KV growth.",
-                 (Query(f"sum by ({model_by}) (rate({_sel(C.VLLM_PREFIX_CACHE_HITS, 'host')}[{w}])) / "
-                        f"sum by ({model_by}) (rate({_sel(C.VLLM_PREFIX_CACHE_QUERIES, 'host')}[{w}]))",
-                        "vLLM {{host_name}} {{model_name}}"),
-                  Query(f"avg by ({model_by}) ({_sel(C.SGLANG_CACHE_HIT_RATE, 'host')})", "SGLang {{host_name}} {{model_name}}")),
+                 "Prefix-cache hits over queries (vLLM counters, 5m rate), or SGLang's cache_hit_rate gauge; a drop speeds up KV growth.",
+                 (Query(_sel(d["prefix_hit_vllm"], "host"), "vLLM {{host_name}} {{model_name}}"),
+                  Query(_sel(d["prefix_hit_sglang"], "host"), "SGLang {{host_name}} {{model_name}}")),
                  "percentunit", (kv,), soft_max=1.0),
     ]
     return DashboardDef("secondary", f"fusebox / {spec.name} / secondary signals",

@@ -137,6 +137,67 @@ def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
     return out
 
 
+def _rate_or(names: tuple[str, ...], spec: Spec, w: str) -> str:
+    """``rate(a[w]) or rate(b[w])``: one series per engine whichever name its version exports.
+
+    ``rate`` drops the metric name, so an engine exporting both spellings matches itself on the
+    right of ``or`` and is counted once (PITFALLS P4)."""
+    return " or ".join(f"rate({selector(n, spec)}[{w}])" for n in names)
+
+
+def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
+    """The ``fusebox-dashboard`` group: what the drill-down panels read beyond the signals' records.
+
+    Each record aggregates to fewer series or precomputes a rate, so a panel reads one short
+    series per engine / host / model instead of every raw series over a window. Records that
+    read records come after them (rules in a group run in order). Engine metrics (vLLM, SGLang)
+    are optional: a record over a missing metric is empty, and no absent alert is made for it.
+    """
+    names = C.dashboard_records()
+    w = format_duration(C.DASHBOARD_RATE_WINDOW_S)
+    engine_by = "cluster, host_name, engine, model"
+    host_by = "cluster, host_name"
+    model_by = "cluster, host_name, model_name"
+    out: list[dict[str, Any]] = []
+    gpu_sig = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
+    if gpu_sig is not None:
+        if gpu_sig.source.backend == "dcgm":
+            # MiB; used = total - FREE = USED + RESERVED (PITFALLS P6, P7), like the signal's rules.
+            u, r = selector(C.DCGM["fb_used"], spec), selector(C.DCGM["fb_reserved"], spec)
+            used = f'label_replace(({u} + {r}) * {C.MIB}, "hw_id", "$1", "UUID", "(.+)")'
+            reserved = f'label_replace({r} * {C.MIB}, "hw_id", "$1", "UUID", "(.+)")'
+        else:
+            used, reserved = selector(C.PROM["gpu_memory_usage"], spec), selector(C.PROM["gpu_memory_reserved"], spec)
+        # Per GPU, so no cheaper than the raw gauge; recorded so the panels read the same name
+        # whichever backend the GPU-memory signal uses.
+        out += [{"record": names["gpu_used"], "expr": used}, {"record": names["gpu_reserved"], "expr": reserved}]
+    if any(s.kind == "deriv" for s in spec.signals):
+        out += [
+            {"record": names["kv_usage"], "expr": f"sum by ({engine_by}) ({selector(C.PROM['kv_cache_usage'], spec)})"},
+            {"record": names["kv_limit"], "expr": f"sum by ({engine_by}) ({selector(C.PROM['kv_cache_limit'], spec)})"},
+            {"record": names["kv_ratio"], "expr": f"{names['kv_usage']} / {names['kv_limit']}"},
+        ]
+    sglang_tokens = _rate_or(C.sglang_names(C.SGLANG_GENERATION_TOKENS), spec, w)
+    out += [
+        {"record": names["host_power"], "expr": f"sum by ({host_by}) ({selector(C.PROM['gpu_power'], spec)})"},
+        # The engine-kind label keeps a vLLM and an SGLang engine with equal labels apart (`or`
+        # would drop the second); within a kind, `or` picks one spelling per engine.
+        {"record": names["host_tokens"], "expr": (
+            f"sum by ({host_by}) (\n"
+            f'  label_replace(rate({selector(C.VLLM_GENERATION_TOKENS, spec)}[{w}]), "engine_kind", "vllm", "", "")\n'
+            f'  or label_replace({sglang_tokens}, "engine_kind", "sglang", "", "")\n'
+            f")")},
+        # W / (tokens/s) = J/token; a host that generated nothing has no sample rather than +Inf.
+        {"record": names["energy_per_token"], "expr": f"{names['host_power']} / ({names['host_tokens']} > 0)"},
+        {"record": names["prefix_hit_vllm"], "expr": (
+            f"sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_HITS, C.VLLM_PREFIX_CACHE_HITS_OLD), spec, w)})\n"
+            f"  / (sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_QUERIES, C.VLLM_PREFIX_CACHE_QUERIES_OLD), spec, w)}) > 0)")},
+        {"record": names["prefix_hit_sglang"], "expr": (
+            f"avg by ({model_by}) ({' or '.join(selector(n, spec) for n in C.sglang_names(C.SGLANG_CACHE_HIT_RATE))})")},
+    ]
+    return out
+
+
 def alert_labels(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
     """Labels the alerting rule adds (the fuse service reads signal, fuse_action, fuse_level)."""
     labels = dict(spec.labels)
@@ -209,7 +270,9 @@ def render_rules(spec: Spec) -> Rules:
 
     Returns:
         Rules with one group per signal (recording rules, then one alerting rule per enabled
-        tier, all under the signal's single alert name) and a ``fusebox-absent`` group.
+        tier, all under the signal's single alert name), a ``fusebox-dashboard`` group of
+        records the dashboards read (:func:`fusebox.conventions.dashboard_records`) and a
+        ``fusebox-absent`` group.
     """
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
@@ -219,6 +282,8 @@ def render_rules(spec: Spec) -> Rules:
         groups.append({"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": rules})
         for m in signal_raw_metrics(sig):
             raw_metrics.setdefault(m, []).append(sig.name)
+    # Dashboard records: read by panels only, so their metrics never join raw_metrics (no absent alerts).
+    groups.append({"name": f"{GROUP_PREFIX}-dashboard", "interval": interval, "rules": _dashboard_records(spec)})
     if spec.absent_enabled and raw_metrics:
         absent_rules = []
         for m in sorted(raw_metrics):

@@ -8,7 +8,13 @@ fuse service of a real deployment), scraped every second by Prometheus 2.42 with
 * PCIe at 0.97 (>= 95 %, for 3s) -> GPUPCIeLinkSaturated fires within two evaluations;
 * alignments at 10/s: 10 % at 0.3 s, 10 % at 0.9 s, 80 % at 1.4 s -> share over 0.85 s = 0.9,
   share over 1.28 s = 0.8, P95 inside the (1.28, 1.5] bucket;
-* KV bytes growing 20 MB/s;
+* KV bytes growing 20 MB/s from 2 GB in a pool of 8 GB -> pool usage between 0.25 and 0.5 in
+  the test's first 100 s;
+* one 300 W GPU on the host, a vLLM engine generating 500 tokens/s -> 0.6 J per token once the
+  5m rate window is full; in the test's first minute the 5m rate still divides about k seconds
+  of tokens by 300 s, so the record reads 0.6 x 300 / k: at least 0.6, at most 36 (k >= 5);
+  exact values are in tests/promtool/dashboard_records.test.yml;
+* vLLM prefix cache: 400 hits of 1000 queried tokens per second -> 0.4; SGLang's gauge 0.35;
 * the fuse service at level 2 on one engine scope.
 """
 
@@ -136,3 +142,10 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             assert device == pytest.approx(0.785)
             growth = float(query(base, "engine:fusebox_kv_cache_growth_rate:deriv1m")[0]["value"][1])
             assert growth == pytest.approx(20e6, rel=0.1)
+            d = C.dashboard_records()
+            one = lambda rec: float(query(base, rec)[0]["value"][1])  # noqa: E731
+            assert 0.25 < one(d["kv_ratio"]) < 0.5
+            assert 0.6 <= one(d["energy_per_token"]) <= 36
+            assert one(d["prefix_hit_vllm"]) == pytest.approx(0.4, rel=0.02)
+            assert one(d["prefix_hit_sglang"]) == pytest.approx(0.35)
+            assert one(d["gpu_used"]) == 62_800 * MIB

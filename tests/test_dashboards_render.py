@@ -79,6 +79,48 @@ def test_panels_read_recording_rules_not_raw_histograms(boards, spec):
     assert used == records, f"recording rules no panel shows: {sorted(records - used)}"
 
 
+def test_panels_read_only_recording_rules_apart_from_fuse_state_and_alerts(boards, spec):
+    """Issue 4: every panel reads a record of the generated rules file; the overview's fuse state
+    and firing-alert panels (a few series each) are the only raw reads."""
+    import yaml
+
+    from fusebox.generator.outputs import RULE_FILE, render_all
+    from fusebox.generator.promql import vector_selectors
+
+    groups = yaml.safe_load(render_all(spec)[RULE_FILE])["groups"]
+    recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    dash = C.dashboard_records()
+    assert set(dash.values()) <= recorded
+    raw = set()
+    used = set()
+    for name, p in _panels(boards):
+        for t in p["targets"]:
+            for sel in vector_selectors(substitute(t["expr"])):
+                (used if sel.name in recorded else raw).add((name, p["title"], sel.name))
+    assert {r[2] for r in raw} == {C.FUSE_LEVEL_METRIC, C.ALERTS_METRIC}, sorted(raw)
+    assert {r[:2] for r in raw} == {("overview", "Fuse state per scope"), ("overview", "Firing fusebox alerts")}
+    # every dashboard record is shown, except the operands the ratios are computed from
+    shown = {u[2] for u in used}
+    assert set(dash.values()) - shown == {dash["kv_limit"], dash["host_power"], dash["host_tokens"]}
+    panel = {p["title"]: [t["expr"] for t in p["targets"]] for _, p in _panels(boards)}
+    assert panel["KV pool usage per engine"] == [
+        'engine:fusebox_kv_cache_usage:ratio{cluster=~"$cluster", host_name=~"$instance", engine=~"$engine", model=~"$model"}']
+    assert panel["Energy per generated token"] == [
+        'host:fusebox_energy_per_generated_token:joules_rate5m{cluster=~"$cluster", host_name=~"$instance"}']
+    assert [e.split("{")[0] for e in panel["Prefix-cache hit rate"]] == [
+        "model:fusebox_vllm_prefix_cache_hit:ratio_rate5m", "model:fusebox_sglang_prefix_cache_hit:ratio"]
+
+
+def test_dashboard_record_panels_keep_their_units(boards):
+    units = {p["title"]: p["fieldConfig"]["defaults"]["unit"] for _, p in _panels(boards)}
+    assert units["KV-cache bytes per engine"] == "decbytes"
+    assert units["KV pool usage per engine"] == "percentunit"
+    assert units["Device memory used and total"] == "decbytes"
+    assert units["Driver-reserved memory"] == "decbytes"
+    assert units["Energy per generated token"] == "joule"
+    assert units["Prefix-cache hit rate"] == "percentunit"
+
+
 def test_every_threshold_drawn_equals_the_spec_figure(boards):
     seen = set()
     for _, p in _panels(boards):

@@ -71,6 +71,49 @@ def test_alert_names_labels_and_runbook_links(generated, spec):
                       "fusebox_gpu_pcie_utilization_ratio"}
 
 
+def test_dashboard_group_records_what_the_panels_read(generated, spec):
+    doc = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
+    group = next(g for g in doc["groups"] if g["name"] == "fusebox-dashboard")
+    assert group["interval"] == "5s"  # the spec's evaluation_interval
+    assert all("alert" not in r for r in group["rules"])
+    records = {r["record"]: r["expr"] for r in group["rules"]}
+    assert list(records) == [r["record"] for r in group["rules"]], "each record defined once"
+    assert set(records) == set(C.dashboard_records().values())
+    for name, expr in records.items():
+        promql_parser.parse(expr)
+        assert len(name.split(":")) == 3, name
+    # records reading records come after them (rules in a group run in order)
+    order = list(records)
+    for name, expr in records.items():
+        for other in records:
+            if other != name and other in expr:
+                assert order.index(other) < order.index(name), (other, name)
+    # every version's spelling, joined with `or` (PITFALLS P4)
+    d = C.dashboard_records()
+    assert "rate(vllm:prefix_cache_hits_total[5m]) or rate(vllm:gpu_prefix_cache_hits_total[5m])" in records[d["prefix_hit_vllm"]]
+    assert "rate(sglang:generation_tokens_total[5m]) or rate(sglang_generation_tokens_total[5m])" in records[d["host_tokens"]]
+    assert "sglang:cache_hit_rate or sglang_cache_hit_rate" in records[d["prefix_hit_sglang"]]
+    # no absent alert for the optional engine metrics the dashboard records read
+    absent = {a["labels"]["metric"] for g in doc["groups"] for a in g["rules"] if a.get("alert") == C.ABSENT_ALERT}
+    assert not {m for m in absent if m.startswith(("vllm", "sglang", "hw_power"))}
+
+
+def test_dashboard_gpu_bytes_follow_the_dcgm_backend():
+    text = SPEC.read_text().replace("    level: gpu\n    source: fusebox\n    sources:\n      fusebox:\n        note: hw_gpu",
+                                    "    level: gpu\n    source: dcgm\n    sources:\n      fusebox:\n        note: hw_gpu", 1)
+    from fusebox.generator import parse_spec
+    from fusebox.generator.render_rules import render_rules
+
+    rules = render_rules(parse_spec(text, "fusebox.yaml"))
+    group = next(g for g in rules.groups if g["name"] == "fusebox-dashboard")
+    records = {r["record"]: r["expr"] for r in group["rules"]}
+    d = C.dashboard_records()
+    assert "hw_gpu_memory_usage_bytes" not in records[d["gpu_used"]]
+    assert "DCGM_FI_DEV_FB_USED" in records[d["gpu_used"]] and "DCGM_FI_DEV_FB_RESERVED" in records[d["gpu_used"]]
+    assert "DCGM_FI_DEV_FB_RESERVED" in records[d["gpu_reserved"]]
+    assert "1048576" in records[d["gpu_used"]] and "1048576" in records[d["gpu_reserved"]]
+
+
 def test_runbooks_carry_the_tier_sop_and_queries(generated):
     text = (generated / "runbooks/GPUMemoryUtilizationHigh.md").read_text()
     assert "78.3%" in text and "72%" in text

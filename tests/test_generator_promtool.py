@@ -70,7 +70,8 @@ def _hand_test(out: Path, name: str, pt: str):
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
-@pytest.mark.parametrize("name", ["gpu_memory.test.yml", "kv_growth.test.yml", "alignment_p95.test.yml"])
+@pytest.mark.parametrize("name", ["gpu_memory.test.yml", "kv_growth.test.yml", "alignment_p95.test.yml",
+                                  "dashboard_records.test.yml"])
 def test_hand_written_values(generated, tmp_path, name, which):
     out = tmp_path / "g"
     shutil.copytree(generated, out)
@@ -88,6 +89,16 @@ def test_mib_threshold_keeps_14_8_mb_per_s_silent(tmp_path, which):
     write_outputs(render_all(spec), tmp_path)
     assert ">= 15414067.2" in (tmp_path / "rules/fusebox.rules.yml").read_text()
     _hand_test(tmp_path, "kv_growth_mib.test.yml", promtools()[which])
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
+def test_dashboard_gpu_bytes_from_dcgm_in_bytes(tmp_path, which):
+    """With the dcgm source, the GPU drill-down's used and reserved bytes come from MiB fields."""
+    text = SPEC.read_text().replace("    level: gpu\n    source: fusebox\n", "    level: gpu\n    source: dcgm\n", 1)
+    spec = parse_spec(text, "fusebox.yaml")
+    assert spec.signal("gpu_memory_utilization").source.backend == "dcgm"
+    write_outputs(render_all(spec), tmp_path)
+    _hand_test(tmp_path, "dashboard_records_dcgm.test.yml", promtools()[which])
 
 
 def test_alertmanager_config_and_routes(generated, spec):
