@@ -14,6 +14,7 @@ rules read ``vllm:num_preemptions`` without ``_total`` and ``le="120"`` where vL
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -53,6 +54,7 @@ def tools_dir() -> Path:
     return Path(os.environ.get("FUSEBOX_TOOLS", Path.home() / ".cache" / "fusebox" / "tools"))
 
 
+@functools.lru_cache(maxsize=None)
 def _version(binary: str) -> tuple[int, ...]:
     try:
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
