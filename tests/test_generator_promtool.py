@@ -152,3 +152,20 @@ def test_missing_promtool_is_a_clear_message(generated, tmp_path, monkeypatch):
     assert r.returncode == 3
     assert "promtool not found" in r.stderr and "apt-get install prometheus" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
+def test_selector_and_extra_labels_reach_rules_and_generated_tests(tmp_path, which):
+    text = SPEC.read_text().replace("  selector: {}", '  selector: {cluster: prod-a}').replace(
+        "  labels: {}", "  labels: {team: ml-infra}")
+    spec = parse_spec(text, "fusebox.yaml")
+    write_outputs(render_all(spec), tmp_path)
+    rules = (tmp_path / "rules/fusebox.rules.yml").read_text()
+    assert 'hw_gpu_memory_usage_bytes{cluster="prod-a"}' in rules
+    assert 'absent(fusebox_kv_cache_usage_bytes{cluster="prod-a"})' in rules
+    doc = yaml.safe_load(rules)
+    alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+    assert all(a["labels"]["team"] == "ml-infra" for a in alerts)
+    pt = promtools()[which]
+    r = _run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=tmp_path / "rules")
+    assert r.returncode == 0, r.stdout + r.stderr
