@@ -191,9 +191,12 @@ class Breaker:
     def restore(self, snap: dict) -> None:
         if not snap:
             return
+        # Keys are recomputed from the labels: snapshots written before values were escaped
+        # (fusebox < escaping) carry ambiguous keys.
         self.scopes = {
-            key: {"labels": dict(sc["labels"]), "levels": {int(lvl): _Level(**st) for lvl, st in sc["levels"].items()}}
-            for key, sc in snap.get("scopes", {}).items()
+            scope_key(sc["labels"]): {"labels": dict(sc["labels"]),
+                                      "levels": {int(lvl): _Level(**st) for lvl, st in sc["levels"].items()}}
+            for sc in snap.get("scopes", {}).values()
         }
         self.resolved = {fp: list(v) for fp, v in snap.get("resolved", {}).items()}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from _fuse_support import SPEC, alert, payload
 
-from fusebox.fuse import Breaker, FuseRules, OverrideError, parse_payload
+from fusebox.fuse import Breaker, FuseRules, OverrideError, parse_payload, scope_key
 from fusebox.generator.spec import load_spec
 
 RULES = FuseRules.from_spec(load_spec(SPEC))
@@ -160,3 +160,35 @@ def test_override_rejects_bad_input_and_changes_nothing(level, mode, dur):
     with pytest.raises(OverrideError):
         b.override(GPU, level, mode, "x", dur, T0)
     assert b.snapshot() == before
+
+
+# Keys worked out by hand with Prometheus' label-value escaping (backslash, double quote, newline).
+SCOPE_KEYS = {
+    "a plain scope is a selector in SCOPE_LABELS order": (
+        {"engine": "e0", "cluster": "a"}, '{cluster="a",engine="e0"}'),
+    "a double quote in a value is escaped": (
+        {"cluster": 'a",engine="b'}, r'{cluster="a\",engine=\"b"}'),
+    "a backslash in a value is escaped": (
+        {"cluster": "a\\"}, r'{cluster="a\\"}'),
+    "a newline in a value is escaped": (
+        {"cluster": "a\nb"}, r'{cluster="a\nb"}'),
+}
+
+
+@pytest.mark.parametrize("scope,key", SCOPE_KEYS.values(), ids=SCOPE_KEYS.keys())
+def test_scope_key(scope, key):
+    assert scope_key(scope) == key
+
+
+def test_a_value_that_looks_like_two_labels_is_not_the_same_scope_as_those_labels():
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(alert("KVCacheGrowthRateHigh", cluster='a",engine="b'),
+                           alert("KVCacheGrowthRateHigh", cluster="a", engine="b")), T0)
+    assert b.levels() == {r'{cluster="a\",engine=\"b"}': 3, '{cluster="a",engine="b"}': 3}
+
+
+def test_restore_rekeys_scopes_saved_before_keys_were_escaped():
+    b = Breaker(RULES, HOLD)
+    b.restore({"version": 1, "resolved": {}, "scopes": {'{cluster="a"b"}': {
+        "labels": {"cluster": 'a"b'}, "levels": {"3": {"tripped": True, "holders": {}}}}}})
+    assert b.levels() == {r'{cluster="a\"b"}': 3}
