@@ -149,3 +149,21 @@ def test_fuzz_the_api_from_its_openapi_schema(svc):
     assert failures == []
     # the run reached the handlers: accepted, rejected-as-malformed and unauthenticated requests
     assert {("POST", 200), ("POST", 400), ("POST", 401), ("GET", 200)} <= codes, codes
+
+
+# 200 KB, under the 1 MiB limit: nesting deeper than Python's recursion limit (1000).
+DEEP = {
+    "a deeply nested alerts list to the webhook": ("/alertmanager", '{"alerts":' + "[" * 100_000 + "]" * 100_000 + "}"),
+    "a deeply nested scope to the override": ("/override", '{"scope":' + "[" * 100_000 + "]" * 100_000 + "}"),
+    "a deeply nested object to the webhook": ("/alertmanager", '{"a":' * 100_000 + "1" + "}" * 100_000),
+}
+
+
+@pytest.mark.parametrize("path,body", DEEP.values(), ids=DEEP.keys())
+def test_deeply_nested_json_is_400_counted_and_changes_nothing(svc, path, body):
+    client = TestClient(create_app(svc, TOKEN))  # default body limit, 1 MiB
+    r = client.post(path, content=body, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert svc.store.snapshot() is None and svc.store.audit_log() == []
+    if path == "/alertmanager":
+        assert 'fusebox_fuse_notifications_total{outcome="http_400"} 1.0' in client.get("/metrics").text
