@@ -12,14 +12,13 @@ GET  /                      no     read-only HTML status page
 GET  /healthz               no     200 "ok"
 ==========================  =====  ===============================================================
 
-Authentication is ``Authorization: Bearer <token>``, the token read from a file
-(Alertmanager's ``http_config.authorization.credentials_file``), compared with
-:func:`hmac.compare_digest`.
+Authentication is ``Authorization: Bearer <token>`` (scheme case-insensitive, RFC 7235), the token
+read from a file (Alertmanager's ``http_config.authorization.credentials_file``), compared with
+:func:`hmac.compare_digest` (:func:`fusebox.fuse.actions.bearer_matches`).
 """
 
 from __future__ import annotations
 
-import hmac
 import html
 import time
 from datetime import datetime, timezone
@@ -34,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fusebox import conventions as C
 
+from .actions import bearer_matches
 from .breaker import OverrideError
 from .payload import PayloadError, parse_payload
 from .service import FuseService, Unavailable
@@ -94,7 +94,6 @@ def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYT
     """The ASGI app. ``token``: the bearer token both Alertmanager and SREs present."""
     if not token:
         raise ValueError("an empty token would let anyone trip fuses")
-    expected = f"Bearer {token}".encode()
     app = FastAPI(title="fusebox fuse", version="1", description=__doc__.split("\n\n")[0])
 
     # pydantic's nested schemas (the _Alert model) must be in components for the $ref to resolve.
@@ -119,8 +118,7 @@ def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYT
         return _problem(400, str(exc.errors())[:500])
 
     def authorized(request: Request) -> bool:
-        got = request.headers.get("authorization", "").encode()
-        return hmac.compare_digest(got, expected)
+        return bearer_matches(request.headers.get("authorization"), token)
 
     async def body_of(request: Request) -> bytes | Response:
         if not authorized(request):

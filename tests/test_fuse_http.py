@@ -48,6 +48,23 @@ def test_without_the_token_401_and_nothing_changes(client, svc, headers):
     assert svc.state()["levels"] == {} and svc.store.snapshot() is None
 
 
+AUTH_HEADERS = {
+    "the scheme in lower case is accepted": (f"bearer {TOKEN}", 200),
+    "the scheme in upper case is accepted": (f"BEARER {TOKEN}", 200),
+    "the canonical scheme is accepted": (f"Bearer {TOKEN}", 200),
+    "the token is still compared case-sensitively": (f"Bearer {TOKEN.upper()}", 401),
+    "another scheme with the right token is refused": (f"Basic {TOKEN}", 401),
+    "the scheme alone is refused": ("Bearer", 401),
+    "a token that only starts with the right one is refused": (f"Bearer {TOKEN}x", 401),
+}
+
+
+@pytest.mark.parametrize("value,code", AUTH_HEADERS.values(), ids=AUTH_HEADERS.keys())
+def test_authorization_scheme_is_case_insensitive_rfc_7235(client, value, code):
+    r = client.post("/alertmanager", json=payload(), headers={"Authorization": value})
+    assert r.status_code == code
+
+
 def test_oversized_body_413(client, svc):
     big = payload(*[alert("GPUMemoryUtilizationHigh", cluster="a", hw_id=f"GPU-{i}") for i in range(400)])
     r = client.post("/alertmanager", json=big, headers=AUTH)
