@@ -36,7 +36,14 @@ TOMBSTONE_S = 24 * 3600.0
 
 
 class OverrideError(ValueError):
-    """An override names an unknown level or a non-positive duration."""
+    """An override names an unknown level or mode, or a non-positive duration.
+
+    ``field``: the request field at fault (``level``, ``mode``, ``expires_in_s``, ``scope``...).
+    """
+
+    def __init__(self, message: str, field: Optional[str] = None):
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -134,11 +141,11 @@ class Breaker:
             OverrideError: unknown level, mode, or a duration <= 0.
         """
         if level not in self.rules.levels:
-            raise OverrideError(f"unknown fuse level {level}; the spec has {sorted(self.rules.levels)}")
+            raise OverrideError(f"unknown fuse level {level}; the spec has {sorted(self.rules.levels)}", "level")
         if mode not in ("trip", "release"):
-            raise OverrideError("mode must be 'trip' or 'release'")
+            raise OverrideError("mode must be 'trip' or 'release'", "mode")
         if not duration_s or duration_s <= 0:
-            raise OverrideError("expires_in_s must be > 0")
+            raise OverrideError("expires_in_s must be > 0", "expires_in_s")
         scope = scope_of(scope)
         key = scope_key(scope)
         st = self._level(key, scope, level)

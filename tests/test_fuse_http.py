@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -184,3 +185,44 @@ def test_deeply_nested_json_is_400_counted_and_changes_nothing(svc, path, body):
     assert svc.store.snapshot() is None and svc.store.audit_log() == []
     if path == "/alertmanager":
         assert 'fusebox_fuse_notifications_total{outcome="http_400"} 1.0' in client.get("/metrics").text
+
+
+def _override(**changes):
+    body = {"scope": {"cluster": "a", "engine": "e0"}, "level": 2, "mode": "trip", "reason": "canary",
+            "expires_in_s": 600}
+    body.update(changes)
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+# (body, the field the answer must name, words the error must contain); worked out from docs/fuse.md.
+BAD_OVERRIDES = {
+    "a level given as true is refused, not read as 1": (_override(level=True), "level", "integer"),
+    "a level given as a string is refused": (_override(level="2"), "level", "integer"),
+    "an expiry given as a string is refused": (_override(expires_in_s="600"), "expires_in_s", "number"),
+    "an expiry of zero is refused": (_override(expires_in_s=0), "expires_in_s", "greater than 0"),
+    "an expiry over seven days is refused": (_override(expires_in_s=604_801), "expires_in_s", "604800"),
+    "a missing expiry is refused": (_override(expires_in_s=...), "expires_in_s", "required"),
+    "a missing reason is refused": (_override(reason=...), "reason", "required"),
+    "an empty reason is refused": (_override(reason=""), "reason", "at least 1"),
+    "an unknown mode is refused": (_override(mode="later"), "mode", "'trip' or 'release'"),
+    "a level the spec does not have is refused with the levels it has": (_override(level=9), "level", "[1, 2, 3]"),
+    "a scope value that is not a string is refused": (_override(scope={"cluster": 1}), "scope.cluster", "string"),
+    "a body that is not JSON is refused": (b"{", "body", "not JSON"),
+    "a body that is a list is refused": ([1], "body", "object"),
+}
+
+
+@pytest.mark.parametrize("body,field,words", BAD_OVERRIDES.values(), ids=BAD_OVERRIDES.keys())
+def test_bad_override_answers_a_short_error_naming_the_field(client, svc, body, field, words):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = client.post("/override", content=content, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400
+    got = r.json()
+    assert got["field"] == field and words in got["error"], got
+    assert "pydantic" not in got["error"] and "http" not in got["error"] and len(got["error"]) < 200, got
+    assert svc.store.audit_log() == [] and svc.state()["scopes"] == []
+
+
+def test_an_expiry_given_as_an_integer_or_a_fraction_is_accepted(client):
+    assert client.post("/override", json=_override(expires_in_s=600), headers=AUTH).status_code == 200
+    assert client.post("/override", json=_override(expires_in_s=0.5, level=1), headers=AUTH).status_code == 200
