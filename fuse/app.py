@@ -90,6 +90,7 @@ class OverrideRequest(BaseModel):
     mode: Literal["trip", "release"]
     reason: str = Field(min_length=1, max_length=1000, description="why, for the audit log")
     expires_in_s: float = Field(gt=0, le=MAX_OVERRIDE_S, description="seconds until the override ends (required)")
+    fleet: bool = Field(False, description='true, with "scope": {}, to override every scope of the fleet at once')
 
 
 def _validation_problem(e: ValidationError | RequestValidationError) -> JSONResponse:
@@ -205,7 +206,7 @@ def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYT
         except ValidationError as e:
             return _validation_problem(e)
         try:
-            decisions = service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s)
+            decisions = service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s, fleet=req.fleet)
         except OverrideError as e:
             return JSONResponse({"status": "error", "error": str(e), "field": e.field}, status_code=400)
         except Unavailable as e:

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional
 
 from .payload import AlertEvent, Notification
+from fusebox.conventions import SCOPE_LABELS
+
 from .rules import FuseRules, scope_key, scope_of
 
 __all__ = ["Decision", "Outcome", "Breaker", "OverrideError"]
@@ -134,11 +136,16 @@ class Breaker:
             del self.resolved[fp]
         return out
 
-    def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, now: float) -> list[Decision]:
+    def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, now: float, *,
+                 fleet: bool = False) -> list[Decision]:
         """Force ``level`` of ``scope`` tripped (mode "trip") or released ("release") for ``duration_s``.
 
+        ``scope`` holds only SCOPE_LABELS with non-empty values; the empty scope ``{}`` (every
+        engine of the fleet) only with ``fleet=True``, so that it is never reached by accident.
+
         Raises:
-            OverrideError: unknown level, mode, or a duration <= 0.
+            OverrideError: unknown level, mode, a duration <= 0, an unknown scope label, an empty
+                label value, an empty scope without ``fleet`` or ``fleet`` with labels.
         """
         if level not in self.rules.levels:
             raise OverrideError(f"unknown fuse level {level}; the spec has {sorted(self.rules.levels)}", "level")
@@ -146,6 +153,7 @@ class Breaker:
             raise OverrideError("mode must be 'trip' or 'release'", "mode")
         if not duration_s or duration_s <= 0:
             raise OverrideError("expires_in_s must be > 0", "expires_in_s")
+        _check_scope(scope, fleet)
         scope = scope_of(scope)
         key = scope_key(scope)
         st = self._level(key, scope, level)
@@ -279,6 +287,20 @@ class Breaker:
             action=self.rules.levels.get(level, ""), reason=reason, source=source, at=now,
             alerts=tuple(f"{h['alert']}/{fp}" for fp, h in sorted(st.holders.items())),
         )
+
+
+def _check_scope(scope: dict, fleet: bool) -> None:
+    known = ", ".join(SCOPE_LABELS)
+    for k, v in scope.items():
+        if k not in SCOPE_LABELS:
+            raise OverrideError(f"unknown scope label {k!r}; scope labels are {known}", f"scope.{k}")
+        if not v:
+            raise OverrideError(f"scope label {k!r} has an empty value; give its value or leave it out", f"scope.{k}")
+    if fleet and scope:
+        raise OverrideError("fleet: true covers every scope; give it with scope {}, or drop fleet", "fleet")
+    if not scope and not fleet:
+        raise OverrideError(f"empty scope: it would cover the whole fleet; name the scope's labels ({known}), "
+                            "or say \"fleet\": true", "scope")
 
 
 def replay(rules: FuseRules, hold_s: float, steps: Iterable[tuple[float, object]]) -> list[Decision]:

@@ -192,3 +192,26 @@ def test_restore_rekeys_scopes_saved_before_keys_were_escaped():
     b.restore({"version": 1, "resolved": {}, "scopes": {'{cluster="a"b"}': {
         "labels": {"cluster": 'a"b'}, "levels": {"3": {"tripped": True, "holders": {}}}}}})
     assert b.levels() == {r'{cluster="a\"b"}': 3}
+
+
+BAD_SCOPES = {
+    "an unknown label is refused, not dropped": ({"gpu": "GPU-9999"}, False, "scope.gpu"),
+    "an empty scope is refused when fleet is not said": ({}, False, "scope"),
+    "an empty label value is refused, not dropped": ({"engine": ""}, False, "scope.engine"),
+    "fleet with labels is refused": (GPU, True, "fleet"),
+}
+
+
+@pytest.mark.parametrize("scope,fleet,field", BAD_SCOPES.values(), ids=BAD_SCOPES.keys())
+def test_override_refuses_a_scope_it_cannot_use_and_changes_nothing(scope, fleet, field):
+    b = Breaker(RULES, HOLD)
+    before = b.snapshot()
+    with pytest.raises(OverrideError) as e:
+        b.override(scope, 1, "trip", "x", 10, T0, fleet=fleet)
+    assert e.value.field == field
+    assert b.snapshot() == before
+
+
+def test_override_of_the_whole_fleet_needs_fleet_said():
+    b = Breaker(RULES, HOLD)
+    assert [(d.kind, d.scope_key) for d in b.override({}, 1, "trip", "x", 10, T0, fleet=True)] == [("trip", "{}")]

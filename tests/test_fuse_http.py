@@ -97,7 +97,7 @@ def test_store_failure_is_503_and_changes_nothing(client, svc):
 
 
 def test_override_trips_and_is_audited(client, svc):
-    body = {"scope": {"cluster": "a", "engine": "e0", "ignored": "x"}, "level": 2, "mode": "trip",
+    body = {"scope": {"cluster": "a", "engine": "e0"}, "level": 2, "mode": "trip",
             "reason": "vision encoder rollout", "expires_in_s": 600}
     r = client.post("/override", json=body, headers=AUTH)
     assert r.status_code == 200
@@ -209,6 +209,15 @@ BAD_OVERRIDES = {
     "a scope value that is not a string is refused": (_override(scope={"cluster": 1}), "scope.cluster", "string"),
     "a body that is not JSON is refused": (b"{", "body", "not JSON"),
     "a body that is a list is refused": ([1], "body", "object"),
+    "a scope label the service does not know is refused, naming it and the known ones": (
+        _override(scope={"gpu": "GPU-9999"}),
+        "scope.gpu", "unknown scope label 'gpu'; scope labels are cluster, host_name, instance, hw_id, engine"),
+    "an unknown scope label beside known ones is refused": (
+        _override(scope={"cluster": "a", "engine": "e0", "ignored": "x"}), "scope.ignored", "'ignored'"),
+    "an empty scope is refused unless fleet is true": (_override(scope={}), "scope", "fleet"),
+    "a scope label with an empty value is refused": (_override(scope={"cluster": "a", "hw_id": ""}), "scope.hw_id", "empty"),
+    "fleet with a non-empty scope is refused": (_override(fleet=True), "fleet", "scope {}"),
+    "fleet given as a string is refused": (_override(scope={}, fleet="true"), "fleet", "boolean"),
 }
 
 
@@ -226,3 +235,10 @@ def test_bad_override_answers_a_short_error_naming_the_field(client, svc, body, 
 def test_an_expiry_given_as_an_integer_or_a_fraction_is_accepted(client):
     assert client.post("/override", json=_override(expires_in_s=600), headers=AUTH).status_code == 200
     assert client.post("/override", json=_override(expires_in_s=0.5, level=1), headers=AUTH).status_code == 200
+
+
+def test_an_empty_scope_with_fleet_true_trips_the_whole_fleet(client, svc):
+    r = client.post("/override", json=_override(scope={}, fleet=True, level=1), headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert [(d["state"], d["scope"]) for d in r.json()["decisions"]] == [("trip", {})]
+    assert svc.state()["levels"] == {"{}": 1}
