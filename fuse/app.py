@@ -5,7 +5,8 @@ Route                       Auth   Answers
 ==========================  =====  ===============================================================
 POST /alertmanager          yes    200 applied or ignored; 400 malformed; 401; 413 too large;
                                    503 state not persisted (Alertmanager retries 5xx only)
-POST /override              yes    200 with the decisions; 400 bad override; 401; 413; 503
+POST /override              yes    200 with the decisions; 400 bad override; 401; 409 the scope is
+                                   not exactly a known one (lists the candidates); 413; 503
 GET  /state                 no     JSON: ``levels`` {scope key: highest tripped level}, ``scopes``
 GET  /metrics               no     Prometheus text format
 GET  /                      no     read-only HTML status page
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from fusebox import conventions as C
 
 from .actions import bearer_matches
-from .breaker import OverrideError
+from .breaker import OverrideError, ScopeNotFound
 from .payload import PayloadError, load_json, parse_payload
 from .service import FuseService, Unavailable
 
@@ -91,6 +92,7 @@ class OverrideRequest(BaseModel):
     reason: str = Field(min_length=1, max_length=1000, description="why, for the audit log")
     expires_in_s: float = Field(gt=0, le=MAX_OVERRIDE_S, description="seconds until the override ends (required)")
     fleet: bool = Field(False, description='true, with "scope": {}, to override every scope of the fleet at once')
+    new_scope: bool = Field(False, description="true to trip a scope that is part of a known one as a scope of its own")
 
 
 def _validation_problem(e: ValidationError | RequestValidationError) -> JSONResponse:
@@ -193,7 +195,8 @@ def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYT
         service.metrics.request.observe(time.perf_counter() - t0)
         return {"status": "ok", **result}
 
-    @app.post("/override", openapi_extra=_schema(OverrideRequest), responses=responses)
+    @app.post("/override", openapi_extra=_schema(OverrideRequest),
+              responses={**responses, 409: {"description": "the scope is not exactly a known one; lists candidates"}})
     async def override(request: Request):
         """Force-trip or force-release a level of a scope for a while, with a reason (audited)."""
         body = await body_of(request)
@@ -206,7 +209,11 @@ def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYT
         except ValidationError as e:
             return _validation_problem(e)
         try:
-            decisions = service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s, fleet=req.fleet)
+            decisions = service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s, fleet=req.fleet,
+                                         new_scope=req.new_scope)
+        except ScopeNotFound as e:  # 409: the request is well formed but names no scope exactly
+            return JSONResponse({"status": "error", "error": str(e), "field": e.field, "scopes": e.scopes},
+                                status_code=409)
         except OverrideError as e:
             return JSONResponse({"status": "error", "error": str(e), "field": e.field}, status_code=400)
         except Unavailable as e:

@@ -31,7 +31,7 @@ from fusebox.conventions import SCOPE_LABELS
 
 from .rules import FuseRules, scope_key, scope_of
 
-__all__ = ["Decision", "Outcome", "Breaker", "OverrideError"]
+__all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound"]
 
 # How long a "resolved" is remembered to reject a stale "firing" of the same alert instance.
 TOMBSTONE_S = 24 * 3600.0
@@ -46,6 +46,19 @@ class OverrideError(ValueError):
     def __init__(self, message: str, field: Optional[str] = None):
         super().__init__(message)
         self.field = field
+
+
+class ScopeNotFound(OverrideError):
+    """An override names no known scope exactly (HTTP 409). Scopes are independent: releasing
+    ``{engine="e0"}`` does not release ``{cluster="a",host_name="h1",engine="e0"}``.
+
+    ``scopes``: the known scopes that contain the given labels, ``[{"key", "labels", "level"}]``
+    (``level``: highest tripped, 0 none), so the caller can repeat with the exact one.
+    """
+
+    def __init__(self, message: str, scopes: list[dict]):
+        super().__init__(message, "scope")
+        self.scopes = scopes
 
 
 @dataclass(frozen=True)
@@ -137,13 +150,17 @@ class Breaker:
         return out
 
     def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, now: float, *,
-                 fleet: bool = False) -> list[Decision]:
+                 fleet: bool = False, new_scope: bool = False) -> list[Decision]:
         """Force ``level`` of ``scope`` tripped (mode "trip") or released ("release") for ``duration_s``.
 
         ``scope`` holds only SCOPE_LABELS with non-empty values; the empty scope ``{}`` (every
         engine of the fleet) only with ``fleet=True``, so that it is never reached by accident.
+        A release must name a known scope exactly. A trip may name a scope nobody has seen yet; one
+        that is part of a known scope (``{engine="e0"}`` while ``{cluster="a",engine="e0"}`` is
+        known) only with ``new_scope=True``, since the caller most likely meant the known one.
 
         Raises:
+            ScopeNotFound: the scope is not exactly a known one (see above); nothing changed.
             OverrideError: unknown level, mode, a duration <= 0, an unknown scope label, an empty
                 label value, an empty scope without ``fleet`` or ``fleet`` with labels.
         """
@@ -156,6 +173,8 @@ class Breaker:
         _check_scope(scope, fleet)
         scope = scope_of(scope)
         key = scope_key(scope)
+        if key not in self.scopes:
+            self._check_new_scope(scope, key, mode, new_scope or fleet)
         st = self._level(key, scope, level)
         st.override = {"mode": mode, "until": now + duration_s, "reason": reason}
         st.release_at = None
@@ -219,6 +238,20 @@ class Breaker:
     def _level(self, key: str, scope: dict, level: int) -> _Level:
         sc = self.scopes.setdefault(key, {"labels": dict(scope), "levels": {}})
         return sc["levels"].setdefault(level, _Level())
+
+    def _check_new_scope(self, scope: dict, key: str, mode: str, new_scope: bool) -> None:
+        wanted = scope.items()
+        containing = [{"key": sc["key"], "labels": sc["labels"], "level": sc["level"]}
+                      for sc in self.view() if wanted <= sc["labels"].items()]
+        listed = ", ".join(f'{c["key"]} (level {c["level"]})' for c in containing[:5]) or "none"
+        if len(containing) > 5:
+            listed += f" and {len(containing) - 5} more (see 'scopes')"
+        if mode == "release":
+            raise ScopeNotFound(f"no scope is exactly {key}; a release must name a scope exactly (releasing part of "
+                                f"one releases nothing). Scopes with these labels: {listed}", containing)
+        if containing and not new_scope:
+            raise ScopeNotFound(f"{key} is part of {listed}; repeat with {'that' if len(containing) == 1 else 'one'} exact scope, or say "
+                                f'"new_scope": true to trip {key} as a scope of its own', containing)
 
     def _find_holder(self, fp: str) -> Optional[tuple[str, int, _Level]]:
         for key, sc in self.scopes.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from _fuse_support import SPEC, alert, payload
 
-from fusebox.fuse import Breaker, FuseRules, OverrideError, parse_payload, scope_key
+from fusebox.fuse import Breaker, FuseRules, OverrideError, ScopeNotFound, parse_payload, scope_key
 from fusebox.generator.spec import load_spec
 
 RULES = FuseRules.from_spec(load_spec(SPEC))
@@ -215,3 +215,65 @@ def test_override_refuses_a_scope_it_cannot_use_and_changes_nothing(scope, fleet
 def test_override_of_the_whole_fleet_needs_fleet_said():
     b = Breaker(RULES, HOLD)
     assert [(d.kind, d.scope_key) for d in b.override({}, 1, "trip", "x", 10, T0, fleet=True)] == [("trip", "{}")]
+
+
+ENG_KEY = '{cluster="a",host_name="h1",engine="e0"}'
+KV = alert("KVCacheGrowthRateHigh", starts=T0, **ENG)
+
+# (mode, scope, new_scope) -> the scopes the refusal lists; the KV alert tripped level 3 on ENG.
+INEXACT = {
+    "releasing part of a tripped scope is refused and names the tripped scope": (
+        "release", {"engine": "e0"}, False, [(ENG_KEY, 3)]),
+    "tripping part of a known scope is refused and names the known scope": (
+        "trip", {"cluster": "a", "engine": "e0"}, False, [(ENG_KEY, 3)]),
+    "releasing a scope never seen is refused and names nothing": (
+        "release", {"cluster": "b"}, False, []),
+    "releasing a scope never seen is refused even when said to be new, if it is part of a known scope": (
+        "release", {"engine": "e0"}, True, [(ENG_KEY, 3)]),
+}
+
+
+@pytest.mark.parametrize("mode,scope,new,listed", INEXACT.values(), ids=INEXACT.keys())
+def test_override_of_a_scope_that_is_not_exactly_a_known_one_is_refused(mode, scope, new, listed):
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(KV), T0)
+    before = b.snapshot()
+    with pytest.raises(ScopeNotFound) as e:
+        b.override(scope, 3, mode, "x", 10, T0 + 1, new_scope=new)
+    assert [(c["key"], c["level"]) for c in e.value.scopes] == listed
+    assert e.value.field == "scope"
+    assert b.snapshot() == before
+
+
+EXACT = {
+    "releasing the exact tripped scope releases it": ("release", ENG, False, [("release", 3, ENG_KEY)]),
+    "tripping part of a known scope said to be new trips that broader scope": (
+        "trip", {"engine": "e0"}, True, [("trip", 3, '{engine="e0"}')]),
+    "tripping a scope nobody has seen trips it": (
+        "trip", {"cluster": "b"}, False, [("trip", 3, '{cluster="b"}')]),
+}
+
+
+@pytest.mark.parametrize("mode,scope,new,expected", EXACT.values(), ids=EXACT.keys())
+def test_override_of_an_exact_or_new_scope(mode, scope, new, expected):
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(KV), T0)
+    ds = b.override(scope, 3, mode, "x", 10, T0 + 1, new_scope=new)
+    assert [(d.kind, d.level, d.scope_key) for d in ds] == expected
+
+
+def test_releasing_the_whole_fleet_is_refused_when_nothing_tripped_the_fleet_scope():
+    """Scopes are independent: a fleet release would release nothing that alerts tripped."""
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(KV), T0)
+    with pytest.raises(ScopeNotFound) as e:
+        b.override({}, 3, "release", "x", 10, T0 + 1, fleet=True)
+    assert [c["key"] for c in e.value.scopes] == [ENG_KEY]
+    assert b.levels() == {ENG_KEY: 3}
+
+
+def test_a_fleet_trip_then_a_fleet_release_releases_it():
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(KV), T0)
+    assert [(d.kind, d.scope_key) for d in b.override({}, 1, "trip", "x", 100, T0 + 1, fleet=True)] == [("trip", "{}")]
+    assert [(d.kind, d.scope_key) for d in b.override({}, 1, "release", "x", 100, T0 + 2, fleet=True)] == [("release", "{}")]

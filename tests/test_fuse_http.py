@@ -242,3 +242,23 @@ def test_an_empty_scope_with_fleet_true_trips_the_whole_fleet(client, svc):
     assert r.status_code == 200, r.text
     assert [(d["state"], d["scope"]) for d in r.json()["decisions"]] == [("trip", {})]
     assert svc.state()["levels"] == {"{}": 1}
+
+
+def test_a_release_with_part_of_the_tripped_scope_is_409_lists_the_scope_and_creates_nothing(client, svc):
+    scope = {"cluster": "a", "host_name": "h1", "engine": "vllm-0"}
+    key = '{cluster="a",host_name="h1",engine="vllm-0"}'
+    assert client.post("/alertmanager", json=payload(alert("KVCacheGrowthRateHigh", **scope)), headers=AUTH).status_code == 200
+    before = (svc.store.snapshot(), svc.store.audit_log(), client.get("/metrics").text)
+
+    r = client.post("/override", json=_override(scope={"engine": "vllm-0"}, level=3, mode="release"), headers=AUTH)
+    assert r.status_code == 409, r.text
+    got = r.json()
+    assert got["field"] == "scope" and got["scopes"] == [{"key": key, "labels": scope, "level": 3}]
+    assert key in got["error"]
+    assert (svc.store.snapshot(), svc.store.audit_log(), client.get("/metrics").text) == before
+    assert svc.state()["levels"] == {key: 3}
+
+    r = client.post("/override", json=_override(scope=scope, level=3, mode="release"), headers=AUTH)
+    assert r.status_code == 200
+    assert [(d["state"], d["level"]) for d in r.json()["decisions"]] == [("release", 3)]
+    assert svc.state()["levels"] == {}
