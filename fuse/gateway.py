@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from .actions import CONTROL_PATH, bearer_matches
+from .payload import load_json
 from .rules import scope_key
 
 __all__ = ["ReferenceGateway", "read_log"]
@@ -76,7 +77,9 @@ class ReferenceGateway:
                     return self._send(401, {"error": "missing or wrong bearer token"})
                 try:
                     n = int(self.headers.get("Content-Length") or 0)
-                    rec = json.loads(self.rfile.read(n))
+                    rec = load_json(self.rfile.read(n))  # PayloadError (a ValueError) when too deep
+                    if not isinstance(rec, dict):
+                        raise ValueError("body must be a JSON object")
                     for k, t in _FIELDS.items():
                         if not isinstance(rec.get(k), t):
                             raise ValueError(f"field {k!r} must be {t.__name__}")

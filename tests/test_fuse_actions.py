@@ -101,3 +101,17 @@ def test_reference_gateway_accepts_a_lower_case_bearer_scheme(tmp_path):
         assert r.status_code == 200
     finally:
         gw.stop()
+
+
+def test_reference_gateway_answers_400_to_a_deeply_nested_body(tmp_path):
+    from fusebox.fuse.gateway import ReferenceGateway
+
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", "tok")
+    gw.start()
+    try:
+        r = httpx.post(gw.url + "/v1/control/fuse", content="[" * 100_000 + "]" * 100_000,
+                       headers={"Authorization": "Bearer tok"}, timeout=5)
+        assert r.status_code == 400
+        assert read_log(tmp_path / "gw.jsonl") == []
+    finally:
+        gw.stop()
