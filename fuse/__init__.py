@@ -5,12 +5,12 @@ Public surface: :class:`Breaker` (pure state machine), :class:`FuseRules`, :func
 Heavy imports (FastAPI) stay in :mod:`fusebox.fuse.app`.
 """
 
-from .breaker import Breaker, Decision, Outcome, OverrideError
+from .breaker import Breaker, Decision, Outcome, OverrideError, ScopeNotFound
 from .payload import AlertEvent, Notification, PayloadError, fingerprint, parse_payload
 from .rules import FuseRules, Target, scope_key, scope_of
 
 __all__ = [
-    "Breaker", "Decision", "Outcome", "OverrideError",
+    "Breaker", "Decision", "Outcome", "OverrideError", "ScopeNotFound",
     "AlertEvent", "Notification", "PayloadError", "fingerprint", "parse_payload",
     "FuseRules", "Target", "scope_key", "scope_of",
 ]

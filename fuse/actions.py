@@ -14,6 +14,7 @@ control body: ``{"action", "level", "state": "trip"|"release", "reason", "scope"
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 from pathlib import Path
@@ -23,7 +24,8 @@ import httpx
 
 log = logging.getLogger("fusebox.fuse")
 
-__all__ = ["ActionError", "Adapter", "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "CONTROL_PATH"]
+__all__ = ["ActionError", "Adapter", "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
+           "CONTROL_PATH"]
 
 CONTROL_PATH = "/v1/control/fuse"
 TOKEN_ENV = "FUSEBOX_GATEWAY_TOKEN"
@@ -48,6 +50,19 @@ def read_token(path: Optional[str] = None, env: Optional[str] = TOKEN_ENV) -> Op
     if path:
         return Path(path).read_text(encoding="utf-8").strip()
     return None
+
+
+def bearer_matches(header: Optional[str], token: str) -> bool:
+    """Whether an ``Authorization`` header value carries ``token`` with the Bearer scheme.
+
+    The scheme is case-insensitive (RFC 7235 section 2.1: ``bearer``, ``BEARER`` are fine) and may be
+    followed by more than one space; the token is compared in constant time (:func:`hmac.compare_digest`).
+    """
+    scheme, _, credentials = (header or "").strip().partition(" ")
+    ok_scheme = scheme.lower() == "bearer"
+    # compare even when the scheme is wrong, so the time taken does not say which part was wrong
+    ok_token = hmac.compare_digest(credentials.strip(" ").encode(), token.encode())
+    return ok_scheme and ok_token
 
 
 class HttpGateway:

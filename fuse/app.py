@@ -5,22 +5,24 @@ Route                       Auth   Answers
 ==========================  =====  ===============================================================
 POST /alertmanager          yes    200 applied or ignored; 400 malformed; 401; 413 too large;
                                    503 state not persisted (Alertmanager retries 5xx only)
-POST /override              yes    200 with the decisions; 400 bad override; 401; 413; 503
+POST /override              yes    200 with the decisions; 400 bad override; 401; 409 the scope is
+                                   not exactly a known one (lists the candidates); 413; 503
 GET  /state                 no     JSON: ``levels`` {scope key: highest tripped level}, ``scopes``
 GET  /metrics               no     Prometheus text format
 GET  /                      no     read-only HTML status page
 GET  /healthz               no     200 "ok"
 ==========================  =====  ===============================================================
 
-Authentication is ``Authorization: Bearer <token>``, the token read from a file
-(Alertmanager's ``http_config.authorization.credentials_file``), compared with
-:func:`hmac.compare_digest`.
+Authentication is ``Authorization: Bearer <token>`` (scheme case-insensitive, RFC 7235), the token
+read from a file (Alertmanager's ``http_config.authorization.credentials_file``), compared with
+:func:`hmac.compare_digest` (:func:`fusebox.fuse.actions.bearer_matches`).
 """
 
 from __future__ import annotations
 
-import hmac
 import html
+import json
+import re
 import time
 from datetime import datetime, timezone
 from importlib import resources
@@ -34,8 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fusebox import conventions as C
 
-from .breaker import OverrideError
-from .payload import PayloadError, parse_payload
+from .actions import bearer_matches
+from .breaker import OverrideError, ScopeNotFound
+from .payload import PayloadError, load_json, parse_payload
 from .service import FuseService, Unavailable
 
 __all__ = ["create_app", "MAX_BODY_BYTES"]
@@ -71,15 +74,46 @@ class WebhookPayload(BaseModel):
     alerts: list[_Alert]
 
 
-class OverrideRequest(BaseModel):
-    """Force a level of a scope tripped or released until ``expires_in_s`` seconds from now."""
+# An override lasts at most a week: longer, and it outlives the incident it was for.
+MAX_OVERRIDE_S = 7 * 86400
 
-    model_config = ConfigDict(extra="ignore")
+
+class OverrideRequest(BaseModel):
+    """Force a level of a scope tripped or released until ``expires_in_s`` seconds from now.
+
+    Strict types: ``"level": true`` or ``"expires_in_s": "600"`` are refused, not coerced.
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True)
     scope: dict[str, str] = Field(description="scope labels (cluster, host_name, instance, hw_id, engine)")
-    level: int = Field(ge=1, le=99)
+    level: int = Field(ge=1, le=99, description="the spec's fuse level: 1 freeze_admissions, 2 text_only_fallback, "
+                                                "3 kv_cache_eviction")
     mode: Literal["trip", "release"]
-    reason: str = Field(min_length=1, max_length=1000)
-    expires_in_s: float = Field(gt=0, le=7 * 86400)
+    reason: str = Field(min_length=1, max_length=1000, description="why, for the audit log")
+    expires_in_s: float = Field(gt=0, le=MAX_OVERRIDE_S, description="seconds until the override ends (required)")
+    fleet: bool = Field(False, description='true, with "scope": {}, to override every scope of the fleet at once')
+    new_scope: bool = Field(False, description="true to trip a scope that is part of a known one as a scope of its own")
+
+
+def _validation_problem(e: ValidationError | RequestValidationError) -> JSONResponse:
+    """A 400 a human can act on: ``{"error": "<field> must be ..., got ...", "field": "<field>"}``.
+
+    Only the first problem is told (fix it and resend); pydantic's text and documentation URLs are left out.
+    """
+    err = e.errors()[0]
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    field = ".".join(loc) or "body"
+    kind = err.get("type", "")
+    if kind == "missing":
+        msg = f"{field} is required"
+    else:
+        text = re.sub(r"^(Input|String|Value|Dictionary|List) should", "must", err.get("msg", "is invalid"))
+        text = text.replace("a valid dictionary", "a JSON object")
+        if kind in ("model_type", "model_attributes_type"):
+            text = "must be a JSON object"
+        got = json.dumps(err.get("input"), default=str)
+        msg = f"{field} {text}, got {got[:60] + '...' if len(got) > 60 else got}"
+    return JSONResponse({"status": "error", "error": msg, "field": field}, status_code=400)
 
 
 def _schema(model) -> dict:
@@ -94,7 +128,6 @@ def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYT
     """The ASGI app. ``token``: the bearer token both Alertmanager and SREs present."""
     if not token:
         raise ValueError("an empty token would let anyone trip fuses")
-    expected = f"Bearer {token}".encode()
     app = FastAPI(title="fusebox fuse", version="1", description=__doc__.split("\n\n")[0])
 
     # pydantic's nested schemas (the _Alert model) must be in components for the $ref to resolve.
@@ -116,11 +149,10 @@ def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYT
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request, exc):  # FastAPI says 422; Alertmanager and we say 400
-        return _problem(400, str(exc.errors())[:500])
+        return _validation_problem(exc)
 
     def authorized(request: Request) -> bool:
-        got = request.headers.get("authorization", "").encode()
-        return hmac.compare_digest(got, expected)
+        return bearer_matches(request.headers.get("authorization"), token)
 
     async def body_of(request: Request) -> bytes | Response:
         if not authorized(request):
@@ -163,17 +195,27 @@ def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYT
         service.metrics.request.observe(time.perf_counter() - t0)
         return {"status": "ok", **result}
 
-    @app.post("/override", openapi_extra=_schema(OverrideRequest), responses=responses)
+    @app.post("/override", openapi_extra=_schema(OverrideRequest),
+              responses={**responses, 409: {"description": "the scope is not exactly a known one; lists candidates"}})
     async def override(request: Request):
         """Force-trip or force-release a level of a scope for a while, with a reason (audited)."""
         body = await body_of(request)
         if isinstance(body, Response):
             return body
         try:
-            req = OverrideRequest.model_validate_json(body)
-            decisions = service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s)
-        except (ValidationError, OverrideError, ValueError) as e:
-            return _problem(400, str(e)[:500])
+            req = OverrideRequest.model_validate(load_json(body))
+        except PayloadError as e:
+            return JSONResponse({"status": "error", "error": str(e)[:200], "field": "body"}, status_code=400)
+        except ValidationError as e:
+            return _validation_problem(e)
+        try:
+            decisions = service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s, fleet=req.fleet,
+                                         new_scope=req.new_scope)
+        except ScopeNotFound as e:  # 409: the request is well formed but names no scope exactly
+            return JSONResponse({"status": "error", "error": str(e), "field": e.field, "scopes": e.scopes},
+                                status_code=409)
+        except OverrideError as e:
+            return JSONResponse({"status": "error", "error": str(e), "field": e.field}, status_code=400)
         except Unavailable as e:
             return _problem(503, f"state not persisted, retry: {e}")
         return {"status": "ok", "decisions": decisions}

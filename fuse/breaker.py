@@ -27,16 +27,38 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional
 
 from .payload import AlertEvent, Notification
+from fusebox.conventions import SCOPE_LABELS
+
 from .rules import FuseRules, scope_key, scope_of
 
-__all__ = ["Decision", "Outcome", "Breaker", "OverrideError"]
+__all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound"]
 
 # How long a "resolved" is remembered to reject a stale "firing" of the same alert instance.
 TOMBSTONE_S = 24 * 3600.0
 
 
 class OverrideError(ValueError):
-    """An override names an unknown level or a non-positive duration."""
+    """An override names an unknown level or mode, or a non-positive duration.
+
+    ``field``: the request field at fault (``level``, ``mode``, ``expires_in_s``, ``scope``...).
+    """
+
+    def __init__(self, message: str, field: Optional[str] = None):
+        super().__init__(message)
+        self.field = field
+
+
+class ScopeNotFound(OverrideError):
+    """An override names no known scope exactly (HTTP 409). Scopes are independent: releasing
+    ``{engine="e0"}`` does not release ``{cluster="a",host_name="h1",engine="e0"}``.
+
+    ``scopes``: the known scopes that contain the given labels, ``[{"key", "labels", "level"}]``
+    (``level``: highest tripped, 0 none), so the caller can repeat with the exact one.
+    """
+
+    def __init__(self, message: str, scopes: list[dict]):
+        super().__init__(message, "scope")
+        self.scopes = scopes
 
 
 @dataclass(frozen=True)
@@ -127,20 +149,32 @@ class Breaker:
             del self.resolved[fp]
         return out
 
-    def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, now: float) -> list[Decision]:
+    def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, now: float, *,
+                 fleet: bool = False, new_scope: bool = False) -> list[Decision]:
         """Force ``level`` of ``scope`` tripped (mode "trip") or released ("release") for ``duration_s``.
 
+        ``scope`` holds only SCOPE_LABELS with non-empty values; the empty scope ``{}`` (every
+        engine of the fleet) only with ``fleet=True``, so that it is never reached by accident.
+        A release must name a known scope exactly. A trip may name a scope nobody has seen yet; one
+        that is part of a known scope (``{engine="e0"}`` while ``{cluster="a",engine="e0"}`` is
+        known) only with ``new_scope=True``, since the caller most likely meant the known one.
+
         Raises:
-            OverrideError: unknown level, mode, or a duration <= 0.
+            ScopeNotFound: the scope is not exactly a known one (see above); nothing changed.
+            OverrideError: unknown level, mode, a duration <= 0, an unknown scope label, an empty
+                label value, an empty scope without ``fleet`` or ``fleet`` with labels.
         """
         if level not in self.rules.levels:
-            raise OverrideError(f"unknown fuse level {level}; the spec has {sorted(self.rules.levels)}")
+            raise OverrideError(f"unknown fuse level {level}; the spec has {sorted(self.rules.levels)}", "level")
         if mode not in ("trip", "release"):
-            raise OverrideError("mode must be 'trip' or 'release'")
+            raise OverrideError("mode must be 'trip' or 'release'", "mode")
         if not duration_s or duration_s <= 0:
-            raise OverrideError("expires_in_s must be > 0")
+            raise OverrideError("expires_in_s must be > 0", "expires_in_s")
+        _check_scope(scope, fleet)
         scope = scope_of(scope)
         key = scope_key(scope)
+        if key not in self.scopes:
+            self._check_new_scope(scope, key, mode, new_scope or fleet)
         st = self._level(key, scope, level)
         st.override = {"mode": mode, "until": now + duration_s, "reason": reason}
         st.release_at = None
@@ -191,9 +225,12 @@ class Breaker:
     def restore(self, snap: dict) -> None:
         if not snap:
             return
+        # Keys are recomputed from the labels: snapshots written before values were escaped
+        # (fusebox < escaping) carry ambiguous keys.
         self.scopes = {
-            key: {"labels": dict(sc["labels"]), "levels": {int(lvl): _Level(**st) for lvl, st in sc["levels"].items()}}
-            for key, sc in snap.get("scopes", {}).items()
+            scope_key(sc["labels"]): {"labels": dict(sc["labels"]),
+                                      "levels": {int(lvl): _Level(**st) for lvl, st in sc["levels"].items()}}
+            for sc in snap.get("scopes", {}).values()
         }
         self.resolved = {fp: list(v) for fp, v in snap.get("resolved", {}).items()}
 
@@ -201,6 +238,20 @@ class Breaker:
     def _level(self, key: str, scope: dict, level: int) -> _Level:
         sc = self.scopes.setdefault(key, {"labels": dict(scope), "levels": {}})
         return sc["levels"].setdefault(level, _Level())
+
+    def _check_new_scope(self, scope: dict, key: str, mode: str, new_scope: bool) -> None:
+        wanted = scope.items()
+        containing = [{"key": sc["key"], "labels": sc["labels"], "level": sc["level"]}
+                      for sc in self.view() if wanted <= sc["labels"].items()]
+        listed = ", ".join(f'{c["key"]} (level {c["level"]})' for c in containing[:5]) or "none"
+        if len(containing) > 5:
+            listed += f" and {len(containing) - 5} more (see 'scopes')"
+        if mode == "release":
+            raise ScopeNotFound(f"no scope is exactly {key}; a release must name a scope exactly (releasing part of "
+                                f"one releases nothing). Scopes with these labels: {listed}", containing)
+        if containing and not new_scope:
+            raise ScopeNotFound(f"{key} is part of {listed}; repeat with {'that' if len(containing) == 1 else 'one'} exact scope, or say "
+                                f'"new_scope": true to trip {key} as a scope of its own', containing)
 
     def _find_holder(self, fp: str) -> Optional[tuple[str, int, _Level]]:
         for key, sc in self.scopes.items():
@@ -269,6 +320,20 @@ class Breaker:
             action=self.rules.levels.get(level, ""), reason=reason, source=source, at=now,
             alerts=tuple(f"{h['alert']}/{fp}" for fp, h in sorted(st.holders.items())),
         )
+
+
+def _check_scope(scope: dict, fleet: bool) -> None:
+    known = ", ".join(SCOPE_LABELS)
+    for k, v in scope.items():
+        if k not in SCOPE_LABELS:
+            raise OverrideError(f"unknown scope label {k!r}; scope labels are {known}", f"scope.{k}")
+        if not v:
+            raise OverrideError(f"scope label {k!r} has an empty value; give its value or leave it out", f"scope.{k}")
+    if fleet and scope:
+        raise OverrideError("fleet: true covers every scope; give it with scope {}, or drop fleet", "fleet")
+    if not scope and not fleet:
+        raise OverrideError(f"empty scope: it would cover the whole fleet; name the scope's labels ({known}), "
+                            "or say \"fleet\": true", "scope")
 
 
 def replay(rules: FuseRules, hold_s: float, steps: Iterable[tuple[float, object]]) -> list[Decision]:

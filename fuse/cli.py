@@ -93,6 +93,24 @@ def build_service(args):
     return service, token
 
 
+def startup_line(args, service) -> str:
+    """One line for stderr at start: where it listens, what it calls, its state file and hold time."""
+    host, port = args.listen
+    where = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    if service.dry_run:
+        calls = "DRY RUN: decisions are logged, nothing is called"
+    else:
+        from .actions import HttpGateway, VllmResetPrefixCache
+
+        adapters = list(service.adapters.values())
+        calls = "gateway " + ", ".join(a.url for a in adapters if isinstance(a, HttpGateway))
+        vllm = [a.url for a in adapters if isinstance(a, VllmResetPrefixCache)]
+        if vllm:
+            calls += "; vLLM " + ", ".join(vllm)
+    return (f"fusebox fuse serve: listening on {where}; {calls}; state {args.state}; "
+            f"hold {service.hold_s:g}s")
+
+
 def serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from fusebox.generator.errors import SpecError
@@ -111,6 +129,7 @@ def serve(args) -> int:
 
     app = create_app(service, token)
     host, port = args.listen
+    print(startup_line(args, service), file=sys.stderr, flush=True)
     service.start()
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -11,7 +11,6 @@ bearer token: 401, not logged. ``GET /v1/control/fuse`` returns the applied stat
 
 from __future__ import annotations
 
-import hmac
 import json
 import threading
 import time
@@ -19,7 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Optional
 
-from .actions import CONTROL_PATH
+from .actions import CONTROL_PATH, bearer_matches
+from .payload import load_json
 from .rules import scope_key
 
 __all__ = ["ReferenceGateway", "read_log"]
@@ -73,12 +73,13 @@ class ReferenceGateway:
             def do_POST(self):
                 if self.path != CONTROL_PATH:
                     return self._send(404, {"error": "not found"})
-                if gw.token and not hmac.compare_digest(self.headers.get("Authorization", "").encode(),
-                                                        f"Bearer {gw.token}".encode()):
+                if gw.token and not bearer_matches(self.headers.get("Authorization"), gw.token):
                     return self._send(401, {"error": "missing or wrong bearer token"})
                 try:
                     n = int(self.headers.get("Content-Length") or 0)
-                    rec = json.loads(self.rfile.read(n))
+                    rec = load_json(self.rfile.read(n))  # PayloadError (a ValueError) when too deep
+                    if not isinstance(rec, dict):
+                        raise ValueError("body must be a JSON object")
                     for k, t in _FIELDS.items():
                         if not isinstance(rec.get(k), t):
                             raise ValueError(f"field {k!r} must be {t.__name__}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "fingerprint", "parse_time"]
+__all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "load_json", "fingerprint", "parse_time"]
 
 # Alertmanager's model.SeparatorByte and FNV-1a 64 (prometheus/common model/signature.go).
 _SEP = b"\xff"
@@ -99,6 +99,21 @@ def _str_dict(value: Any, where: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
+def load_json(body: bytes | str) -> Any:
+    """Decode a JSON request body.
+
+    Raises:
+        PayloadError: not JSON, not UTF-8, or nested deeper than Python's recursion limit
+            (json's decoder recurses per level; a 200 KB ``[[[[...]]]]`` would raise RecursionError).
+    """
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PayloadError(f"body is not JSON: {e}") from None
+    except RecursionError:
+        raise PayloadError("body is not usable JSON: nested too deeply") from None
+
+
 def parse_payload(body: bytes | str | dict, now: float) -> Notification:
     """Parse a webhook body.
 
@@ -107,14 +122,11 @@ def parse_payload(body: bytes | str | dict, now: float) -> Notification:
         now: Unix seconds, used to derive a missing per-alert status from ``endsAt``.
 
     Raises:
-        PayloadError: malformed JSON, no ``alerts`` list, an alert without labels, alertname or
+        PayloadError: malformed or too deeply nested JSON, no ``alerts`` list, an alert without labels, alertname or
             startsAt, or an unknown status.
     """
     if isinstance(body, (bytes, str)):
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise PayloadError(f"body is not JSON: {e}") from None
+        data = load_json(body)
     else:
         data = body
     if not isinstance(data, dict):

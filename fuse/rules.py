@@ -28,9 +28,18 @@ def scope_of(labels: Mapping[str, str]) -> dict[str, str]:
     return {k: labels[k] for k in C.SCOPE_LABELS if labels.get(k)}
 
 
+def _escape(value: str) -> str:
+    # Prometheus' label-value escaping (text exposition format): backslash first, then quote, newline.
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def scope_key(scope: Mapping[str, str]) -> str:
-    """A stable text key for a scope, as a Prometheus selector: ``{cluster="a",engine="e0"}``."""
-    inner = ",".join(f'{k}="{scope[k]}"' for k in C.SCOPE_LABELS if k in scope)
+    """A stable, unambiguous text key for a scope, as a Prometheus selector: ``{cluster="a",engine="e0"}``.
+
+    Values are escaped as Prometheus does (``\\`` ``\\"`` ``\\n``), so a value such as
+    ``a",engine="b`` cannot be mistaken for two labels.
+    """
+    inner = ",".join(f'{k}="{_escape(str(scope[k]))}"' for k in C.SCOPE_LABELS if k in scope)
     return "{" + inner + "}"
 
 

@@ -127,14 +127,19 @@ class FuseService:
             decisions = self.breaker.tick(now)
             return self._commit(decisions, now, bool(decisions))
 
-    def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float) -> list[dict]:
-        """Force a level of a scope; audited. Raises OverrideError (bad input) or Unavailable."""
+    def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, *,
+                 fleet: bool = False, new_scope: bool = False) -> list[dict]:
+        """Force a level of a scope (:meth:`Breaker.override`); audited.
+
+        Raises OverrideError (bad input), ScopeNotFound (not exactly a known scope; both change
+        nothing) or Unavailable."""
         with self._lock:
             now = self.clock()
-            decisions = self.breaker.override(scope, level, mode, reason, duration_s, now)
+            decisions = self.breaker.override(scope, level, mode, reason, duration_s, now, fleet=fleet,
+                                               new_scope=new_scope)
             audit = [{"at": now, "kind": "override", "scope_key": _key(scope), "level": level,
                       "action": self.rules.levels.get(level), "source": "override", "reason": reason,
-                      "detail": {"mode": mode, "until": now + duration_s, "scope": scope}}]
+                      "detail": {"mode": mode, "until": now + duration_s, "scope": scope, "fleet": fleet}}]
             return self._commit(decisions, now, True, audit)
 
     # ------------------------------------------------------------------ queries

@@ -8,6 +8,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
+import pytest
+
 from _fuse_support import LiveService, alert, payload, wait_for
 
 from fusebox.fuse.actions import DryRun, HttpGateway, VllmResetPrefixCache
@@ -66,3 +69,49 @@ def test_dry_run_logs_and_calls_nothing(tmp_path):
         gw.stop()
     assert [(p["state"], p["action"]) for p in dry.seen] == [("trip", "freeze_admissions")]
     assert read_log(tmp_path / "gw.jsonl") == []
+
+
+BEARER = {
+    "the canonical scheme matches": ("Bearer tok", True),
+    "a lower-case scheme matches (RFC 7235: schemes are case-insensitive)": ("bearer tok", True),
+    "a mixed-case scheme with two spaces matches": ("bEaReR  tok", True),
+    "a token differing in case does not match": ("Bearer TOK", False),
+    "another scheme does not match": ("Basic tok", False),
+    "the token without a scheme does not match": ("tok", False),
+    "no header does not match": (None, False),
+}
+
+
+@pytest.mark.parametrize("header,ok", BEARER.values(), ids=BEARER.keys())
+def test_bearer_matches(header, ok):
+    from fusebox.fuse.actions import bearer_matches
+
+    assert bearer_matches(header, "tok") is ok
+
+
+def test_reference_gateway_accepts_a_lower_case_bearer_scheme(tmp_path):
+    from fusebox.fuse.gateway import ReferenceGateway
+
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", "tok")
+    gw.start()
+    try:
+        body = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "r", "scope": {},
+                "decision_id": "d1"}
+        r = httpx.post(gw.url + "/v1/control/fuse", json=body, headers={"Authorization": "bearer tok"}, timeout=5)
+        assert r.status_code == 200
+    finally:
+        gw.stop()
+
+
+def test_reference_gateway_answers_400_to_a_deeply_nested_body(tmp_path):
+    from fusebox.fuse.gateway import ReferenceGateway
+
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", "tok")
+    gw.start()
+    try:
+        r = httpx.post(gw.url + "/v1/control/fuse", content="[" * 100_000 + "]" * 100_000,
+                       headers={"Authorization": "Bearer tok"}, timeout=5)
+        assert r.status_code == 400
+        assert read_log(tmp_path / "gw.jsonl") == []
+    finally:
+        gw.stop()

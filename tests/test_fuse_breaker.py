@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from _fuse_support import SPEC, alert, payload
 
-from fusebox.fuse import Breaker, FuseRules, OverrideError, parse_payload
+from fusebox.fuse import Breaker, FuseRules, OverrideError, ScopeNotFound, parse_payload, scope_key
 from fusebox.generator.spec import load_spec
 
 RULES = FuseRules.from_spec(load_spec(SPEC))
@@ -160,3 +160,120 @@ def test_override_rejects_bad_input_and_changes_nothing(level, mode, dur):
     with pytest.raises(OverrideError):
         b.override(GPU, level, mode, "x", dur, T0)
     assert b.snapshot() == before
+
+
+# Keys worked out by hand with Prometheus' label-value escaping (backslash, double quote, newline).
+SCOPE_KEYS = {
+    "a plain scope is a selector in SCOPE_LABELS order": (
+        {"engine": "e0", "cluster": "a"}, '{cluster="a",engine="e0"}'),
+    "a double quote in a value is escaped": (
+        {"cluster": 'a",engine="b'}, r'{cluster="a\",engine=\"b"}'),
+    "a backslash in a value is escaped": (
+        {"cluster": "a\\"}, r'{cluster="a\\"}'),
+    "a newline in a value is escaped": (
+        {"cluster": "a\nb"}, r'{cluster="a\nb"}'),
+}
+
+
+@pytest.mark.parametrize("scope,key", SCOPE_KEYS.values(), ids=SCOPE_KEYS.keys())
+def test_scope_key(scope, key):
+    assert scope_key(scope) == key
+
+
+def test_a_value_that_looks_like_two_labels_is_not_the_same_scope_as_those_labels():
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(alert("KVCacheGrowthRateHigh", cluster='a",engine="b'),
+                           alert("KVCacheGrowthRateHigh", cluster="a", engine="b")), T0)
+    assert b.levels() == {r'{cluster="a\",engine=\"b"}': 3, '{cluster="a",engine="b"}': 3}
+
+
+def test_restore_rekeys_scopes_saved_before_keys_were_escaped():
+    b = Breaker(RULES, HOLD)
+    b.restore({"version": 1, "resolved": {}, "scopes": {'{cluster="a"b"}': {
+        "labels": {"cluster": 'a"b'}, "levels": {"3": {"tripped": True, "holders": {}}}}}})
+    assert b.levels() == {r'{cluster="a\"b"}': 3}
+
+
+BAD_SCOPES = {
+    "an unknown label is refused, not dropped": ({"gpu": "GPU-9999"}, False, "scope.gpu"),
+    "an empty scope is refused when fleet is not said": ({}, False, "scope"),
+    "an empty label value is refused, not dropped": ({"engine": ""}, False, "scope.engine"),
+    "fleet with labels is refused": (GPU, True, "fleet"),
+}
+
+
+@pytest.mark.parametrize("scope,fleet,field", BAD_SCOPES.values(), ids=BAD_SCOPES.keys())
+def test_override_refuses_a_scope_it_cannot_use_and_changes_nothing(scope, fleet, field):
+    b = Breaker(RULES, HOLD)
+    before = b.snapshot()
+    with pytest.raises(OverrideError) as e:
+        b.override(scope, 1, "trip", "x", 10, T0, fleet=fleet)
+    assert e.value.field == field
+    assert b.snapshot() == before
+
+
+def test_override_of_the_whole_fleet_needs_fleet_said():
+    b = Breaker(RULES, HOLD)
+    assert [(d.kind, d.scope_key) for d in b.override({}, 1, "trip", "x", 10, T0, fleet=True)] == [("trip", "{}")]
+
+
+ENG_KEY = '{cluster="a",host_name="h1",engine="e0"}'
+KV = alert("KVCacheGrowthRateHigh", starts=T0, **ENG)
+
+# (mode, scope, new_scope) -> the scopes the refusal lists; the KV alert tripped level 3 on ENG.
+INEXACT = {
+    "releasing part of a tripped scope is refused and names the tripped scope": (
+        "release", {"engine": "e0"}, False, [(ENG_KEY, 3)]),
+    "tripping part of a known scope is refused and names the known scope": (
+        "trip", {"cluster": "a", "engine": "e0"}, False, [(ENG_KEY, 3)]),
+    "releasing a scope never seen is refused and names nothing": (
+        "release", {"cluster": "b"}, False, []),
+    "releasing a scope never seen is refused even when said to be new, if it is part of a known scope": (
+        "release", {"engine": "e0"}, True, [(ENG_KEY, 3)]),
+}
+
+
+@pytest.mark.parametrize("mode,scope,new,listed", INEXACT.values(), ids=INEXACT.keys())
+def test_override_of_a_scope_that_is_not_exactly_a_known_one_is_refused(mode, scope, new, listed):
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(KV), T0)
+    before = b.snapshot()
+    with pytest.raises(ScopeNotFound) as e:
+        b.override(scope, 3, mode, "x", 10, T0 + 1, new_scope=new)
+    assert [(c["key"], c["level"]) for c in e.value.scopes] == listed
+    assert e.value.field == "scope"
+    assert b.snapshot() == before
+
+
+EXACT = {
+    "releasing the exact tripped scope releases it": ("release", ENG, False, [("release", 3, ENG_KEY)]),
+    "tripping part of a known scope said to be new trips that broader scope": (
+        "trip", {"engine": "e0"}, True, [("trip", 3, '{engine="e0"}')]),
+    "tripping a scope nobody has seen trips it": (
+        "trip", {"cluster": "b"}, False, [("trip", 3, '{cluster="b"}')]),
+}
+
+
+@pytest.mark.parametrize("mode,scope,new,expected", EXACT.values(), ids=EXACT.keys())
+def test_override_of_an_exact_or_new_scope(mode, scope, new, expected):
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(KV), T0)
+    ds = b.override(scope, 3, mode, "x", 10, T0 + 1, new_scope=new)
+    assert [(d.kind, d.level, d.scope_key) for d in ds] == expected
+
+
+def test_releasing_the_whole_fleet_is_refused_when_nothing_tripped_the_fleet_scope():
+    """Scopes are independent: a fleet release would release nothing that alerts tripped."""
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(KV), T0)
+    with pytest.raises(ScopeNotFound) as e:
+        b.override({}, 3, "release", "x", 10, T0 + 1, fleet=True)
+    assert [c["key"] for c in e.value.scopes] == [ENG_KEY]
+    assert b.levels() == {ENG_KEY: 3}
+
+
+def test_a_fleet_trip_then_a_fleet_release_releases_it():
+    b = Breaker(RULES, HOLD)
+    b.on_notification(note(KV), T0)
+    assert [(d.kind, d.scope_key) for d in b.override({}, 1, "trip", "x", 100, T0 + 1, fleet=True)] == [("trip", "{}")]
+    assert [(d.kind, d.scope_key) for d in b.override({}, 1, "release", "x", 100, T0 + 2, fleet=True)] == [("release", "{}")]

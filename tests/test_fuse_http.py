@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
@@ -48,6 +49,23 @@ def test_without_the_token_401_and_nothing_changes(client, svc, headers):
     assert svc.state()["levels"] == {} and svc.store.snapshot() is None
 
 
+AUTH_HEADERS = {
+    "the scheme in lower case is accepted": (f"bearer {TOKEN}", 200),
+    "the scheme in upper case is accepted": (f"BEARER {TOKEN}", 200),
+    "the canonical scheme is accepted": (f"Bearer {TOKEN}", 200),
+    "the token is still compared case-sensitively": (f"Bearer {TOKEN.upper()}", 401),
+    "another scheme with the right token is refused": (f"Basic {TOKEN}", 401),
+    "the scheme alone is refused": ("Bearer", 401),
+    "a token that only starts with the right one is refused": (f"Bearer {TOKEN}x", 401),
+}
+
+
+@pytest.mark.parametrize("value,code", AUTH_HEADERS.values(), ids=AUTH_HEADERS.keys())
+def test_authorization_scheme_is_case_insensitive_rfc_7235(client, value, code):
+    r = client.post("/alertmanager", json=payload(), headers={"Authorization": value})
+    assert r.status_code == code
+
+
 def test_oversized_body_413(client, svc):
     big = payload(*[alert("GPUMemoryUtilizationHigh", cluster="a", hw_id=f"GPU-{i}") for i in range(400)])
     r = client.post("/alertmanager", json=big, headers=AUTH)
@@ -79,7 +97,7 @@ def test_store_failure_is_503_and_changes_nothing(client, svc):
 
 
 def test_override_trips_and_is_audited(client, svc):
-    body = {"scope": {"cluster": "a", "engine": "e0", "ignored": "x"}, "level": 2, "mode": "trip",
+    body = {"scope": {"cluster": "a", "engine": "e0"}, "level": 2, "mode": "trip",
             "reason": "vision encoder rollout", "expires_in_s": 600}
     r = client.post("/override", json=body, headers=AUTH)
     assert r.status_code == 200
@@ -149,3 +167,98 @@ def test_fuzz_the_api_from_its_openapi_schema(svc):
     assert failures == []
     # the run reached the handlers: accepted, rejected-as-malformed and unauthenticated requests
     assert {("POST", 200), ("POST", 400), ("POST", 401), ("GET", 200)} <= codes, codes
+
+
+# 200 KB, under the 1 MiB limit: nesting deeper than Python's recursion limit (1000).
+DEEP = {
+    "a deeply nested alerts list to the webhook": ("/alertmanager", '{"alerts":' + "[" * 100_000 + "]" * 100_000 + "}"),
+    "a deeply nested scope to the override": ("/override", '{"scope":' + "[" * 100_000 + "]" * 100_000 + "}"),
+    "a deeply nested object to the webhook": ("/alertmanager", '{"a":' * 100_000 + "1" + "}" * 100_000),
+}
+
+
+@pytest.mark.parametrize("path,body", DEEP.values(), ids=DEEP.keys())
+def test_deeply_nested_json_is_400_counted_and_changes_nothing(svc, path, body):
+    client = TestClient(create_app(svc, TOKEN))  # default body limit, 1 MiB
+    r = client.post(path, content=body, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert svc.store.snapshot() is None and svc.store.audit_log() == []
+    if path == "/alertmanager":
+        assert 'fusebox_fuse_notifications_total{outcome="http_400"} 1.0' in client.get("/metrics").text
+
+
+def _override(**changes):
+    body = {"scope": {"cluster": "a", "engine": "e0"}, "level": 2, "mode": "trip", "reason": "canary",
+            "expires_in_s": 600}
+    body.update(changes)
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+# (body, the field the answer must name, words the error must contain); worked out from docs/fuse.md.
+BAD_OVERRIDES = {
+    "a level given as true is refused, not read as 1": (_override(level=True), "level", "integer"),
+    "a level given as a string is refused": (_override(level="2"), "level", "integer"),
+    "an expiry given as a string is refused": (_override(expires_in_s="600"), "expires_in_s", "number"),
+    "an expiry of zero is refused": (_override(expires_in_s=0), "expires_in_s", "greater than 0"),
+    "an expiry over seven days is refused": (_override(expires_in_s=604_801), "expires_in_s", "604800"),
+    "a missing expiry is refused": (_override(expires_in_s=...), "expires_in_s", "required"),
+    "a missing reason is refused": (_override(reason=...), "reason", "required"),
+    "an empty reason is refused": (_override(reason=""), "reason", "at least 1"),
+    "an unknown mode is refused": (_override(mode="later"), "mode", "'trip' or 'release'"),
+    "a level the spec does not have is refused with the levels it has": (_override(level=9), "level", "[1, 2, 3]"),
+    "a scope value that is not a string is refused": (_override(scope={"cluster": 1}), "scope.cluster", "string"),
+    "a body that is not JSON is refused": (b"{", "body", "not JSON"),
+    "a body that is a list is refused": ([1], "body", "object"),
+    "a scope label the service does not know is refused, naming it and the known ones": (
+        _override(scope={"gpu": "GPU-9999"}),
+        "scope.gpu", "unknown scope label 'gpu'; scope labels are cluster, host_name, instance, hw_id, engine"),
+    "an unknown scope label beside known ones is refused": (
+        _override(scope={"cluster": "a", "engine": "e0", "ignored": "x"}), "scope.ignored", "'ignored'"),
+    "an empty scope is refused unless fleet is true": (_override(scope={}), "scope", "fleet"),
+    "a scope label with an empty value is refused": (_override(scope={"cluster": "a", "hw_id": ""}), "scope.hw_id", "empty"),
+    "fleet with a non-empty scope is refused": (_override(fleet=True), "fleet", "scope {}"),
+    "fleet given as a string is refused": (_override(scope={}, fleet="true"), "fleet", "boolean"),
+}
+
+
+@pytest.mark.parametrize("body,field,words", BAD_OVERRIDES.values(), ids=BAD_OVERRIDES.keys())
+def test_bad_override_answers_a_short_error_naming_the_field(client, svc, body, field, words):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = client.post("/override", content=content, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400
+    got = r.json()
+    assert got["field"] == field and words in got["error"], got
+    assert "pydantic" not in got["error"] and "http" not in got["error"] and len(got["error"]) < 200, got
+    assert svc.store.audit_log() == [] and svc.state()["scopes"] == []
+
+
+def test_an_expiry_given_as_an_integer_or_a_fraction_is_accepted(client):
+    assert client.post("/override", json=_override(expires_in_s=600), headers=AUTH).status_code == 200
+    assert client.post("/override", json=_override(expires_in_s=0.5, level=1), headers=AUTH).status_code == 200
+
+
+def test_an_empty_scope_with_fleet_true_trips_the_whole_fleet(client, svc):
+    r = client.post("/override", json=_override(scope={}, fleet=True, level=1), headers=AUTH)
+    assert r.status_code == 200, r.text
+    assert [(d["state"], d["scope"]) for d in r.json()["decisions"]] == [("trip", {})]
+    assert svc.state()["levels"] == {"{}": 1}
+
+
+def test_a_release_with_part_of_the_tripped_scope_is_409_lists_the_scope_and_creates_nothing(client, svc):
+    scope = {"cluster": "a", "host_name": "h1", "engine": "vllm-0"}
+    key = '{cluster="a",host_name="h1",engine="vllm-0"}'
+    assert client.post("/alertmanager", json=payload(alert("KVCacheGrowthRateHigh", **scope)), headers=AUTH).status_code == 200
+    before = (svc.store.snapshot(), svc.store.audit_log(), client.get("/metrics").text)
+
+    r = client.post("/override", json=_override(scope={"engine": "vllm-0"}, level=3, mode="release"), headers=AUTH)
+    assert r.status_code == 409, r.text
+    got = r.json()
+    assert got["field"] == "scope" and got["scopes"] == [{"key": key, "labels": scope, "level": 3}]
+    assert key in got["error"]
+    assert (svc.store.snapshot(), svc.store.audit_log(), client.get("/metrics").text) == before
+    assert svc.state()["levels"] == {key: 3}
+
+    r = client.post("/override", json=_override(scope=scope, level=3, mode="release"), headers=AUTH)
+    assert r.status_code == 200
+    assert [(d["state"], d["level"]) for d in r.json()["decisions"]] == [("release", 3)]
+    assert svc.state()["levels"] == {}

@@ -114,3 +114,8 @@ def test_unknown_fields_are_ignored():
     doc["somethingNew"] = {"x": 1}
     doc["alerts"][0]["extra"] = [1, 2]
     assert len(parse_payload(doc, NOW).alerts) == 1
+
+
+def test_nesting_deeper_than_the_recursion_limit_is_a_payload_error():
+    with pytest.raises(PayloadError, match="nested"):
+        parse_payload('{"alerts":' + "[" * 100_000 + "]" * 100_000 + "}", NOW)

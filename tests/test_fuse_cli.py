@@ -1,0 +1,44 @@
+"""``fusebox fuse serve`` as a user starts it: what it says on stderr before it serves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+from _fuse_support import SPEC, TOKEN, free_port, wait_for
+
+STARTUP = {
+    "a dry run says it calls nothing": (
+        ["--dry-run"], ["DRY RUN: decisions are logged, nothing is called"]),
+    "a live run names the gateway URL it calls": (
+        ["--gateway-url", "http://gateway.example:8080"], ["gateway http://gateway.example:8080/v1/control/fuse"]),
+}
+
+
+@pytest.mark.parametrize("extra,words", STARTUP.values(), ids=STARTUP.keys())
+def test_serve_says_where_it_listens_what_it_calls_its_state_file_and_hold_time(tmp_path, extra, words):
+    port = free_port()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    state = tmp_path / "fuse.sqlite"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--listen", f"127.0.0.1:{port}",
+         "--state", str(state), "--token-file", str(tmp_path / "token"), "--hold", "90", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _up(port), 20, what="fuse serve to answer /healthz")
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=20)
+    lines = [ln for ln in err.splitlines() if ln.startswith("fusebox fuse serve:")]
+    assert len(lines) == 1, err
+    for w in [f"listening on http://127.0.0.1:{port}", f"state {state}", "hold 90s", *words]:
+        assert w in lines[0], lines[0]
+
+
+def _up(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
