@@ -167,8 +167,9 @@ class Watcher:
         for scope in set(levels) | set(self.fuses):
             old, new = self.fuses.get(scope, 0), int(levels.get(scope, 0))
             if old != new:
+                brief = re.sub(r'="([^"]*)"', lambda m: f'="{short(m.group(1))}"', scope)
                 out.append(Event(now, "state", str(new), {"scope": scope, "from": old},
-                                 f"fuse /state {scope}: level {old} -> {new}"))
+                                 f"fuse /state {brief}: level {old} -> {new}"))
         self.fuses = {k: int(v) for k, v in levels.items()}
         return out
 
