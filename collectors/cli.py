@@ -24,6 +24,9 @@ def _common(p: argparse.ArgumentParser, *, once: bool = True) -> None:
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
     p.add_argument("--cluster", metavar="NAME", default=None, help="resource attribute `cluster` (label after export)")
     p.add_argument("--host-name", metavar="NAME", default=None, help="resource attribute host.name (default: hostname)")
+    p.add_argument("--instance-id", metavar="ID", default=None,
+                   help="resource attribute service.instance.id, the `instance` label after export (default: "
+                        "OTEL_RESOURCE_ATTRIBUTES' service.instance.id, else HOST/SERVICE[/ENGINE], stable across restarts)")
     p.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)  # bounded runs for tests
 
 
@@ -78,11 +81,20 @@ def _err(msg: str) -> None:
     print(f"fusebox collect: {msg}", file=sys.stderr, flush=True)
 
 
-def _pipeline(args, service: str, keys, *, buckets=None, once: bool = False, host=None, cluster=None):
-    from .export import Pipeline, log_stderr
+def _pipeline(args, service: str, keys, *, buckets=None, once: bool = False, host=None, cluster=None,
+              instance_part: str | None = None):
+    """The collector's Pipeline. ``instance_part`` (the engine id of a per-engine collector) is
+    appended to the default ``service.instance.id`` so two such collectors on a host differ."""
+    import socket
+
+    from fusebox import conventions as C
+
+    from .export import Pipeline, log_stderr, resolve_instance_id
 
     endpoint = None if (once or args.no_otlp) else (args.otlp_endpoint or _default_endpoint(args))
-    return Pipeline(service, keys, histogram_buckets=buckets, host=args.host_name or host,
+    host_name = args.host_name or host or socket.gethostname()
+    instance_id = resolve_instance_id(args.instance_id, host_name, C.SERVICE.get(service, service), instance_part)
+    return Pipeline(service, keys, histogram_buckets=buckets, host=host_name, instance_id=instance_id,
                     cluster=args.cluster or cluster, otlp_endpoint=endpoint, otlp_protocol=args.otlp_protocol,
                     log=log_stderr)
 
@@ -199,7 +211,7 @@ def cmd_kv(args) -> int:
     except (ConfigError, ValueError) as e:
         _err(str(e))
         return 2
-    pipe = _pipeline(args, "kv", KV_KEYS, once=args.once)
+    pipe = _pipeline(args, "kv", KV_KEYS, once=args.once, instance_part=args.engine_id)
 
     def one_round() -> None:
         pipe.set_readings(col.collect())
@@ -223,7 +235,7 @@ def cmd_latency(args) -> int:
     buckets = _spec_buckets(args.spec)
     if buckets is None:
         return 2
-    pipe = _pipeline(args, "latency", (), buckets=buckets, once=args.once)
+    pipe = _pipeline(args, "latency", (), buckets=buckets, once=args.once, instance_part=args.engine_id)
     fb = EngineHistogramFallback(pipe.alignment, engine=args.engine_id, model=args.model, metric=args.metric,
                                  endpoint=args.endpoint)
     said = [False]

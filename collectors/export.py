@@ -174,6 +174,28 @@ def otlp_exporter(endpoint: str | None, protocol: str = "http", timeout_s: float
 
 
 # ------------------------------------------------------------------------- the pipeline
+def default_instance_id(host: str, service_name: str, *parts: str | None) -> str:
+    """``<host>/<service.name>[/<part>...]``: the stable ``service.instance.id`` of a collector.
+
+    ``parts`` (e.g. the engine id of a per-engine collector) keep two collectors of one kind on
+    one host apart; None or empty parts are left out.
+    """
+    return "/".join([host, service_name, *(p for p in parts if p)])
+
+
+def resolve_instance_id(explicit: str | None, host: str, service_name: str, *parts: str | None) -> str:
+    """``explicit`` (``--instance-id``), else ``service.instance.id`` from the standard
+    ``OTEL_RESOURCE_ATTRIBUTES`` environment variable, else :func:`default_instance_id`."""
+    if explicit:
+        return explicit
+    from opentelemetry.sdk.resources import OTELResourceDetector
+
+    from_env = OTELResourceDetector().detect().attributes.get(A["instance_id"])
+    if from_env:
+        return str(from_env)
+    return default_instance_id(host, service_name, *parts)
+
+
 class Pipeline:
     """One collector process's metrics pipeline.
 
@@ -185,6 +207,11 @@ class Pipeline:
         histogram_buckets: boundaries (seconds) of the alignment-latency histogram; when
             given, :attr:`alignment` is the histogram instrument.
         host, cluster: resource attributes ``host.name`` (default: this host) and ``cluster``.
+        instance_id: resource attribute ``service.instance.id``, which the Collector's
+            prometheus exporter turns into the ``instance`` label. Default: the
+            ``service.instance.id`` of ``OTEL_RESOURCE_ATTRIBUTES`` if set, else
+            :func:`default_instance_id` (``<host.name>/<service.name>``), stable across
+            restarts -- never the SDK's random per-process UUID.
         otlp_endpoint / otlp_protocol: where to push; None disables OTLP.
         exporter: an already built exporter (tests); overrides the OTLP arguments.
     """
@@ -197,6 +224,7 @@ class Pipeline:
         histogram_buckets: Sequence[float] | None = None,
         host: str | None = None,
         cluster: str | None = None,
+        instance_id: str | None = None,
         otlp_endpoint: str | None = None,
         otlp_protocol: str = "http",
         exporter: Any = None,
@@ -209,9 +237,14 @@ class Pipeline:
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
-        attrs = {A["service"]: C.SERVICE.get(service, service), A["host"]: host or socket.gethostname()}
+        service_name = C.SERVICE.get(service, service)
+        host_name = host or socket.gethostname()
+        attrs = {A["service"]: service_name, A["host"]: host_name}
         if cluster:
             attrs[A["cluster"]] = cluster
+        # The SDK would set a random UUID per process (ServiceInstanceIdResourceDetector): a
+        # restarted collector would then export new series under a new `instance`.
+        attrs[A["instance_id"]] = resolve_instance_id(instance_id, host_name, service_name)
         self.resource_attrs = attrs
         self._readings: dict[str, list[Reading]] = {k: [] for k in keys}
         self._lock = threading.Lock()

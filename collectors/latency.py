@@ -68,16 +68,19 @@ def alignment_histogram(meter: Any) -> Any:
 
 
 def install(spec_path: str | Path = "fusebox.yaml", *, buckets: Sequence[float] | None = None,
-            otlp_endpoint: str | None = None, host: str | None = None, cluster: str | None = None):
+            otlp_endpoint: str | None = None, host: str | None = None, cluster: str | None = None,
+            instance_id: str | None = None):
     """Set the global MeterProvider up for alignment timing and return the
     :class:`~fusebox.collectors.export.Pipeline` behind it (OTLP push when an endpoint is
-    given; call ``pipeline.export_round()`` periodically, or use ``--metrics-port``)."""
+    given; call ``pipeline.export_round()`` periodically, or use ``--metrics-port``).
+    ``instance_id`` (``service.instance.id``, the ``instance`` label) defaults to
+    ``<host>/fusebox-latency``; give each server process on a host its own."""
     from opentelemetry import metrics
 
     from .export import Pipeline
 
     pipe = Pipeline("latency", (), histogram_buckets=tuple(buckets or spec_buckets(spec_path)),
-                    otlp_endpoint=otlp_endpoint, host=host, cluster=cluster)
+                    otlp_endpoint=otlp_endpoint, host=host, cluster=cluster, instance_id=instance_id)
     metrics.set_meter_provider(pipe.provider)
     return pipe
 

@@ -304,6 +304,7 @@ ATTR = {
     "host": "host.name",
     "cluster": "cluster",
     "service": "service.name",
+    "instance_id": "service.instance.id",  # the Collector's prometheus exporter makes it `instance`
 }
 
 # Collector self-metrics (health of the collectors themselves; no rule reads them).

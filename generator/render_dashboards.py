@@ -59,7 +59,8 @@ UNITS = {
 }
 
 # Template variables: name -> (label the filter matches, human label). "instance" filters on
-# host_name: after OTLP the Prometheus `instance` label names the Collector, not the host.
+# host_name: after OTLP the Prometheus `instance` label is the sender's service.instance.id
+# (HOST/SERVICE for the fusebox collectors), not the host.
 VARIABLES = {
     "cluster": (C.LABEL["cluster"], "Cluster"),
     "instance": (C.LABEL["host"], "Instance (host)"),

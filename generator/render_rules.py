@@ -86,6 +86,14 @@ def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
             # usage = total - free (NVML v2), so driver-reserved memory counts as used (PITFALLS P6).
             device = f"{selector(usage, spec)} / {selector(limit, spec)}"
             total_bytes = selector(limit, spec)
+        # hw_id is unique cluster-wide: drop the sender's identity (instance, job), so one GPU is
+        # one series -- one alert, one fuse scope {cluster, host_name, hw_id} -- whether its
+        # exporter restarted (the Collector keeps the old process's series for a while; a
+        # rescheduled dcgm-exporter has a new address) or two exporters report it; and the KV
+        # join on hw_id below meets one total per GPU.
+        sender = f"{C.LABEL['instance']}, {C.LABEL['job']}"
+        device = f"max without ({sender}) ({device})"
+        total_bytes = f"max without ({sender}) ({total_bytes})"
         kv_free = (f"sum by (hw_id) (clamp_min({selector(C.PROM['kv_cache_limit'], spec)}"
                    f" - {selector(C.PROM['kv_cache_usage'], spec)}, 0))")
         out += [

@@ -178,3 +178,31 @@ def test_grpc_without_its_extra_is_a_clear_error():
             otlp_exporter(None, "grpc")
     else:
         assert otlp_exporter(None, "grpc") is not None
+
+
+# --- service.instance.id: the `instance` label after the Collector's prometheus exporter -----------
+def _instance_id(pipe) -> str:
+    return pipe.provider._sdk_config.resource.attributes["service.instance.id"]
+
+
+def test_instance_id_is_host_and_service_and_the_same_in_two_pipelines(monkeypatch):
+    """Without it the SDK sets a random UUID per process, and a restarted collector exports new
+    series (and new alerts, new fuse scopes) under a new `instance`."""
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    a, b = _pipe(), _pipe()
+    assert _instance_id(a) == _instance_id(b) == "node-1/fusebox-gpu-collector"
+    assert a.resource_attrs["service.instance.id"] == "node-1/fusebox-gpu-collector"
+
+
+def test_instance_id_from_the_standard_env_then_the_argument(monkeypatch):
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=gpu-node-1-pod-a,team=ml")
+    assert _instance_id(_pipe()) == "gpu-node-1-pod-a"
+    assert _instance_id(_pipe(instance_id="explicit")) == "explicit"
+
+
+def test_per_engine_collectors_default_to_distinct_instance_ids(monkeypatch):
+    from fusebox.collectors.export import resolve_instance_id
+
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    assert resolve_instance_id(None, "n1", "fusebox-kv-collector", "vllm-0") == "n1/fusebox-kv-collector/vllm-0"
+    assert resolve_instance_id(None, "n1", "fusebox-kv-collector", None) == "n1/fusebox-kv-collector"

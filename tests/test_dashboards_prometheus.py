@@ -149,3 +149,61 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             assert one(d["prefix_hit_vllm"]) == pytest.approx(0.4, rel=0.02)
             assert one(d["prefix_hit_sglang"]) == pytest.approx(0.35)
             assert one(d["gpu_used"]) == 62_800 * MIB
+
+
+def _fuse_jobs() -> dict[str, dict]:
+    """The fuse service's scrape job in each Prometheus config the project writes."""
+    import yaml
+
+    from fusebox.demo.stack import Ports, prometheus_config
+
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "prometheus.yml").read_text())
+    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+    demo = prometheus_config(spec, "rules.yml", Ports.pick())
+    pick = lambda cfg: next(j for j in cfg["scrape_configs"] if "fuse" in j["job_name"])  # noqa: E731
+    return {"deploy/compose/prometheus.yml": pick(compose), "fusebox demo": pick(demo)}
+
+
+@pytest.mark.parametrize("config", ["deploy/compose/prometheus.yml", "fusebox demo"])
+def test_fuse_state_panel_groups_by_the_fuse_scope_not_the_fuse_service(tmp_path, config):
+    """The fuse service exports fusebox_fuse_level with the scope's labels, `instance` among them
+    (prometheus-client, every SCOPE_LABEL, "" where the scope lacks it, as fuse/service.py does).
+    Scraped as the project's configs scrape it, the overview's fuse-state query must return one
+    series per scope with exactly the scope's labels: without honor_labels, `instance` would be
+    the fuse service's address and the scope's own one `exported_instance`."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+    level = Gauge(C.FUSE_LEVEL_METRIC, "fuse level", list(C.SCOPE_LABELS), registry=registry)
+    engine_scope = {"cluster": "demo", "host_name": "demo-node-0", "engine": "llava-decoder-0"}
+    instance_scope = {"cluster": "lab", "host_name": "n1", "instance": "n1/fusebox-gpu-collector", "hw_id": "GPU-1"}
+    level.labels(**{k: engine_scope.get(k, "") for k in C.SCOPE_LABELS}).set(3)
+    level.labels(**{k: instance_scope.get(k, "") for k in C.SCOPE_LABELS}).set(1)
+    body = generate_latest(registry)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    job = dict(_fuse_jobs()[config], static_configs=[{"targets": [f"127.0.0.1:{server.server_address[1]}"]}])
+    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+    (expr,) = [t["expr"] for p in dashboards(spec)["overview"]["panels"]
+               for t in p.get("targets", []) if t["expr"].startswith(f"max by") and C.FUSE_LEVEL_METRIC in t["expr"]]
+    try:
+        with prometheus(tmp_path, {"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}) as base:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(query(base, C.FUSE_LEVEL_METRIC)) < 2:
+                time.sleep(0.5)
+            got = [(r["metric"], float(r["value"][1])) for r in query(base, substitute(expr))]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sorted(got, key=lambda x: x[1]) == [(instance_scope, 1.0), (engine_scope, 3.0)]

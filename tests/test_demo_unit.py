@@ -172,3 +172,81 @@ def test_demo_without_tools_fails_clearly(tmp_path, monkeypatch):
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("demo: FAILED missing prometheus") and "make tools" in last
     assert not (tmp_path / "w").exists()
+
+
+# --- the live view's fuse table and alerts table (fusebox.demo.view) ------------------------------
+GPU_KEY = f'{{cluster="demo",host_name="demo-node-0",hw_id="{GPU0}"}}'
+ENGINE_KEY = '{cluster="demo",host_name="demo-node-0",engine="llava-decoder-0"}'
+
+
+def _call(at, state, level, action, **scope):
+    return {"at": at, "state": state, "level": level, "action": action, "scope": scope, "decision_id": "d"}
+
+
+def test_fuse_rows_attach_gateway_calls_to_their_scope_and_show_a_short_scope():
+    """/state levels as the fuse service keys them (fuse.rules.scope_key) and the gateway log's
+    records: each call belongs to the row of its scope; the scope reads as its most specific
+    label, the GPU UUID shortened (GPU-5ca1ab1e…0000), host and cluster beside it."""
+    from fusebox.demo.view import fuse_rows
+
+    calls = [_call(1108.9, "trip", 3, "kv_cache_eviction", cluster="demo", host_name="demo-node-0", engine=ENGINE),
+             _call(1120.4, "trip", 2, "text_only_fallback", cluster="demo", host_name="demo-node-0", engine=ENGINE),
+             _call(1120.5, "trip", 1, "freeze_admissions", cluster="demo", host_name="demo-node-0", hw_id=GPU0)]
+    rows = fuse_rows({ENGINE_KEY: 3, GPU_KEY: 1}, calls, t0=1000.0)
+    assert rows == [
+        ("engine llava-decoder-0", "demo-node-0, demo", 3,
+         "trip L3 kv_cache_eviction @108.9s, trip L2 text_only_fallback @120.4s"),
+        ("hw_id GPU-5ca1ab1e…0000", "demo-node-0, demo", 1, "trip L1 freeze_admissions @120.5s"),
+    ]
+    # released: /state no longer lists the GPU scope; its row stays, level 0, with both calls
+    calls.append(_call(1191.4, "release", 1, "freeze_admissions", cluster="demo", host_name="demo-node-0", hw_id=GPU0))
+    rows = fuse_rows({ENGINE_KEY: 3}, calls, t0=1000.0)
+    assert rows[1] == ("hw_id GPU-5ca1ab1e…0000", "demo-node-0, demo", 0,
+                       "trip L1 freeze_admissions @120.5s, release L1 freeze_admissions @191.4s")
+
+
+def test_absent_alerts_pending_before_the_first_data_are_one_waiting_row():
+    from fusebox.demo.view import alert_rows
+
+    alerts = {("FuseboxSignalAbsent", "warning", ""): ("pending", 95.0),
+              ("KVCacheGrowthRateHigh", "warning", ENGINE): ("pending", 98.0)}
+    assert alert_rows(alerts, False, 100.0) == [
+        ("KVCacheGrowthRateHigh", "warning", ENGINE, "pending", "2s"),
+        ("FuseboxSignalAbsent", "", "", "waiting for first data", "")]
+    # once data has arrived, an absent alert is news: listed as it is
+    assert alert_rows(alerts, True, 100.0)[0] == ("FuseboxSignalAbsent", "warning", "", "pending", "5s")
+
+
+def test_the_header_labels_scenario_and_wall_time_and_gives_the_fuse_urls():
+    import io
+
+    from rich.console import Console
+
+    from fusebox.demo.view import DemoView
+
+    class W:  # the Watcher's fields the view reads
+        phase, scenario_t0, errors, signals, values = "breach", time.time() - 100, {}, [], {}
+        alerts, fuses, gateway_calls = {}, {}, []
+
+        def have_data(self):
+            return False
+
+    out = io.StringIO()
+    view = DemoView(Console(file=out, width=160, force_terminal=False), live=False)
+    view.scenario_name, view.scenario_len, view.speed = "breach", 300, 1.25
+    view.urls, view._watcher = {"prometheus": "http://p", "fuse": "http://127.0.0.1:9"}, W()
+    view.console.print(view._render())
+    text = out.getvalue()
+    assert "t= 125s/300s scenario time (x1.25; 100s wall)" in text
+    assert "http://127.0.0.1:9/  (status page; JSON: http://127.0.0.1:9/state)" in text
+    assert "events (wall seconds since scenario start)" in text
+
+
+def test_fuse_state_events_shorten_the_gpu_uuid(monkeypatch, shipped, tmp_path):
+    from fusebox.demo import watch
+
+    w = watch.Watcher({"fuse": "http://f"}, shipped, tmp_path / "gw.jsonl")
+    monkeypatch.setattr(watch, "http_json", lambda url: {"levels": {GPU_KEY: 1}})
+    (ev,) = w._poll_fuse()
+    assert ev.text == 'fuse /state {cluster="demo",host_name="demo-node-0",hw_id="GPU-5ca1ab1e…0000"}: level 0 -> 1'
+    assert ev.detail["scope"] == GPU_KEY

@@ -210,3 +210,16 @@ def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_colle
                 res = query(base, f"{name}{{{gpu}}}")
                 assert res, (name, query(base, name), log.read_text()[-2000:])
                 assert float(res[0]["value"][1]) == value, name
+            # A second collector process (a restart): the Collector keeps the first one's series
+            # for metric_expiration (1 m), so a per-process `instance` would make two series per
+            # GPU -- two alerts, two fuse scopes. service.instance.id is HOST/SERVICE in both.
+            run = subprocess.run(
+                [sys.executable, "-m", "fusebox.cli", "collect", "gpu", "--replay", str(fixture), "--interval", "1",
+                 "--rounds", "3", "--otlp-endpoint", f"http://127.0.0.1:{ports['http']}", "--host-name", "replay-node",
+                 "--cluster", "lab-c"], capture_output=True, text=True, timeout=60)
+            assert run.returncode == 0, run.stdout + run.stderr
+            time.sleep(3)  # two scrapes after the last push
+            usage = C.PROM["gpu_memory_usage"]
+            series = query(base, f"last_over_time({usage}{{{gpu}}}[1m])")
+            assert [(s["metric"].get("instance"), s["metric"].get("job")) for s in series] == [
+                ("replay-node/fusebox-gpu-collector", "fusebox-gpu-collector")], series

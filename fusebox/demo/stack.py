@@ -66,6 +66,28 @@ class Ports:
         return cls(*ports)
 
 
+def prometheus_config(spec, rules_file: Path | str, ports: "Ports") -> dict:
+    """The demo Prometheus' configuration (a dict for ``prometheus.yml``).
+
+    Both jobs use ``honor_labels``: the Collector's exporter carries the collectors' own
+    ``job``/``instance`` (their ``service.name``/``service.instance.id``), and the fuse
+    service's ``fusebox_fuse_level`` carries the fuse scope's labels, ``instance`` among them;
+    without it Prometheus would rename that one ``exported_instance`` and put the fuse
+    service's address in ``instance``, which the overview's fuse-state panel groups by.
+    """
+    return {
+        "global": {"scrape_interval": f"{spec.scrape_interval_s:g}s", "evaluation_interval": f"{spec.evaluation_interval_s:g}s"},
+        "rule_files": [str(rules_file)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]},
+        "scrape_configs": [
+            {"job_name": "otelcol", "honor_labels": True,
+             "static_configs": [{"targets": [f"127.0.0.1:{ports.otel_prometheus}"]}]},
+            {"job_name": "fusebox-fuse", "honor_labels": True,
+             "static_configs": [{"targets": [f"127.0.0.1:{ports.fuse}"]}]},
+        ],
+    }
+
+
 def tools_dir() -> Path:
     return Path(os.environ.get("FUSEBOX_TOOLS") or Path.home() / ".cache" / "fusebox" / "tools")
 
@@ -179,18 +201,7 @@ class Stack:
         self.rules_file = self.out / RULE_FILE
         self.am_file = self.out / ALERTMANAGER_FILE
         self.otel_file = self.out / "otel" / "otelcol.yaml"
-        s = self.spec
-        prom = {
-            "global": {"scrape_interval": f"{s.scrape_interval_s:g}s", "evaluation_interval": f"{s.evaluation_interval_s:g}s"},
-            "rule_files": [str(self.rules_file)],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.ports.alertmanager}"]}]}]},
-            "scrape_configs": [
-                # honor_labels: the exporter's own job/instance labels are the collectors' identity
-                {"job_name": "otelcol", "honor_labels": True,
-                 "static_configs": [{"targets": [f"127.0.0.1:{self.ports.otel_prometheus}"]}]},
-                {"job_name": "fusebox-fuse", "static_configs": [{"targets": [f"127.0.0.1:{self.ports.fuse}"]}]},
-            ],
-        }
+        prom = prometheus_config(self.spec, self.rules_file, self.ports)
         self.prom_file = self.workdir / "prometheus.yml"
         self.prom_file.write_text(yaml.safe_dump(prom, sort_keys=False))
 

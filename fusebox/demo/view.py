@@ -2,12 +2,78 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Optional
 
+from fusebox import conventions as C
+
 from .watch import Event, Watcher, short
 
-__all__ = ["DemoView", "fmt_value"]
+__all__ = ["DemoView", "fmt_value", "parse_scope_key", "short_scope", "fuse_rows", "alert_rows"]
+
+_KEY_PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_scope_key(key: str) -> dict[str, str]:
+    """The fuse service's scope key (``{cluster="demo",engine="e0"}``) as a dict."""
+    return {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _KEY_PAIR.findall(key)}
+
+
+def short_scope(scope: dict[str, str]) -> tuple[str, str]:
+    """(what, where) of a fuse scope for a terminal: its most specific label, shortened
+    (``hw_id GPU-5ca1ab1e…0000``, ``engine llava-decoder-0``), and the rest (host, cluster)."""
+    present = [k for k in C.SCOPE_LABELS if scope.get(k)]
+    if not present:
+        return "everything", ""
+    what = present[-1]
+    where = ", ".join(short(scope[k]) for k in reversed(present[:-1]))
+    return f"{what} {short(scope[what])}", where
+
+
+def fuse_rows(levels: dict[str, int], calls: list[dict], t0: Optional[float] = None) -> list[tuple[str, str, int, str]]:
+    """One row per fuse scope: (what, where, level now, gateway calls on that scope).
+
+    ``levels``: the fuse service's ``/state`` levels (scope key -> level; absent = 0);
+    ``calls``: the gateway log's records (``scope`` dict, ``state``, ``level``, ``action``, ``at``);
+    a scope seen only in calls (released since) shows level 0. Calls read
+    ``trip L3 kv_cache_eviction @108.9s``, seconds from ``t0`` (wall clock) when given.
+    """
+    scopes: dict[tuple, dict[str, str]] = {}
+    for key in levels:
+        d = parse_scope_key(key)
+        scopes.setdefault(tuple(sorted(d.items())), d)
+    per: dict[tuple, list[str]] = {}
+    for rec in calls:
+        d = {k: str(v) for k, v in (rec.get("scope") or {}).items() if k in C.SCOPE_LABELS and v}
+        ident = tuple(sorted(d.items()))
+        scopes.setdefault(ident, d)
+        at = f" @{float(rec['at']) - t0:.1f}s" if t0 and rec.get("at") is not None else ""
+        per.setdefault(ident, []).append(f"{rec.get('state')} L{rec.get('level')} {rec.get('action')}{at}")
+    lv = {tuple(sorted(parse_scope_key(k).items())): int(v) for k, v in levels.items()}
+    rows = []
+    for ident, d in scopes.items():
+        what, where = short_scope(d)
+        rows.append((what, where, lv.get(ident, 0), ", ".join(per.get(ident, []))))
+    return sorted(rows, key=lambda r: (r[1], r[0]))
+
+
+def alert_rows(alerts: dict, have_data: bool, now: float) -> list[tuple[str, str, str, str, str]]:
+    """Rows of the alerts table: (alert, severity, entity, state, for).
+
+    ``FuseboxSignalAbsent`` goes pending at every start until the collectors' first push
+    arrives; while no signal has a value yet (``have_data`` False) its pending alerts are one
+    row, "waiting for first data", not an alarm.
+    """
+    rows, waiting = [], 0
+    for (alert, sev, ent), (state, since) in sorted(alerts.items()):
+        if alert == C.ABSENT_ALERT and state == "pending" and not have_data:
+            waiting += 1
+            continue
+        rows.append((alert, sev, short(ent), state, f"{now - since:.0f}s"))
+    if waiting:
+        rows.append((C.ABSENT_ALERT, "", "", "waiting for first data", ""))
+    return rows
 
 
 def fmt_value(unit: str, v: float) -> str:
@@ -64,8 +130,12 @@ class DemoView:
             self._live.stop()
             self._live = None
 
+    def _t0(self) -> Optional[float]:
+        """Wall time of scenario t=0 (else of the view's start): the origin of event times."""
+        return self._watcher.scenario_t0 if self._watcher and self._watcher.scenario_t0 else self.t0
+
     def _rel(self, at: float) -> str:
-        t0 = self._watcher.scenario_t0 if self._watcher and self._watcher.scenario_t0 else self.t0
+        t0 = self._t0()
         return f"{at - t0:7.1f}s" if t0 else "        "
 
     def update(self, new: list[Event]) -> None:
@@ -89,12 +159,15 @@ class DemoView:
         head = Text()
         head.append(f"{self.title}", style="bold")
         if w and w.phase:
-            t = (time.time() - w.scenario_t0) * self.speed if w.scenario_t0 else 0.0
-            head.append(f"   scenario {self.scenario_name} t={t:5.0f}s/{self.scenario_len:.0f}s (x{self.speed:g})  phase ")
+            wall = time.time() - w.scenario_t0 if w.scenario_t0 else 0.0
+            head.append(f"   scenario {self.scenario_name} t={wall * self.speed:4.0f}s/{self.scenario_len:.0f}s "
+                        f"scenario time (x{self.speed:g}; {wall:.0f}s wall)  phase ")
             head.append(w.phase, style="bold cyan")
         for k in ("prometheus", "alertmanager", "grafana"):
             if k in self.urls:
                 head.append(f"\n{k:13s}{self.urls[k]}")
+        if "fuse" in self.urls:
+            head.append(f"\n{'fuse':13s}{self.urls['fuse']}/  (status page; JSON: {self.urls['fuse']}/state)")
         head.append("\nCtrl-C stops everything the demo started.", style="dim")
         if w and w.errors:  # a peer not answering right now: shown, not fatal
             head.append("\n" + "; ".join(f"{k} not answering: {v}" for k, v in sorted(w.errors.items())), style="red")
@@ -105,8 +178,9 @@ class DemoView:
         alerts = Table(title="alerts (Prometheus ALERTS)", expand=True, title_justify="left")
         for col in ("alert", "severity", "entity", "state", "for"):
             alerts.add_column(col)
-        fuses = Table(title="fuses (fuse service /state, gateway calls)", expand=True, title_justify="left")
-        for col in ("scope", "level", "gateway calls"):
+        fuses = Table(title="fuses per scope (fuse service /state; gateway calls, wall seconds since scenario start)",
+                      expand=True, title_justify="left")
+        for col in ("scope", "on", "level now", "gateway calls"):
             fuses.add_column(col)
         if w:
             for s in w.signals:
@@ -122,20 +196,21 @@ class DemoView:
                     sig.add_row(s.name, short(ent), Text(fmt_value(s.unit, v), style=style),
                                 warn.threshold_text if warn else "-", crit.threshold_text if crit else "-",
                                 Text(state, style=style))
-            now = time.time()
-            for (alert, sev, ent), (state, since) in sorted(w.alerts.items()):
-                style = "bold red" if state == "firing" and sev == "critical" else "yellow" if state == "firing" else "dim"
-                alerts.add_row(alert, sev, short(ent), Text(state, style=style), f"{now - since:.0f}s")
-            if not w.alerts:
+            rows = alert_rows(w.alerts, w.have_data(), time.time())
+            for alert, sev, ent, state, since in rows:
+                style = ("bold red" if state == "firing" and sev == "critical" else "yellow" if state == "firing"
+                         else "dim")
+                alerts.add_row(alert, sev, ent, Text(state, style=style), since)
+            if not rows:
                 alerts.add_row("-", "", "", Text("none", style="green"), "")
-            calls: dict[str, list[str]] = {}
-            for rec in w.gateway_calls:
-                calls.setdefault(str(rec.get("level")), []).append(f"{rec['state']} {rec['action']}")
-            for scope, level in sorted(w.fuses.items()):
-                fuses.add_row(scope, Text(str(level), style="bold red"), "")
-            if not w.fuses:
-                fuses.add_row("all scopes", Text("0 (closed)", style="green"), "")
-            for lvl in sorted(calls):
-                fuses.add_row("", f"level {lvl}", ", ".join(calls[lvl]))
+            names = {lvl: name for name, lvl in C.FUSE_LEVELS.items()}
+            frows = fuse_rows(w.fuses, w.gateway_calls, self._t0())
+            for what, where, level, calls in frows:
+                lv = Text(f"{level} {names.get(level, '')}".strip() if level else "0 closed",
+                          style="bold red" if level else "green")
+                fuses.add_row(what, where, lv, calls)
+            if not frows:
+                fuses.add_row("all scopes", "", Text("0 closed", style="green"), "")
         ev = Text("\n".join(self._recent) or "waiting for the first events...")
-        return Group(Panel(head), sig, alerts, fuses, Panel(ev, title="events"))
+        return Group(Panel(head), sig, alerts, fuses,
+                     Panel(ev, title="events (wall seconds since scenario start)"))

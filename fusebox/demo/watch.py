@@ -141,8 +141,15 @@ class Watcher:
 
     def _alert_event(self, now: float, key, state: str) -> Event:
         alert, sev, ent = key
+        note = ""
+        if alert == C.ABSENT_ALERT and state == "pending" and not self.have_data():
+            note = " (waiting for first data: the collectors' first push has not arrived yet)"
         return Event(now, "alert", state, {"alertname": alert, "severity": sev, "entity": ent},
-                     f"{alert} {sev} {state}" + (f" ({short(ent)})" if ent else ""))
+                     f"{alert} {sev} {state}" + (f" ({short(ent)})" if ent else "") + note)
+
+    def have_data(self) -> bool:
+        """Whether any primary signal's recording rule has returned a value yet."""
+        return any(v == v for rows in self.values.values() for _e, v in rows)
 
     def _poll_am(self) -> list[Event]:
         rows = http_json(f"{self.urls['alertmanager']}/api/v2/alerts")
@@ -160,8 +167,9 @@ class Watcher:
         for scope in set(levels) | set(self.fuses):
             old, new = self.fuses.get(scope, 0), int(levels.get(scope, 0))
             if old != new:
+                brief = re.sub(r'="([^"]*)"', lambda m: f'="{short(m.group(1))}"', scope)
                 out.append(Event(now, "state", str(new), {"scope": scope, "from": old},
-                                 f"fuse /state {scope}: level {old} -> {new}"))
+                                 f"fuse /state {brief}: level {old} -> {new}"))
         self.fuses = {k: int(v) for k, v in levels.items()}
         return out
 
