@@ -292,11 +292,12 @@ def _tier_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                     times[2] = -1
             else:
                 times = [t_drop - I]
-                why = [f"{tier.name}: a value just below {tier.threshold_text} never fires this tier"]
+                why = [f"{tier.name}: a value just inside {tier.threshold_text} never fires this tier"]
             checks = _checks(sig, spec, synth, v_exact, times, t_drop, why)
             if not checks:
                 continue
-            title = (f"{sig.alert} {tier.name}: {sig.name} just {target} {tier.threshold_text} "
+            side = target if sig.direction == "above" else {"above": "below", "below": "above"}[target]
+            title = (f"{sig.alert} {tier.name}: {sig.name} just {side} {tier.threshold_text} "
                      f"(signal {_num(v_exact)})")
             groups.append((title, {"interval": format_duration(I), "input_series": synth.series(phases),
                                    "alert_rule_test": checks}))

@@ -169,3 +169,50 @@ def test_selector_and_extra_labels_reach_rules_and_generated_tests(tmp_path, whi
     pt = promtools()[which]
     r = _run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=tmp_path / "rules")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+EXTRA_SIGNALS = '''
+  gpu_free_headroom:
+    alert: GPUFreeMemoryLow
+    description: Share of device memory still free (a lower bound).
+    kind: gauge
+    unit: ratio
+    level: gpu
+    direction: below
+    sources:
+      fusebox:
+        metric: fusebox_gpu_memory_free_ratio
+    tiers:
+      warning: {threshold: 20%}
+      critical: {threshold: 10%, fuse: freeze_admissions}
+    runbook: {symptom: Little device memory is left., impact: The next batch may OOM.}
+  custom_expr:
+    alert: CustomMeanLatencyHigh
+    description: Mean request latency from a custom expression.
+    kind: gauge
+    unit: seconds
+    level: engine
+    sources:
+      fusebox:
+        expr: max by (engine) (rate(foo_seconds_sum[5m]) / rate(foo_seconds_count[5m]))
+    tiers:
+      critical: {threshold: 2s}
+    runbook: {symptom: Slow., impact: Slower.}
+'''
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
+def test_lower_bound_and_custom_expression_signals(tmp_path, which):
+    text = SPEC.read_text().replace("# Per-alert changes without forking", EXTRA_SIGNALS + "\n# Per-alert changes without forking")
+    spec = parse_spec(text, "fusebox.yaml")
+    write_outputs(render_all(spec), tmp_path)
+    rules = yaml.safe_load((tmp_path / "rules/fusebox.rules.yml").read_text())
+    alerts = {(r["alert"], r["labels"]["severity"]): r for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts[("GPUFreeMemoryLow", "critical")]["expr"] == "gpu:fusebox_gpu_free_headroom:ratio <= 0.1"
+    absent = {r["labels"]["metric"] for (name, _), r in alerts.items() if name == "FuseboxSignalAbsent"} | {
+        r["labels"]["metric"] for g in rules["groups"] for r in g["rules"] if r.get("alert") == "FuseboxSignalAbsent"}
+    assert {"foo_seconds_sum", "foo_seconds_count", "fusebox_gpu_memory_free_ratio"} <= absent
+    tests = (tmp_path / "rules/fusebox.rules.test.yml").read_text()
+    assert "GPUFreeMemoryLow critical: gpu_free_headroom just below 10%" in tests  # the firing side
+    r = _run([promtools()[which], "test", "rules", "fusebox.rules.test.yml"], cwd=tmp_path / "rules")
+    assert r.returncode == 0, r.stdout + r.stderr
