@@ -22,7 +22,7 @@ $(BIN)/fusebox: pyproject.toml
 
 venv: $(BIN)/fusebox ## create .venv with fusebox and its test dependencies
 
-tools: venv ## install promtool/amtool/prometheus/alertmanager (apt) and build the pinned Go tools
+tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt) and build the pinned Go tools
 	bash tools/bootstrap.sh
 
 generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into OUT (default .)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from _fuse_support import LiveService, alert, need_tool, payload
+
+pytestmark = pytest.mark.tools  # headless Chromium
 
 
 def test_status_page_lists_scopes_levels_holders_and_decisions(tmp_path):
