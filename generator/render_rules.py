@@ -56,7 +56,9 @@ def signal_raw_metrics(sig: Signal) -> list[str]:
             base = [C.DCGM["fb_used"], C.DCGM["fb_free"], C.DCGM["fb_reserved"]]
         else:
             base = [C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]]
-        return base + [C.PROM["kv_cache_usage"], C.PROM["kv_cache_limit"]]
+        # The KV metrics only refine the signal (without them it falls back to device memory),
+        # so their absence does not blind it: no absent alert on their account.
+        return base
     if sig.kind == "quantile":
         return [f"{src.metric}_bucket", f"{src.metric}_count"]
     if src.metric:
@@ -67,6 +69,13 @@ def signal_raw_metrics(sig: Signal) -> list[str]:
 def _metrics_in_expr(expr: str) -> list[str]:
     """Metric names of the vector selectors in a PromQL expression."""
     return sorted({sel.name for sel in vector_selectors(expr) if sel.name})
+
+
+def _dcgm_labels(expr: str) -> str:
+    """dcgm-exporter's UUID and Hostname (hostname since #655) as fusebox's hw_id and host_name."""
+    expr = f'label_replace({expr}, "hw_id", "$1", "UUID", "(.+)")'
+    expr = f'label_replace({expr}, "host_name", "$1", "Hostname", "(.+)")'
+    return f'label_replace({expr}, "host_name", "$1", "hostname", "(.+)")'
 
 
 def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
@@ -80,8 +89,8 @@ def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
             # total = USED + FREE + RESERVED; used = total - FREE.
             u, f, r = (selector(C.DCGM[k], spec) for k in ("fb_used", "fb_free", "fb_reserved"))
             total = f"({u} + {f} + {r})"
-            device = f'label_replace(1 - {f} / {total}, "hw_id", "$1", "UUID", "(.+)")'
-            total_bytes = f'label_replace({total} * {C.MIB}, "hw_id", "$1", "UUID", "(.+)")'
+            device = _dcgm_labels(f"1 - {f} / {total}")
+            total_bytes = _dcgm_labels(f"{total} * {C.MIB}")
         else:
             # usage = total - free (NVML v2), so driver-reserved memory counts as used (PITFALLS P6).
             device = f"{selector(usage, spec)} / {selector(limit, spec)}"
@@ -93,9 +102,14 @@ def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
         # join on hw_id below meets one total per GPU.
         sender = f"{C.LABEL['instance']}, {C.LABEL['job']}"
         device = f"max without ({sender}) ({device})"
-        total_bytes = f"max without ({sender}) ({total_bytes})"
-        kv_free = (f"sum by (hw_id) (clamp_min({selector(C.PROM['kv_cache_limit'], spec)}"
-                   f" - {selector(C.PROM['kv_cache_usage'], spec)}, 0))")
+        # The join key alone: two series of one GPU (say under an old and a new host_name after a
+        # collector pod moved) must not make the one-to-one join below fail for every GPU.
+        total_bytes = f"max by (hw_id) ({total_bytes})"
+        # One value per pool (engine share on a GPU) whoever reported it, then summed per GPU, so a
+        # rescheduled KV collector's lingering series are not counted twice.
+        kv_free = (f"sum by (hw_id) (max without ({sender}, {C.LABEL['host']}) ("
+                   f"clamp_min({selector(C.PROM['kv_cache_limit'], spec)}"
+                   f" - {selector(C.PROM['kv_cache_usage'], spec)}, 0)))")
         out += [
             {"record": names["device"], "expr": device},
             {"record": names["total"], "expr": total_bytes},
@@ -113,8 +127,15 @@ def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
         expr = src.expr if src.expr else selector(src.metric, spec)
         if src.scale != 1.0:
             expr = f"({expr}) * {format_number(src.scale)}"
+        if src.metric and src.metric.startswith("DCGM_"):
+            expr = _dcgm_labels(expr)
         if sig.by:
             expr = f"max by ({_by(sig.by)}) ({expr})"
+        elif sig.level == "gpu":
+            # As for GPU memory: one series per GPU whoever sent it, so every GPU-level signal
+            # scopes its fuse as {cluster, host_name, hw_id} and one level is held or released
+            # for the same GPU by every alert.
+            expr = f"max without ({C.LABEL['instance']}, {C.LABEL['job']}) ({expr})"
         out.append({"record": names["value"], "expr": expr})
     elif sig.kind == "deriv":
         w = format_duration(sig.window_s)
@@ -172,8 +193,8 @@ def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
         if gpu_sig.source.backend == "dcgm":
             # MiB; used = total - FREE = USED + RESERVED (PITFALLS P6, P7), like the signal's rules.
             u, r = selector(C.DCGM["fb_used"], spec), selector(C.DCGM["fb_reserved"], spec)
-            used = f'label_replace(({u} + {r}) * {C.MIB}, "hw_id", "$1", "UUID", "(.+)")'
-            reserved = f'label_replace({r} * {C.MIB}, "hw_id", "$1", "UUID", "(.+)")'
+            used = _dcgm_labels(f"({u} + {r}) * {C.MIB}")
+            reserved = _dcgm_labels(f"{r} * {C.MIB}")
         else:
             used, reserved = selector(C.PROM["gpu_memory_usage"], spec), selector(C.PROM["gpu_memory_reserved"], spec)
         # Per GPU, so no cheaper than the raw gauge; recorded so the panels read the same name

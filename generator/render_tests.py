@@ -191,7 +191,8 @@ class _Synth:
         if s.kind == "gpu_memory" and s.source.backend == "dcgm":
             return {"UUID": self.labels["hw_id"], "gpu": "0", "Hostname": "gpu-node-1", "host_name": "gpu-node-1",
                     "modelName": "NVIDIA H100 80GB HBM3", "hw_id": self.labels["hw_id"], **self.spec.selector}
-        if s.kind == "gpu_memory":  # the GPU records drop the sender's identity (render_rules)
+        if s.kind == "gpu_memory" or (s.kind == "gauge" and s.level == "gpu"):
+            # GPU-level records drop the sender's identity (render_rules)
             return {k: v for k, v in self.labels.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
         return dict(self.labels)
 
