@@ -30,17 +30,21 @@ def render_alertmanager(spec: Spec) -> dict[str, Any]:
         }],
     }
     group_by = ["alertname", "severity"] + SCOPE
+    human = spec.human_receiver["name"]
     return {
         "route": {
-            "receiver": spec.receiver,
+            "receiver": human,
             "group_by": group_by,
             "group_wait": format_duration(spec.group_wait_s),
             "group_interval": format_duration(spec.group_interval_s),
             "repeat_interval": format_duration(spec.repeat_interval_s),
             "routes": [
+                # The fuse sees every alert (it trips on critical tiers and records the rest);
+                # `continue` so people are paged as well: the webhook discards what trips nothing.
                 {"matchers": ['severity="critical"'], "receiver": spec.receiver,
-                 "group_wait": format_duration(spec.group_wait_critical_s)},
-                {"matchers": ['severity="warning"'], "receiver": spec.receiver},
+                 "group_wait": format_duration(spec.group_wait_critical_s), "continue": True},
+                {"matchers": ['severity="warning"'], "receiver": spec.receiver, "continue": True},
+                {"receiver": human},
             ],
         },
         "inhibit_rules": [{
@@ -48,7 +52,7 @@ def render_alertmanager(spec: Spec) -> dict[str, Any]:
             "target_matchers": ['severity="warning"'],
             "equal": ["alertname"] + SCOPE,
         }],
-        "receivers": [receiver],
+        "receivers": [receiver, dict(spec.human_receiver)],
     }
 
 
@@ -58,7 +62,7 @@ def route_tests(spec: Spec) -> list[dict[str, Any]]:
     for sig in spec.signals:
         for t in sig.tiers:
             out.append({"labels": {"alertname": sig.alert, "severity": t.severity},
-                        "receivers": [spec.receiver]})
+                        "receivers": [spec.receiver, spec.human_receiver["name"]]})
     out.append({"labels": {"alertname": C.ABSENT_ALERT, "severity": spec.absent_severity},
-                "receivers": [spec.receiver]})
+                "receivers": [spec.receiver, spec.human_receiver["name"]]})
     return out

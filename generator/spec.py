@@ -103,6 +103,9 @@ class RawAction(_Strict):
 
 class RawFuse(_Strict):
     receiver: str = "fusebox-fuse"
+    # Alertmanager receiver for people (your pager), as Alertmanager spells it; every alert
+    # reaches it too. Without configs it is a named placeholder that notifies nobody.
+    human_receiver: dict[str, Any] = {"name": "oncall"}
     webhook_url: str
     credentials_file: str
     group_wait_critical: Scalar = "5s"
@@ -229,6 +232,7 @@ class Spec:
     absent_for_s: float
     absent_severity: str
     receiver: str
+    human_receiver: dict
     webhook_url: str
     credentials_file: str
     group_wait_s: float
@@ -330,6 +334,13 @@ class _Normaliser:
         for k, v in list(g.selector.items()) + list(g.labels.items()):
             if not _LABEL.match(k):
                 self.err(("global",), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
+        hr = r.fuse.human_receiver
+        if not isinstance(hr.get("name"), str) or not hr.get("name"):
+            self.err(("fuse", "human_receiver"), "human_receiver needs a 'name'",
+                     "write it as an Alertmanager receiver, e.g. {name: oncall, pagerduty_configs: [...]}")
+        elif hr["name"] == r.fuse.receiver:
+            self.err(("fuse", "human_receiver", "name"), f"human_receiver is named like the fuse receiver ({hr['name']!r})",
+                     "give your pager's receiver its own name")
         actions: dict[str, FuseAction] = {}
         levels: dict[int, str] = {}
         for name, a in r.fuse.actions.items():
@@ -376,7 +387,7 @@ class _Normaliser:
             runbook_base_url=g.runbook_base_url, dashboard_base_url=g.dashboard_base_url,
             selector=dict(g.selector), labels=dict(g.labels),
             absent_enabled=d.absent.enabled, absent_for_s=absent_for, absent_severity=d.absent.severity,
-            receiver=r.fuse.receiver, webhook_url=r.fuse.webhook_url, credentials_file=r.fuse.credentials_file,
+            receiver=r.fuse.receiver, human_receiver=dict(r.fuse.human_receiver), webhook_url=r.fuse.webhook_url, credentials_file=r.fuse.credentials_file,
             group_wait_s=self.duration(r.fuse.group_wait, ("fuse", "group_wait")),
             group_wait_critical_s=self.duration(r.fuse.group_wait_critical, ("fuse", "group_wait_critical")),
             group_interval_s=self.duration(r.fuse.group_interval, ("fuse", "group_interval")),

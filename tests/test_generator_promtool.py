@@ -119,7 +119,10 @@ def test_alertmanager_config_and_routes(generated, spec):
     for labels in (["alertname=GPUMemoryUtilizationHigh", "severity=critical"],
                    ["alertname=KVCacheGrowthRateHigh", "severity=warning"]):
         r = _run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels])
-        assert r.returncode == 0 and r.stdout.strip() == "fusebox-fuse", r.stdout + r.stderr
+        assert r.returncode == 0 and r.stdout.strip() == "fusebox-fuse,oncall", r.stdout + r.stderr
+    # an alert with no severity still reaches people
+    r = _run([amtool, "config", "routes", "test", f"--config.file={cfg}", "alertname=Other"])
+    assert r.stdout.strip() == "oncall", r.stdout + r.stderr
 
 
 def test_fusebox_check_cli_runs_all_tools(generated):
