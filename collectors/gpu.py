@@ -21,7 +21,12 @@ Per GPU and per MIG instance it reports (OTel name, unit; Prometheus name after 
 
 MIG instances have no utilization, PCIe or power of their own (NVML says NOT_SUPPORTED);
 those series are simply absent for them. Compute instances that share a GPU instance report
-the same (shared) memory, as nvidia-smi does.
+the same (shared) memory, as nvidia-smi does. A GPU in MIG mode exports no
+``hw.gpu.memory.usage`` / ``.limit`` of its own: NVML reports its memory as the aggregate of
+its instances, which already carry it (an engine pre-allocating 90 % of each instance would
+put the parent at 90 % with no KV pool to correct it, since KV pools join on MIG UUIDs). The
+parent keeps ``fusebox.gpu.up``, the reserved memory and its board-level series
+(utilization where NVML gives it, PCIe, power).
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class _Device:
     name: str
     mig: bool = False
     parent: str | None = None
+    mig_mode: bool = False  # a physical GPU in MIG mode: its instances carry the memory
     pcie_bytes_per_s: float | None = None
     up: bool = True
     last_error: str = ""
@@ -180,6 +186,7 @@ class GpuCollector:
             return []  # not MIG capable (NOT_SUPPORTED)
         if current != nv.NVML_DEVICE_MIG_ENABLE:
             return []
+        parent.mig_mode = True
         out = []
         try:
             n = nv.nvmlDeviceGetMaxMigDeviceCount(parent.handle)
@@ -233,11 +240,11 @@ class GpuCollector:
             return self._down(dev, attrs, e)
         dev.up, dev.last_error = True, ""
         total, free = float(mem.total), float(mem.free)
-        r = [
-            Reading("gpu_up", 1.0, attrs),
-            Reading("gpu_memory_usage", total - free, attrs),
-            Reading("gpu_memory_limit", total, attrs),
-        ]
+        r = [Reading("gpu_up", 1.0, attrs)]
+        if not dev.mig_mode:
+            # a MIG-mode parent reports the aggregate of its instances; exporting it beside
+            # them would double the memory signal, with no KV pool joined on the parent UUID
+            r += [Reading("gpu_memory_usage", total - free, attrs), Reading("gpu_memory_limit", total, attrs)]
         if reserved is not None:
             r.append(Reading("gpu_memory_reserved", reserved, attrs))
         try:

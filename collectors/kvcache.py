@@ -6,8 +6,9 @@ No engine exposes KV bytes. This module derives them:
   head dim x element size, from the model's ``config.json`` (top level, ``text_config`` or
   ``llm_config``; ``dtype`` or ``torch_dtype``; ``num_key_value_heads`` for GQA, defaulting
   to the attention heads; ``head_dim`` or hidden / heads; only ``full_attention`` entries of
-  ``layer_types`` for hybrid models; Llama defaults when a llava-hf ``text_config`` omits
-  its geometry; Mllama ``cross_attention_layers`` excluded because they cache image tokens,
+  ``layer_types`` for hybrid models; transformers' class defaults (:data:`_MODEL_DEFAULTS`:
+  llama, mistral, qwen2, qwen2_vl_text, qwen2_5_vl_text) when a sub-config such as
+  llava-hf's ``text_config`` omits its geometry; Mllama ``cross_attention_layers`` excluded because they cache image tokens,
   not text tokens) and a KV-cache dtype override (``fp8`` -> 1 byte);
 * **vLLM**: usage fraction from ``vllm:kv_cache_usage_perc`` or, before 0.10,
   ``vllm:gpu_cache_usage_perc`` (a fraction 0-1 despite the name; PITFALLS P4: a dump may
@@ -54,11 +55,23 @@ DTYPE_BYTES = {
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1,
 }  # fmt: skip
 
-# transformers defaults used when a sub-config omits its geometry (llava-hf's text_config).
+# transformers' config-class defaults, used when a (sub-)config omits its geometry: a
+# serialised sub-config drops every value equal to its class default (llava-hf's
+# text_config keeps only model_type and dtype). Read from huggingface/transformers
+# src/transformers/models/<dir>/configuration_<dir>.py:
+#   llama/configuration_llama.py        LlamaConfig: 32 layers, 32 heads, KV heads None (= heads), hidden 4096
+#   mistral/configuration_mistral.py    MistralConfig: 32, 32, 8, 4096
+#   qwen2/configuration_qwen2.py        Qwen2Config: 32, 32, 32, 4096
+#   qwen2_vl/configuration_qwen2_vl.py  Qwen2VLTextConfig (qwen2_vl_text): 80, 64, 8, 8192
+#   qwen2_5_vl/configuration_qwen2_5_vl.py  Qwen2_5_VLTextConfig (qwen2_5_vl_text): 80, 64, 8, 8192
+# head_dim is None in all of them (= hidden / heads = 128).
 _MODEL_DEFAULTS = {
-    "llama": {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096},
+    "llama": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 4096},
     "mistral": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096},
-    "qwen2": {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192},
+    "qwen2": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_size": 4096},
+    "qwen2_vl_text": {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192},
+    "qwen2_5_vl_text": {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                        "hidden_size": 8192},
 }
 
 

@@ -145,12 +145,18 @@ FALLBACK_SOURCES = (
 class EngineHistogramFallback:
     """Derive alignment-latency observations from an engine's own histogram.
 
-    Each :meth:`poll` reads the engine's cumulative buckets, takes the increase since the
-    last poll and re-records it into the spec-bucketed histogram, spreading the ``n``
-    observations of an engine bucket ``(lo, hi]`` evenly inside it (the linear
-    interpolation ``histogram_quantile`` itself assumes). A counter reset (restart) is
-    treated as a fresh start. The result is an upper bound of the hand-off (TTFT), and
-    :attr:`source` says which metric it came from.
+    Each :meth:`poll` reads the engine's cumulative buckets and takes, **per series** (all
+    labels but ``le``: vLLM >= 0.10 labels each data-parallel engine core ``engine="0"``,
+    ``engine="1"`` ...), the increase of every engine bucket ``(lo, hi]`` since the last
+    poll. A series whose counts fell (a restart) counts from zero; a series seen for the
+    first time is only a baseline. The increases of all series of one model are then summed
+    per engine bucket and re-recorded into the spec-bucketed histogram, the ``n``
+    observations of a bucket spread evenly inside it (the linear interpolation
+    ``histogram_quantile`` itself assumes). The fused output carries ``engine`` = the
+    ``engine`` argument (``--engine-id``) and ``model`` = the ``model`` argument or else the
+    engine's ``model_name`` label; the engine's own ``engine`` (data-parallel rank) label is
+    summed away. The result is an upper bound of the hand-off (TTFT), and :attr:`source`
+    says which metric it came from.
     """
 
     def __init__(self, histogram: Any, *, engine: str, model: str | None = None, metric: str | None = None,
@@ -164,27 +170,47 @@ class EngineHistogramFallback:
         self.fetch = fetch or default_fetch
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        # per series (metric name, sorted labels without le) -> sorted [(le, cumulative)]
         self._last: dict[tuple, list[tuple[float, float]]] = {}
         self.errors = 0
 
-    def _buckets(self, text: str) -> dict[tuple, tuple[str, list[tuple[float, float]]]]:
+    def _buckets(self, text: str) -> dict[tuple, tuple[str, str, list[tuple[float, float]]]]:
+        """Series key -> (metric name, model_name label, sorted [(le, cumulative count)])."""
         from .kvcache import parse_families
 
         fams = parse_families(text)
         wanted = (self.metric,) if self.metric else FALLBACK_SOURCES
-        out: dict[tuple, tuple[str, list]] = {}
+        out: dict[tuple, tuple[str, str, list]] = {}
         for name in wanted:
             for fam in fams:
                 for s in fam.samples:
-                    if s.name != name + "_bucket":
+                    if s.name != name + "_bucket" or "le" not in s.labels:
                         continue
-                    labels = {k: v for k, v in s.labels.items() if k != "le"}
-                    key = (name, labels.get("model_name", ""))
-                    out.setdefault(key, (name, []))[1].append((float(s.labels["le"]), s.value))
+                    labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+                    key = (name, labels)
+                    out.setdefault(key, (name, s.labels.get("model_name", ""), []))[2].append(
+                        (float(s.labels["le"]), s.value))
             if out:
                 break
-        for _k, (_n, b) in out.items():
+        for _n, _m, b in out.values():
             b.sort()
+        return out
+
+    @staticmethod
+    def _increases(prev: list[tuple[float, float]] | None, now: list[tuple[float, float]]) -> dict[tuple, float]:
+        """Per-bucket ``(lo, hi)`` increase of one series (cumulative -> per bucket)."""
+        prev_map = dict(prev or ())
+        if any(c < prev_map.get(le, 0.0) for le, c in now):
+            prev_map = {}  # counter reset: everything counted now is new
+        out: dict[tuple, float] = {}
+        lo, cum_before_now, cum_before_prev = 0.0, 0.0, 0.0
+        for le, cum in now:
+            before = prev_map.get(le, 0.0)
+            inc = (cum - cum_before_now) - (before - cum_before_prev)
+            cum_before_now, cum_before_prev = cum, before
+            if inc > 0:
+                out[(lo, le)] = out.get((lo, le), 0.0) + inc
+            lo = le if le != float("inf") else lo
         return out
 
     def poll(self) -> int:
@@ -195,26 +221,27 @@ class EngineHistogramFallback:
         except Exception:  # noqa: BLE001 -- a down or malformed engine is counted, never fatal
             self.errors += 1
             return 0
-        n_total = 0
-        for key, (name, buckets) in hists.items():
+        fused: dict[str, dict[tuple, float]] = {}  # model -> (lo, hi) -> increase over all series
+        seen = {}
+        for key, (name, model_label, buckets) in hists.items():
             self.source = name
-            model = self.model or key[1]
             prev = self._last.get(key)
-            self._last[key] = buckets
+            seen[key] = buckets
             if prev is None:
                 continue  # first sight: only a baseline
-            prev_map = dict(prev)
-            if any(c < prev_map.get(le, 0) for le, c in buckets):
-                prev_map = {}  # counter reset
-            lo, prev_cum_now, prev_cum_before = 0.0, 0.0, 0.0
-            for le, cum in buckets:
-                before = prev_map.get(le, 0.0)
-                n = int(round((cum - prev_cum_now) - (before - prev_cum_before)))
-                prev_cum_now, prev_cum_before = cum, before
-                if n > 0:
-                    hi = le if le != float("inf") else max(lo * 2, lo + 1.0)
-                    for k in range(n):
-                        self.hist.record(lo + (hi - lo) * (k + 0.5) / n, {A["engine"]: self.engine, A["model"]: model})
-                    n_total += n
-                lo = le if le != float("inf") else lo
+            acc = fused.setdefault(self.model or model_label, {})
+            for interval, inc in self._increases(prev, buckets).items():
+                acc[interval] = acc.get(interval, 0.0) + inc
+        self._last = seen  # series that vanished start again from a baseline
+        n_total = 0
+        for model, incs in fused.items():
+            attrs = {A["engine"]: self.engine, A["model"]: model}
+            for (lo, le), inc in sorted(incs.items()):
+                n = int(round(inc))
+                if n <= 0:
+                    continue
+                hi = le if le != float("inf") else max(lo * 2, lo + 1.0)
+                for k in range(n):
+                    self.hist.record(lo + (hi - lo) * (k + 0.5) / n, attrs)
+                n_total += n
         return n_total

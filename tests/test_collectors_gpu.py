@@ -68,7 +68,12 @@ def test_mig_instances_are_labelled_and_have_no_per_instance_utilization():
     nv = FakeNvml([{"uuid": "GPU-27b94a00", "name": "NVIDIA A100-SXM4-40GB", "total": 40960, "reserved": 605,
                     "used": 38, "free": 40315, "power_w": 66.92, "mig": migs}])
     rs = GpuCollector(nv).collect()
-    assert one(rs, "gpu_memory_usage", **{"hw.id": "GPU-27b94a00"}) == 645 * MIB
+    # in MIG mode the parent's memory is the aggregate of its instances: not exported, so
+    # the memory signal (joined with KV pools on the MIG UUIDs) sees only the instances
+    assert not by_key(rs, "gpu_memory_usage", **{"hw.id": "GPU-27b94a00"})
+    assert not by_key(rs, "gpu_memory_limit", **{"hw.id": "GPU-27b94a00"})
+    assert one(rs, "gpu_memory_reserved", **{"hw.id": "GPU-27b94a00"}) == 605 * MIB
+    assert one(rs, "gpu_power", **{"hw.id": "GPU-27b94a00"}) == pytest.approx(66.92)
     for gi in (1, 2):
         uuid = f"MIG-GPU-27b94a00/{gi}/0"
         # 19968 - 19948 = 20 MiB although "used" says 19: total - free, not used
@@ -144,7 +149,6 @@ def test_replay_of_the_rtx4090_xml_agrees_with_the_fake_nvml():
     "path, uuid, usage_mib, total_mib",
     [
         # hand-read: total - free of the first GPU of each capture
-        ("netdata_a100-sxm4-mig_nvidia-smi-q-x.xml", "GPU-27b94a00-ed54-5c24-b1fd-1054085de32a", 40960 - 40315, 40960),
         ("netdata_tesla-p100_nvidia-smi-q-x.xml", "GPU-d3da8716-eaab-75db-efc1-60e88e1cd55e", 16384 - 16280, 16384),
         # the P100 CSV has no memory.total: reserved 103 + used 0 + free 16280 = 16383
         ("netdata_tesla-p100_query-gpu.csv", "GPU-ef1b2c9b-38d8-2090-2bd1-f567a3eb42a6", 103, 16383),
@@ -154,16 +158,40 @@ def test_replay_of_the_rtx4090_xml_agrees_with_the_fake_nvml():
         # load section: 81559 total, 61263 free (used 19818 + reserved 479 = 20297, one MiB of rounding)
         ("nvidia_gpu_exporter_capture_linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt",
          "GPU-00000000-0000-0000-0000-000000000000", 81559 - 61263, 81559),
-        ("nvidia_gpu_exporter_capture_linux-x86_64__nvidia-h100-mig__590.48.01.txt",
-         "GPU-00000000-0000-0000-0000-000000000000", 81559 - 69956, 81559),
-        ("nvidia_gpu_exporter_capture_linux-x86_64__nvidia-h200-mig__590.48.01.txt",
-         "GPU-00000000-0000-0000-0000-000000000000", 143771 - 126199, 143771),
     ],
 )
 def test_replay_memory_of_every_capture(path, uuid, usage_mib, total_mib):
     rs = _collect(path)
     assert one(rs, "gpu_memory_usage", **{"hw.id": uuid}) == usage_mib * MIB
     assert one(rs, "gpu_memory_limit", **{"hw.id": uuid}) == total_mib * MIB
+
+
+@pytest.mark.parametrize(
+    "path, parent, power_w, mig_id, usage_mib, total_mib",
+    [
+        # hand-read: <power_draw> 66.92 W; MIG 1/0 <fb_memory_usage> total 19968, free 19948 MiB
+        # (the parent's own 40960 total / 40315 free is the aggregate and is not exported)
+        ("netdata_a100-sxm4-mig_nvidia-smi-q-x.xml", "GPU-27b94a00-ed54-5c24-b1fd-1054085de32a", 66.92,
+         "1/0", 19968 - 19948, 19968),
+        # load query-gpu row: power.draw 433.78 W; -q GI 2: total 40448, free 29357 MiB
+        ("nvidia_gpu_exporter_capture_linux-x86_64__nvidia-h100-mig__590.48.01.txt",
+         "GPU-00000000-0000-0000-0000-000000000000", 433.78, "2/0", 40448 - 29357, 40448),
+        # load query-gpu row: power.draw 295.01 W; -q GI 2 / CI 1: total 71424, 16925 used (shared GI)
+        ("nvidia_gpu_exporter_capture_linux-x86_64__nvidia-h200-mig__590.48.01.txt",
+         "GPU-00000000-0000-0000-0000-000000000000", 295.01, "2/1", 16925, 71424),
+    ],
+)
+def test_a_mig_mode_parent_exports_no_memory_of_its_own(path, parent, power_w, mig_id, usage_mib, total_mib):
+    rs = _collect(path)
+    for key in ("gpu_memory_usage", "gpu_memory_limit"):
+        assert not by_key(rs, key, **{"hw.id": parent}), key
+    assert one(rs, "gpu_up", **{"hw.id": parent}) == 1.0
+    assert one(rs, "gpu_power", **{"hw.id": parent}) == pytest.approx(power_w)
+    mig = f"MIG-{parent}/{mig_id}"
+    assert one(rs, "gpu_memory_usage", **{"hw.id": mig}) == usage_mib * MIB
+    assert one(rs, "gpu_memory_limit", **{"hw.id": mig}) == total_mib * MIB
+    # every memory series left belongs to a MIG instance
+    assert {r.attrs.get("hw.gpu.mig") for r in rs if r.key in ("gpu_memory_usage", "gpu_memory_limit")} == {"true"}
 
 
 def test_replay_h100_capture_utilization_and_power_from_the_load_section():

@@ -69,6 +69,35 @@ def test_bytes_per_token_of_each_model_config(name, expected):
     assert kv_geometry(load_model_config(FIX / name), source=name).bytes_per_token == expected
 
 
+# transformers' published config defaults, read from huggingface/transformers
+# src/transformers/models/<type>/configuration_<type>.py (layers, heads, KV heads, hidden):
+#   llama (LlamaConfig): 32, 32, None -> heads = 32, 4096 -> head 128
+#   mistral (MistralConfig): 32, 32, 8, 4096 -> head 128
+#   qwen2 (Qwen2Config): 32, 32, 32, 4096 -> head 128
+#   qwen2_vl_text (Qwen2VLTextConfig, qwen2_vl/): 80, 64, 8, 8192 -> head 128
+#   qwen2_5_vl_text (Qwen2_5_VLTextConfig, qwen2_5_vl/): 80, 64, 8, 8192 -> head 128
+DEFAULTS_BPT_BF16 = {
+    "llama": 2 * 32 * 32 * 128 * 2,  # 524,288
+    "mistral": 2 * 32 * 8 * 128 * 2,  # 131,072
+    "qwen2": 2 * 32 * 32 * 128 * 2,  # 524,288 (not Qwen2-72B's 327,680)
+    "qwen2_vl_text": 2 * 80 * 8 * 128 * 2,  # 327,680
+    "qwen2_5_vl_text": 2 * 80 * 8 * 128 * 2,  # 327,680
+}
+
+
+@pytest.mark.parametrize("model_type, expected", sorted(DEFAULTS_BPT_BF16.items()))
+def test_a_sub_config_without_geometry_gets_the_transformers_defaults(model_type, expected):
+    # serialised sub-configs drop values equal to their class defaults
+    cfg = {"model_type": "wrapper", "text_config": {"model_type": model_type, "torch_dtype": "bfloat16"}}
+    assert kv_geometry(cfg).bytes_per_token == expected
+
+
+def test_every_model_type_defaults_entry_is_tested():
+    from fusebox.collectors.kvcache import _MODEL_DEFAULTS
+
+    assert set(_MODEL_DEFAULTS) == set(DEFAULTS_BPT_BF16)
+
+
 def test_fp8_kv_dtype_halves_bytes_per_token():
     assert opt_geometry(kv_dtype="fp8").bytes_per_token == 2 * 12 * 12 * 64 * 1
 

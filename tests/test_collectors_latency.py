@@ -100,3 +100,45 @@ def test_fallback_survives_a_down_engine(pipe):
 
     fb = EngineHistogramFallback(pipe.alignment, engine="e1", fetch=down)
     assert fb.poll() == 0 and fb.errors == 1
+
+
+def _dp_page(per_engine):
+    """vLLM >= 0.10 text for data-parallel engine cores: {engine: (<=0.5, <=1.0, +Inf)} cumulative."""
+    out = "# TYPE vllm:time_to_first_token_seconds histogram\n"
+    for eng, counts in per_engine.items():
+        for le, c in zip(("0.5", "1.0", "+Inf"), counts):
+            out += f'vllm:time_to_first_token_seconds_bucket{{engine="{eng}",le="{le}",model_name="m"}} {c}\n'
+        out += f'vllm:time_to_first_token_seconds_count{{engine="{eng}",model_name="m"}} {counts[-1]}\n'
+        out += f'vllm:time_to_first_token_seconds_sum{{engine="{eng}",model_name="m"}} 1\n'
+    return out
+
+
+def test_fallback_differences_each_data_parallel_engine_core_separately(pipe):
+    # two DP engine cores (engine="0", "1") each gain 10 first tokens <= 0.5 s between polls:
+    # 20 observations, none above 0.5 s (keying on model_name alone merged the two bucket
+    # lists into one with duplicate le values and recorded 1310, ~500 of them in (1, 2] s)
+    pages = iter([_dp_page({"0": (100, 100, 100), "1": (500, 500, 500)}),
+                  _dp_page({"0": (110, 110, 110), "1": (510, 510, 510)})])
+    fb = EngineHistogramFallback(pipe.alignment, engine="e1", fetch=lambda _e, _t: next(pages))
+    assert fb.poll() == 0
+    assert fb.poll() == 20
+    b = buckets_of(pipe)
+    # 20 spread evenly in (0, 0.5]: 0.0125, 0.0375, ... 0.4875 -> 2 <= 0.05, 4 <= 0.1, 10 <= 0.25
+    assert (b["0.05"], b["0.1"], b["0.25"], b["0.5"], b["+Inf"]) == (2, 4, 10, 20, 20)
+    # one fused series: engine = --engine-id, model = model_name; the DP rank is summed away
+    fams = {s.labels["engine"] for f in text_string_to_metric_families(pipe.prometheus_text())
+            for s in f.samples if s.name == "fusebox_alignment_duration_seconds_count"}
+    assert fams == {"e1"}
+
+
+def test_fallback_counter_reset_of_one_engine_core_leaves_the_other_alone(pipe):
+    # engine "0" restarts (its counts fall to 3 <= 0.5 s and 2 in (0.5, 1.0]: all new);
+    # engine "1" gains 10 <= 0.5 s and 2 in (0.5, 1.0]. Increases summed per bucket:
+    # 13 in (0, 0.5], 4 in (0.5, 1.0] spread at 0.5625, 0.6875, 0.8125, 0.9375.
+    pages = iter([_dp_page({"0": (100, 100, 100), "1": (500, 500, 500)}),
+                  _dp_page({"0": (3, 5, 5), "1": (510, 512, 512)})])
+    fb = EngineHistogramFallback(pipe.alignment, engine="e1", fetch=lambda _e, _t: next(pages))
+    fb.poll()
+    assert fb.poll() == 17
+    b = buckets_of(pipe)
+    assert (b["0.5"], b["0.75"], b["0.85"], b["1.0"], b["+Inf"]) == (13, 15, 16, 17, 17)
