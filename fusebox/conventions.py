@@ -25,6 +25,7 @@ __all__ = [
     "LABEL",
     "SCOPE_LABELS",
     "ABSENT_ALERT",
+    "GPU_DOWN_ALERT",
     "FUSE_LEVELS",
     "FUSE_METRICS",
     "GENERATED_HEADER",
@@ -170,6 +171,9 @@ LABEL = {
 SCOPE_LABELS = ("cluster", "host_name", "instance", "hw_id", "engine")
 
 ABSENT_ALERT = "FuseboxSignalAbsent"
+# A GPU the collector lost (NVML error, Xid): its memory series stop, so the memory alert goes
+# quiet on it; this alert says so instead.
+GPU_DOWN_ALERT = "FuseboxGPUDown"
 
 # Fuse levels, ordered: a higher level implies the lower ones' pressure.
 FUSE_LEVELS = {

@@ -63,6 +63,7 @@ def route_tests(spec: Spec) -> list[dict[str, Any]]:
         for t in sig.tiers:
             out.append({"labels": {"alertname": sig.alert, "severity": t.severity},
                         "receivers": [spec.receiver, spec.human_receiver["name"]]})
-    out.append({"labels": {"alertname": C.ABSENT_ALERT, "severity": spec.absent_severity},
-                "receivers": [spec.receiver, spec.human_receiver["name"]]})
+    for alert, severity in ((C.ABSENT_ALERT, spec.absent_severity), (C.GPU_DOWN_ALERT, "warning")):
+        out.append({"labels": {"alertname": alert, "severity": severity},
+                    "receivers": [spec.receiver, spec.human_receiver["name"]]})
     return out

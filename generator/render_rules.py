@@ -323,4 +323,39 @@ def render_rules(spec: Spec) -> Rules:
             rule["annotations"] = absent_annotations(m, raw_metrics[m], spec)
             absent_rules.append(rule)
         groups.append({"name": f"{GROUP_PREFIX}-absent", "interval": interval, "rules": absent_rules})
+    if gpu_down_enabled(spec):
+        groups.append({"name": f"{GROUP_PREFIX}-health", "interval": interval, "rules": [gpu_down_rule(spec)]})
     return Rules(groups=groups, raw_metrics=raw_metrics)
+
+
+GPU_DOWN_FOR_S = 60.0
+
+
+def gpu_down_enabled(spec: Spec) -> bool:
+    """The fusebox GPU collector reports lost GPUs as fusebox_gpu_up 0 (dcgm-exporter does not)."""
+    return any(s.kind == "gpu_memory" and s.source.backend == "fusebox" for s in spec.signals)
+
+
+def gpu_down_labels(spec: Spec) -> dict[str, str]:
+    return {**spec.labels, C.LABEL["severity"]: "warning"}
+
+
+def gpu_down_annotations(spec: Spec) -> dict[str, str]:
+    return {
+        "summary": f"{C.GPU_DOWN_ALERT}: the GPU collector lost GPU {{{{ $labels.hw_id }}}} on {{{{ $labels.host_name }}}}",
+        "description": ("NVML reports GPU {{ $labels.hw_id }} on {{ $labels.host_name }} as lost or failing "
+                        f"for {format_duration(GPU_DOWN_FOR_S)}. Its memory series have stopped, so no memory alert "
+                        "or fuse can act on it; a fuse it held is released after the hold time."),
+        "runbook_url": spec.runbook_url(C.GPU_DOWN_ALERT),
+    }
+
+
+def gpu_down_rule(spec: Spec) -> dict[str, Any]:
+    sender = f"{C.LABEL['instance']}, {C.LABEL['job']}"
+    return {
+        "alert": C.GPU_DOWN_ALERT,
+        "expr": f"max without ({sender}) ({selector(C.PROM['gpu_up'], spec)}) == 0",
+        "for": format_duration(GPU_DOWN_FOR_S),
+        "labels": gpu_down_labels(spec),
+        "annotations": gpu_down_annotations(spec),
+    }

@@ -34,6 +34,11 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
             symptom=sig.runbook.symptom, impact=sig.runbook.impact, diagnosis=sig.runbook.diagnosis,
             signal=sig.name, spec_file=spec.file, source=sig.source.backend,
         )
+    from .render_rules import GPU_DOWN_FOR_S, gpu_down_enabled
+
+    if gpu_down_enabled(spec):
+        out[f"runbooks/{C.GPU_DOWN_ALERT}.md"] = _ENV.get_template("runbook_gpu_down.md.j2").render(
+            header=header, alert=C.GPU_DOWN_ALERT, down_for=format_duration(GPU_DOWN_FOR_S))
     if spec.absent_enabled:
         out[f"runbooks/{C.ABSENT_ALERT}.md"] = _ENV.get_template("runbook_absent.md.j2").render(
             header=header, alert=C.ABSENT_ALERT, absent_for=format_duration(spec.absent_for_s),

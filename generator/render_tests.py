@@ -20,7 +20,8 @@ from typing import Any
 
 from fusebox import conventions as C
 
-from .render_rules import Rules, absent_annotations, absent_labels, alert_annotations, alert_labels
+from .render_rules import (GPU_DOWN_FOR_S, Rules, absent_annotations, absent_labels, alert_annotations, alert_labels,
+                           gpu_down_annotations, gpu_down_enabled, gpu_down_labels)
 from .spec import Signal, Spec, Tier
 from .units import format_duration, format_number
 
@@ -318,6 +319,25 @@ def _tier_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     return groups
 
 
+def _gpu_down_group(spec: Spec) -> tuple[str, dict[str, Any]]:
+    """One GPU lost (up 0) beside a healthy one: the alert fires after its `for`, for the lost one only."""
+    I = spec.evaluation_interval_s
+    n = int((GPU_DOWN_FOR_S + 4 * I) // I) + 1
+    lost = {**_GPU_LABELS, **spec.selector}
+    ok = {**lost, "hw_id": "GPU-5a3c1f2e-0000-4000-8000-000000000002", "hw_gpu_index": "1"}
+    res = {k: v for k, v in lost.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
+    ann = {k: _expand(v, res) for k, v in gpu_down_annotations(spec).items()}
+    checks = [{"eval_time": format_duration(GPU_DOWN_FOR_S - I), "alertname": C.GPU_DOWN_ALERT, "exp_alerts": []},
+              {"eval_time": format_duration(GPU_DOWN_FOR_S + I), "alertname": C.GPU_DOWN_ALERT,
+               "exp_alerts": [{"exp_labels": {**res, **gpu_down_labels(spec)}, "exp_annotations": ann}]}]
+    return (f"{C.GPU_DOWN_ALERT}: a GPU the collector lost (up 0) alerts after "
+            f"{format_duration(GPU_DOWN_FOR_S)}; a healthy one does not", {
+                "interval": format_duration(I),
+                "input_series": [{"series": C.PROM["gpu_up"] + _label_str(lost), "values": _segments([(n, 0, 0)])},
+                                 {"series": C.PROM["gpu_up"] + _label_str(ok), "values": _segments([(n, 1, 0)])}],
+                "alert_rule_test": checks})
+
+
 def render_rule_tests(spec: Spec, rules: Rules, rule_file: str) -> list[tuple[str, dict[str, Any]]]:
     """Return [(comment, test group)] for promtool; ``rule_file`` is relative to the test file."""
     groups: list[tuple[str, dict[str, Any]]] = []
@@ -327,6 +347,8 @@ def render_rule_tests(spec: Spec, rules: Rules, rule_file: str) -> list[tuple[st
         if sig.kind == "gauge" and sig.source.expr:
             continue  # custom expression: no generic way to synthesise its inputs
         groups += _tier_groups(sig, spec)
+    if gpu_down_enabled(spec):
+        groups.append(_gpu_down_group(spec))
     if spec.absent_enabled and rules.raw_metrics:
         I = spec.evaluation_interval_s
         t = spec.absent_for_s + I

@@ -208,3 +208,14 @@ def test_installed_import_names_are_namespaced():
         spec = importlib.util.find_spec(bare)
         # only the source folder itself (when tests run from the repo root) may match, never site-packages
         assert spec is None or str(ROOT) in str(spec.origin or spec.submodule_search_locations), bare
+
+
+def test_a_lost_gpu_has_its_own_alert(generated):
+    doc = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
+    rules = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == C.GPU_DOWN_ALERT]
+    assert len(rules) == 1
+    assert rules[0]["expr"] == "max without (instance, job) (fusebox_gpu_up) == 0"
+    assert "fuse_action" not in rules[0]["labels"]  # it pages; it trips nothing
+    assert (generated / f"runbooks/{C.GPU_DOWN_ALERT}.md").exists()
+    tests = (generated / "rules/fusebox.rules.test.yml").read_text()
+    assert f"{C.GPU_DOWN_ALERT}: a GPU the collector lost (up 0) alerts after 1m" in tests
