@@ -2,8 +2,16 @@
 
 Every adapter has a stable ``name`` (the outbox key), ``wants(payload) -> bool`` and
 ``apply(payload)``, which returns when the action is applied and raises :class:`ActionError`
-otherwise; the dispatcher retries with backoff until it returns. ``payload`` is the gateway
-control body: ``{"action", "level", "state": "trip"|"release", "reason", "scope", "decision_id"}``.
+otherwise. ``payload`` is the gateway control body:
+``{"action", "level", "state": "trip"|"release", "reason", "scope", "decision_id"}``.
+
+Retry classes (what the dispatcher in :mod:`fusebox.fuse.service` does with an :class:`ActionError`):
+
+* ``permanent`` (an HTTP 4xx other than 408, 425, 429: the request itself is refused, so sending it
+  again cannot help): audited as failed at once, the next decision goes on.
+* otherwise (no answer, timeout, 5xx, 408/425/429): retried with backoff, until applied when the
+  adapter's ``max_attempts`` is None (the gateway), or up to ``max_attempts`` attempts (best-effort
+  adapters such as the vLLM reset), then audited as failed.
 
 * :class:`HttpGateway`: ``POST <gateway>/v1/control/fuse`` with a bearer token (the seed's
   control call); the gateway is idempotent per ``decision_id`` (also sent as ``Idempotency-Key``).
@@ -24,19 +32,42 @@ import httpx
 
 log = logging.getLogger("fusebox.fuse")
 
-__all__ = ["ActionError", "Adapter", "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
+__all__ = ["ActionError", "is_permanent", "RETRYABLE_4XX", "Adapter", "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
            "CONTROL_PATH"]
 
 CONTROL_PATH = "/v1/control/fuse"
 TOKEN_ENV = "FUSEBOX_GATEWAY_TOKEN"
 
 
+RETRYABLE_4XX = frozenset({408, 425, 429})  # Request Timeout, Too Early, Too Many Requests
+
+
 class ActionError(RuntimeError):
-    """The action was not applied (connection refused, timeout, non-2xx); retry later."""
+    """The action was not applied (connection refused, timeout, non-2xx).
+
+    ``status``: the HTTP status when there was an answer (None: no answer); ``permanent``: True when
+    retrying cannot help (see :func:`is_permanent`).
+    """
+
+    def __init__(self, message: str, status: Optional[int] = None):
+        super().__init__(message)
+        self.status = status
+        self.permanent = is_permanent(status)
+
+
+def is_permanent(status: Optional[int]) -> bool:
+    """Whether an HTTP ``status`` means the same request will never succeed: 4xx except 408/425/429.
+
+    None (no answer: refused, reset, timeout) and 5xx are transient."""
+    return status is not None and 400 <= status < 500 and status not in RETRYABLE_4XX
 
 
 class Adapter(Protocol):
+    """``max_attempts``: None retries transient failures until applied; an int gives up after that
+    many attempts (read with ``getattr``, so an adapter without it retries until applied)."""
+
     name: str
+    max_attempts: Optional[int]
 
     def wants(self, payload: dict) -> bool: ...
 
@@ -71,6 +102,7 @@ class HttpGateway:
     def __init__(self, url: str, token: Optional[str] = None, timeout_s: float = 5.0):
         self.url = url.rstrip("/") + CONTROL_PATH
         self.name = "gateway"
+        self.max_attempts: Optional[int] = None  # "a gateway that is down is retried until it accepts"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(timeout=timeout_s)
 
@@ -84,17 +116,23 @@ class HttpGateway:
         except httpx.HTTPError as e:
             raise ActionError(f"{self.url}: {type(e).__name__}: {e}") from None
         if not 200 <= r.status_code < 300:
-            raise ActionError(f"{self.url}: HTTP {r.status_code} {r.text[:200]}")
+            raise ActionError(f"{self.url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
 
 
 class VllmResetPrefixCache:
     """vLLM's ``POST /reset_prefix_cache`` on a trip of ``action`` (default kv_cache_eviction).
 
-    ``engine``: only scopes whose ``engine`` label equals it (None: every scope).
+    ``engine``: only scopes whose ``engine`` label equals it (None: every scope). Best effort:
+    ``max_attempts`` attempts at most (default 5), then the dispatcher audits it as failed. vLLM
+    registers the route only when the engine runs with ``VLLM_SERVER_DEV_MODE=1``; without it the
+    answer is 404, a permanent failure (one attempt).
     """
 
     def __init__(self, base_url: str, engine: Optional[str] = None, action: str = "kv_cache_eviction",
-                 timeout_s: float = 5.0):
+                 timeout_s: float = 5.0, max_attempts: int = 5):
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.max_attempts: Optional[int] = max_attempts
         self.url = base_url.rstrip("/") + "/reset_prefix_cache"
         self.engine = engine
         self.action = action
@@ -111,14 +149,18 @@ class VllmResetPrefixCache:
             r = self._client.post(self.url)
         except httpx.HTTPError as e:
             raise ActionError(f"{self.url}: {type(e).__name__}: {e}") from None
+        if r.status_code == 404:
+            raise ActionError(f"{self.url}: HTTP 404 (vLLM serves /reset_prefix_cache only when the engine "
+                              "runs with VLLM_SERVER_DEV_MODE=1)", 404)
         if not 200 <= r.status_code < 300:
-            raise ActionError(f"{self.url}: HTTP {r.status_code}")
+            raise ActionError(f"{self.url}: HTTP {r.status_code}", r.status_code)
 
 
 class DryRun:
     """Logs what would be done; never fails."""
 
     name = "dry-run"
+    max_attempts: Optional[int] = None
 
     def __init__(self):
         self.seen: list[dict] = []

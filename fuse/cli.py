@@ -28,6 +28,12 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _attempts(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1, e.g. 5")
+    return int(text)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker)",
                               description=__doc__)
@@ -49,6 +55,8 @@ def register(subparsers) -> None:
     s.add_argument("--tick", type=_seconds, default=1.0, help="how often hold times are checked (default 1 s)")
     s.add_argument("--vllm-url", action="append", default=[], metavar="[ENGINE=]URL",
                    help="vLLM server to POST /reset_prefix_cache on a KV-eviction trip (repeatable)")
+    s.add_argument("--vllm-max-attempts", type=_attempts, default=5, metavar="N",
+                   help="best effort: attempts of each vLLM reset before it is audited as failed (default 5)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=serve)
 
@@ -86,7 +94,8 @@ def build_service(args):
             engine, sep, url = item.partition("=")
             if not sep or "://" in engine:
                 engine, url = None, item
-            adapters.append(VllmResetPrefixCache(url, engine, timeout_s=args.timeout))
+            adapters.append(VllmResetPrefixCache(url, engine, timeout_s=args.timeout,
+                                                 max_attempts=args.vllm_max_attempts))
     service = FuseService(FuseRules.from_spec(spec), Store(args.state), adapters, hold_s=args.hold,
                           backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),
                           tick_s=max(args.tick, 0.01), dry_run=args.dry_run)

@@ -2,9 +2,17 @@
 
 :class:`FuseService` serialises every input (notification, override, tick) under one lock,
 commits the breaker's new state, the decisions' outbox rows and audit rows in one SQLite
-transaction, and only then answers. A background dispatcher applies outbox rows strictly in
-order, retrying each with exponential backoff (``backoff_s`` doubling up to ``backoff_max_s``)
-until its adapter accepts; a ticker releases levels whose hold time has passed.
+transaction, and only then answers. A ticker releases levels whose hold time has passed.
+
+Delivery: one dispatcher thread per adapter, so a slow or dead adapter (a vLLM engine) never delays
+another (the gateway). Within an adapter, rows are ordered per scope (a *lane*: adapter + scope
+key): only the oldest pending row of a lane is attempted, so a trip precedes its release, while a
+lane that is failing (in backoff) does not hold up other scopes. Failures are classified by
+:class:`fusebox.fuse.actions.ActionError`: permanent ones (4xx but 408/425/429) are audited as
+``failed`` at once; transient ones are retried with exponential backoff (``backoff_s`` doubling up
+to ``backoff_max_s``, per lane) until applied, or until the adapter's ``max_attempts`` is spent.
+An exception inside a dispatcher iteration (e.g. the store failing) is logged, counted in
+``fusebox_fuse_dispatcher_errors_total`` and the loop goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fusebox import conventions as C
 
-from .actions import ActionError, Adapter
+from .actions import Adapter
 from .breaker import Breaker, Decision, OverrideError
 from .payload import Notification
 from .rules import FuseRules
@@ -47,8 +55,17 @@ class _Metrics:
         self.notifications = Counter(M["notifications"].removesuffix("_total"), "Webhook notifications by outcome.",
                                      ["outcome"], registry=r)
         self.alerts = Counter(M["alerts"].removesuffix("_total"), "Alerts in notifications by result.", ["result"], registry=r)
-        self.failures = Counter(M["action_failures"].removesuffix("_total"), "Failed action attempts (retried).",
-                                ["adapter"], registry=r)
+        self.failures = Counter(M["action_failures"].removesuffix("_total"),
+                                "Failed action attempts (retried or given up).", ["adapter"], registry=r)
+        self.given_up = Counter(M["actions_given_up"].removesuffix("_total"),
+                                "Actions audited as failed and not retried (reason: permanent, retries_exhausted).",
+                                ["adapter", "reason"], registry=r)
+        self.dispatcher_errors = Counter(M["dispatcher_errors"].removesuffix("_total"),
+                                         "Dispatcher iterations that raised (logged; the loop goes on).",
+                                         ["adapter"], registry=r)
+        self.oldest_pending = Gauge(M["oldest_pending_age"],
+                                    "Seconds since the request that decided the oldest pending action (0: none).",
+                                    registry=r)
         self.pending = Gauge(M["actions_pending"], "Actions decided but not yet applied.", registry=r)
         buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
         self.latency = Histogram(M["decision_latency"], "Seconds from the request that decided to the action applied.",
@@ -83,21 +100,33 @@ class FuseService:
         self._committed = store.snapshot() or {}
         self.breaker.restore(self._committed)
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wakes = {name: threading.Event() for name in self.adapters}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.metrics.oldest_pending.set_function(self._oldest_pending_age)
         self._refresh_gauges()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        for target, name in ((self._dispatch_loop, "fuse-dispatch"), (self._tick_loop, "fuse-tick")):
+        """One dispatcher thread per adapter and the ticker. Outbox rows of adapters not configured
+        now stay pending (a warning names them) until a start with that adapter applies them."""
+        try:
+            orphans = {a: n for a, n in self.store.pending_by_adapter().items() if a not in self.adapters}
+        except Exception:
+            log.exception("outbox read failed")
+            orphans = {}
+        for a, n in sorted(orphans.items()):
+            log.warning("%d pending action(s) for adapter %r, not configured in this run: kept, not applied", n, a)
+        targets = [(lambda n=n: self._dispatch_loop(n), f"fuse-dispatch-{n}") for n in self.adapters]
+        for target, name in [*targets, (self._tick_loop, "fuse-tick")]:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        for w in self._wakes.values():
+            w.set()
         for t in self._threads:
             t.join(timeout=5)
         self._threads.clear()
@@ -180,7 +209,8 @@ class FuseService:
             log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason)
         if decisions:
             self._refresh_gauges()
-            self._wake.set()
+            for w in self._wakes.values():
+                w.set()
         return out
 
     def _refresh_gauges(self) -> None:
@@ -189,40 +219,107 @@ class FuseService:
             self.metrics.level.labels(*[sc["labels"].get(k, "") for k in C.SCOPE_LABELS]).set(sc["level"])
         self.metrics.pending.set(self.store.pending_count())
 
-    def _dispatch_loop(self) -> None:
-        delay = self.backoff_s
+    def _oldest_pending_age(self) -> float:
+        try:
+            received = self.store.oldest_pending_received(self.adapters)
+        except Exception:  # the store cannot be read: say so rather than 0
+            log.exception("outbox read failed")
+            return float("nan")
+        return 0.0 if received is None else max(0.0, self.clock() - received)
+
+    def _dispatch_loop(self, name: str) -> None:
+        """Deliver the outbox rows of adapter ``name`` until :meth:`stop`; never raises."""
+        adapter = self.adapters[name]
+        wake = self._wakes[name]
+        lanes: dict[str, _Lane] = {}
+        unrecorded: dict[int, tuple[float, dict]] = {}
         while not self._stop.is_set():
+            wake.clear()  # a commit during the pass sets it again, so the wait below returns at once
             try:
-                job = self.store.next_pending()
-            except Exception:  # pragma: no cover - a broken DB must not kill the thread
-                log.exception("outbox read failed")
-                job = None
-            if job is None:
-                self._wake.wait(timeout=1.0)
-                self._wake.clear()
+                wait = self._dispatch_once(adapter, lanes, unrecorded)
+            except Exception:  # the store failing, a bug: count, log, go on after a pause
+                self.metrics.dispatcher_errors.labels(name).inc()
+                log.exception("dispatcher %s: iteration failed; retrying in %.2fs", name, self.backoff_s)
+                wait = self.backoff_s
+            if wait > 0:
+                wake.wait(timeout=wait)
+
+    def _dispatch_once(self, adapter: Adapter, lanes: dict[str, "_Lane"],
+                       unrecorded: dict[int, tuple[float, dict]]) -> float:
+        """One pass over the lanes (scopes) of ``adapter``: attempt each lane's oldest pending row
+        whose backoff has passed. Returns seconds until the next pass (0: at once, a row left)."""
+        heads: dict[str, dict] = {}
+        for row in self.store.pending(adapter.name):
+            heads.setdefault(_key(row["payload"].get("scope") or {}), row)
+        for k in [k for k, lane in lanes.items() if k not in heads or heads[k]["seq"] != lane.seq]:
+            del lanes[k]
+        for seq in [seq for seq in unrecorded if seq not in {h["seq"] for h in heads.values()}]:
+            del unrecorded[seq]
+        wait, progressed = 1.0, False
+        for k, job in heads.items():
+            if self._stop.is_set():
+                break
+            lane = lanes.get(k)
+            now = time.monotonic()
+            if lane is not None and lane.due > now:
+                wait = min(wait, lane.due - now)
                 continue
-            adapter = self.adapters.get(job["adapter"])
-            try:
-                if adapter is None:
-                    raise ActionError(f"no adapter {job['adapter']!r} configured (started with other options?)")
-                adapter.apply(job["payload"])
-            except Exception as e:  # ActionError, or a bug in an adapter: retry either way
-                self.metrics.failures.labels(job["adapter"]).inc()
-                self.store.mark_failed(job["seq"], str(e))
-                log.warning("action %s for %s failed (attempt %d), retrying in %.2fs: %s",
-                            job["adapter"], job["decision_id"], job["attempts"] + 1, delay, e)
-                self._stop.wait(delay)
-                delay = min(delay * 2, self.backoff_max_s)
-                continue
-            delay = self.backoff_s
-            now = self.clock()
-            p = job["payload"]
-            self.store.mark_applied(job["seq"], now, {
-                "at": now, "kind": "applied", "decision_id": job["decision_id"], "level": p["level"],
-                "action": p["action"], "source": job["adapter"], "reason": f"{p['state']} applied by {job['adapter']}",
-                "detail": {"attempts": job["attempts"] + 1}})
-            self.metrics.latency.labels(job["adapter"]).observe(max(0.0, now - job["received"]))
-            self.metrics.pending.set(self.store.pending_count())
+            if job["seq"] in unrecorded:  # applied, but recording it failed: record it, do not call again
+                at, audit = unrecorded[job["seq"]]
+                self.store.mark_applied(job["seq"], at, audit)
+                del unrecorded[job["seq"]]
+                progressed = True
+            elif self._attempt(adapter, job, k, lanes, unrecorded):
+                progressed = True
+            else:
+                wait = min(wait, max(0.0, lanes[k].due - time.monotonic()))
+        self.metrics.pending.set(self.store.pending_count())
+        return 0.0 if progressed else wait
+
+    def _attempt(self, adapter: Adapter, job: dict, key: str, lanes: dict[str, "_Lane"],
+                 unrecorded: dict[int, tuple[float, dict]]) -> bool:
+        """Apply one outbox row. True when it left the outbox (applied, or given up and audited as
+        ``failed``); False when it is to be retried (``lanes[key]`` holds when)."""
+        name, p, attempt = adapter.name, job["payload"], job["attempts"] + 1
+        try:
+            adapter.apply(p)
+        except Exception as e:  # ActionError, or a bug in an adapter (transient: retried)
+            self.metrics.failures.labels(name).inc()
+            permanent = bool(getattr(e, "permanent", False))
+            limit = getattr(adapter, "max_attempts", None)
+            if permanent or (limit is not None and attempt >= limit):
+                reason = "permanent" if permanent else "retries_exhausted"
+                lanes.pop(key, None)
+                now = self.clock()
+                self.store.mark_given_up(job["seq"], str(e), {
+                    "at": now, "kind": "failed", "decision_id": job["decision_id"], "scope_key": key,
+                    "level": p.get("level"), "action": p.get("action"), "source": name,
+                    "reason": f"{p.get('state')} not applied by {name} after {attempt} attempt(s), "
+                              f"{'permanent failure' if permanent else 'retries exhausted'}: {e}"[:1000],
+                    "detail": {"attempts": attempt, "status": getattr(e, "status", None), "class": reason}})
+                self.metrics.given_up.labels(name, reason).inc()
+                log.error("action %s for %s given up after %d attempt(s) (%s): %s", name, job["decision_id"],
+                          attempt, reason, e)
+                return True
+            lane = lanes.get(key)
+            delay = self.backoff_s if lane is None else min(lane.delay * 2, self.backoff_max_s)
+            lanes[key] = _Lane(job["seq"], time.monotonic() + delay, delay)  # before the store, which may fail
+            log.warning("action %s for %s failed (attempt %d), retrying in %.2fs: %s",
+                        name, job["decision_id"], attempt, delay, e)
+            self.store.mark_failed(job["seq"], str(e))
+            return False
+        lanes.pop(key, None)
+        now = self.clock()
+        audit = {"at": now, "kind": "applied", "decision_id": job["decision_id"], "scope_key": key,
+                 "level": p["level"], "action": p["action"], "source": name,
+                 "reason": f"{p['state']} applied by {name}", "detail": {"attempts": attempt}}
+        try:
+            self.store.mark_applied(job["seq"], now, audit)
+        except Exception:
+            unrecorded[job["seq"]] = (now, audit)  # recorded on the next pass, without calling again
+            raise
+        self.metrics.latency.labels(name).observe(max(0.0, now - job["received"]))
+        return True
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_s):
@@ -230,6 +327,16 @@ class FuseService:
                 self.tick()
             except Exception:  # pragma: no cover - retried next tick
                 log.exception("tick failed")
+
+
+class _Lane:
+    """Backoff of one (adapter, scope) lane: its head row ``seq`` is not retried before ``due``
+    (time.monotonic() seconds); ``delay`` is the last delay, doubled on the next failure."""
+
+    __slots__ = ("seq", "due", "delay")
+
+    def __init__(self, seq: int, due: float, delay: float):
+        self.seq, self.due, self.delay = seq, due, delay
 
 
 def _key(scope: dict) -> str:

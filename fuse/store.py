@@ -6,7 +6,9 @@ none. Tables:
 
 * ``meta(key, value)``: ``breaker`` = the JSON snapshot of :class:`fusebox.fuse.breaker.Breaker`.
 * ``outbox(seq, decision_id, adapter, payload, received, status, attempts, last_error, applied_at)``:
-  one row per decision and adapter, applied strictly in ``seq`` order.
+  one row per decision and adapter; ``status`` is ``pending``, ``applied`` or ``failed`` (given up,
+  see :mod:`fusebox.fuse.actions`). Rows of one adapter and one scope are applied in ``seq`` order;
+  rows of other adapters or scopes do not wait for them.
 * ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``:
   triggers reject UPDATE and DELETE, so the log can only grow.
 """
@@ -99,20 +101,41 @@ class Store:
     def audit(self, row: dict) -> None:
         self.commit(None, (), [row])
 
-    def mark_applied(self, seq: int, at: float, audit: dict) -> None:
+    def _finish(self, sql: str, args: tuple, audit: dict) -> None:
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                self._db.execute("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1 WHERE seq=?", (at, seq))
+                self._db.execute(sql, args)
                 self._audit_rows([audit])
                 self._db.execute("COMMIT")
             except sqlite3.Error as e:
-                self._db.execute("ROLLBACK")
-                raise StoreError(str(e)) from e
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise StoreError(f"{self.path}: {e}") from e
+
+    def mark_applied(self, seq: int, at: float, audit: dict) -> None:
+        """Outbox row ``seq`` applied at ``at`` (Unix s), with its audit row, in one transaction.
+
+        Raises StoreError (nothing written)."""
+        self._finish("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1 WHERE seq=?",
+                     (at, seq), audit)
+
+    def mark_given_up(self, seq: int, error: str, audit: dict) -> None:
+        """Outbox row ``seq`` will not be retried (status ``failed``), with its audit row.
+
+        Raises StoreError (nothing written)."""
+        self._finish("UPDATE outbox SET status='failed', attempts=attempts+1, last_error=? WHERE seq=?",
+                     (error[:500], seq), audit)
 
     def mark_failed(self, seq: int, error: str) -> None:
+        """One more failed attempt of row ``seq`` (still pending). Raises StoreError."""
         with self._lock:
-            self._db.execute("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE seq=?", (error[:500], seq))
+            try:
+                self._db.execute("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE seq=?", (error[:500], seq))
+            except sqlite3.Error as e:
+                raise StoreError(f"{self.path}: {e}") from e
 
     # ----------------------------------------------------------------- reads
     def snapshot(self) -> Optional[dict]:
@@ -120,15 +143,30 @@ class Store:
             row = self._db.execute("SELECT value FROM meta WHERE key='breaker'").fetchone()
         return json.loads(row[0]) if row else None
 
-    def next_pending(self) -> Optional[dict]:
+    def pending(self, adapter: str) -> list[dict]:
+        """The pending rows of ``adapter``, oldest first: ``{"seq", "decision_id", "adapter", "payload",
+        "received", "attempts"}``. Raises sqlite3.Error when the database cannot be read."""
         with self._lock:
-            row = self._db.execute(
+            rows = self._db.execute(
                 "SELECT seq, decision_id, adapter, payload, received, attempts FROM outbox "
-                "WHERE status='pending' ORDER BY seq LIMIT 1").fetchone()
-        if not row:
-            return None
-        return {"seq": row[0], "decision_id": row[1], "adapter": row[2], "payload": json.loads(row[3]),
-                "received": row[4], "attempts": row[5]}
+                "WHERE status='pending' AND adapter=? ORDER BY seq", (adapter,)).fetchall()
+        return [{"seq": r[0], "decision_id": r[1], "adapter": r[2], "payload": json.loads(r[3]),
+                 "received": r[4], "attempts": r[5]} for r in rows]
+
+    def pending_by_adapter(self) -> dict[str, int]:
+        """``{adapter: number of pending rows}``."""
+        with self._lock:
+            rows = self._db.execute("SELECT adapter, count(*) FROM outbox WHERE status='pending' GROUP BY adapter")
+            return dict(rows.fetchall())
+
+    def oldest_pending_received(self, adapters: Optional[Iterable[str]] = None) -> Optional[float]:
+        """``received`` (Unix s) of the oldest pending row (of ``adapters`` when given); None if none."""
+        q, args = "SELECT min(received) FROM outbox WHERE status='pending'", []
+        if adapters is not None:
+            args = list(adapters)
+            q += " AND adapter IN (%s)" % ",".join("?" * len(args))
+        with self._lock:
+            return self._db.execute(q, args).fetchone()[0]
 
     def pending_count(self) -> int:
         with self._lock:

@@ -188,7 +188,10 @@ FUSE_METRICS = {
     "transitions": "fusebox_fuse_transitions_total",  # counter {action, state, source}
     "notifications": "fusebox_fuse_notifications_total",  # counter {outcome}
     "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification
-    "action_failures": "fusebox_fuse_action_failures_total",  # counter {adapter}
+    "action_failures": "fusebox_fuse_action_failures_total",  # counter {adapter}: failed attempts
+    "actions_given_up": "fusebox_fuse_actions_given_up_total",  # counter {adapter, reason}: audited as failed
+    "oldest_pending_age": "fusebox_fuse_oldest_pending_action_age_seconds",  # gauge: 0 when none pending
+    "dispatcher_errors": "fusebox_fuse_dispatcher_errors_total",  # counter {adapter}: loop iterations that raised
     "actions_pending": "fusebox_fuse_actions_pending",  # gauge
     "decision_latency": "fusebox_fuse_decision_latency_seconds",  # histogram: request -> applied
     "request_latency": "fusebox_fuse_webhook_duration_seconds",  # histogram: webhook handling

@@ -42,3 +42,36 @@ def _up(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _serve_args(tmp_path, *extra):
+    import argparse
+
+    from fusebox.fuse import cli
+
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(["fuse", "serve", "--spec", str(SPEC), "--state", str(tmp_path / "s.sqlite"),
+                              "--token-file", str(tmp_path / "token"), "--gateway-url", "http://gw:8080", *extra])
+
+
+def test_vllm_resets_get_the_attempts_given_and_the_gateway_is_retried_until_applied(tmp_path):
+    from fusebox.fuse.cli import build_service
+
+    args = _serve_args(tmp_path, "--vllm-url", "e0=http://v0:8000", "--vllm-url", "http://v1:8000",
+                       "--vllm-max-attempts", "2")
+    service, _ = build_service(args)
+    try:
+        got = {name: a.max_attempts for name, a in service.adapters.items()}
+    finally:
+        service.store.close()
+    assert got == {"gateway": None, "vllm:e0:http://v0:8000": 2, "vllm:*:http://v1:8000": 2}
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_vllm_max_attempts_below_1_or_not_a_whole_number_is_refused(tmp_path, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        _serve_args(tmp_path, "--vllm-max-attempts", value)
+    assert e.value.code == 2
+    assert "--vllm-max-attempts" in capsys.readouterr().err
