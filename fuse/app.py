@@ -34,7 +34,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fusebox import conventions as C
 
 from .actions import bearer_matches
 from .breaker import OverrideError, ScopeNotFound

@@ -125,3 +125,43 @@ def query_range(base: str, expr: str, start: float, end: float, step: float) -> 
     body = json.loads(http_get(f"{base}/api/v1/query_range?{urllib.parse.urlencode(params)}", timeout=120))
     assert body["status"] == "success", body
     return body["data"]["result"]
+
+
+def collector_setup(tmp: Path) -> tuple[Path, Path, dict, dict, Path]:
+    """The generated Collector config on free loopback ports: (binary, config, ports, env, log)."""
+    from fusebox.generator.render_otelcol import render_otelcol
+    from fusebox.generator.spec import load_spec
+
+    binary = otelcol_binary()
+    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+    (text,) = render_otelcol(spec).values()
+    cfg = tmp / "otelcol.yaml"
+    cfg.write_text(text)
+    ports = {k: free_port() for k in ("grpc", "http", "prom", "health", "tele")}
+    env = dict(os.environ, FUSEBOX_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{ports['grpc']}",
+               FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['http']}",
+               FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ports['prom']}",
+               FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{ports['health']}",
+               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]))
+    return binary, cfg, ports, env, tmp / "otelcol.log"
+
+
+def serve_text(body: bytes):
+    """A loopback HTTP server answering every GET with ``body`` as Prometheus text; call
+    ``.shutdown()`` when done. Its port is ``server.server_address[1]``."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from _dashboards_support import ROOT, prometheus, query, query_range
+from _dashboards_support import ROOT, prometheus, query, query_range, serve_text
 from fusebox import conventions as C
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
@@ -181,22 +181,11 @@ def test_fuse_state_panel_groups_by_the_fuse_scope_not_the_fuse_service(tmp_path
     level.labels(**{k: instance_scope.get(k, "") for k in C.SCOPE_LABELS}).set(1)
     body = generate_latest(registry)
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve_text(body)
     job = dict(_fuse_jobs()[config], static_configs=[{"targets": [f"127.0.0.1:{server.server_address[1]}"]}])
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
     (expr,) = [t["expr"] for p in dashboards(spec)["overview"]["panels"]
-               for t in p.get("targets", []) if t["expr"].startswith(f"max by") and C.FUSE_LEVEL_METRIC in t["expr"]]
+               for t in p.get("targets", []) if t["expr"].startswith("max by") and C.FUSE_LEVEL_METRIC in t["expr"]]
     try:
         with prometheus(tmp_path, {"global": {"scrape_interval": "1s"}, "scrape_configs": [job]}) as base:
             deadline = time.monotonic() + 30

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from _dashboards_support import free_port, otelcol_binary, process, prometheus, query, wait_http
+from _dashboards_support import collector_setup, free_port, otelcol_binary, process, prometheus, query, serve_text, wait_http
 from fusebox import conventions as C
 from fusebox.generator.render_otelcol import render_otelcol
 from fusebox.generator.spec import load_spec
@@ -70,18 +70,7 @@ def _push(endpoint: str) -> None:
 
 
 def test_the_names_the_rules_read_arrive_in_prometheus_with_values_and_host_label(tmp_path):
-    binary = otelcol_binary()
-    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
-    (text,) = render_otelcol(spec).values()
-    cfg = tmp_path / "otelcol.yaml"
-    cfg.write_text(text)
-    ports = {k: free_port() for k in ("grpc", "http", "prom", "health", "tele")}
-    env = dict(os.environ, FUSEBOX_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{ports['grpc']}",
-               FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['http']}",
-               FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ports['prom']}",
-               FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{ports['health']}",
-               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]))
-    log = tmp_path / "otelcol.log"
+    binary, cfg, ports, env, log = collector_setup(tmp_path)
     with process([str(binary), f"--config={cfg}"], log, env=env) as col:
         wait_http(f"http://127.0.0.1:{ports['health']}/", col, log=log)
         provider = _push(f"http://127.0.0.1:{ports['http']}")
@@ -112,27 +101,13 @@ def test_the_names_the_rules_read_arrive_in_prometheus_with_values_and_host_labe
 
 def test_engine_metrics_scraped_by_the_collector_carry_host_and_cluster(tmp_path):
     """The scrape option: vLLM's /metrics through the prometheus receiver, stamped by `resource`."""
-    import http.server
-    import threading
-
     from fusebox.generator.render_otelcol import OtelcolOptions
 
     body = (b"# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
             b"# TYPE vllm:kv_cache_usage_perc gauge\n"
             b'vllm:kv_cache_usage_perc{engine="0",model_name="llava-1.5-7b"} 0.42\n')
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    engine = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    engine = serve_text(body)
     binary = otelcol_binary()
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
     opts = OtelcolOptions(scrape_targets=(f"127.0.0.1:{engine.server_address[1]}",), scrape_interval_s=1)
@@ -177,18 +152,7 @@ def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_colle
     fixture = ROOT / "tests" / "fixtures" / "collectors" / "netdata_rtx-4090-driver-535_nvidia-smi-q-x.xml"
     if not fixture.exists():
         pytest.skip("collectors fixtures not merged yet")
-    binary = otelcol_binary()
-    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
-    (text,) = render_otelcol(spec).values()
-    cfg = tmp_path / "otelcol.yaml"
-    cfg.write_text(text)
-    ports = {k: free_port() for k in ("grpc", "http", "prom", "health", "tele")}
-    env = dict(os.environ, FUSEBOX_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{ports['grpc']}",
-               FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['http']}",
-               FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ports['prom']}",
-               FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{ports['health']}",
-               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]))
-    log = tmp_path / "otelcol.log"
+    binary, cfg, ports, env, log = collector_setup(tmp_path)
     gpu = 'hw_id="GPU-71d1acc2-662d-2166-bf9f-65272d2fc437", host_name="replay-node", cluster="lab-c"'
     expected = {C.PROM["gpu_memory_limit"]: 24_564 * MIB, C.PROM["gpu_memory_usage"]: 350 * MIB,
                 C.PROM["gpu_memory_reserved"]: 346 * MIB}

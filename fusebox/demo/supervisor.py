@@ -27,7 +27,7 @@ class ChildDied(RuntimeError):
         tail = child.log_tail(12)
         super().__init__(
             f"{child.name} (pid {child.pid}) exited with status {child.proc.returncode}; "
-            f"its log: {child.log_path}" + (f"\n  last lines:\n    " + "\n    ".join(tail) if tail else ""))
+            f"its log: {child.log_path}" + ("\n  last lines:\n    " + "\n    ".join(tail) if tail else ""))
 
 
 @dataclass
