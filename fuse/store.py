@@ -15,6 +15,7 @@ none. Tables:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -73,16 +74,23 @@ class Store:
         Raises:
             StoreError: when SQLite cannot write; nothing of the change is kept.
         """
+        with self._transaction():
+            if snapshot is not None:
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('breaker', ?)",
+                                 (json.dumps(snapshot, separators=(",", ":")),))
+            self._db.executemany(
+                "INSERT OR IGNORE INTO outbox (decision_id, adapter, payload, received) VALUES (?, ?, ?, ?)",
+                [(d, a, json.dumps(p, separators=(",", ":")), r) for d, a, p, r in outbox])
+            self._audit_rows(audit)
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """One IMMEDIATE transaction under the lock; any SQLite error rolls back and becomes
+        StoreError, so nothing of a failed change is kept."""
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                if snapshot is not None:
-                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('breaker', ?)",
-                                     (json.dumps(snapshot, separators=(",", ":")),))
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO outbox (decision_id, adapter, payload, received) VALUES (?, ?, ?, ?)",
-                    [(d, a, json.dumps(p, separators=(",", ":")), r) for d, a, p, r in outbox])
-                self._audit_rows(audit)
+                yield
                 self._db.execute("COMMIT")
             except sqlite3.Error as e:
                 try:
@@ -102,18 +110,9 @@ class Store:
         self.commit(None, (), [row])
 
     def _finish(self, sql: str, args: tuple, audit: dict) -> None:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                self._db.execute(sql, args)
-                self._audit_rows([audit])
-                self._db.execute("COMMIT")
-            except sqlite3.Error as e:
-                try:
-                    self._db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                raise StoreError(f"{self.path}: {e}") from e
+        with self._transaction():
+            self._db.execute(sql, args)
+            self._audit_rows([audit])
 
     def mark_applied(self, seq: int, at: float, audit: dict) -> None:
         """Outbox row ``seq`` applied at ``at`` (Unix s), with its audit row, in one transaction.

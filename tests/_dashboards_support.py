@@ -127,14 +127,15 @@ def query_range(base: str, expr: str, start: float, end: float, step: float) -> 
     return body["data"]["result"]
 
 
-def collector_setup(tmp: Path) -> tuple[Path, Path, dict, dict, Path]:
-    """The generated Collector config on free loopback ports: (binary, config, ports, env, log)."""
+def collector_setup(tmp: Path, options=None, **extra_env: str) -> tuple[Path, Path, dict, dict, Path]:
+    """The generated Collector config (with ``options``, an OtelcolOptions) on free loopback
+    ports: (binary, config, ports, env, log); ``extra_env`` is added to the environment."""
     from fusebox.generator.render_otelcol import render_otelcol
     from fusebox.generator.spec import load_spec
 
     binary = otelcol_binary()
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
-    (text,) = render_otelcol(spec).values()
+    (text,) = (render_otelcol(spec, options) if options is not None else render_otelcol(spec)).values()
     cfg = tmp / "otelcol.yaml"
     cfg.write_text(text)
     ports = {k: free_port() for k in ("grpc", "http", "prom", "health", "tele")}
@@ -142,7 +143,7 @@ def collector_setup(tmp: Path) -> tuple[Path, Path, dict, dict, Path]:
                FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['http']}",
                FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ports['prom']}",
                FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{ports['health']}",
-               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]))
+               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]), **extra_env)
     return binary, cfg, ports, env, tmp / "otelcol.log"
 
 

@@ -9,15 +9,12 @@ used = total - free = 80000 - 17200 = 62800 MiB = 65,850,572,800 B; total 80000 
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
-from _dashboards_support import collector_setup, free_port, otelcol_binary, process, prometheus, query, serve_text, wait_http
+from _dashboards_support import collector_setup, process, prometheus, query, serve_text, wait_http
 from fusebox import conventions as C
-from fusebox.generator.render_otelcol import render_otelcol
-from fusebox.generator.spec import load_spec
 from _dashboards_support import ROOT
 
 pytestmark = [pytest.mark.otelcol, pytest.mark.tools]
@@ -108,19 +105,8 @@ def test_engine_metrics_scraped_by_the_collector_carry_host_and_cluster(tmp_path
             b'vllm:kv_cache_usage_perc{engine="0",model_name="llava-1.5-7b"} 0.42\n')
 
     engine = serve_text(body)
-    binary = otelcol_binary()
-    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
     opts = OtelcolOptions(scrape_targets=(f"127.0.0.1:{engine.server_address[1]}",), scrape_interval_s=1)
-    (text,) = render_otelcol(spec, opts).values()
-    cfg = tmp_path / "otelcol.yaml"
-    cfg.write_text(text)
-    ports = {k: free_port() for k in ("grpc", "http", "prom", "health", "tele")}
-    env = dict(os.environ, FUSEBOX_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{ports['grpc']}",
-               FUSEBOX_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['http']}",
-               FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{ports['prom']}",
-               FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{ports['health']}",
-               FUSEBOX_OTELCOL_TELEMETRY_PORT=str(ports["tele"]), HOSTNAME="gpu-node-7", FUSEBOX_CLUSTER="lab-b")
-    log = tmp_path / "otelcol.log"
+    binary, cfg, ports, env, log = collector_setup(tmp_path, opts, HOSTNAME="gpu-node-7", FUSEBOX_CLUSTER="lab-b")
     try:
         with process([str(binary), f"--config={cfg}"], log, env=env) as col:
             wait_http(f"http://127.0.0.1:{ports['health']}/", col, log=log)
