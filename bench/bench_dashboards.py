@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from fusebox import conventions as C  # noqa: E402
 from fusebox.generator.outputs import RULE_FILE, render_all  # noqa: E402
 from fusebox.generator.render_dashboards import dashboards  # noqa: E402
-from fusebox.generator.spec import load_spec  # noqa: E402
+from fusebox.spec import load_spec  # noqa: E402
 
 MIB = 1_048_576
 SCRAPE_S = 10

@@ -31,7 +31,7 @@ from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for  # no
 
 from fusebox.fuse import Breaker, FuseRules, parse_payload  # noqa: E402
 from fusebox.fuse.gateway import ReferenceGateway, read_log  # noqa: E402
-from fusebox.generator.spec import load_spec  # noqa: E402
+from fusebox.spec import load_spec  # noqa: E402
 
 
 def pct(xs, q):

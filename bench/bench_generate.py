@@ -23,7 +23,7 @@ import json, sys, time, tracemalloc, tempfile
 from pathlib import Path
 tracemalloc.start()
 t0 = time.perf_counter()
-from fusebox.generator import load_spec
+from fusebox.spec import load_spec
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 spec = load_spec(sys.argv[1])

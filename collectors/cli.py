@@ -268,7 +268,7 @@ def cmd_scenario(args) -> int:
     if args.timeline:
         spec = None
         try:
-            from fusebox.generator.spec import load_spec
+            from fusebox.spec import load_spec
 
             spec = load_spec(args.spec)
         except Exception as e:  # noqa: BLE001 -- fall back to the mission numbers, say so

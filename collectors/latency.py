@@ -40,10 +40,10 @@ def spec_buckets(spec_path: str | Path = "fusebox.yaml") -> tuple[float, ...]:
     """Bucket boundaries (seconds) of the spec's ``alignment_latency_p95`` signal.
 
     Raises:
-        fusebox.generator.errors.SpecError: the spec is invalid (file:line:col messages).
+        fusebox.spec.errors.SpecError: the spec is invalid (file:line:col messages).
         ValueError: the signal has no buckets.
     """
-    from fusebox.generator.spec import load_spec
+    from fusebox.spec import load_spec
 
     sig = load_spec(str(spec_path)).signal("alignment_latency_p95")
     if not sig.buckets:

@@ -299,7 +299,7 @@ class Scenario:
         """Predicted crossings of the three primary alert expressions, in time order.
 
         Args:
-            spec: a loaded :class:`fusebox.generator.spec.Spec` (thresholds, ``for``,
+            spec: a loaded :class:`fusebox.spec.Spec` (thresholds, ``for``,
                 windows, buckets, scrape interval), or None for the mission numbers.
             scrape_s: sample spacing; default the spec's scrape interval (5 s).
         """
@@ -429,9 +429,9 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     Raises:
         ScenarioError: every problem, as ``file:line:col: what -- how to fix it`` lines.
     """
-    from fusebox.generator.errors import Problem, SpecError
-    from fusebox.generator.units import parse_duration, parse_quantity
-    from fusebox.generator.yamlpos import load
+    from fusebox.spec.errors import Problem, SpecError
+    from fusebox.spec.units import parse_duration, parse_quantity
+    from fusebox.spec.positions import load
 
     p = _scenario_path(path)
     try:

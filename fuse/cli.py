@@ -75,7 +75,7 @@ def _err(msg: str) -> int:
 
 def build_service(args):
     """The service and its bearer token from parsed ``serve`` arguments (no server started)."""
-    from fusebox.generator.spec import load_spec
+    from fusebox.spec import load_spec
 
     from .actions import DryRun, HttpGateway, VllmResetPrefixCache, read_token
     from .rules import FuseRules
@@ -122,7 +122,7 @@ def startup_line(args, service) -> str:
 
 def serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from fusebox.generator.errors import SpecError
+    from fusebox.spec.errors import SpecError
 
     try:
         service, token = build_service(args)

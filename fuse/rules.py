@@ -53,7 +53,7 @@ class FuseRules:
 
     @classmethod
     def from_spec(cls, spec) -> "FuseRules":
-        """From a :class:`fusebox.generator.spec.Spec`: spec.actions and each tier's ``fuse``."""
+        """From a :class:`fusebox.spec.Spec`: spec.actions and each tier's ``fuse``."""
         actions = {name: a.level for name, a in spec.actions.items()}
         by_alert = {}
         for s in spec.signals:

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import re
 
+from fusebox.spec import model as _spec_model
+from fusebox.spec.units import format_duration
+
 __all__ = [
     "otel_to_prometheus",
     "OTEL",
@@ -170,10 +173,9 @@ LABEL = {
 # its breaker on the subset present in an alert.
 SCOPE_LABELS = ("cluster", "host_name", "instance", "hw_id", "engine")
 
-ABSENT_ALERT = "FuseboxSignalAbsent"
-# A GPU the collector lost (NVML error, Xid): its memory series stop, so the memory alert goes
-# quiet on it; this alert says so instead.
-GPU_DOWN_ALERT = "FuseboxGPUDown"
+# Reserved by the spec (no signal may take them); defined there, named here with the rest.
+ABSENT_ALERT = _spec_model.ABSENT_ALERT
+GPU_DOWN_ALERT = _spec_model.GPU_DOWN_ALERT
 
 # Fuse levels, ordered: a higher level implies the lower ones' pressure.
 FUSE_LEVELS = {
@@ -214,8 +216,6 @@ def record_name(level: str, metric: str, ops: str) -> str:
 
 def window_word(seconds: float) -> str:
     """60 -> "1m", 300 -> "5m", 90 -> "1m30s": the window as it appears in rule names."""
-    from fusebox.generator.units import format_duration
-
     return format_duration(seconds)
 
 

@@ -14,7 +14,7 @@ from .render_k8s import render_prometheusrule
 from .render_rules import render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
-from .spec import Spec
+from fusebox.spec import Spec
 
 RULE_FILE = "rules/fusebox.rules.yml"
 RULE_TEST_FILE = "rules/fusebox.rules.test.yml"

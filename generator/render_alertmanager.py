@@ -6,8 +6,8 @@ from typing import Any
 
 from fusebox import conventions as C
 
-from .spec import Spec
-from .units import format_duration
+from fusebox.spec import Spec
+from fusebox.spec.units import format_duration
 
 SCOPE = list(C.SCOPE_LABELS)
 

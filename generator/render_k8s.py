@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .render_rules import Rules
-from .spec import Spec
+from fusebox.spec import Spec
 
 
 def render_prometheusrule(spec: Spec, rules: Rules) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def metric_expiration_s(spec) -> int:
 
 
 def _dur(seconds: float) -> str:
-    from fusebox.generator.units import format_duration
+    from fusebox.spec.units import format_duration
 
     return format_duration(seconds)
 

@@ -14,8 +14,8 @@ from typing import Any
 from fusebox import conventions as C
 
 from .promql import vector_selectors
-from .spec import Signal, Spec, Tier
-from .units import format_duration, format_number, humanize
+from fusebox.spec import Signal, Spec, Tier
+from fusebox.spec.units import format_duration, format_number, humanize
 
 GROUP_PREFIX = "fusebox"
 

@@ -7,8 +7,8 @@ import jinja2
 from fusebox import conventions as C
 
 from .render_rules import Rules
-from .spec import Spec
-from .units import format_duration, format_number, humanize
+from fusebox.spec import Spec
+from fusebox.spec.units import format_duration, format_number, humanize
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("fusebox.generator", "templates"),
                           keep_trailing_newline=True, trim_blocks=False, autoescape=False)

@@ -22,8 +22,8 @@ from fusebox import conventions as C
 
 from .render_rules import (GPU_DOWN_FOR_S, Rules, absent_annotations, absent_labels, alert_annotations, alert_labels,
                            gpu_down_annotations, gpu_down_enabled, gpu_down_labels)
-from .spec import Signal, Spec, Tier
-from .units import format_duration, format_number
+from fusebox.spec import Signal, Spec, Tier
+from fusebox.spec.units import format_duration, format_number
 
 DELTA = 0.001  # "just above/below": 0.1 % of the threshold
 GPU_LIMIT_BYTES = 80_000_000_000

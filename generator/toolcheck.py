@@ -28,7 +28,7 @@ import yaml
 
 from .promql import vector_selectors
 from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE
-from .spec import Spec
+from fusebox.spec import Spec
 
 MIN_PROMTOOL = (2, 42)  # keep_firing_for
 MIN_AMTOOL = (0, 25)
@@ -101,7 +101,7 @@ def _attribute(output: str, spec: Spec) -> list[str]:
     """Map alert names and record names in tool output back to spec positions."""
     from fusebox import conventions as C
 
-    from .yamlpos import load
+    from fusebox.spec.positions import load
 
     text = Path(spec.file).read_text(encoding="utf-8") if Path(spec.file).exists() else ""
     pos = load(text, spec.file)[1] if text else None

@@ -131,7 +131,7 @@ def collector_setup(tmp: Path, options=None, **extra_env: str) -> tuple[Path, Pa
     """The generated Collector config (with ``options``, an OtelcolOptions) on free loopback
     ports: (binary, config, ports, env, log); ``extra_env`` is added to the environment."""
     from fusebox.generator.render_otelcol import render_otelcol
-    from fusebox.generator.spec import load_spec
+    from fusebox.spec import load_spec
 
     binary = otelcol_binary()
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")

@@ -93,7 +93,7 @@ class LiveService:
         from fusebox.fuse.rules import FuseRules
         from fusebox.fuse.service import FuseService
         from fusebox.fuse.store import Store
-        from fusebox.generator.spec import load_spec
+        from fusebox.spec import load_spec
 
         if adapters is None:
             adapters = [DryRun()] if dry_run else [HttpGateway(gateway_url, "gw-token", timeout_s=1.0)]

@@ -9,7 +9,7 @@ from _support import SPEC
 
 @pytest.fixture(scope="session")
 def spec():
-    from fusebox.generator import load_spec
+    from fusebox.spec import load_spec
 
     return load_spec(SPEC, display_path="fusebox.yaml")
 

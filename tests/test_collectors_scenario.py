@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox.collectors.export import Pipeline
 from fusebox.collectors.scenario import ScenarioError, ScenarioRunner, default_scenario_path, load_scenario
-from fusebox.generator.spec import load_spec
+from fusebox.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1_048_576

@@ -70,7 +70,7 @@ def test_grafana_has_no_default_admin_password(compose):
 
 def test_mounted_generated_files_are_the_ones_fusebox_generates(compose):
     from fusebox.generator.outputs import render_all
-    from fusebox.generator.spec import load_spec
+    from fusebox.spec import load_spec
 
     generated = render_all(load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml"))
     dirs = {p.split("/")[0] for p in generated}

@@ -32,7 +32,7 @@ from _dashboards_support import ROOT, prometheus, query, query_range, serve_text
 from fusebox import conventions as C
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
-from fusebox.generator.spec import load_spec
+from fusebox.spec import load_spec
 
 pytestmark = pytest.mark.tools
 

@@ -11,7 +11,7 @@ from _dashboards_support import ROOT
 from fusebox.generator.outputs import render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.generator.render_grafana_provisioning import ProvisioningOptions, render_grafana_provisioning
-from fusebox.generator.spec import load_spec
+from fusebox.spec import load_spec
 
 
 @pytest.fixture(scope="module")

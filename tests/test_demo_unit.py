@@ -21,7 +21,7 @@ ENGINE = "llava-decoder-0"
 @pytest.fixture(scope="module")
 def demo_spec(tmp_path_factory):
     from fusebox.demo import FAST, demo_spec_text
-    from fusebox.generator.spec import load_spec
+    from fusebox.spec import load_spec
 
     p = tmp_path_factory.mktemp("spec") / "demo.yaml"
     p.write_text(demo_spec_text((ROOT / "fusebox.yaml").read_text(), webhook_url="http://127.0.0.1:5/alertmanager",
@@ -31,7 +31,7 @@ def demo_spec(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def shipped():
-    from fusebox.generator.spec import load_spec
+    from fusebox.spec import load_spec
 
     return load_spec(ROOT / "fusebox.yaml")
 

@@ -10,7 +10,7 @@ import pytest
 from _fuse_support import SPEC, alert, payload
 
 from fusebox.fuse import Breaker, FuseRules, OverrideError, ScopeNotFound, parse_payload, scope_key
-from fusebox.generator.spec import load_spec
+from fusebox.spec import load_spec
 
 RULES = FuseRules.from_spec(load_spec(SPEC))
 T0 = 1_700_000_000.0

@@ -24,7 +24,7 @@ from fusebox.fuse.payload import parse_payload
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store, StoreError
-from fusebox.generator.spec import load_spec
+from fusebox.spec import load_spec
 
 M = C.FUSE_METRICS
 E0 = {"cluster": "c", "host_name": "h1", "engine": "e0"}

@@ -15,7 +15,7 @@ from fusebox.fuse.app import create_app
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store
-from fusebox.generator.spec import load_spec
+from fusebox.spec import load_spec
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GPU = {"cluster": "a", "hw_id": "GPU-1"}

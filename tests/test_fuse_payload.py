@@ -12,7 +12,7 @@ import pytest
 from _fuse_support import FIXTURES, SPEC
 
 from fusebox.fuse import Breaker, FuseRules, PayloadError, fingerprint, parse_payload
-from fusebox.generator.spec import load_spec
+from fusebox.spec import load_spec
 
 NOW = 1_800_000_000.0
 RULES = FuseRules.from_spec(load_spec(SPEC))

@@ -102,7 +102,7 @@ def test_dashboard_group_records_what_the_panels_read(generated, spec):
 def test_dashboard_gpu_bytes_follow_the_dcgm_backend():
     text = SPEC.read_text().replace("    level: gpu\n    source: fusebox\n    sources:\n      fusebox:\n        note: hw_gpu",
                                     "    level: gpu\n    source: dcgm\n    sources:\n      fusebox:\n        note: hw_gpu", 1)
-    from fusebox.generator import parse_spec
+    from fusebox.spec import parse_spec
     from fusebox.generator.render_rules import render_rules
 
     rules = render_rules(parse_spec(text, "fusebox.yaml"))
@@ -171,7 +171,7 @@ def test_against_finds_the_two_vllm_rules_that_can_never_fire():
 def test_against_dcgm_capture_for_the_dcgm_source(tmp_path):
     text = SPEC.read_text().replace("    level: gpu\n    source: fusebox\n    sources:\n      fusebox:\n        note: hw_gpu",
                                     "    level: gpu\n    source: dcgm\n    sources:\n      fusebox:\n        note: hw_gpu", 1)
-    from fusebox.generator import parse_spec
+    from fusebox.spec import parse_spec
 
     spec = parse_spec(text, "fusebox.yaml")
     assert spec.signal("gpu_memory_utilization").source.backend == "dcgm"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fusebox.generator import parse_spec
+from fusebox.spec import parse_spec
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from fusebox.generator import SpecError, parse_spec
-from fusebox.generator.units import parse_duration, parse_quantity
+from fusebox.spec import SpecError, parse_spec
+from fusebox.spec.units import parse_duration, parse_quantity
 
 from _support import ROOT, SPEC
 

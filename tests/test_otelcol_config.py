@@ -10,7 +10,7 @@ import yaml
 
 from _dashboards_support import ROOT, free_port, otelcol_binary
 from fusebox.generator.render_otelcol import OtelcolOptions, otelcol_config, render_otelcol
-from fusebox.generator.spec import load_spec
+from fusebox.spec import load_spec
 
 
 @pytest.fixture(scope="module")

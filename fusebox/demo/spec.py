@@ -41,7 +41,7 @@ FAST = Timing()
 
 
 def _seconds(text) -> float:
-    from fusebox.generator.units import parse_duration
+    from fusebox.spec.units import parse_duration
 
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return float(text)

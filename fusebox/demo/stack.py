@@ -179,7 +179,7 @@ class Stack:
         Raises:
             ToolMissing, ValueError (bad spec), RuntimeError (generate failed, with its output).
         """
-        from fusebox.generator.spec import load_spec
+        from fusebox.spec import load_spec
 
         self.tools = find_tools()
         if self.workdir.exists():

@@ -3,7 +3,7 @@
 ``load_spec(path)`` reads YAML, checks its shape with pydantic (unknown keys are errors),
 converts human units, applies defaults and overrides, and checks semantics (tier order,
 windows vs scrape interval, quantile thresholds on bucket boundaries, PromQL syntax).
-Every problem becomes a :class:`~fusebox.generator.errors.Problem` anchored at the line
+Every problem becomes a :class:`~fusebox.spec.errors.Problem` anchored at the line
 and column of the offending YAML node. The result is a frozen :class:`Spec` that renderers
 consume; renderers never see raw YAML.
 """
@@ -17,13 +17,18 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from fusebox import conventions as C
-
 from . import units
 from .errors import Problem, SpecError
-from .yamlpos import Positions, load
+from .positions import Positions, load
 
 API_VERSION = "fusebox/v1"
+# Alert names fusebox generates itself; no signal may take them. Defined here, with the spec that
+# reserves them; fusebox.conventions re-exports them with every other name.
+ABSENT_ALERT = "FuseboxSignalAbsent"
+# A GPU the collector lost (NVML error, Xid): its memory series stop, so the memory alert goes
+# quiet on it; this alert says so instead.
+GPU_DOWN_ALERT = "FuseboxGPUDown"
+RESERVED_ALERTS = (ABSENT_ALERT, GPU_DOWN_ALERT)
 TIER_ORDER = ("warning", "critical")
 KINDS = ("gauge", "gpu_memory", "deriv", "quantile")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -367,7 +372,7 @@ class _Normaliser:
             if not _ALERT.match(raw_sig.alert):
                 self.err(path + ("alert",), f"alert name {raw_sig.alert!r} is not CamelCase",
                          "use a CamelCase name with a component word, e.g. GPUMemoryUtilizationHigh")
-            if raw_sig.alert in alerts_seen or raw_sig.alert == C.ABSENT_ALERT:
+            if raw_sig.alert in alerts_seen or raw_sig.alert in RESERVED_ALERTS:
                 self.err(path + ("alert",), f"duplicate alert name {raw_sig.alert!r} (also used by {alerts_seen.get(raw_sig.alert, 'fusebox itself')})",
                          "one alert name per signal: rename one of them")
             alerts_seen[raw_sig.alert] = name

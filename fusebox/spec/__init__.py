@@ -1,0 +1,17 @@
+"""The fusebox spec (``apiVersion: fusebox/v1``): the ground floor every other part stands on.
+
+* :mod:`.errors`: :class:`Problem` (``file:line:col: what -- fix``) and :class:`SpecError`;
+* :mod:`.positions`: YAML loading with a line/column table;
+* :mod:`.units`: what people write ("78.3%", "14.7 MB/s", "1.28s", "5m") -> base units, and back;
+* :mod:`.model`: the schema, its validation and the frozen, normalised :class:`Spec`.
+
+It imports nothing else of fusebox: the generator, the collectors, the fuse service and the
+demo all read the spec through this package (see docs/architecture.md).
+"""
+
+from .errors import Problem, SpecError
+from .model import (ABSENT_ALERT, API_VERSION, GPU_DOWN_ALERT, FuseAction, Runbook, Signal, Source, Spec, Tier, load_spec,
+                    parse_spec)
+
+__all__ = ["Problem", "SpecError", "Signal", "Source", "Spec", "Tier", "FuseAction", "Runbook", "load_spec", "parse_spec",
+           "API_VERSION", "ABSENT_ALERT", "GPU_DOWN_ALERT"]
