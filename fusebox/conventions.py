@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import re
 
-from fusebox.spec import model as _spec_model
-from fusebox.spec.units import format_duration
-
 __all__ = [
     "otel_to_prometheus",
     "OTEL",
@@ -173,9 +170,12 @@ LABEL = {
 # its breaker on the subset present in an alert.
 SCOPE_LABELS = ("cluster", "host_name", "instance", "hw_id", "engine")
 
-# Reserved by the spec (no signal may take them); defined there, named here with the rest.
-ABSENT_ALERT = _spec_model.ABSENT_ALERT
-GPU_DOWN_ALERT = _spec_model.GPU_DOWN_ALERT
+ABSENT_ALERT = "FuseboxSignalAbsent"
+# A GPU the collector lost (NVML error, Xid): its memory series stop, so the memory alert goes
+# quiet on it; this alert says so instead.
+GPU_DOWN_ALERT = "FuseboxGPUDown"
+# fusebox's own alerts: no signal of the spec may take these names.
+RESERVED_ALERTS = (ABSENT_ALERT, GPU_DOWN_ALERT)
 
 # Fuse levels, ordered: a higher level implies the lower ones' pressure.
 FUSE_LEVELS = {
@@ -214,83 +214,8 @@ def record_name(level: str, metric: str, ops: str) -> str:
     return f"{level}:{metric}:{ops}"
 
 
-def window_word(seconds: float) -> str:
-    """60 -> "1m", 300 -> "5m", 90 -> "1m30s": the window as it appears in rule names."""
-    return format_duration(seconds)
-
-
-def signal_records(signal) -> dict[str, str]:
-    """Every recording-rule name a signal produces, by role.
-
-    Roles: ``value`` (the alert reads it; base units), and per kind:
-    gpu_memory -> ``device`` (device-basis ratio, no KV correction), ``total`` (bytes per
-    GPU, label hw_id), ``kv_free`` (free bytes of KV pools per GPU, label hw_id);
-    quantile -> ``bucket_rate`` (summed bucket rates), ``p50``, ``p99``, ``over_threshold``
-    (share of observations above each threshold, label ``le``), ``rate`` (observations/s).
-    Dashboards and runbooks import these; never spell the names out.
-    """
-    lvl, name = signal.level, signal.name
-    out: dict[str, str] = {}
-    if signal.kind == "gpu_memory":
-        out["value"] = record_name(lvl, f"fusebox_{name}", "ratio")
-        out["device"] = record_name(lvl, "fusebox_gpu_memory_device_utilization", "ratio")
-        out["total"] = record_name(lvl, "fusebox_gpu_memory_total", "bytes")
-        out["kv_free"] = record_name(lvl, "fusebox_kv_cache_free", "bytes")
-    elif signal.kind == "gauge":
-        out["value"] = record_name(lvl, f"fusebox_{name}", "ratio" if signal.unit == "ratio" else signal.unit)
-    elif signal.kind == "deriv":
-        w = window_word(signal.window_s)
-        out["value"] = record_name(lvl, f"fusebox_{name}", f"deriv{w}")
-    elif signal.kind == "quantile":
-        w = window_word(signal.window_s)
-        hist = signal.source.metric
-        out["value"] = record_name(lvl, f"fusebox_{name}", f"rate{w}")
-        out["p50"] = record_name(lvl, hist, f"p50_rate{w}")
-        out["p99"] = record_name(lvl, hist, f"p99_rate{w}")
-        out["rate"] = record_name(lvl, hist, f"count_rate{w}")
-        out["bucket_rate"] = record_name(lvl, f"{hist}_bucket", f"rate{w}")
-        out["over_threshold"] = record_name(lvl, f"fusebox_{name}_over_threshold", f"ratio_rate{w}")
-    return out
-
-
 # Window of the rates the dashboard records take (engine token and prefix-cache counters).
 DASHBOARD_RATE_WINDOW_S = 300.0
-
-
-def dashboard_records() -> dict[str, str]:
-    """Recording-rule names the dashboards read beyond the signals' own, by role.
-
-    They live in the ``fusebox-dashboard`` rule group and raise no alert; none of them adds an
-    absent alert (vLLM and SGLang metrics are optional). Roles and labels:
-
-    * ``kv_usage``, ``kv_limit``: KV-cache bytes in use / pool bytes per engine (summed over the
-      engine's GPUs; labels cluster, host_name, engine, model), bytes;
-    * ``kv_ratio``: ``kv_usage / kv_limit`` per engine, ratio 0-1;
-    * ``gpu_used``, ``gpu_reserved``: device memory used (total - free) and driver-reserved per
-      GPU / MIG instance, bytes, whichever backend the GPU-memory signal reads (NVML or DCGM);
-    * ``host_power``: GPU power summed per host (cluster, host_name), watts;
-    * ``host_tokens``: generated tokens per second per host, vLLM and SGLang engines each counted
-      once, rate over :data:`DASHBOARD_RATE_WINDOW_S`;
-    * ``energy_per_token``: ``host_power / host_tokens``, joules per generated token (no sample
-      where no token was generated);
-    * ``prefix_hit_vllm``: vLLM prefix-cache hits over queries (counters, either name
-      generation), per cluster, host_name, model_name, ratio 0-1 over the rate window;
-    * ``prefix_hit_sglang``: SGLang's ``cache_hit_rate`` gauge averaged per cluster, host_name,
-      model_name, ratio 0-1.
-    """
-    w = window_word(DASHBOARD_RATE_WINDOW_S)
-    return {
-        "kv_usage": record_name("engine", "fusebox_kv_cache_usage", "bytes"),
-        "kv_limit": record_name("engine", "fusebox_kv_cache_limit", "bytes"),
-        "kv_ratio": record_name("engine", "fusebox_kv_cache_usage", "ratio"),
-        "gpu_used": record_name("gpu", "fusebox_gpu_memory_used", "bytes"),
-        "gpu_reserved": record_name("gpu", "fusebox_gpu_memory_reserved", "bytes"),
-        "host_power": record_name("host", "fusebox_gpu_power", "watts"),
-        "host_tokens": record_name("host", "fusebox_generation_tokens", f"rate{w}"),
-        "energy_per_token": record_name("host", "fusebox_energy_per_generated_token", f"joules_rate{w}"),
-        "prefix_hit_vllm": record_name("model", "fusebox_vllm_prefix_cache_hit", f"ratio_rate{w}"),
-        "prefix_hit_sglang": record_name("model", "fusebox_sglang_prefix_cache_hit", "ratio"),
-    }
 
 
 # --- collectors: attribute keys, self-metrics, service names ---------------------------------

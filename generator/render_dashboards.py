@@ -12,8 +12,8 @@ fixes what grafanalib writes for Grafana 5 but current Grafana (>= 11) misreads 
 * threshold lines shown (``thresholdsStyle.mode = "line"``) on every panel drawn against the
   spec's tiers.
 
-Every query reads the recording rules named by :func:`fusebox.conventions.signal_records` and
-:func:`fusebox.conventions.dashboard_records` (never raw histograms; the overview's fuse state and
+Every query reads the recording rules named by :func:`fusebox.spec.kinds.records` and
+:func:`fusebox.spec.kinds.dashboard_records` (never raw histograms; the overview's fuse state and
 firing alerts, a handful of series, read ``fusebox_fuse_level`` and ``ALERTS``); thresholds are the spec's tiers in base units, so a panel's line is
 the alert's threshold by construction. Units follow the signal's unit (ratio ->
 ``percentunit``, bytes -> ``decbytes``, bytes/s -> ``Bps``, seconds -> ``s``; SI, because the
@@ -26,11 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Iterable, Optional
 
 from fusebox import conventions as C
+from fusebox.spec.kinds import KINDS, records
+from fusebox.spec.kinds.base import (LEGEND, UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_panel,
+                                     tier_text)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -50,95 +52,9 @@ SCHEMA_VERSION = 41
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 OUT_DIR = "dashboards"
 
-# Signal unit -> Grafana unit id. SI bytes: the spec writes "14.7 MB/s" as 14,700,000 B/s.
-UNITS = {
-    "ratio": "percentunit",
-    "seconds": "s",
-    "bytes": "decbytes",
-    "bytes_per_second": "Bps",
-}
-
-# Template variables: name -> (label the filter matches, human label). "instance" filters on
-# host_name: after OTLP the Prometheus `instance` label is the sender's service.instance.id
-# (HOST/SERVICE for the fusebox collectors), not the host.
-VARIABLES = {
-    "cluster": (C.LABEL["cluster"], "Cluster"),
-    "instance": (C.LABEL["host"], "Instance (host)"),
-    "gpu": (C.LABEL["gpu_id"], "GPU / MIG instance"),
-    "engine": (C.LABEL["engine"], "Engine"),
-    "model": (C.LABEL["model"], "Model"),
-}
-# Which variables filter a series of a given level (labels the recording rules keep).
-_LEVEL_VARS = {
-    "gpu": ("cluster", "instance", "gpu"),
-    "engine": ("cluster", "instance", "engine", "model"),
-    "host": ("cluster", "instance"),
-    "hw_id": ("gpu",),  # per-GPU records summed by hw_id alone (KV free, total)
-}
-_LEGEND = {
-    "gpu": "{{host_name}} {{hw_id}}",
-    "engine": "{{host_name}} {{engine}} {{model}}",
-    "host": "{{cluster}} {{host_name}}",
-}
 _TIER_COLORS = {"warning": "orange", "critical": "red"}
 _FUSE_COLORS = ("green", "yellow", "orange", "red", "purple")
 _TOPK = 5  # series per overview panel: the ones nearest their fuse
-
-
-def _sel(metric: str, level: str, extra: str = "") -> str:
-    """``metric{cluster=~"$cluster", ...}`` with the template filters for ``level``."""
-    matchers = [f'{VARIABLES[v][0]}=~"${v}"' for v in _LEVEL_VARS[level]]
-    if extra:
-        matchers.append(extra)
-    return f"{metric}{{{', '.join(matchers)}}}"
-
-
-# ---------------------------------------------------------------------- panel model
-@dataclass(frozen=True)
-class Query:
-    expr: str
-    legend: str
-
-
-@dataclass(frozen=True)
-class PanelDef:
-    """One panel before grafanalib: what it shows, against which tiers, for which alerts."""
-
-    title: str
-    description: str
-    queries: tuple[Query, ...]
-    unit: str
-    alerts: tuple[str, ...]  # runbooks linked (the alert(s) the panel shows)
-    tiers: tuple = ()  # spec Tier objects drawn as threshold lines
-    kind: str = "timeseries"  # timeseries | stat
-    mappings: tuple = ()
-    steps: Optional[tuple] = None  # explicit (color, value) steps for stat panels
-    width: int = 12
-    soft_max: Optional[float] = None
-    no_value: str = "no data"  # what a stat panel says when the query returns nothing
-
-
-@dataclass(frozen=True)
-class DashboardDef:
-    name: str  # file stem and UID seed
-    title: str
-    description: str
-    panels: tuple[PanelDef, ...]
-    annotations: tuple[dict, ...] = field(default_factory=tuple)
-
-
-# ------------------------------------------------------------------------- panels
-def _signal_panel(spec, sig, role: str, title: str, description: str, expr: str, legend: str,
-                  *, tiers=True, width=12, unit: Optional[str] = None) -> PanelDef:
-    return PanelDef(
-        title=title, description=description, queries=(Query(expr, legend),),
-        unit=unit or UNITS[sig.unit], alerts=(sig.alert,), tiers=sig.tiers if tiers else (),
-        width=width, soft_max=1.0 if (unit or UNITS[sig.unit]) == "percentunit" else None,
-    )
-
-
-def _tier_text(sig) -> str:
-    return ", ".join(f"{t.name} {t.threshold_text}" for t in sig.tiers)
 
 
 def _overview(spec) -> DashboardDef:
@@ -155,7 +71,7 @@ def _overview(spec) -> DashboardDef:
             title="Fuse state per scope",
             description=("Current fuse level from the fuse service (" + C.FUSE_LEVEL_METRIC + "): 0 closed, "
                          + ", ".join(f"{l} {n}" for l, n in sorted(levels.items())) + "."),
-            queries=(Query(f"max by ({scope}) ({_sel(C.FUSE_LEVEL_METRIC, 'host')})",
+            queries=(Query(f"max by ({scope}) ({sel(C.FUSE_LEVEL_METRIC, 'host')})",
                            "{{cluster}} {{host_name}} {{hw_id}} {{engine}}"),),
             unit="none", alerts=tuple(a for s in spec.signals for a in [s.alert] if any(t.fuse for t in s.tiers)),
             kind="stat", mappings=({"type": "value", "options": mapping_opts},),
@@ -172,11 +88,11 @@ def _overview(spec) -> DashboardDef:
         ),
     ]
     for sig in spec.signals:
-        rec = C.signal_records(sig)["value"]
-        panels.append(_signal_panel(
-            spec, sig, "value", f"{sig.alert}: {sig.name.replace('_', ' ')}",
-            f"{sig.description} Top {_TOPK} series nearest the fuse; lines at {_tier_text(sig)}.",
-            f"topk({_TOPK}, {_sel(rec, sig.level)})", _LEGEND.get(sig.level, "{{instance}}"),
+        rec = records(sig)["value"]
+        panels.append(signal_panel(
+            sig, f"{sig.alert}: {sig.name.replace('_', ' ')}",
+            f"{sig.description} Top {_TOPK} series nearest the fuse; lines at {tier_text(sig)}.",
+            f"topk({_TOPK}, {sel(rec, sig.level)})", LEGEND.get(sig.level, "{{instance}}"),
             width=12 if not sig.secondary else 8,
         ))
     annotations = (
@@ -202,116 +118,6 @@ def _overview(spec) -> DashboardDef:
                         tuple(panels), annotations)
 
 
-def _gpu_memory(spec) -> Optional[DashboardDef]:
-    sigs = [s for s in spec.signals if s.kind == "gpu_memory"]
-    if not sigs:
-        return None
-    panels: list[PanelDef] = []
-    for sig in sigs:
-        r = C.signal_records(sig)
-        legend = "{{host_name}} {{hw_id}} mig={{hw_gpu_mig}}"
-        panels.append(_signal_panel(spec, sig, "value", "Effective utilization per GPU and MIG instance",
-                                    f"{sig.description} Lines at {_tier_text(sig)}.",
-                                    _sel(r["value"], "gpu"), legend))
-        panels.append(_signal_panel(spec, sig, "device", "Device-basis utilization (no KV-pool correction)",
-                                    "(total - free) / total as NVML or DCGM report it; engines that pre-allocate the KV pool sit high here "
-                                    "while the effective basis stays low.", _sel(r["device"], "gpu"), legend))
-    alert = sigs[0].alert
-    d = C.dashboard_records()
-    panels += [
-        PanelDef("Device memory used and total", "Device memory used (total - free, bytes) per GPU / MIG instance, and the total the rules divide by.",
-                 (Query(_sel(d["gpu_used"], "gpu"), "used {{host_name}} {{hw_id}}"),
-                  Query(_sel(r["total"], "hw_id"), "total {{hw_id}}")),
-                 "decbytes", (alert,)),
-        PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (PITFALLS P6).",
-                 (Query(_sel(d["gpu_reserved"], "gpu"), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
-        PanelDef("KV pool free bytes per GPU", "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
-                 (Query(_sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)),
-    ]
-    return DashboardDef("gpu-memory", f"fusebox / {spec.name} / GPU memory",
-                        "GPU memory per GPU and MIG instance, effective vs device basis.", tuple(panels))
-
-
-def _kv_cache(spec) -> Optional[DashboardDef]:
-    sigs = [s for s in spec.signals if s.kind == "deriv"]
-    if not sigs:
-        return None
-    panels: list[PanelDef] = []
-    for sig in sigs:
-        r = C.signal_records(sig)
-        panels.append(_signal_panel(spec, sig, "value", f"{sig.alert}: growth per engine",
-                                    f"{sig.description} Lines at {_tier_text(sig)} (SI: 1 MB = 10^6 B).",
-                                    _sel(r["value"], "engine"), _LEGEND["engine"]))
-    alerts = tuple(s.alert for s in sigs)
-    d = C.dashboard_records()
-    panels += [
-        PanelDef("KV-cache bytes per engine", "fusebox.kv_cache.usage: bytes of KV cache in use per engine (summed over its GPUs).",
-                 (Query(_sel(d["kv_usage"], "engine"), _LEGEND["engine"]),), "decbytes", alerts),
-        PanelDef("KV pool usage per engine", "KV bytes in use over the pool's bytes (0-1).",
-                 (Query(_sel(d["kv_ratio"], "engine"), _LEGEND["engine"]),),
-                 "percentunit", alerts, soft_max=1.0),
-    ]
-    return DashboardDef("kv-cache", f"fusebox / {spec.name} / KV cache",
-                        "KV-cache bytes, pool usage and growth per engine.", tuple(panels))
-
-
-def _latency(spec) -> Optional[DashboardDef]:
-    sigs = [s for s in spec.signals if s.kind == "quantile"]
-    if not sigs:
-        return None
-    panels: list[PanelDef] = []
-    for sig in sigs:
-        r = C.signal_records(sig)
-        q = int(round(sig.quantile * 100))
-        panels.append(PanelDef(
-            f"{sig.alert}: P50 / P{q} / P99 per engine",
-            f"{sig.description} Lines at {_tier_text(sig)}; the alert reads P{q}. NaN (a gap) means no traffic (PITFALLS P1).",
-            (Query(_sel(r["p50"], "engine"), "P50 {{host_name}} {{engine}} {{model}}"),
-             Query(_sel(r["value"], "engine"), f"P{q} " + "{{host_name}} {{engine}} {{model}}"),
-             Query(_sel(r["p99"], "engine"), "P99 {{host_name}} {{engine}} {{model}}")),
-            UNITS[sig.unit], (sig.alert,), sig.tiers, width=24,
-        ))
-        panels.append(PanelDef(
-            "Share of observations over each threshold",
-            "Fraction of observations slower than each tier's threshold (label le), over the rule window. "
-            f"Above {1 - sig.quantile:g} at a threshold means P{q} is above it.",
-            (Query(_sel(r["over_threshold"], "engine"), "> {{le}}s {{host_name}} {{engine}} {{model}}"),),
-            "percentunit", (sig.alert,), soft_max=1.0,
-        ))
-        panels.append(PanelDef(
-            "Observations per second", "Rate of observations per engine: zero traffic explains a gap in the quantiles.",
-            (Query(_sel(r["rate"], "engine"), _LEGEND["engine"]),), "ops", (sig.alert,),
-        ))
-    return DashboardDef("alignment-latency", f"fusebox / {spec.name} / alignment latency",
-                        "Alignment latency quantiles and the share of observations over each threshold.", tuple(panels))
-
-
-def _secondary(spec) -> Optional[DashboardDef]:
-    sigs = [s for s in spec.signals if s.kind == "gauge"]
-    panels: list[PanelDef] = []
-    for sig in sigs:
-        r = C.signal_records(sig)
-        panels.append(_signal_panel(spec, sig, "value", f"{sig.alert}: {sig.name.replace('_', ' ')}",
-                                    f"{sig.description} Lines at {_tier_text(sig)}.",
-                                    _sel(r["value"], sig.level), _LEGEND.get(sig.level, "{{instance}}")))
-    # Not spec signals (no alert of their own): linked to the alert whose diagnosis uses them.
-    bw = next((s.alert for s in spec.signals if s.name == "memory_bandwidth_saturation"), spec.signals[0].alert)
-    kv = next((s.alert for s in spec.signals if s.kind == "deriv"), spec.signals[0].alert)
-    d = C.dashboard_records()
-    panels += [
-        PanelDef("Energy per generated token",
-                 "GPU power (hw.power, W) per host over generated tokens per second (vLLM, SGLang; 5m rate): joules per token.",
-                 (Query(_sel(d["energy_per_token"], "host"), _LEGEND["host"]),), "joule", (bw,)),
-        PanelDef("Prefix-cache hit rate",
-                 "Prefix-cache hits over queries (vLLM counters, 5m rate), or SGLang's cache_hit_rate gauge; a drop speeds up KV growth.",
-                 (Query(_sel(d["prefix_hit_vllm"], "host"), "vLLM {{host_name}} {{model_name}}"),
-                  Query(_sel(d["prefix_hit_sglang"], "host"), "SGLang {{host_name}} {{model_name}}")),
-                 "percentunit", (kv,), soft_max=1.0),
-    ]
-    return DashboardDef("secondary", f"fusebox / {spec.name} / secondary signals",
-                        "Memory bandwidth, PCIe, energy per token, prefix-cache hit rate.", tuple(panels))
-
-
 # ------------------------------------------------------------------ grafanalib + adapter
 def dashboard_uid(spec_name: str, name: str) -> str:
     """Stable Grafana UID from the spec name and dashboard name (<= 40 chars, [a-z0-9-])."""
@@ -325,9 +131,15 @@ def dashboard_uid(spec_name: str, name: str) -> str:
 def _templates(spec) -> list:
     from grafanalib.core import Template
 
-    by_kind = {s.kind: C.signal_records(s)["value"] for s in spec.signals}
-    gpu_rec = by_kind.get("gpu_memory") or C.PROM["gpu_memory_limit"]
-    eng_rec = by_kind.get("quantile") or by_kind.get("deriv") or C.PROM["kv_cache_usage"]
+    # Each scope's variables list the values of one signal's record: the kind that prefers the
+    # scope most (lowest preference), its last signal; a raw metric when no kind feeds the scope.
+    best: dict[str, tuple[int, str]] = {}
+    for s in spec.signals:
+        vs = KINDS[s.kind].variable_source
+        if vs is not None and (vs[0] not in best or vs[1] <= best[vs[0]][0]):
+            best[vs[0]] = (vs[1], records(s)["value"])
+    gpu_rec = best["gpu"][1] if "gpu" in best else C.PROM["gpu_memory_limit"]
+    eng_rec = best["engine"][1] if "engine" in best else C.PROM["kv_cache_usage"]
     src = {"cluster": gpu_rec, "instance": gpu_rec, "gpu": gpu_rec, "engine": eng_rec, "model": eng_rec}
     out = [Template(name="datasource", label="Data source", query="prometheus", type="datasource")]
     for var, (label, human) in VARIABLES.items():
@@ -441,7 +253,13 @@ def _builtin_annotation() -> dict:
 
 
 def _defs(spec) -> list[DashboardDef]:
-    return [d for d in (_overview(spec), _gpu_memory(spec), _kv_cache(spec), _latency(spec), _secondary(spec)) if d]
+    """The overview, then each kind's drill-down in the kinds' order."""
+    out = [_overview(spec)]
+    for kind in KINDS.values():
+        d = kind.dashboard(spec, [s for s in spec.signals if s.kind == kind.name])
+        if d is not None:
+            out.append(d)
+    return out
 
 
 def dashboards(spec, header: Optional[str] = None) -> dict[str, dict]:

@@ -7,15 +7,16 @@ independently and would add one evaluation interval of delay).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from fusebox import conventions as C
-
-from .promql import vector_selectors
 from fusebox.spec import Signal, Spec, Tier
+from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, records
+from fusebox.spec.kinds.base import SENDER, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
+
+__all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "alert_labels", "alert_annotations"]
 
 GROUP_PREFIX = "fusebox"
 
@@ -29,141 +30,9 @@ class Rules:
     raw_metrics: dict[str, list[str]] = field(default_factory=dict)
 
 
-def selector(metric: str, spec: Spec, extra: dict[str, str] | None = None, regex: dict[str, str] | None = None) -> str:
-    """``metric{k="v",...}`` with the spec's global selector, then ``extra`` and ``regex`` matchers."""
-    parts = [f'{k}="{v}"' for k, v in sorted({**spec.selector, **(extra or {})}.items())]
-    parts += [f'{k}=~"{v}"' for k, v in sorted((regex or {}).items())]
-    return f"{metric}{{{','.join(parts)}}}" if parts else metric
-
-
-def le_regex(bound: float) -> str:
-    """Match a bucket bound whether written "1" (Prometheus 2, OTel exporter) or "1.0" (Prometheus 3)."""
-    text = format_number(bound)
-    if re.fullmatch(r"-?\d+", text):
-        return f"{text}|{text}\\\\.0"
-    return re.escape(text).replace("\\", "\\\\")
-
-
-def _by(labels: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
-    return ", ".join(labels + extra)
-
-
 def signal_raw_metrics(sig: Signal) -> list[str]:
     """The raw metric names a signal's active source reads (for absent alerts)."""
-    src = sig.source
-    if sig.kind == "gpu_memory":
-        if src.backend == "dcgm":
-            base = [C.DCGM["fb_used"], C.DCGM["fb_free"], C.DCGM["fb_reserved"]]
-        else:
-            base = [C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]]
-        # The KV metrics only refine the signal (without them it falls back to device memory),
-        # so their absence does not blind it: no absent alert on their account.
-        return base
-    if sig.kind == "quantile":
-        return [f"{src.metric}_bucket", f"{src.metric}_count"]
-    if src.metric:
-        return [src.metric]
-    return _metrics_in_expr(src.expr or "")
-
-
-def _metrics_in_expr(expr: str) -> list[str]:
-    """Metric names of the vector selectors in a PromQL expression."""
-    return sorted({sel.name for sel in vector_selectors(expr) if sel.name})
-
-
-def _dcgm_labels(expr: str) -> str:
-    """dcgm-exporter's UUID and Hostname (hostname since #655) as fusebox's hw_id and host_name."""
-    expr = f'label_replace({expr}, "hw_id", "$1", "UUID", "(.+)")'
-    expr = f'label_replace({expr}, "host_name", "$1", "Hostname", "(.+)")'
-    return f'label_replace({expr}, "host_name", "$1", "hostname", "(.+)")'
-
-
-def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
-    names = C.signal_records(sig)
-    src = sig.source
-    out: list[dict[str, Any]] = []
-    if sig.kind == "gpu_memory":
-        usage, limit = C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]
-        if src.backend == "dcgm":
-            # dcgm-exporter speaks MiB, and USED + FREE is not the total (PITFALLS P7):
-            # total = USED + FREE + RESERVED; used = total - FREE.
-            u, f, r = (selector(C.DCGM[k], spec) for k in ("fb_used", "fb_free", "fb_reserved"))
-            total = f"({u} + {f} + {r})"
-            device = _dcgm_labels(f"1 - {f} / {total}")
-            total_bytes = _dcgm_labels(f"{total} * {C.MIB}")
-        else:
-            # usage = total - free (NVML v2), so driver-reserved memory counts as used (PITFALLS P6).
-            device = f"{selector(usage, spec)} / {selector(limit, spec)}"
-            total_bytes = selector(limit, spec)
-        # hw_id is unique cluster-wide: drop the sender's identity (instance, job), so one GPU is
-        # one series -- one alert, one fuse scope {cluster, host_name, hw_id} -- whether its
-        # exporter restarted (the Collector keeps the old process's series for a while; a
-        # rescheduled dcgm-exporter has a new address) or two exporters report it; and the KV
-        # join on hw_id below meets one total per GPU.
-        sender = f"{C.LABEL['instance']}, {C.LABEL['job']}"
-        device = f"max without ({sender}) ({device})"
-        # The join key alone: two series of one GPU (say under an old and a new host_name after a
-        # collector pod moved) must not make the one-to-one join below fail for every GPU.
-        total_bytes = f"max by (hw_id) ({total_bytes})"
-        # One value per pool (engine share on a GPU) whoever reported it, then summed per GPU, so a
-        # rescheduled KV collector's lingering series are not counted twice.
-        kv_free = (f"sum by (hw_id) (max without ({sender}, {C.LABEL['host']}) ("
-                   f"clamp_min({selector(C.PROM['kv_cache_limit'], spec)}"
-                   f" - {selector(C.PROM['kv_cache_usage'], spec)}, 0)))")
-        out += [
-            {"record": names["device"], "expr": device},
-            {"record": names["total"], "expr": total_bytes},
-            # Free bytes of the KV pools engines pre-allocated on each GPU (vLLM takes ~90%).
-            {"record": names["kv_free"], "expr": kv_free},
-            # Effective utilization: device memory minus the KV pool's free part where a pool is
-            # known on the GPU; device memory alone elsewhere (`or` keeps the unmatched GPUs).
-            {"record": names["value"], "expr": (
-                f"{names['device']}\n"
-                f"  - on (hw_id) group_left ()\n"
-                f"    ({names['kv_free']} / on (hw_id) {names['total']})\n"
-                f"or\n{names['device']}")},
-        ]
-    elif sig.kind == "gauge":
-        expr = src.expr if src.expr else selector(src.metric, spec)
-        if src.scale != 1.0:
-            expr = f"({expr}) * {format_number(src.scale)}"
-        if src.metric and src.metric.startswith("DCGM_"):
-            expr = _dcgm_labels(expr)
-        if sig.by:
-            expr = f"max by ({_by(sig.by)}) ({expr})"
-        elif sig.level == "gpu":
-            # As for GPU memory: one series per GPU whoever sent it, so every GPU-level signal
-            # scopes its fuse as {cluster, host_name, hw_id} and one level is held or released
-            # for the same GPU by every alert.
-            expr = f"max without ({C.LABEL['instance']}, {C.LABEL['job']}) ({expr})"
-        out.append({"record": names["value"], "expr": expr})
-    elif sig.kind == "deriv":
-        w = format_duration(sig.window_s)
-        # deriv, not rate: KV bytes is a gauge that falls when blocks are freed; rate() would
-        # read every fall as a counter reset and invent growth (PITFALLS P3).
-        inner = f"deriv({selector(src.metric, spec)}[{w}])"
-        expr = f"sum by ({_by(sig.by)}) ({inner})" if sig.by else inner
-        out.append({"record": names["value"], "expr": expr})
-    elif sig.kind == "quantile":
-        w = format_duration(sig.window_s)
-        bucket = selector(f"{src.metric}_bucket", spec)
-        count = selector(f"{src.metric}_count", spec)
-        out.append({"record": names["bucket_rate"], "expr": f"sum by ({_by(sig.by, ('le',))}) (rate({bucket}[{w}]))"})
-        out.append({"record": names["rate"], "expr": f"sum by ({_by(sig.by)}) (rate({count}[{w}]))"})
-        out.append({"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})"})
-        out.append({"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})"})
-        out.append({"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})"})
-        # The exact form beside the interpolated quantile: the share of observations above each
-        # threshold. P95 >= T exactly when this share >= 0.05, because T is a bucket bound.
-        for t in sig.tiers:
-            le = le_regex(t.threshold)
-            out.append({
-                "record": names["over_threshold"],
-                "expr": (f"1 - sum by ({_by(sig.by)}) ({names['bucket_rate']}{{le=~\"{le}\"}})\n"
-                         f"  / {names['rate']}"),
-                "labels": {"le": format_number(t.threshold)},
-            })
-    return out
+    return kind_of(sig).raw_metrics(sig)
 
 
 def _rate_or(names: tuple[str, ...], spec: Spec, w: str) -> str:
@@ -182,30 +51,15 @@ def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
     read records come after them (rules in a group run in order). Engine metrics (vLLM, SGLang)
     are optional: a record over a missing metric is empty, and no absent alert is made for it.
     """
-    names = C.dashboard_records()
+    names = dashboard_records()
     w = format_duration(C.DASHBOARD_RATE_WINDOW_S)
-    engine_by = "cluster, host_name, engine, model"
     host_by = "cluster, host_name"
     model_by = "cluster, host_name, model_name"
     out: list[dict[str, Any]] = []
-    gpu_sig = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
-    if gpu_sig is not None:
-        if gpu_sig.source.backend == "dcgm":
-            # MiB; used = total - FREE = USED + RESERVED (PITFALLS P6, P7), like the signal's rules.
-            u, r = selector(C.DCGM["fb_used"], spec), selector(C.DCGM["fb_reserved"], spec)
-            used = _dcgm_labels(f"({u} + {r}) * {C.MIB}")
-            reserved = _dcgm_labels(f"{r} * {C.MIB}")
-        else:
-            used, reserved = selector(C.PROM["gpu_memory_usage"], spec), selector(C.PROM["gpu_memory_reserved"], spec)
-        # Per GPU, so no cheaper than the raw gauge; recorded so the panels read the same name
-        # whichever backend the GPU-memory signal uses.
-        out += [{"record": names["gpu_used"], "expr": used}, {"record": names["gpu_reserved"], "expr": reserved}]
-    if any(s.kind == "deriv" for s in spec.signals):
-        out += [
-            {"record": names["kv_usage"], "expr": f"sum by ({engine_by}) ({selector(C.PROM['kv_cache_usage'], spec)})"},
-            {"record": names["kv_limit"], "expr": f"sum by ({engine_by}) ({selector(C.PROM['kv_cache_limit'], spec)})"},
-            {"record": names["kv_ratio"], "expr": f"{names['kv_usage']} / {names['kv_limit']}"},
-        ]
+    for kind in KINDS.values():  # in the kinds' order: GPU memory, then KV
+        sigs = [s for s in spec.signals if s.kind == kind.name]
+        if sigs:
+            out += kind.dashboard_records(sigs, spec)
     sglang_tokens = _rate_or(C.sglang_names(C.SGLANG_GENERATION_TOKENS), spec, w)
     out += [
         {"record": names["host_power"], "expr": f"sum by ({host_by}) ({selector(C.PROM['gpu_power'], spec)})"},
@@ -262,7 +116,7 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
 
 
 def _alert(sig: Signal, tier: Tier, spec: Spec) -> dict[str, Any]:
-    names = C.signal_records(sig)
+    names = records(sig)
     op = ">=" if sig.direction == "above" else "<="
     rule: dict[str, Any] = {
         "alert": sig.alert,
@@ -300,14 +154,14 @@ def render_rules(spec: Spec) -> Rules:
     Returns:
         Rules with one group per signal (recording rules, then one alerting rule per enabled
         tier, all under the signal's single alert name), a ``fusebox-dashboard`` group of
-        records the dashboards read (:func:`fusebox.conventions.dashboard_records`) and a
+        records the dashboards read (:func:`fusebox.spec.kinds.dashboard_records`) and a
         ``fusebox-absent`` group.
     """
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
     interval = format_duration(spec.evaluation_interval_s)
     for sig in spec.signals:
-        rules = _records(sig, spec) + [_alert(sig, t, spec) for t in sig.tiers]
+        rules = kind_of(sig).rules(sig, spec) + [_alert(sig, t, spec) for t in sig.tiers]
         groups.append({"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": rules})
         for m in signal_raw_metrics(sig):
             raw_metrics.setdefault(m, []).append(sig.name)
@@ -332,8 +186,9 @@ GPU_DOWN_FOR_S = 60.0
 
 
 def gpu_down_enabled(spec: Spec) -> bool:
-    """The fusebox GPU collector reports lost GPUs as fusebox_gpu_up 0 (dcgm-exporter does not)."""
-    return any(s.kind == "gpu_memory" and s.source.backend == "fusebox" for s in spec.signals)
+    """Whether a signal reads a source that reports lost GPUs as fusebox_gpu_up 0 (the fusebox
+    GPU collector does, dcgm-exporter does not)."""
+    return any(kind_of(s).reports_lost_gpus(s) for s in spec.signals)
 
 
 def gpu_down_labels(spec: Spec) -> dict[str, str]:
@@ -351,10 +206,9 @@ def gpu_down_annotations(spec: Spec) -> dict[str, str]:
 
 
 def gpu_down_rule(spec: Spec) -> dict[str, Any]:
-    sender = f"{C.LABEL['instance']}, {C.LABEL['job']}"
     return {
         "alert": C.GPU_DOWN_ALERT,
-        "expr": f"max without ({sender}) ({selector(C.PROM['gpu_up'], spec)}) == 0",
+        "expr": f"max without ({SENDER}) ({selector(C.PROM['gpu_up'], spec)}) == 0",
         "for": format_duration(GPU_DOWN_FOR_S),
         "labels": gpu_down_labels(spec),
         "annotations": gpu_down_annotations(spec),

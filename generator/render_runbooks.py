@@ -5,6 +5,7 @@ from __future__ import annotations
 import jinja2
 
 from fusebox import conventions as C
+from fusebox.spec.kinds import records
 
 from .render_rules import Rules
 from fusebox.spec import Spec
@@ -19,7 +20,7 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
     out: dict[str, str] = {}
     tmpl = _ENV.get_template("runbook.md.j2")
     for sig in spec.signals:
-        value = C.signal_records(sig)["value"]
+        value = records(sig)["value"]
         op = ">=" if sig.direction == "above" else "<="
         tiers = [{
             "name": t.name, "threshold": humanize(t.threshold, sig.unit),

@@ -26,9 +26,10 @@ from typing import Any, Iterable
 
 import yaml
 
-from .promql import vector_selectors
+from fusebox.spec.promql import vector_selectors
 from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE
 from fusebox.spec import Spec
+from fusebox.spec.kinds import records
 
 MIN_PROMTOOL = (2, 42)  # keep_firing_for
 MIN_AMTOOL = (0, 25)
@@ -107,7 +108,7 @@ def _attribute(output: str, spec: Spec) -> list[str]:
     pos = load(text, spec.file)[1] if text else None
     lines = []
     for sig in spec.signals:
-        names = [sig.alert] + list(C.signal_records(sig).values())
+        names = [sig.alert] + list(records(sig).values())
         if any(n in output for n in names):
             line, col = pos.at(sig.path, key=True) if pos else (1, 1)
             where = f"{spec.file}:{line}:{col}"

@@ -30,6 +30,7 @@ import pytest
 
 from _dashboards_support import ROOT, prometheus, query, query_range, serve_text
 from fusebox import conventions as C
+from fusebox.spec.kinds import dashboard_records
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.spec import load_spec
@@ -142,7 +143,7 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             assert device == pytest.approx(0.785)
             growth = float(query(base, "engine:fusebox_kv_cache_growth_rate:deriv1m")[0]["value"][1])
             assert growth == pytest.approx(20e6, rel=0.1)
-            d = C.dashboard_records()
+            d = dashboard_records()
             one = lambda rec: float(query(base, rec)[0]["value"][1])  # noqa: E731
             assert 0.25 < one(d["kv_ratio"]) < 0.5
             assert 0.6 <= one(d["energy_per_token"]) <= 36

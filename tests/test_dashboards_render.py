@@ -16,6 +16,7 @@ import promql_parser
 import pytest
 
 from fusebox import conventions as C
+from fusebox.spec.kinds import dashboard_records, records
 from fusebox.generator.render_dashboards import dashboards, render_dashboards
 from fusebox.spec import load_spec, parse_spec
 
@@ -69,14 +70,14 @@ def test_every_panel_query_parses_as_promql(boards):
 
 def test_panels_read_recording_rules_not_raw_histograms(boards, spec):
     # bucket_rate is an intermediate record the quantiles are computed from; no panel needs it.
-    records = {r for s in spec.signals for role, r in C.signal_records(s).items() if role != "bucket_rate"}
+    recs = {r for s in spec.signals for role, r in records(s).items() if role != "bucket_rate"}
     used = set()
     for _, p in _panels(boards):
         for t in p["targets"]:
             assert "_bucket" not in t["expr"], (p["title"], t["expr"])
             assert "histogram_quantile" not in t["expr"]
-            used |= {r for r in records if re.search(re.escape(r) + r"\{", t["expr"])}
-    assert used == records, f"recording rules no panel shows: {sorted(records - used)}"
+            used |= {r for r in recs if re.search(re.escape(r) + r"\{", t["expr"])}
+    assert used == recs, f"recording rules no panel shows: {sorted(recs - used)}"
 
 
 def test_panels_read_only_recording_rules_apart_from_fuse_state_and_alerts(boards, spec):
@@ -85,11 +86,11 @@ def test_panels_read_only_recording_rules_apart_from_fuse_state_and_alerts(board
     import yaml
 
     from fusebox.generator.outputs import RULE_FILE, render_all
-    from fusebox.generator.promql import vector_selectors
+    from fusebox.spec.promql import vector_selectors
 
     groups = yaml.safe_load(render_all(spec)[RULE_FILE])["groups"]
     recorded = {r["record"] for g in groups for r in g["rules"] if "record" in r}
-    dash = C.dashboard_records()
+    dash = dashboard_records()
     assert set(dash.values()) <= recorded
     raw = set()
     used = set()

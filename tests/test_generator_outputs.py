@@ -9,6 +9,7 @@ import promql_parser
 import yaml
 
 from fusebox import conventions as C
+from fusebox.spec.kinds import dashboard_records
 from fusebox.generator.outputs import render_all
 from fusebox.generator.toolcheck import unmatched_selectors
 from fusebox.generator.writer import drift, write_outputs
@@ -79,7 +80,7 @@ def test_dashboard_group_records_what_the_panels_read(generated, spec):
     assert all("alert" not in r for r in group["rules"])
     records = {r["record"]: r["expr"] for r in group["rules"]}
     assert list(records) == [r["record"] for r in group["rules"]], "each record defined once"
-    assert set(records) == set(C.dashboard_records().values())
+    assert set(records) == set(dashboard_records().values())
     for name, expr in records.items():
         promql_parser.parse(expr)
         assert len(name.split(":")) == 3, name
@@ -90,7 +91,7 @@ def test_dashboard_group_records_what_the_panels_read(generated, spec):
             if other != name and other in expr:
                 assert order.index(other) < order.index(name), (other, name)
     # every version's spelling, joined with `or` (PITFALLS P4)
-    d = C.dashboard_records()
+    d = dashboard_records()
     assert "rate(vllm:prefix_cache_hits_total[5m]) or rate(vllm:gpu_prefix_cache_hits_total[5m])" in records[d["prefix_hit_vllm"]]
     assert "rate(sglang:generation_tokens_total[5m]) or rate(sglang_generation_tokens_total[5m])" in records[d["host_tokens"]]
     assert "sglang:cache_hit_rate or sglang_cache_hit_rate" in records[d["prefix_hit_sglang"]]
@@ -108,7 +109,7 @@ def test_dashboard_gpu_bytes_follow_the_dcgm_backend():
     rules = render_rules(parse_spec(text, "fusebox.yaml"))
     group = next(g for g in rules.groups if g["name"] == "fusebox-dashboard")
     records = {r["record"]: r["expr"] for r in group["rules"]}
-    d = C.dashboard_records()
+    d = dashboard_records()
     assert "hw_gpu_memory_usage_bytes" not in records[d["gpu_used"]]
     assert "DCGM_FI_DEV_FB_USED" in records[d["gpu_used"]] and "DCGM_FI_DEV_FB_RESERVED" in records[d["gpu_used"]]
     assert "DCGM_FI_DEV_FB_RESERVED" in records[d["gpu_reserved"]]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from fusebox import conventions as C
+from fusebox.spec.kinds import records
 
 from .stack import http_json
 
@@ -118,7 +119,7 @@ class Watcher:
     def _poll_prometheus(self) -> list[Event]:
         now = time.time()
         for sig in self.signals:
-            rec = C.signal_records(sig)["value"]
+            rec = records(sig)["value"]
             rows = self._query(rec)
             self.values[sig.name] = sorted((_entity(r["metric"]), float(r["value"][1])) for r in rows)
         seen: dict[tuple[str, str, str], str] = {}

@@ -5,13 +5,13 @@
 * :mod:`.units`: what people write ("78.3%", "14.7 MB/s", "1.28s", "5m") -> base units, and back;
 * :mod:`.model`: the schema, its validation and the frozen, normalised :class:`Spec`.
 
-It imports nothing else of fusebox: the generator, the collectors, the fuse service and the
+It stands on :mod:`fusebox.conventions` (names) and :mod:`fusebox.promsim` alone: the generator, the collectors, the fuse service and the
 demo all read the spec through this package (see docs/architecture.md).
 """
 
 from .errors import Problem, SpecError
-from .model import (ABSENT_ALERT, API_VERSION, GPU_DOWN_ALERT, FuseAction, Runbook, Signal, Source, Spec, Tier, load_spec,
+from .model import (API_VERSION, FuseAction, Runbook, Signal, Source, Spec, Tier, load_spec,
                     parse_spec)
 
 __all__ = ["Problem", "SpecError", "Signal", "Source", "Spec", "Tier", "FuseAction", "Runbook", "load_spec", "parse_spec",
-           "API_VERSION", "ABSENT_ALERT", "GPU_DOWN_ALERT"]
+           "API_VERSION"]

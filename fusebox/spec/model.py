@@ -17,20 +17,15 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fusebox import conventions as C
+
 from . import units
 from .errors import Problem, SpecError
+from .kinds import KINDS
 from .positions import Positions, load
 
 API_VERSION = "fusebox/v1"
-# Alert names fusebox generates itself; no signal may take them. Defined here, with the spec that
-# reserves them; fusebox.conventions re-exports them with every other name.
-ABSENT_ALERT = "FuseboxSignalAbsent"
-# A GPU the collector lost (NVML error, Xid): its memory series stop, so the memory alert goes
-# quiet on it; this alert says so instead.
-GPU_DOWN_ALERT = "FuseboxGPUDown"
-RESERVED_ALERTS = (ABSENT_ALERT, GPU_DOWN_ALERT)
 TIER_ORDER = ("warning", "critical")
-KINDS = ("gauge", "gpu_memory", "deriv", "quantile")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _ALERT = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -75,7 +70,7 @@ class RawRunbook(_Strict):
 class RawSignal(_Strict):
     alert: str
     description: str
-    kind: Literal["gauge", "gpu_memory", "deriv", "quantile"]
+    kind: Literal[tuple(KINDS)]  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
     unit: Literal["ratio", "seconds", "bytes", "bytes_per_second"]
     level: str = "gpu"
     direction: Literal["above", "below"] = "above"
@@ -372,7 +367,7 @@ class _Normaliser:
             if not _ALERT.match(raw_sig.alert):
                 self.err(path + ("alert",), f"alert name {raw_sig.alert!r} is not CamelCase",
                          "use a CamelCase name with a component word, e.g. GPUMemoryUtilizationHigh")
-            if raw_sig.alert in alerts_seen or raw_sig.alert in RESERVED_ALERTS:
+            if raw_sig.alert in alerts_seen or raw_sig.alert in C.RESERVED_ALERTS:
                 self.err(path + ("alert",), f"duplicate alert name {raw_sig.alert!r} (also used by {alerts_seen.get(raw_sig.alert, 'fusebox itself')})",
                          "one alert name per signal: rename one of them")
             alerts_seen[raw_sig.alert] = name
@@ -420,53 +415,32 @@ class _Normaliser:
         if source_name not in s.sources:
             self.err(path + ("source",), f"source {source_name!r} is not listed under sources",
                      f"use one of: {', '.join(s.sources)}")
+        kind = KINDS[s.kind]
         sources: dict[str, Source] = {}
         for backend, src in s.sources.items():
             spath = path + ("sources", backend)
-            if s.kind == "gpu_memory":
-                if backend not in ("fusebox", "dcgm"):
-                    self.err(spath, f"gpu_memory signals know the backends 'fusebox' and 'dcgm', not {backend!r}",
-                             "use fusebox or dcgm, or kind: gauge with your own expr")
-            elif (src.metric is None) == (src.expr is None):
-                self.err(spath, f"source {backend!r} needs exactly one of 'metric' or 'expr'",
-                         "name the raw metric (metric: NAME) or give a PromQL expression (expr: ...)")
+            kind.check_source(backend, src, spath, self.err)
             if src.expr is not None:
                 self._check_promql(src.expr, spath + ("expr",))
             if src.metric is not None and not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", src.metric):
                 self.err(spath + ("metric",), f"{src.metric!r} is not a valid Prometheus metric name",
                          "metric names match [a-zA-Z_:][a-zA-Z0-9_:]*")
-            if s.kind in ("deriv", "quantile") and src.expr is not None:
-                self.err(spath + ("expr",), f"a {s.kind} signal reads a raw metric, not an expression",
-                         "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
             sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note)
         by = tuple(s.by) if s.by is not None else ()
         for lb in by:
             if not _LABEL.match(lb):
                 self.err(path + ("by",), f"invalid label name {lb!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
         window = 0.0
-        if s.kind in ("deriv", "quantile"):
+        if kind.window_min_scrapes is not None:
             if s.window is None:
-                self.err(path, f"a {s.kind} signal needs a 'window'", "add e.g. 'window: 1m' (at least 4 scrape intervals)")
+                self.err(path, f"a {s.kind} signal needs a 'window'",
+                         f"add e.g. 'window: 1m' (at least {kind.window_min_scrapes} scrape intervals)")
             else:
                 window = self.duration(s.window, path + ("window",))
-                if s.kind == "deriv" and window < 4 * scrape:
-                    self.err(path + ("window",), f"deriv window {units.format_duration(window)} is under 4 scrape intervals ({units.format_duration(4 * scrape)})",
-                             f"use a window of at least {units.format_duration(4 * scrape)}: deriv needs several samples to fit a slope")
-                if s.kind == "quantile" and window < 2 * scrape:
-                    self.err(path + ("window",), f"rate window {units.format_duration(window)} is under 2 scrape intervals",
-                             f"use at least {units.format_duration(2 * scrape)}; 4 intervals or more is safer")
+                kind.check_window(window, scrape, path, self.err)
         elif s.window is not None:
             self.err(path + ("window",), f"'window' means nothing for a {s.kind} signal", "remove it")
-        buckets: tuple[float, ...] = ()
-        if s.kind == "quantile":
-            if s.quantile is None or not 0 < s.quantile < 1:
-                self.err(path + ("quantile",), "a quantile signal needs 'quantile' between 0 and 1", "e.g. 'quantile: 0.95'")
-            if not s.buckets:
-                self.err(path, "a quantile signal needs 'buckets'", "list the histogram's bucket bounds in seconds, with every threshold among them")
-            else:
-                buckets = tuple(float(b) for b in s.buckets)
-                if list(buckets) != sorted(set(buckets)):
-                    self.err(path + ("buckets",), "buckets must be strictly increasing", "sort them and drop repeats")
+        buckets = kind.check_fields(s, path, self.err)
 
         tiers: list[Tier] = []
         for tname, t in s.tiers.items():
@@ -495,12 +469,7 @@ class _Normaliser:
             enabled = pick("enabled", t.enabled)
             if t.fuse is not None and t.fuse not in actions:
                 self.err(tpath + ("fuse",), f"unknown fuse action {t.fuse!r}", f"use one of: {', '.join(actions)}")
-            if s.kind == "quantile" and buckets and not any(abs(threshold - b) < 1e-12 for b in buckets):
-                self.err(tp, f"threshold {units.format_number(threshold)}s is not a histogram bucket boundary",
-                         f"add {units.format_number(threshold)} to 'buckets' (a quantile between bounds is only interpolated)")
-            elif s.kind == "quantile" and buckets and (abs(threshold - buckets[-1]) < 1e-12):
-                self.err(tp, f"threshold {units.format_number(threshold)}s is the highest bucket bound: a quantile can never exceed it",
-                         "add a larger bucket bound after it (thresholds need neighbours on both sides)")
+            kind.check_threshold(threshold, buckets, tp, self.err)
             if not enabled:
                 continue
             tiers.append(Tier(
@@ -518,7 +487,7 @@ class _Normaliser:
             if s.direction == "below" and wt.threshold <= ct.threshold:
                 self.err(ct.path + ("threshold",), f"warning threshold ({wt.threshold_text}) is not above critical ({ct.threshold_text}) for a lower bound",
                          "raise the warning threshold or lower the critical one")
-        if s.kind in ("deriv", "quantile") and s.direction != "above":
+        if kind.growth_only and s.direction != "above":
             self.err(path + ("direction",), f"a {s.kind} signal alerts on growth only", "remove 'direction: below'")
         for tname in s.runbook.sop:
             if tname not in TIER_ORDER:

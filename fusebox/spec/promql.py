@@ -28,3 +28,8 @@ def vector_selectors(expr: str) -> list[Any]:
 
     walk(promql_parser.parse(expr))
     return found
+
+
+def metrics_in_expr(expr: str) -> list[str]:
+    """Metric names of the vector selectors in a PromQL expression, sorted, each once."""
+    return sorted({sel.name for sel in vector_selectors(expr) if sel.name})

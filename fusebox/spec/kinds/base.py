@@ -1,0 +1,322 @@
+"""What every signal kind provides, and the helpers the kinds share.
+
+A kind (gauge, gpu_memory, deriv, quantile) is one module in this package holding everything
+about it: the validation of its spec fields, its recording-rule names and rules, the synthetic
+series its generated promtool tests feed, and its dashboard panels. Renderers ask the kind
+(:func:`fusebox.spec.kinds.kind_of`) and never switch on its name; adding a kind is adding a
+module and listing it in ``fusebox/spec/kinds/__init__.py``.
+
+Panels are plain data here (:class:`PanelDef`, :class:`DashboardDef`); the generator turns them
+into grafanalib objects. Rules are plain dicts, as in a Prometheus rule file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Optional
+
+from fusebox import conventions as C
+from fusebox.spec.promql import metrics_in_expr
+from fusebox.spec.units import format_duration, format_number
+
+# ------------------------------------------------------------------------------- PromQL
+SENDER = f"{C.LABEL['instance']}, {C.LABEL['job']}"
+
+
+def selector(metric: str, spec: Any, extra: dict[str, str] | None = None, regex: dict[str, str] | None = None) -> str:
+    """``metric{k="v",...}`` with the spec's global selector, then ``extra`` and ``regex`` matchers."""
+    parts = [f'{k}="{v}"' for k, v in sorted({**spec.selector, **(extra or {})}.items())]
+    parts += [f'{k}=~"{v}"' for k, v in sorted((regex or {}).items())]
+    return f"{metric}{{{','.join(parts)}}}" if parts else metric
+
+
+def le_regex(bound: float) -> str:
+    """Match a bucket bound whether written "1" (Prometheus 2, OTel exporter) or "1.0" (Prometheus 3)."""
+    text = format_number(bound)
+    if re.fullmatch(r"-?\d+", text):
+        return f"{text}|{text}\\\\.0"
+    return re.escape(text).replace("\\", "\\\\")
+
+
+def by(labels: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
+    return ", ".join(labels + extra)
+
+
+def dcgm_labels(expr: str) -> str:
+    """dcgm-exporter's UUID and Hostname (hostname since #655) as fusebox's hw_id and host_name."""
+    expr = f'label_replace({expr}, "hw_id", "$1", "UUID", "(.+)")'
+    expr = f'label_replace({expr}, "host_name", "$1", "Hostname", "(.+)")'
+    return f'label_replace({expr}, "host_name", "$1", "hostname", "(.+)")'
+
+
+def window_word(seconds: float) -> str:
+    """60 -> "1m", 300 -> "5m", 90 -> "1m30s": the window as it appears in rule names."""
+    return format_duration(seconds)
+
+
+def dashboard_records() -> dict[str, str]:
+    """Recording-rule names the dashboards read beyond the signals' own, by role.
+
+    They live in the ``fusebox-dashboard`` rule group and raise no alert; none of them adds an
+    absent alert (vLLM and SGLang metrics are optional). Roles and labels:
+
+    * ``kv_usage``, ``kv_limit``: KV-cache bytes in use / pool bytes per engine (summed over the
+      engine's GPUs; labels cluster, host_name, engine, model), bytes;
+    * ``kv_ratio``: ``kv_usage / kv_limit`` per engine, ratio 0-1;
+    * ``gpu_used``, ``gpu_reserved``: device memory used (total - free) and driver-reserved per
+      GPU / MIG instance, bytes, whichever backend the GPU-memory signal reads (NVML or DCGM);
+    * ``host_power``: GPU power summed per host (cluster, host_name), watts;
+    * ``host_tokens``: generated tokens per second per host, vLLM and SGLang engines each counted
+      once, rate over :data:`fusebox.conventions.DASHBOARD_RATE_WINDOW_S`;
+    * ``energy_per_token``: ``host_power / host_tokens``, joules per generated token (no sample
+      where no token was generated);
+    * ``prefix_hit_vllm``: vLLM prefix-cache hits over queries (counters, either name
+      generation), per cluster, host_name, model_name, ratio 0-1 over the rate window;
+    * ``prefix_hit_sglang``: SGLang's ``cache_hit_rate`` gauge averaged per cluster, host_name,
+      model_name, ratio 0-1.
+    """
+    w = window_word(C.DASHBOARD_RATE_WINDOW_S)
+    rn = C.record_name
+    return {
+        "kv_usage": rn("engine", "fusebox_kv_cache_usage", "bytes"),
+        "kv_limit": rn("engine", "fusebox_kv_cache_limit", "bytes"),
+        "kv_ratio": rn("engine", "fusebox_kv_cache_usage", "ratio"),
+        "gpu_used": rn("gpu", "fusebox_gpu_memory_used", "bytes"),
+        "gpu_reserved": rn("gpu", "fusebox_gpu_memory_reserved", "bytes"),
+        "host_power": rn("host", "fusebox_gpu_power", "watts"),
+        "host_tokens": rn("host", "fusebox_generation_tokens", f"rate{w}"),
+        "energy_per_token": rn("host", "fusebox_energy_per_generated_token", f"joules_rate{w}"),
+        "prefix_hit_vllm": rn("model", "fusebox_vllm_prefix_cache_hit", f"ratio_rate{w}"),
+        "prefix_hit_sglang": rn("model", "fusebox_sglang_prefix_cache_hit", "ratio"),
+    }
+
+
+# ----------------------------------------------------------------------- test synthesis
+DELTA = 0.001  # "just above/below": 0.1 % of the threshold
+GPU_LIMIT_BYTES = 80_000_000_000
+DCGM_TOTAL_MIB = 81_920
+DCGM_RESERVED_MIB = 512
+KV_BASE_BYTES = 2_000_000_000
+OBS_PER_STEP = 1000
+
+GPU_LABELS = {"hw_id": "GPU-5a3c1f2e-0000-4000-8000-000000000001", "hw_gpu_index": "0",
+              "host_name": "gpu-node-1", "cluster": "test", "instance": "gpu-node-1:9464", "job": "fusebox-gpu"}
+ENGINE_LABELS = {"engine": "engine-0", "model": "llava-1.5-7b", "host_name": "gpu-node-1", "cluster": "test",
+                 "instance": "gpu-node-1:9464", "job": "fusebox-kv"}
+
+
+def label_str(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def segments(values: list[tuple[int, float, float]]) -> str:
+    """[(n_samples, start, step)] -> promtool series notation, then ``stale``."""
+    parts = []
+    for n, start, step in values:
+        if n <= 0:
+            continue
+        if step == 0:
+            parts.append(f"{format_number(start)}x{n - 1}" if n > 1 else format_number(start))
+        else:
+            sign = "+" if step > 0 else "-"
+            parts.append(f"{format_number(start)}{sign}{format_number(abs(step))}x{n - 1}")
+    return " ".join(parts + ["stale"])
+
+
+@dataclass
+class Synth:
+    """The world a generated test group runs in: the signal, the spec, the input labels."""
+
+    sig: Any
+    spec: Any
+    interval: float
+    labels: dict[str, str]
+
+    @classmethod
+    def of(cls, sig: Any, spec: Any) -> "Synth":
+        base = ENGINE_LABELS if sig.level == "engine" else GPU_LABELS
+        return cls(sig, spec, spec.evaluation_interval_s, {**base, **spec.selector})
+
+
+# ---------------------------------------------------------------------------- dashboards
+# Signal unit -> Grafana unit id. SI bytes: the spec writes "14.7 MB/s" as 14,700,000 B/s.
+UNITS = {
+    "ratio": "percentunit",
+    "seconds": "s",
+    "bytes": "decbytes",
+    "bytes_per_second": "Bps",
+}
+
+# Template variables: name -> (label the filter matches, human label). "instance" filters on
+# host_name: after OTLP the Prometheus `instance` label is the sender's service.instance.id
+# (HOST/SERVICE for the fusebox collectors), not the host.
+VARIABLES = {
+    "cluster": (C.LABEL["cluster"], "Cluster"),
+    "instance": (C.LABEL["host"], "Instance (host)"),
+    "gpu": (C.LABEL["gpu_id"], "GPU / MIG instance"),
+    "engine": (C.LABEL["engine"], "Engine"),
+    "model": (C.LABEL["model"], "Model"),
+}
+# Which variables filter a series of a given level (labels the recording rules keep).
+LEVEL_VARS = {
+    "gpu": ("cluster", "instance", "gpu"),
+    "engine": ("cluster", "instance", "engine", "model"),
+    "host": ("cluster", "instance"),
+    "hw_id": ("gpu",),  # per-GPU records summed by hw_id alone (KV free, total)
+}
+LEGEND = {
+    "gpu": "{{host_name}} {{hw_id}}",
+    "engine": "{{host_name}} {{engine}} {{model}}",
+    "host": "{{cluster}} {{host_name}}",
+}
+
+
+def sel(metric: str, level: str, extra: str = "") -> str:
+    """``metric{cluster=~"$cluster", ...}`` with the template filters for ``level``."""
+    matchers = [f'{VARIABLES[v][0]}=~"${v}"' for v in LEVEL_VARS[level]]
+    if extra:
+        matchers.append(extra)
+    return f"{metric}{{{', '.join(matchers)}}}"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class PanelDef:
+    """One panel before grafanalib: what it shows, against which tiers, for which alerts."""
+
+    title: str
+    description: str
+    queries: tuple[Query, ...]
+    unit: str
+    alerts: tuple[str, ...]  # runbooks linked (the alert(s) the panel shows)
+    tiers: tuple = ()  # spec Tier objects drawn as threshold lines
+    kind: str = "timeseries"  # timeseries | stat
+    mappings: tuple = ()
+    steps: Optional[tuple] = None  # explicit (color, value) steps for stat panels
+    width: int = 12
+    soft_max: Optional[float] = None
+    no_value: str = "no data"  # what a stat panel says when the query returns nothing
+
+
+@dataclass(frozen=True)
+class DashboardDef:
+    name: str  # file stem and UID seed
+    title: str
+    description: str
+    panels: tuple[PanelDef, ...]
+    annotations: tuple[dict, ...] = field(default_factory=tuple)
+
+
+def signal_panel(sig: Any, title: str, description: str, expr: str, legend: str,
+                 *, tiers: bool = True, width: int = 12, unit: Optional[str] = None) -> PanelDef:
+    return PanelDef(
+        title=title, description=description, queries=(Query(expr, legend),),
+        unit=unit or UNITS[sig.unit], alerts=(sig.alert,), tiers=sig.tiers if tiers else (),
+        width=width, soft_max=1.0 if (unit or UNITS[sig.unit]) == "percentunit" else None,
+    )
+
+
+def tier_text(sig: Any) -> str:
+    return ", ".join(f"{t.name} {t.threshold_text}" for t in sig.tiers)
+
+
+# ---------------------------------------------------------------------------- the kind
+Err = Callable[..., None]  # err(path, what, fix, *, key=False)
+
+
+class Kind:
+    """The interface of a signal kind. Subclasses override what differs from these defaults.
+
+    Spec side (called while the spec loads, before any Signal exists):
+      ``check_source``, ``check_window``, ``check_fields``, ``check_threshold``.
+    Rules: ``records``, ``raw_metrics``, ``rules``, ``dashboard_records``.
+    Tests: ``window``, ``first_true``, ``exact``, ``series``, ``result_labels``, ``extra_tests``.
+    Panels: ``dashboard`` (one drill-down for all signals of the kind), ``variable_source``.
+    """
+
+    name: ClassVar[str] = ""
+    # Window: None = the kind takes none; else the least number of scrape intervals it needs.
+    window_min_scrapes: ClassVar[Optional[int]] = None
+    # Alerts on growth only (direction: below is refused).
+    growth_only: ClassVar[bool] = False
+    # Template variables fed by this kind's value record: (scope, preference; lower wins).
+    variable_source: ClassVar[Optional[tuple[str, int]]] = None
+
+    # -- spec --------------------------------------------------------------------------
+    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
+        """One entry of ``sources``: exactly one of ``metric`` or ``expr``."""
+        if (src.metric is None) == (src.expr is None):
+            err(spath, f"source {backend!r} needs exactly one of 'metric' or 'expr'",
+                "name the raw metric (metric: NAME) or give a PromQL expression (expr: ...)")
+
+    def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
+        """Called with the parsed window when the kind takes one."""
+
+    def check_fields(self, raw: Any, path: tuple, err: Err) -> tuple[float, ...]:
+        """Kind-specific fields; returns the histogram buckets (none for most kinds)."""
+        return ()
+
+    def check_threshold(self, threshold: float, buckets: tuple[float, ...], tp: tuple, err: Err) -> None:
+        """A tier's threshold in base units, beyond the unit check every kind gets."""
+
+    # -- rules -------------------------------------------------------------------------
+    def records(self, sig: Any) -> dict[str, str]:
+        """Recording-rule names by role; ``value`` is the one the alert reads."""
+        raise NotImplementedError
+
+    def raw_metrics(self, sig: Any) -> list[str]:
+        """The raw metric names the active source reads (each gets an absent alert)."""
+        src = sig.source
+        if src.metric:
+            return [src.metric]
+        return metrics_in_expr(src.expr or "")
+
+    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        """The signal's recording rules, in evaluation order (the alert comes after them)."""
+        raise NotImplementedError
+
+    def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
+        """Records the kind's drill-down panels read beyond the signals' own (no alerts)."""
+        return []
+
+    def reports_lost_gpus(self, sig: Any) -> bool:
+        """Whether the signal's source reports a lost GPU as ``fusebox_gpu_up 0``."""
+        return False
+
+    # -- generated tests -----------------------------------------------------------------
+    def testable(self, sig: Any) -> bool:
+        """Whether synthetic series can drive the signal (a custom expression cannot)."""
+        return True
+
+    def window(self, sig: Any) -> float:
+        return sig.window_s if self.window_min_scrapes is not None else 0.0
+
+    def first_true(self, sig: Any, interval: float) -> float:
+        """When the value record first exists: rate/deriv need two samples, one interval in."""
+        return interval if self.window_min_scrapes is not None else 0.0
+
+    def exact(self, synth: Synth, v: float) -> float:
+        """The value the rules compute when the series target ``v``."""
+        return v
+
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+        """phases: [(n_samples, target value)] -> promtool input_series."""
+        raise NotImplementedError
+
+    def result_labels(self, synth: Synth) -> dict[str, str]:
+        """The labels of the value record (and so of the alert) for the synthetic input."""
+        return dict(synth.labels)
+
+    def extra_tests(self, synth: Synth) -> list[tuple[str, dict[str, Any]]]:
+        """Test groups beyond the per-tier ones (e.g. zero traffic)."""
+        return []
+
+    # -- panels --------------------------------------------------------------------------
+    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+        return None

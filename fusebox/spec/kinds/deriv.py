@@ -1,0 +1,93 @@
+"""Kind ``deriv``: the growth rate of a gauge, Prometheus ``deriv`` over a window.
+
+Example: KV-cache growth in bytes per second (seed: warning 9.2 MB/s, critical 14.7 MB/s).
+``deriv``, not ``rate``: KV bytes is a gauge that falls when blocks are freed; ``rate`` would
+read every fall as a counter reset and invent growth (docs/pitfalls.md P3).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fusebox import conventions as C
+from fusebox.spec.units import format_duration
+
+from .base import (KV_BASE_BYTES, LEGEND, DashboardDef, Err, Kind, PanelDef, Query, Synth, by, dashboard_records,
+                   label_str, segments, sel, selector, signal_panel, tier_text, window_word)
+
+
+class Deriv(Kind):
+    name = "deriv"
+    # deriv fits a slope: it needs several samples in its window.
+    window_min_scrapes = 4
+    growth_only = True
+    variable_source = ("engine", 1)
+
+    # -- spec --------------------------------------------------------------------------
+    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
+        super().check_source(backend, src, spath, err)
+        if src.expr is not None:
+            err(spath + ("expr",), f"a {self.name} signal reads a raw metric, not an expression",
+                "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
+
+    def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
+        if window < 4 * scrape:
+            err(path + ("window",), f"deriv window {format_duration(window)} is under 4 scrape intervals ({format_duration(4 * scrape)})",
+                f"use a window of at least {format_duration(4 * scrape)}: deriv needs several samples to fit a slope")
+
+    # -- rules -------------------------------------------------------------------------
+    def records(self, sig: Any) -> dict[str, str]:
+        return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", f"deriv{window_word(sig.window_s)}")}
+
+    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        inner = f"deriv({selector(sig.source.metric, spec)}[{format_duration(sig.window_s)}])"
+        expr = f"sum by ({by(sig.by)}) ({inner})" if sig.by else inner
+        return [{"record": self.records(sig)["value"], "expr": expr}]
+
+    def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
+        """KV-cache bytes and pool usage per engine, for the KV drill-down."""
+        d = dashboard_records()
+        engine_by = "cluster, host_name, engine, model"
+        return [
+            {"record": d["kv_usage"], "expr": f"sum by ({engine_by}) ({selector(C.PROM['kv_cache_usage'], spec)})"},
+            {"record": d["kv_limit"], "expr": f"sum by ({engine_by}) ({selector(C.PROM['kv_cache_limit'], spec)})"},
+            {"record": d["kv_ratio"], "expr": f"{d['kv_usage']} / {d['kv_limit']}"},
+        ]
+
+    # -- generated tests -----------------------------------------------------------------
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+        """A gauge climbing at each phase's target rate (bytes per second) from KV_BASE_BYTES."""
+        segs, level = [], float(KV_BASE_BYTES)
+        for n, rate in phases:
+            step = rate * synth.interval
+            segs.append((n, level, step))
+            level += step * n
+        return [{"series": synth.sig.source.metric + label_str(synth.labels), "values": segments(segs)}]
+
+    def result_labels(self, synth: Synth) -> dict[str, str]:
+        return {k: v for k, v in synth.labels.items() if k in synth.sig.by}
+
+    # -- panels --------------------------------------------------------------------------
+    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+        if not sigs:
+            return None
+        panels: list[PanelDef] = []
+        for sig in sigs:
+            r = self.records(sig)
+            panels.append(signal_panel(sig, f"{sig.alert}: growth per engine",
+                                       f"{sig.description} Lines at {tier_text(sig)} (SI: 1 MB = 10^6 B).",
+                                       sel(r["value"], "engine"), LEGEND["engine"]))
+        alerts = tuple(s.alert for s in sigs)
+        d = dashboard_records()
+        panels += [
+            PanelDef("KV-cache bytes per engine", "fusebox.kv_cache.usage: bytes of KV cache in use per engine (summed over its GPUs).",
+                     (Query(sel(d["kv_usage"], "engine"), LEGEND["engine"]),), "decbytes", alerts),
+            PanelDef("KV pool usage per engine", "KV bytes in use over the pool's bytes (0-1).",
+                     (Query(sel(d["kv_ratio"], "engine"), LEGEND["engine"]),),
+                     "percentunit", alerts, soft_max=1.0),
+        ]
+        return DashboardDef("kv-cache", f"fusebox / {spec.name} / KV cache",
+                            "KV-cache bytes, pool usage and growth per engine.", tuple(panels))
+
+
+KIND = Deriv()

@@ -1,0 +1,88 @@
+"""Kind ``gauge``: a value read as it is (a raw gauge, or a PromQL expression of your own).
+
+Examples: memory-bandwidth saturation, PCIe link utilization. The value record keeps one series
+per GPU (or per ``by`` labels) whoever sent it, so every GPU-level alert scopes its fuse alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fusebox import conventions as C
+from fusebox.spec.units import format_number
+
+from .base import (LEGEND, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, label_str,
+                   segments, sel, selector, signal_panel, tier_text)
+
+
+class Gauge(Kind):
+    name = "gauge"
+
+    def records(self, sig: Any) -> dict[str, str]:
+        return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", "ratio" if sig.unit == "ratio" else sig.unit)}
+
+    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        src = sig.source
+        expr = src.expr if src.expr else selector(src.metric, spec)
+        if src.scale != 1.0:
+            expr = f"({expr}) * {format_number(src.scale)}"
+        if src.metric and src.metric.startswith("DCGM_"):
+            expr = dcgm_labels(expr)
+        if sig.by:
+            expr = f"max by ({by(sig.by)}) ({expr})"
+        elif sig.level == "gpu":
+            # As for GPU memory: one series per GPU whoever sent it, so every GPU-level signal
+            # scopes its fuse as {cluster, host_name, hw_id} and one level is held or released
+            # for the same GPU by every alert.
+            expr = f"max without ({C.LABEL['instance']}, {C.LABEL['job']}) ({expr})"
+        return [{"record": self.records(sig)["value"], "expr": expr}]
+
+    # -- generated tests -----------------------------------------------------------------
+    def testable(self, sig: Any) -> bool:
+        return not sig.source.expr  # custom expression: no generic way to synthesise its inputs
+
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+        s = synth.sig
+        return [{"series": s.source.metric + label_str(synth.labels),
+                 "values": segments([(n, v / s.source.scale, 0) for n, v in phases])}]
+
+    def result_labels(self, synth: Synth) -> dict[str, str]:
+        s = synth.sig
+        if s.by:
+            return {k: v for k, v in synth.labels.items() if k in s.by}
+        if s.level == "gpu":
+            # GPU-level records drop the sender's identity (see rules)
+            return {k: v for k, v in synth.labels.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
+        return dict(synth.labels)
+
+    # -- panels --------------------------------------------------------------------------
+    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+        """Always made: beside the gauges it shows energy per token and prefix-cache hit rate."""
+        panels: list[PanelDef] = []
+        for sig in sigs:
+            r = self.records(sig)
+            panels.append(signal_panel(sig, f"{sig.alert}: {sig.name.replace('_', ' ')}",
+                                       f"{sig.description} Lines at {tier_text(sig)}.",
+                                       sel(r["value"], sig.level), LEGEND.get(sig.level, "{{instance}}")))
+        # Not spec signals (no alert of their own): linked to the alert whose diagnosis uses them --
+        # energy per token to the first GPU-level gauge (memory bandwidth in the shipped spec), the
+        # prefix-cache hit rate to the first growth (deriv) signal.
+        first = spec.signals[0].alert
+        gpu_gauge = next((s.alert for s in sigs if s.level == "gpu"), first)
+        growth = next((s.alert for s in spec.signals if s.kind == "deriv"), first)
+        d = dashboard_records()
+        panels += [
+            PanelDef("Energy per generated token",
+                     "GPU power (hw.power, W) per host over generated tokens per second (vLLM, SGLang; 5m rate): joules per token.",
+                     (Query(sel(d["energy_per_token"], "host"), LEGEND["host"]),), "joule", (gpu_gauge,)),
+            PanelDef("Prefix-cache hit rate",
+                     "Prefix-cache hits over queries (vLLM counters, 5m rate), or SGLang's cache_hit_rate gauge; a drop speeds up KV growth.",
+                     (Query(sel(d["prefix_hit_vllm"], "host"), "vLLM {{host_name}} {{model_name}}"),
+                      Query(sel(d["prefix_hit_sglang"], "host"), "SGLang {{host_name}} {{model_name}}")),
+                     "percentunit", (growth,), soft_max=1.0),
+        ]
+        return DashboardDef("secondary", f"fusebox / {spec.name} / secondary signals",
+                            "Memory bandwidth, PCIe, energy per token, prefix-cache hit rate.", tuple(panels))
+
+
+KIND = Gauge()

@@ -1,0 +1,174 @@
+"""Kind ``gpu_memory``: GPU device-memory utilization, corrected for engines' KV-cache pools.
+
+Sources: the fusebox GPU collector (NVML v2, bytes) or dcgm-exporter (MiB). The value is the
+device-basis ratio (total - free) / total minus the free part of the KV pools engines
+pre-allocated on that GPU, so vLLM's 90 % reservation does not read as pressure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fusebox import conventions as C
+
+from .base import (DCGM_RESERVED_MIB, DCGM_TOTAL_MIB, GPU_LIMIT_BYTES, SENDER, DashboardDef, Err, Kind, PanelDef,
+                   Query, Synth, dashboard_records, dcgm_labels, label_str, segments, sel, selector, signal_panel, tier_text)
+
+BACKENDS = ("fusebox", "dcgm")
+
+
+class GpuMemory(Kind):
+    name = "gpu_memory"
+    variable_source = ("gpu", 0)
+
+    # -- spec --------------------------------------------------------------------------
+    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
+        if backend not in BACKENDS:
+            err(spath, f"gpu_memory signals know the backends 'fusebox' and 'dcgm', not {backend!r}",
+                "use fusebox or dcgm, or kind: gauge with your own expr")
+
+    # -- rules -------------------------------------------------------------------------
+    def records(self, sig: Any) -> dict[str, str]:
+        """``value`` (effective ratio), ``device`` (device-basis ratio, no KV correction),
+        ``total`` (bytes per GPU, label hw_id), ``kv_free`` (free KV-pool bytes per GPU)."""
+        lvl = sig.level
+        return {
+            "value": C.record_name(lvl, f"fusebox_{sig.name}", "ratio"),
+            "device": C.record_name(lvl, "fusebox_gpu_memory_device_utilization", "ratio"),
+            "total": C.record_name(lvl, "fusebox_gpu_memory_total", "bytes"),
+            "kv_free": C.record_name(lvl, "fusebox_kv_cache_free", "bytes"),
+        }
+
+    def raw_metrics(self, sig: Any) -> list[str]:
+        # The KV metrics only refine the signal (without them it falls back to device memory),
+        # so their absence does not blind it: no absent alert on their account.
+        if sig.source.backend == "dcgm":
+            return [C.DCGM["fb_used"], C.DCGM["fb_free"], C.DCGM["fb_reserved"]]
+        return [C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]]
+
+    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        names = self.records(sig)
+        usage, limit = C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]
+        if sig.source.backend == "dcgm":
+            # dcgm-exporter speaks MiB, and USED + FREE is not the total (docs/pitfalls.md P7):
+            # total = USED + FREE + RESERVED; used = total - FREE.
+            u, f, r = (selector(C.DCGM[k], spec) for k in ("fb_used", "fb_free", "fb_reserved"))
+            total = f"({u} + {f} + {r})"
+            device = dcgm_labels(f"1 - {f} / {total}")
+            total_bytes = dcgm_labels(f"{total} * {C.MIB}")
+        else:
+            # usage = total - free (NVML v2), so driver-reserved memory counts as used (docs/pitfalls.md P6).
+            device = f"{selector(usage, spec)} / {selector(limit, spec)}"
+            total_bytes = selector(limit, spec)
+        # hw_id is unique cluster-wide: drop the sender's identity (instance, job), so one GPU is
+        # one series -- one alert, one fuse scope {cluster, host_name, hw_id} -- whether its
+        # exporter restarted (the Collector keeps the old process's series for a while; a
+        # rescheduled dcgm-exporter has a new address) or two exporters report it; and the KV
+        # join on hw_id below meets one total per GPU.
+        device = f"max without ({SENDER}) ({device})"
+        # The join key alone: two series of one GPU (say under an old and a new host_name after a
+        # collector pod moved) must not make the one-to-one join below fail for every GPU.
+        total_bytes = f"max by (hw_id) ({total_bytes})"
+        # One value per pool (engine share on a GPU) whoever reported it, then summed per GPU, so a
+        # rescheduled KV collector's lingering series are not counted twice.
+        kv_free = (f"sum by (hw_id) (max without ({SENDER}, {C.LABEL['host']}) ("
+                   f"clamp_min({selector(C.PROM['kv_cache_limit'], spec)}"
+                   f" - {selector(C.PROM['kv_cache_usage'], spec)}, 0)))")
+        return [
+            {"record": names["device"], "expr": device},
+            {"record": names["total"], "expr": total_bytes},
+            # Free bytes of the KV pools engines pre-allocated on each GPU (vLLM takes ~90%).
+            {"record": names["kv_free"], "expr": kv_free},
+            # Effective utilization: device memory minus the KV pool's free part where a pool is
+            # known on the GPU; device memory alone elsewhere (`or` keeps the unmatched GPUs).
+            {"record": names["value"], "expr": (
+                f"{names['device']}\n"
+                f"  - on (hw_id) group_left ()\n"
+                f"    ({names['kv_free']} / on (hw_id) {names['total']})\n"
+                f"or\n{names['device']}")},
+        ]
+
+    def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
+        """Device memory used and driver-reserved per GPU, whichever backend the first signal reads."""
+        d = dashboard_records()
+        if sigs[0].source.backend == "dcgm":
+            # MiB; used = total - FREE = USED + RESERVED (docs/pitfalls.md P6, P7), like the signal's rules.
+            u, r = selector(C.DCGM["fb_used"], spec), selector(C.DCGM["fb_reserved"], spec)
+            used = dcgm_labels(f"({u} + {r}) * {C.MIB}")
+            reserved = dcgm_labels(f"{r} * {C.MIB}")
+        else:
+            used, reserved = selector(C.PROM["gpu_memory_usage"], spec), selector(C.PROM["gpu_memory_reserved"], spec)
+        # Per GPU, so no cheaper than the raw gauge; recorded so the panels read the same name
+        # whichever backend the GPU-memory signal uses.
+        return [{"record": d["gpu_used"], "expr": used}, {"record": d["gpu_reserved"], "expr": reserved}]
+
+    def reports_lost_gpus(self, sig: Any) -> bool:
+        # The fusebox GPU collector reports lost GPUs as fusebox_gpu_up 0 (dcgm-exporter does not).
+        return bool(sig.source.backend == "fusebox")
+
+    # -- generated tests -----------------------------------------------------------------
+    def exact(self, synth: Synth, v: float) -> float:
+        if synth.sig.source.backend == "dcgm":
+            free = round((1 - v) * DCGM_TOTAL_MIB)
+            return 1 - free / DCGM_TOTAL_MIB
+        return round(v * GPU_LIMIT_BYTES) / GPU_LIMIT_BYTES
+
+    def _dcgm_labels(self, synth: Synth) -> dict[str, str]:
+        return {"UUID": synth.labels["hw_id"], "gpu": "0", "Hostname": "gpu-node-1",
+                "host_name": "gpu-node-1", "modelName": "NVIDIA H100 80GB HBM3", **synth.spec.selector}
+
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+        if synth.sig.source.backend == "dcgm":
+            lab = self._dcgm_labels(synth)
+            free = [(n, round((1 - v) * DCGM_TOTAL_MIB), 0) for n, v in phases]
+            used = [(n, DCGM_TOTAL_MIB - f - DCGM_RESERVED_MIB, 0) for n, f, _ in free]
+            return [
+                {"series": C.DCGM["fb_used"] + label_str(lab), "values": segments(used)},
+                {"series": C.DCGM["fb_free"] + label_str(lab), "values": segments(free)},
+                {"series": C.DCGM["fb_reserved"] + label_str(lab),
+                 "values": segments([(n, DCGM_RESERVED_MIB, 0) for n, _ in phases])},
+            ]
+        usage = [(n, round(v * GPU_LIMIT_BYTES), 0) for n, v in phases]
+        return [
+            {"series": C.PROM["gpu_memory_usage"] + label_str(synth.labels), "values": segments(usage)},
+            {"series": C.PROM["gpu_memory_limit"] + label_str(synth.labels),
+             "values": segments([(n, GPU_LIMIT_BYTES, 0) for n, _ in phases])},
+        ]
+
+    def result_labels(self, synth: Synth) -> dict[str, str]:
+        if synth.sig.source.backend == "dcgm":
+            return {**self._dcgm_labels(synth), "hw_id": synth.labels["hw_id"]}
+        # GPU-level records drop the sender's identity (see rules)
+        return {k: v for k, v in synth.labels.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
+
+    # -- panels --------------------------------------------------------------------------
+    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+        if not sigs:
+            return None
+        panels: list[PanelDef] = []
+        for sig in sigs:
+            r = self.records(sig)
+            legend = "{{host_name}} {{hw_id}} mig={{hw_gpu_mig}}"
+            panels.append(signal_panel(sig, "Effective utilization per GPU and MIG instance",
+                                       f"{sig.description} Lines at {tier_text(sig)}.",
+                                       sel(r["value"], "gpu"), legend))
+            panels.append(signal_panel(sig, "Device-basis utilization (no KV-pool correction)",
+                                       "(total - free) / total as NVML or DCGM report it; engines that pre-allocate the KV pool sit high here "
+                                       "while the effective basis stays low.", sel(r["device"], "gpu"), legend))
+        alert = sigs[0].alert
+        d = dashboard_records()
+        panels += [
+            PanelDef("Device memory used and total", "Device memory used (total - free, bytes) per GPU / MIG instance, and the total the rules divide by.",
+                     (Query(sel(d["gpu_used"], "gpu"), "used {{host_name}} {{hw_id}}"),
+                      Query(sel(r["total"], "hw_id"), "total {{hw_id}}")),
+                     "decbytes", (alert,)),
+            PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (PITFALLS P6).",
+                     (Query(sel(d["gpu_reserved"], "gpu"), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
+            PanelDef("KV pool free bytes per GPU", "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
+                     (Query(sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)),
+        ]
+        return DashboardDef("gpu-memory", f"fusebox / {spec.name} / GPU memory",
+                            "GPU memory per GPU and MIG instance, effective vs device basis.", tuple(panels))
+
+
+KIND = GpuMemory()

@@ -1,0 +1,194 @@
+"""Kind ``quantile``: a quantile of a classic histogram, ``histogram_quantile`` over summed bucket rates.
+
+Example: P95 cross-modal alignment latency (seed: warning 0.85 s, critical 1.28 s). Every
+threshold must be a bucket bound: between bounds a quantile is only interpolated, and the exact
+share-over-threshold record beside it (P95 >= T exactly when more than 5 % of observations are
+slower than T) needs the bound. Zero traffic gives NaN, never an alert (docs/pitfalls.md P1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from fusebox import conventions as C
+from fusebox import promsim
+from fusebox.spec.units import format_duration, format_number
+
+from .base import (OBS_PER_STEP, DashboardDef, Err, Kind, PanelDef, Query, Synth, by, label_str, le_regex, segments,
+                   sel, selector, UNITS, window_word)
+
+
+class Quantile(Kind):
+    name = "quantile"
+    # rate() needs two samples in its window; four or more is safer.
+    window_min_scrapes = 2
+    growth_only = True
+    variable_source = ("engine", 0)
+
+    # -- spec --------------------------------------------------------------------------
+    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
+        super().check_source(backend, src, spath, err)
+        if src.expr is not None:
+            err(spath + ("expr",), f"a {self.name} signal reads a raw metric, not an expression",
+                "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
+
+    def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
+        if window < 2 * scrape:
+            err(path + ("window",), f"rate window {format_duration(window)} is under 2 scrape intervals",
+                f"use at least {format_duration(2 * scrape)}; 4 intervals or more is safer")
+
+    def check_fields(self, raw: Any, path: tuple, err: Err) -> tuple[float, ...]:
+        if raw.quantile is None or not 0 < raw.quantile < 1:
+            err(path + ("quantile",), "a quantile signal needs 'quantile' between 0 and 1", "e.g. 'quantile: 0.95'")
+        if not raw.buckets:
+            err(path, "a quantile signal needs 'buckets'", "list the histogram's bucket bounds in seconds, with every threshold among them")
+            return ()
+        buckets = tuple(float(b) for b in raw.buckets)
+        if list(buckets) != sorted(set(buckets)):
+            err(path + ("buckets",), "buckets must be strictly increasing", "sort them and drop repeats")
+        return buckets
+
+    def check_threshold(self, threshold: float, buckets: tuple[float, ...], tp: tuple, err: Err) -> None:
+        if not buckets:
+            return
+        if not any(abs(threshold - b) < 1e-12 for b in buckets):
+            err(tp, f"threshold {format_number(threshold)}s is not a histogram bucket boundary",
+                f"add {format_number(threshold)} to 'buckets' (a quantile between bounds is only interpolated)")
+        elif abs(threshold - buckets[-1]) < 1e-12:
+            err(tp, f"threshold {format_number(threshold)}s is the highest bucket bound: a quantile can never exceed it",
+                "add a larger bucket bound after it (thresholds need neighbours on both sides)")
+
+    # -- rules -------------------------------------------------------------------------
+    def records(self, sig: Any) -> dict[str, str]:
+        """``value`` (the quantile), ``p50``, ``p99``, ``rate`` (observations/s), ``bucket_rate``
+        (summed bucket rates), ``over_threshold`` (share of observations above each threshold, label ``le``)."""
+        w = window_word(sig.window_s)
+        hist, lvl = sig.source.metric, sig.level
+        return {
+            "value": C.record_name(lvl, f"fusebox_{sig.name}", f"rate{w}"),
+            "p50": C.record_name(lvl, hist, f"p50_rate{w}"),
+            "p99": C.record_name(lvl, hist, f"p99_rate{w}"),
+            "rate": C.record_name(lvl, hist, f"count_rate{w}"),
+            "bucket_rate": C.record_name(lvl, f"{hist}_bucket", f"rate{w}"),
+            "over_threshold": C.record_name(lvl, f"fusebox_{sig.name}_over_threshold", f"ratio_rate{w}"),
+        }
+
+    def raw_metrics(self, sig: Any) -> list[str]:
+        return [f"{sig.source.metric}_bucket", f"{sig.source.metric}_count"]
+
+    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        names = self.records(sig)
+        w = format_duration(sig.window_s)
+        bucket = selector(f"{sig.source.metric}_bucket", spec)
+        count = selector(f"{sig.source.metric}_count", spec)
+        out: list[dict[str, Any]] = [
+            {"record": names["bucket_rate"], "expr": f"sum by ({by(sig.by, ('le',))}) (rate({bucket}[{w}]))"},
+            {"record": names["rate"], "expr": f"sum by ({by(sig.by)}) (rate({count}[{w}]))"},
+            {"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})"},
+            {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})"},
+            {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})"},
+        ]
+        # The exact form beside the interpolated quantile: the share of observations above each
+        # threshold. P95 >= T exactly when this share >= 0.05, because T is a bucket bound.
+        for t in sig.tiers:
+            out.append({
+                "record": names["over_threshold"],
+                "expr": (f"1 - sum by ({by(sig.by)}) ({names['bucket_rate']}{{le=~\"{le_regex(t.threshold)}\"}})\n"
+                         f"  / {names['rate']}"),
+                "labels": {"le": format_number(t.threshold)},
+            })
+        return out
+
+    # -- generated tests -----------------------------------------------------------------
+    def distribution(self, synth: Synth, v: float) -> list[float]:
+        """Per-step cumulative counts per bucket (+Inf last) whose quantile lies near ``v``.
+
+        v is a threshold * (1 +/- DELTA), or "safe"/idle. Just above a bound T: 94% of
+        observations at or below T, so the 95th lies in the next bucket; just below: 96%.
+        """
+        sig = synth.sig
+        bounds = list(sig.buckets)
+        if math.isnan(v):
+            return [0.0] * (len(bounds) + 1)
+        # the bucket bound nearest to v is the threshold (validated to be a bound)
+        t = min(bounds, key=lambda b: abs(b - v))
+        i = bounds.index(t)
+        if v < min(x.threshold for x in sig.tiers) * 0.9:  # safe: everything in the first bucket
+            return [OBS_PER_STEP] * (len(bounds) + 1)
+        share_above = (1 - sig.quantile) + (0.01 if v > t else -0.01)
+        at_or_below = round(OBS_PER_STEP * (1 - share_above))
+        return [0.0] * i + [at_or_below] * (1) + [OBS_PER_STEP] * (len(bounds) - i)
+
+    def exact(self, synth: Synth, v: float) -> float:
+        return promsim.histogram_quantile(synth.sig.quantile, list(synth.sig.buckets), self.distribution(synth, v))
+
+    def series(self, synth: Synth, phases: list[tuple[int, float]], start: list[float] | None = None) -> list[dict[str, str]]:
+        bounds = list(synth.sig.buckets)
+        les = [format_number(b) for b in bounds] + ["+Inf"]
+        per_le: list[list[tuple[int, float, float]]] = [[] for _ in les]
+        level = list(start) if start else [0.0] * len(les)
+        for n, v in phases:
+            cum = self.distribution(synth, v)
+            for j in range(len(les)):
+                per_le[j].append((n, level[j], cum[j]))
+                level[j] += cum[j] * n
+        metric = synth.sig.source.metric
+        out = []
+        for j, le in enumerate(les):
+            out.append({"series": f"{metric}_bucket" + label_str({**synth.labels, "le": le}),
+                        "values": segments(per_le[j])})
+        out.append({"series": f"{metric}_count" + label_str(synth.labels), "values": segments(per_le[-1])})
+        return out
+
+    def result_labels(self, synth: Synth) -> dict[str, str]:
+        return {k: v for k, v in synth.labels.items() if k in synth.sig.by}
+
+    def extra_tests(self, synth: Synth) -> list[tuple[str, dict[str, Any]]]:
+        """Zero traffic: buckets frozen at earlier counts, every rate 0, the quantile NaN, no alert."""
+        sig, interval = synth.sig, synth.interval
+        n = int((sig.window_s * 2) // interval) + 1
+        frozen = [40.0 * OBS_PER_STEP / 1000 * (j + 1) for j in range(len(sig.buckets) + 1)]
+        series = self.series(synth, [(n, math.nan)], start=frozen)
+        t_eval = format_duration((n - 2) * interval)
+        value = self.records(sig)["value"]
+        return [(f"{sig.alert}: zero traffic gives a NaN quantile and no alert", {
+            "interval": format_duration(interval), "input_series": series,
+            "alert_rule_test": [{"eval_time": t_eval, "alertname": sig.alert, "exp_alerts": []}],
+            "promql_expr_test": [{"expr": f"count({value} != {value})", "eval_time": t_eval,
+                                  "exp_samples": [{"labels": "{}", "value": 1}]}],
+        })]
+
+    # -- panels --------------------------------------------------------------------------
+    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+        if not sigs:
+            return None
+        panels: list[PanelDef] = []
+        for sig in sigs:
+            r = self.records(sig)
+            q = int(round(sig.quantile * 100))
+            panels.append(PanelDef(
+                f"{sig.alert}: P50 / P{q} / P99 per engine",
+                f"{sig.description} Lines at {', '.join(f'{t.name} {t.threshold_text}' for t in sig.tiers)}; "
+                f"the alert reads P{q}. NaN (a gap) means no traffic (PITFALLS P1).",
+                (Query(sel(r["p50"], "engine"), "P50 {{host_name}} {{engine}} {{model}}"),
+                 Query(sel(r["value"], "engine"), f"P{q} " + "{{host_name}} {{engine}} {{model}}"),
+                 Query(sel(r["p99"], "engine"), "P99 {{host_name}} {{engine}} {{model}}")),
+                UNITS[sig.unit], (sig.alert,), sig.tiers, width=24,
+            ))
+            panels.append(PanelDef(
+                "Share of observations over each threshold",
+                "Fraction of observations slower than each tier's threshold (label le), over the rule window. "
+                f"Above {1 - sig.quantile:g} at a threshold means P{q} is above it.",
+                (Query(sel(r["over_threshold"], "engine"), "> {{le}}s {{host_name}} {{engine}} {{model}}"),),
+                "percentunit", (sig.alert,), soft_max=1.0,
+            ))
+            panels.append(PanelDef(
+                "Observations per second", "Rate of observations per engine: zero traffic explains a gap in the quantiles.",
+                (Query(sel(r["rate"], "engine"), "{{host_name}} {{engine}} {{model}}"),), "ops", (sig.alert,),
+            ))
+        return DashboardDef("alignment-latency", f"fusebox / {spec.name} / alignment latency",
+                            "Alignment latency quantiles and the share of observations over each threshold.", tuple(panels))
+
+
+KIND = Quantile()
