@@ -266,13 +266,13 @@ def cmd_scenario(args) -> int:
         _err(str(e))
         return 2
     if args.timeline:
-        spec = None
-        try:
-            from fusebox.spec import load_spec
+        from fusebox.spec import SpecError, load_spec  # pydantic and pint: only when a spec is read
 
+        try:
             spec = load_spec(args.spec)
-        except Exception as e:  # noqa: BLE001 -- fall back to the mission numbers, say so
-            _err(f"{args.spec}: not used ({str(e).splitlines()[0] if str(e) else type(e).__name__}); mission numbers instead")
+        except (OSError, SpecError) as e:
+            _err(f"cannot read the thresholds from {args.spec}:\n{e}")
+            return 2
         crossings = sc.predict(spec)
         if args.timeline == "json":
             json.dump({"scenario": sc.name, "duration_s": sc.duration_s, "tick_s": sc.tick_s,

@@ -2,8 +2,8 @@
 
 Records ``fusebox.alignment.duration`` (seconds, histogram; Prometheus
 ``fusebox_alignment_duration_seconds_{bucket,sum,count}``) with attributes ``engine`` and
-``model``. Buckets are the spec's (``alignment_latency_p95.buckets``, default spec
-``fusebox.yaml``): every threshold (0.85 s, 1.28 s) is a bucket boundary with neighbours on
+``model``. Buckets are the spec's (those of the quantile signal that reads this histogram,
+:func:`alignment_signal`; default spec ``fusebox.yaml``): every threshold (0.85 s, 1.28 s) is a bucket boundary with neighbours on
 both sides, so ``histogram_quantile`` can neither invent nor hide a breach (PITFALLS P2).
 The OTel SDK default buckets (0, 5, 10, 25 ...) are shaped for milliseconds and are never
 used: :func:`latency_view` installs ``ExplicitBucketHistogramAggregation(boundaries)``.
@@ -30,25 +30,37 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fusebox import conventions as C
+from fusebox.spec import load_spec
 
 A = C.ATTR
 HIST_NAME, HIST_UNIT, _ = C.OTEL["alignment_duration"]
 _HISTOGRAMS: dict[int, Any] = {}
 
 
+def alignment_signal(spec: Any) -> Any:
+    """The spec's signal over the alignment histogram this module records: the first
+    ``quantile`` signal whose fusebox source reads ``fusebox_alignment_duration_seconds``.
+
+    Raises:
+        ValueError: no signal of the spec reads the alignment histogram.
+    """
+    hist = C.PROM["alignment_duration"]
+    for sig in spec.signals:
+        src = sig.sources.get("fusebox")
+        if sig.kind == "quantile" and src is not None and src.metric == hist:
+            return sig
+    raise ValueError(f"{spec.file}: no quantile signal reads {hist} from the fusebox source -- "
+                     f"add one (kind: quantile, sources.fusebox.metric: {hist}) to give the histogram its buckets")
+
+
 def spec_buckets(spec_path: str | Path = "fusebox.yaml") -> tuple[float, ...]:
-    """Bucket boundaries (seconds) of the spec's ``alignment_latency_p95`` signal.
+    """Bucket boundaries (seconds) of the spec's alignment-latency signal (:func:`alignment_signal`).
 
     Raises:
         fusebox.spec.errors.SpecError: the spec is invalid (file:line:col messages).
-        ValueError: the signal has no buckets.
+        ValueError: no signal reads the alignment histogram.
     """
-    from fusebox.spec import load_spec
-
-    sig = load_spec(str(spec_path)).signal("alignment_latency_p95")
-    if not sig.buckets:
-        raise ValueError(f"{spec_path}: signal alignment_latency_p95 has no buckets")
-    return tuple(float(b) for b in sig.buckets)
+    return tuple(float(b) for b in alignment_signal(load_spec(str(spec_path))).buckets)
 
 
 def latency_view(buckets: Sequence[float]) -> Any:

@@ -40,22 +40,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fusebox import conventions as C
+from fusebox import promsim
 
 from .kvcache import KvCollector, KvGeometry
 from .replay import DeviceState, SyntheticNvml
 
 A = C.ATTR
 DEFAULT_SCENARIO = "breach"
-# Mission numbers, used when no spec is given to predict(): (threshold, for_s, keep_firing_for_s)
-_DEFAULT_TIERS = {
-    "gpu_memory_utilization": {"warning": (0.72, 60, 60), "critical": (0.783, 30, 60)},
-    "kv_cache_growth_rate": {"warning": (9.2e6, 60, 60), "critical": (14.7e6, 30, 60)},
-    "alignment_latency_p95": {"warning": (0.85, 60, 60), "critical": (1.28, 30, 60)},
-}
-_DEFAULT_WINDOWS = {"kv_cache_growth_rate": 60.0, "alignment_latency_p95": 300.0}
-_DEFAULT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.85, 1.0, 1.28, 1.5, 2.0, 2.5, 5.0, 10.0)
-
-
 class ScenarioError(ValueError):
     """An invalid scenario file; ``str()`` lists ``file:line:col: what -- fix`` lines."""
 
@@ -295,59 +286,68 @@ class Scenario:
     def timeline(self) -> list[dict]:
         return [p.as_dict() for p in self.phases]
 
-    def predict(self, spec: Any = None, *, scrape_s: float | None = None) -> list[Crossing]:
-        """Predicted crossings of the three primary alert expressions, in time order.
+    def predict(self, spec: Any, *, scrape_s: float | None = None) -> list[Crossing]:
+        """Predicted crossings of the alert expressions the scenario drives, in time order.
+
+        The scenario models GPU device memory, KV-cache bytes and alignment hand-offs, so it
+        predicts every primary (not ``secondary``) signal of the spec that reads them, whatever
+        it is called: a ``gpu_memory`` signal (effective ratio per GPU), a ``deriv`` signal over
+        the KV-cache usage gauge and a ``quantile`` signal over the alignment histogram (per
+        engine), with the spec's thresholds, ``for``, windows, quantile and buckets.
 
         Args:
-            spec: a loaded :class:`fusebox.spec.Spec` (thresholds, ``for``,
-                windows, buckets, scrape interval), or None for the mission numbers.
-            scrape_s: sample spacing; default the spec's scrape interval (5 s).
+            spec: a loaded :class:`fusebox.spec.Spec`.
+            scrape_s: sample spacing; default the spec's scrape interval.
         """
-        tiers, windows, buckets = _DEFAULT_TIERS, dict(_DEFAULT_WINDOWS), _DEFAULT_BUCKETS
-        step = scrape_s or 5.0
-        if spec is not None:
-            tiers = {}
-            for name in _DEFAULT_TIERS:
-                sig = spec.signal(name)
-                tiers[name] = {t.name: (t.threshold, t.for_s, t.keep_firing_for_s) for t in sig.tiers}
-                if sig.window_s:
-                    windows[name] = sig.window_s
-                if sig.buckets:
-                    buckets = tuple(sig.buckets)
-            step = scrape_s or spec.scrape_interval_s
+        step = scrape_s or spec.scrape_interval_s
         times = [i * step for i in range(int(self.duration_s // step) + 1)]
         series: dict[tuple[str, str], list[float]] = {}
-        for g in self.gpus:
-            series[("gpu_memory_utilization", g.uuid)] = [self.effective_memory_ratio(g.uuid, t) for t in times]
-        for e in self.engines:
-            kv = [self.kv_used_bytes(e.id, t) for t in times]
-            series[("kv_cache_growth_rate", e.id)] = _deriv_series(times, kv, windows["kv_cache_growth_rate"])
-            series[("alignment_latency_p95", e.id)] = self._p95_series(e.id, times, buckets, windows["alignment_latency_p95"])
+        signals = {}
+        for sig in spec.signals:
+            if sig.secondary:
+                continue
+            metric = sig.source.metric if sig.source.backend == "fusebox" else None
+            if sig.kind == "gpu_memory":
+                for g in self.gpus:
+                    series[(sig.name, g.uuid)] = [self.effective_memory_ratio(g.uuid, t) for t in times]
+            elif sig.kind == "deriv" and metric == C.PROM["kv_cache_usage"]:
+                for e in self.engines:
+                    kv = [self.kv_used_bytes(e.id, t) for t in times]
+                    series[(sig.name, e.id)] = _deriv_series(times, kv, sig.window_s)
+            elif sig.kind == "quantile" and metric == C.PROM["alignment_duration"]:
+                for e in self.engines:
+                    series[(sig.name, e.id)] = self._quantile_series(e.id, times, sig.quantile, sig.buckets, sig.window_s)
+            else:
+                continue  # not something this scenario models
+            signals[sig.name] = sig
         out: list[Crossing] = []
-        for (signal, entity), values in series.items():
-            for tier, (thr, for_s, kff) in tiers[signal].items():
-                out.extend(self._events(signal, tier, entity, thr, for_s, kff, times, values))
+        for (name, entity), values in series.items():
+            sig = signals[name]
+            for tier in sig.tiers:
+                out.extend(self._events(sig, tier, entity, times, values))
         out.sort(key=lambda c: (c.time_s, c.signal, c.tier, c.entity))
         return out
 
-    def _events(self, signal, tier, entity, thr, for_s, kff, times, values) -> list[Crossing]:
+    def _events(self, sig, tier, entity, times, values) -> list[Crossing]:
         out = []
         above_since = None
         fired = False
+        thr, for_s, kff = tier.threshold, tier.for_s, tier.keep_firing_for_s
         for t, v in zip(times, values):
-            # strictly above, as the generated alerts compare (`expr > threshold`); NaN (no
-            # traffic) is never above (PITFALLS P1)
-            is_above = v == v and v > thr
+            # as the generated alert compares (`expr >= threshold`); NaN (no traffic) never
+            # breaches (docs/pitfalls.md P1)
+            is_above = promsim.breaches(v, thr, sig.direction)
             if is_above and above_since is None:
                 above_since = t
-                out.append(Crossing(t, signal, tier, "above", entity, thr, v, self.phase_at(t).name))
+                out.append(Crossing(t, sig.name, tier.name, "above", entity, thr, v, self.phase_at(t).name))
             if is_above and not fired and t - above_since >= for_s:
                 fired = True
-                out.append(Crossing(t, signal, tier, "fires", entity, thr, v, self.phase_at(t).name))
+                out.append(Crossing(t, sig.name, tier.name, "fires", entity, thr, v, self.phase_at(t).name))
             if not is_above and above_since is not None:
-                out.append(Crossing(t, signal, tier, "below", entity, thr, v, self.phase_at(t).name))
+                out.append(Crossing(t, sig.name, tier.name, "below", entity, thr, v, self.phase_at(t).name))
                 if fired:
-                    out.append(Crossing(t + kff, signal, tier, "resolves", entity, thr, v, self.phase_at(t + kff).name))
+                    out.append(Crossing(t + kff, sig.name, tier.name, "resolves", entity, thr, v,
+                                        self.phase_at(t + kff).name))
                 above_since, fired = None, False
         return out
 
@@ -362,7 +362,9 @@ class Scenario:
                 counts[-1] += 1
         return counts
 
-    def _p95_series(self, eid: str, times: list[float], buckets: Sequence[float], window: float) -> list[float]:
+    def _quantile_series(self, eid: str, times: list[float], q: float, buckets: Sequence[float],
+                         window: float) -> list[float]:
+        """``histogram_quantile(q, increase over window)`` of the engine's hand-offs at each time."""
         cum = [self.cumulative_buckets(eid, t, buckets) for t in times]
         step = times[1] - times[0] if len(times) > 1 else 1.0
         back = int(round(window / step))
@@ -370,42 +372,14 @@ class Scenario:
         for i in range(len(times)):
             j = max(0, i - back)
             inc = [a - b for a, b in zip(cum[i], cum[j])]
-            out.append(_histogram_quantile(0.95, list(buckets) + [math.inf], inc))
+            out.append(promsim.histogram_quantile(q, list(buckets), inc))
         return out
 
 
 def _deriv_series(times: list[float], values: list[float], window: float) -> list[float]:
-    """Prometheus ``deriv(x[window])``: least-squares slope of samples in (t - window, t]."""
-    out = []
-    for i, t in enumerate(times):
-        pts = [(tt, v) for tt, v in zip(times[: i + 1], values[: i + 1]) if tt > t - window]
-        if len(pts) < 2:
-            out.append(float("nan"))
-            continue
-        n = len(pts)
-        mx = sum(p[0] for p in pts) / n
-        my = sum(p[1] for p in pts) / n
-        sxx = sum((p[0] - mx) ** 2 for p in pts)
-        out.append(sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx)
-    return out
-
-
-def _histogram_quantile(q: float, bounds: list[float], cum: list[float]) -> float:
-    """Prometheus' ``histogram_quantile`` on cumulative counts (linear within a bucket)."""
-    total = cum[-1]
-    if total <= 0:
-        return float("nan")
-    rank = q * total
-    prev_b, prev_c = 0.0, 0.0
-    for b, c in zip(bounds, cum):
-        if c >= rank:
-            if b == math.inf:
-                return prev_b
-            if c == prev_c:
-                return b
-            return prev_b + (b - prev_b) * (rank - prev_c) / (c - prev_c)
-        prev_b, prev_c = b, c
-    return bounds[-2]
+    """Prometheus 3's ``deriv(x[window])`` at each time: the slope of the samples in (t - window, t]."""
+    return [promsim.deriv([(tt, v) for tt, v in zip(times[: i + 1], values[: i + 1]) if tt > t - window])
+            for i, t in enumerate(times)]
 
 
 # ------------------------------------------------------------------------- loading

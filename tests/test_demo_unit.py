@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fusebox.demo.watch import Event
+from fusebox.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU0 = "GPU-5ca1ab1e-0000-4000-8000-000000000000"
@@ -227,6 +228,7 @@ def test_the_header_labels_scenario_and_wall_time_and_gives_the_fuse_urls():
     class W:  # the Watcher's fields the view reads
         phase, scenario_t0, errors, signals, values = "breach", time.time() - 100, {}, [], {}
         alerts, fuses, gateway_calls = {}, {}, []
+        spec = load_spec(str(ROOT / "fusebox.yaml"))
 
         def have_data(self):
             return False

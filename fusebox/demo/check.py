@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from fusebox import conventions as C
 
-from .watch import PRIMARY, Event
+from .watch import Event, primary_signals
 
 __all__ = ["Expectation", "expectations", "verify"]
 
@@ -32,13 +32,12 @@ def expectations(spec, scenario) -> list[Expectation]:
     scenario's own prediction (``Scenario.predict``), not from what the stack reports."""
     fires = {c.signal: c.entity for c in scenario.predict(spec) if c.tier == "critical" and c.event == "fires"}
     out = []
-    for name in PRIMARY:
-        sig = spec.signal(name)
+    for sig in primary_signals(spec):
         tier = next((t for t in sig.tiers if t.fuse), None)
-        if tier is None or name not in fires:
+        if tier is None or sig.name not in fires:
             continue
         label = C.LABEL["gpu_id"] if sig.level == "gpu" else C.LABEL["engine"]
-        out.append(Expectation(name, sig.alert, tier.fuse, spec.actions[tier.fuse].level, label, fires[name]))
+        out.append(Expectation(sig.name, sig.alert, tier.fuse, spec.actions[tier.fuse].level, label, fires[sig.name]))
     return out
 
 
@@ -53,8 +52,9 @@ def verify(events: list[Event], spec, scenario) -> list[str]:
     """Problems with ``events`` (an ordered log of one scenario run); empty means OK."""
     problems: list[str] = []
     exp = expectations(spec, scenario)
-    if len(exp) != 3:
-        problems.append(f"the scenario breaches {len(exp)} fused signals, expected 3 "
+    want = len(primary_signals(spec))
+    if len(exp) != want:
+        problems.append(f"the scenario breaches {len(exp)} fused signals, expected {want} "
                         f"({', '.join(e.signal for e in exp)})")
     recovery = _first(events, kind="phase", what="recovery")
     if recovery is None:

@@ -203,7 +203,7 @@ class DemoView:
                 alerts.add_row(alert, sev, ent, Text(state, style=style), since)
             if not rows:
                 alerts.add_row("-", "", "", Text("none", style="green"), "")
-            names = {lvl: name for name, lvl in C.FUSE_LEVELS.items()}
+            names = {a.level: a.name for a in w.spec.actions.values()}
             frows = fuse_rows(w.fuses, w.gateway_calls, self._t0())
             for what, where, level, calls in frows:
                 lv = Text(f"{level} {names.get(level, '')}".strip() if level else "0 closed",

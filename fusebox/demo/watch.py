@@ -22,10 +22,14 @@ from fusebox.spec.kinds import records
 
 from .stack import http_json
 
-__all__ = ["Event", "Watcher", "PRIMARY"]
+__all__ = ["Event", "Watcher", "primary_signals"]
 
-# The three mission signals (fusebox.yaml); the demo shows these, with their fuse levels.
-PRIMARY = ("gpu_memory_utilization", "alignment_latency_p95", "kv_cache_growth_rate")
+
+
+def primary_signals(spec) -> list:
+    """The signals the demo shows and checks: every signal not marked ``secondary`` whose tiers
+    request a fuse, in spec order (the mission's three in the shipped fusebox.yaml)."""
+    return [s for s in spec.signals if not s.secondary and any(t.fuse for t in s.tiers)]
 _PHASE = re.compile(r"scenario t=(?P<t>[\d.]+)s (?:phase=(?P<phase>\S+)|done)")
 
 
@@ -62,7 +66,7 @@ class Watcher:
         self.urls = urls
         self.spec = spec
         self.gateway_log = Path(gateway_log)
-        self.signals = [spec.signal(n) for n in PRIMARY if any(s.name == n for s in spec.signals)]
+        self.signals = primary_signals(spec)
         self.events: list[Event] = []
         self._pending: list[Event] = []
         self._lock = threading.Lock()
