@@ -383,16 +383,6 @@ def _fmt(v: float) -> str:
     return floatToGoString(v)
 
 
-def _esc(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(d: dict) -> str:
-    if not d:
-        return ""
-    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(d.items())) + "}"
-
-
 def iter_families(metrics_data: Any) -> Iterable[tuple[str, str, str, list[tuple[str, dict, float]]]]:
     """(name, type, help, [(sample name, labels, value)]) per metric, Prometheus names."""
     from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
@@ -432,15 +422,37 @@ def iter_families(metrics_data: Any) -> Iterable[tuple[str, str, str, list[tuple
     return [(n, t, h, s) for n, (t, h, s) in sorted(fams.items())]
 
 
-def render_prometheus(metrics_data: Any) -> str:
-    """Prometheus text exposition (0.0.4) of an OTel ``MetricsData``."""
-    lines = []
+def prometheus_families(metrics_data: Any) -> list:
+    """prometheus-client ``Metric`` families of an OTel ``MetricsData`` (final Prometheus
+    names; a counter's family name drops ``_total``, which the exposition adds back)."""
+    from prometheus_client.metrics_core import Metric
+
+    out = []
     for name, ptype, help_, samples in iter_families(metrics_data):
-        lines.append(f"# HELP {name} {help_}".rstrip())
-        lines.append(f"# TYPE {name} {ptype}")
+        fam = name[: -len("_total")] if ptype == "counter" and name.endswith("_total") else name
+        m = Metric(fam, help_, ptype)
         for sname, labels, value in samples:
-            lines.append(f"{sname}{_labels(labels)} {_fmt(value)}")
-    return "\n".join(lines) + ("\n" if lines else "")
+            m.add_sample(sname, labels, value)
+        out.append(m)
+    return out
+
+
+class _Families:
+    """A prometheus-client collector yielding fixed families (one rendering)."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families
+
+
+def render_prometheus(metrics_data: Any) -> str:
+    """Prometheus text exposition (0.0.4) of an OTel ``MetricsData``, rendered by
+    prometheus-client's ``generate_latest`` (the same code that serves ``/metrics``)."""
+    from prometheus_client.exposition import generate_latest
+
+    return generate_latest(_Families(prometheus_families(metrics_data))).decode("utf-8")
 
 
 class _PromClientBridge:
@@ -450,15 +462,7 @@ class _PromClientBridge:
         self.pipeline = pipeline
 
     def collect(self):
-        from prometheus_client.metrics_core import Metric
-
-        data = self.pipeline.memory_reader.get_metrics_data()
-        for name, ptype, help_, samples in iter_families(data):
-            fam = name[: -len("_total")] if ptype == "counter" and name.endswith("_total") else name
-            m = Metric(fam, help_, ptype)
-            for sname, labels, value in samples:
-                m.add_sample(sname, labels, value)
-            yield m
+        yield from prometheus_families(self.pipeline.memory_reader.get_metrics_data())
 
 
 def log_stderr(msg: str) -> None:

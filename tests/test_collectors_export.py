@@ -171,6 +171,23 @@ def test_metrics_endpoint_serves_the_same_names():
     assert "hw_gpu_io_bytes_total" in body and 'fusebox_alignment_duration_seconds_bucket' in body
 
 
+def test_once_text_and_metrics_endpoint_are_one_rendering():
+    # one renderer (prometheus-client's generate_latest) for --once and /metrics
+    p = _pipe()
+    _fill(p)
+    p.set_errors([({"endpoint": "http://e/metrics", "reason": "down"}, 2)])
+    port = _free_port()
+    server = p.serve_metrics(port)
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        if isinstance(server, tuple):
+            server[0].shutdown()
+    assert body == p.prometheus_text()
+    assert "# TYPE fusebox_collector_scrape_errors_total counter" in body
+    assert 'fusebox_collector_scrape_errors_total{cluster="lab",endpoint="http://e/metrics",host_name="node-1",reason="down"} 2.0' in body
+
+
 def test_grpc_without_its_extra_is_a_clear_error():
     try:
         import opentelemetry.exporter.otlp.proto.grpc  # noqa: F401
