@@ -333,6 +333,18 @@ def test_a_missing_credentials_file_is_a_counted_scrape_error(serve, tmp_path, c
     assert "absent" in err and s.seen == []  # nothing was sent without the credentials
 
 
+def test_the_start_up_line_shows_no_otlp_userinfo(capsys):
+    import argparse
+
+    from fusebox.collectors.cli import _announce
+
+    args = argparse.Namespace(no_otlp=False, otlp_protocol="http", otlp_endpoint="http://push:t0ken@otel:4318",
+                              metrics_port=None, interval=5.0)
+    _announce(args, "kv")
+    err = capsys.readouterr().err
+    assert "OTLP http to http://otel:4318" in err and "t0ken" not in err
+
+
 def test_redact_url_strips_userinfo_only():
     from fusebox.collectors.fetch import redact_url
 
