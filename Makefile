@@ -6,21 +6,35 @@ VENV := .venv
 BIN := $(VENV)/bin
 SPEC ?= fusebox.yaml
 OUT ?= .
+# Hash-pinned dependencies (Python 3.11, Linux x86_64): the venv and CI install test.lock, the
+# Dockerfile runtime.lock; pyproject.toml keeps the ranges for library users. `make lock` refreshes.
+LOCK := requirements/test.lock
+UV_VERSION ?= 0.13.9
 # Tools (Prometheus 3 promtool, the OpenTelemetry Collector) are built once into this cache.
 export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
 
-.PHONY: help venv tools generate check check-generated test test-fast bench demo clean
+.PHONY: help venv lock tools generate check check-generated test test-fast bench demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-$(BIN)/fusebox: pyproject.toml
+$(BIN)/fusebox: pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	@touch $@
 
-venv: $(BIN)/fusebox ## create .venv with fusebox and its test dependencies
+venv: $(BIN)/fusebox ## create .venv with fusebox and its test dependencies, from requirements/test.lock
+
+# uv runs from a throwaway venv: it is a tool for refreshing the locks, not a dependency.
+LOCK_FLAGS := --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--custom-compile-command 'make lock'
+lock: ## refresh requirements/{test,runtime}.lock from pyproject.toml (hash-pinned); review, commit
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PY) -m venv "$$tmp" && "$$tmp/bin/pip" install -q 'uv==$(UV_VERSION)'; \
+	"$$tmp/bin/uv" pip compile pyproject.toml requirements/build.in --extra test $(LOCK_FLAGS) --upgrade -o requirements/test.lock; \
+	"$$tmp/bin/uv" pip compile pyproject.toml requirements/build.in -c requirements/test.lock $(LOCK_FLAGS) -o requirements/runtime.lock; \
+	echo "requirements/test.lock and requirements/runtime.lock refreshed"
 
 tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt) and build the pinned Go tools
 	bash tools/bootstrap.sh

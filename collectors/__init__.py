@@ -1,6 +1,6 @@
 """fusebox collectors: GPU memory (NVML), KV cache (vLLM, SGLang, TGI), alignment latency.
 
-Public surface; the machinery lives in the submodules (gpu, kvcache, latency, replay,
+Public surface; the machinery lives in the submodules (gpu, kvcache, fetch, latency, replay,
 scenario, export). See docs/collectors.md.
 """
 
@@ -11,6 +11,7 @@ _EXPORTS = {
     "Reading": "_model",
     "GpuCollector": "gpu", "NoGpuError": "gpu",
     "KvCollector": "kvcache", "KvGeometry": "kvcache", "kv_geometry": "kvcache", "load_model_config": "kvcache",
+    "Fetcher": "fetch", "FetchLimits": "fetch", "Credentials": "fetch",
     "EngineHistogramFallback": "latency", "alignment_timer": "latency", "install": "latency",
     "record_alignment": "latency", "spec_buckets": "latency",
     "DeviceState": "replay", "SyntheticNvml": "replay", "load_replay": "replay",

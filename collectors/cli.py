@@ -30,6 +30,46 @@ def _common(p: argparse.ArgumentParser, *, once: bool = True) -> None:
     p.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)  # bounded runs for tests
 
 
+def _size(text: str) -> int:
+    from .fetch import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return v
+
+
+def _fetch_options(p: argparse.ArgumentParser) -> None:
+    """Limits and credentials of the engine /metrics fetches (collectors/fetch.py)."""
+    p.add_argument("--timeout", type=_positive_seconds, default=2.0, metavar="S",
+                   help="deadline of one endpoint's whole scrape (connect, headers, body), seconds (default 2)")
+    p.add_argument("--max-body-bytes", type=_size, default="16MiB", metavar="SIZE",
+                   help="refuse an answer over SIZE bytes on the wire, e.g. 16MiB, 50MB (default 16MiB)")
+    p.add_argument("--max-decompressed-bytes", type=_size, default="16MiB", metavar="SIZE",
+                   help="refuse an answer whose text (after gzip) is over SIZE (default 16MiB)")
+    p.add_argument("--credentials-file", metavar="PATH", default=None,
+                   help="file holding a bearer token or user:password, read at every scrape (chmod 600); "
+                        "preferred to user:password@ in the URL, which is sent but never shown")
+
+
+def _fetcher(args):
+    from .export import log_stderr
+    from .fetch import Credentials, Fetcher, FetchLimits
+
+    creds = Credentials(args.credentials_file, log=log_stderr) if args.credentials_file else None
+    return Fetcher(FetchLimits(args.max_body_bytes, args.max_decompressed_bytes), creds)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("collect", help="run a collector (gpu, kv, latency, scenario)",
                               description="Collect GPU, KV-cache or alignment-latency signals and push them as OTLP.")
@@ -51,7 +91,7 @@ def register(subparsers) -> None:
     k.add_argument("--engine-id", default=None, help="the `engine` attribute (default: the model name)")
     k.add_argument("--model", default=None, help="the `model` attribute when the engine does not label it (TGI)")
     k.add_argument("--max-total-tokens", type=float, default=None, help="TGI --max-batch-total-tokens (TGI exposes no capacity)")
-    k.add_argument("--timeout", type=float, default=2.0, help="per-endpoint fetch timeout, seconds")
+    _fetch_options(k)
     _common(k)
     k.set_defaults(func=cmd_kv)
 
@@ -61,6 +101,7 @@ def register(subparsers) -> None:
     lat.add_argument("--model", default=None, help="the `model` attribute (default: the engine's model_name)")
     lat.add_argument("--metric", default=None, help="engine histogram to use (default: vLLM/SGLang time to first token)")
     lat.add_argument("--spec", default="fusebox.yaml", help="spec giving the buckets (default fusebox.yaml)")
+    _fetch_options(lat)
     _common(lat)
     lat.set_defaults(func=cmd_latency)
 
@@ -107,9 +148,11 @@ def _default_endpoint(args) -> str:
 
 def _announce(args, what: str) -> None:
     """One start-up line: where the data goes, so a silent collector is never a mystery."""
+    from .fetch import redact_url
+
     sinks = []
     if not args.no_otlp:
-        sinks.append(f"OTLP {args.otlp_protocol} to {args.otlp_endpoint or _default_endpoint(args)}")
+        sinks.append(f"OTLP {args.otlp_protocol} to {redact_url(args.otlp_endpoint or _default_endpoint(args))}")
     if args.metrics_port is not None:
         sinks.append(f"/metrics on {args.metrics_addr}:{args.metrics_port}")
     if not sinks:
@@ -207,7 +250,7 @@ def cmd_kv(args) -> int:
         geo = kv_geometry(cfg, args.kv_dtype, source=args.model_config)
         col = KvCollector(args.endpoint, geo, gpus=args.gpu, tp=args.tp, engine_id=args.engine_id, model=args.model,
                           max_total_tokens=args.max_total_tokens, kv_dtype=args.kv_dtype, timeout_s=args.timeout,
-                          log=log_stderr)
+                          fetch=_fetcher(args), log=log_stderr)
     except (ConfigError, ValueError) as e:
         _err(str(e))
         return 2
@@ -216,6 +259,7 @@ def cmd_kv(args) -> int:
     def one_round() -> None:
         pipe.set_readings(col.collect())
         pipe.set_errors(col.error_readings())
+        pipe.set_refused(col.refused_readings())
 
     if args.once:
         one_round()
@@ -236,20 +280,27 @@ def cmd_latency(args) -> int:
     if buckets is None:
         return 2
     pipe = _pipeline(args, "latency", (), buckets=buckets, once=args.once, instance_part=args.engine_id)
+    from .export import log_stderr
+
     fb = EngineHistogramFallback(pipe.alignment, engine=args.engine_id, model=args.model, metric=args.metric,
-                                 endpoint=args.endpoint)
+                                 endpoint=args.endpoint, timeout_s=args.timeout, fetch=_fetcher(args), log=log_stderr)
     said = [False]
 
-    def one_round() -> None:
+    def poll() -> None:
         fb.poll()
+        pipe.set_errors(fb.error_readings())
+        pipe.set_refused(fb.refused_readings())
+
+    def one_round() -> None:
+        poll()
         if fb.source and not said[0]:
             said[0] = True
             print(f"fusebox collect latency: deriving alignment latency from {fb.source} "
                   "(engine histogram; an upper bound of the hand-off)", file=sys.stderr, flush=True)
 
     if args.once:
-        fb.poll()  # baseline
-        fb.poll()
+        poll()  # baseline
+        poll()
         sys.stdout.write(f"# fusebox: alignment latency derived from {fb.source or 'nothing (no histogram found)'}\n")
         sys.stdout.write(pipe.prometheus_text())
         return 0 if fb.source else 1

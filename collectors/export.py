@@ -294,7 +294,7 @@ class Pipeline:
             create(name, callbacks=[make_cb(key)], unit=unit, description=_DESCRIPTIONS.get(key, ""))
         # self-metrics: dropped export batches and endpoint errors
         self._self_counts: dict[tuple[str, tuple], float] = {}
-        for skey in ("export_dropped", "scrape_errors"):
+        for skey in ("export_dropped", "scrape_errors", "scrape_refused"):
             name, unit, _kind = C.OTEL_SELF[skey]
             self.meter.create_observable_counter(name, callbacks=[self._self_cb(skey)], unit=unit,
                                                  description=_DESCRIPTIONS.get(skey, ""))
@@ -317,6 +317,11 @@ class Pipeline:
         """Endpoint error counts, e.g. from :meth:`KvCollector.error_readings`."""
         for attrs, n in items:
             self._self_counts[("scrape_errors", tuple(sorted(attrs.items())))] = n
+
+    def set_refused(self, items: Iterable[tuple[dict, int]]) -> None:
+        """Refused-scrape counts by endpoint and reason, e.g. :meth:`KvCollector.refused_readings`."""
+        for attrs, n in items:
+            self._self_counts[("scrape_refused", tuple(sorted(attrs.items())))] = n
 
     def set_readings(self, readings: Sequence[Reading]) -> None:
         """Replace the current readings (grouped by key). Keys not in ``keys`` raise KeyError."""
@@ -367,6 +372,7 @@ _DESCRIPTIONS = {
     "alignment_duration": "Vision-encoder to language-decoder hand-off time, seconds",
     "export_dropped": "OTLP export batches dropped (queue full or retries exhausted)",
     "scrape_errors": "Engine /metrics fetches that failed, by endpoint and reason",
+    "scrape_refused": "Engine /metrics fetches refused at a cap or the deadline, by endpoint and reason",
 }
 
 
@@ -375,16 +381,6 @@ def _fmt(v: float) -> str:
     from prometheus_client.utils import floatToGoString
 
     return floatToGoString(v)
-
-
-def _esc(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(d: dict) -> str:
-    if not d:
-        return ""
-    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(d.items())) + "}"
 
 
 def iter_families(metrics_data: Any) -> Iterable[tuple[str, str, str, list[tuple[str, dict, float]]]]:
@@ -426,15 +422,37 @@ def iter_families(metrics_data: Any) -> Iterable[tuple[str, str, str, list[tuple
     return [(n, t, h, s) for n, (t, h, s) in sorted(fams.items())]
 
 
-def render_prometheus(metrics_data: Any) -> str:
-    """Prometheus text exposition (0.0.4) of an OTel ``MetricsData``."""
-    lines = []
+def prometheus_families(metrics_data: Any) -> list:
+    """prometheus-client ``Metric`` families of an OTel ``MetricsData`` (final Prometheus
+    names; a counter's family name drops ``_total``, which the exposition adds back)."""
+    from prometheus_client.metrics_core import Metric
+
+    out = []
     for name, ptype, help_, samples in iter_families(metrics_data):
-        lines.append(f"# HELP {name} {help_}".rstrip())
-        lines.append(f"# TYPE {name} {ptype}")
+        fam = name[: -len("_total")] if ptype == "counter" and name.endswith("_total") else name
+        m = Metric(fam, help_, ptype)
         for sname, labels, value in samples:
-            lines.append(f"{sname}{_labels(labels)} {_fmt(value)}")
-    return "\n".join(lines) + ("\n" if lines else "")
+            m.add_sample(sname, labels, value)
+        out.append(m)
+    return out
+
+
+class _Families:
+    """A prometheus-client collector yielding fixed families (one rendering)."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self) -> list:
+        return self.families
+
+
+def render_prometheus(metrics_data: Any) -> str:
+    """Prometheus text exposition (0.0.4) of an OTel ``MetricsData``, rendered by
+    prometheus-client's ``generate_latest`` (the same code that serves ``/metrics``)."""
+    from prometheus_client.exposition import generate_latest
+
+    return generate_latest(_Families(prometheus_families(metrics_data))).decode("utf-8")
 
 
 class _PromClientBridge:
@@ -444,15 +462,7 @@ class _PromClientBridge:
         self.pipeline = pipeline
 
     def collect(self):
-        from prometheus_client.metrics_core import Metric
-
-        data = self.pipeline.memory_reader.get_metrics_data()
-        for name, ptype, help_, samples in iter_families(data):
-            fam = name[: -len("_total")] if ptype == "counter" and name.endswith("_total") else name
-            m = Metric(fam, help_, ptype)
-            for sname, labels, value in samples:
-                m.add_sample(sname, labels, value)
-            yield m
+        yield from prometheus_families(self.pipeline.memory_reader.get_metrics_data())
 
 
 def log_stderr(msg: str) -> None:

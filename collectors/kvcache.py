@@ -30,14 +30,15 @@ evenly, one series per GPU carrying pool / tp, so ``sum by (hw_id) (limit - usag
 pool's free bytes on each GPU.
 
 An endpoint that is down, slow or malformed is counted (:attr:`KvCollector.errors`) and
-reported; it never raises out of :meth:`KvCollector.collect`.
+reported; it never raises out of :meth:`KvCollector.collect`. Fetches are bounded
+(:mod:`fusebox.collectors.fetch`: byte caps, one deadline per scrape; refusals counted in
+:attr:`KvCollector.refused`) and endpoints are labelled and logged without URL userinfo.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 from fusebox import conventions as C
 
 from ._model import Reading
+from .fetch import DEFAULT_TIMEOUT_S, default_fetcher, redact_url, scrape
 
 A = C.ATTR
 
@@ -301,15 +303,9 @@ def engines_from_text(text: str) -> list[EngineKv]:
 
 
 # ------------------------------------------------------------------------- the collector
-def default_fetch(endpoint: str, timeout_s: float) -> str:
-    """GET an http(s) URL (httpx) or read a file path."""
-    if endpoint.startswith(("http://", "https://")):
-        import httpx
-
-        r = httpx.get(endpoint, timeout=timeout_s)
-        r.raise_for_status()
-        return r.text
-    return Path(endpoint).read_text(encoding="utf-8", errors="replace")
+# fetch(endpoint, timeout_s) -> text: http(s) with byte caps and one deadline, or a file
+# (collectors/fetch.py). Kept under this name for callers of the old httpx fetch.
+default_fetch = default_fetcher
 
 
 class KvCollector:
@@ -326,7 +322,14 @@ class KvCollector:
         model: the ``model`` attribute when the dump has no ``model_name`` label (TGI).
         max_total_tokens: TGI's pool capacity in tokens (it is not exposed).
         kv_dtype: KV dtype override; otherwise vLLM's ``cache_dtype`` or the model dtype.
-        fetch: ``fetch(endpoint, timeout_s) -> text``; injectable for tests and the scenario.
+        timeout_s: deadline of one endpoint's whole scrape, seconds.
+        fetch: ``fetch(endpoint, timeout_s) -> text``, raising on failure (default: a
+            :class:`~fusebox.collectors.fetch.Fetcher` with the default caps); injectable for
+            tests and the scenario.
+        log: where state changes of an endpoint are reported (endpoint without userinfo).
+
+    Errors are counted in :attr:`errors` and refusals (a cap or the deadline) in
+    :attr:`refused`, both ``Counter`` s keyed ``(endpoint without userinfo, reason)``.
 
     Raises:
         ValueError: ``gpus`` given and ``tp`` disagrees with their number.
@@ -343,8 +346,8 @@ class KvCollector:
         model: str | None = None,
         max_total_tokens: float | None = None,
         kv_dtype: str | None = None,
-        timeout_s: float = 2.0,
-        fetch: Callable[[str, float], str] = default_fetch,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        fetch: Callable[[str, float], str] = default_fetcher,
         log: Callable[[str], None] | None = None,
     ):
         self.endpoints = list(endpoints)
@@ -360,7 +363,8 @@ class KvCollector:
         self.timeout_s = timeout_s
         self.fetch = fetch
         self.log = log
-        self.errors: Counter = Counter()  # (endpoint, reason) -> count
+        self.errors: Counter = Counter()  # (endpoint without userinfo, reason) -> count
+        self.refused: Counter = Counter()  # (endpoint without userinfo, refusal reason) -> count
         self._last_state: dict[str, str] = {}
         self.notes: set[str] = set()
 
@@ -375,17 +379,12 @@ class KvCollector:
     def poll(self) -> list[EngineKv]:
         """Fetch and parse every endpoint; merge engines by identity with max."""
         merged: dict[tuple, EngineKv] = {}
-        for ep in self.endpoints:
-            t0 = time.monotonic()
-            try:
-                text = self.fetch(ep, self.timeout_s)
-            except Exception as e:  # noqa: BLE001 -- down, refused, timeout, 5xx, missing file
-                reason = "timeout" if "timeout" in type(e).__name__.lower() else "down"
-                self.errors[(ep, reason)] += 1
-                self._report(ep, reason, str(e) or type(e).__name__)
+        for raw in self.endpoints:
+            text, state, detail = scrape(self.fetch, raw, self.timeout_s, self.errors, self.refused)
+            ep = redact_url(raw)  # labels and messages never carry userinfo
+            if text is None:
+                self._report(ep, state, detail)
                 continue
-            if time.monotonic() - t0 > self.timeout_s:
-                self.errors[(ep, "slow")] += 1
             try:
                 engines = engines_from_text(text)
             except MalformedMetrics as e:
@@ -457,5 +456,11 @@ class KvCollector:
         return out
 
     def error_readings(self) -> Iterable[tuple[dict, int]]:
+        """``({endpoint, reason}, count)`` per failed-scrape reason (scrape errors)."""
         for (ep, reason), n in sorted(self.errors.items()):
+            yield {A["endpoint"]: ep, A["reason"]: reason}, n
+
+    def refused_readings(self) -> Iterable[tuple[dict, int]]:
+        """``({endpoint, reason}, count)`` per refusal reason (a cap or the deadline)."""
+        for (ep, reason), n in sorted(self.refused.items()):
             yield {A["endpoint"]: ep, A["reason"]: reason}, n

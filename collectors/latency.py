@@ -169,22 +169,52 @@ class EngineHistogramFallback:
     engine's ``model_name`` label; the engine's own ``engine`` (data-parallel rank) label is
     summed away. The result is an upper bound of the hand-off (TTFT), and :attr:`source`
     says which metric it came from.
+
+    The fetch is bounded like the KV collector's (:class:`~fusebox.collectors.fetch.Fetcher`:
+    byte caps, ``timeout_s`` as the deadline of the whole scrape). :attr:`errors` counts failed
+    polls; :attr:`scrape_errors` and :attr:`refused` count them by ``(endpoint without
+    userinfo, reason)``; ``log`` hears each change of state.
     """
 
     def __init__(self, histogram: Any, *, engine: str, model: str | None = None, metric: str | None = None,
-                 fetch: Callable[[str, float], str] | None = None, endpoint: str = "", timeout_s: float = 2.0):
-        from .kvcache import default_fetch
+                 fetch: Callable[[str, float], str] | None = None, endpoint: str = "", timeout_s: float = 2.0,
+                 log: Callable[[str], None] | None = None):
+        from collections import Counter
+
+        from .fetch import default_fetcher
 
         self.hist = histogram
         self.engine, self.model = engine, model
         self.metric = metric
         self.source: str | None = None
-        self.fetch = fetch or default_fetch
+        self.fetch = fetch or default_fetcher
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.log = log
         # per series (metric name, sorted labels without le) -> sorted [(le, cumulative)]
         self._last: dict[tuple, list[tuple[float, float]]] = {}
         self.errors = 0
+        self.scrape_errors: Counter = Counter()
+        self.refused: Counter = Counter()
+        self._state = "ok"
+
+    def _report(self, state: str, detail: str = "") -> None:
+        if state != self._state and self.log:
+            from .fetch import redact_url
+
+            self.log(f"latency: {redact_url(self.endpoint)}: {state}{': ' + detail if detail else ''}"
+                     if state != "ok" else f"latency: {redact_url(self.endpoint)}: ok again")
+        self._state = state
+
+    def error_readings(self):
+        """``({endpoint, reason}, count)`` per failed-scrape reason."""
+        for (ep, reason), n in sorted(self.scrape_errors.items()):
+            yield {A["endpoint"]: ep, A["reason"]: reason}, n
+
+    def refused_readings(self):
+        """``({endpoint, reason}, count)`` per refusal reason (a cap or the deadline)."""
+        for (ep, reason), n in sorted(self.refused.items()):
+            yield {A["endpoint"]: ep, A["reason"]: reason}, n
 
     def _buckets(self, text: str) -> dict[tuple, tuple[str, str, list[tuple[float, float]]]]:
         """Series key -> (metric name, model_name label, sorted [(le, cumulative count)])."""
@@ -227,12 +257,22 @@ class EngineHistogramFallback:
 
     def poll(self) -> int:
         """Fetch, diff and re-record. Returns the number of observations recorded."""
-        try:
-            text = self.fetch(self.endpoint, self.timeout_s)
-            hists = self._buckets(text)
-        except Exception:  # noqa: BLE001 -- a down or malformed engine is counted, never fatal
+        from .fetch import redact_url, scrape
+        from .kvcache import MalformedMetrics
+
+        text, state, detail = scrape(self.fetch, self.endpoint, self.timeout_s, self.scrape_errors, self.refused)
+        if text is None:
             self.errors += 1
+            self._report(state, detail)
             return 0
+        try:
+            hists = self._buckets(text)
+        except (MalformedMetrics, ValueError) as e:  # a malformed engine is counted, never fatal
+            self.errors += 1
+            self.scrape_errors[(redact_url(self.endpoint), "malformed")] += 1
+            self._report("malformed", str(e))
+            return 0
+        self._report("ok")
         fused: dict[str, dict[tuple, float]] = {}  # model -> (lo, hi) -> increase over all series
         seen = {}
         for key, (name, model_label, buckets) in hists.items():

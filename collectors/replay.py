@@ -341,7 +341,11 @@ class SyntheticNvml:
     current list of :class:`DeviceState` (the replay frame or the scenario's time).
 
     Missing fields answer ``NVMLError_NotSupported`` as the driver would; a state with
-    ``lost=True`` answers ``NVMLError_GPUIsLost`` to every call on it.
+    ``lost=True`` answers ``NVMLError_GPUIsLost`` to every call on it. It is also the NVML fake
+    of the tests: ``init_error`` (an ``NVML_ERROR_*`` code) makes ``nvmlInit`` fail as on a
+    machine without the driver, ``legacy_bytes`` answers UUIDs and names as ``bytes`` as
+    nvidia-ml-py before 11.515 did, and :attr:`memory_versions` records the ``version``
+    argument of every ``nvmlDeviceGetMemoryInfo`` call (None = the v1 call).
     """
 
     NVMLError = pynvml.NVMLError
@@ -354,10 +358,14 @@ class SyntheticNvml:
     NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     NVML_ERROR_GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 
-    def __init__(self, states: Callable[[], Sequence[DeviceState]]):
+    def __init__(self, states: Callable[[], Sequence[DeviceState]], *, init_error: int | None = None,
+                 legacy_bytes: bool = False):
         self._states = states
+        self.init_error = init_error
+        self.legacy_bytes = legacy_bytes
         self.calls = 0
         self.inits = 0
+        self.memory_versions: list[int | None] = []
 
     # -- frame-driven constructors
     @classmethod
@@ -393,6 +401,8 @@ class SyntheticNvml:
     # -- the nvidia-ml-py surface
     def nvmlInit(self) -> None:
         self.inits += 1
+        if self.init_error is not None:
+            raise _err(self.init_error)
 
     def nvmlShutdown(self) -> None:
         pass
@@ -405,13 +415,16 @@ class SyntheticNvml:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(i)
 
-    def nvmlDeviceGetUUID(self, h: _Handle) -> str:
-        return self._dev(h).uuid
+    def nvmlDeviceGetUUID(self, h: _Handle) -> str | bytes:
+        uuid = self._dev(h).uuid
+        return uuid.encode() if self.legacy_bytes else uuid
 
-    def nvmlDeviceGetName(self, h: _Handle) -> str:
-        return self._dev(h).name
+    def nvmlDeviceGetName(self, h: _Handle) -> str | bytes:
+        name = self._dev(h).name
+        return name.encode() if self.legacy_bytes else name
 
     def nvmlDeviceGetMemoryInfo(self, h: _Handle, version: int | None = None) -> _Mem:
+        self.memory_versions.append(version)
         d = self._dev(h)
         reserved = d.reserved or 0
         used = d.used if d.used is not None else max(0, d.total - d.free - reserved)

@@ -243,6 +243,8 @@ ATTR = {
 OTEL_SELF = {
     "export_dropped": ("fusebox.collector.export.dropped", "{batch}", "counter"),
     "scrape_errors": ("fusebox.collector.scrape.errors", "{error}", "counter"),
+    # engine /metrics scrapes refused at a limit: reason body_too_large, decompressed_too_large, deadline
+    "scrape_refused": ("fusebox.collector.scrape.refused", "{scrape}", "counter"),
 }
 PROM_SELF = {key: otel_to_prometheus(*v) for key, v in OTEL_SELF.items()}
 

@@ -42,7 +42,8 @@ def test_golden_otel_to_prometheus_names():
         assert C.otel_to_prometheus(*C.OTEL[key]) == prom, key
         assert C.PROM[key] == prom
     assert C.PROM_SELF == {"export_dropped": "fusebox_collector_export_dropped_total",
-                           "scrape_errors": "fusebox_collector_scrape_errors_total"}
+                           "scrape_errors": "fusebox_collector_scrape_errors_total",
+                           "scrape_refused": "fusebox_collector_scrape_refused_total"}
 
 
 def _pipe(**kw):
@@ -168,6 +169,23 @@ def test_metrics_endpoint_serves_the_same_names():
             server[0].shutdown()
     assert 'fusebox_kv_cache_limit_bytes{cluster="lab",engine="e1",host_name="node-1",hw_id="GPU-1",model="m1"} 4e+09' in body
     assert "hw_gpu_io_bytes_total" in body and 'fusebox_alignment_duration_seconds_bucket' in body
+
+
+def test_once_text_and_metrics_endpoint_are_one_rendering():
+    # one renderer (prometheus-client's generate_latest) for --once and /metrics
+    p = _pipe()
+    _fill(p)
+    p.set_errors([({"endpoint": "http://e/metrics", "reason": "down"}, 2)])
+    port = _free_port()
+    server = p.serve_metrics(port)
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        if isinstance(server, tuple):
+            server[0].shutdown()
+    assert body == p.prometheus_text()
+    assert "# TYPE fusebox_collector_scrape_errors_total counter" in body
+    assert 'fusebox_collector_scrape_errors_total{cluster="lab",endpoint="http://e/metrics",host_name="node-1",reason="down"} 2.0' in body
 
 
 def test_grpc_without_its_extra_is_a_clear_error():

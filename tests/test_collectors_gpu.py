@@ -1,26 +1,39 @@
-"""GPU collector: NVML faked at the nvidia-ml-py boundary with numbers read by hand from the
-corpus captures, and the replay parsers on every nvidia-smi capture of the corpus."""
+"""GPU collector: NVML faked at the nvidia-ml-py boundary (the package's SyntheticNvml, the one
+NVML fake) with numbers read by hand from the corpus captures, and the replay parsers on every
+nvidia-smi capture of the corpus."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pynvml
 import pytest
 
-from _collectors_fakes import FakeNvml
 from fusebox.collectors.gpu import GpuCollector, NoGpuError
-from fusebox.collectors.replay import ReplayError, SyntheticNvml, load_replay, parse_query_gpu_csv
+from fusebox.collectors.replay import DeviceState, ReplayError, SyntheticNvml, load_replay, parse_query_gpu_csv
 
 FIX = Path(__file__).parent / "fixtures" / "collectors"
 MIB = 1_048_576
 
 # netdata_rtx-4090-driver-535_nvidia-smi-q-x.xml, <fb_memory_usage>: total 24564 MiB,
 # reserved 346 MiB, used 2 MiB, free 24214 MiB; power_draw 26.84 W; max_link_gen 3, 16x.
-RTX4090 = {"uuid": "GPU-71d1acc2-662d-2166-bf9f-65272d2fc437", "name": "NVIDIA GeForce RTX 4090",
-           "total": 24564, "reserved": 346, "used": 2, "free": 24214, "util": 0, "memutil": 0,
-           "power_w": 26.84, "gen": 3, "width": 16, "tx": 0, "rx": 0, "mig": False}
+RTX4090 = DeviceState(uuid="GPU-71d1acc2-662d-2166-bf9f-65272d2fc437", index=0, name="NVIDIA GeForce RTX 4090",
+                      total=24564 * MIB, reserved=346 * MIB, used=2 * MIB, free=24214 * MIB, util_gpu=0, util_mem=0,
+                      power_w=26.84, pcie_gen_max=3, pcie_width_max=16, tx_kbps=0, rx_kbps=0)
 RTX4090_USAGE_BYTES = 367_001_600  # (24564 - 24214) MiB = 350 MiB x 1,048,576
+
+
+def fake(*devices: DeviceState, **kw) -> SyntheticNvml:
+    """NVML answering ``devices`` (a list given whole is read live, so a test can swap entries)."""
+    states = devices[0] if len(devices) == 1 and isinstance(devices[0], list) else list(devices)
+    return SyntheticNvml(lambda: states, **kw)
+
+
+def mib_device(uuid: str, name: str, total: int, free: int, used: int, reserved: int, **kw) -> DeviceState:
+    """A DeviceState from MiB figures as nvidia-smi prints them."""
+    return DeviceState(uuid=uuid, index=kw.pop("index", 0), name=name, total=total * MIB, free=free * MIB,
+                       used=used * MIB, reserved=reserved * MIB, **kw)
 
 
 def by_key(readings, key, **attrs):
@@ -34,7 +47,7 @@ def one(readings, key, **attrs):
 
 
 def test_rtx4090_usage_is_total_minus_free_in_bytes_from_the_v2_call():
-    nv = FakeNvml([dict(RTX4090)])
+    nv = fake(RTX4090, legacy_bytes=True)  # older bindings answer bytes
     rs = GpuCollector(nv).collect()
     assert one(rs, "gpu_memory_usage") == RTX4090_USAGE_BYTES
     assert one(rs, "gpu_memory_limit") == 24564 * MIB == 25_757_220_864
@@ -43,30 +56,30 @@ def test_rtx4090_usage_is_total_minus_free_in_bytes_from_the_v2_call():
     assert one(rs, "gpu_up") == 1.0
     assert nv.memory_versions == [pynvml.nvmlMemory_v2]
     attrs = by_key(rs, "gpu_memory_usage")[0].attrs
-    assert attrs["hw.id"] == RTX4090["uuid"] and attrs["hw.gpu.index"] == "0" and "hw.gpu.mig" not in attrs
+    assert attrs["hw.id"] == RTX4090.uuid and attrs["hw.name"] == "NVIDIA GeForce RTX 4090" and attrs["hw.gpu.index"] == "0" and "hw.gpu.mig" not in attrs
 
 
 def test_pitfall_p6_the_ratio_is_0_785_whatever_used_and_reserved_say():
     # PITFALLS P6: total 80000, reserved 600, used 62200, free 17200 MiB.
-    nv = FakeNvml([{"uuid": "GPU-p6", "name": "A100", "total": 80000, "reserved": 600, "used": 62200, "free": 17200}])
+    nv = fake(mib_device("GPU-p6", "A100", total=80000, reserved=600, used=62200, free=17200))
     rs = GpuCollector(nv).collect()
     assert one(rs, "gpu_memory_usage") / one(rs, "gpu_memory_limit") == pytest.approx(0.785)
 
 
 def test_nvml_is_initialised_once_and_handles_are_cached():
-    nv = FakeNvml([dict(RTX4090)])
+    nv = fake(RTX4090)
     col = GpuCollector(nv)
     for _ in range(5):
         col.collect()
-    assert nv.init_calls == 1
+    assert nv.inits == 1
 
 
 def test_mig_instances_are_labelled_and_have_no_per_instance_utilization():
     # netdata_a100-sxm4-mig: GPU total 40960 / free 40315 MiB; MIG 1/0 and 2/0: 19968 / 19948.
-    migs = [{"uuid": f"MIG-GPU-27b94a00/{gi}/0", "name": "A100 MIG 2g.20gb", "total": 19968, "reserved": 0,
-             "used": 19, "free": 19948} for gi in (1, 2)]
-    nv = FakeNvml([{"uuid": "GPU-27b94a00", "name": "NVIDIA A100-SXM4-40GB", "total": 40960, "reserved": 605,
-                    "used": 38, "free": 40315, "power_w": 66.92, "mig": migs}])
+    migs = tuple(mib_device(f"MIG-GPU-27b94a00/{gi}/0", "A100 MIG 2g.20gb", total=19968, reserved=0, used=19,
+                            free=19948) for gi in (1, 2))
+    nv = fake(mib_device("GPU-27b94a00", "NVIDIA A100-SXM4-40GB", total=40960, reserved=605, used=38, free=40315,
+                         power_w=66.92, mig=migs))
     rs = GpuCollector(nv).collect()
     # in MIG mode the parent's memory is the aggregate of its instances: not exported, so
     # the memory signal (joined with KV pools on the MIG UUIDs) sees only the instances
@@ -87,25 +100,25 @@ def test_mig_instances_are_labelled_and_have_no_per_instance_utilization():
 
 
 def test_a_lost_gpu_is_reported_down_drops_its_series_and_the_others_keep_flowing():
-    good = dict(RTX4090)
-    bad = dict(RTX4090, uuid="GPU-bad")
-    nv = FakeNvml([bad, good])
-    col = GpuCollector(nv)
+    bad = replace(RTX4090, uuid="GPU-bad")
+    good = replace(RTX4090, index=1)
+    states = [bad, good]
+    col = GpuCollector(fake(states))
     assert one(col.collect(), "gpu_up", **{"hw.id": "GPU-bad"}) == 1.0
-    bad["lost"] = True
+    states[0] = replace(bad, lost=True)
     rs = col.collect()
     assert one(rs, "gpu_up", **{"hw.id": "GPU-bad"}) == 0.0
     assert [r.key for r in rs if r.attrs["hw.id"] == "GPU-bad"] == ["gpu_up"]
-    assert one(rs, "gpu_memory_usage", **{"hw.id": RTX4090["uuid"]}) == RTX4090_USAGE_BYTES
+    assert one(rs, "gpu_memory_usage", **{"hw.id": RTX4090.uuid}) == RTX4090_USAGE_BYTES
     assert "GPU is lost" in col.devices[0].last_error
-    bad["lost"] = False  # it comes back
+    states[0] = bad  # it comes back
     assert one(col.collect(), "gpu_up", **{"hw.id": "GPU-bad"}) == 1.0
 
 
 def test_pcie_utilization_is_the_busier_direction_over_the_link_maximum_and_io_is_integrated():
-    dev = dict(RTX4090, gen=4, width=16, tx=1_000_000, rx=2_000_000)  # KB/s, as NVML reports
+    dev = replace(RTX4090, pcie_gen_max=4, pcie_width_max=16, tx_kbps=1_000_000, rx_kbps=2_000_000)  # KB/s, as NVML
     now = [100.0]
-    col = GpuCollector(FakeNvml([dev]), clock=lambda: now[0])
+    col = GpuCollector(fake(dev), clock=lambda: now[0])
     col.collect()
     now[0] = 110.0
     rs = col.collect()
@@ -117,7 +130,7 @@ def test_pcie_utilization_is_the_busier_direction_over_the_link_maximum_and_io_i
 
 def test_without_nvml_the_collector_says_so():
     with pytest.raises(NoGpuError, match="NVML"):
-        GpuCollector(FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)).open()
+        GpuCollector(fake(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)).open()
 
 
 def test_cli_without_a_gpu_exits_non_zero_with_a_clear_message(monkeypatch, capsys):
@@ -137,9 +150,9 @@ def _collect(path, **kw):
     return GpuCollector(SyntheticNvml.from_frames(load_replay(FIX / path, **kw))).collect()
 
 
-def test_replay_of_the_rtx4090_xml_agrees_with_the_fake_nvml():
+def test_replay_of_the_rtx4090_xml_agrees_with_the_hand_read_numbers():
     replayed = _collect("netdata_rtx-4090-driver-535_nvidia-smi-q-x.xml")
-    faked = GpuCollector(FakeNvml([dict(RTX4090)])).collect()
+    faked = GpuCollector(fake(RTX4090)).collect()
     for key in ("gpu_memory_usage", "gpu_memory_limit", "gpu_memory_reserved", "gpu_power", "gpu_utilization",
                 "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization"):
         assert one(replayed, key) == pytest.approx(one(faked, key)), key

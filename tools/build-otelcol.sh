@@ -1,52 +1,52 @@
 #!/usr/bin/env bash
 # Builds the pinned OpenTelemetry Collector that fusebox's generated config targets, with the
-# collector builder (ocb) from the Go module proxy, into $1/otelcol-$VERSION/otelcol-fusebox.
-# Skipped when the binary is already there, so `make test` stays quick once cached.
+# collector builder (ocb), into $1/otelcol-$VERSION/otelcol-fusebox. Skipped when the binary is
+# already there, so `make test` stays quick once cached.
+#
+# Pinned by files in this repository: tools/otelcol/manifest.yaml (the components and their
+# versions), tools/otelcol/go.mod and go.sum (every module below them, built with
+# GOFLAGS=-mod=readonly, so nothing outside go.sum is fetched) and the builder's own h1 hash
+# in tools/go-modules.sum.
+#
 # Usage: tools/build-otelcol.sh TOOLS_DIR
+#        tools/build-otelcol.sh --refresh   regenerate tools/otelcol/go.mod and go.sum from the
+#                                           manifest (after changing a version; review the diff)
 set -euo pipefail
-TOOLS=${1:?usage: build-otelcol.sh TOOLS_DIR}
-CORE=v0.165.0        # go.opentelemetry.io/collector/* 0.x modules (and the builder)
-CORE_STABLE=v1.71.0  # go.opentelemetry.io/collector/* 1.x modules (confmap providers)
-CONTRIB=v0.165.1     # github.com/open-telemetry/opentelemetry-collector-contrib/*
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/go-verify.sh
+. "$here/go-verify.sh"
+CORE=v0.165.0        # the builder and the go.opentelemetry.io/collector/* 0.x modules in the manifest
 VERSION=$CORE
+refresh=false
+if [ "${1:-}" = "--refresh" ]; then
+  refresh=true
+  TOOLS=$(mktemp -d)
+else
+  TOOLS=${1:?usage: build-otelcol.sh TOOLS_DIR | --refresh}
+fi
 dest="$TOOLS/otelcol-$VERSION"
-[ -x "$dest/otelcol-fusebox" ] && exit 0
-command -v go >/dev/null || { echo "bootstrap: Go >= 1.24 is needed to build the OpenTelemetry Collector $VERSION (https://go.dev/dl)" >&2; exit 1; }
+if ! $refresh && [ -x "$dest/otelcol-fusebox" ]; then exit 0; fi
+command -v go >/dev/null || { echo "bootstrap: Go >= 1.26 is needed to build the OpenTelemetry Collector $VERSION (https://go.dev/dl)" >&2; exit 1; }
 echo "bootstrap: building OpenTelemetry Collector $VERSION (first run only, several minutes)"
 mkdir -p "$TOOLS"
 work=$(mktemp -d "$TOOLS/otelcol-build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-GOBIN="$work/bin" go install "go.opentelemetry.io/collector/cmd/builder@$CORE"
-c=github.com/open-telemetry/opentelemetry-collector-contrib
-o=go.opentelemetry.io/collector
-cat > "$work/manifest.yaml" <<MANIFEST
-dist:
-  name: otelcol-fusebox
-  description: OpenTelemetry Collector with the components fusebox's generated config uses
-  version: ${VERSION#v}
-  output_path: $work/dist
-receivers:
-  - gomod: $o/receiver/otlpreceiver $CORE
-  - gomod: $c/receiver/prometheusreceiver $CONTRIB
-processors:
-  - gomod: $o/processor/memorylimiterprocessor $CORE
-  - gomod: $o/processor/batchprocessor $CORE
-  - gomod: $c/processor/resourceprocessor $CONTRIB
-exporters:
-  - gomod: $o/exporter/debugexporter $CORE
-  - gomod: $c/exporter/prometheusexporter $CONTRIB
-  - gomod: $c/exporter/prometheusremotewriteexporter $CONTRIB
-extensions:
-  - gomod: $c/extension/healthcheckextension $CONTRIB
-providers:
-  - gomod: $o/confmap/provider/envprovider $CORE_STABLE
-  - gomod: $o/confmap/provider/fileprovider $CORE_STABLE
-  - gomod: $o/confmap/provider/yamlprovider $CORE_STABLE
-MANIFEST
-"$work/bin/builder" --config "$work/manifest.yaml"
+if $refresh; then trap 'rm -rf "$TOOLS"' EXIT; else trap 'rm -rf "$work"' EXIT; fi
+builder_src=$(verified_module_dir go.opentelemetry.io/collector/cmd/builder "$CORE")
+(cd "$builder_src" && GOFLAGS=-mod=readonly GOBIN="$work/bin" go install .)
+cp "$here/otelcol/manifest.yaml" "$work/manifest.yaml"  # output_path ./dist, relative to $work
+mkdir -p "$work/dist"
+if $refresh; then
+  (cd "$work" && "$work/bin/builder" --config manifest.yaml --skip-compilation)
+  cp "$work/dist/go.mod" "$work/dist/go.sum" "$here/otelcol/"
+  echo "bootstrap: refreshed tools/otelcol/go.mod and go.sum; review and commit them"
+  exit 0
+fi
+# the committed module graph; the builder then only generates the sources and compiles
+cp "$here/otelcol/go.mod" "$here/otelcol/go.sum" "$work/dist/"
+(cd "$work" && GOFLAGS=-mod=readonly "$work/bin/builder" --config manifest.yaml --skip-get-modules)
 mkdir -p "$dest.tmp"
 mv "$work/dist/otelcol-fusebox" "$dest.tmp/"
-cp "$work/manifest.yaml" "$dest.tmp/manifest.yaml"
+cp "$here/otelcol/manifest.yaml" "$here/otelcol/go.sum" "$dest.tmp/"
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
 echo "bootstrap: built $dest/otelcol-fusebox"
