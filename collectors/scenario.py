@@ -336,7 +336,7 @@ class Scenario:
         fired = False
         for t, v in zip(times, values):
             # strictly above, as the generated alerts compare (`expr > threshold`); NaN (no
-            # traffic) is never above (PITFALLS P1)
+            # traffic) is never above (docs/pitfalls.md P1)
             is_above = v == v and v > thr
             if is_above and above_since is None:
                 above_since = t

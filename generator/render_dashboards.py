@@ -3,7 +3,8 @@
 Pure renderer: ``render_dashboards(spec) -> {relative_path: json_text}``; no I/O.
 
 Panels are built with grafanalib 0.7.1 and passed through :func:`adapt`, a thin adapter that
-fixes what grafanalib writes for Grafana 5 but current Grafana (>= 11) misreads (PITFALLS P8):
+fixes what grafanalib writes for Grafana 5 but current Grafana (>= 11) misreads
+(docs/pitfalls.md P8):
 
 * ``schemaVersion`` 12 -> :data:`SCHEMA_VERSION`;
 * data sources as bare strings -> ``{"type": "prometheus", "uid": "${datasource}"}`` on every
@@ -227,7 +228,7 @@ def _gpu_memory(spec) -> Optional[DashboardDef]:
                  (Query(_sel(d["gpu_used"], "gpu"), "used {{host_name}} {{hw_id}}"),
                   Query(_sel(r["total"], "hw_id"), "total {{hw_id}}")),
                  "decbytes", (alert,)),
-        PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (PITFALLS P6).",
+        PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (docs/pitfalls.md P6).",
                  (Query(_sel(d["gpu_reserved"], "gpu"), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
         PanelDef("KV pool free bytes per GPU", "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
                  (Query(_sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)),
@@ -269,7 +270,7 @@ def _latency(spec) -> Optional[DashboardDef]:
         q = int(round(sig.quantile * 100))
         panels.append(PanelDef(
             f"{sig.alert}: P50 / P{q} / P99 per engine",
-            f"{sig.description} Lines at {_tier_text(sig)}; the alert reads P{q}. NaN (a gap) means no traffic (PITFALLS P1).",
+            f"{sig.description} Lines at {_tier_text(sig)}; the alert reads P{q}. NaN (a gap) means no traffic (docs/pitfalls.md P1).",
             (Query(_sel(r["p50"], "engine"), "P50 {{host_name}} {{engine}} {{model}}"),
              Query(_sel(r["value"], "engine"), f"P{q} " + "{{host_name}} {{engine}} {{model}}"),
              Query(_sel(r["p99"], "engine"), "P99 {{host_name}} {{engine}} {{model}}")),
@@ -448,10 +449,11 @@ def adapt(obj: dict, *, header: str) -> dict:
 
 
 # The base threshold step's value. The schema's Threshold requires `value` as a number, so it
-# cannot be null (what Grafana itself writes for -Infinity, and grafanalib's "null" string of
-# PITFALLS P8). Grafana sets the first step to -Infinity whenever it loads a panel (fixThresholds /
-# validateFieldConfig in grafana-data), so this number is never used; 0 is the floor of every
-# value fusebox draws except KV growth, which may be negative and still takes the base colour.
+# cannot be null (what Grafana itself writes for -Infinity; docs/pitfalls.md P8 asked for null
+# before the schema was checked). Grafana sets the first step to -Infinity whenever it loads a
+# panel (fixThresholds / validateFieldConfig in grafana-data), so this number is never used; 0 is
+# the floor of every value fusebox draws except KV growth, which may be negative and still takes
+# the base colour.
 BASE_STEP_VALUE = 0
 # Panel links are typed as DashboardLink in the schema, which requires these keys.
 _LINK_DEFAULTS = {"type": "link", "icon": "doc", "tooltip": "", "tags": [], "asDropdown": False,

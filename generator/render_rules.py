@@ -85,14 +85,14 @@ def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
     if sig.kind == "gpu_memory":
         usage, limit = C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]
         if src.backend == "dcgm":
-            # dcgm-exporter speaks MiB, and USED + FREE is not the total (PITFALLS P7):
+            # dcgm-exporter speaks MiB, and USED + FREE is not the total (docs/pitfalls.md P7):
             # total = USED + FREE + RESERVED; used = total - FREE.
             u, f, r = (selector(C.DCGM[k], spec) for k in ("fb_used", "fb_free", "fb_reserved"))
             total = f"({u} + {f} + {r})"
             device = _dcgm_labels(f"1 - {f} / {total}")
             total_bytes = _dcgm_labels(f"{total} * {C.MIB}")
         else:
-            # usage = total - free (NVML v2), so driver-reserved memory counts as used (PITFALLS P6).
+            # usage = total - free (NVML v2), so driver-reserved memory counts as used (docs/pitfalls.md P6).
             device = f"{selector(usage, spec)} / {selector(limit, spec)}"
             total_bytes = selector(limit, spec)
         # hw_id is unique cluster-wide: drop the sender's identity (instance, job), so one GPU is
@@ -140,7 +140,7 @@ def _records(sig: Signal, spec: Spec) -> list[dict[str, Any]]:
     elif sig.kind == "deriv":
         w = format_duration(sig.window_s)
         # deriv, not rate: KV bytes is a gauge that falls when blocks are freed; rate() would
-        # read every fall as a counter reset and invent growth (PITFALLS P3).
+        # read every fall as a counter reset and invent growth (docs/pitfalls.md P3).
         inner = f"deriv({selector(src.metric, spec)}[{w}])"
         expr = f"sum by ({_by(sig.by)}) ({inner})" if sig.by else inner
         out.append({"record": names["value"], "expr": expr})
@@ -170,7 +170,7 @@ def _rate_or(names: tuple[str, ...], spec: Spec, w: str) -> str:
     """``rate(a[w]) or rate(b[w])``: one series per engine whichever name its version exports.
 
     ``rate`` drops the metric name, so an engine exporting both spellings matches itself on the
-    right of ``or`` and is counted once (PITFALLS P4)."""
+    right of ``or`` and is counted once (docs/pitfalls.md P4)."""
     return " or ".join(f"rate({selector(n, spec)}[{w}])" for n in names)
 
 
@@ -191,7 +191,7 @@ def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
     gpu_sig = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
     if gpu_sig is not None:
         if gpu_sig.source.backend == "dcgm":
-            # MiB; used = total - FREE = USED + RESERVED (PITFALLS P6, P7), like the signal's rules.
+            # MiB; used = total - FREE = USED + RESERVED (docs/pitfalls.md P6, P7), like the signal's rules.
             u, r = selector(C.DCGM["fb_used"], spec), selector(C.DCGM["fb_reserved"], spec)
             used = _dcgm_labels(f"({u} + {r}) * {C.MIB}")
             reserved = _dcgm_labels(f"{r} * {C.MIB}")

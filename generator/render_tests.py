@@ -3,7 +3,7 @@
 For every enabled tier of every signal: a value just above the threshold (alert pending on
 the near side of ``for``, firing on the far side, still firing within ``keep_firing_for``
 after the value falls, resolved after it), a value just below (never fires), and for
-quantile signals zero traffic (NaN quantile, no alert: PITFALLS P1). One group with no data
+quantile signals zero traffic (NaN quantile, no alert: docs/pitfalls.md P1). One group with no data
 at all checks that only the absent alert fires.
 
 Expectations come from a small model of Prometheus' alert state machine. A check is emitted
@@ -305,7 +305,7 @@ def _tier_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                                    "alert_rule_test": checks}))
     if sig.kind == "quantile":
         n = int((sig.window_s * 2) // I) + 1
-        # buckets frozen at earlier counts: every rate is 0, the quantile NaN (PITFALLS P1)
+        # buckets frozen at earlier counts: every rate is 0, the quantile NaN (docs/pitfalls.md P1)
         frozen = [40.0 * OBS_PER_STEP / 1000 * (j + 1) for j in range(len(sig.buckets) + 1)]
         series = synth._histogram([(n, math.nan)], start=frozen)
         t_eval = format_duration((n - 2) * I)
