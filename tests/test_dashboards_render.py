@@ -177,7 +177,7 @@ def test_grafanalib_faults_are_fixed_for_current_grafana(boards):
         assert d["schemaVersion"] == 41, "schemaVersion 12 is grafanalib's; Grafana 12 writes 41 (corpus: SGLang, vLLM production-stack)"
         text = json.dumps(d)
         assert '"null"' not in text, "first threshold step must be a number, not the string \"null\""
-        assert "null" not in text, "no null anywhere: the schema types every field the adapter keeps"
+        assert '": null' not in text, "no null value anywhere: the schema types every field the adapter keeps"
         for p in d["panels"]:
             assert p["datasource"] == ds
             for t in p["targets"]:
