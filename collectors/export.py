@@ -5,7 +5,7 @@ text (``--once``) and an optional prometheus-client ``/metrics`` endpoint.
 :class:`~fusebox.collectors._model.Reading` lists (:meth:`Pipeline.set_readings`); observable
 instruments report the latest list whenever a reader collects. The alignment-latency
 histogram is a synchronous instrument whose buckets come from a ``View`` with
-``ExplicitBucketHistogramAggregation`` (the spec's boundaries, PITFALLS P2).
+``ExplicitBucketHistogramAggregation`` (the spec's boundaries, docs/pitfalls.md P2).
 
 Names: instruments carry the OTel names of :data:`fusebox.conventions.OTEL`; the Prometheus
 text rendered here uses :func:`fusebox.conventions.otel_to_prometheus`, i.e. the names the

@@ -6,7 +6,7 @@ nvidia-ml-py functions listed in :data:`NVML_CALLS`.
 
 Per GPU and per MIG instance it reports (OTel name, unit; Prometheus name after translation):
 
-* ``hw.gpu.memory.usage`` (By) = total - free from the **v2** memory call (PITFALLS P6: the
+* ``hw.gpu.memory.usage`` (By) = total - free from the **v2** memory call (docs/pitfalls.md P6: the
   same GPU is above or below 78.3 % depending on the formula; total - free does not depend
   on the API version and includes the driver-reserved part);
 * ``hw.gpu.memory.limit`` (By) = total; ``fusebox.gpu.memory.reserved`` (By) = v2 reserved;

@@ -11,7 +11,7 @@ No engine exposes KV bytes. This module derives them:
   llava-hf's ``text_config`` omits its geometry; Mllama ``cross_attention_layers`` excluded because they cache image tokens,
   not text tokens) and a KV-cache dtype override (``fp8`` -> 1 byte);
 * **vLLM**: usage fraction from ``vllm:kv_cache_usage_perc`` or, before 0.10,
-  ``vllm:gpu_cache_usage_perc`` (a fraction 0-1 despite the name; PITFALLS P4: a dump may
+  ``vllm:gpu_cache_usage_perc`` (a fraction 0-1 despite the name; docs/pitfalls.md P4: a dump may
   carry both, read one, never add them), pool = ``num_gpu_blocks`` x ``block_size`` tokens
   from ``vllm:cache_config_info`` (``cache_dtype`` other than ``auto`` overrides the dtype);
 * **SGLang** (``sglang:`` or ``sglang_`` prefix): usage = ``token_usage`` x
@@ -252,7 +252,7 @@ def engines_from_text(text: str) -> list[EngineKv]:
             return a
         return b if a is None else max(a, b)
 
-    # vLLM: the new name wins; the old one only where the new one is absent (P4).
+    # vLLM: the new name wins; the old one only where the new one is absent (docs/pitfalls.md P4).
     for name in C.VLLM_KV_USAGE:
         got = False
         for s in samples.get(name, ()):

@@ -4,7 +4,7 @@ Records ``fusebox.alignment.duration`` (seconds, histogram; Prometheus
 ``fusebox_alignment_duration_seconds_{bucket,sum,count}``) with attributes ``engine`` and
 ``model``. Buckets are the spec's (those of the quantile signal that reads this histogram,
 :func:`alignment_signal`; default spec ``fusebox.yaml``): every threshold (0.85 s, 1.28 s) is a bucket boundary with neighbours on
-both sides, so ``histogram_quantile`` can neither invent nor hide a breach (PITFALLS P2).
+both sides, so ``histogram_quantile`` can neither invent nor hide a breach (docs/pitfalls.md P2).
 The OTel SDK default buckets (0, 5, 10, 25 ...) are shaped for milliseconds and are never
 used: :func:`latency_view` installs ``ExplicitBucketHistogramAggregation(boundaries)``.
 

@@ -13,7 +13,7 @@ the nvidia-ml-py calls of :data:`fusebox.collectors.gpu.NVML_CALLS` from
   that section's ``nvidia-smi -q`` text,
 * the scenario (:mod:`fusebox.collectors.scenario`), which builds states itself.
 
-All memory figures in captures are MiB and are multiplied by 1,048,576 (PITFALLS P7).
+All memory figures in captures are MiB and are multiplied by 1,048,576 (docs/pitfalls.md P7).
 MIG devices in captures carry no UUID of their own; they get the driver's legacy MIG
 identifier ``MIG-<GPU UUID>/<GPU instance id>/<compute instance id>``, which is unique.
 """
@@ -428,7 +428,7 @@ class SyntheticNvml:
         d = self._dev(h)
         reserved = d.reserved or 0
         used = d.used if d.used is not None else max(0, d.total - d.free - reserved)
-        if not version:  # v1 folds reserved into used (PITFALLS P6)
+        if not version:  # v1 folds reserved into used (docs/pitfalls.md P6)
             return _Mem(d.total, d.free, d.total - d.free, 0, 0)
         return _Mem(d.total, d.free, used, reserved)
 

@@ -118,7 +118,7 @@ def _prom(key: str) -> str:
 PROM = {key: _prom(key) for key in OTEL}
 # PROM["gpu_memory_usage"] == "hw_gpu_memory_usage_bytes" and so on; golden-tested.
 
-# Engine metrics (vLLM / SGLang), by version; see METRICS.md in the docs.
+# Engine metrics (vLLM / SGLang), by version; see docs/metrics.md sections 1 and 2.
 VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # new, old (<0.10)
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter, tokens

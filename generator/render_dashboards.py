@@ -3,14 +3,19 @@
 Pure renderer: ``render_dashboards(spec) -> {relative_path: json_text}``; no I/O.
 
 Panels are built with grafanalib 0.7.1 and passed through :func:`adapt`, a thin adapter that
-fixes what grafanalib writes for Grafana 5 but current Grafana (>= 11) misreads (PITFALLS P8):
+fixes what grafanalib writes for Grafana 5 but current Grafana (>= 11) misreads
+(docs/pitfalls.md P8):
 
 * ``schemaVersion`` 12 -> :data:`SCHEMA_VERSION`;
 * data sources as bare strings -> ``{"type": "prometheus", "uid": "${datasource}"}`` on every
   panel, target, template and annotation (a string that does not resolve renders nothing);
-* the first threshold step's value ``"null"`` (a string) -> JSON ``null``;
+* the first threshold step's value ``"null"`` (a string) -> the number :data:`BASE_STEP_VALUE`;
 * threshold lines shown (``thresholdsStyle.mode = "line"``) on every panel drawn against the
-  spec's tiers.
+  spec's tiers;
+* what Grafana's own dashboard JSON schema (grafana-foundation-sdk ``dashboard.jsonschema.json``,
+  pinned in tests/fixtures/dashboards/grafana-schema/SOURCE.md) rejects: ``null`` in typed fields,
+  ``timepicker.time_options``, panel ``editable``, an empty ``current`` on the data source variable,
+  bare panel links (see :func:`_schema_fixes`).
 
 Every query reads the recording rules named by :func:`fusebox.spec.kinds.records` and
 :func:`fusebox.spec.kinds.dashboard_records` (never raw histograms; the overview's fuse state and
@@ -208,6 +213,7 @@ def adapt(obj: dict, *, header: str) -> dict:
     Returns:
         The same dict, modified.
     """
+    _drop_nulls(obj)  # first: the fixes below then see absent fields, never None
     obj["schemaVersion"] = SCHEMA_VERSION
     obj["description"] = f"{header} {obj.get('description', '')}".strip()
     for key in ("rows", "style", "hideControls", "sharedCrosshair", "gnetId", "id", "__inputs"):
@@ -215,13 +221,19 @@ def adapt(obj: dict, *, header: str) -> dict:
     obj["annotations"]["list"] = [_builtin_annotation()] + obj["annotations"]["list"]
     for t in obj["templating"]["list"]:
         if t.get("type") == "datasource":
-            t["datasource"] = None
-            t["current"] = {}
+            # No `datasource` (the schema's DataSourceRef is an object, never null) and no
+            # `current`: VariableOption requires text and value, so grafanalib's `{}` is rejected;
+            # without it Grafana selects the default data source of the queried type (fusebox's
+            # provisioning makes its Prometheus the default).
+            t.pop("datasource", None)
+            t.pop("current", None)
         else:
             t["datasource"] = dict(DATASOURCE)
             t["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
-            t["definition"] = t["query"]
-            t["query"] = {"query": t["query"], "refId": f"{t['name']}-query"}
+            # `query` stays the string grafanalib writes: the schema's VariableModel has no
+            # `definition`, and its object form of `query` needs object values, so Grafana's own
+            # `{"query": "...", "refId": "..."}` is rejected. Grafana's Prometheus variable support
+            # reads a string query (the form jsonnet-built dashboards use).
         for k in ("auto", "auto_count", "auto_min", "useTags", "tagsQuery", "tagValuesQuery"):
             t.pop(k, None)
     for p in obj["panels"]:
@@ -237,14 +249,74 @@ def adapt(obj: dict, *, header: str) -> dict:
         steps = defaults.get("thresholds", {}).get("steps", [])
         defaults["thresholds"] = {
             "mode": "absolute",
-            "steps": [{"color": s["color"], "value": None if i == 0 else s["value"]} for i, s in enumerate(steps)],
+            "steps": [{"color": s["color"], "value": BASE_STEP_VALUE if i == 0 else s["value"]} for i, s in enumerate(steps)],
         }
         if p.get("type") == "timeseries" and defaults.get("unit") == "percentunit":
             defaults["custom"]["axisSoftMin"], defaults["custom"]["axisSoftMax"] = 0, 1
         if p.get("type") == "stat":
             defaults.pop("custom", None)
             p["options"]["reduceOptions"]["fields"] = ""
+    _schema_fixes(obj)
     return obj
+
+
+# The base threshold step's value. The schema's Threshold requires `value` as a number, so it
+# cannot be null (what Grafana itself writes for -Infinity; docs/pitfalls.md P8 asked for null
+# before the schema was checked). Grafana sets the first step to -Infinity whenever it loads a
+# panel (fixThresholds / validateFieldConfig in grafana-data), so this number is never used; 0 is
+# the floor of every value fusebox draws except KV growth, which may be negative and still takes
+# the base colour.
+BASE_STEP_VALUE = 0
+# Panel links are typed as DashboardLink in the schema, which requires these keys.
+_LINK_DEFAULTS = {"type": "link", "icon": "doc", "tooltip": "", "tags": [], "asDropdown": False,
+                  "targetBlank": True, "includeVars": False, "keepTime": False}
+# Prometheus annotation options the schema's AnnotationQuery (additionalProperties: false) has no
+# field for; its `target` must be the grafana data source's {limit, matchAny, tags, type}.
+_ANNOTATION_EXTRAS = ("step", "tagKeys", "textFormat", "titleFormat", "useValueForTime")
+
+
+def _drop_nulls(node) -> None:
+    """Remove every ``None`` value from dicts, recursively.
+
+    grafanalib writes ``null`` for each unset field (panel ``interval``, ``timeFrom``, ``timeShift``,
+    ``fieldConfig.defaults.decimals``/``min``/``max``/``color``, ``timepicker.nowDelay``, variable
+    ``regex``/``allValue``/``datasource``); the schema types them (string, number, object) and
+    allows ``null`` only for ``Dashboard.id``, which :func:`adapt` drops. Grafana reads an absent
+    field as its default, the same as ``null``.
+    """
+    if isinstance(node, dict):
+        for k in [k for k, v in node.items() if v is None]:
+            del node[k]
+        for v in node.values():
+            _drop_nulls(v)
+    elif isinstance(node, list):
+        for v in node:
+            _drop_nulls(v)
+
+
+def _schema_fixes(obj: dict) -> None:
+    """Make the dashboard valid against Grafana's dashboard JSON schema (classic model, v41).
+
+    Each change names the schema rule that requires it; none changes what Grafana shows, except
+    the annotations' Prometheus options (see below). The data source variable, the template
+    queries and the base threshold step are fixed in :func:`adapt` itself.
+    """
+    # TimePickerConfig has additionalProperties false and no `time_options` (the old quick-range
+    # list, not part of Grafana's current model; `quick_ranges` replaced it).
+    obj.get("timepicker", {}).pop("time_options", None)
+    # DashboardLink requires icon and tooltip.
+    obj["links"] = [{"icon": "external link", "tooltip": "", **link} for link in obj.get("links", [])]
+    for a in obj["annotations"]["list"]:
+        # AnnotationQuery (additionalProperties false) keeps `expr` but has no field for these;
+        # without them Grafana uses its defaults (60s step, no title or tags on the marker).
+        for k in _ANNOTATION_EXTRAS:
+            a.pop(k, None)
+    for p in obj["panels"]:
+        # Panel has no `editable` (the dashboard's `editable` governs); grafanalib writes true.
+        p.pop("editable", None)
+        # Panel links are DashboardLink in the schema: type, icon, tooltip, tags, asDropdown,
+        # targetBlank, includeVars, keepTime are required. A runbook is an external link.
+        p["links"] = [{**_LINK_DEFAULTS, **link} for link in p.get("links", [])]
 
 
 def _builtin_annotation() -> dict:

@@ -4,7 +4,7 @@ Pure renderer: ``render_otelcol(spec, options) -> {"otel/otelcol.yaml": text}``;
 Targets the Collector that ``tools/build-otelcol.sh`` builds (core v0.165.0, contrib v0.165.1)
 and is validated by it in the tests (``otelcol-fusebox validate --config``).
 
-Pipeline (PITFALLS P5): ``otlp`` (gRPC + HTTP) [+ ``prometheus`` receiver scraping engines'
+Pipeline (docs/pitfalls.md P5): ``otlp`` (gRPC + HTTP) [+ ``prometheus`` receiver scraping engines'
 /metrics when asked] -> ``memory_limiter`` (first: it can only protect what comes after it)
 -> ``resource`` (only on the scrape pipeline: stamps host.name / cluster on engine metrics)
 -> ``batch`` -> ``prometheus`` exporter [+ ``prometheusremotewrite``] [+ ``debug`` when asked;

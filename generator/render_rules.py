@@ -39,7 +39,7 @@ def _rate_or(names: tuple[str, ...], spec: Spec, w: str) -> str:
     """``rate(a[w]) or rate(b[w])``: one series per engine whichever name its version exports.
 
     ``rate`` drops the metric name, so an engine exporting both spellings matches itself on the
-    right of ``or`` and is counted once (PITFALLS P4)."""
+    right of ``or`` and is counted once (docs/pitfalls.md P4)."""
     return " or ".join(f"rate({selector(n, spec)}[{w}])" for n in names)
 
 

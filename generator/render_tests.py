@@ -3,7 +3,7 @@
 For every enabled tier of every signal: a value just above the threshold (alert pending on
 the near side of ``for``, firing on the far side, still firing within ``keep_firing_for``
 after the value falls, resolved after it), a value just below (never fires), and for
-quantile signals zero traffic (NaN quantile, no alert: PITFALLS P1). One group with no data
+quantile signals zero traffic (NaN quantile, no alert: docs/pitfalls.md P1). One group with no data
 at all checks that only the absent alert fires.
 
 Expectations come from a small model of Prometheus' alert state machine. A check is emitted

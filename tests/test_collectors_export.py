@@ -17,7 +17,7 @@ from fusebox.collectors._model import Reading
 from fusebox.collectors.export import Pipeline, otlp_exporter
 
 # The metric contract the rules and dashboards read. Written out by hand: a change in the
-# translation must fail here, not silently stop the rules (METRICS.md section 5).
+# translation must fail here, not silently stop the rules (docs/metrics.md section 5).
 GOLDEN = {
     "gpu_memory_usage": "hw_gpu_memory_usage_bytes",
     "gpu_memory_limit": "hw_gpu_memory_limit_bytes",

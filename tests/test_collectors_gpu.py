@@ -60,7 +60,7 @@ def test_rtx4090_usage_is_total_minus_free_in_bytes_from_the_v2_call():
 
 
 def test_pitfall_p6_the_ratio_is_0_785_whatever_used_and_reserved_say():
-    # PITFALLS P6: total 80000, reserved 600, used 62200, free 17200 MiB.
+    # docs/pitfalls.md P6: total 80000, reserved 600, used 62200, free 17200 MiB.
     nv = fake(mib_device("GPU-p6", "A100", total=80000, reserved=600, used=62200, free=17200))
     rs = GpuCollector(nv).collect()
     assert one(rs, "gpu_memory_usage") / one(rs, "gpu_memory_limit") == pytest.approx(0.785)

@@ -31,7 +31,7 @@ def pipe():
 
 def test_spec_buckets_bracket_every_latency_threshold():
     b = spec_buckets(ROOT / "fusebox.yaml")
-    for thr in (0.85, 1.28):  # warning and critical of alignment_latency_p95 (PITFALLS P2)
+    for thr in (0.85, 1.28):  # warning and critical of alignment_latency_p95 (docs/pitfalls.md P2)
         i = b.index(thr)
         assert 0 < i < len(b) - 1, "a threshold needs neighbours on both sides"
 

@@ -4,7 +4,7 @@ The breach is served live by a small exporter in the test (the boundary: the GPU
 fuse service of a real deployment), scraped every second by Prometheus 2.42 with the rules file
 `fusebox generate` writes (rules/fusebox.rules.yml). Values, worked out by hand:
 
-* GPU of PITFALLS P6: used 62800 MiB of 80000 MiB -> device ratio 0.785;
+* GPU of docs/pitfalls.md P6: used 62800 MiB of 80000 MiB -> device ratio 0.785;
 * PCIe at 0.97 (>= 95 %, for 3s) -> GPUPCIeLinkSaturated fires within two evaluations;
 * alignments at 10/s: 10 % at 0.3 s, 10 % at 0.9 s, 80 % at 1.4 s -> share over 0.85 s = 0.9,
   share over 1.28 s = 0.8, P95 inside the (1.28, 1.5] bucket;

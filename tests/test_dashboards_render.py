@@ -131,7 +131,8 @@ def test_every_threshold_drawn_equals_the_spec_figure(boards):
         (alert,) = [u.rsplit("/", 1)[1][:-3] for u in urls]
         unit, values = EXPECTED[alert]
         steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
-        assert steps[0]["value"] is None, p["title"]
+        # Base step: a number (Grafana's schema requires one; Grafana reads the first step as -Infinity).
+        assert steps[0] == {"color": "green", "value": 0}, p["title"]
         assert [s["value"] for s in steps[1:]] == pytest.approx(values, rel=1e-12), p["title"]
         assert p["fieldConfig"]["defaults"]["unit"] == unit, p["title"]
         seen.add(alert)
@@ -176,7 +177,8 @@ def test_grafanalib_faults_are_fixed_for_current_grafana(boards):
     for name, d in boards.items():
         assert d["schemaVersion"] == 41, "schemaVersion 12 is grafanalib's; Grafana 12 writes 41 (corpus: SGLang, vLLM production-stack)"
         text = json.dumps(d)
-        assert '"null"' not in text, "first threshold step must be JSON null, not the string"
+        assert '"null"' not in text, "first threshold step must be a number, not the string \"null\""
+        assert '": null' not in text, "no null value anywhere: the schema types every field the adapter keeps"
         for p in d["panels"]:
             assert p["datasource"] == ds
             for t in p["targets"]:
@@ -240,4 +242,4 @@ def test_a_changed_threshold_moves_the_line(spec):
     text = (ROOT / "fusebox.yaml").read_text().replace("threshold: 78.3%", "threshold: 80%")
     changed = dashboards(parse_spec(text, "fusebox.yaml"))
     p = next(p for p in changed["overview"]["panels"] if p["title"].startswith("GPUMemoryUtilizationHigh"))
-    assert [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, 0.72, 0.8]
+    assert [s["value"] for s in p["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [0, 0.72, 0.8]

@@ -90,7 +90,7 @@ def test_dashboard_group_records_what_the_panels_read(generated, spec):
         for other in records:
             if other != name and other in expr:
                 assert order.index(other) < order.index(name), (other, name)
-    # every version's spelling, joined with `or` (PITFALLS P4)
+    # every version's spelling, joined with `or` (docs/pitfalls.md P4)
     d = dashboard_records()
     assert "rate(vllm:prefix_cache_hits_total[5m]) or rate(vllm:gpu_prefix_cache_hits_total[5m])" in records[d["prefix_hit_vllm"]]
     assert "rate(sglang:generation_tokens_total[5m]) or rate(sglang_generation_tokens_total[5m])" in records[d["host_tokens"]]

@@ -23,7 +23,7 @@ BASE = SPEC.read_text(encoding="utf-8")
     ("850ms", "seconds", 0.85),
     ("14.7 MB/s", "bytes_per_second", 14_700_000),          # SI: 1 MB = 10^6 bytes
     ("9.2 MB/s", "bytes_per_second", 9_200_000),
-    ("14.7 MiB/s", "bytes_per_second", 15_414_067.2),       # 14.7 x 2^20 (PITFALLS P3)
+    ("14.7 MiB/s", "bytes_per_second", 15_414_067.2),       # 14.7 x 2^20 (docs/pitfalls.md P3)
     ("8.7 GB/min", "bytes_per_second", 145_000_000),        # 8.7e9 / 60
 ])
 def test_thresholds_are_converted_to_base_units(text, unit, expected):

@@ -1,4 +1,4 @@
-"""The generated Collector config: its shape (PITFALLS P5) and the pinned Collector's verdict."""
+"""The generated Collector config: its shape (docs/pitfalls.md P5) and the pinned Collector's verdict."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_the_pinned_collector_validates_the_generated_config(spec, tmp_path, opt
 
 @pytest.mark.otelcol
 def test_the_pinned_collector_rejects_the_logging_exporter(tmp_path):
-    # Proves the validation above can fail: the P5 config from PITFALLS.
+    # Proves the validation above can fail: the P5 config of docs/pitfalls.md.
     binary = otelcol_binary()
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump({

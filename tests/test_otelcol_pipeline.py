@@ -1,7 +1,7 @@
 """End to end through the real Collector: OTLP in, Prometheus exporter out, a real Prometheus scraping.
 
 A small pusher built on opentelemetry-sdk sends the fusebox instruments (conventions.OTEL) the
-way the collectors do. Expected values are the P6 GPU of PITFALLS.md, worked out by hand:
+way the collectors do. Expected values are the P6 GPU of docs/pitfalls.md, worked out by hand:
 used = total - free = 80000 - 17200 = 62800 MiB = 65,850,572,800 B; total 80000 MiB =
 83,886,080,000 B; reserved 600 MiB = 629,145,600 B. Alignments 0.3 s x3, 0.9 s, 1.5 s: count 5,
 3 at or under 0.85 s, 4 at or under 1.28 s, sum 3.3 s.
@@ -131,7 +131,7 @@ def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_colle
     """`fusebox collect gpu --replay` (the real collector, an RTX 4090 nvidia-smi -q -x capture)
     -> OTLP -> Collector -> Prometheus. From the capture's fb_memory_usage, by hand:
     total 24564 MiB = 25,757,220,864 B; used = total - free = 24564 - 24214 = 350 MiB =
-    367,001,600 B (PITFALLS P6); reserved 346 MiB = 362,807,296 B."""
+    367,001,600 B (docs/pitfalls.md P6); reserved 346 MiB = 362,807,296 B."""
     import subprocess
     import sys
 

@@ -162,7 +162,7 @@ class GpuMemory(Kind):
                      (Query(sel(d["gpu_used"], "gpu"), "used {{host_name}} {{hw_id}}"),
                       Query(sel(r["total"], "hw_id"), "total {{hw_id}}")),
                      "decbytes", (alert,)),
-            PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (PITFALLS P6).",
+            PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (docs/pitfalls.md P6).",
                      (Query(sel(d["gpu_reserved"], "gpu"), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
             PanelDef("KV pool free bytes per GPU", "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
                      (Query(sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)),

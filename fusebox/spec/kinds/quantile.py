@@ -170,7 +170,7 @@ class Quantile(Kind):
             panels.append(PanelDef(
                 f"{sig.alert}: P50 / P{q} / P99 per engine",
                 f"{sig.description} Lines at {', '.join(f'{t.name} {t.threshold_text}' for t in sig.tiers)}; "
-                f"the alert reads P{q}. NaN (a gap) means no traffic (PITFALLS P1).",
+                f"the alert reads P{q}. NaN (a gap) means no traffic (docs/pitfalls.md P1).",
                 (Query(sel(r["p50"], "engine"), "P50 {{host_name}} {{engine}} {{model}}"),
                  Query(sel(r["value"], "engine"), f"P{q} " + "{{host_name}} {{engine}} {{model}}"),
                  Query(sel(r["p99"], "engine"), "P99 {{host_name}} {{engine}} {{model}}")),
