@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import units
 from .errors import Problem, SpecError
-from .positions import Positions, load
+from .positions import Positions, load, read_text
 
 API_VERSION = "fusebox/v1"
 # Alert names fusebox generates itself; no signal may take them. Defined here, with the spec that
@@ -267,12 +267,12 @@ def load_spec(path: str | Path, *, display_path: str | None = None) -> Spec:
         display_path: how to name the file in errors (default: ``path`` as given).
 
     Raises:
-        SpecError: with one Problem per fault, each ``file:line:col: what -- fix``.
-        FileNotFoundError: when the file does not exist.
+        SpecError: with one Problem per fault, each ``file:line:col: what -- fix`` (a file over
+            1 MiB or not UTF-8 too: see :mod:`.positions`).
+        OSError: when the file cannot be read (FileNotFoundError, IsADirectoryError, ...).
     """
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    return parse_spec(text, display_path or str(path))
+    file = display_path or str(path)
+    return parse_spec(read_text(Path(path), file), file)
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec:
