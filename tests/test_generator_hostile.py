@@ -146,12 +146,12 @@ def test_negative_rate_threshold_is_refused(tmp_path, old_out):
     assert "-9.2 MB/s" in msg
 
 
-@pytest.mark.parametrize("value", ["nan%", "inf MB/s", "1e400 MB/s"])
+@pytest.mark.parametrize("value", ["nan MB/s", "inf MB/s", "1e400 MB/s"])
 def test_non_finite_thresholds_are_refused(value):
     text = BASE.replace("threshold: 9.2 MB/s", f"threshold: {value}")
     with pytest.raises(SpecError) as ei:
         parse_spec(text, "bad.yaml")
-    assert any("threshold" in str(p) or "finite" in str(p) or "not a" in str(p) for p in ei.value.problems)
+    assert any("finite" in str(p) or "outside 0..1" in str(p) for p in ei.value.problems), ei.value.problems
 
 
 @pytest.mark.parametrize("old,new", [

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, ValidationError
 
 from . import units
 from .errors import Problem, SpecError
@@ -41,7 +41,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Scalar = Union[str, int, float]
+# Number-like fields refuse YAML booleans (threshold: yes would be 1) and, for floats, inf and NaN.
+Scalar = Annotated[Union[str, int, float], BeforeValidator(units.reject_bool)]
+Number = Annotated[FiniteFloat, BeforeValidator(units.reject_bool)]
+Integer = Annotated[int, BeforeValidator(units.reject_bool)]
 
 
 class RawTier(_Strict):
@@ -55,7 +58,7 @@ class RawTier(_Strict):
 
 class RawSource(_Strict):
     metric: Optional[str] = None
-    scale: float = 1.0
+    scale: Number = 1.0
     expr: Optional[str] = None
     note: Optional[str] = None
 
@@ -81,8 +84,8 @@ class RawSignal(_Strict):
     direction: Literal["above", "below"] = "above"
     by: Optional[list[str]] = None
     window: Optional[Scalar] = None
-    quantile: Optional[float] = None
-    buckets: Optional[list[float]] = None
+    quantile: Optional[Number] = None
+    buckets: Optional[list[Number]] = None
     source: str = "fusebox"
     sources: dict[str, RawSource]
     tiers: dict[str, RawTier]
@@ -102,7 +105,7 @@ class RawOverride(_Strict):
 
 
 class RawAction(_Strict):
-    level: int
+    level: Integer
     description: str
 
 
@@ -311,6 +314,9 @@ def _pydantic_problem(err: dict, pos: Positions) -> Problem:
                            f"add '{loc[-1]}:' here")
     if kind in ("literal_error", "enum"):
         return pos.problem(loc, f"{name}: {err['msg'].lower()}", "use one of the values listed")
+    if kind == "value_error" and " -- " in err["msg"]:  # our own checks (units.reject_bool) say how to fix it
+        what, fix = err["msg"].removeprefix("Value error, ").split(" -- ", 1)
+        return pos.problem(loc, f"{name}: {what}", fix)
     return pos.problem(loc, f"{name}: {err['msg']}", "see the shipped fusebox.yaml for the expected shape")
 
 
@@ -320,13 +326,18 @@ class _Normaliser:
         self.problems: list[Problem] = []
 
     def err(self, path: tuple, what: str, fix: str, *, key: bool = False) -> None:
-        self.problems.append(self.pos.problem(path, what, fix, key=key))
+        p = self.pos.problem(path, what, fix, key=key)
+        if p not in self.problems:  # a default read by every tier is reported once, at the default
+            self.problems.append(p)
 
     def duration(self, value: Any, path: tuple) -> float:
         try:
             return units.parse_duration(value)
         except ValueError as e:
-            self.err(path, f"malformed duration: {e}", "Prometheus durations are digits with a unit: ms, s, m, h, d, w, y")
+            if "out of range" in str(e):
+                self.err(path, f"duration {e}", "use a shorter duration (Prometheus holds at most 292y)")
+            else:
+                self.err(path, f"malformed duration: {e}", "Prometheus durations are digits with a unit: ms, s, m, h, d, w, y")
             return 0.0
 
     def run(self) -> Spec:
@@ -336,6 +347,8 @@ class _Normaliser:
         evaluation = self.duration(g.evaluation_interval, ("global", "evaluation_interval"))
         if scrape <= 0:
             self.err(("global", "scrape_interval"), "scrape_interval must be positive", "e.g. '15s'")
+        if evaluation <= 0:  # the rule group interval and the promtool test step
+            self.err(("global", "evaluation_interval"), "evaluation_interval must be positive", "e.g. '15s'")
         for k, v in list(g.selector.items()) + list(g.labels.items()):
             if not _LABEL.match(k):
                 self.err(("global",), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
@@ -384,6 +397,10 @@ class _Normaliser:
                 idx = per_tier[next(iter(per_tier))][1]
                 self.err(("overrides", idx, "alert"), f"override names unknown alert {alert!r}",
                          f"use one of: {', '.join(sorted(alerts_seen))}")
+        # read before the check below: a malformed one must stop the run, not become 0
+        f = r.fuse
+        group_waits = {name: self.duration(getattr(f, name), ("fuse", name))
+                       for name in ("group_wait", "group_wait_critical", "group_interval", "repeat_interval")}
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -393,10 +410,8 @@ class _Normaliser:
             selector=dict(g.selector), labels=dict(g.labels),
             absent_enabled=d.absent.enabled, absent_for_s=absent_for, absent_severity=d.absent.severity,
             receiver=r.fuse.receiver, human_receiver=dict(r.fuse.human_receiver), webhook_url=r.fuse.webhook_url, credentials_file=r.fuse.credentials_file,
-            group_wait_s=self.duration(r.fuse.group_wait, ("fuse", "group_wait")),
-            group_wait_critical_s=self.duration(r.fuse.group_wait_critical, ("fuse", "group_wait_critical")),
-            group_interval_s=self.duration(r.fuse.group_interval, ("fuse", "group_interval")),
-            repeat_interval_s=self.duration(r.fuse.repeat_interval, ("fuse", "repeat_interval")),
+            group_wait_s=group_waits["group_wait"], group_wait_critical_s=group_waits["group_wait_critical"],
+            group_interval_s=group_waits["group_interval"], repeat_interval_s=group_waits["repeat_interval"],
             actions=actions, signals=tuple(signals), raw=self.data,
         )
 
@@ -438,6 +453,8 @@ class _Normaliser:
             if s.kind in ("deriv", "quantile") and src.expr is not None:
                 self.err(spath + ("expr",), f"a {s.kind} signal reads a raw metric, not an expression",
                          "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
+            if src.scale == 0:  # the rules divide by it
+                self.err(spath + ("scale",), "scale must not be 0", "leave it out for 1, or give the factor to base units")
             sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note)
         by = tuple(s.by) if s.by is not None else ()
         for lb in by:
@@ -490,8 +507,14 @@ class _Normaliser:
                 self.err(tp, f"wrong unit: {e}", f"write the threshold in {s.unit.replace('_', ' ')}, e.g. "
                          + {"ratio": "'78.3%'", "seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[s.unit])
                 continue
-            for_s = self.duration(pick("for_", t.for_ if t.for_ is not None else def_for), tpath + ("for",))
-            kff = self.duration(pick("keep_firing_for", t.keep_firing_for if t.keep_firing_for is not None else def_kff), tpath + ("keep_firing_for",))
+            def where(attr, name):  # the place the value came from: an override, the tier or the defaults
+                for src, idx in (ovr.get(tname, (None, None)), whole or (None, None)):
+                    if src is not None and getattr(src, attr) is not None:
+                        return ("overrides", idx, name)
+                return tpath + (name,) if getattr(t, attr) is not None else ("defaults", name)
+            for_s = self.duration(pick("for_", t.for_ if t.for_ is not None else def_for), where("for_", "for"))
+            kff = self.duration(pick("keep_firing_for", t.keep_firing_for if t.keep_firing_for is not None else def_kff),
+                                where("keep_firing_for", "keep_firing_for"))
             enabled = pick("enabled", t.enabled)
             if t.fuse is not None and t.fuse not in actions:
                 self.err(tpath + ("fuse",), f"unknown fuse action {t.fuse!r}", f"use one of: {', '.join(actions)}")
