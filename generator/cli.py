@@ -45,14 +45,14 @@ def _load(spec_path: str):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .outputs import render_all
-    from .writer import drift, write_outputs
+    from .writer import WriteError, drift, write_outputs
 
     spec = _load(args.spec)
     if spec is None:
         return 2
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        print(f"{out}: --out names a file -- pass a directory (it is created when missing)", file=sys.stderr)
+        print(f"{out}:1:1: --out names a file -- pass a directory (it is created when missing)", file=sys.stderr)
         return 2
     outputs = render_all(spec)
     if args.check:
@@ -64,7 +64,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             return 1
         print(f"generated files match {args.spec} ({len(outputs)} files)")
         return 0
-    changed = write_outputs(outputs, out)
+    try:
+        changed = write_outputs(outputs, out)
+    except WriteError as e:  # nothing under --out changed
+        print(str(e), file=sys.stderr)
+        return 2
     print(f"fusebox: {len(outputs)} files from {args.spec} into {out}/ ({len(changed)} changed)")
     for rel in changed:
         print(f"  {rel}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import PurePath
 from typing import Any
 
 import yaml
@@ -43,7 +44,10 @@ def dump_yaml(data: Any) -> str:
 
 
 def header_for(spec: Spec) -> str:
-    return C.GENERATED_HEADER.format(spec=spec.file)
+    """The "Code generated ... DO NOT EDIT." line. It names the spec by its base name only, so the
+    outputs do not depend on how --spec was spelled (absolute, relative, from another folder) and
+    ``--check`` finds no drift for another spelling."""
+    return C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
 
 
 def render_all(spec: Spec) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 import jinja2
 
 from fusebox import conventions as C
@@ -33,7 +35,7 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
         out[f"runbooks/{sig.alert}.md"] = tmpl.render(
             header=header, alert=sig.alert, description=sig.description, tiers=tiers,
             symptom=sig.runbook.symptom, impact=sig.runbook.impact, diagnosis=sig.runbook.diagnosis,
-            signal=sig.name, spec_file=spec.file, source=sig.source.backend,
+            signal=sig.name, spec_file=PurePath(spec.file).name, source=sig.source.backend,
         )
     from .render_rules import GPU_DOWN_FOR_S, gpu_down_enabled
 

@@ -1,10 +1,14 @@
 """The one module that writes generated files to disk.
 
 All outputs are rendered in memory first, so a spec error leaves the output directory
-exactly as it was. Files are then written to a temporary directory inside the output
-directory and moved into place with ``os.replace`` (atomic per file on POSIX). A manifest
-(``.fusebox-generated``) remembers what was generated, so outputs that a spec no longer
-produces are removed and hand-written files are never touched.
+exactly as it was. Writing is all or nothing: every path is checked first (a folder where a
+file must go, a file where a folder must go), every file is staged in a temporary directory
+inside the output directory (so moves stay on one filesystem), and only then moved into
+place with ``os.replace``. Each file it replaces or removes is kept in the staging directory
+until the last move succeeded; when any step fails (a read-only folder, a full disk) the
+files already moved are put back and the folders it made removed, so the output directory
+is as it was. A manifest (``.fusebox-generated``) remembers what was generated, so outputs
+that a spec no longer produces are removed and hand-written files are never touched.
 """
 
 from __future__ import annotations
@@ -17,14 +21,28 @@ from pathlib import Path
 MANIFEST = ".fusebox-generated"
 
 
+class WriteError(Exception):
+    """Raised when the outputs cannot be written; nothing under the output directory changed.
+
+    Printed as ``PATH:1:1: what is wrong -- how to fix it``, like a spec problem.
+    """
+
+    def __init__(self, path: Path | str, what: str, fix: str):
+        super().__init__(path, what, fix)
+        self.path, self.what, self.fix = str(path), what, fix
+
+    def __str__(self) -> str:
+        return f"{self.path}:1:1: {self.what} -- {self.fix}"
+
+
 def drift(outputs: dict[str, str], out_dir: Path) -> list[str]:
     """Paths whose content on disk differs from ``outputs`` (or that should not exist)."""
     problems = []
     for rel, text in outputs.items():
         p = out_dir / rel
-        if not p.exists():
-            problems.append(f"{rel}: missing")
-        elif p.read_text(encoding="utf-8") != text:
+        if not p.is_file():
+            problems.append(f"{rel}: missing" if not p.exists() else f"{rel}: not a file")
+        elif p.read_bytes() != text.encode("utf-8"):
             problems.append(f"{rel}: differs from the spec")
     for rel in _manifest(out_dir):
         if rel not in outputs and (out_dir / rel).exists():
@@ -39,32 +57,102 @@ def _manifest(out_dir: Path) -> list[str]:
     return [line for line in m.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
 
 
+def _check_paths(rels: list[str], out_dir: Path) -> None:
+    """Refuse, before anything is written, a path whose folder is a file or whose file is a folder."""
+    for rel in rels:
+        dest = out_dir / rel
+        for parent in reversed(dest.relative_to(out_dir).parents[:-1]):
+            p = out_dir / parent
+            if p.exists() and not p.is_dir():
+                raise WriteError(p, f"a file stands where fusebox writes the folder {parent}/",
+                                 "move that file away, or pass another --out; nothing was written")
+        if dest.is_dir() or (dest.exists() and not dest.is_file()):
+            raise WriteError(dest, f"{rel} exists and is not a file",
+                             "move it away (fusebox writes a file there), or pass another --out; nothing was written")
+
+
 def write_outputs(outputs: dict[str, str], out_dir: Path) -> list[str]:
-    """Write ``outputs`` under ``out_dir``; return the relative paths that changed."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    old = set(_manifest(out_dir))
-    changed = []
-    tmp = Path(tempfile.mkdtemp(prefix=".fusebox-tmp-", dir=out_dir))
+    """Write ``outputs`` (relative path -> text) under ``out_dir``, all or nothing.
+
+    Returns:
+        The relative paths that changed (written, or removed because the spec no longer makes them).
+
+    Raises:
+        WriteError: a path cannot be written; every file under ``out_dir`` is as it was before.
+    """
+    rels = list(outputs) + [MANIFEST]
+    if out_dir.exists() and not out_dir.is_dir():
+        raise WriteError(out_dir, "--out names a file", "pass a directory (it is created when missing)")
     try:
-        for rel, text in outputs.items():
-            staged = tmp / rel
-            staged.parent.mkdir(parents=True, exist_ok=True)
-            staged.write_text(text, encoding="utf-8")
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(e.filename or out_dir, f"cannot create the output folder ({e.strerror})",
+                         "pass an --out whose parent folders are folders you can write") from None
+    _check_paths(rels, out_dir)
+    old = set(_manifest(out_dir))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=".fusebox-tmp-", dir=out_dir))
+    except OSError as e:
+        raise WriteError(out_dir, f"cannot write into the output folder ({e.strerror})",
+                         "make it writable, or pass another --out; nothing was written") from None
+    new, backup = tmp / "new", tmp / "old"
+    done: list[tuple[Path, Path | None]] = []  # (destination, where its old file waits) in move order
+    made: list[Path] = []  # folders created under out_dir, parents first
+    changed: list[str] = []
+    try:
         manifest = "# files generated by fusebox; removed when the spec stops producing them\n" + "\n".join(outputs) + "\n"
-        (tmp / MANIFEST).write_text(manifest, encoding="utf-8")
-        for rel in list(outputs) + [MANIFEST]:
+        for rel, text in [*outputs.items(), (MANIFEST, manifest)]:
+            staged = new / rel
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            staged.write_bytes(text.encode("utf-8"))
+        for rel in rels:
             dest = out_dir / rel
-            if dest.exists() and dest.read_text(encoding="utf-8") == (tmp / rel).read_text(encoding="utf-8"):
+            if dest.is_file() and dest.read_bytes() == (new / rel).read_bytes():
                 continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp / rel, dest)
+            for parent in reversed(dest.relative_to(out_dir).parents[:-1]):
+                if not (out_dir / parent).exists():
+                    (out_dir / parent).mkdir()
+                    made.append(out_dir / parent)
+            kept = _set_aside(dest, backup / rel)
+            done.append((dest, kept))
+            os.replace(new / rel, dest)
             if rel != MANIFEST:
                 changed.append(rel)
         for rel in sorted(old - set(outputs)):
             p = out_dir / rel
-            if p.exists():
-                p.unlink()
+            if p.is_file():
+                done.append((p, _set_aside(p, backup / rel)))
                 changed.append(rel)
-    finally:
+    except OSError as e:
+        _roll_back(done, made)
         shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(e.filename or out_dir, f"cannot write the outputs ({e.strerror or e})",
+                         "make that path a writable file location (or free space), or pass another --out; "
+                         "every file under --out was left as it was") from None
+    shutil.rmtree(tmp, ignore_errors=True)
     return changed
+
+
+def _set_aside(path: Path, to: Path) -> Path | None:
+    """Move an existing file into the staging directory, to restore it on failure."""
+    if not path.is_file():
+        return None
+    to.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, to)
+    return to
+
+
+def _roll_back(done: list[tuple[Path, Path | None]], made: list[Path]) -> None:
+    for dest, kept in reversed(done):
+        try:
+            if kept is not None and kept.exists():
+                os.replace(kept, dest)
+            elif kept is None:
+                dest.unlink(missing_ok=True)
+        except OSError:  # best effort: keep restoring the others
+            pass
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass

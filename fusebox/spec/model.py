@@ -13,16 +13,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, ValidationError
 
 from fusebox import conventions as C
 
 from . import units
 from .errors import Problem, SpecError
 from .kinds import KINDS
-from .positions import Positions, load
+from .positions import Positions, load, read_text
 
 API_VERSION = "fusebox/v1"
 TIER_ORDER = ("warning", "critical")
@@ -36,7 +36,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-Scalar = Union[str, int, float]
+# Number-like fields refuse YAML booleans (threshold: yes would be 1) and, for floats, inf and NaN.
+Scalar = Annotated[Union[str, int, float], BeforeValidator(units.reject_bool)]
+Number = Annotated[FiniteFloat, BeforeValidator(units.reject_bool)]
+Integer = Annotated[int, BeforeValidator(units.reject_bool)]
 
 
 class RawTier(_Strict):
@@ -50,7 +53,7 @@ class RawTier(_Strict):
 
 class RawSource(_Strict):
     metric: Optional[str] = None
-    scale: float = 1.0
+    scale: Number = 1.0
     expr: Optional[str] = None
     note: Optional[str] = None
 
@@ -76,8 +79,8 @@ class RawSignal(_Strict):
     direction: Literal["above", "below"] = "above"
     by: Optional[list[str]] = None
     window: Optional[Scalar] = None
-    quantile: Optional[float] = None
-    buckets: Optional[list[float]] = None
+    quantile: Optional[Number] = None
+    buckets: Optional[list[Number]] = None
     source: str = "fusebox"
     sources: dict[str, RawSource]
     tiers: dict[str, RawTier]
@@ -97,7 +100,7 @@ class RawOverride(_Strict):
 
 
 class RawAction(_Strict):
-    level: int
+    level: Integer
     description: str
 
 
@@ -262,12 +265,12 @@ def load_spec(path: str | Path, *, display_path: str | None = None) -> Spec:
         display_path: how to name the file in errors (default: ``path`` as given).
 
     Raises:
-        SpecError: with one Problem per fault, each ``file:line:col: what -- fix``.
-        FileNotFoundError: when the file does not exist.
+        SpecError: with one Problem per fault, each ``file:line:col: what -- fix`` (a file over
+            1 MiB or not UTF-8 too: see :mod:`.positions`).
+        OSError: when the file cannot be read (FileNotFoundError, IsADirectoryError, ...).
     """
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    return parse_spec(text, display_path or str(path))
+    file = display_path or str(path)
+    return parse_spec(read_text(Path(path), file), file)
 
 
 def parse_spec(text: str, file: str = "<spec>") -> Spec:
@@ -306,6 +309,9 @@ def _pydantic_problem(err: dict, pos: Positions) -> Problem:
                            f"add '{loc[-1]}:' here")
     if kind in ("literal_error", "enum"):
         return pos.problem(loc, f"{name}: {err['msg'].lower()}", "use one of the values listed")
+    if kind == "value_error" and " -- " in err["msg"]:  # our own checks (units.reject_bool) say how to fix it
+        what, fix = err["msg"].removeprefix("Value error, ").split(" -- ", 1)
+        return pos.problem(loc, f"{name}: {what}", fix)
     return pos.problem(loc, f"{name}: {err['msg']}", "see the shipped fusebox.yaml for the expected shape")
 
 
@@ -315,13 +321,18 @@ class _Normaliser:
         self.problems: list[Problem] = []
 
     def err(self, path: tuple, what: str, fix: str, *, key: bool = False) -> None:
-        self.problems.append(self.pos.problem(path, what, fix, key=key))
+        p = self.pos.problem(path, what, fix, key=key)
+        if p not in self.problems:  # a default read by every tier is reported once, at the default
+            self.problems.append(p)
 
     def duration(self, value: Any, path: tuple) -> float:
         try:
             return units.parse_duration(value)
         except ValueError as e:
-            self.err(path, f"malformed duration: {e}", "Prometheus durations are digits with a unit: ms, s, m, h, d, w, y")
+            if "out of range" in str(e):
+                self.err(path, f"duration {e}", "use a shorter duration (Prometheus holds at most 292y)")
+            else:
+                self.err(path, f"malformed duration: {e}", "Prometheus durations are digits with a unit: ms, s, m, h, d, w, y")
             return 0.0
 
     def run(self) -> Spec:
@@ -331,6 +342,8 @@ class _Normaliser:
         evaluation = self.duration(g.evaluation_interval, ("global", "evaluation_interval"))
         if scrape <= 0:
             self.err(("global", "scrape_interval"), "scrape_interval must be positive", "e.g. '15s'")
+        if evaluation <= 0:  # the rule group interval and the promtool test step
+            self.err(("global", "evaluation_interval"), "evaluation_interval must be positive", "e.g. '15s'")
         for k, v in list(g.selector.items()) + list(g.labels.items()):
             if not _LABEL.match(k):
                 self.err(("global",), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
@@ -379,6 +392,10 @@ class _Normaliser:
                 idx = per_tier[next(iter(per_tier))][1]
                 self.err(("overrides", idx, "alert"), f"override names unknown alert {alert!r}",
                          f"use one of: {', '.join(sorted(alerts_seen))}")
+        # read before the check below: a malformed one must stop the run, not become 0
+        f = r.fuse
+        group_waits = {name: self.duration(getattr(f, name), ("fuse", name))
+                       for name in ("group_wait", "group_wait_critical", "group_interval", "repeat_interval")}
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -388,10 +405,8 @@ class _Normaliser:
             selector=dict(g.selector), labels=dict(g.labels),
             absent_enabled=d.absent.enabled, absent_for_s=absent_for, absent_severity=d.absent.severity,
             receiver=r.fuse.receiver, human_receiver=dict(r.fuse.human_receiver), webhook_url=r.fuse.webhook_url, credentials_file=r.fuse.credentials_file,
-            group_wait_s=self.duration(r.fuse.group_wait, ("fuse", "group_wait")),
-            group_wait_critical_s=self.duration(r.fuse.group_wait_critical, ("fuse", "group_wait_critical")),
-            group_interval_s=self.duration(r.fuse.group_interval, ("fuse", "group_interval")),
-            repeat_interval_s=self.duration(r.fuse.repeat_interval, ("fuse", "repeat_interval")),
+            group_wait_s=group_waits["group_wait"], group_wait_critical_s=group_waits["group_wait_critical"],
+            group_interval_s=group_waits["group_interval"], repeat_interval_s=group_waits["repeat_interval"],
             actions=actions, signals=tuple(signals), raw=self.data,
         )
 
@@ -425,6 +440,8 @@ class _Normaliser:
             if src.metric is not None and not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", src.metric):
                 self.err(spath + ("metric",), f"{src.metric!r} is not a valid Prometheus metric name",
                          "metric names match [a-zA-Z_:][a-zA-Z0-9_:]*")
+            if src.scale == 0:  # the rules divide by it
+                self.err(spath + ("scale",), "scale must not be 0", "leave it out for 1, or give the factor to base units")
             sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note)
         by = tuple(s.by) if s.by is not None else ()
         for lb in by:
@@ -464,8 +481,14 @@ class _Normaliser:
                 self.err(tp, f"wrong unit: {e}", f"write the threshold in {s.unit.replace('_', ' ')}, e.g. "
                          + {"ratio": "'78.3%'", "seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[s.unit])
                 continue
-            for_s = self.duration(pick("for_", t.for_ if t.for_ is not None else def_for), tpath + ("for",))
-            kff = self.duration(pick("keep_firing_for", t.keep_firing_for if t.keep_firing_for is not None else def_kff), tpath + ("keep_firing_for",))
+            def where(attr, name):  # the place the value came from: an override, the tier or the defaults
+                for src, idx in (ovr.get(tname, (None, None)), whole or (None, None)):
+                    if src is not None and getattr(src, attr) is not None:
+                        return ("overrides", idx, name)
+                return tpath + (name,) if getattr(t, attr) is not None else ("defaults", name)
+            for_s = self.duration(pick("for_", t.for_ if t.for_ is not None else def_for), where("for_", "for"))
+            kff = self.duration(pick("keep_firing_for", t.keep_firing_for if t.keep_firing_for is not None else def_kff),
+                                where("keep_firing_for", "keep_firing_for"))
             enabled = pick("enabled", t.enabled)
             if t.fuse is not None and t.fuse not in actions:
                 self.err(tpath + ("fuse",), f"unknown fuse action {t.fuse!r}", f"use one of: {', '.join(actions)}")

@@ -9,6 +9,7 @@ syntax ("30s", "1m", "1h30m"), which pint would misread ("1m" is a metre there).
 from __future__ import annotations
 
 import functools
+import math
 import re
 
 import pint
@@ -36,13 +37,28 @@ def _tidy(x: float) -> float:
 def parse_quantity(text: str | int | float, unit: str) -> float:
     """Convert a human threshold to the base-unit float for ``unit`` (a key of UNITS).
 
+    Returns a finite value of 0 or more, in the unit's base unit (ratio 0..1, s, B, B/s).
+
     Raises:
-        ValueError: with a message saying what was expected.
+        ValueError: with a message saying what was expected (also for a bool, a negative value,
+            infinity and NaN).
     """
     if unit not in UNITS:
         raise ValueError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
     if isinstance(text, bool):
         raise ValueError("a threshold must be a number or a quantity such as '78.3%'")
+    value = _parse_quantity(text, unit)
+    # pint reads "inf MB/s", "nan%" and "1e400 MB/s"; PromQL would compare against +Inf or NaN.
+    if not math.isfinite(value):
+        raise ValueError(f"{str(text).strip()!r} is not a finite number")
+    # Every unit here measures a size, a share, a latency or a growth rate: a negative threshold
+    # is a sign typo ("deriv ... >= -9200000" fires on every shrinking cache too).
+    if value < 0:
+        raise ValueError(f"{str(text).strip()!r} is negative; a {unit.replace('_', ' ')} threshold is 0 or more")
+    return value
+
+
+def _parse_quantity(text: str | int | float, unit: str) -> float:
     if isinstance(text, (int, float)):
         if unit != "ratio":
             raise ValueError(f"a bare number is ambiguous for a {unit} threshold; write it with its unit, e.g. "
@@ -74,21 +90,31 @@ def parse_quantity(text: str | int | float, unit: str) -> float:
 
 _DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
 _DUR_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
+# Prometheus and Alertmanager hold durations as Go's time.Duration, int64 nanoseconds;
+# prometheus/common model.ParseDuration (model/time.go) answers "duration out of range" past
+# 1<<63 - 1 ns: 106751d23h47m16s854ms, about 292 years. Larger ones pass here but fail promtool.
+MAX_DURATION_NS = (1 << 63) - 1
 
 
 def parse_duration(text: str | int) -> float:
     """Parse a Prometheus duration ("30s", "1m", "1h30m", "0s") into seconds.
 
     Raises:
-        ValueError: for anything Prometheus itself would reject.
+        ValueError: for anything Prometheus itself would reject, including a duration over
+            :data:`MAX_DURATION_NS` (about 292 years).
     """
+    if isinstance(text, bool):  # str(True) would read as "True"; say what it is instead
+        raise ValueError(f"{text!r} is a YAML boolean, not a duration")
     s = str(text).strip()
     m = _DUR.match(s)
     if not s or not m or not any(m.groups()):
         if s == "0":
             return 0.0
         raise ValueError(f"{s!r} is not a Prometheus duration (e.g. '30s', '5m', '1h30m')")
-    return sum(int(g) * f for g, f in zip(m.groups(), _DUR_MS) if g) / 1000
+    ms = sum(int(g) * f for g, f in zip(m.groups(), _DUR_MS) if g)
+    if ms * 1_000_000 > MAX_DURATION_NS:
+        raise ValueError(f"{s!r} is out of range: Prometheus durations end at 106751d23h47m16s854ms, about 292 years")
+    return ms / 1000
 
 
 def format_duration(seconds: float) -> str:
@@ -107,7 +133,10 @@ def format_duration(seconds: float) -> str:
 
 
 def format_number(x: float) -> str:
-    """A float as PromQL/YAML writes it: no float noise, integers without '.0'."""
+    """A float as PromQL/YAML writes it: no float noise, integers without '.0'; "+Inf", "-Inf" and
+    "NaN" as PromQL spells them (a validated spec never needs them, but a scale near 0 can)."""
+    if not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("+Inf" if x > 0 else "-Inf")
     x = _tidy(x)
     return str(int(x)) if x == int(x) and abs(x) < 1e15 else repr(x)
 
@@ -123,3 +152,16 @@ def humanize(value: float, unit: str) -> str:
             suffix = "/s" if unit == "bytes_per_second" else ""
             return f"{format_number(value / div)} {name}{suffix}"
     return f"{format_number(value)} B" + ("/s" if unit == "bytes_per_second" else "")
+
+
+def reject_bool(value: object) -> object:
+    """A pydantic "before" check for number-like fields: YAML 1.1 reads yes/no/on/off/true/false
+    as booleans, and a bool is an int to Python, so ``threshold: yes`` would become ``>= 1``.
+
+    Raises:
+        ValueError: for a bool, with the fix after " -- ".
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"a YAML boolean ({str(value).lower()}: yes/no and on/off read as booleans too) where a number "
+                         "belongs -- write the number with its unit, e.g. '78.3%' or '5m'; quote the word if you mean text")
+    return value
