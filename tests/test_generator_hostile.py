@@ -112,9 +112,9 @@ def test_aliases_of_small_values_still_work():
 
 
 def test_spec_over_the_size_cap_is_refused_before_parsing(tmp_path, old_out):
-    text = BASE + ("#" + "x" * 1023 + "\n") * 1100  # valid YAML (comments), 1.1 MiB
+    text = BASE + ("#" + "x" * 1023 + "\n") * (8 * 1024 + 100)  # valid YAML (comments), just over 8 MiB
     msg = _assert_refused(tmp_path, old_out, text, None, "MiB", line=1)
-    assert "1 MiB" in msg
+    assert "8 MiB" in msg
 
 
 @pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b", "\x7f"])
