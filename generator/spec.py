@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from fusebox import conventions as C
 
@@ -112,6 +112,8 @@ class RawFuse(_Strict):
     group_wait: Scalar = "30s"
     group_interval: Scalar = "1m"
     repeat_interval: Scalar = "4h"
+    # Whether an alert without any scope label may trip the empty scope, i.e. the whole fleet at once.
+    allow_fleet_wide_alerts: StrictBool = False
     actions: dict[str, RawAction]
 
 
@@ -242,6 +244,7 @@ class Spec:
     actions: dict[str, FuseAction]
     signals: tuple[Signal, ...]
     raw: dict = field(repr=False, compare=False, default_factory=dict)
+    allow_fleet_wide_alerts: bool = False  # fuse.allow_fleet_wide_alerts
 
     def signal(self, name: str) -> Signal:
         for s in self.signals:
@@ -393,6 +396,7 @@ class _Normaliser:
             group_interval_s=self.duration(r.fuse.group_interval, ("fuse", "group_interval")),
             repeat_interval_s=self.duration(r.fuse.repeat_interval, ("fuse", "repeat_interval")),
             actions=actions, signals=tuple(signals), raw=self.data,
+            allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts,
         )
 
     def _overrides(self) -> dict[str, dict[str, tuple[RawOverride, int]]]:
