@@ -141,6 +141,37 @@ def test_openapi_lists_the_routes(client):
     assert {"/alertmanager", "/override", "/state", "/metrics"} <= set(paths)
 
 
+def test_openapi_describes_the_models_that_parse_the_bodies_and_the_bearer_scheme(client):
+    doc = client.get("/openapi.json", headers=AUTH).json()
+    schemas = doc["components"]["schemas"]
+    assert {"WebhookPayload", "Alert", "OverrideRequest"} <= set(schemas)
+    body = doc["paths"]["/alertmanager"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/WebhookPayload"}
+    assert schemas["WebhookPayload"]["properties"]["alerts"]["items"] == {"$ref": "#/components/schemas/Alert"}
+    assert schemas["Alert"]["properties"]["labels"]["additionalProperties"]["maxLength"] == 256
+    assert doc["components"]["securitySchemes"]["HTTPBearer"] == {
+        "type": "http", "scheme": "bearer", "description": "Authorization: Bearer <token> (scheme in any case)"}
+    assert doc["paths"]["/override"]["post"]["security"] == [{"HTTPBearer": []}]
+
+
+@pytest.mark.parametrize("path", ["/alertmanager", "/override"])
+def test_a_wrong_token_is_401_even_when_the_body_is_not_json(client, svc, path):
+    r = client.post(path, content=b"{not json", headers={"Authorization": "Bearer wrong",
+                                                          "Content-Type": "application/json"})
+    assert r.status_code == 401
+    assert svc.store.audit_log() == []
+
+
+def test_a_streamed_body_over_the_limit_is_413_without_a_content_length(client, svc):
+    def chunks():
+        for _ in range(80):
+            yield b" " * 1024  # 80 KiB of whitespace, over the test app's 64 KiB
+
+    r = client.post("/alertmanager", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413 and "65536" in r.json()["error"]
+    assert 'fusebox_fuse_notifications_total{outcome="http_413"} 1.0' in client.get("/metrics").text
+
+
 def test_fuzz_the_api_from_its_openapi_schema(svc):
     """schemathesis: no 500 on any generated request; a rejected request changes no state."""
     import schemathesis
