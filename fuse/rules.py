@@ -15,7 +15,7 @@ empty scope, i.e. the whole fleet: refused unless the spec says ``fuse.allow_fle
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 from fusebox import conventions as C
 
@@ -68,25 +68,33 @@ class FuseRules:
     """
 
     def __init__(self, actions: Mapping[str, int], by_alert: Mapping[tuple[str, str], str], *,
-                 allow_fleet_wide: bool = False):
+                 allow_fleet_wide: bool = False, trusted: Optional[Iterable[tuple[str, str]]] = None):
         self.actions = dict(actions)  # name -> level
         self.by_alert = dict(by_alert)  # (alertname, severity) -> action name
         self.levels = {lvl: name for name, lvl in self.actions.items()}
-        self.trusted = frozenset((alert, action) for (alert, _sev), action in self.by_alert.items())
+        if trusted is None:
+            trusted = [(alert, action) for (alert, _sev), action in self.by_alert.items()]
+        self.trusted = frozenset(trusted)  # (alertname, fuse_action) pairs a fuse_action label may ask for
         self.allow_fleet_wide = allow_fleet_wide
 
     @classmethod
     def from_spec(cls, spec) -> "FuseRules":
-        """From a :class:`fusebox.generator.spec.Spec`: spec.actions, each tier's ``fuse`` (the
-        rule renderer labels exactly those tiers with ``fuse_action``) and
-        ``fuse.allow_fleet_wide_alerts``."""
+        """From a :class:`fusebox.generator.spec.Spec`: spec.actions, each tier's ``fuse``,
+        ``fuse.allow_fleet_wide_alerts``, and the trusted pairs: (alert, ``fuse_action`` label) of
+        every alerting rule the rule renderer generates from the spec."""
+        from fusebox.generator.render_rules import render_rules
+
         actions = {name: a.level for name, a in spec.actions.items()}
         by_alert = {}
         for s in spec.signals:
             for t in s.tiers:
                 if t.fuse:
                     by_alert[(s.alert, t.severity)] = t.fuse
-        return cls(actions, by_alert, allow_fleet_wide=bool(getattr(spec, "allow_fleet_wide_alerts", False)))
+        label = C.LABEL["fuse_action"]
+        trusted = [(r["alert"], r["labels"][label]) for g in render_rules(spec).groups for r in g["rules"]
+                   if "alert" in r and label in r.get("labels", {})]
+        return cls(actions, by_alert, allow_fleet_wide=bool(getattr(spec, "allow_fleet_wide_alerts", False)),
+                   trusted=trusted)
 
     @classmethod
     def default(cls) -> "FuseRules":

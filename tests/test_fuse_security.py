@@ -449,3 +449,17 @@ def test_docs_name_the_trust_boundary_and_compose_keeps_alertmanager_off_public_
     assert compose["services"]["alertmanager"]["network_mode"] == "service:fuse"
     assert all(p.startswith("127.0.0.1:") for p in am_ns.get("ports", []))
     assert "--web.config.file" in text
+
+
+def test_the_trusted_pairs_are_the_alerting_rules_the_generator_writes(generated):
+    import yaml
+
+    rules = yaml.safe_load((generated / "rules" / "fusebox.rules.yml").read_text())
+    written = {(r["alert"], r["labels"]["fuse_action"]) for g in rules["groups"] for r in g["rules"]
+               if "alert" in r and "fuse_action" in r.get("labels", {})}
+    raw = yaml.safe_load(SPEC.read_text())  # the spec's tiers with a fuse, read without the loader
+    fused = {(sig["alert"], t["fuse"]) for sig in raw["signals"].values() for t in sig["tiers"].values()
+             if t.get("fuse") and t.get("enabled", True) is not False}
+    assert ("KVCacheGrowthRateHigh", "kv_cache_eviction") in fused and len(fused) == 5
+    assert written == fused
+    assert FuseRules.from_spec(load_spec(SPEC)).trusted == written
