@@ -18,8 +18,9 @@ GET  /healthz               none      200 "ok"
 Tokens (:mod:`fusebox.fuse.tokens`): *webhook* is Alertmanager's; *a person* is one of the named
 override tokens, whose name the audit records; *reader* is the read token when one is configured,
 else the webhook token, and any person's token. ``Authorization: Bearer <token>``, the scheme in
-any case (RFC 7235), each token compared in constant time. A missing or wrong token is 401 before
-anything in the body is looked at; a body over the limit is 413 before the token is.
+any case (RFC 7235), each token compared in constant time. A missing or wrong token is answered 401
+whatever the body holds (nothing of it is used); a body over the limit is 413 before the token is
+looked at.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, which name

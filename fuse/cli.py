@@ -147,7 +147,8 @@ def serve(args) -> int:
     from .tokens import permission_warnings
 
     log = logging.getLogger("fusebox.fuse")
-    for w in permission_warnings([args.token_file, args.override_tokens, args.read_token_file]):
+    for w in permission_warnings([args.token_file, args.override_tokens, args.read_token_file,
+                                  args.gateway_token_file]):
         log.warning("%s", w)
     # SIGHUP reads the token files again (they are also read again when they change); uvicorn
     # handles only SIGINT and SIGTERM.
