@@ -30,7 +30,9 @@ from typing import Optional, Protocol
 
 import httpx
 
-log = logging.getLogger("fusebox.fuse")
+from .logsafe import install
+
+log = install(logging.getLogger("fusebox.fuse"))
 
 __all__ = ["ActionError", "is_permanent", "RETRYABLE_4XX", "Adapter", "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
            "CONTROL_PATH"]
@@ -46,13 +48,15 @@ class ActionError(RuntimeError):
     """The action was not applied (connection refused, timeout, non-2xx).
 
     ``status``: the HTTP status when there was an answer (None: no answer); ``permanent``: True when
-    retrying cannot help (see :func:`is_permanent`).
+    retrying cannot help (see :func:`is_permanent`). ``summary``: what happened without URL or
+    answer text (``HTTP 404``, ``ConnectError``), for the status page; the message has both.
     """
 
-    def __init__(self, message: str, status: Optional[int] = None):
+    def __init__(self, message: str, status: Optional[int] = None, summary: Optional[str] = None):
         super().__init__(message)
         self.status = status
         self.permanent = is_permanent(status)
+        self.summary = summary or (f"HTTP {status}" if status is not None else "no answer")
 
 
 def is_permanent(status: Optional[int]) -> bool:
@@ -64,7 +68,8 @@ def is_permanent(status: Optional[int]) -> bool:
 
 class Adapter(Protocol):
     """``max_attempts``: None retries transient failures until applied; an int gives up after that
-    many attempts (read with ``getattr``, so an adapter without it retries until applied)."""
+    many attempts (read with ``getattr``, so an adapter without it retries until applied).
+    ``label`` (optional, default ``name``): how metrics and the status page name it; no URL."""
 
     name: str
     max_attempts: Optional[int]
@@ -114,7 +119,7 @@ class HttpGateway:
             r = self._client.post(self.url, json=payload,
                                   headers={**self._headers, "Idempotency-Key": payload["decision_id"]})
         except httpx.HTTPError as e:
-            raise ActionError(f"{self.url}: {type(e).__name__}: {e}") from None
+            raise ActionError(f"{self.url}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
         if not 200 <= r.status_code < 300:
             raise ActionError(f"{self.url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
 
@@ -136,7 +141,8 @@ class VllmResetPrefixCache:
         self.url = base_url.rstrip("/") + "/reset_prefix_cache"
         self.engine = engine
         self.action = action
-        self.name = f"vllm:{engine or '*'}:{base_url.rstrip('/')}"
+        self.name = f"vllm:{engine or '*'}:{base_url.rstrip('/')}"  # the outbox key: stable across restarts
+        self.label = f"vllm:{engine or '*'}"  # for metrics and the status page: no URL
         self._client = httpx.Client(timeout=timeout_s)
 
     def wants(self, payload: dict) -> bool:
@@ -148,10 +154,10 @@ class VllmResetPrefixCache:
         try:
             r = self._client.post(self.url)
         except httpx.HTTPError as e:
-            raise ActionError(f"{self.url}: {type(e).__name__}: {e}") from None
+            raise ActionError(f"{self.url}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
         if r.status_code == 404:
-            raise ActionError(f"{self.url}: HTTP 404 (vLLM serves /reset_prefix_cache only when the engine "
-                              "runs with VLLM_SERVER_DEV_MODE=1)", 404)
+            hint = "HTTP 404 (vLLM serves /reset_prefix_cache only when the engine runs with VLLM_SERVER_DEV_MODE=1)"
+            raise ActionError(f"{self.url}: {hint}", 404, summary=hint)
         if not 200 <= r.status_code < 300:
             raise ActionError(f"{self.url}: HTTP {r.status_code}", r.status_code)
 

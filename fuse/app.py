@@ -1,60 +1,85 @@
 """HTTP transport (FastAPI): maps requests to :class:`FuseService` calls and outcomes to codes.
 
-==========================  =====  ===============================================================
-Route                       Auth   Answers
-==========================  =====  ===============================================================
-POST /alertmanager          yes    200 applied or ignored; 400 malformed; 401; 413 too large;
-                                   503 state not persisted (Alertmanager retries 5xx only)
-POST /override              yes    200 with the decisions; 400 bad override; 401; 409 the scope is
-                                   not exactly a known one (lists the candidates); 413; 503
-GET  /state                 no     JSON: ``levels`` {scope key: highest tripped level}, ``scopes``
-GET  /metrics               no     Prometheus text format
-GET  /                      no     read-only HTML status page
-GET  /healthz               no     200 "ok"
-==========================  =====  ===============================================================
+==========================  ========  =============================================================
+Route                       Token     Answers
+==========================  ========  =============================================================
+POST /alertmanager          webhook   200 applied or ignored; 400 malformed; 401; 413 too large;
+                                      503 state not persisted (Alertmanager retries 5xx only)
+POST /override              a person  200 with the decisions; 400 bad override; 401; 409 the scope
+                                      is not exactly a known one (lists the candidates); 413; 503
+GET  /state                 reader    JSON: ``levels`` {scope key: highest tripped level}, ``scopes``
+GET  /                      reader    read-only HTML status page (Bearer, or Basic with the token
+                                      as password, so a browser can ask for it)
+GET  /openapi.json          reader    the API description (no /docs, /redoc: no third-party script)
+GET  /metrics               none      Prometheus text format (no URL, no answer text)
+GET  /healthz               none      200 "ok"
+==========================  ========  =============================================================
 
-Authentication is ``Authorization: Bearer <token>`` (scheme case-insensitive, RFC 7235), the token
-read from a file (Alertmanager's ``http_config.authorization.credentials_file``), compared with
-:func:`hmac.compare_digest` (:func:`fusebox.fuse.actions.bearer_matches`).
+Tokens (:mod:`fusebox.fuse.tokens`): *webhook* is Alertmanager's; *a person* is one of the named
+override tokens, whose name the audit records; *reader* is the read token when one is configured,
+else the webhook token, and any person's token. ``Authorization: Bearer <token>``, the scheme in
+any case (RFC 7235), each token compared in constant time. A missing or wrong token is answered 401
+whatever the body holds (nothing of it is used); a body over the limit is 413 before the token is
+looked at.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations, which name
+# dependencies local to create_app.
 
-import html
 import json
 import re
 import time
 from datetime import datetime, timezone
+from functools import lru_cache
 from importlib import resources
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from starlette.exceptions import HTTPException
 
-
-from .actions import bearer_matches
 from .breaker import OverrideError, ScopeNotFound
-from .payload import PayloadError, load_json, parse_payload
+from .payload import PayloadError, parse_payload
 from .service import FuseService, Unavailable
+from .tokens import Tokens, TokenFiles, match
 
-__all__ = ["create_app", "MAX_BODY_BYTES"]
+__all__ = ["create_app", "render_status", "MAX_BODY_BYTES", "MAX_LABEL_VALUE", "STATUS_ROWS", "WebhookPayload",
+           "OverrideRequest"]
 
 # Alertmanager caps a notification at max_alerts (0 = all); 1 MiB holds thousands of alerts.
 MAX_BODY_BYTES = 1 << 20
+# Longest label value accepted (alerts and override scopes). Host names are at most 253 characters
+# (RFC 1035), GPU UUIDs 40; the cap bounds what one alert can make the state and the page hold.
+MAX_LABEL_VALUE = 256
+# Alertmanager's fingerprints are 16 hex digits.
+MAX_FINGERPRINT = 64
+# The status page lists at most this many scope rows (scope x level) and audit rows, and clips the
+# text of each cell, so that its size stays bounded (under 1 MB) whatever the alerts carried.
+STATUS_ROWS = 100
+STATUS_DECISIONS = 30
+STATUS_ALERTS_PER_ROW = 5
+STATUS_TRIPPED_IN_SUMMARY = 10
+STATUS_CELL_CHARS = 200
+
+LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE)]
 
 
-class _Alert(BaseModel):
+class Alert(BaseModel):
+    """One alert of a webhook notification (Alertmanager's ``template.Alert``)."""
+
     model_config = ConfigDict(extra="allow")
-    status: Optional[Literal["firing", "resolved"]] = None
-    labels: dict[str, str]
+    status: Optional[Literal["firing", "resolved"]] = Field(None, description="absent: derived from endsAt")
+    labels: dict[str, LabelValue] = Field(description=f"label values at most {MAX_LABEL_VALUE} characters")
     annotations: dict[str, str] = {}
-    startsAt: str
-    endsAt: Optional[str] = None
+    startsAt: str = Field(description="RFC 3339")
+    endsAt: Optional[str] = Field(None, description="RFC 3339; Go's zero time or absent: no end known")
     generatorURL: Optional[str] = None
-    fingerprint: Optional[str] = None
+    fingerprint: Optional[Annotated[str, StringConstraints(max_length=MAX_FINGERPRINT)]] = Field(
+        None, description="absent: computed from the labels as Alertmanager does")
 
 
 class WebhookPayload(BaseModel):
@@ -70,7 +95,7 @@ class WebhookPayload(BaseModel):
     commonLabels: dict[str, str] = {}
     commonAnnotations: dict[str, str] = {}
     externalURL: Optional[str] = None
-    alerts: list[_Alert]
+    alerts: list[Alert]
 
 
 # An override lasts at most a week: longer, and it outlives the incident it was for.
@@ -84,7 +109,7 @@ class OverrideRequest(BaseModel):
     """
 
     model_config = ConfigDict(extra="ignore", strict=True)
-    scope: dict[str, str] = Field(description="scope labels (cluster, host_name, instance, hw_id, engine)")
+    scope: dict[str, LabelValue] = Field(description="scope labels (cluster, host_name, instance, hw_id, engine)")
     level: int = Field(ge=1, le=99, description="the spec's fuse level: 1 freeze_admissions, 2 text_only_fallback, "
                                                 "3 kv_cache_eviction")
     mode: Literal["trip", "release"]
@@ -100,142 +125,240 @@ def _validation_problem(e: ValidationError | RequestValidationError) -> JSONResp
     Only the first problem is told (fix it and resend); pydantic's text and documentation URLs are left out.
     """
     err = e.errors()[0]
+    kind = err.get("type", "")
+    if kind == "json_invalid":
+        return _problem(400, f"body is not JSON: {err.get('ctx', {}).get('error', 'decode error')}", "body")
     loc = [str(x) for x in err.get("loc", ()) if x != "body"]
     field = ".".join(loc) or "body"
-    kind = err.get("type", "")
     if kind == "missing":
         msg = f"{field} is required"
     else:
         text = re.sub(r"^(Input|String|Value|Dictionary|List) should", "must", err.get("msg", "is invalid"))
         text = text.replace("a valid dictionary", "a JSON object")
-        if kind in ("model_type", "model_attributes_type"):
+        if kind in ("model_type", "model_attributes_type", "dict_type"):
             text = "must be a JSON object"
         got = json.dumps(err.get("input"), default=str)
         msg = f"{field} {text}, got {got[:60] + '...' if len(got) > 60 else got}"
-    return JSONResponse({"status": "error", "error": msg, "field": field}, status_code=400)
+    return _problem(400, msg, field)
 
 
-def _schema(model) -> dict:
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+def _problem(code: int, msg: str, field: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
+    body = {"status": "error", "error": msg}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(body, status_code=code, headers=headers)
 
 
-def _problem(code: int, msg: str) -> JSONResponse:
-    return JSONResponse({"status": "error", "error": msg}, status_code=code)
+class _Denied(Exception):
+    """No token, or not one of the role's (HTTP 401)."""
+
+    def __init__(self, basic: bool = False):
+        self.basic = basic  # also offer Basic: a browser then asks for the token
 
 
-def create_app(service: FuseService, token: str, *, max_body: int = MAX_BODY_BYTES) -> FastAPI:
-    """The ASGI app. ``token``: the bearer token both Alertmanager and SREs present."""
-    if not token:
-        raise ValueError("an empty token would let anyone trip fuses")
-    app = FastAPI(title="fusebox fuse", version="1", description=__doc__.split("\n\n")[0])
+_DENIED = "missing or wrong token"
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
-    # pydantic's nested schemas (the _Alert model) must be in components for the $ref to resolve.
-    def openapi():
-        if app.openapi_schema:
-            return app.openapi_schema
-        from fastapi.openapi.utils import get_openapi
 
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        comps = schema.setdefault("components", {}).setdefault("schemas", {})
-        for m in (WebhookPayload, OverrideRequest):
-            full = m.model_json_schema(ref_template="#/components/schemas/{model}")
-            comps.update(full.pop("$defs", {}))
-        schema.setdefault("components", {})["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        app.openapi_schema = schema
-        return schema
+class _BodyLimit:
+    """ASGI middleware: a request body over ``max_body`` bytes is answered 413 before the app reads
+    it (Content-Length checked first, a streamed body counted as it comes); ``on_413(path)`` counts it."""
 
-    app.openapi = openapi
+    def __init__(self, app, max_body: int, on_413):
+        self.app, self.max_body, self.on_413 = app, max_body, on_413
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body:
+            return await self._too_large(scope, receive, send)
+        body = bytearray()
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client left
+                return
+            body += msg.get("body", b"")
+            if len(body) > self.max_body:
+                return await self._too_large(scope, receive, send)
+            if not msg.get("more_body"):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope, receive, send):
+        self.on_413(scope["path"])
+        await _problem(413, f"body over {self.max_body} bytes")(scope, receive, send)
+
+
+def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_body: int = MAX_BODY_BYTES) -> FastAPI:
+    """The ASGI app.
+
+    Args:
+        tokens: :class:`Tokens` (fixed), :class:`TokenFiles` (read again when the files change), or a
+            string: the webhook token alone (no one may override).
+        max_body: largest request body, bytes (413 above).
+
+    Raises:
+        ValueError: an empty webhook token.
+    """
+    if isinstance(tokens, str):
+        tokens = Tokens(webhook=tokens)
+    source = tokens
+    source.current()  # fails now, not on the first request
+    app = FastAPI(title="fusebox fuse", version="1", description=__doc__.split("\n\n")[0],
+                  openapi_url=None, docs_url=None, redoc_url=None)
+    metrics = service.metrics
+
+    def count(path: str, outcome: str) -> None:
+        if path == "/alertmanager":
+            metrics.notifications.labels(outcome).inc()
+
+    app.add_middleware(_BodyLimit, max_body=max_body, on_413=lambda path: count(path, "http_413"))
+
+    bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <token> (scheme in any case)")
+    basic = HTTPBasic(auto_error=False, realm="fusebox fuse",
+                      description="for browsers, read routes only: any user name, a reader token as password")
+
+    def readers(t: Tokens) -> dict[str, str]:
+        # "(read)" and "(webhook)" cannot be people's names (tokens.read_people_file)
+        return {**t.people, ("(read)" if t.read else "(webhook)"): t.read or t.webhook}
+
+    def presented(creds: Optional[HTTPAuthorizationCredentials]) -> Optional[str]:
+        return creds.credentials.strip(" ") if creds else None
+
+    def webhook_token(creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)]) -> str:
+        if match(presented(creds), {"webhook": source.current().webhook}) is None:
+            raise _Denied()
+        return "webhook"
+
+    def person_token(creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)]) -> str:
+        name = match(presented(creds), source.current().people)
+        if name is None:
+            raise _Denied()
+        return name
+
+    def reader_token(creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)],
+                     login: Annotated[Optional[HTTPBasicCredentials], Security(basic)]) -> str:
+        given = login.password if login else presented(creds)
+        name = match(given, readers(source.current()))
+        if name is None:
+            raise _Denied(basic=True)
+        return name
+
+    roles = {"/alertmanager": webhook_token, "/override": person_token}
+
+    def authorized(request: Request) -> bool:
+        """For a request refused before its dependencies ran (a body that is not JSON): the role's token?"""
+        dep = roles.get(request.url.path)
+        if dep is None:
+            return True
+        scheme, _, cred = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        try:
+            dep(HTTPAuthorizationCredentials(scheme=scheme, credentials=cred.strip(" ") or "-"))
+        except _Denied:
+            return False
+        return True
+
+    def denied(request: Request, exc: Optional[_Denied] = None) -> JSONResponse:
+        count(request.url.path, "http_401")
+        r = _problem(401, _DENIED, headers=_CHALLENGE)
+        if exc is not None and exc.basic:  # one challenge per header: browsers then ask for the token
+            r.headers.append("WWW-Authenticate", 'Basic realm="fusebox fuse"')
+        return r
+
+    @app.exception_handler(_Denied)
+    async def _denied(request, exc):
+        return denied(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request, exc):  # FastAPI says 422; Alertmanager and we say 400
+        if not authorized(request):
+            return denied(request)
+        count(request.url.path, "http_400")
         return _validation_problem(exc)
 
-    def authorized(request: Request) -> bool:
-        return bearer_matches(request.headers.get("authorization"), token)
-
-    async def body_of(request: Request) -> bytes | Response:
-        if not authorized(request):
-            return JSONResponse({"status": "error", "error": "missing or wrong bearer token"}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > max_body:
-            return _problem(413, f"body over {max_body} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body:
-                return _problem(413, f"body over {max_body} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+    @app.exception_handler(HTTPException)
+    async def _http_error(request, exc):  # FastAPI's own: a body it could not parse (nested too deeply)
+        if exc.status_code == 401:
+            return denied(request, _Denied(basic=True))
+        if exc.status_code == 400 and not authorized(request):
+            return denied(request)
+        if exc.status_code == 400:
+            count(request.url.path, "http_400")
+            return _problem(400, "body is not usable JSON (nested too deeply, or not UTF-8)", "body")
+        return _problem(exc.status_code, str(exc.detail)[:200])
 
     responses = {400: {"description": "malformed"}, 401: {"description": "no or wrong token"},
                  413: {"description": "too large"}, 503: {"description": "state not persisted; retry"}}
 
-    @app.post("/alertmanager", openapi_extra=_schema(WebhookPayload), responses=responses)
-    async def alertmanager(request: Request):
+    @app.post("/alertmanager", responses=responses)
+    async def alertmanager(body: WebhookPayload, _: Annotated[str, Depends(webhook_token)]):
         """Alertmanager webhook receiver (payload version 4)."""
         t0 = time.perf_counter()
         received = service.clock()
-        body = await body_of(request)
-        if isinstance(body, Response):
-            service.metrics.notifications.labels(f"http_{body.status_code}").inc()
-            return body
         try:
-            note = parse_payload(body, received)
-        except (ValidationError, PayloadError, ValueError) as e:
-            service.metrics.notifications.labels("http_400").inc()
+            note = parse_payload(body.model_dump(), received)
+        except (PayloadError, ValueError) as e:
+            metrics.notifications.labels("http_400").inc()
             return _problem(400, str(e)[:500])
         try:
             result = service.handle(note, received)
         except Unavailable as e:
-            service.metrics.notifications.labels("http_503").inc()
+            metrics.notifications.labels("http_503").inc()
             return _problem(503, f"state not persisted, retry: {e}")
-        service.metrics.notifications.labels("applied" if result["decisions"] else "ignored").inc()
-        service.metrics.request.observe(time.perf_counter() - t0)
+        metrics.notifications.labels("applied" if result["decisions"] else "ignored").inc()
+        metrics.request.observe(time.perf_counter() - t0)
         return {"status": "ok", **result}
 
-    @app.post("/override", openapi_extra=_schema(OverrideRequest),
-              responses={**responses, 409: {"description": "the scope is not exactly a known one; lists candidates"}})
-    async def override(request: Request):
-        """Force-trip or force-release a level of a scope for a while, with a reason (audited)."""
-        body = await body_of(request)
-        if isinstance(body, Response):
-            return body
-        try:
-            req = OverrideRequest.model_validate(load_json(body))
-        except PayloadError as e:
-            return JSONResponse({"status": "error", "error": str(e)[:200], "field": "body"}, status_code=400)
-        except ValidationError as e:
-            return _validation_problem(e)
+    @app.post("/override", responses={**responses, 409: {"description": "the scope is not exactly a known one; "
+                                                                        "lists candidates"}})
+    async def override(req: OverrideRequest, who: Annotated[str, Depends(person_token)]):
+        """Force-trip or force-release a level of a scope for a while, with a reason (audited with
+        the name of the token used)."""
         try:
             decisions = service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s, fleet=req.fleet,
-                                         new_scope=req.new_scope)
+                                         new_scope=req.new_scope, by=who)
         except ScopeNotFound as e:  # 409: the request is well formed but names no scope exactly
             return JSONResponse({"status": "error", "error": str(e), "field": e.field, "scopes": e.scopes},
                                 status_code=409)
         except OverrideError as e:
-            return JSONResponse({"status": "error", "error": str(e), "field": e.field}, status_code=400)
+            return _problem(400, str(e), e.field)
         except Unavailable as e:
             return _problem(503, f"state not persisted, retry: {e}")
         return {"status": "ok", "decisions": decisions}
 
-    @app.get("/state")
-    def state():
+    @app.get("/state", responses={401: {"description": "no or wrong token"}})
+    def state(_: Annotated[str, Depends(reader_token)]):
         """``levels``: scope key -> highest tripped level (absent: none); ``scopes``: details."""
         return service.state()
 
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(_: Annotated[str, Depends(reader_token)]):
+        return app.openapi()
+
     @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics():
-        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    def prometheus_metrics():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", response_class=PlainTextResponse)
     def healthz():
         return "ok"
 
-    @app.get("/", response_class=HTMLResponse)
-    def status_page():
+    @app.get("/", response_class=HTMLResponse, responses={401: {"description": "no or wrong token"}})
+    def status_page(_: Annotated[str, Depends(reader_token)]):
         """Read-only status: scopes, levels, alerts holding them, last decisions."""
-        return render_status(service.state(), service.store.audit_log(30))
+        return render_status(service.state(), service.store.audit_log(STATUS_DECISIONS))
 
     return app
 
@@ -246,31 +369,48 @@ def _ts(t) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _clip(text, n: int = STATUS_CELL_CHARS) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@lru_cache(maxsize=1)
+def _template():
+    import jinja2
+
+    text = resources.files("fusebox.fuse").joinpath("static/status.html").read_text(encoding="utf-8")
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    return env.from_string(text)
+
+
 def render_status(state: dict, audit: list[dict]) -> str:
-    """The status page as one HTML string (template in static/status.html, no script)."""
-    e = html.escape
-    rows = []
+    """The status page as one HTML string: ``state`` is :meth:`FuseService.state`, ``audit`` the
+    newest audit rows. Rendered in one pass by Jinja2 with autoescape (template static/status.html,
+    no script), so text from alerts is shown as text, never read as markup or as a placeholder. At
+    most ``STATUS_ROWS`` scope rows and the first ``STATUS_DECISIONS`` audit rows, every cell
+    clipped to ``STATUS_CELL_CHARS`` characters: the page stays under 1 MB."""
+    rows, total = [], 0
     for sc in state["scopes"]:
         for lvl, st in sc["levels"].items():
+            total += 1
+            if len(rows) >= STATUS_ROWS:
+                continue
             ov = st["override"]
-            ov_text = f"{ov['mode']} until {_ts(ov['until'])}: {ov['reason']}" if ov else ""
-            rows.append(
-                f'<tr class="{"tripped" if st["tripped"] else "ok"}" data-scope="{e(sc["key"])}" data-level="{e(lvl)}">'
-                f'<td>{e(sc["key"])}</td><td>{e(lvl)}</td><td>{e(st["action"])}</td>'
-                f'<td>{"TRIPPED" if st["tripped"] else "ok"}</td>'
-                f'<td>{"<br>".join(e(a) for a in st["alerts"]) or "-"}</td>'
-                f'<td>{e(_ts(st["release_at"]))}</td>'
-                f'<td>{e(ov_text)}</td></tr>')
-    drows = [
-        f'<tr><td>{e(_ts(a["at"]))}</td><td>{e(a["kind"])}</td><td>{e(a["scope_key"] or "")}</td>'
-        f'<td>{e(str(a["level"] or ""))}</td><td>{e(a["action"] or "")}</td><td>{e(a["source"] or "")}</td>'
-        f'<td>{e(a["reason"] or "")}</td></tr>' for a in audit]
-    summary = ", ".join(f"{e(k)}: level {v}" for k, v in sorted(state["levels"].items())) or "no fuse tripped"
-    tpl = resources.files("fusebox.fuse").joinpath("static/status.html").read_text(encoding="utf-8")
-    return (tpl.replace("{{summary}}", summary)
-            .replace("{{scopes}}", "\n".join(rows) or '<tr><td colspan="7">no scope seen yet</td></tr>')
-            .replace("{{decisions}}", "\n".join(drows) or '<tr><td colspan="7">no decision yet</td></tr>')
-            .replace("{{mode}}", "dry-run (decisions are logged, not applied)" if state["dry_run"] else "live")
-            .replace("{{pending}}", str(state["pending_actions"]))
-            .replace("{{hold}}", f'{state["hold_s"]:g}'))
-
+            alerts = st["alerts"]
+            rows.append({
+                "key": _clip(sc["key"]), "level": lvl, "action": _clip(st["action"]), "tripped": st["tripped"],
+                "alerts": [_clip(a) for a in alerts[:STATUS_ALERTS_PER_ROW]],
+                "alerts_more": max(0, len(alerts) - STATUS_ALERTS_PER_ROW),
+                "release_at": _ts(st["release_at"]),
+                "override": _clip(f"{ov['mode']} until {_ts(ov['until'])}: {ov['reason']}") if ov else "",
+            })
+    tripped = sorted(state["levels"].items())
+    decisions = [{"at": _ts(a["at"]), "kind": _clip(a["kind"]), "scope": _clip(a["scope_key"]),
+                  "level": a["level"] or "", "action": _clip(a["action"]), "source": _clip(a["source"]),
+                  "reason": _clip(a["reason"])} for a in audit[:STATUS_DECISIONS]]
+    return _template().render(
+        tripped=[(_clip(k), v) for k, v in tripped[:STATUS_TRIPPED_IN_SUMMARY]],
+        tripped_more=max(0, len(tripped) - STATUS_TRIPPED_IN_SUMMARY),
+        rows=rows, rows_more=total - len(rows), decisions=decisions,
+        mode="dry-run (decisions are logged, not applied)" if state["dry_run"] else "live",
+        pending=state["pending_actions"], hold=f'{state["hold_s"]:g}')

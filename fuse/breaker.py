@@ -18,6 +18,11 @@ Rules (issue 5, STYLE.md section 8):
   (``truncatedAlerts`` > 0 or otherwise) never release anything.
 * An override forces a level of a scope tripped or released until it expires; then the level
   follows its holders again (released at once when none holds it).
+* Only alerts the spec generates trip, and an alert without scope labels trips nothing unless the
+  spec allows fleet-wide alerts (:meth:`FuseRules.verdict`; outcome ``untrusted``/``no_scope``).
+* At most ``max_scopes`` scopes are kept: a new one first drops an idle scope (nothing tripped,
+  held, pending or overridden); when none is idle the alert is refused (outcome ``scope_limit``)
+  and an override answers an error. At most ``MAX_TOMBSTONES`` resolved fingerprints are kept.
 """
 
 from __future__ import annotations
@@ -29,12 +34,16 @@ from typing import Iterable, Optional
 from .payload import AlertEvent, Notification
 from fusebox.conventions import SCOPE_LABELS
 
-from .rules import FuseRules, scope_key, scope_of
+from .rules import FuseRules, Refusal, scope_key, scope_of
 
 __all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound"]
 
 # How long a "resolved" is remembered to reject a stale "firing" of the same alert instance.
 TOMBSTONE_S = 24 * 3600.0
+# Bounds on what alerts can make the breaker keep (issue 14: an authenticated sender must not be
+# able to grow the state, the snapshot and the status page without end).
+MAX_SCOPES = 10_000
+MAX_TOMBSTONES = 100_000
 
 
 class OverrideError(ValueError):
@@ -89,11 +98,14 @@ class Decision:
 class Outcome:
     """What one alert of a notification did: "tripped", "held", "duplicate", "stale", "no_fuse",
     "resolved" (a holder left), "release_pending" (the last one left; hold started),
-    "not_held" (a resolved alert that held nothing)."""
+    "not_held" (a resolved alert that held nothing); refused, with a ``reason``: "untrusted" (not an
+    alert and action the spec generates), "no_scope" (no scope label, fleet-wide alerts not
+    allowed), "scope_limit" (no room for another scope)."""
 
     fingerprint: str
     alertname: str
     result: str
+    reason: str = ""
 
 
 @dataclass
@@ -108,11 +120,14 @@ class _Level:
 class Breaker:
     """Per-scope, per-level fuse state. Not thread-safe: the service serialises calls."""
 
-    def __init__(self, rules: FuseRules, hold_s: float = 300.0):
+    def __init__(self, rules: FuseRules, hold_s: float = 300.0, *, max_scopes: int = MAX_SCOPES):
         if hold_s < 0:
             raise ValueError("hold_s must be >= 0")
+        if max_scopes < 1:
+            raise ValueError("max_scopes must be >= 1")
         self.rules = rules
         self.hold_s = float(hold_s)
+        self.max_scopes = max_scopes
         self.scopes: dict[str, dict] = {}  # key -> {"labels": {...}, "levels": {level: _Level}}
         self.resolved: dict[str, list] = {}  # fingerprint -> [latest resolved startsAt, seen at]
 
@@ -175,6 +190,9 @@ class Breaker:
         key = scope_key(scope)
         if key not in self.scopes:
             self._check_new_scope(scope, key, mode, new_scope or fleet)
+            if not self._room_for(key):
+                raise OverrideError(f"the fuse keeps at most {self.max_scopes} scopes and every one has something "
+                                    "tripped, held or overridden; release one first", "scope")
         st = self._level(key, scope, level)
         st.override = {"mode": mode, "until": now + duration_s, "reason": reason}
         st.release_at = None
@@ -235,6 +253,17 @@ class Breaker:
         self.resolved = {fp: list(v) for fp, v in snap.get("resolved", {}).items()}
 
     # ------------------------------------------------------------------ machinery
+    def _room_for(self, key: str) -> bool:
+        """Whether scope ``key`` is kept or may be added, dropping the oldest idle scope if needed."""
+        if key in self.scopes or len(self.scopes) < self.max_scopes:
+            return True
+        for k, sc in self.scopes.items():
+            if all(not st.tripped and not st.holders and st.release_at is None and st.override is None
+                   for st in sc["levels"].values()):
+                del self.scopes[k]
+                return True
+        return False
+
     def _level(self, key: str, scope: dict, level: int) -> _Level:
         sc = self.scopes.setdefault(key, {"labels": dict(scope), "levels": {}})
         return sc["levels"].setdefault(level, _Level())
@@ -262,15 +291,21 @@ class Breaker:
 
     def _on_alert(self, a: AlertEvent, now: float) -> tuple[Optional[Decision], Outcome]:
         name = a.labels.get("alertname", "")
-        target = self.rules.target(a.labels)
+        target = self.rules.verdict(a.labels)
         if target is None:
             return None, Outcome(a.fingerprint, name, "no_fuse")
+        if isinstance(target, Refusal):
+            return None, Outcome(a.fingerprint, name, target.result, target.reason)
         scope = scope_of(a.labels)
         key = scope_key(scope)
         if a.status == "firing":
             tomb = self.resolved.get(a.fingerprint)
             if tomb and a.starts_at <= tomb[0]:
                 return None, Outcome(a.fingerprint, name, "stale")
+            if not self._room_for(key):
+                return None, Outcome(a.fingerprint, name, "scope_limit", (
+                    f"alert {name!r} on {key}: the fuse keeps at most {self.max_scopes} scopes and every one has "
+                    "something tripped, held or overridden: ignored"))
             st = self._level(key, scope, target.level)
             held = st.holders.get(a.fingerprint)
             if held is not None and a.starts_at <= held["start"]:
@@ -284,6 +319,8 @@ class Breaker:
         tomb = self.resolved.get(a.fingerprint)
         if not tomb or a.starts_at > tomb[0]:
             self.resolved[a.fingerprint] = [a.starts_at, now]
+            while len(self.resolved) > MAX_TOMBSTONES:  # the oldest first (insertion order)
+                del self.resolved[next(iter(self.resolved))]
         found = self._find_holder(a.fingerprint)
         if not found or found[2].holders[a.fingerprint]["start"] > a.starts_at:
             return None, Outcome(a.fingerprint, name, "not_held")

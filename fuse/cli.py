@@ -43,8 +43,15 @@ def register(subparsers) -> None:
     s.add_argument("--spec", default="fusebox.yaml", help="the fusebox spec (levels and actions per alert)")
     s.add_argument("--listen", type=_hostport, default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
     s.add_argument("--state", default="fusebox-fuse.sqlite", help="SQLite file for state, outbox and audit log")
-    s.add_argument("--token-file", required=True,
-                   help="bearer token Alertmanager (credentials_file) and SREs present; first line of the file")
+    s.add_argument("--webhook-token-file", "--token-file", dest="token_file", required=True, metavar="PATH",
+                   help="the token Alertmanager presents on POST /alertmanager (its credentials_file): the whole "
+                        "file, surrounding whitespace stripped, one line; it also reads /state, / and "
+                        "/openapi.json unless --read-token-file is given")
+    s.add_argument("--override-tokens", metavar="PATH",
+                   help="people who may POST /override: one 'NAME TOKEN' line each ('#' comments); the audit "
+                        "records the NAME. Without it, no one may override")
+    s.add_argument("--read-token-file", metavar="PATH",
+                   help="a token that may only read /state, / and /openapi.json (whole file, one line)")
     s.add_argument("--gateway-url", help="inference gateway base URL; POST <url>/v1/control/fuse")
     s.add_argument("--gateway-token-file", help="token for the gateway (env FUSEBOX_GATEWAY_TOKEN wins)")
     s.add_argument("--dry-run", action="store_true", help="log each decision, call nothing")
@@ -74,16 +81,18 @@ def _err(msg: str) -> int:
 
 
 def build_service(args):
-    """The service and its bearer token from parsed ``serve`` arguments (no server started)."""
+    """The service and its :class:`~fusebox.fuse.tokens.TokenFiles` from parsed ``serve`` arguments
+    (no server started). Raises SpecError, OSError, ValueError."""
     from fusebox.spec import load_spec
 
     from .actions import DryRun, HttpGateway, VllmResetPrefixCache, read_token
     from .rules import FuseRules
     from .service import FuseService
     from .store import Store
+    from .tokens import TokenFiles
 
     spec = load_spec(args.spec)
-    token = read_token(args.token_file, env=None)
+    token = TokenFiles(args.token_file, args.override_tokens, args.read_token_file)
     if args.dry_run:
         adapters = [DryRun()]
     else:
@@ -125,18 +134,26 @@ def serve(args) -> int:
     from fusebox.spec.errors import SpecError
 
     try:
-        service, token = build_service(args)
+        service, tokens = build_service(args)
     except SpecError as e:
         return _err(str(e))
     except (OSError, ValueError) as e:
         return _err(str(e))
-    if not token:
-        return _err(f"{args.token_file}: empty token file")
+    import signal
+
     import uvicorn
 
     from .app import create_app
+    from .tokens import permission_warnings
 
-    app = create_app(service, token)
+    log = logging.getLogger("fusebox.fuse")
+    for w in permission_warnings([args.token_file, args.override_tokens, args.read_token_file,
+                                  args.gateway_token_file]):
+        log.warning("%s", w)
+    # SIGHUP reads the token files again (they are also read again when they change); uvicorn
+    # handles only SIGINT and SIGTERM.
+    signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
+    app = create_app(service, tokens)
     host, port = args.listen
     print(startup_line(args, service), file=sys.stderr, flush=True)
     service.start()

@@ -5,22 +5,36 @@ The generated alerting rules label every tier that trips a fuse with ``fuse_acti
 without those labels (a hand-written rule, a relabelled route) is resolved through the spec by
 ``alertname`` + ``severity``. The spec is authoritative for the level of an action: a
 ``fuse_level`` label that disagrees with it is ignored.
+
+Only what the spec generates is trusted (issue 14): a ``fuse_action`` label counts only on an alert
+whose (``alertname``, action) pair is one of the spec's tiers; any other alert that asks for a fuse
+is refused with a reason (audited by the service). An alert without any scope label would trip the
+empty scope, i.e. the whole fleet: refused unless the spec says ``fuse.allow_fleet_wide_alerts``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 from fusebox import conventions as C
 
-__all__ = ["Target", "FuseRules", "scope_of", "scope_key"]
+__all__ = ["Target", "Refusal", "FuseRules", "scope_of", "scope_key"]
 
 
 @dataclass(frozen=True)
 class Target:
     action: str
     level: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An alert that asks for a fuse it may not trip. ``result``: ``untrusted`` (not an alert and
+    action the spec generates) or ``no_scope`` (no scope label, fleet-wide alerts not allowed)."""
+
+    result: str
+    reason: str
 
 
 def scope_of(labels: Mapping[str, str]) -> dict[str, str]:
@@ -44,36 +58,64 @@ def scope_key(scope: Mapping[str, str]) -> str:
 
 
 class FuseRules:
-    """Actions and their levels, plus (alertname, severity) -> action from the spec's tiers."""
+    """Actions and their levels, (alertname, severity) -> action from the spec's tiers, and the
+    (alertname, action) pairs the spec generates (the only ones a ``fuse_action`` label may ask for).
 
-    def __init__(self, actions: Mapping[str, int], by_alert: Mapping[tuple[str, str], str]):
+    Args:
+        actions: action name -> level.
+        by_alert: (alertname, severity) -> action name.
+        allow_fleet_wide: whether an alert without any scope label may trip the empty scope.
+    """
+
+    def __init__(self, actions: Mapping[str, int], by_alert: Mapping[tuple[str, str], str], *,
+                 allow_fleet_wide: bool = False, trusted: Optional[Iterable[tuple[str, str]]] = None):
         self.actions = dict(actions)  # name -> level
         self.by_alert = dict(by_alert)  # (alertname, severity) -> action name
         self.levels = {lvl: name for name, lvl in self.actions.items()}
+        if trusted is None:
+            trusted = [(alert, action) for (alert, _sev), action in self.by_alert.items()]
+        self.trusted = frozenset(trusted)  # (alertname, fuse_action) pairs a fuse_action label may ask for
+        self.allow_fleet_wide = allow_fleet_wide
 
     @classmethod
     def from_spec(cls, spec) -> "FuseRules":
-        """From a :class:`fusebox.spec.Spec`: spec.actions and each tier's ``fuse``."""
+        """From a :class:`fusebox.spec.Spec`: spec.actions, each tier's ``fuse``,
+        ``fuse.allow_fleet_wide_alerts``, and the trusted pairs: (alert, ``fuse_action``) of every
+        tier that requests a fuse -- the pairs the generated alerting rules carry (the rule
+        renderer puts ``fuse_action: <tier.fuse>`` on exactly those; a test compares the two).
+        """
         actions = {name: a.level for name, a in spec.actions.items()}
         by_alert = {}
         for s in spec.signals:
             for t in s.tiers:
                 if t.fuse:
                     by_alert[(s.alert, t.severity)] = t.fuse
-        return cls(actions, by_alert)
-
-    @classmethod
-    def default(cls) -> "FuseRules":
-        """Only the conventions' three levels, no alert table (for tests and tools without a spec)."""
-        return cls(C.FUSE_LEVELS, {})
+        trusted = [(s.alert, t.fuse) for s in spec.signals for t in s.tiers if t.fuse]
+        return cls(actions, by_alert, allow_fleet_wide=bool(getattr(spec, "allow_fleet_wide_alerts", False)),
+                   trusted=trusted)
 
     def target(self, labels: Mapping[str, str]) -> Optional[Target]:
-        """The fuse an alert asks for, or None (warning tier, absent alert, unknown action)."""
-        if labels.get("alertname") == C.ABSENT_ALERT:
+        """The fuse an alert asks for and may trip, or None (see :meth:`verdict`)."""
+        t = self.verdict(labels)
+        return t if isinstance(t, Target) else None
+
+    def verdict(self, labels: Mapping[str, str]) -> Target | Refusal | None:
+        """The fuse an alert trips (:class:`Target`); a :class:`Refusal` when it asks for one it may
+        not trip; None when it asks for none (warning tier, absent alert, unknown action)."""
+        name = labels.get("alertname", "")
+        if name == C.ABSENT_ALERT:
             return None
         action = labels.get(C.LABEL["fuse_action"])
-        if not action:
-            action = self.by_alert.get((labels.get("alertname", ""), labels.get(C.LABEL["severity"], "")))
+        if action:
+            if (name, action) not in self.trusted:
+                return Refusal("untrusted", f"alert {name!r} asks for fuse_action {action!r}, but that is not an "
+                                            "alert the spec generates with that action: ignored")
+        else:
+            action = self.by_alert.get((name, labels.get(C.LABEL["severity"], "")))
         if not action or action not in self.actions:
             return None
+        if not scope_of(labels) and not self.allow_fleet_wide:
+            known = ", ".join(C.SCOPE_LABELS)
+            return Refusal("no_scope", f"alert {name!r} ({action}) has no scope label ({known}) and would trip the "
+                                       "whole fleet; the spec does not allow that (fuse.allow_fleet_wide_alerts): ignored")
         return Target(action, self.actions[action])

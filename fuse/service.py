@@ -13,6 +13,10 @@ lane that is failing (in backoff) does not hold up other scopes. Failures are cl
 to ``backoff_max_s``, per lane) until applied, or until the adapter's ``max_attempts`` is spent.
 An exception inside a dispatcher iteration (e.g. the store failing) is logged, counted in
 ``fusebox_fuse_dispatcher_errors_total`` and the loop goes on.
+
+What people see (the status page, ``/metrics``) names an adapter by its *label* (``gateway``,
+``vllm:<engine>``), never by a URL; the audit's ``reason`` says what happened (``HTTP 400``)
+without the answer's text, which stays in the audit row's ``detail`` (``error``, ``adapter``).
 """
 
 from __future__ import annotations
@@ -28,16 +32,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from fusebox import conventions as C
 
 from .actions import Adapter
-from .breaker import Breaker, Decision, OverrideError
+from .breaker import MAX_SCOPES, Breaker, Decision, OverrideError
+from .logsafe import install
 from .payload import Notification
 from .rules import FuseRules
 from .store import Store, StoreError
 
-log = logging.getLogger("fusebox.fuse")
+log = install(logging.getLogger("fusebox.fuse"))
 
 __all__ = ["FuseService", "Unavailable", "OverrideError"]
 
 _CHANGED = {"tripped", "held", "overridden", "resolved", "release_pending", "not_held"}
+_REFUSED = {"untrusted", "no_scope", "scope_limit"}  # audited as kind "ignored", with the reason
 
 
 class Unavailable(RuntimeError):
@@ -83,20 +89,23 @@ class FuseService:
         backoff_s, backoff_max_s: first retry delay and cap, seconds.
         tick_s: how often hold times and override expiries are checked.
         clock: Unix seconds.
+        max_scopes: scopes the breaker keeps at most (:class:`Breaker`).
     """
 
     def __init__(self, rules: FuseRules, store: Store, adapters: Sequence[Adapter], *, hold_s: float = 300.0,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, tick_s: float = 1.0,
-                 clock: Callable[[], float] = time.time, dry_run: bool = False):
+                 clock: Callable[[], float] = time.time, dry_run: bool = False, max_scopes: int = MAX_SCOPES):
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
+        self.labels = _labels(adapters)
+        self.max_scopes = max_scopes
         self.hold_s = hold_s
         self.backoff_s, self.backoff_max_s, self.tick_s = backoff_s, backoff_max_s, tick_s
         self.clock = clock
         self.dry_run = dry_run
         self.metrics = _Metrics()
-        self.breaker = Breaker(rules, hold_s)
+        self.breaker = Breaker(rules, hold_s, max_scopes=max_scopes)
         self._committed = store.snapshot() or {}
         self.breaker.restore(self._committed)
         self._lock = threading.Lock()
@@ -142,8 +151,13 @@ class FuseService:
         with self._lock:
             now = self.clock()
             decisions, outcomes = self.breaker.on_notification(note, now)
-            changed = bool(decisions) or any(o.result in _CHANGED for o in outcomes)
-            ids = self._commit(decisions, received, changed)
+            refused = [o for o in outcomes if o.result in _REFUSED]
+            audit = [{"at": now, "kind": "ignored", "source": "alert", "reason": o.reason[:1000],
+                      "detail": {"result": o.result, "fingerprint": o.fingerprint[:64]}} for o in refused]
+            changed = bool(decisions) or bool(refused) or any(o.result in _CHANGED for o in outcomes)
+            ids = self._commit(decisions, received, changed, audit)
+        for o in refused:
+            log.warning("%s", o.reason)
         counts: dict[str, int] = {}
         for o in outcomes:
             counts[o.result] = counts.get(o.result, 0) + 1
@@ -157,8 +171,9 @@ class FuseService:
             return self._commit(decisions, now, bool(decisions))
 
     def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, *,
-                 fleet: bool = False, new_scope: bool = False) -> list[dict]:
-        """Force a level of a scope (:meth:`Breaker.override`); audited.
+                 fleet: bool = False, new_scope: bool = False, by: Optional[str] = None) -> list[dict]:
+        """Force a level of a scope (:meth:`Breaker.override`); audited, with ``by`` (the name of
+        the token that asked, never its value) in the audit row's ``detail.token``.
 
         Raises OverrideError (bad input), ScopeNotFound (not exactly a known scope; both change
         nothing) or Unavailable."""
@@ -168,8 +183,11 @@ class FuseService:
                                                new_scope=new_scope)
             audit = [{"at": now, "kind": "override", "scope_key": _key(scope), "level": level,
                       "action": self.rules.levels.get(level), "source": "override", "reason": reason,
-                      "detail": {"mode": mode, "until": now + duration_s, "scope": scope, "fleet": fleet}}]
-            return self._commit(decisions, now, True, audit)
+                      "detail": {"mode": mode, "until": now + duration_s, "scope": scope, "fleet": fleet,
+                                 "token": by}}]
+            out = self._commit(decisions, now, True, audit)
+        log.info("override %s level %d on %s by %s for %gs: %s", mode, level, _key(scope), by, duration_s, reason)
+        return out
 
     # ------------------------------------------------------------------ queries
     def state(self) -> dict:
@@ -200,7 +218,7 @@ class FuseService:
             self.store.commit(snap, rows, audit)
         except StoreError as e:
             log.error("state not persisted, change dropped: %s", e)
-            self.breaker = Breaker(self.rules, self.hold_s)
+            self.breaker = Breaker(self.rules, self.hold_s, max_scopes=self.max_scopes)
             self.breaker.restore(self._committed)  # back to what is on disk
             raise Unavailable(str(e)) from e
         self._committed = snap
@@ -238,7 +256,7 @@ class FuseService:
             try:
                 wait = self._dispatch_once(adapter, lanes, unrecorded)
             except Exception:  # the store failing, a bug: count, log, go on after a pause
-                self.metrics.dispatcher_errors.labels(name).inc()
+                self.metrics.dispatcher_errors.labels(self.labels[name]).inc()
                 log.exception("dispatcher %s: iteration failed; retrying in %.2fs", name, self.backoff_s)
                 wait = self.backoff_s
             if wait > 0:
@@ -281,23 +299,28 @@ class FuseService:
         """Apply one outbox row. True when it left the outbox (applied, or given up and audited as
         ``failed``); False when it is to be retried (``lanes[key]`` holds when)."""
         name, p, attempt = adapter.name, job["payload"], job["attempts"] + 1
+        label = self.labels[name]
         try:
             adapter.apply(p)
         except Exception as e:  # ActionError, or a bug in an adapter (transient: retried)
-            self.metrics.failures.labels(name).inc()
+            self.metrics.failures.labels(label).inc()
             permanent = bool(getattr(e, "permanent", False))
             limit = getattr(adapter, "max_attempts", None)
             if permanent or (limit is not None and attempt >= limit):
                 reason = "permanent" if permanent else "retries_exhausted"
                 lanes.pop(key, None)
                 now = self.clock()
+                status = getattr(e, "status", None)
+                # The answer's text and the URL stay in detail (the audit); the reason is shown to readers.
                 self.store.mark_given_up(job["seq"], str(e), {
                     "at": now, "kind": "failed", "decision_id": job["decision_id"], "scope_key": key,
-                    "level": p.get("level"), "action": p.get("action"), "source": name,
-                    "reason": f"{p.get('state')} not applied by {name} after {attempt} attempt(s), "
-                              f"{'permanent failure' if permanent else 'retries exhausted'}: {e}"[:1000],
-                    "detail": {"attempts": attempt, "status": getattr(e, "status", None), "class": reason}})
-                self.metrics.given_up.labels(name, reason).inc()
+                    "level": p.get("level"), "action": p.get("action"), "source": label,
+                    "reason": f"{p.get('state')} not applied by {label} after {attempt} attempt(s), "
+                              f"{'permanent failure' if permanent else 'retries exhausted'}: "
+                              f"{getattr(e, 'summary', None) or type(e).__name__}"[:1000],
+                    "detail": {"attempts": attempt, "status": status, "class": reason, "adapter": name,
+                               "error": str(e)[:1000]}})
+                self.metrics.given_up.labels(label, reason).inc()
                 log.error("action %s for %s given up after %d attempt(s) (%s): %s", name, job["decision_id"],
                           attempt, reason, e)
                 return True
@@ -311,14 +334,14 @@ class FuseService:
         lanes.pop(key, None)
         now = self.clock()
         audit = {"at": now, "kind": "applied", "decision_id": job["decision_id"], "scope_key": key,
-                 "level": p["level"], "action": p["action"], "source": name,
-                 "reason": f"{p['state']} applied by {name}", "detail": {"attempts": attempt}}
+                 "level": p["level"], "action": p["action"], "source": label,
+                 "reason": f"{p['state']} applied by {label}", "detail": {"attempts": attempt, "adapter": name}}
         try:
             self.store.mark_applied(job["seq"], now, audit)
         except Exception:
             unrecorded[job["seq"]] = (now, audit)  # recorded on the next pass, without calling again
             raise
-        self.metrics.latency.labels(name).observe(max(0.0, now - job["received"]))
+        self.metrics.latency.labels(label).observe(max(0.0, now - job["received"]))
         return True
 
     def _tick_loop(self) -> None:
@@ -337,6 +360,17 @@ class _Lane:
 
     def __init__(self, seq: int, due: float, delay: float):
         self.seq, self.due, self.delay = seq, due, delay
+
+
+def _labels(adapters) -> dict[str, str]:
+    """adapter name -> its label for metrics and the audit's source (``label`` attribute, else the
+    name); labels shared by several adapters get ``#2``, ``#3``... in the order given."""
+    out, seen = {}, {}
+    for a in adapters:
+        base = getattr(a, "label", None) or a.name
+        seen[base] = seen.get(base, 0) + 1
+        out[a.name] = base if seen[base] == 1 else f"{base}#{seen[base]}"
+    return out
 
 
 def _key(scope: dict) -> str:

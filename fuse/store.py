@@ -11,18 +11,25 @@ none. Tables:
   rows of other adapters or scopes do not wait for them.
 * ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``:
   triggers reject UPDATE and DELETE, so the log can only grow.
+
+A new file is created with mode 0600 (its -wal and -shm files follow it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import sqlite3
+import stat
 import threading
 from pathlib import Path
 from typing import Iterable, Optional
 
 __all__ = ["Store", "StoreError"]
+
+log = logging.getLogger("fusebox.fuse")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -44,6 +51,18 @@ CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
 """
 
 
+def _create_private(path: str) -> None:
+    """Create ``path`` empty with mode 0600 if it does not exist (SQLite gives its -wal and -shm
+    files the database file's mode); warn when an existing one is readable by group or others.
+    The audit holds override reasons, token names and the gateway's answers."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode & 0o044:
+            log.warning("%s is readable by group or others (mode %04o); chmod 600 it", path, mode)
+
+
 class StoreError(RuntimeError):
     """The database could not be written (disk full, locked, read-only): a retry may help."""
 
@@ -55,6 +74,7 @@ class Store:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _create_private(self.path)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
         self._db.execute("PRAGMA journal_mode=WAL")

@@ -16,7 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "fuse"
 SPEC = ROOT / "fusebox.yaml"
-TOKEN = "s3cret-fuse-token"
+TOKEN = "s3cret-fuse-token"  # the webhook token (Alertmanager)
+# Override tokens, one per person (--override-tokens: "name token" lines).
+PEOPLE = {"alice": "alice-override-token-0001", "bob": "bob-override-token-0002"}
 
 # The spec's critical tiers (fusebox.yaml): alertname -> (signal, action, level).
 CRITICAL = {
@@ -93,6 +95,7 @@ class LiveService:
         from fusebox.fuse.rules import FuseRules
         from fusebox.fuse.service import FuseService
         from fusebox.fuse.store import Store
+        from fusebox.fuse.tokens import Tokens
         from fusebox.spec import load_spec
 
         if adapters is None:
@@ -102,7 +105,7 @@ class LiveService:
                                    tick_s=tick_s, dry_run=dry_run)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(self.service, TOKEN)
+        self.app = create_app(self.service, Tokens(webhook=TOKEN, people=dict(PEOPLE)))
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error",
                                                     access_log=False, lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -119,9 +122,12 @@ class LiveService:
         self.service.stop()
         self.service.store.close()
 
-    def post(self, body, path="/alertmanager", token=TOKEN) -> httpx.Response:
+    def post(self, body, path="/alertmanager", token=None) -> httpx.Response:
+        """POST ``body``; ``token`` None: the webhook token for /alertmanager, alice's for /override."""
+        if token is None:
+            token = PEOPLE["alice"] if path == "/override" else TOKEN
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.post(self.url + path, json=body, headers=headers, timeout=10)
 
     def state(self) -> dict:
-        return httpx.get(self.url + "/state", timeout=10).json()
+        return httpx.get(self.url + "/state", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()

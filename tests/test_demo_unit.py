@@ -240,15 +240,17 @@ def test_the_header_labels_scenario_and_wall_time_and_gives_the_fuse_urls():
     view.console.print(view._render())
     text = out.getvalue()
     assert "t= 125s/300s scenario time (x1.25; 100s wall)" in text
-    assert "http://127.0.0.1:9/  (status page; JSON: http://127.0.0.1:9/state)" in text
+    assert "http://127.0.0.1:9/  (status page; JSON: http://127.0.0.1:9/state; token in the work directory's fuse.token)" in text
     assert "events (wall seconds since scenario start)" in text
 
 
 def test_fuse_state_events_shorten_the_gpu_uuid(monkeypatch, shipped, tmp_path):
     from fusebox.demo import watch
 
-    w = watch.Watcher({"fuse": "http://f"}, shipped, tmp_path / "gw.jsonl")
-    monkeypatch.setattr(watch, "http_json", lambda url: {"levels": {GPU_KEY: 1}})
+    w = watch.Watcher({"fuse": "http://f"}, shipped, tmp_path / "gw.jsonl", fuse_token="tok-1")
+    asked = []
+    monkeypatch.setattr(watch, "http_json", lambda url, token=None: asked.append((url, token)) or {"levels": {GPU_KEY: 1}})
     (ev,) = w._poll_fuse()
+    assert asked == [("http://f/state", "tok-1")]  # /state needs a reader token
     assert ev.text == 'fuse /state {cluster="demo",host_name="demo-node-0",hw_id="GPU-5ca1ab1e…0000"}: level 0 -> 1'
     assert ev.detail["scope"] == GPU_KEY

@@ -100,7 +100,8 @@ def test_a_restart_between_firing_and_resolved_makes_one_trip_and_one_release(tm
         p = _serve(state, gw.url, port, token_file)
         try:
             wait_for(lambda: _up(port), 20, 0.1, "service restart")
-            assert httpx.get(f"http://127.0.0.1:{port}/state").json()["levels"] == {
+            state = httpx.get(f"http://127.0.0.1:{port}/state", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+            assert state["levels"] == {
                 '{cluster="a",host_name="h1",engine="e0"}': 2}
             assert _post(port, firing).status_code == 200  # Alertmanager's repeat after the restart
             assert _post(port, resolved).status_code == 200

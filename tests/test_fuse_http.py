@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 import pytest
-from _fuse_support import FIXTURES, SPEC, TOKEN, alert, payload
+from _fuse_support import FIXTURES, PEOPLE, SPEC, TOKEN, alert, payload
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
@@ -15,9 +15,12 @@ from fusebox.fuse.app import create_app
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store
+from fusebox.fuse.tokens import Tokens
 from fusebox.spec import load_spec
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the webhook token (Alertmanager)
+PERSON = {"Authorization": f"Bearer {PEOPLE['alice']}"}  # an override token
+TOKENS = Tokens(webhook=TOKEN, people=dict(PEOPLE))
 GPU = {"cluster": "a", "hw_id": "GPU-1"}
 
 
@@ -31,14 +34,14 @@ def svc(tmp_path):
 
 @pytest.fixture
 def client(svc):
-    return TestClient(create_app(svc, TOKEN, max_body=64 * 1024))
+    return TestClient(create_app(svc, TOKENS, max_body=64 * 1024))
 
 
 def test_firing_critical_alert_trips_and_state_shows_the_level(client, svc):
     r = client.post("/alertmanager", json=payload(alert("GPUMemoryUtilizationHigh", **GPU)), headers=AUTH)
     assert r.status_code == 200
     assert [d["state"] for d in r.json()["decisions"]] == ["trip"]
-    assert client.get("/state").json()["levels"] == {'{cluster="a",hw_id="GPU-1"}': 1}
+    assert client.get("/state", headers=AUTH).json()["levels"] == {'{cluster="a",hw_id="GPU-1"}': 1}
     audit = svc.store.audit_log(kinds=("trip",))
     assert [(a["level"], a["action"]) for a in audit] == [(1, "freeze_admissions")]
 
@@ -100,9 +103,9 @@ def test_store_failure_is_503_and_changes_nothing(client, svc):
 def test_override_trips_and_is_audited(client, svc):
     body = {"scope": {"cluster": "a", "engine": "e0"}, "level": 2, "mode": "trip",
             "reason": "vision encoder rollout", "expires_in_s": 600}
-    r = client.post("/override", json=body, headers=AUTH)
+    r = client.post("/override", json=body, headers=PERSON)
     assert r.status_code == 200
-    assert client.get("/state").json()["levels"] == {'{cluster="a",engine="e0"}': 2}
+    assert client.get("/state", headers=AUTH).json()["levels"] == {'{cluster="a",engine="e0"}': 2}
     kinds = [a["kind"] for a in svc.store.audit_log()]
     assert kinds == ["trip", "override"]
 
@@ -115,7 +118,7 @@ def test_override_trips_and_is_audited(client, svc):
     {"level": 1},
 ])
 def test_bad_override_400_and_nothing_changes(client, svc, body):
-    assert client.post("/override", json=body, headers=AUTH).status_code == 400
+    assert client.post("/override", json=body, headers=PERSON).status_code == 400
     assert svc.store.audit_log() == [] and svc.state()["levels"] == {}
 
 
@@ -134,8 +137,39 @@ def test_metrics_expose_level_transitions_and_notifications(client):
 
 
 def test_openapi_lists_the_routes(client):
-    paths = client.get("/openapi.json").json()["paths"]
+    paths = client.get("/openapi.json", headers=AUTH).json()["paths"]
     assert {"/alertmanager", "/override", "/state", "/metrics"} <= set(paths)
+
+
+def test_openapi_describes_the_models_that_parse_the_bodies_and_the_bearer_scheme(client):
+    doc = client.get("/openapi.json", headers=AUTH).json()
+    schemas = doc["components"]["schemas"]
+    assert {"WebhookPayload", "Alert", "OverrideRequest"} <= set(schemas)
+    body = doc["paths"]["/alertmanager"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/WebhookPayload"}
+    assert schemas["WebhookPayload"]["properties"]["alerts"]["items"] == {"$ref": "#/components/schemas/Alert"}
+    assert schemas["Alert"]["properties"]["labels"]["additionalProperties"]["maxLength"] == 256
+    assert doc["components"]["securitySchemes"]["HTTPBearer"] == {
+        "type": "http", "scheme": "bearer", "description": "Authorization: Bearer <token> (scheme in any case)"}
+    assert doc["paths"]["/override"]["post"]["security"] == [{"HTTPBearer": []}]
+
+
+@pytest.mark.parametrize("path", ["/alertmanager", "/override"])
+def test_a_wrong_token_is_401_even_when_the_body_is_not_json(client, svc, path):
+    r = client.post(path, content=b"{not json", headers={"Authorization": "Bearer wrong",
+                                                          "Content-Type": "application/json"})
+    assert r.status_code == 401
+    assert svc.store.audit_log() == []
+
+
+def test_a_streamed_body_over_the_limit_is_413_without_a_content_length(client, svc):
+    def chunks():
+        for _ in range(80):
+            yield b" " * 1024  # 80 KiB of whitespace, over the test app's 64 KiB
+
+    r = client.post("/alertmanager", content=chunks(), headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413 and "65536" in r.json()["error"]
+    assert 'fusebox_fuse_notifications_total{outcome="http_413"} 1.0' in client.get("/metrics").text
 
 
 def test_fuzz_the_api_from_its_openapi_schema(svc):
@@ -143,8 +177,8 @@ def test_fuzz_the_api_from_its_openapi_schema(svc):
     import schemathesis
     from hypothesis import HealthCheck, given, settings
 
-    app = create_app(svc, TOKEN, max_body=64 * 1024)
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    app = create_app(svc, TOKENS, max_body=64 * 1024)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=AUTH)
     failures, codes = [], set()
     for op_result in schema.get_all_operations():
         op = op_result.ok()
@@ -154,7 +188,7 @@ def test_fuzz_the_api_from_its_openapi_schema(svc):
         def check(case):
             before = (svc.store.snapshot(), len(svc.store.audit_log(1000)))
             base = {k: v for k, v in (case.headers or {}).items() if k.lower() != "authorization"}
-            for headers in (dict(AUTH), {}):
+            for headers in (dict(PERSON if case.path == "/override" else AUTH), {}):
                 case.headers = {**base, **headers}
                 r = case.call()
                 codes.add((case.method, r.status_code))
@@ -180,8 +214,9 @@ DEEP = {
 
 @pytest.mark.parametrize("path,body", DEEP.values(), ids=DEEP.keys())
 def test_deeply_nested_json_is_400_counted_and_changes_nothing(svc, path, body):
-    client = TestClient(create_app(svc, TOKEN))  # default body limit, 1 MiB
-    r = client.post(path, content=body, headers={**AUTH, "Content-Type": "application/json"})
+    client = TestClient(create_app(svc, TOKENS))  # default body limit, 1 MiB
+    r = client.post(path, content=body, headers={**(PERSON if path == "/override" else AUTH),
+                                                 "Content-Type": "application/json"})
     assert r.status_code == 400, r.text
     assert svc.store.snapshot() is None and svc.store.audit_log() == []
     if path == "/alertmanager":
@@ -225,7 +260,7 @@ BAD_OVERRIDES = {
 @pytest.mark.parametrize("body,field,words", BAD_OVERRIDES.values(), ids=BAD_OVERRIDES.keys())
 def test_bad_override_answers_a_short_error_naming_the_field(client, svc, body, field, words):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = client.post("/override", content=content, headers={**AUTH, "Content-Type": "application/json"})
+    r = client.post("/override", content=content, headers={**PERSON, "Content-Type": "application/json"})
     assert r.status_code == 400
     got = r.json()
     assert got["field"] == field and words in got["error"], got
@@ -234,12 +269,12 @@ def test_bad_override_answers_a_short_error_naming_the_field(client, svc, body, 
 
 
 def test_an_expiry_given_as_an_integer_or_a_fraction_is_accepted(client):
-    assert client.post("/override", json=_override(expires_in_s=600), headers=AUTH).status_code == 200
-    assert client.post("/override", json=_override(expires_in_s=0.5, level=1), headers=AUTH).status_code == 200
+    assert client.post("/override", json=_override(expires_in_s=600), headers=PERSON).status_code == 200
+    assert client.post("/override", json=_override(expires_in_s=0.5, level=1), headers=PERSON).status_code == 200
 
 
 def test_an_empty_scope_with_fleet_true_trips_the_whole_fleet(client, svc):
-    r = client.post("/override", json=_override(scope={}, fleet=True, level=1), headers=AUTH)
+    r = client.post("/override", json=_override(scope={}, fleet=True, level=1), headers=PERSON)
     assert r.status_code == 200, r.text
     assert [(d["state"], d["scope"]) for d in r.json()["decisions"]] == [("trip", {})]
     assert svc.state()["levels"] == {"{}": 1}
@@ -257,7 +292,7 @@ def test_a_release_with_part_of_the_tripped_scope_is_409_lists_the_scope_and_cre
     assert client.post("/alertmanager", json=payload(alert("KVCacheGrowthRateHigh", **scope)), headers=AUTH).status_code == 200
     before = (svc.store.snapshot(), svc.store.audit_log(), _metrics_but_age(client))
 
-    r = client.post("/override", json=_override(scope={"engine": "vllm-0"}, level=3, mode="release"), headers=AUTH)
+    r = client.post("/override", json=_override(scope={"engine": "vllm-0"}, level=3, mode="release"), headers=PERSON)
     assert r.status_code == 409, r.text
     got = r.json()
     assert got["field"] == "scope" and got["scopes"] == [{"key": key, "labels": scope, "level": 3}]
@@ -265,7 +300,7 @@ def test_a_release_with_part_of_the_tripped_scope_is_409_lists_the_scope_and_cre
     assert (svc.store.snapshot(), svc.store.audit_log(), _metrics_but_age(client)) == before
     assert svc.state()["levels"] == {key: 3}
 
-    r = client.post("/override", json=_override(scope=scope, level=3, mode="release"), headers=AUTH)
+    r = client.post("/override", json=_override(scope=scope, level=3, mode="release"), headers=PERSON)
     assert r.status_code == 200
     assert [(d["state"], d["level"]) for d in r.json()["decisions"]] == [("release", 3)]
     assert svc.state()["levels"] == {}

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from _fuse_support import LiveService, alert, need_tool, payload
+from _fuse_support import TOKEN, LiveService, alert, need_tool, payload
 
 pytestmark = pytest.mark.tools  # headless Chromium
 
@@ -23,7 +23,9 @@ def test_status_page_lists_scopes_levels_holders_and_decisions(tmp_path):
         out = subprocess.run(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--dump-dom", svc.url + "/"],
+             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--dump-dom",
+             # the page needs a reader token; a browser sends it as Basic credentials (any user name)
+             svc.url.replace("http://", f"http://sre:{TOKEN}@") + "/"],
             capture_output=True, text=True, timeout=90)
     dom = out.stdout
     assert "<table" in dom, out.stderr[-2000:]

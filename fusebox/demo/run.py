@@ -65,7 +65,8 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
         stack.prepare()
         view.say("demo: starting gateway, fuse service, Alertmanager, OpenTelemetry Collector, Prometheus")
         stack.start()
-        watcher = Watcher(stack.urls, stack.spec, stack.gateway_log)
+        watcher = Watcher(stack.urls, stack.spec, stack.gateway_log,
+                          fuse_token=stack.token_path.read_text(encoding="utf-8").strip())
         view.t0 = time.time()
         view.start(stack.urls, watcher)
         stack.start_scenario(on_line=watcher.scenario_line)

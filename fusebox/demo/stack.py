@@ -216,7 +216,7 @@ class Stack:
                                        "--listen", f"127.0.0.1:{p.fuse}", "--state", str(w / "fuse.sqlite"),
                                        "--token-file", str(self.token_path), "--gateway-url", self.urls["gateway"],
                                        "--hold", f"{self.opts.hold_s:g}"])
-        self._ready(fuse, f"{self.urls['fuse']}/state", deadline_s)
+        self._ready(fuse, f"{self.urls['fuse']}/healthz", deadline_s)
         am = self.sup.start("alertmanager", [t["alertmanager"], f"--config.file={self.am_file}",
                                              f"--storage.path={w / 'alertmanager'}",
                                              f"--web.listen-address=127.0.0.1:{p.alertmanager}",
@@ -262,6 +262,8 @@ class Stack:
         self.sup.stop_all()
 
 
-def http_json(url: str, timeout: float = 2.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 -- loopback
+def http_json(url: str, timeout: float = 2.0, token: Optional[str] = None):
+    """GET ``url`` and decode its JSON; ``token``: sent as ``Authorization: Bearer``."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 -- loopback
         return json.loads(r.read())

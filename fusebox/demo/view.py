@@ -167,7 +167,8 @@ class DemoView:
             if k in self.urls:
                 head.append(f"\n{k:13s}{self.urls[k]}")
         if "fuse" in self.urls:
-            head.append(f"\n{'fuse':13s}{self.urls['fuse']}/  (status page; JSON: {self.urls['fuse']}/state)")
+            head.append(f"\n{'fuse':13s}{self.urls['fuse']}/  (status page; JSON: {self.urls['fuse']}/state; "
+                        "token in the work directory's fuse.token)")
         head.append("\nCtrl-C stops everything the demo started.", style="dim")
         if w and w.errors:  # a peer not answering right now: shown, not fatal
             head.append("\n" + "; ".join(f"{k} not answering: {v}" for k, v in sorted(w.errors.items())), style="red")

@@ -62,8 +62,9 @@ class Watcher:
     """Poll with :meth:`poll` (returns the new events); read :attr:`values`, :attr:`alerts`,
     :attr:`fuses`, :attr:`phase`, :attr:`events`."""
 
-    def __init__(self, urls: dict[str, str], spec, gateway_log: Path):
+    def __init__(self, urls: dict[str, str], spec, gateway_log: Path, fuse_token: Optional[str] = None):
         self.urls = urls
+        self.fuse_token = fuse_token  # the fuse service's /state needs a reader token
         self.spec = spec
         self.gateway_log = Path(gateway_log)
         self.signals = primary_signals(spec)
@@ -167,7 +168,7 @@ class Watcher:
 
     def _poll_fuse(self) -> list[Event]:
         now = time.time()
-        levels = http_json(f"{self.urls['fuse']}/state").get("levels", {})
+        levels = http_json(f"{self.urls['fuse']}/state", token=self.fuse_token).get("levels", {})
         out = []
         for scope in set(levels) | set(self.fuses):
             old, new = self.fuses.get(scope, 0), int(levels.get(scope, 0))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, StrictBool, ValidationError
 
 from fusebox import conventions as C
 
@@ -115,6 +115,8 @@ class RawFuse(_Strict):
     group_wait: Scalar = "30s"
     group_interval: Scalar = "1m"
     repeat_interval: Scalar = "4h"
+    # Whether an alert without any scope label may trip the empty scope, i.e. the whole fleet at once.
+    allow_fleet_wide_alerts: StrictBool = False
     actions: dict[str, RawAction]
 
 
@@ -245,6 +247,7 @@ class Spec:
     actions: dict[str, FuseAction]
     signals: tuple[Signal, ...]
     raw: dict = field(repr=False, compare=False, default_factory=dict)
+    allow_fleet_wide_alerts: bool = False  # fuse.allow_fleet_wide_alerts
 
     def signal(self, name: str) -> Signal:
         for s in self.signals:
@@ -408,6 +411,7 @@ class _Normaliser:
             group_wait_s=group_waits["group_wait"], group_wait_critical_s=group_waits["group_wait_critical"],
             group_interval_s=group_waits["group_interval"], repeat_interval_s=group_waits["repeat_interval"],
             actions=actions, signals=tuple(signals), raw=self.data,
+            allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts,
         )
 
     def _overrides(self) -> dict[str, dict[str, tuple[RawOverride, int]]]:
