@@ -29,10 +29,10 @@ venv: $(BIN)/fusebox ## create .venv with fusebox and its test dependencies, fro
 # uv runs from a throwaway venv: it is a tool for refreshing the locks, not a dependency.
 LOCK_FLAGS := --quiet --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 	--custom-compile-command 'make lock'
-lock: ## refresh requirements/{test,runtime}.lock from pyproject.toml (hash-pinned); review, commit
+lock: ## refresh requirements/{test,runtime}.lock from pyproject.toml, keeping pins (LOCK_UPGRADE=--upgrade for newest)
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(PY) -m venv "$$tmp" && "$$tmp/bin/pip" install -q 'uv==$(UV_VERSION)'; \
-	"$$tmp/bin/uv" pip compile pyproject.toml requirements/build.in --extra test $(LOCK_FLAGS) --upgrade -o requirements/test.lock; \
+	"$$tmp/bin/uv" pip compile pyproject.toml requirements/build.in --extra test $(LOCK_FLAGS) $(LOCK_UPGRADE) -o requirements/test.lock; \
 	"$$tmp/bin/uv" pip compile pyproject.toml requirements/build.in -c requirements/test.lock $(LOCK_FLAGS) -o requirements/runtime.lock; \
 	echo "requirements/test.lock and requirements/runtime.lock refreshed"
 

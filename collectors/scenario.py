@@ -448,7 +448,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
         try:
             if unit == "seconds" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 return float(v)
-            return parse_quantity(v, unit)
+            return parse_quantity(v, unit, signed=True)
         except ValueError as e:
             bad(where, str(e), f"write e.g. {example}")
             return 0.0

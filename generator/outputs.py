@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import PurePath
-from typing import Any
-
-import yaml
 
 from fusebox import conventions as C
 
+from . import render_dashboards, render_grafana_provisioning, render_otelcol
 from .render_alertmanager import render_alertmanager, route_tests
 from .render_k8s import render_prometheusrule
 from .render_rules import render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
 from fusebox.spec import Spec
+from fusebox.spec.units import format_duration
+
+from .yamlout import dump_yaml
 
 RULE_FILE = "rules/fusebox.rules.yml"
 RULE_TEST_FILE = "rules/fusebox.rules.test.yml"
@@ -23,24 +23,6 @@ ALERTMANAGER_FILE = "alertmanager/alertmanager.yml"
 ROUTE_TEST_FILE = "alertmanager/route-tests.yml"
 PROMETHEUSRULE_FILE = "k8s/prometheusrule.yml"
 
-# Renderers of other areas, each a module in this package with outputs(spec, header) -> {path: text}.
-EXTRA_RENDERERS = ("render_dashboards", "render_grafana_provisioning", "render_otelcol")
-
-
-class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml when present: 10x faster
-    pass
-
-
-def _str(dumper: yaml.SafeDumper, s: str):
-    style = "|" if "\n" in s else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
-def dump_yaml(data: Any) -> str:
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
 
 
 def header_for(spec: Spec) -> str:
@@ -58,8 +40,7 @@ def render_all(spec: Spec) -> dict[str, str]:
     out: dict[str, str] = {RULE_FILE: h + dump_yaml({"groups": rules.groups})}
 
     test_text = [h, dump_yaml({"rule_files": ["fusebox.rules.yml"],
-                               "evaluation_interval": f"{int(spec.evaluation_interval_s * 1000)}ms"
-                               if spec.evaluation_interval_s % 1 else f"{int(spec.evaluation_interval_s)}s"}),
+                               "evaluation_interval": format_duration(spec.evaluation_interval_s)}),
                  "tests:\n"]
     for title, group in render_rule_tests(spec, rules, "fusebox.rules.yml"):
         whys = [c.pop("_why") for c in group.get("alert_rule_test", []) if "_why" in c]
@@ -71,12 +52,8 @@ def render_all(spec: Spec) -> dict[str, str]:
     out[ROUTE_TEST_FILE] = h + dump_yaml({"tests": route_tests(spec)})
     out[PROMETHEUSRULE_FILE] = h + dump_yaml(render_prometheusrule(spec, rules))
     out.update(render_runbooks(spec, rules, header))
-    for name in EXTRA_RENDERERS:
-        try:
-            mod = importlib.import_module(f"fusebox.generator.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"fusebox.generator.{name}":
-                continue
-            raise
-        out.update(mod.outputs(spec, header))
+    boards = render_dashboards.dashboard_texts(spec, header)  # once: the files and the ConfigMaps hold the same text
+    out.update(render_dashboards.outputs(spec, header, boards))
+    out.update(render_grafana_provisioning.outputs(spec, header, boards))
+    out.update(render_otelcol.outputs(spec, header))
     return dict(sorted(out.items()))

@@ -29,10 +29,11 @@ spec's MB are SI). Every panel links to the runbook of the alert it shows
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import PurePath
 from typing import Iterable, Optional
+
+import orjson
 
 from fusebox import conventions as C
 from fusebox.spec.kinds import KINDS, records
@@ -100,22 +101,18 @@ def _overview(spec) -> DashboardDef:
             f"topk({_TOPK}, {sel(rec, sig.level)})", LEGEND.get(sig.level, "{{instance}}"),
             width=12 if not sig.secondary else 8,
         ))
+    # Markers only: the schema's AnnotationQuery has no field for Prometheus' step, title, text
+    # or tag options (additionalProperties false), so Grafana's defaults apply (60 s step).
     annotations = (
         {
             "datasource": dict(DATASOURCE), "enable": True, "hide": False, "iconColor": "red",
             "name": "fusebox alerts firing",
             "expr": f'{C.ALERTS_METRIC}{{alertstate="firing", alertname=~"{alert_re}"}}',
-            "step": f"{int(spec.evaluation_interval_s)}s", "titleFormat": "{{alertname}}",
-            "textFormat": "{{severity}} {{host_name}} {{hw_id}} {{engine}}", "tagKeys": "alertname,severity",
-            "useValueForTime": False,
         },
         {
             "datasource": dict(DATASOURCE), "enable": True, "hide": False, "iconColor": "purple",
             "name": "fuse engaged",
             "expr": f"{C.FUSE_LEVEL_METRIC} > 0",
-            "step": f"{int(spec.evaluation_interval_s)}s", "titleFormat": "fuse level {{__value__}}",
-            "textFormat": "{{cluster}} {{host_name}} {{hw_id}} {{engine}}", "tagKeys": "cluster,host_name",
-            "useValueForTime": False,
         },
     )
     return DashboardDef("overview", f"fusebox / {spec.name} / overview",
@@ -270,9 +267,6 @@ BASE_STEP_VALUE = 0
 # Panel links are typed as DashboardLink in the schema, which requires these keys.
 _LINK_DEFAULTS = {"type": "link", "icon": "doc", "tooltip": "", "tags": [], "asDropdown": False,
                   "targetBlank": True, "includeVars": False, "keepTime": False}
-# Prometheus annotation options the schema's AnnotationQuery (additionalProperties: false) has no
-# field for; its `target` must be the grafana data source's {limit, matchAny, tags, type}.
-_ANNOTATION_EXTRAS = ("step", "tagKeys", "textFormat", "titleFormat", "useValueForTime")
 
 
 def _drop_nulls(node) -> None:
@@ -306,11 +300,6 @@ def _schema_fixes(obj: dict) -> None:
     obj.get("timepicker", {}).pop("time_options", None)
     # DashboardLink requires icon and tooltip.
     obj["links"] = [{"icon": "external link", "tooltip": "", **link} for link in obj.get("links", [])]
-    for a in obj["annotations"]["list"]:
-        # AnnotationQuery (additionalProperties false) keeps `expr` but has no field for these;
-        # without them Grafana uses its defaults (60s step, no title or tags on the marker).
-        for k in _ANNOTATION_EXTRAS:
-            a.pop(k, None)
     for p in obj["panels"]:
         # Panel has no `editable` (the dashboard's `editable` governs); grafanalib writes true.
         p.pop("editable", None)
@@ -334,27 +323,41 @@ def _defs(spec) -> list[DashboardDef]:
     return out
 
 
+def _to_json_data(obj):
+    # grafanalib's DashboardEncoder.default, for orjson: its objects serialise themselves.
+    return obj.to_json_data()
+
+
 def dashboards(spec, header: Optional[str] = None) -> dict[str, dict]:
     """Every dashboard as a JSON-ready dict, keyed by its name (``overview``, ``gpu-memory``, ...)."""
-    from grafanalib._gen import DashboardEncoder
-
     header = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
     out: dict[str, dict] = {}
     for d in _defs(spec):
-        raw = json.loads(json.dumps(_grafanalib_dashboard(spec, d).to_json_data(), cls=DashboardEncoder))
+        raw = orjson.loads(orjson.dumps(_grafanalib_dashboard(spec, d), default=_to_json_data))
         out[d.name] = adapt(raw, header=header)
     return out
 
 
-def render_dashboards(spec, header: Optional[str] = None) -> dict[str, str]:
+def dashboard_text(d: dict) -> str:
+    """A dashboard's file text: JSON, keys sorted, 2-space indent, UTF-8, newline at the end."""
+    return orjson.dumps(d, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
+
+
+def dashboard_texts(spec, header: Optional[str] = None) -> dict[str, str]:
+    """Every dashboard's file text (:func:`dashboard_text`), keyed by its name."""
+    return {name: dashboard_text(d) for name, d in dashboards(spec, header).items()}
+
+
+def render_dashboards(spec, header: Optional[str] = None, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
     """``{"dashboards/fusebox-<name>.json": json_text}``. Deterministic (sorted keys)."""
-    return {f"{OUT_DIR}/fusebox-{name}.json": json.dumps(d, indent=2, sort_keys=True) + "\n"
-            for name, d in dashboards(spec, header).items()}
+    if boards is None:
+        boards = dashboard_texts(spec, header)
+    return {f"{OUT_DIR}/fusebox-{name}.json": text for name, text in boards.items()}
 
 
-def outputs(spec, header: str) -> dict[str, str]:
-    """The writer's entry point (generator/outputs.py EXTRA_RENDERERS)."""
-    return render_dashboards(spec, header)
+def outputs(spec, header: str, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The writer's entry point (generator/outputs.py)."""
+    return render_dashboards(spec, header, boards)
 
 
 def panel_queries(dashboard: dict) -> Iterable[tuple[str, str, str]]:

@@ -13,19 +13,17 @@ Pure renderer: ``render_grafana_provisioning(spec, options) -> {relative_path: t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Optional
 
-import yaml
-
-# libyaml's emitter when present: the dashboards' ConfigMaps are large
-_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 from fusebox import conventions as C
 
-from .render_dashboards import dashboards
+from fusebox.spec.units import format_duration
+
+from .render_dashboards import dashboard_texts
+from .yamlout import dump_yaml
 
 __all__ = ["ProvisioningOptions", "render_grafana_provisioning", "DATASOURCE_UID", "DASHBOARD_LABEL"]
 
@@ -51,20 +49,24 @@ class ProvisioningOptions:
 
 
 def _yaml(header: str, obj) -> str:
-    return header + yaml.dump(obj, Dumper=_DUMPER, sort_keys=True, default_flow_style=False)
+    return header + dump_yaml(obj, sort_keys=True)
 
 
-def outputs(spec, header: str) -> dict[str, str]:
-    """The writer's entry point (generator/outputs.py EXTRA_RENDERERS): default options."""
-    return render_grafana_provisioning(spec, header=header)
+def outputs(spec, header: str, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The writer's entry point (generator/outputs.py): default options."""
+    return render_grafana_provisioning(spec, header=header, boards=boards)
 
 
 def render_grafana_provisioning(spec, options: ProvisioningOptions = ProvisioningOptions(),
-                                header: Optional[str] = None) -> dict[str, str]:
-    """The provisioning files and the ConfigMaps. Deterministic (sorted keys)."""
+                                header: Optional[str] = None, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """The provisioning files and the ConfigMaps. Deterministic (sorted keys).
+
+    ``boards``: the dashboards' JSON text by name (:func:`~.render_dashboards.dashboard_texts`),
+    when the caller already rendered them; rendered here otherwise.
+    """
     header_line = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
     header = "# " + header_line + "\n"
-    interval = f"{int(spec.scrape_interval_s)}s"
+    interval = format_duration(spec.scrape_interval_s)
     datasource = {
         "apiVersion": 1,
         "datasources": [{
@@ -83,15 +85,17 @@ def render_grafana_provisioning(spec, options: ProvisioningOptions = Provisionin
         }],
     }
     maps = []
-    for name, d in dashboards(spec, header_line).items():
+    if boards is None:
+        boards = dashboard_texts(spec, header_line)
+    for name, text in boards.items():
         maps.append({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"fusebox-dashboard-{name}", "namespace": options.namespace,
                          "labels": dict(DASHBOARD_LABEL, **{"app.kubernetes.io/part-of": "fusebox"}),
                          "annotations": {"grafana_folder": options.folder}},
-            "data": {f"fusebox-{name}.json": json.dumps(d, indent=2, sort_keys=True) + "\n"},
+            "data": {f"fusebox-{name}.json": text},
         })
-    k8s = header + "".join("---\n" + yaml.dump(m, Dumper=_DUMPER, sort_keys=True, default_flow_style=False) for m in maps)
+    k8s = header + "".join("---\n" + dump_yaml(m, sort_keys=True) for m in maps)
     return {
         "grafana/provisioning/datasources/fusebox.yaml": _yaml(header, datasource),
         "grafana/provisioning/dashboards/fusebox.yaml": _yaml(header, provider),

@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Optional
 
-import yaml
-
-# libyaml's emitter when present: the dashboards' ConfigMaps are large
-_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 from fusebox import conventions as C
+from fusebox.spec.units import format_duration
+
+from .yamlout import dump_yaml
 
 __all__ = ["OtelcolOptions", "otelcol_config", "render_otelcol", "metric_expiration_s", "PROMOTED_RESOURCE_ATTRIBUTES", "ENV"]
 
@@ -88,12 +87,6 @@ def metric_expiration_s(spec) -> int:
     return int(max(60, 12 * spec.scrape_interval_s))
 
 
-def _dur(seconds: float) -> str:
-    from fusebox.spec.units import format_duration
-
-    return format_duration(seconds)
-
-
 def otelcol_config(spec, options: OtelcolOptions = OtelcolOptions()) -> dict:
     """The Collector config as a dict (see the module docstring for its shape)."""
     receivers: dict = {
@@ -107,7 +100,7 @@ def otelcol_config(spec, options: OtelcolOptions = OtelcolOptions()) -> dict:
     exporters: dict = {
         "prometheus": {
             "endpoint": _env("prometheus"),
-            "metric_expiration": _dur(metric_expiration_s(spec)),
+            "metric_expiration": format_duration(metric_expiration_s(spec)),
             "resource_constant_labels": {"included": list(PROMOTED_RESOURCE_ATTRIBUTES)},
             "translation_strategy": "UnderscoreEscapingWithSuffixes",  # what fusebox.conventions.PROM assumes
         },
@@ -127,7 +120,7 @@ def otelcol_config(spec, options: OtelcolOptions = OtelcolOptions()) -> dict:
         "metrics": {"receivers": ["otlp"], "processors": ["memory_limiter", "batch"], "exporters": list(out_names)},
     }
     if options.scrape_targets:
-        interval = _dur(options.scrape_interval_s or spec.scrape_interval_s)
+        interval = format_duration(options.scrape_interval_s or spec.scrape_interval_s)
         receivers["prometheus"] = {"config": {"scrape_configs": [{
             "job_name": "fusebox-engines", "scrape_interval": interval, "metrics_path": "/metrics",
             "static_configs": [{"targets": list(options.scrape_targets)}],
@@ -155,7 +148,7 @@ def otelcol_config(spec, options: OtelcolOptions = OtelcolOptions()) -> dict:
 
 
 def outputs(spec, header: str) -> dict[str, str]:
-    """The writer's entry point (generator/outputs.py EXTRA_RENDERERS): default options."""
+    """The writer's entry point (generator/outputs.py): default options."""
     return render_otelcol(spec, header=header)
 
 
@@ -167,5 +160,5 @@ def render_otelcol(spec, options: OtelcolOptions = OtelcolOptions(), header: Opt
         "# Listen addresses come from the environment, with loopback defaults:\n"
         + "".join(f"#   {name} (default {default})\n" for name, default in ENV.values())
     )
-    body = yaml.safe_dump(otelcol_config(spec, options), sort_keys=True, default_flow_style=False)
+    body = dump_yaml(otelcol_config(spec, options), sort_keys=True)
     return {OUT_PATH: header + notes + body}

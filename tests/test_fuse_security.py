@@ -27,7 +27,7 @@ from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store
 
-from fusebox.generator.spec import load_spec, parse_spec
+from fusebox.spec import load_spec, parse_spec
 
 HOOK = {"Authorization": f"Bearer {TOKEN}"}
 ALICE = {"Authorization": f"Bearer {PEOPLE['alice']}"}
@@ -271,7 +271,7 @@ def _spec_text(value: str) -> str:
 
 
 def test_the_spec_can_allow_fleet_wide_alerts_and_validates_the_field(tmp_path):
-    from fusebox.generator.errors import SpecError
+    from fusebox.spec.errors import SpecError
 
     assert load_spec(SPEC).allow_fleet_wide_alerts is False
     spec = parse_spec(_spec_text("true"), "fusebox.yaml")

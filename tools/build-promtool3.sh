@@ -17,6 +17,7 @@ command -v go >/dev/null || { echo "bootstrap: Go >= 1.26 is needed to build pro
 echo "bootstrap: building promtool $VERSION (first run only, a few minutes)"
 src=$(verified_module_dir github.com/prometheus/prometheus "$VERSION")
 mkdir -p "$dest.tmp"
-(cd "$src" && GOFLAGS=-mod=readonly go build -trimpath -o "$dest.tmp/promtool" \
+# GOWORK=off: the module ships a go.work naming folders that its module zip leaves out.
+(cd "$src" && GOWORK=off GOFLAGS=-mod=readonly go build -trimpath -o "$dest.tmp/promtool" \
   -ldflags "-X github.com/prometheus/common/version.Version=3.${VERSION#v0.3}" ./cmd/promtool)
 mv "$dest.tmp" "$dest"

@@ -11,8 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-
-import pint
+from typing import Any
 
 # Signal units: name -> (pint target unit, dimensionality check)
 UNITS = {
@@ -24,8 +23,20 @@ UNITS = {
 
 
 @functools.lru_cache(maxsize=1)
-def _ureg() -> pint.UnitRegistry:
-    return pint.UnitRegistry()
+def _ureg() -> Any:
+    """pint's default registry, built once per process.
+
+    Building it parses pint's definitions file (about 0.5 s, more than the rest of a small
+    ``fusebox generate``), so pint is imported only here, and the parsed definitions are cached
+    in the user's cache folder (pint's ``cache_folder=":auto:"``); where that folder cannot be
+    used, the registry is built without it.
+    """
+    import pint  # heavy: only when a quantity is parsed
+
+    try:
+        return pint.UnitRegistry(cache_folder=":auto:")
+    except Exception:  # noqa: BLE001 -- an unwritable or corrupt cache must not stop the generator
+        return pint.UnitRegistry()
 
 
 def _tidy(x: float) -> float:
@@ -34,10 +45,11 @@ def _tidy(x: float) -> float:
     return float(f"{x:.12g}")
 
 
-def parse_quantity(text: str | int | float, unit: str) -> float:
+def parse_quantity(text: str | int | float, unit: str, *, signed: bool = False) -> float:
     """Convert a human threshold to the base-unit float for ``unit`` (a key of UNITS).
 
-    Returns a finite value of 0 or more, in the unit's base unit (ratio 0..1, s, B, B/s).
+    Returns a finite value of 0 or more, in the unit's base unit (ratio 0..1, s, B, B/s); with
+    ``signed`` a negative value is accepted too (a scenario's shrinking KV cache, "-40 MB/s").
 
     Raises:
         ValueError: with a message saying what was expected (also for a bool, a negative value,
@@ -53,11 +65,12 @@ def parse_quantity(text: str | int | float, unit: str) -> float:
         raise ValueError(f"{str(text).strip()!r} is not a finite number")
     # Every unit here measures a size, a share, a latency or a growth rate: a negative threshold
     # is a sign typo ("deriv ... >= -9200000" fires on every shrinking cache too).
-    if value < 0:
+    if value < 0 and not signed:
         raise ValueError(f"{str(text).strip()!r} is negative; a {unit.replace('_', ' ')} threshold is 0 or more")
     return value
 
 
+@functools.lru_cache(maxsize=4096)  # specs repeat thresholds; pint takes about 1 ms per parse
 def _parse_quantity(text: str | int | float, unit: str) -> float:
     if isinstance(text, (int, float)):
         if unit != "ratio":
@@ -69,6 +82,8 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
         return value
     s = str(text).strip()
     ureg = _ureg()
+    from pint import DimensionalityError  # loaded by _ureg
+
     try:
         q = ureg.Quantity(s)
     except Exception as e:  # pint raises several error types for junk input
@@ -77,14 +92,14 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
     try:
         if unit == "ratio":
             if not q.dimensionless:
-                raise pint.DimensionalityError(q.units, "dimensionless")
+                raise DimensionalityError(q.units, "dimensionless")
             value = _tidy(q.to("dimensionless").magnitude)
             if not 0 <= value <= 1:
                 hint = f"write '{s}%'" if str(q.units) == "dimensionless" else "a utilization lies in 0%..100%"
                 raise ValueError(f"{s!r} is {value:g} as a ratio, outside 0..1; {hint}")
             return value
         return _tidy(q.to(target).magnitude)
-    except pint.DimensionalityError:
+    except DimensionalityError:
         raise ValueError(f"{s!r} is not a {unit.replace('_', ' ')} value (its unit is {format(q.units, '~') or 'none'})") from None
 
 
