@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import http.client
 import math
-import os
 import re
 import socket
 import ssl

@@ -100,7 +100,6 @@ def _run(cmd: list[str], cwd: Path | None = None) -> ToolResult:
 
 def _attribute(output: str, spec: Spec) -> list[str]:
     """Map alert names and record names in tool output back to spec positions."""
-    from fusebox import conventions as C
 
     from fusebox.spec.positions import load
 
