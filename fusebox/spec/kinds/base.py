@@ -245,6 +245,8 @@ class Kind:
     window_min_scrapes: ClassVar[Optional[int]] = None
     # Alerts on growth only (direction: below is refused).
     growth_only: ClassVar[bool] = False
+    # Reads a raw metric (the gauge for deriv, the histogram family for quantile), never an expr.
+    metric_only: ClassVar[bool] = False
     # Template variables fed by this kind's value record: (scope, preference; lower wins).
     variable_source: ClassVar[Optional[tuple[str, int]]] = None
 
@@ -254,6 +256,9 @@ class Kind:
         if (src.metric is None) == (src.expr is None):
             err(spath, f"source {backend!r} needs exactly one of 'metric' or 'expr'",
                 "name the raw metric (metric: NAME) or give a PromQL expression (expr: ...)")
+        if self.metric_only and src.expr is not None:
+            err(spath + ("expr",), f"a {self.name} signal reads a raw metric, not an expression",
+                "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
 
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
         """Called with the parsed window when the kind takes one."""

@@ -20,16 +20,11 @@ class Deriv(Kind):
     name = "deriv"
     # deriv fits a slope: it needs several samples in its window.
     window_min_scrapes = 4
+    metric_only = True
     growth_only = True
     variable_source = ("engine", 1)
 
     # -- spec --------------------------------------------------------------------------
-    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
-        super().check_source(backend, src, spath, err)
-        if src.expr is not None:
-            err(spath + ("expr",), f"a {self.name} signal reads a raw metric, not an expression",
-                "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
-
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
         if window < 4 * scrape:
             err(path + ("window",), f"deriv window {format_duration(window)} is under 4 scrape intervals ({format_duration(4 * scrape)})",

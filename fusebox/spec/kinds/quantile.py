@@ -23,16 +23,11 @@ class Quantile(Kind):
     name = "quantile"
     # rate() needs two samples in its window; four or more is safer.
     window_min_scrapes = 2
+    metric_only = True
     growth_only = True
     variable_source = ("engine", 0)
 
     # -- spec --------------------------------------------------------------------------
-    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
-        super().check_source(backend, src, spath, err)
-        if src.expr is not None:
-            err(spath + ("expr",), f"a {self.name} signal reads a raw metric, not an expression",
-                "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
-
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
         if window < 2 * scrape:
             err(path + ("window",), f"rate window {format_duration(window)} is under 2 scrape intervals",
