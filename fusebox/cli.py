@@ -7,16 +7,28 @@ import argparse
 import importlib
 import sys
 
-# module -> it defines register(subparsers)
-_AREAS = (
-    "fusebox.generator.cli",
-    "fusebox.collectors.cli",
-    "fusebox.fuse.cli",
-    "fusebox.demo.cli",
-)
+# module -> it defines register(subparsers), and the commands it registers
+_AREAS = {
+    "fusebox.generator.cli": ("generate", "check"),
+    "fusebox.collectors.cli": ("collect",),
+    "fusebox.fuse.cli": ("fuse",),
+    "fusebox.demo.cli": ("demo",),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _areas_for(argv: list[str] | None) -> list[str]:
+    """The areas to load: only the command's own when argv names one (``fusebox generate`` does
+    not import the fuse service, the collectors' OTel SDK or the demo), all of them otherwise
+    (``fusebox --help`` lists every command)."""
+    args = sys.argv[1:] if argv is None else argv
+    first = next((a for a in args if not a.startswith("-")), None)
+    for name, commands in _AREAS.items():
+        if first in commands:
+            return [name]
+    return list(_AREAS)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from fusebox import __version__
 
     parser = argparse.ArgumentParser(
@@ -26,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fusebox {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in _AREAS:
+    for name in _areas_for(argv):
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -38,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -18,7 +18,33 @@ import yaml
 
 __all__ = ["dump_yaml"]
 
-_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_BASE = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_BASE):  # type: ignore[misc,valid-type]  # CSafeDumper or SafeDumper, chosen at import
+    """libyaml's dumper with the implicit-tag check of scalars memoised.
+
+    The serializer asks the resolver twice per scalar whether its text would read back as another
+    type (to decide on quotes); the answer depends on the text alone (SafeDumper's resolvers are
+    fixed and none is path-based), and a spec's outputs repeat the same label names and values
+    hundreds of thousands of times.
+    """
+
+    _seen: dict[tuple[str, bool, bool], str] = {}
+
+    def resolve(self, kind, value, implicit):  # noqa: ANN001 -- PyYAML's signature
+        if kind is not yaml.ScalarNode:
+            return super().resolve(kind, value, implicit)
+        key = (value, implicit[0], implicit[1])
+        tag = self._seen.get(key)
+        if tag is None:
+            tag = super().resolve(kind, value, implicit)
+            if len(self._seen) < 200_000:
+                self._seen[key] = tag
+        return tag
+
+
+_DUMPER = _Dumper
 _TAG = "tag:yaml.org,2002:"
 _STR, _INT, _FLOAT, _BOOL, _NULL, _MAP, _SEQ = (_TAG + t for t in ("str", "int", "float", "bool", "null", "map", "seq"))
 

@@ -104,6 +104,9 @@ def _check_text(text: str, file: str) -> None:
                                  "double-quoted string as an escape such as \"\\t\")")])
 
 
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
 def load(text: str, file: str) -> tuple[Any, Positions]:
     """Parse YAML text; return (data, positions).
 
@@ -190,6 +193,8 @@ def load(text: str, file: str) -> tuple[Any, Positions]:
         return scalar(n)
 
     def scalar(n: yaml.Node) -> Any:
+        if n.tag == _STR_TAG:  # most of a spec: SafeConstructor would return the value as it is
+            return n.value
         try:
             return constructor.construct_object(n)
         except Exception as e:  # a tag such as !!float or !!binary on text it cannot read, or an unknown tag
