@@ -13,7 +13,7 @@ UV_VERSION ?= 0.13.9
 # Tools (Prometheus 3 promtool, the OpenTelemetry Collector) are built once into this cache.
 export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
 
-.PHONY: help venv lock tools generate check check-generated test test-fast bench demo clean
+.PHONY: help venv lock tools generate check check-generated lint test test-fast bench demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -48,7 +48,11 @@ check: tools ## run promtool/amtool checks and the generated tests on the output
 check-generated: venv ## fail when committed outputs drift from the spec
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT) --check
 
-test: tools ## the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector)
+lint: venv ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint tools ## lint, then the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector)
 	$(BIN)/python -m pytest -q
 
 test-fast: venv ## tests that need no external tool
@@ -61,4 +65,4 @@ demo: tools ## the real stack on loopback ports replaying a breach, live (Ctrl-C
 	$(BIN)/fusebox demo --spec $(SPEC) $(DEMO_ARGS)
 
 clean: ## remove the virtualenv and caches (not the tool cache)
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build *.egg-info

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 _EXPORT_HELP = "OTLP receiver (default http://127.0.0.1:4318 for http, :4317 for grpc)"
 
@@ -205,9 +206,11 @@ def cmd_gpu(args) -> int:
         except ReplayError as e:
             _err(str(e))
             return 2
-        nvml = SyntheticNvml.from_frames(frames)
+        nvml: Any = SyntheticNvml.from_frames(frames)  # the NVML-shaped module GpuCollector calls
     else:
-        import pynvml as nvml
+        import pynvml
+
+        nvml = pynvml
     col = GpuCollector(nvml)
     try:
         col.open()

@@ -234,7 +234,7 @@ class Pipeline:
     ):
         from opentelemetry.metrics import Observation
         from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import InMemoryMetricReader, PeriodicExportingMetricReader
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader, PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
         service_name = C.SERVICE.get(service, service)
@@ -249,7 +249,7 @@ class Pipeline:
         self._readings: dict[str, list[Reading]] = {k: [] for k in keys}
         self._lock = threading.Lock()
         self.memory_reader = InMemoryMetricReader()
-        readers = [self.memory_reader]
+        readers: list[MetricReader] = [self.memory_reader]
         self.bounded: BoundedExporter | None = None
         self.otlp_reader = None
         if exporter is None and otlp_endpoint is not None:

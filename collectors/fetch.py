@@ -183,9 +183,12 @@ def _connection(scheme: str, host: str, port: int | None, deadline: float) -> ht
             if scheme == "https":
                 ctx = ssl.create_default_context()
                 ctx.sslsocket_class = _DeadlineSSLSocket
-                sock = ctx.wrap_socket(sock, server_hostname=host)  # handshake under the socket timeout
-                sock._deadline = deadline
-            self.sock = sock
+                tls = ctx.wrap_socket(sock, server_hostname=host)  # handshake under the socket timeout
+                assert isinstance(tls, _DeadlineSSLSocket)  # ctx.sslsocket_class; wrap_socket is typed SSLSocket
+                tls._deadline = deadline
+                self.sock = tls
+            else:
+                self.sock = sock
 
     return Conn(host, port or (443 if scheme == "https" else 80))
 
@@ -275,7 +278,7 @@ class Fetcher:
             wire += len(chunk)
             if wire > wire_cap:
                 raise self._too_large()
-            if d is None:
+            if d is None or make is None:  # both or neither
                 out.append(chunk)
                 continue
             data = chunk

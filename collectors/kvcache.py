@@ -247,7 +247,7 @@ def engines_from_text(text: str) -> list[EngineKv]:
             out[ekey] = EngineKv(kind, labels.get("engine", ""), model)
         return out[ekey]
 
-    def fmax(a: float | None, b: float) -> float:
+    def fmax(a: float | None, b: float) -> float | None:
         if b != b:  # NaN from the engine: ignore
             return a
         return b if a is None else max(a, b)
@@ -387,9 +387,9 @@ class KvCollector:
                 continue
             try:
                 engines = engines_from_text(text)
-            except MalformedMetrics as e:
+            except MalformedMetrics as err:
                 self.errors[(ep, "malformed")] += 1
-                self._report(ep, "malformed", str(e))
+                self._report(ep, "malformed", str(err))
                 continue
             if not engines:
                 self.errors[(ep, "no_kv_metric")] += 1
@@ -444,7 +444,7 @@ class KvCollector:
             if multi and e.key:
                 engine = f"{engine}/{e.key}"
             base = {A["engine"]: engine, A["model"]: model}
-            targets = self.gpus or [None]
+            targets: Sequence[str | None] = self.gpus or [None]
             for gpu in targets:
                 attrs = dict(base)
                 if gpu:

@@ -97,22 +97,28 @@ def parse_smi_xml(text: str, source: str = "<xml>") -> list[DeviceState]:
         uuid = (g.findtext("uuid") or "").strip()
         index = int(_num(g.findtext("minor_number")) or i)
         fb = g.find("fb_memory_usage")
-        total, free = _mib(fb.findtext("total")) if fb is not None else None, None
-        if fb is not None:
-            free = _mib(fb.findtext("free"))
+        if fb is None:
+            raise ReplayError(f"{source}: GPU {uuid or i} has no fb_memory_usage total/free")
+        total, free = _mib(fb.findtext("total")), _mib(fb.findtext("free"))
         if total is None or free is None:
             raise ReplayError(f"{source}: GPU {uuid or i} has no fb_memory_usage total/free")
         migs = []
         for md in g.findall("mig_devices/mig_device"):
+            # a MIG device without memory figures is left out, as in the exporter's -q text
             mfb = md.find("fb_memory_usage")
+            if mfb is None:
+                continue
+            mtotal, mfree = _mib(mfb.findtext("total")), _mib(mfb.findtext("free"))
+            if mtotal is None or mfree is None:
+                continue
             gi, ci = md.findtext("gpu_instance_id", "").strip(), md.findtext("compute_instance_id", "").strip()
             migs.append(
                 DeviceState(
                     uuid=f"MIG-{uuid}/{gi}/{ci}",
                     index=int(_num(md.findtext("index")) or 0),
                     name=f"{(g.findtext('product_name') or '').strip()} MIG {gi}/{ci}",
-                    total=_mib(mfb.findtext("total")),
-                    free=_mib(mfb.findtext("free")),
+                    total=mtotal,
+                    free=mfree,
                     used=_mib(mfb.findtext("used")),
                     reserved=_mib(mfb.findtext("reserved")),
                 )
@@ -181,7 +187,7 @@ def parse_query_gpu_csv(text: str, source: str = "<csv>") -> list[list[DeviceSta
         free = _mib(row.get("memory.free"))
         used = _mib(row.get("memory.used"))
         reserved = _mib(row.get("memory.reserved"))
-        if total is None and None not in (free, used, reserved):
+        if total is None and free is not None and used is not None and reserved is not None:
             total = free + used + reserved
         if total is None or free is None:
             raise ReplayError(
@@ -189,9 +195,10 @@ def parse_query_gpu_csv(text: str, source: str = "<csv>") -> list[list[DeviceSta
                 "(or memory.reserved + memory.used + memory.free) -- add them to --query-gpu"
             )
         tx = rx = None
+        index = _num(row.get("index"))
         dev = DeviceState(
             uuid=row["uuid"],
-            index=int(_num(row.get("index")) if _num(row.get("index")) is not None else len(frames[-1])),
+            index=int(index) if index is not None else len(frames[-1]),
             name=row.get("name", ""),
             total=total,
             free=free,
@@ -221,7 +228,8 @@ def _sections(text: str) -> dict[str, str]:
     """``{"load :: query-gpu (csv, ...)": body}`` of an nvidia_gpu_exporter capture."""
     out: dict[str, str] = {}
     lines = text.splitlines()
-    cur, body = None, []
+    cur: str | None = None
+    body: list[str] = []
     for i, line in enumerate(lines):
         m = _SECTION.match(line)
         if m and i > 0 and lines[i - 1].startswith("####"):

@@ -410,12 +410,12 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     p = _scenario_path(path)
     try:
         text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(f"{p}:1:1: cannot read the scenario ({e.strerror}) -- check the path") from None
+    except OSError as err:
+        raise ScenarioError(f"{p}:1:1: cannot read the scenario ({err.strerror}) -- check the path") from None
     try:
         raw, pos = load(text, str(p))
-    except SpecError as e:
-        raise ScenarioError(str(e)) from None
+    except SpecError as err:
+        raise ScenarioError(str(err)) from None
     problems: list[Problem] = []
 
     def bad(where: tuple, what: str, fix: str) -> None:
@@ -597,10 +597,14 @@ class ScenarioRunner:
         self.gpu = GpuCollector(self.nvml, clock=lambda: self.t).open()
         self.kv = {
             e.id: KvCollector([f"scenario://{e.id}/metrics"], e.geometry, gpus=e.gpus, engine_id=e.id, model=e.model,
-                              fetch=lambda ep, _to, eid=e.id: self.sc.vllm_text(eid, self.t))
+                              fetch=self._engine_text(e.id))
             for e in scenario.engines
         }  # fmt: skip
         self._ticks_done = 0
+
+    def _engine_text(self, eid: str) -> Callable[[str, float], str]:
+        """The KV collector's ``fetch`` for one engine: its vLLM text at the current time."""
+        return lambda _endpoint, _timeout_s: self.sc.vllm_text(eid, self.t)
 
     def step(self, t: float) -> list:
         self.t = t

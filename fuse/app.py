@@ -32,7 +32,7 @@ import time
 from datetime import datetime, timezone
 from functools import lru_cache
 from importlib import resources
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from fastapi import Depends, FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
@@ -299,7 +299,7 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
             return _problem(400, "body is not usable JSON (nested too deeply, or not UTF-8)", "body")
         return _problem(exc.status_code, str(exc.detail)[:200])
 
-    responses = {400: {"description": "malformed"}, 401: {"description": "no or wrong token"},
+    responses: dict[int | str, dict[str, Any]] = {400: {"description": "malformed"}, 401: {"description": "no or wrong token"},
                  413: {"description": "too large"}, 503: {"description": "state not persisted; retry"}}
 
     @app.post("/alertmanager", responses=responses)
@@ -389,7 +389,8 @@ def render_status(state: dict, audit: list[dict]) -> str:
     no script), so text from alerts is shown as text, never read as markup or as a placeholder. At
     most ``STATUS_ROWS`` scope rows and the first ``STATUS_DECISIONS`` audit rows, every cell
     clipped to ``STATUS_CELL_CHARS`` characters: the page stays under 1 MB."""
-    rows, total = [], 0
+    rows: list[dict[str, Any]] = []
+    total = 0
     for sc in state["scopes"]:
         for lvl, st in sc["levels"].items():
             total += 1

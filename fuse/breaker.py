@@ -373,7 +373,7 @@ def _check_scope(scope: dict, fleet: bool) -> None:
                             "or say \"fleet\": true", "scope")
 
 
-def replay(rules: FuseRules, hold_s: float, steps: Iterable[tuple[float, object]]) -> list[Decision]:
+def replay(rules: FuseRules, hold_s: float, steps: Iterable[tuple[float, Optional[Notification]]]) -> list[Decision]:
     """Feed ``(now, Notification | None)`` steps (None = a tick) and collect every decision.
 
     A helper for tests and the benchmark: the whole breaker behaviour as a pure function.

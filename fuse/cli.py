@@ -85,7 +85,7 @@ def build_service(args):
     (no server started). Raises SpecError, OSError, ValueError."""
     from fusebox.spec import load_spec
 
-    from .actions import DryRun, HttpGateway, VllmResetPrefixCache, read_token
+    from .actions import Adapter, DryRun, HttpGateway, VllmResetPrefixCache, read_token
     from .rules import FuseRules
     from .service import FuseService
     from .store import Store
@@ -93,6 +93,7 @@ def build_service(args):
 
     spec = load_spec(args.spec)
     token = TokenFiles(args.token_file, args.override_tokens, args.read_token_file)
+    adapters: list[Adapter]
     if args.dry_run:
         adapters = [DryRun()]
     else:
@@ -171,7 +172,8 @@ def gateway(args) -> int:
 
     try:
         token = read_token(args.token_file)
-        gw = ReferenceGateway(*args.listen, args.log, token)
+        host, port = args.listen
+        gw = ReferenceGateway(host, port, args.log, token)
     except OSError as e:
         return _err(str(e))
     print(f"fusebox fuse gateway: listening on {gw.url}, logging to {args.log}", file=sys.stderr, flush=True)

@@ -98,7 +98,9 @@ class ReferenceGateway:
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
-        self.host, self.port = self.server.server_address[:2]
+        bound_host, self.port = self.server.server_address[:2]
+        assert isinstance(bound_host, str)  # an AF_INET/AF_INET6 server; the stub also allows bytes
+        self.host = bound_host
         self._thread: Optional[threading.Thread] = None
 
     @property

@@ -365,7 +365,8 @@ class _Lane:
 def _labels(adapters) -> dict[str, str]:
     """adapter name -> its label for metrics and the audit's source (``label`` attribute, else the
     name); labels shared by several adapters get ``#2``, ``#3``... in the order given."""
-    out, seen = {}, {}
+    out: dict[str, str] = {}
+    seen: dict[str, int] = {}
     for a in adapters:
         base = getattr(a, "label", None) or a.name
         seen[base] = seen.get(base, 0) + 1

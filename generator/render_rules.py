@@ -170,7 +170,7 @@ def render_rules(spec: Spec) -> Rules:
     if spec.absent_enabled and raw_metrics:
         absent_rules = []
         for m in sorted(raw_metrics):
-            rule = {"alert": C.ABSENT_ALERT, "expr": f"absent({selector(m, spec)})"}
+            rule: dict[str, Any] = {"alert": C.ABSENT_ALERT, "expr": f"absent({selector(m, spec)})"}
             if spec.absent_for_s:
                 rule["for"] = format_duration(spec.absent_for_s)
             rule["labels"] = absent_labels(m, raw_metrics[m], spec)

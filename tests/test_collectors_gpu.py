@@ -230,6 +230,22 @@ def test_replay_mig_captures_list_each_instance_with_its_own_memory():
     assert sorted(r.value for r in shared)[-2:] == [71424 * MIB, 71424 * MIB]
 
 
+def test_a_mig_device_without_memory_figures_in_xml_is_left_out_like_in_q_text(tmp_path):
+    # the A100 MIG capture with MIG 1/0's <fb_memory_usage> removed and MIG 2/0's total "N/A":
+    # both are left out (it crashed with AttributeError / built a total=None state before)
+    xml = (FIX / "netdata_a100-sxm4-mig_nvidia-smi-q-x.xml").read_text()
+    first = xml.index("<mig_device>")
+    fb_start, fb_end = xml.index("<fb_memory_usage>", first), xml.index("</fb_memory_usage>", first)
+    xml = xml[:fb_start] + xml[fb_end + len("</fb_memory_usage>"):]
+    second = xml.index("<fb_memory_usage>", xml.index("<mig_device>", first + 1))
+    xml = xml[:second] + xml[second:].replace("<total>19968 MiB</total>", "<total>N/A</total>", 1)
+    path = tmp_path / "mig.xml"
+    path.write_text(xml)
+    [[gpu]] = load_replay(path)
+    assert gpu.uuid == "GPU-27b94a00-ed54-5c24-b1fd-1054085de32a" and gpu.mig == ()
+    assert gpu.total == 40960 * MIB
+
+
 def test_a_time_series_csv_replays_frame_by_frame():
     frames = load_replay(FIX / "bsc_h100-64gb_nvidia-smi-query-gpu_timeseries_with_time_col.csv")
     assert len(frames) == 134

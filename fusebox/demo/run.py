@@ -71,6 +71,7 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
         view.start(stack.urls, watcher)
         stack.start_scenario(on_line=watcher.scenario_line)
         spec = stack.spec
+        assert spec is not None  # prepare() loaded it
         grace = max(t.keep_firing_for_s for s in spec.signals for t in s.tiers) + spec.group_interval_s \
             + spec.evaluation_interval_s + opts.hold_s + 15
         limit = max_wall_s or ((sc.duration_s / opts.speed + 120 + grace) if once else float("inf"))

@@ -21,12 +21,15 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import yaml
 
 from .spec import FAST, Timing, demo_spec_text
 from .supervisor import Child, ChildDied, Supervisor
+
+if TYPE_CHECKING:
+    from fusebox.spec import Spec
 
 __all__ = ["Ports", "StackOptions", "Stack", "ToolMissing", "find_tools"]
 
@@ -159,7 +162,7 @@ class Stack:
         self.out = self.workdir / "generated"
         self.scenario_child: Optional[Child] = None
         self.scenario_runs = 0
-        self.spec = None
+        self.spec: Optional[Spec] = None  # set by prepare()
 
     # -- URLs -------------------------------------------------------------------------
     @property

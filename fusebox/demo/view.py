@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from fusebox import conventions as C
 
 from .watch import Event, Watcher, short
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 __all__ = ["DemoView", "fmt_value", "parse_scope_key", "short_scope", "fuse_rows", "alert_rows"]
 
@@ -97,7 +100,7 @@ class DemoView:
         self.live_mode = self.console.is_terminal if live is None else live
         self.title = title
         self.urls: dict[str, str] = {}
-        self._live = None
+        self._live: Optional[Live] = None
         self._watcher: Optional[Watcher] = None
         self._recent: list[str] = []
         self.t0: Optional[float] = None
@@ -197,12 +200,12 @@ class DemoView:
                     sig.add_row(s.name, short(ent), Text(fmt_value(s.unit, v), style=style),
                                 warn.threshold_text if warn else "-", crit.threshold_text if crit else "-",
                                 Text(state, style=style))
-            rows = alert_rows(w.alerts, w.have_data(), time.time())
-            for alert, sev, ent, state, since in rows:
+            arows = alert_rows(w.alerts, w.have_data(), time.time())
+            for alert, sev, ent, state, since in arows:
                 style = ("bold red" if state == "firing" and sev == "critical" else "yellow" if state == "firing"
                          else "dim")
                 alerts.add_row(alert, sev, ent, Text(state, style=style), since)
-            if not rows:
+            if not arows:
                 alerts.add_row("-", "", "", Text("none", style="green"), "")
             names = {a.level: a.name for a in w.spec.actions.values()}
             frows = fuse_rows(w.fuses, w.gateway_calls, self._t0())

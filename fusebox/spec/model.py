@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, StrictBool, ValidationError
+from pydantic_core import ErrorDetails
 
 from fusebox import conventions as C
 
@@ -122,12 +123,12 @@ class RawFuse(_Strict):
 
 class RawAbsent(_Strict):
     enabled: bool = True
-    for_: Scalar = Field("5m", alias="for")
+    for_: Scalar = Field(default="5m", alias="for")
     severity: str = "warning"
 
 
 class RawDefaults(_Strict):
-    for_: Scalar = Field("1m", alias="for")
+    for_: Scalar = Field(default="1m", alias="for")
     keep_firing_for: Scalar = "1m"
     absent: RawAbsent = RawAbsent()
 
@@ -294,7 +295,7 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
 _ALIASES = {"for_": "for", "global_": "global"}
 
 
-def _pydantic_problem(err: dict, pos: Positions) -> Problem:
+def _pydantic_problem(err: ErrorDetails, pos: Positions) -> Problem:
     raw_loc = err["loc"]
     if err["type"] == "extra_forbidden":  # the last element is the user's own (wrong) key: keep it
         loc = tuple(_ALIASES.get(x, x) if isinstance(x, str) else x for x in raw_loc[:-1]) + (raw_loc[-1],)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from fusebox import conventions as C
 from fusebox.spec.promql import metrics_in_expr
@@ -110,7 +110,7 @@ def label_str(labels: dict[str, str]) -> str:
     return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-def segments(values: list[tuple[int, float, float]]) -> str:
+def segments(values: Sequence[tuple[int, float, float]]) -> str:
     """[(n_samples, start, step)] -> promtool series notation, then ``stale``."""
     parts = []
     for n, start, step in values:
