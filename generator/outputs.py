@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import PurePath
 
 from fusebox import conventions as C
@@ -37,7 +38,8 @@ def render_all(spec: Spec) -> dict[str, str]:
     header = header_for(spec)
     h = f"# {header}\n"
     rules = render_rules(spec)
-    out: dict[str, str] = {RULE_FILE: h + dump_yaml({"groups": rules.groups})}
+    rules_text = dump_yaml({"groups": rules.groups})
+    out: dict[str, str] = {RULE_FILE: h + rules_text}
 
     test_text = [h, dump_yaml({"rule_files": ["fusebox.rules.yml"],
                                "evaluation_interval": format_duration(spec.evaluation_interval_s)}),
@@ -50,7 +52,12 @@ def render_all(spec: Spec) -> dict[str, str]:
 
     out[ALERTMANAGER_FILE] = h + dump_yaml(render_alertmanager(spec))
     out[ROUTE_TEST_FILE] = h + dump_yaml({"tests": route_tests(spec)})
-    out[PROMETHEUSRULE_FILE] = h + dump_yaml(render_prometheusrule(spec, rules))
+    # The same groups under `spec:`, written once: indenting the rule file's text keeps its YAML
+    # meaning (block structure is relative; long plain scalars may fold at other columns).
+    prometheusrule = render_prometheusrule(spec, rules)
+    assert list(prometheusrule)[-1] == "spec" and prometheusrule["spec"] == {"groups": rules.groups}
+    del prometheusrule["spec"]
+    out[PROMETHEUSRULE_FILE] = h + dump_yaml(prometheusrule) + "spec:\n" + textwrap.indent(rules_text, "  ")
     out.update(render_runbooks(spec, rules, header))
     boards = render_dashboards.dashboard_texts(spec, header)  # once: the files and the ConfigMaps hold the same text
     out.update(render_dashboards.outputs(spec, header, boards))
