@@ -25,7 +25,6 @@ import math
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from fusebox import conventions as C  # noqa: E402
 from fusebox.generator.outputs import RULE_FILE, render_all  # noqa: E402
 from fusebox.generator.render_dashboards import dashboards  # noqa: E402
 from fusebox.spec import load_spec  # noqa: E402
+from fusebox.tooling import free_port  # noqa: E402
 
 MIB = 1_048_576
 SCRAPE_S = 10
@@ -147,12 +147,6 @@ def write_history(path: Path, gpus: int, engines: int, start: int, end: int) -> 
 
 
 # ------------------------------------------------------------------------- Prometheus
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 300) -> dict:
     with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
         return json.loads(r.read())
@@ -160,7 +154,7 @@ def _get(url: str, timeout: float = 300) -> dict:
 
 class Prom:
     def __init__(self, data: Path, tmp: Path):
-        self.port = _free_port()
+        self.port = free_port()
         cfg = tmp / "prometheus.yml"
         cfg.write_text("global: {scrape_interval: 15s}\n")
         self.log = open(tmp / "prometheus.log", "ab")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import textwrap
 from pathlib import PurePath
 
@@ -33,9 +35,22 @@ def header_for(spec: Spec) -> str:
     return C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
 
 
-def render_all(spec: Spec) -> dict[str, str]:
-    """Every generated file for ``spec``; raises nothing for a validated spec."""
-    header = header_for(spec)
+# From this many signals on, render_all renders the dashboards in a second process (fork) while
+# it renders the rules and their tests: below it, starting the process costs more than it saves.
+PARALLEL_MIN_SIGNALS = 100
+
+
+def _dashboard_files(spec: Spec, header: str) -> dict[str, str]:
+    """The dashboards, their provisioning and ConfigMaps, and the Collector config."""
+    boards = render_dashboards.dashboard_texts(spec, header)  # once: the files and the ConfigMaps hold the same text
+    out = render_dashboards.outputs(spec, header, boards)
+    out.update(render_grafana_provisioning.outputs(spec, header, boards))
+    out.update(render_otelcol.outputs(spec, header))
+    return out
+
+
+def _rule_files(spec: Spec, header: str) -> dict[str, str]:
+    """Rules, their promtool tests, the PrometheusRule, Alertmanager config and tests, runbooks."""
     h = f"# {header}\n"
     rules = render_rules(spec)
     rules_text = dump_yaml({"groups": rules.groups})
@@ -59,8 +74,28 @@ def render_all(spec: Spec) -> dict[str, str]:
     del prometheusrule["spec"]
     out[PROMETHEUSRULE_FILE] = h + dump_yaml(prometheusrule) + "spec:\n" + textwrap.indent(rules_text, "  ")
     out.update(render_runbooks(spec, rules, header))
-    boards = render_dashboards.dashboard_texts(spec, header)  # once: the files and the ConfigMaps hold the same text
-    out.update(render_dashboards.outputs(spec, header, boards))
-    out.update(render_grafana_provisioning.outputs(spec, header, boards))
-    out.update(render_otelcol.outputs(spec, header))
+    return out
+
+
+def render_all(spec: Spec, *, parallel: bool | None = None) -> dict[str, str]:
+    """Every generated file for ``spec``: ``{relative path: text}``, sorted by path.
+
+    Args:
+        spec: a validated spec.
+        parallel: render the dashboards in a forked second process, beside the rules (the two
+            halves share nothing). Default: when the spec has :data:`PARALLEL_MIN_SIGNALS` signals
+            or more, the machine more than one CPU and the platform ``fork``. Same output either way.
+    """
+    header = header_for(spec)
+    if parallel is None:
+        parallel = (len(spec.signals) >= PARALLEL_MIN_SIGNALS and (os.cpu_count() or 1) > 1
+                    and "fork" in multiprocessing.get_all_start_methods())
+    if parallel:
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            boards = pool.apply_async(_dashboard_files, (spec, header))
+            out = _rule_files(spec, header)
+            out.update(boards.get())
+    else:
+        out = _rule_files(spec, header)
+        out.update(_dashboard_files(spec, header))
     return dict(sorted(out.items()))

@@ -15,7 +15,6 @@ rules read ``vllm:num_preemptions`` without ``_total`` and ``le="120"`` where vL
 from __future__ import annotations
 
 import functools
-import os
 import re
 import shutil
 import subprocess
@@ -26,10 +25,12 @@ from typing import Any, Iterable
 
 import yaml
 
-from fusebox.spec.promql import vector_selectors
-from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE
 from fusebox.spec import Spec
 from fusebox.spec.kinds import records
+from fusebox.spec.promql import vector_selectors
+from fusebox.tooling import ToolMissing, tools_dir
+
+from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE
 
 MIN_PROMTOOL = (2, 42)  # keep_firing_for
 MIN_AMTOOL = (0, 25)
@@ -40,19 +41,11 @@ INSTALL_HINT = {
 PINNED_PROMTOOL3 = "promtool-v0.316.0/promtool"
 
 
-class ToolMissing(RuntimeError):
-    """A required tool is absent or too old; the message says how to install it."""
-
-
 @dataclass
 class ToolResult:
     name: str
     ok: bool
     output: str
-
-
-def tools_dir() -> Path:
-    return Path(os.environ.get("FUSEBOX_TOOLS", Path.home() / ".cache" / "fusebox" / "tools"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -17,6 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from fusebox.tooling import free_port, tools_dir  # noqa: F401  (re-exported to the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 OTELCOL_VERSION = "v0.165.0"
@@ -27,10 +28,6 @@ def missing(what: str, how: str):
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(msg)
     pytest.skip(msg)
-
-
-def tools_dir() -> Path:
-    return Path(os.environ.get("FUSEBOX_TOOLS", Path.home() / ".cache" / "fusebox" / "tools"))
 
 
 def otelcol_binary() -> Path:
@@ -53,12 +50,6 @@ def promtool_binary() -> str:
     if not p:
         missing("promtool", "run `make tools` (installs Prometheus >= 2.42)")
     return p
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 5.0) -> bytes:

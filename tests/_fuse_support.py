@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import time
 from datetime import datetime, timezone
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from fusebox.tooling import free_port  # noqa: F401  (re-exported to the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "fuse"
@@ -53,12 +54,6 @@ def payload(*alerts: dict, truncated: int = 0) -> dict:
     return {"version": "4", "groupKey": '{}:{alertname="x"}', "truncatedAlerts": truncated, "status": status,
             "receiver": "fusebox-fuse", "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
             "externalURL": "http://alertmanager:9093", "alerts": list(alerts)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(pred, timeout: float = 10.0, step: float = 0.02, what: str = "condition"):

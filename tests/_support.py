@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from fusebox.tooling import tools_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SPEC = ROOT / "fusebox.yaml"
-
-
-def tools_dir() -> Path:
-    return Path(os.environ.get("FUSEBOX_TOOLS", Path.home() / ".cache" / "fusebox" / "tools"))
 
 
 def need(path_or_name: str, how: str = "run `make tools`") -> str:

@@ -19,11 +19,12 @@ from fusebox.spec import load_spec
 ROOT = Path(__file__).resolve().parents[1]
 # source folder -> the package it installs as (pyproject.toml's package-dir)
 FOLDERS = {"fusebox": "fusebox", "generator": "fusebox.generator", "collectors": "fusebox.collectors", "fuse": "fusebox.fuse"}
-FLOOR = ("fusebox.conventions", "fusebox.promsim")
+FLOOR = ("fusebox.conventions", "fusebox.promsim", "fusebox.tooling")
 SPEC = ("fusebox.spec",)
 ALLOWED = {
     "fusebox.conventions": (),
     "fusebox.promsim": (),
+    "fusebox.tooling": (),
     "fusebox.spec": FLOOR + SPEC,
     "fusebox.generator": FLOOR + SPEC + ("fusebox.generator",),
     "fusebox.collectors": FLOOR + SPEC + ("fusebox.collectors",),

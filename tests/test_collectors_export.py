@@ -4,7 +4,6 @@ receiver (protobuf decoded), the bounded queue's drop counter, and /metrics."""
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 import time
 import urllib.request
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fusebox import conventions as C
 from fusebox.collectors._model import Reading
 from fusebox.collectors.export import Pipeline, otlp_exporter
+from fusebox.tooling import free_port
 
 # The metric contract the rules and dashboards read. Written out by hand: a change in the
 # translation must fail here, not silently stop the rules (docs/metrics.md section 5).
@@ -134,14 +134,8 @@ def test_otlp_http_protobuf_reaches_a_receiver_with_names_attributes_and_buckets
     assert tuple(hist.explicit_bounds) == BUCKETS and hist.count == 6
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_dead_receiver_fills_the_bounded_queue_and_drops_are_counted_without_blocking():
-    exporter = otlp_exporter(f"http://127.0.0.1:{_free_port()}", timeout_s=0.2)
+    exporter = otlp_exporter(f"http://127.0.0.1:{free_port()}", timeout_s=0.2)
     p = _pipe(exporter=exporter, max_queue=2, max_attempts=1)
     _fill(p)
     t0 = time.monotonic()
@@ -160,7 +154,7 @@ def test_a_dead_receiver_fills_the_bounded_queue_and_drops_are_counted_without_b
 def test_metrics_endpoint_serves_the_same_names():
     p = _pipe()
     _fill(p)
-    port = _free_port()
+    port = free_port()
     server = p.serve_metrics(port)
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -176,7 +170,7 @@ def test_once_text_and_metrics_endpoint_are_one_rendering():
     p = _pipe()
     _fill(p)
     p.set_errors([({"endpoint": "http://e/metrics", "reason": "down"}, 2)])
-    port = _free_port()
+    port = free_port()
     server = p.serve_metrics(port)
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

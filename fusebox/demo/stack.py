@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 import yaml
+
+from fusebox.spec.units import format_duration
+from fusebox.tooling import ToolMissing, free_port, tools_dir
 
 from .spec import FAST, Timing, demo_spec_text
 from .supervisor import Child, ChildDied, Supervisor
@@ -35,16 +37,6 @@ __all__ = ["Ports", "StackOptions", "Stack", "ToolMissing", "find_tools"]
 
 PORT_NAMES = ("prometheus", "alertmanager", "otlp_grpc", "otlp_http", "otel_prometheus", "otel_health",
               "otel_telemetry", "gateway", "fuse")
-
-
-class ToolMissing(RuntimeError):
-    """A binary the demo runs is not installed; ``str()`` says how to get it."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -79,7 +71,8 @@ def prometheus_config(spec, rules_file: Path | str, ports: "Ports") -> dict:
     service's address in ``instance``, which the overview's fuse-state panel groups by.
     """
     return {
-        "global": {"scrape_interval": f"{spec.scrape_interval_s:g}s", "evaluation_interval": f"{spec.evaluation_interval_s:g}s"},
+        "global": {"scrape_interval": format_duration(spec.scrape_interval_s),
+                   "evaluation_interval": format_duration(spec.evaluation_interval_s)},
         "rule_files": [str(rules_file)],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]},
         "scrape_configs": [
@@ -89,10 +82,6 @@ def prometheus_config(spec, rules_file: Path | str, ports: "Ports") -> dict:
              "static_configs": [{"targets": [f"127.0.0.1:{ports.fuse}"]}]},
         ],
     }
-
-
-def tools_dir() -> Path:
-    return Path(os.environ.get("FUSEBOX_TOOLS") or Path.home() / ".cache" / "fusebox" / "tools")
 
 
 def find_tools() -> dict[str, str]:
