@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import textwrap
 from pathlib import PurePath
 
@@ -33,11 +31,6 @@ def header_for(spec: Spec) -> str:
     outputs do not depend on how --spec was spelled (absolute, relative, from another folder) and
     ``--check`` finds no drift for another spelling."""
     return C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
-
-
-# From this many signals on, render_all renders the dashboards in a second process (fork) while
-# it renders the rules and their tests: below it, starting the process costs more than it saves.
-PARALLEL_MIN_SIGNALS = 100
 
 
 def _dashboard_files(spec: Spec, header: str) -> dict[str, str]:
@@ -77,25 +70,10 @@ def _rule_files(spec: Spec, header: str) -> dict[str, str]:
     return out
 
 
-def render_all(spec: Spec, *, parallel: bool | None = None) -> dict[str, str]:
-    """Every generated file for ``spec``: ``{relative path: text}``, sorted by path.
-
-    Args:
-        spec: a validated spec.
-        parallel: render the dashboards in a forked second process, beside the rules (the two
-            halves share nothing). Default: when the spec has :data:`PARALLEL_MIN_SIGNALS` signals
-            or more, the machine more than one CPU and the platform ``fork``. Same output either way.
-    """
+def render_all(spec: Spec) -> dict[str, str]:
+    """Every generated file for ``spec``: ``{relative path: text}``, sorted by path; raises nothing
+    for a validated spec."""
     header = header_for(spec)
-    if parallel is None:
-        parallel = (len(spec.signals) >= PARALLEL_MIN_SIGNALS and (os.cpu_count() or 1) > 1
-                    and "fork" in multiprocessing.get_all_start_methods())
-    if parallel:
-        with multiprocessing.get_context("fork").Pool(1) as pool:
-            boards = pool.apply_async(_dashboard_files, (spec, header))
-            out = _rule_files(spec, header)
-            out.update(boards.get())
-    else:
-        out = _rule_files(spec, header)
-        out.update(_dashboard_files(spec, header))
+    out = _rule_files(spec, header)
+    out.update(_dashboard_files(spec, header))
     return dict(sorted(out.items()))
