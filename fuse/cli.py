@@ -100,11 +100,13 @@ def build_service(args):
         if not args.gateway_url:
             raise ValueError("--gateway-url is required unless --dry-run")
         adapters = [HttpGateway(args.gateway_url, read_token(args.gateway_token_file), args.timeout)]
+        # KV-cache eviction is the spec's highest fuse level (kv_cache_eviction in the shipped spec).
+        eviction = max(spec.actions.values(), key=lambda a: a.level).name if spec.actions else ""
         for item in args.vllm_url:
             engine, sep, url = item.partition("=")
             if not sep or "://" in engine:
                 engine, url = None, item
-            adapters.append(VllmResetPrefixCache(url, engine, timeout_s=args.timeout,
+            adapters.append(VllmResetPrefixCache(url, engine, action=eviction, timeout_s=args.timeout,
                                                  max_attempts=args.vllm_max_attempts))
     service = FuseService(FuseRules.from_spec(spec), Store(args.state), adapters, hold_s=args.hold,
                           backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),

@@ -28,11 +28,17 @@ _FIELDS = {"action": str, "level": int, "state": str, "reason": str, "scope": di
 
 
 def read_log(path: str | Path) -> list[dict]:
-    """Every JSON line of a reference gateway log (empty when the file does not exist)."""
+    """Every complete JSON line of a reference gateway log (empty when the file does not exist).
+
+    The gateway may be writing a line while this reads: a last line without its newline is not
+    complete yet and is left for the next read.
+    """
     p = Path(path)
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    text = p.read_text(encoding="utf-8")
+    lines = text.split("\n")[:-1]  # the part after the last newline is unfinished (or empty)
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 class ReferenceGateway:

@@ -107,3 +107,13 @@ def test_runtime_code_names_no_signal_and_holds_no_mission_threshold():
              if (isinstance(v, str) and v in names)
              or (isinstance(v, float) and any(abs(v - t) < 1e-12 * max(1.0, t) for t in thresholds))]
     assert not found, "read these from the spec instead:\n" + "\n".join(found)
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """pyproject.toml lists packages by hand (the folders map onto fusebox.*): a package missing
+    there is missing from every non-editable install, the Docker image included."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, is_pkg, _ in MODULES if is_pkg}
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"

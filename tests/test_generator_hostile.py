@@ -154,6 +154,25 @@ def test_non_finite_thresholds_are_refused(value):
     assert any("finite" in str(p) or "outside 0..1" in str(p) for p in ei.value.problems), ei.value.problems
 
 
+@pytest.mark.parametrize("value", [".nan", "'1e400'", "'inf%'"])
+def test_non_finite_ratio_thresholds_are_refused_without_a_bad_suggestion(value):
+    text = BASE.replace("threshold: 78.3%", f"threshold: {value}", 1)
+    assert text != BASE
+    with pytest.raises(SpecError) as ei:
+        parse_spec(text, "bad.yaml")
+    msgs = [str(p) for p in ei.value.problems]
+    assert any("not a finite number" in m for m in msgs), msgs
+    assert not any("nan%" in m or "1e400%" in m or "inf%'" in m.split("--")[1] for m in msgs), msgs
+
+
+@pytest.mark.parametrize("value", ["0 MB/s", "-0 MB/s", "0.0 MB/s"])
+def test_a_zero_threshold_on_an_upper_bound_is_refused(tmp_path, old_out, value):
+    # ">= 0" holds for every sample: the alert would fire for every engine, always.
+    text = BASE.replace("threshold: 14.7 MB/s", f"threshold: {value}", 1)
+    assert text != BASE
+    _assert_refused(tmp_path, old_out, text, f"threshold: {value}", "fires whenever the signal exists")
+
+
 @pytest.mark.parametrize("old,new", [
     ("    for: 30s\n        fuse: freeze_admissions", "    for: 999999999999999h\n        fuse: freeze_admissions"),
     ("  keep_firing_for: 1m", "  keep_firing_for: 300y"),
@@ -290,3 +309,10 @@ def test_outputs_do_not_depend_on_how_the_spec_path_is_spelled(tmp_path, monkeyp
     monkeypatch.chdir(home)
     rc, _, err = _generate("fusebox.yaml", tmp_path / "out-0", "--check")
     assert rc == 0, err
+
+
+def test_an_unknown_level_is_a_spec_error_not_a_dashboard_crash(tmp_path, old_out):
+    # Found by the property test: "level: 0engine" passed the spec and crashed the dashboards.
+    text = BASE.replace("    level: engine\n", "    level: 0engine\n", 1)
+    assert text != BASE
+    _assert_refused(tmp_path, old_out, text, "level: 0engine", "level")

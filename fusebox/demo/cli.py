@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--scenario", default=None, metavar="PATH", help="scenario file (default: the packaged 'breach')")
     p.add_argument("--speed", type=float, default=1.25, metavar="X",
                    help="scenario seconds per wall second (default 1.25: the breach scenario in 4 minutes; "
-                        "above that its KV growth, per wall second, passes 14.7 MB/s in the pressure phase)")
+                        "above that its KV growth, per wall second, passes the critical threshold in the pressure phase)")
     p.add_argument("--hold", type=float, default=10.0, metavar="S", help="fuse release hold time (default 10 s)")
     p.add_argument("--default-intervals", action="store_true",
                    help="keep the spec's own intervals, for and group_wait instead of the demo's fast ones")

@@ -119,7 +119,7 @@ class StackOptions:
         scenario: scenario file, or None for the packaged ``breach``.
         speed: scenario seconds per wall second. KV growth is bytes per *scenario* second, so
             the rate Prometheus sees is multiplied by it: keep it <= 1.25 with the breach
-            scenario (its pressure phase grows at 11 MB/s, under the 14.7 MB/s critical).
+            scenario (its pressure phase grows at 11 MB/s, under the shipped spec's critical).
         timing: demo durations, or None to keep the spec's own intervals.
         hold_s: the fuse service's release hold time.
     """

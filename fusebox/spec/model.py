@@ -76,7 +76,8 @@ class RawSignal(_Strict):
     description: str
     kind: Literal[tuple(KINDS)]  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
     unit: Literal["ratio", "seconds", "bytes", "bytes_per_second"]
-    level: str = "gpu"
+    # what one series of the signal is about; the dashboards filter each by its labels
+    level: Literal["gpu", "engine", "host"] = "gpu"
     direction: Literal["above", "below"] = "above"
     by: Optional[list[str]] = None
     window: Optional[Scalar] = None
@@ -483,7 +484,12 @@ class _Normaliser:
             try:
                 threshold = units.parse_quantity(threshold_raw, s.unit)
             except ValueError as e:
-                self.err(tp, f"wrong unit: {e}", f"write the threshold in {s.unit.replace('_', ' ')}, e.g. "
+                self.err(tp, str(e), f"write the threshold in {s.unit.replace('_', ' ')}, e.g. "
+                         + {"ratio": "'78.3%'", "seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[s.unit])
+                continue
+            if threshold == 0 and s.direction == "above":  # "-0 MB/s" too: ">= 0" holds for every sample
+                self.err(tp, f"a threshold of {str(threshold_raw).strip()!r} on an upper bound fires whenever the signal exists",
+                         "give the level it should fire at, e.g. "
                          + {"ratio": "'78.3%'", "seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[s.unit])
                 continue
             def where(attr, name):  # the place the value came from: an override, the tier or the defaults

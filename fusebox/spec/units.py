@@ -77,6 +77,8 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
             raise ValueError(f"a bare number is ambiguous for a {unit} threshold; write it with its unit, e.g. "
                              + {"seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[unit])
         value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"{text!r} is not a finite number")
         if not 0 <= value <= 1:
             raise ValueError(f"a bare ratio must lie in 0..1 (got {value}); write a percentage as '{value}%'")
         return value
@@ -94,13 +96,16 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
             if not q.dimensionless:
                 raise DimensionalityError(q.units, "dimensionless")
             value = _tidy(q.to("dimensionless").magnitude)
+            if not math.isfinite(value):
+                raise ValueError(f"{s!r} is not a finite number")
             if not 0 <= value <= 1:
                 hint = f"write '{s}%'" if str(q.units) == "dimensionless" else "a utilization lies in 0%..100%"
                 raise ValueError(f"{s!r} is {value:g} as a ratio, outside 0..1; {hint}")
             return value
         return _tidy(q.to(target).magnitude)
     except DimensionalityError:
-        raise ValueError(f"{s!r} is not a {unit.replace('_', ' ')} value (its unit is {format(q.units, '~') or 'none'})") from None
+        raise ValueError(f"wrong unit: {s!r} is not a {unit.replace('_', ' ')} value "
+                         f"(its unit is {format(q.units, '~') or 'none'})") from None
 
 
 _DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
