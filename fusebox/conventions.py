@@ -163,6 +163,9 @@ LABEL = {
     "fuse_action": "fuse_action",
     "fuse_level": "fuse_level",
     "metric": "metric",
+    # On every alert fusebox generates, valued with the spec's metadata.name: Alertmanager routes
+    # match it (never severity alone), so other teams' alerts never reach the fuse.
+    "marker": "fusebox",
 }
 
 # Labels that name the blast radius of a fuse, most specific last. The fuse service keys
