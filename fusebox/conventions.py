@@ -17,6 +17,7 @@ spelling names out. Sources:
 from __future__ import annotations
 
 import re
+from typing import Any
 
 __all__ = [
     "otel_to_prometheus",
@@ -196,14 +197,23 @@ FUSE_METRICS = {
 
 # Names of the Kubernetes objects fusebox generates (k8s/), shared by the manifests that create
 # them and the ones that refer to them (the AlertmanagerConfig's webhook URL and token Secret).
-K8S = {
+K8S: dict[str, Any] = {  # str names, and the port (int)
     "fuse": "fusebox-fuse",  # Deployment, Service, PodDisruptionBudget, ServiceMonitor of the fuse service
     "fuse_port": 9095,  # the fuse service's HTTP port (webhook, /metrics)
     "fuse_webhook_path": "/alertmanager",
     "token_secret": "fusebox-fuse-token",  # Secret holding the webhook bearer token (created by the user)
     "token_key": "token",
     "collectors": "fusebox-collectors",  # DaemonSet and PodMonitor of the collectors
+    "spec_configmap": "fusebox-spec",  # ConfigMap holding the spec the fuse service reads (key fusebox.yaml)
+    "fuse_state": "fusebox-fuse-state",  # PersistentVolumeClaim of the fuse service's state directory
 }
+# Every generated Kubernetes object carries this label (besides the spec's kubernetes.labels).
+K8S_PART_OF = ("app.kubernetes.io/part-of", "fusebox")
+# The image's non-root user (Dockerfile: useradd --uid); the manifests' runAsUser.
+IMAGE_UID = 10001
+# The image the manifests run by default (docker-compose.yml builds it; push it to your registry
+# and set kubernetes.image); its tag is fusebox's version (a test keeps them equal).
+IMAGE = ("fusebox", "0.1.0")
 # Environment variables the collectors read as defaults (the DaemonSet sets them from the downward API).
 ENV = {
     "host_name": "FUSEBOX_HOST_NAME",  # --host-name: the node name

@@ -9,7 +9,7 @@ from fusebox import conventions as C
 
 from . import render_dashboards, render_grafana_provisioning, render_otelcol
 from .render_alertmanager import render_alertmanager, route_tests
-from .render_k8s import render_prometheusrule
+from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
@@ -76,4 +76,6 @@ def render_all(spec: Spec) -> dict[str, str]:
     header = header_for(spec)
     out = _rule_files(spec, header)
     out.update(_dashboard_files(spec, header))
+    out.update(workload_outputs(spec, header))
+    out.update(kustomization_output(spec, header, list(out)))  # last: it lists every k8s/ manifest
     return dict(sorted(out.items()))

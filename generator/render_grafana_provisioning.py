@@ -7,8 +7,13 @@ Pure renderer: ``render_grafana_provisioning(spec, options) -> {relative_path: t
   on first load;
 * ``grafana/provisioning/dashboards/fusebox.yaml``: a file provider reading the generated
   dashboards from :attr:`ProvisioningOptions.dashboards_path`;
-* ``k8s/grafana-dashboards.yaml``: one ConfigMap per dashboard labelled
-  ``grafana_dashboard: "1"``, the label the Grafana Helm chart's sidecar watches.
+* ``k8s/grafana-dashboards.yaml``: one ConfigMap per dashboard in the spec's
+  ``kubernetes.namespace`` with its ``kubernetes.labels``, labelled for the Grafana Helm chart's
+  dashboard sidecar (``grafana_dashboard: "1"`` by default, kube-prometheus-stack's) and
+  annotated with the folder (``grafana_folder: fusebox``; the sidecar reads it when its
+  ``folderAnnotation`` names that key).
+
+The options come from the spec (:meth:`ProvisioningOptions.from_spec`): ``grafana:`` and ``kubernetes:``.
 """
 
 from __future__ import annotations
@@ -25,10 +30,9 @@ from fusebox.spec.units import format_duration
 from .render_dashboards import dashboard_texts
 from .yamlout import dump_yaml
 
-__all__ = ["ProvisioningOptions", "render_grafana_provisioning", "DATASOURCE_UID", "DASHBOARD_LABEL"]
+__all__ = ["ProvisioningOptions", "render_grafana_provisioning", "DATASOURCE_UID"]
 
 DATASOURCE_UID = "fusebox-prometheus"
-DASHBOARD_LABEL = {"grafana_dashboard": "1"}
 
 
 @dataclass(frozen=True)
@@ -40,12 +44,27 @@ class ProvisioningOptions:
         dashboards_path: the folder Grafana reads dashboards JSON from.
         folder: the Grafana folder the dashboards land in.
         namespace: Kubernetes namespace of the ConfigMaps.
+        labels: more labels of the ConfigMaps (``kubernetes.labels``).
+        sidecar_label, sidecar_label_value: the label the dashboard sidecar watches.
+        folder_annotation: the annotation key holding ``folder`` (the sidecar's ``folderAnnotation``).
     """
 
     prometheus_url: str = "http://prometheus:9090"
     dashboards_path: str = "/var/lib/grafana/dashboards/fusebox"
     folder: str = "fusebox"
     namespace: str = "monitoring"
+    labels: tuple[tuple[str, str], ...] = ()
+    sidecar_label: str = "grafana_dashboard"
+    sidecar_label_value: str = "1"
+    folder_annotation: str = "grafana_folder"
+
+    @classmethod
+    def from_spec(cls, spec) -> "ProvisioningOptions":
+        """The spec's ``grafana:`` block and the sidecar settings of its ``kubernetes:`` block."""
+        g, k = spec.grafana, spec.kubernetes
+        return cls(prometheus_url=g.prometheus_url, dashboards_path=g.dashboards_path, folder=g.folder,
+                   namespace=k.namespace, labels=tuple(sorted(k.labels.items())), sidecar_label=k.sidecar_label,
+                   sidecar_label_value=k.sidecar_label_value, folder_annotation=k.folder_annotation)
 
 
 def _yaml(header: str, obj) -> str:
@@ -53,8 +72,8 @@ def _yaml(header: str, obj) -> str:
 
 
 def outputs(spec, header: str, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """The writer's entry point (generator/outputs.py): default options."""
-    return render_grafana_provisioning(spec, header=header, boards=boards)
+    """The writer's entry point (generator/outputs.py): the spec's options."""
+    return render_grafana_provisioning(spec, ProvisioningOptions.from_spec(spec), header=header, boards=boards)
 
 
 def render_grafana_provisioning(spec, options: ProvisioningOptions = ProvisioningOptions(),
@@ -91,8 +110,9 @@ def render_grafana_provisioning(spec, options: ProvisioningOptions = Provisionin
         maps.append({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": f"fusebox-dashboard-{name}", "namespace": options.namespace,
-                         "labels": dict(DASHBOARD_LABEL, **{"app.kubernetes.io/part-of": "fusebox"}),
-                         "annotations": {"grafana_folder": options.folder}},
+                         "labels": {**dict(options.labels), C.K8S_PART_OF[0]: C.K8S_PART_OF[1],
+                                    options.sidecar_label: options.sidecar_label_value},
+                         "annotations": {options.folder_annotation: options.folder}},
             "data": {f"fusebox-{name}.json": text},
         })
     k8s = header + "".join("---\n" + dump_yaml(m, sort_keys=True) for m in maps)

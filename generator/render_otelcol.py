@@ -76,6 +76,14 @@ class OtelcolOptions:
     memory_limit_percentage: int = 80
     memory_spike_percentage: int = 20
 
+    @classmethod
+    def from_spec(cls, spec) -> "OtelcolOptions":
+        """The spec's ``otelcol:`` block (fusebox.yaml), every attribute above."""
+        o = spec.otelcol
+        return cls(remote_write_url=o.remote_write_url, debug=o.debug, scrape_targets=tuple(o.scrape_targets),
+                   scrape_interval_s=o.scrape_interval_s, memory_limit_percentage=o.memory_limit_percentage,
+                   memory_spike_percentage=o.memory_spike_percentage)
+
 
 def metric_expiration_s(spec) -> int:
     """How long the exporter keeps a series that stopped receiving points, in seconds.
@@ -148,8 +156,8 @@ def otelcol_config(spec, options: OtelcolOptions = OtelcolOptions()) -> dict:
 
 
 def outputs(spec, header: str) -> dict[str, str]:
-    """The writer's entry point (generator/outputs.py): default options."""
-    return render_otelcol(spec, header=header)
+    """The writer's entry point (generator/outputs.py): the options of the spec's ``otelcol:`` block."""
+    return render_otelcol(spec, OtelcolOptions.from_spec(spec), header=header)
 
 
 def render_otelcol(spec, options: OtelcolOptions = OtelcolOptions(), header: Optional[str] = None) -> dict[str, str]:

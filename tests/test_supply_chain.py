@@ -104,3 +104,15 @@ def test_the_go_tools_are_hash_checked_and_never_resolved_freely():
         for line in text.splitlines():
             if re.search(r"\bgo (build|install)\b", line) and not line.lstrip().startswith("#"):
                 assert "GOFLAGS=-mod=readonly" in line, f"{script.name}: {line}"
+
+
+def test_the_operator_crds_are_fetched_by_a_hash_checked_module_version():
+    """tools/build-operator-crds.sh takes the CRDs the k8s tests validate against from a module in
+    tools/go-modules.sum, the version the tests read."""
+    script = (ROOT / "tools/build-operator-crds.sh").read_text()
+    version = re.search(r"^VERSION=(v\S+)", script, re.M).group(1)
+    assert re.search(rf"^github.com/prometheus-operator/prometheus-operator {re.escape(version)} h1:\S+$",
+                     (ROOT / "tools/go-modules.sum").read_text(), re.M)
+    assert "verified_module_dir github.com/prometheus-operator/prometheus-operator" in script
+    tests = (ROOT / "tests/test_k8s_manifests.py").read_text()
+    assert f'OPERATOR_VERSION = "{version}"' in tests

