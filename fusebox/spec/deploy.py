@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from fusebox import conventions as C
 
@@ -60,9 +60,17 @@ class RawToleration(_Strict):
     tolerationSeconds: Optional[StrictInt] = None
 
 
+def _quantity_text(v: Any) -> Any:
+    """``cpu: 1`` as ``"1"``: YAML reads a bare quantity as a number (a boolean stays an error)."""
+    return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+Quantity = Annotated[StrictStr, BeforeValidator(_quantity_text)]
+
+
 class RawResources(_Strict):
-    requests: dict[StrictStr, StrictStr] = {}
-    limits: dict[StrictStr, StrictStr] = {}
+    requests: dict[StrictStr, Quantity] = {}
+    limits: dict[StrictStr, Quantity] = {}
 
 
 class RawCollectors(_Strict):
@@ -83,7 +91,7 @@ class RawFuseWorkload(_Strict):
     enabled: StrictBool = True
     resources: RawResources = RawResources(requests={"cpu": "50m", "memory": "128Mi"}, limits={"cpu": "1", "memory": "512Mi"})
     # The SQLite state (breaker state, outbox, audit) on a PersistentVolumeClaim of this size.
-    state_size: StrictStr = "1Gi"
+    state_size: Quantity = "1Gi"
     storage_class: Optional[StrictStr] = None  # None: the cluster's default StorageClass
     # PodDisruptionBudget: how many of the one replica a drain may evict (0 blocks `kubectl drain`).
     max_unavailable: StrictInt = 1
