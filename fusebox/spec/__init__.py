@@ -3,7 +3,8 @@
 * :mod:`.errors`: :class:`Problem` (``file:line:col: what -- fix``) and :class:`SpecError`;
 * :mod:`.positions`: YAML loading with a line/column table;
 * :mod:`.units`: what people write ("78.3%", "14.7 MB/s", "1.28s", "5m") -> base units, and back;
-* :mod:`.model`: the schema, its validation and the frozen, normalised :class:`Spec`.
+* :mod:`.model`: the schema, its validation and the frozen, normalised :class:`Spec`;
+* :mod:`.deploy`: the ``kubernetes:``, ``grafana:`` and ``otelcol:`` blocks (where the outputs run).
 
 It stands on :mod:`fusebox.conventions` (names) and :mod:`fusebox.promsim` alone: the generator, the collectors, the fuse service and the
 demo all read the spec through this package (see docs/architecture.md).
