@@ -98,7 +98,39 @@ class Report:
 
 
 # ------------------------------------------------------------------------- reading
-def _groups(doc: Any, pos: Positions, file: str) -> tuple[list[Any], tuple[Any, ...]]:
+_DOC_START = re.compile(r"^---(\s|$)")
+
+
+class _Shifted:
+    """Positions of one document of a multi-document file, in the file's lines."""
+
+    def __init__(self, pos: Positions, offset: int):
+        self.pos, self.offset = pos, offset
+
+    def at(self, path: tuple[Any, ...], *, key: bool = False) -> tuple[int, int]:
+        line, col = self.pos.at(path, key=key)
+        return line + self.offset, col
+
+
+def _documents(text: str) -> list[tuple[int, str]]:
+    """(line offset, text) of each YAML document of ``text`` (split at ``---`` lines); blank
+    documents and documents of comments only are left out."""
+    docs: list[tuple[int, list[str]]] = [(0, [])]
+    for n, line in enumerate(text.splitlines(keepends=True)):
+        if _DOC_START.match(line):
+            docs.append((n, [line]))
+        else:
+            docs[-1][1].append(line)
+    out = []
+    for offset, lines in docs:
+        body = "".join(lines)
+        if any(ln.strip() and not ln.lstrip().startswith("#") and not _DOC_START.match(ln) for ln in lines):
+            out.append((offset, body))
+    return out
+
+
+def _groups(doc: Any, pos: _Shifted, file: str) -> tuple[list[Any], tuple[Any, ...]] | None:
+    """The rule groups of one document and their path, or None for a document that holds none."""
     if isinstance(doc, dict) and doc.get("kind") == "PrometheusRule":
         spec = doc.get("spec")
         if not isinstance(spec, dict) or not isinstance(spec.get("groups"), list):
@@ -108,31 +140,51 @@ def _groups(doc: Any, pos: Positions, file: str) -> tuple[list[Any], tuple[Any, 
         return spec["groups"], ("spec", "groups")
     if isinstance(doc, dict) and isinstance(doc.get("groups"), list):
         return doc["groups"], ("groups",)
-    raise InputError(f"{file}:1:1: no rule groups found -- pass a Prometheus rule file (top-level groups:) or a "
-                     "PrometheusRule (apiVersion: monitoring.coreos.com/v1, spec.groups); render Helm templates first")
+    return None
 
 
 def load_rules(path: str | Path) -> list[Rule]:
-    """Every rule of a Prometheus rule file or a PrometheusRule manifest, with its position.
+    """Every rule of a Prometheus rule file or PrometheusRule manifest, with its position. A file
+    of several YAML documents (``---``, e.g. ``kustomize build`` output) is read document by
+    document; documents without rule groups (other kinds) are skipped.
 
     Raises:
-        InputError: unreadable file, YAML syntax error, no ``groups``, a rule without ``expr`` or
-            without exactly one of ``alert`` / ``record``, an ``expr`` that is not PromQL.
+        InputError: unreadable file, YAML syntax error, no rule groups in any document, a rule
+            without ``expr`` or without exactly one of ``alert`` / ``record``, an ``expr`` that is
+            not PromQL.
     """
     file = str(path)
-    text = ""
     try:
         text = read_text(path, file)
-        doc, pos = load_yaml(text, file)
     except FileNotFoundError:
         raise InputError(f"{file}:1:1: rule file not found -- check the path given to --rules") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise InputError(f"{file}:1:1: cannot read the rule file ({type(e).__name__}) -- pass a readable YAML file") from None
     except SpecError as e:
-        helm = "; it looks like a Helm template: render it first (helm template ...)" if "{{" in text else ""
-        raise InputError("\n".join(str(p) for p in e.problems) + helm) from None
-    groups, gpath = _groups(doc, pos, file)
+        raise InputError("\n".join(str(p) for p in e.problems)) from None
     n_lines = len(text.splitlines())
+    rules: list[Rule] = []
+    found = False
+    for offset, body in _documents(text):
+        try:
+            doc, raw_pos = load_yaml(body, file)
+        except SpecError as e:
+            helm = "; it looks like a Helm template: render it first (helm template ...)" if "{{" in text else ""
+            raise InputError("\n".join(f"{p.path}:{p.line + offset}:{p.col}: {p.what} -- {p.fix}"
+                                       for p in e.problems) + helm) from None
+        pos = _Shifted(raw_pos, offset)
+        got = _groups(doc, pos, file)
+        if got is None:
+            continue
+        found = True
+        rules.extend(_rules_of(got[0], got[1], pos, file, n_lines))
+    if not found:
+        raise InputError(f"{file}:1:1: no rule groups found -- pass a Prometheus rule file (top-level groups:) or a "
+                         "PrometheusRule (apiVersion: monitoring.coreos.com/v1, spec.groups); render Helm templates first")
+    return rules
+
+
+def _rules_of(groups: list[Any], gpath: tuple[Any, ...], pos: _Shifted, file: str, n_lines: int) -> list[Rule]:
     rules: list[Rule] = []
     for gi, g in enumerate(groups):
         grules = g.get("rules") if isinstance(g, dict) else None

@@ -149,3 +149,18 @@ def test_bad_capture_and_bad_allow_dead_exit_2(tmp_path):
     assert r.returncode == 2 and "is not one vector selector" in r.stderr
     r = check("--rules", str(RULE))
     assert r.returncode == 2 and "--rules needs --against" in r.stderr
+
+
+def test_a_manifest_bundle_is_read_document_by_document(tmp_path):
+    """`kustomize build` output: other kinds are skipped, positions count from the file's top."""
+    bundle = tmp_path / "bundle.yaml"
+    bundle.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n---\n" + RULE.read_text() + "---\n# end\n")
+    r = check("--rules", str(bundle), "--against", *map(str, CAPTURES))
+    assert r.returncode == 1, r.stdout + r.stderr
+    found = findings(r.stdout)
+    assert found[PREEMPT].startswith(f"{bundle}:125:18: VllmPreemptionSpike: ")  # 121 + the 4 lines above
+    assert found[LE120].startswith(f"{bundle}:77:15: VllmSlowRequestsPresent: ")
+    bad = tmp_path / "bad-bundle.yaml"
+    bad.write_text("kind: ConfigMap\n---\ngroups:\n  - name: g\n    rules: [{alert: X, expr: 'rate(x[5m]'}]\n")
+    r = check("--rules", str(bad), "--against", str(CAPTURES[0]))
+    assert r.returncode == 2 and r.stderr.startswith(f"{bad}:5:"), r.stderr
