@@ -95,6 +95,7 @@ class Report:
     dead: list[Dead]
     not_judged: set[str]  # label names matched by some selector and carried by no captured sample
     unused_allow: list[str]  # --allow-dead selectors that excused nothing
+    unsupported: set[str] = field(default_factory=set)  # regex matchers in RE2 syntax Python's re lacks (not judged)
 
 
 # ------------------------------------------------------------------------- reading
@@ -313,6 +314,14 @@ def prometheus_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(f"(?:{p})\\Z", re.DOTALL)
 
 
+def _compiles(pattern: str) -> bool:
+    try:
+        prometheus_regex(pattern)
+    except re.error:
+        return False
+    return True
+
+
 def _match(m: Any, value: str) -> bool:
     op = _op(m)
     if op == "=":
@@ -326,6 +335,8 @@ def _match(m: Any, value: str) -> bool:
 def _candidates(sel: Any, caps: Captures) -> list[str]:
     """Sample names the selector's name (or ``__name__`` matchers) accepts."""
     name_ms = [m for m in sel.matchers.matchers if m.name == "__name__"]
+    if any(_op(m) in ("=~", "!~") and not _compiles(m.value) for m in name_ms):
+        return list(caps.series)  # cannot judge the name: let the label matchers decide
     if sel.name:
         return [sel.name] if sel.name in caps.series else []
     return [n for n in caps.series if all(_match(m, n) for m in name_ms)]
@@ -349,7 +360,7 @@ def _no_metric(name: str, caps: Captures) -> tuple[str, str]:
             "check the exporter's version and flags, or capture the target that writes it")
 
 
-def _why(sel: Any, caps: Captures, not_judged: set[str]) -> tuple[str, str] | None:
+def _why(sel: Any, caps: Captures, not_judged: set[str], unsupported: set[str]) -> tuple[str, str] | None:
     """None when the selector matches a captured sample, else (why, how to fix)."""
     names = _candidates(sel, caps)
     if not names:
@@ -367,6 +378,9 @@ def _why(sel: Any, caps: Captures, not_judged: set[str]) -> tuple[str, str] | No
                 continue
             if m.name not in carried:
                 not_judged.add(m.name)  # a target label, added at scrape time
+                continue
+            if _op(m) in ("=~", "!~") and not _compiles(m.value):
+                unsupported.add(f"{m.name}{_op(m)}{_quote(m.value)}")
                 continue
             judged.append(m)
         judged_groups.append(judged)
@@ -434,6 +448,7 @@ def dead_selectors(rules: list[Rule], caps: Captures, allow: Iterable[str] = ())
     used: set[str] = set()
     recorded = {r.name for r in rules if r.record}
     not_judged: set[str] = set()
+    unsupported: set[str] = set()
     dead: list[Dead] = []
     lines_of: dict[str, list[str]] = {}
     for r in rules:
@@ -445,7 +460,7 @@ def dead_selectors(rules: list[Rule], caps: Captures, allow: Iterable[str] = ())
             if text in seen:
                 continue
             seen.add(text)
-            why = _why(sel, caps, not_judged)
+            why = _why(sel, caps, not_judged, unsupported)
             if why is None:
                 continue
             if selector_key(sel) in allowed:
@@ -455,7 +470,7 @@ def dead_selectors(rules: list[Rule], caps: Captures, allow: Iterable[str] = ())
                 lines_of[r.file] = Path(r.file).read_text(encoding="utf-8").splitlines()
             line, col = _position(r, sel, lines_of[r.file])
             dead.append(Dead(r.file, line, col, r.name, text, *why))
-    return Report(dead, not_judged, [a for a in allowed.values() if a not in used])
+    return Report(dead, not_judged, [a for a in allowed.values() if a not in used], unsupported)
 
 
 def report(rep: Report, n_rules: int, n_captures: int, out: TextIO) -> None:
@@ -467,6 +482,9 @@ def report(rep: Report, n_rules: int, n_captures: int, out: TextIO) -> None:
     if rep.not_judged:
         print(f"note: matchers on {', '.join(sorted(rep.not_judged))} not judged: no captured sample carries that label "
               "(Prometheus adds target labels such as job, instance, namespace, pod at scrape time)", file=out)
+    if rep.unsupported:
+        print(f"note: {', '.join(sorted(rep.unsupported))} not judged: RE2 syntax that Python's re lacks "
+              "(such as \\pL); check them by hand", file=out)
     verdict = (f"{len(rep.dead)} dead selector(s): match no series" if rep.dead else "no dead selectors")
     print(f"{verdict} ({n_rules} rule(s) against {n_captures} capture(s))"
           + (" -- fix the rules, or excuse known ones with --allow-dead 'SELECTOR'" if rep.dead else ""), file=out)

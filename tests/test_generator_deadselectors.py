@@ -164,3 +164,10 @@ def test_a_manifest_bundle_is_read_document_by_document(tmp_path):
     bad.write_text("kind: ConfigMap\n---\ngroups:\n  - name: g\n    rules: [{alert: X, expr: 'rate(x[5m]'}]\n")
     r = check("--rules", str(bad), "--against", str(CAPTURES[0]))
     assert r.returncode == 2 and r.stderr.startswith(f"{bad}:5:"), r.stderr
+
+
+def test_re2_syntax_python_lacks_is_named_not_guessed(tmp_path):
+    f = rules_file(tmp_path, {"record": "a:unicode_class", "expr": 'vllm:num_requests_waiting{model_name=~"\\\\pL.*"}'})
+    r = check("--rules", f, "--against", *map(str, CAPTURES))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'note: model_name=~"\\\\pL.*" not judged' in r.stdout
