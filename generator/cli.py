@@ -92,6 +92,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.allow_dead and not args.against:
+        print("fusebox check: --allow-dead needs --against CAPTURE... -- dead selectors are found only against "
+              "captures", file=sys.stderr)
+        return 2
     if args.rules:
         from . import deadselectors
 
