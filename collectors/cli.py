@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
+
+from fusebox.conventions import ENV
 
 _EXPORT_HELP = "OTLP receiver (default http://127.0.0.1:4318 for http, :4317 for grpc)"
 
@@ -22,9 +25,14 @@ def _common(p: argparse.ArgumentParser, *, once: bool = True) -> None:
     p.add_argument("--otlp-protocol", choices=("http", "grpc"), default="http", help="http/protobuf (default) or grpc")
     p.add_argument("--no-otlp", action="store_true", help="do not push OTLP (use with --metrics-port)")
     p.add_argument("--metrics-port", type=int, metavar="N", default=None, help="also serve /metrics on 127.0.0.1:N")
-    p.add_argument("--metrics-addr", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
-    p.add_argument("--cluster", metavar="NAME", default=None, help="resource attribute `cluster` (label after export)")
-    p.add_argument("--host-name", metavar="NAME", default=None, help="resource attribute host.name (default: hostname)")
+    p.add_argument("--metrics-addr", default=os.environ.get(ENV["metrics_addr"]) or "127.0.0.1",
+                   help=f"address for --metrics-port (default: ${ENV['metrics_addr']} when set, in a cluster the pod IP; "
+                        "else 127.0.0.1)")
+    p.add_argument("--cluster", metavar="NAME", default=os.environ.get(ENV["cluster"]) or None,
+                   help=f"resource attribute `cluster` (label after export; default: ${ENV['cluster']} when set)")
+    p.add_argument("--host-name", metavar="NAME", default=os.environ.get(ENV["host_name"]) or None,
+                   help=f"resource attribute host.name (default: ${ENV['host_name']} when set, in a cluster the node "
+                        "name; else the hostname)")
     p.add_argument("--instance-id", metavar="ID", default=None,
                    help="resource attribute service.instance.id, the `instance` label after export (default: "
                         "OTEL_RESOURCE_ATTRIBUTES' service.instance.id, else HOST/SERVICE[/ENGINE], stable across restarts)")
@@ -96,7 +104,11 @@ def register(subparsers) -> None:
     _common(k)
     k.set_defaults(func=cmd_kv)
 
-    lat = sub.add_parser("latency", help="fallback: alignment latency derived from an engine's own histogram")
+    lat = sub.add_parser("latency", help="fallback: alignment latency derived from an engine's own histogram",
+                         description="Re-record the increase of an engine's time-to-first-token histogram between "
+                         "scrapes on the spec's buckets (an upper bound of the hand-off). With --once: one scrape, "
+                         "everything the histogram counted since the engine started, printed in Prometheus text "
+                         "format; exit 1 with the reason when the endpoint cannot be read or has no such histogram.")
     lat.add_argument("--endpoint", required=True, metavar="URL_OR_PATH", help="engine /metrics URL or file")
     lat.add_argument("--engine-id", required=True, help="the `engine` attribute")
     lat.add_argument("--model", default=None, help="the `model` attribute (default: the engine's model_name)")
@@ -263,6 +275,7 @@ def cmd_kv(args) -> int:
         pipe.set_readings(col.collect())
         pipe.set_errors(col.error_readings())
         pipe.set_refused(col.refused_readings())
+        pipe.set_incomplete(col.incomplete_readings())
 
     if args.once:
         one_round()
@@ -277,7 +290,8 @@ def cmd_kv(args) -> int:
 
 
 def cmd_latency(args) -> int:
-    from .latency import EngineHistogramFallback
+    from .fetch import redact_url
+    from .latency import FALLBACK_SOURCES as LAT_SOURCES, EngineHistogramFallback
 
     buckets = _spec_buckets(args.spec)
     if buckets is None:
@@ -302,11 +316,20 @@ def cmd_latency(args) -> int:
                   "(engine histogram; an upper bound of the hand-off)", file=sys.stderr, flush=True)
 
     if args.once:
-        poll()  # baseline
-        poll()
-        sys.stdout.write(f"# fusebox: alignment latency derived from {fb.source or 'nothing (no histogram found)'}\n")
+        # one scrape: everything the engine's histogram counted since it started, on the spec's buckets
+        n = fb.poll(since_start=True)
+        if fb.problem:
+            _err(f"latency: cannot read {redact_url(args.endpoint)}: {fb.problem}")
+            return 1
+        if not fb.source:
+            tried = args.metric or " or ".join(LAT_SOURCES)
+            _err(f"latency: no histogram {tried} (its _bucket series) in {redact_url(args.endpoint)} -- "
+                 "point --endpoint at the engine's /metrics, or name the histogram with --metric")
+            return 1
+        sys.stdout.write(f"# fusebox: alignment latency derived from {fb.source}: {n} observation(s) since the engine "
+                         "started\n")
         sys.stdout.write(pipe.prometheus_text())
-        return 0 if fb.source else 1
+        return 0
     _announce(args, "latency")
     return _loop(args, pipe, one_round)
 

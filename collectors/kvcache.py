@@ -367,6 +367,16 @@ class KvCollector:
         self.refused: Counter = Counter()  # (endpoint without userinfo, refusal reason) -> count
         self._last_state: dict[str, str] = {}
         self.notes: set[str] = set()
+        self.incomplete: Counter = Counter()  # (engine, reason) -> rounds
+        self._told: set[tuple[str, str]] = set()
+
+    def _incomplete(self, engine: str, reason: str, message: str) -> None:
+        """Count a round whose output lacks something; say so once per engine and reason."""
+        self.incomplete[(engine, reason)] += 1
+        if (engine, reason) not in self._told:
+            self._told.add((engine, reason))
+            if self.log:
+                self.log(f"kv: engine {engine}: {message}")
 
     def _report(self, endpoint: str, state: str, detail: str = "") -> None:
         if self._last_state.get(endpoint) != state:
@@ -428,8 +438,6 @@ class KvCollector:
             used = e.usage_fraction * cap
         elif e.used_tokens is not None:
             used = e.used_tokens
-        if cap is None and e.kind == "tgi":
-            self.notes.add("tgi: no pool capacity exposed; pass --max-total-tokens for the limit")
         return (None if used is None else used * bpt, None if cap is None else cap * bpt)
 
     def collect(self) -> list[Reading]:
@@ -444,6 +452,7 @@ class KvCollector:
             if multi and e.key:
                 engine = f"{engine}/{e.key}"
             base = {A["engine"]: engine, A["model"]: model}
+            self._check_complete(e, engine, usage, limit)
             targets: Sequence[str | None] = self.gpus or [None]
             for gpu in targets:
                 attrs = dict(base)
@@ -454,6 +463,34 @@ class KvCollector:
                 if limit is not None and math.isfinite(limit):
                     out.append(Reading("kv_cache_limit", limit / self.tp, attrs))
         return out
+
+    def _check_complete(self, e: EngineKv, engine: str, usage: float | None, limit: float | None) -> None:
+        if limit is None:
+            missing = {
+                "vllm": f"{C.VLLM_CACHE_CONFIG} with num_gpu_blocks and block_size (absent, or 'None' before the "
+                        "engine has profiled its memory)",
+                "sglang": "sglang:max_total_num_tokens (and num_used_tokens, from which it could be derived)",
+                "tgi": "any pool size (TGI exposes none)",
+            }[e.kind]
+            fix = {"vllm": "scrape a vLLM that exports cache_config_info, once the engine has profiled its memory",
+                   "sglang": "scrape an SGLang that exports max_total_num_tokens or num_used_tokens",
+                   "tgi": "pass --max-total-tokens (TGI's --max-batch-total-tokens)"}[e.kind]
+            cost = ("only the usage bytes are emitted, without fusebox_kv_cache_limit_bytes" if usage is not None
+                    else "neither fusebox_kv_cache_usage_bytes nor _limit_bytes is emitted, so the KV signals see nothing")
+            self._incomplete(engine, "no_capacity",
+                             f"no KV pool capacity in the engine's /metrics (missing: {missing}): {cost}, and the "
+                             f"GPU-memory signal cannot subtract the free KV pool -- {fix}")
+        if not self.gpus and (usage is not None or limit is not None):
+            self._incomplete(engine, "no_gpu",
+                             "no --gpu given, so its KV series carry no hw_id: the GPU-memory signal cannot subtract "
+                             "this engine's free KV pool and reads device memory alone (an engine that pre-allocates "
+                             "its pool, as vLLM does, keeps it near the warning) -- pass --gpu GPU-UUID, one per "
+                             "tensor-parallel rank (nvidia-smi -L lists them)")
+
+    def incomplete_readings(self) -> Iterable[tuple[dict, int]]:
+        """``({engine, reason}, rounds)`` per incomplete-output reason (``no_gpu``, ``no_capacity``)."""
+        for (engine, reason), n in sorted(self.incomplete.items()):
+            yield {A["engine"]: engine, A["reason"]: reason}, n
 
     def error_readings(self) -> Iterable[tuple[dict, int]]:
         """``({endpoint, reason}, count)`` per failed-scrape reason (scrape errors)."""

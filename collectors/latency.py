@@ -194,11 +194,13 @@ class EngineHistogramFallback:
         # per series (metric name, sorted labels without le) -> sorted [(le, cumulative)]
         self._last: dict[tuple, list[tuple[float, float]]] = {}
         self.errors = 0
+        self.problem = ""  # why the last poll failed ("" when it did not)
         self.scrape_errors: Counter = Counter()
         self.refused: Counter = Counter()
         self._state = "ok"
 
     def _report(self, state: str, detail: str = "") -> None:
+        self.problem = "" if state == "ok" else f"{state}{': ' + detail if detail else ''}"
         if state != self._state and self.log:
             from .fetch import redact_url
 
@@ -255,8 +257,12 @@ class EngineHistogramFallback:
             lo = le if le != float("inf") else lo
         return out
 
-    def poll(self) -> int:
-        """Fetch, diff and re-record. Returns the number of observations recorded."""
+    def poll(self, *, since_start: bool = False) -> int:
+        """Fetch, diff and re-record. Returns the number of observations recorded.
+
+        ``since_start``: a series seen for the first time counts from zero (everything the
+        engine counted since it started) instead of being only a baseline: ``--once``.
+        """
         from .fetch import redact_url, scrape
         from .kvcache import MalformedMetrics
 
@@ -279,7 +285,7 @@ class EngineHistogramFallback:
             self.source = name
             prev = self._last.get(key)
             seen[key] = buckets
-            if prev is None:
+            if prev is None and not since_start:
                 continue  # first sight: only a baseline
             acc = fused.setdefault(self.model or model_label, {})
             for interval, inc in self._increases(prev, buckets).items():

@@ -5,10 +5,48 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import stat
 import sys
+from pathlib import Path
 
 DEFAULT_LISTEN = "127.0.0.1:9095"
 DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
+STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
+
+
+def default_state_dir() -> Path:
+    """The user's data directory for fusebox, as the XDG Base Directory spec places it:
+    ``$XDG_DATA_HOME/fusebox`` when that is an absolute path, else ``~/.local/share/fusebox``."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "fusebox"
+
+
+def state_path(args: argparse.Namespace) -> Path:
+    """The SQLite file ``serve`` uses: ``--state FILE`` as given, else ``--state-dir``/fuse.sqlite,
+    the folder created with mode 0700 when missing (state, outbox and audit log are private).
+
+    Raises:
+        OSError: the folder cannot be created, or it is not a folder.
+    """
+    if args.state:
+        return Path(args.state)
+    folder = Path(args.state_dir) if args.state_dir else default_state_dir()
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"--state-dir {folder}: not a directory -- pass a directory (it is created when missing)")
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True, mode=0o700)
+            os.chmod(folder, 0o700)  # whatever the umask
+        except OSError as e:
+            raise OSError(f"--state-dir {folder}: cannot create it ({e.strerror or e}) -- pass a writable "
+                          "--state-dir DIR") from None
+    elif stat.S_IMODE(folder.stat().st_mode) & 0o077:
+        logging.getLogger("fusebox.fuse").warning(
+            "state directory %s is open to group or others (mode %o): chmod 700 it", folder,
+            stat.S_IMODE(folder.stat().st_mode))
+    return folder / STATE_FILE
 
 
 def _hostport(text: str) -> tuple[str, int]:
@@ -42,7 +80,13 @@ def register(subparsers) -> None:
     s = sub.add_parser("serve", help="receive Alertmanager notifications and trip/release fuses on the gateway")
     s.add_argument("--spec", default="fusebox.yaml", help="the fusebox spec (levels and actions per alert)")
     s.add_argument("--listen", type=_hostport, default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
-    s.add_argument("--state", default="fusebox-fuse.sqlite", help="SQLite file for state, outbox and audit log")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--state-dir", metavar="DIR", default=None,
+                       help=f"directory of the SQLite file ({STATE_FILE}: breaker state, outbox, audit log); created "
+                            "with mode 0700 when missing (default: $XDG_DATA_HOME/fusebox, else "
+                            "~/.local/share/fusebox)")
+    where.add_argument("--state", metavar="FILE", default=None,
+                       help="an explicit SQLite file instead of --state-dir (its folder is created when missing)")
     s.add_argument("--webhook-token-file", "--token-file", dest="token_file", required=True, metavar="PATH",
                    help="the token Alertmanager presents on POST /alertmanager (its credentials_file): the whole "
                         "file, surrounding whitespace stripped, one line; it also reads /state, / and "
@@ -108,6 +152,7 @@ def build_service(args):
                 engine, url = None, item
             adapters.append(VllmResetPrefixCache(url, engine, action=eviction, timeout_s=args.timeout,
                                                  max_attempts=args.vllm_max_attempts))
+    args.state = str(state_path(args))
     service = FuseService(FuseRules.from_spec(spec), Store(args.state), adapters, hold_s=args.hold,
                           backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),
                           tick_s=max(args.tick, 0.01), dry_run=args.dry_run)

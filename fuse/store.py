@@ -1,6 +1,6 @@
 """SQLite persistence: the breaker's state, an outbox of actions to apply, an append-only audit log.
 
-One file (``--state PATH``), WAL journal, ``synchronous=FULL``: a decision is on disk, with the
+One file (``fuse.sqlite`` in ``--state-dir``, or ``--state PATH``), WAL journal, ``synchronous=FULL``: a decision is on disk, with the
 actions it needs, before the webhook answers 200, so a crash or restart loses none and repeats
 none. Tables:
 

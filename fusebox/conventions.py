@@ -267,6 +267,10 @@ OTEL_SELF = {
     "scrape_errors": ("fusebox.collector.scrape.errors", "{error}", "counter"),
     # engine /metrics scrapes refused at a limit: reason body_too_large, decompressed_too_large, deadline
     "scrape_refused": ("fusebox.collector.scrape.refused", "{scrape}", "counter"),
+    # KV collector rounds whose output is incomplete, per engine and reason: no_gpu (no --gpu, so
+    # no hw_id and the GPU-memory signal cannot subtract the free KV pool), no_capacity (the
+    # engine's /metrics gives no pool size, so no bytes at all, or usage without a limit)
+    "kv_incomplete": ("fusebox.collector.kv.incomplete", "{round}", "counter"),
 }
 PROM_SELF = {key: otel_to_prometheus(*v) for key, v in OTEL_SELF.items()}
 

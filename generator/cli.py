@@ -16,13 +16,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="write nothing; exit 1 when files under --out differ from what the spec generates")
     g.set_defaults(func=cmd_generate)
 
-    c = sub.add_parser("check", help="run promtool/amtool on generated output and report failures against the spec")
-    c.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
+    c = sub.add_parser(
+        "check", help="run promtool/amtool on generated output; find rule selectors that match no series",
+        description="With --spec (the default): promtool check/test rules, amtool check-config and route tests on the "
+        "generated files, failures named against the spec. With --rules FILE... --against CAPTURE...: any Prometheus "
+        "rule file or PrometheusRule, no spec; every selector that matches no series in the captures is named with why. "
+        "Exit status: 0 all passed, 1 a check failed or a selector is dead, 2 bad input, 3 a tool is missing.")
+    c.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml; not read with --rules)")
     c.add_argument("--out", default=".", help="directory holding the generated files (default: .)")
     c.add_argument("--promtool", action="append", default=None,
                    help="promtool binary to use (repeatable; default: promtool on PATH plus the pinned Prometheus 3 build if present)")
     c.add_argument("--against", nargs="+", metavar="CAPTURE",
-                   help="/metrics captures: report selectors in the generated rules that match no series in them")
+                   help="Prometheus text-format /metrics captures: every rule selector matching no series in them fails "
+                        "the check (exit 1)")
+    c.add_argument("--rules", nargs="+", metavar="FILE",
+                   help="check these rule files (Prometheus rule files or PrometheusRule manifests) --against captures "
+                        "instead of the generated output; needs no spec")
+    c.add_argument("--allow-dead", action="append", default=[], metavar="SELECTOR",
+                   help="a selector known to match no series, e.g. 'vllm:num_preemptions' (repeatable): not a failure")
     c.set_defaults(func=cmd_check)
 
 
@@ -81,9 +92,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.allow_dead and not args.against:
+        print("fusebox check: --allow-dead needs --against CAPTURE... -- dead selectors are found only against "
+              "captures", file=sys.stderr)
+        return 2
+    if args.rules:
+        from . import deadselectors
+
+        if not args.against:
+            print("fusebox check: --rules needs --against CAPTURE... -- pass the /metrics dumps to check the rules "
+                  "against (curl -s http://HOST:PORT/metrics > FILE)", file=sys.stderr)
+            return 2
+        return deadselectors.run(args.rules, args.against, args.allow_dead)
     from . import toolcheck
 
     spec = _load(args.spec)
     if spec is None:
         return 2
-    return toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against)
+    return toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against,
+                                allow_dead=args.allow_dead)

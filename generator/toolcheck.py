@@ -6,10 +6,9 @@ on PATH and the pinned Prometheus 3 build), ``amtool check-config`` and the rout
 them (``fusebox.yaml:LINE:COL: ...``). A missing or too-old tool is a one-line message that
 says how to install it.
 
-``unmatched_selectors`` reads rule files and /metrics captures and lists every raw selector
-that matches no series: promtool passes rules that can never fire (vLLM's own published
-rules read ``vllm:num_preemptions`` without ``_total`` and ``le="120"`` where vLLM writes
-``le="120.0"``).
+With captures (``--against``), the generated rules' selectors that match no captured series
+fail the check too (:mod:`fusebox.generator.deadselectors`, which also serves
+``fusebox check --rules`` on any rule file).
 """
 
 from __future__ import annotations
@@ -21,15 +20,15 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import yaml
 
 from fusebox.spec import Spec
 from fusebox.spec.kinds import records
-from fusebox.spec.promql import vector_selectors
 from fusebox.tooling import ToolMissing, tools_dir
 
+from . import deadselectors
 from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE
 
 MIN_PROMTOOL = (2, 42)  # keep_firing_for
@@ -130,9 +129,16 @@ def check_alertmanager(out_dir: Path, amtool: str) -> list[ToolResult]:
 
 
 def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
-               captures: list[str] | None = None, stream=sys.stdout) -> int:
-    """Run every check; print one line per check and details for failures. Exit code 0/1,
-    or 3 when a tool is missing."""
+               captures: list[str] | None = None, allow_dead: Iterable[str] = (), stream=sys.stdout) -> int:
+    """Run every check; print one line per check and details for failures.
+
+    With ``captures``, every selector of the generated rules that matches no captured series
+    (less those ``allow_dead`` excuses) is a failure too.
+
+    Returns:
+        0 all passed; 1 a check failed or a selector is dead; 2 missing generated files, an
+        unreadable capture or a bad ``allow_dead``; 3 a tool is missing.
+    """
     try:
         binaries = globals()["promtools"](promtools)
         amtool = find_tool("amtool", MIN_AMTOOL)
@@ -144,6 +150,18 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
         print(f"fusebox check: {', '.join(missing)} not found under {out_dir}/ -- run `fusebox generate --out {out_dir}` first",
               file=sys.stderr)
         return 2
+    caps = None
+    if captures:
+        try:
+            caps = deadselectors.load_captures(captures)
+            for a in allow_dead:
+                deadselectors.parse_selector(a)
+        except deadselectors.InputError as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        except ValueError as e:
+            print(f"fusebox check: --allow-dead {e} -- pass a selector as the rule writes it", file=sys.stderr)
+            return 2
     results = check_rules_and_tests(out_dir, binaries) + check_alertmanager(out_dir, amtool)
     failed = 0
     for r in results:
@@ -156,89 +174,14 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
             if "test rules" in r.name:
                 print("     (if you edited the spec, run `fusebox generate` first: the tests check the generated rules)",
                       file=stream)
-    if captures:
-        rules = yaml.safe_load((out_dir / RULE_FILE).read_text(encoding="utf-8"))
-        unmatched = unmatched_selectors(rules, [Path(c) for c in captures])
-        for u in unmatched:
-            print(f"NONE {u.rule}: selector {u.selector} matches no series in the captures", file=stream)
-        print(f"{len(unmatched)} selector(s) match no series in {len(captures)} capture(s)", file=stream)
-        if any(u.selector.startswith(("hw_", "fusebox_")) for u in unmatched):
+    if caps is not None:
+        rules = deadselectors.load_rules(out_dir / RULE_FILE)
+        rep = deadselectors.dead_selectors(rules, caps, allow_dead)
+        deadselectors.report(rep, len(rules), len(caps.files), stream)
+        failed += bool(rep.dead)
+        if any(d.selector.startswith(("hw_", "fusebox_")) for d in rep.dead):
             print("     hint: fusebox_* and hw_* series come from the fusebox collectors through the Collector, never from an "
                   "engine's own /metrics; capture `fusebox collect ... --once` output (or the Collector's /metrics) too",
                   file=stream)
-    print(f"{len(results) - failed} passed, {failed} failed", file=stream)
+    print(f"{len(results) + (caps is not None) - failed} passed, {failed} failed", file=stream)
     return 1 if failed else 0
-
-
-# --------------------------------------------------------------------------- --against
-@dataclass(frozen=True)
-class Unmatched:
-    rule: str
-    selector: str
-
-
-def rule_groups(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Groups of a Prometheus rule file or a PrometheusRule object."""
-    if doc.get("kind") == "PrometheusRule":
-        return doc["spec"]["groups"]
-    return doc.get("groups", [])
-
-
-def _matches(sel: Any, name: str, labels: dict[str, str]) -> bool:
-    import promql_parser
-
-    if sel.name and sel.name != name:
-        return False
-    for m in sel.matchers.matchers:
-        value = labels.get(m.name, "") if m.name != "__name__" else name
-        op = m.op
-        if op == promql_parser.MatchOp.Equal and value != m.value:
-            return False
-        if op == promql_parser.MatchOp.NotEqual and value == m.value:
-            return False
-        if op == promql_parser.MatchOp.Re and not re.fullmatch(m.value, value):
-            return False
-        if op == promql_parser.MatchOp.NotRe and re.fullmatch(m.value, value):
-            return False
-    return True
-
-
-def load_capture_series(paths: Iterable[Path]) -> list[tuple[str, dict[str, str]]]:
-    """Every sample (name, labels) in /metrics captures, parsed by prometheus-client."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    series = []
-    for p in paths:
-        text = p.read_text(encoding="utf-8", errors="replace")
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                series.append((s.name, dict(s.labels)))
-    return series
-
-
-# Series Prometheus makes itself: never in a target's /metrics.
-SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
-             "scrape_series_added", "ALERTS", "ALERTS_FOR_STATE"}
-
-
-def unmatched_selectors(doc: dict[str, Any], captures: list[Path]) -> list[Unmatched]:
-    """Selectors of raw metrics (not produced by a recording rule in ``doc``, nor made by
-    Prometheus itself such as ``up``) matching no series in ``captures``."""
-    series = load_capture_series(captures)
-    groups = rule_groups(doc)
-    recorded = {r["record"] for g in groups for r in g.get("rules", []) if "record" in r}
-    out: list[Unmatched] = []
-    seen = set()
-    for g in groups:
-        for r in g.get("rules", []):
-            name = r.get("alert") or r.get("record")
-            for sel in vector_selectors(str(r["expr"])):
-                if sel.name in recorded or not sel.name or sel.name in SYNTHETIC:
-                    continue
-                text = str(sel)
-                if (name, text) in seen:
-                    continue
-                seen.add((name, text))
-                if not any(_matches(sel, n, lab) for n, lab in series):
-                    out.append(Unmatched(name, text))
-    return out

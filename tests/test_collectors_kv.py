@@ -187,7 +187,8 @@ def test_tgi_needs_its_capacity_from_the_command_line():
     text = (FIX / "datadog_tgi_metrics_fixture_payload.txt").read_text()
     col = from_texts([text], model="bigscience/bloom-560m")
     keys = {x.key for x in col.collect()}
-    assert keys == {"kv_cache_usage"} and any("--max-total-tokens" in n for n in col.notes)
+    assert keys == {"kv_cache_usage"}
+    assert col.incomplete[("bigscience/bloom-560m", "no_capacity")] == 1
     col = from_texts([text], max_total_tokens=16000, model="m")
     r = {x.key: x.value for x in col.collect()}
     assert r == {"kv_cache_usage": 0.0, "kv_cache_limit": 16000 * OPT_BPT}  # tgi_batch_current_max_tokens 0
@@ -307,3 +308,65 @@ def test_pool_bytes_of_every_vllm_dump(dump, blocks, geo):
     r = {x.key: x.value for x in KvCollector([str(FIX / dump)], geo).collect()}
     assert r["kv_cache_limit"] == blocks * 16 * geo.bytes_per_token  # block_size 16 in every dump
     assert r["kv_cache_usage"] == 0.0  # idle captures
+
+
+# ------------------------------------------------------------------------- incomplete output is said, and counted
+VLLM_V1 = FIX / "hardware-aware-router_vllm-v1_qwen1.5-0.5b-chat_idle_2025-11.txt"
+SGLANG_DOC = FIX / "sglang_docs_production_metrics_example_llama-3.1-8b.txt"
+INCOMPLETE = "fusebox_collector_kv_incomplete_total"
+
+
+def _without(tmp_path, src: Path, word: str) -> Path:
+    """A real dump with every line naming ``word`` removed."""
+    out = tmp_path / src.name
+    out.write_text("".join(line for line in src.read_text().splitlines(keepends=True) if word not in line))
+    return out
+
+
+def _kv_once(capsys, *args):
+    from fusebox.cli import main
+
+    rc = main(["collect", "kv", "--model-config", str(FIX / "opt-125m_config.json"), "--once", "--host-name", "n1",
+               *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_vllm_dump_without_cache_config_info_is_said_once_and_counted(tmp_path, capsys):
+    dump = _without(tmp_path, VLLM_V1, "cache_config_info")
+    assert "vllm:kv_cache_usage_perc{" in dump.read_text()
+    rc, out, err = _kv_once(capsys, "--endpoint", str(dump), "--gpu", "GPU-1")
+    assert rc == 0
+    assert "fusebox_kv_cache_usage_bytes" not in out and "fusebox_kv_cache_limit_bytes" not in out
+    assert f'{INCOMPLETE}{{engine="Qwen/Qwen1.5-0.5B-Chat",host_name="n1",reason="no_capacity"}} 1.0' in out
+    assert err.count("no KV pool capacity") == 1
+    assert "vllm:cache_config_info with num_gpu_blocks and block_size" in err and " -- " in err
+
+
+def test_sglang_dump_with_token_usage_only_is_said_and_counted(tmp_path, capsys):
+    dump = _without(tmp_path, SGLANG_DOC, "num_used_tokens")
+    assert "sglang:token_usage{" in dump.read_text() and "max_total_num_tokens" not in dump.read_text()
+    rc, out, err = _kv_once(capsys, "--endpoint", str(dump), "--gpu", "GPU-1")
+    assert rc == 0
+    assert "fusebox_kv_cache_usage_bytes" not in out
+    assert (f'{INCOMPLETE}{{engine="meta-llama/Llama-3.1-8B-Instruct",host_name="n1",reason="no_capacity"}} 1.0'
+            in out)
+    assert "sglang:max_total_num_tokens" in err
+
+
+def test_no_gpu_is_said_once_and_counted_every_round(capsys):
+    rc, out, err = _kv_once(capsys, "--endpoint", str(VLLM_NEW))
+    assert rc == 0
+    assert 'fusebox_kv_cache_limit_bytes{engine="facebook/opt-125m",host_name="n1",model="facebook/opt-125m"}' in out
+    assert f'{INCOMPLETE}{{engine="facebook/opt-125m",host_name="n1",reason="no_gpu"}} 1.0' in out
+    assert "no --gpu given" in err and "--gpu GPU-UUID" in err
+    col = KvCollector([str(VLLM_NEW)], opt_geometry(), log=(said := []).append)
+    for _ in range(3):
+        col.collect()
+    assert dict(col.incomplete) == {("facebook/opt-125m", "no_gpu"): 3}
+    assert len(said) == 1
+
+
+def test_complete_output_counts_nothing(capsys):
+    rc, out, err = _kv_once(capsys, "--endpoint", str(VLLM_NEW), "--gpu", "GPU-1")
+    assert rc == 0 and INCOMPLETE not in out and err == ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 
@@ -21,10 +23,11 @@ STARTUP = {
 def test_serve_says_where_it_listens_what_it_calls_its_state_file_and_hold_time(tmp_path, extra, words):
     port = free_port()
     (tmp_path / "token").write_text(TOKEN + "\n")
-    state = tmp_path / "fuse.sqlite"
+    state_dir = tmp_path / "state"
+    state = state_dir / "fuse.sqlite"
     p = subprocess.Popen(
         [sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--listen", f"127.0.0.1:{port}",
-         "--state", str(state), "--token-file", str(tmp_path / "token"), "--hold", "90", *extra],
+         "--state-dir", str(state_dir), "--token-file", str(tmp_path / "token"), "--hold", "90", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _up(port), 20, what="fuse serve to answer /healthz")
@@ -35,6 +38,7 @@ def test_serve_says_where_it_listens_what_it_calls_its_state_file_and_hold_time(
     assert len(lines) == 1, err
     for w in [f"listening on http://127.0.0.1:{port}", f"state {state}", "hold 90s", *words]:
         assert w in lines[0], lines[0]
+    assert state.is_file() and stat.S_IMODE(state_dir.stat().st_mode) == 0o700
 
 
 def _up(port: int) -> bool:
@@ -75,3 +79,71 @@ def test_vllm_max_attempts_below_1_or_not_a_whole_number_is_refused(tmp_path, va
         _serve_args(tmp_path, "--vllm-max-attempts", value)
     assert e.value.code == 2
     assert "--vllm-max-attempts" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- where the state lives
+def _state_args(tmp_path, *where):
+    import argparse
+
+    from fusebox.fuse import cli
+
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(["fuse", "serve", "--spec", str(SPEC), "--token-file", str(tmp_path / "token"),
+                              "--dry-run", *where])
+
+
+def _built_state(args) -> str:
+    from fusebox.fuse.cli import build_service
+
+    service, _ = build_service(args)
+    service.store.close()
+    return service.store.path
+
+
+def test_state_goes_to_the_xdg_data_directory_by_default_never_the_current_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    path = _built_state(_state_args(tmp_path))
+    assert path == str(tmp_path / "data" / "fusebox" / "fuse.sqlite")
+    assert stat.S_IMODE((tmp_path / "data" / "fusebox").stat().st_mode) == 0o700
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "token"]
+
+
+def test_without_xdg_data_home_the_state_is_under_local_share(tmp_path, monkeypatch):
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _built_state(_state_args(tmp_path)) == str(tmp_path / "home/.local/share/fusebox/fuse.sqlite")
+    # a relative XDG_DATA_HOME is ignored, as the XDG Base Directory spec says
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/data")
+    assert _built_state(_state_args(tmp_path)) == str(tmp_path / "home/.local/share/fusebox/fuse.sqlite")
+
+
+def test_state_dir_made_under_a_loose_umask_is_still_0700(tmp_path):
+    old = os.umask(0)
+    try:
+        _built_state(_state_args(tmp_path, "--state-dir", str(tmp_path / "s")))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "s").stat().st_mode) == 0o700
+
+
+def test_state_names_an_explicit_file(tmp_path):
+    assert _built_state(_state_args(tmp_path, "--state", str(tmp_path / "x" / "my.db"))) == str(tmp_path / "x" / "my.db")
+
+
+def test_state_and_state_dir_together_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        _state_args(tmp_path, "--state", "a.db", "--state-dir", "d")
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_state_dir_that_is_a_file_is_a_clear_error(tmp_path):
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "f").write_text("")
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--token-file",
+                        str(tmp_path / "token"), "--dry-run", "--state-dir", str(tmp_path / "f")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert f"--state-dir {tmp_path / 'f'}: not a directory -- " in r.stderr and "Traceback" not in r.stderr

@@ -11,7 +11,7 @@ import yaml
 from fusebox import conventions as C
 from fusebox.spec.kinds import dashboard_records
 from fusebox.generator.outputs import render_all
-from fusebox.generator.toolcheck import unmatched_selectors
+from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
 from fusebox.generator.writer import drift, write_outputs
 
 from _support import FIXTURES, ROOT, SPEC
@@ -160,11 +160,11 @@ VLLM_CAPTURES = sorted(FIXTURES.glob("generator/*vllm*.txt"))
 
 
 def test_against_finds_the_two_vllm_rules_that_can_never_fire():
-    doc = yaml.safe_load((FIXTURES / "generator/vllm_examples_k8s-monitoring_prometheusrule.yaml").read_text())
+    rules = load_rules(FIXTURES / "generator/vllm_examples_k8s-monitoring_prometheusrule.yaml")
     assert len(VLLM_CAPTURES) == 5
-    found = {(u.rule, u.selector) for u in unmatched_selectors(doc, VLLM_CAPTURES)}
+    found = {(u.rule, u.selector) for u in dead_selectors(rules, load_captures(VLLM_CAPTURES)).dead}
     assert found == {
-        ("VllmPreemptionSpike", "vllm:num_preemptions{}"),  # the counter is vllm:num_preemptions_total
+        ("VllmPreemptionSpike", "vllm:num_preemptions"),  # the counter is vllm:num_preemptions_total
         ("VllmSlowRequestsPresent", 'vllm:e2e_request_latency_seconds_bucket{le="120"}'),  # vLLM writes le="120.0"
     }
 
@@ -177,8 +177,8 @@ def test_against_dcgm_capture_for_the_dcgm_source(tmp_path):
     spec = parse_spec(text, "fusebox.yaml")
     assert spec.signal("gpu_memory_utilization").source.backend == "dcgm"
     write_outputs(render_all(spec), tmp_path)
-    doc = yaml.safe_load((tmp_path / "rules/fusebox.rules.yml").read_text())
-    un = unmatched_selectors(doc, [FIXTURES / "generator/datadog_dcgm_metrics_fixture_t4_mixed.txt"])
+    rules = load_rules(tmp_path / "rules/fusebox.rules.yml")
+    un = dead_selectors(rules, load_captures([FIXTURES / "generator/datadog_dcgm_metrics_fixture_t4_mixed.txt"])).dead
     names = {u.selector.split("{")[0] for u in un}
     # the dcgm framebuffer fields are all in the T4 capture; fusebox's own metrics are not
     assert not names & {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"}

@@ -15,7 +15,7 @@ from fusebox.spec import parse_spec
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 
-from _support import ROOT, SPEC, need, promtools
+from _support import FIXTURES, ROOT, SPEC, need, promtools
 
 pytestmark = pytest.mark.tools
 HAND = Path(__file__).parent / "promtool"
@@ -146,6 +146,20 @@ def test_fusebox_check_reports_failure_against_the_spec(generated, tmp_path):
     assert r.returncode == 1
     line = next(i for i, l in enumerate(SPEC.read_text().splitlines(), 1) if l.startswith("  kv_cache_growth_rate:"))
     assert f"{SPEC}:{line}:" in r.stdout and "KVCacheGrowthRateHigh" in r.stdout
+
+
+def test_fusebox_check_against_engine_captures_fails_on_dead_selectors(generated):
+    """An engine's own /metrics holds none of the collectors' series: the check fails (exit 1)
+    and names them, with the hint to capture the collectors too."""
+    promtools()
+    captures = sorted(str(p) for p in FIXTURES.glob("generator/*vllm*.txt"))
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(generated),
+                        "--against", *captures], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert ": FuseboxGPUDown: fusebox_gpu_up matches no series: no metric fusebox_gpu_up in the captures" in r.stdout
+    assert "hint: fusebox_* and hw_* series come from the fusebox collectors" in r.stdout
+    # the tools themselves passed: only the dead-selector check failed
+    assert r.stdout.rstrip().endswith(", 1 failed") and "FAIL" not in r.stdout
 
 
 def test_missing_promtool_is_a_clear_message(generated, tmp_path, monkeypatch):

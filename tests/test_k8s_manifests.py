@@ -306,8 +306,6 @@ def test_the_workloads_arguments_parse_with_the_real_cli(kind):
 
     (c,) = [c for _, d in _manifests(ROOT) if d["kind"] == kind for c in d["spec"]["template"]["spec"]["containers"]]
     parsed, unknown = build_parser().parse_known_args(c["args"])  # argparse exits (SystemExit) on a bad value
-    if unknown == ["--state-dir", "/var/lib/fusebox"]:  # remove once `fuse serve --state-dir` is merged
-        pytest.xfail("fusebox fuse serve has no --state-dir yet (issue 10, part 5)")
     assert not unknown and callable(parsed.func)
 
 

@@ -205,7 +205,7 @@ class Stack:
                                         "--log", str(self.gateway_log)])
         self._ready(gw, f"{self.urls['gateway']}/healthz", deadline_s)
         fuse = self.sup.start("fuse", [*_fusebox(), "fuse", "serve", "--spec", str(self.spec_path),
-                                       "--listen", f"127.0.0.1:{p.fuse}", "--state", str(w / "fuse.sqlite"),
+                                       "--listen", f"127.0.0.1:{p.fuse}", "--state-dir", str(w / "fuse"),
                                        "--token-file", str(self.token_path), "--gateway-url", self.urls["gateway"],
                                        "--hold", f"{self.opts.hold_s:g}"])
         self._ready(fuse, f"{self.urls['fuse']}/healthz", deadline_s)
