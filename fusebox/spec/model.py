@@ -374,6 +374,10 @@ class _Normaliser:
         for k, v in list(g.selector.items()) + list(g.labels.items()):
             if not _LABEL.match(k):
                 self.err(("global",), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
+        if C.LABEL["marker"] in g.labels:  # Alertmanager routes to the fuse on it: fusebox alone sets it
+            self.err(("global", "labels", C.LABEL["marker"]), f"label {C.LABEL['marker']!r} is set by fusebox on every alert "
+                     "(valued with metadata.name)", "remove it from global.labels; rename metadata.name to change its value",
+                     key=True)
         hr = r.fuse.human_receiver
         if not isinstance(hr.get("name"), str) or not hr.get("name"):
             self.err(("fuse", "human_receiver"), "human_receiver needs a 'name'",
