@@ -112,8 +112,8 @@ class RawAction(_Strict):
 
 class RawFuse(_Strict):
     receiver: str = "fusebox-fuse"
-    # Alertmanager receiver for people (your pager), as Alertmanager spells it; every alert
-    # reaches it too. Without configs it is a named placeholder that notifies nobody.
+    # Alertmanager receiver for people (your pager), as Alertmanager spells it; every fusebox
+    # alert reaches it. Without configs it names a receiver of the config merged into, or notifies nobody.
     human_receiver: dict[str, Any] = {"name": "oncall"}
     webhook_url: str
     credentials_file: str
