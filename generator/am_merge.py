@@ -27,7 +27,7 @@ from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec.errors import Problem, SpecError
-from fusebox.spec.positions import Positions, load
+from fusebox.spec.positions import load
 
 __all__ = ["MergeError", "merge_alertmanager"]
 
@@ -63,10 +63,6 @@ def _fusebox_routes(route: dict[str, Any], path: tuple) -> list[tuple]:
     return out
 
 
-def _problem(pos: Positions, path: tuple, what: str, fix: str, *, key: bool = False) -> Problem:
-    return pos.problem(path, what, fix, key=key)
-
-
 def merge_alertmanager(base_text: str, base_file: str, fragment: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The base config with the fragment merged in (see the module docstring).
 
@@ -91,28 +87,28 @@ def merge_alertmanager(base_text: str, base_file: str, fragment: dict[str, Any])
         raise MergeError(e.problems) from None
     not_config = "pass the Alertmanager config your Alertmanager loads (its --config.file)"
     if not isinstance(data, dict):
-        raise MergeError([_problem(pos, (), "not an Alertmanager config (a YAML mapping is expected)", not_config)])
+        raise MergeError([pos.problem((), "not an Alertmanager config (a YAML mapping is expected)", not_config)])
     if isinstance(data.get("alertmanager"), dict) and "route" not in data:
-        raise MergeError([_problem(pos, ("alertmanager",), "this looks like Helm values (alertmanager: ...), not an "
+        raise MergeError([pos.problem(("alertmanager",), "this looks like Helm values (alertmanager: ...), not an "
                                    "Alertmanager config", "pass the config itself: e.g. save the values' "
                                    "alertmanager.config to a file, merge it, and put the result back", key=True)])
     route = data.get("route")
     if not isinstance(route, dict) or not isinstance(route.get("receiver"), str):
-        raise MergeError([_problem(pos, ("route",), "not an Alertmanager config: no `route:` mapping with a `receiver`",
+        raise MergeError([pos.problem(("route",), "not an Alertmanager config: no `route:` mapping with a `receiver`",
                                    not_config, key="route" in data)])
     receivers = data.get("receivers")
     if not isinstance(receivers, list) or not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in receivers):
-        raise MergeError([_problem(pos, ("receivers",), "not an Alertmanager config: `receivers:` is not a list of "
+        raise MergeError([pos.problem(("receivers",), "not an Alertmanager config: `receivers:` is not a list of "
                                    "receivers with a name", not_config, key="receivers" in data)])
     routes = route.get("routes")
     if routes is not None and not isinstance(routes, list):
-        raise MergeError([_problem(pos, ("route", "routes"), "route.routes is not a list", not_config)])
+        raise MergeError([pos.problem(("route", "routes"), "route.routes is not a list", not_config)])
     inhibit = data.get("inhibit_rules")
     if inhibit is not None and not isinstance(inhibit, list):
-        raise MergeError([_problem(pos, ("inhibit_rules",), "inhibit_rules is not a list", not_config)])
+        raise MergeError([pos.problem(("inhibit_rules",), "inhibit_rules is not a list", not_config)])
 
     problems = [
-        _problem(pos, p, f"the base already routes on the {C.LABEL['marker']!r} label (a fusebox route)",
+        pos.problem(p, f"the base already routes on the {C.LABEL['marker']!r} label (a fusebox route)",
                  "merge into the config without fusebox's route (the file you edit), not into a merged result")
         for p in _fusebox_routes(route, ("route",))
     ]
@@ -129,7 +125,7 @@ def merge_alertmanager(base_text: str, base_file: str, fragment: dict[str, Any])
         elif set(rc) == {"name"}:  # a bare name (fuse.human_receiver): a reference to the base's receiver
             notes.append(f"receiver {name!r} (fuse.human_receiver) is the base's: fusebox's alerts reach it")
         else:
-            problems.append(_problem(pos, ("receivers", by_name[name], "name"),
+            problems.append(pos.problem(("receivers", by_name[name], "name"),
                                      f"the base already has a receiver named {name!r}, which fusebox adds",
                                      "rename one of them (fuse.receiver / fuse.human_receiver.name in the spec), or "
                                      "give fuse.human_receiver only a name to use the base's receiver"))
