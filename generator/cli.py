@@ -34,6 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--out", help="write the merged config here, atomically, with the base's permissions "
                                  "(default: standard output)")
     m.set_defaults(func=cmd_alertmanager_merge)
+    t = asub.add_parser("test", help="amtool on a config holding fusebox's routing (e.g. a merged one): ours reach the "
+                                     "fuse and the people as generated, foreign alerts never the fuse")
+    t.add_argument("--config", required=True, help="the Alertmanager config to test (e.g. the output of merge)")
+    t.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
+    t.set_defaults(func=cmd_alertmanager_test)
 
 
 def _load(spec_path: str):
@@ -149,6 +154,30 @@ def cmd_alertmanager_merge(args: argparse.Namespace) -> int:
         return 2
     print(f"fusebox alertmanager merge: {args.base} + the fusebox route of {args.spec} -> {args.out}", file=sys.stderr)
     return 0
+
+
+def cmd_alertmanager_test(args: argparse.Namespace) -> int:
+    from . import toolcheck
+
+    spec = _load(args.spec)
+    if spec is None:
+        return 2
+    if not Path(args.config).is_file():
+        print(f"{args.config}:1:1: no such file -- pass --config with an Alertmanager config file", file=sys.stderr)
+        return 2
+    try:
+        amtool = toolcheck.find_tool("amtool", toolcheck.MIN_AMTOOL)
+    except toolcheck.ToolMissing as e:
+        print(f"fusebox alertmanager test: {e}", file=sys.stderr)
+        return 3
+    results = toolcheck.check_routing(Path(args.config), spec, amtool)
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        print(f"{'ok  ' if r.ok else 'FAIL'} {r.name}")
+        if not r.ok:
+            print("     " + r.output.replace("\n", "\n     "))
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -305,3 +305,27 @@ def test_alertmanagerconfig_takes_namespace_and_labels_from_the_kubernetes_block
     assert cr["metadata"]["namespace"] == "ml-serving"
     assert cr["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert cr["spec"]["receivers"][0]["webhookConfigs"][0]["url"] == "http://fusebox-fuse.ml-serving.svc:9095/alertmanager"
+
+
+def _am_test(config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fusebox.cli", "alertmanager", "test", "--config", str(config),
+                           "--spec", str(SPEC)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+def test_alertmanager_test_passes_a_merged_config_and_fails_one_that_routes_on_severity(tmp_path):
+    need("amtool")
+    merged = tmp_path / "merged.yml"
+    assert _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(merged)).returncode == 0
+    r = _am_test(merged)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "FAIL" not in r.stdout and "KubePodCrashLooping" in r.stdout and "Watchdog" in r.stdout
+    # The old way: a route on severity alone, before ours, sends every critical to the fuse.
+    doc = yaml.safe_load(merged.read_text())
+    doc["route"]["routes"].insert(0, {"matchers": ['severity="critical"'], "receiver": FUSE, "continue": True})
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = _am_test(bad)
+    assert r.returncode == 1
+    failed = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
+    assert any("alertname=KubePodCrashLooping" in ln for ln in failed), r.stdout
+    assert not any("alertname=Watchdog" in ln for ln in failed)  # severity=none: not caught by that route
