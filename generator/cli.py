@@ -36,6 +36,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a selector known to match no series, e.g. 'vllm:num_preemptions' (repeatable): not a failure")
     c.set_defaults(func=cmd_check)
 
+    a = sub.add_parser("alertmanager", help="merge fusebox's Alertmanager routing into an existing Alertmanager config")
+    asub = a.add_subparsers(dest="alertmanager_command", required=True, metavar="ACTION")
+    m = asub.add_parser("merge", help="the base config with fusebox's route first under route.routes, its receivers and "
+                                      "inhibit rule added (docs/alertmanager.md)")
+    m.add_argument("--base", required=True, help="the Alertmanager config to merge into (the file Alertmanager loads)")
+    m.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
+    m.add_argument("--out", help="write the merged config here, atomically, with the base's permissions "
+                                 "(default: standard output)")
+    m.set_defaults(func=cmd_alertmanager_merge)
+    t = asub.add_parser("test", help="amtool on a config holding fusebox's routing (e.g. a merged one): ours reach the "
+                                     "fuse and the people as generated, foreign alerts never the fuse")
+    t.add_argument("--config", required=True, help="the Alertmanager config to test (e.g. the output of merge)")
+    t.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
+    t.set_defaults(func=cmd_alertmanager_test)
+
 
 def _load(spec_path: str):
     from fusebox.spec.errors import SpecError
@@ -89,6 +104,91 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for rel in changed:
         print(f"  {rel}")
     return 0
+
+
+def _read_base(path: str) -> str | None:
+    from fusebox.spec.positions import MAX_SPEC_BYTES
+
+    try:
+        with open(path, "rb") as f:  # bounded: --base /dev/zero must not hang
+            data = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as e:
+        print(f"{path}:1:1: cannot read the base config ({e.strerror or type(e).__name__}) -- "
+              "pass --base with the Alertmanager config file your Alertmanager loads", file=sys.stderr)
+        return None
+    if len(data) > MAX_SPEC_BYTES:
+        print(f"{path}:1:1: the base config is over {MAX_SPEC_BYTES >> 20} MiB -- pass the Alertmanager config file",
+              file=sys.stderr)
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        head = data[:e.start].decode("utf-8")
+        line, col = head.count("\n") + 1, len(head) - (head.rfind("\n") + 1) + 1
+        print(f"{path}:{line}:{col}: the base config is not UTF-8 text -- pass the Alertmanager config file (YAML)",
+              file=sys.stderr)
+        return None
+
+
+def cmd_alertmanager_merge(args: argparse.Namespace) -> int:
+    import os
+    import stat
+
+    from .am_merge import MergeError, merge_alertmanager
+    from .render_alertmanager import render_fragment
+    from .writer import WriteError, write_file
+    from .yamlout import dump_yaml
+
+    spec = _load(args.spec)
+    if spec is None:
+        return 2
+    text = _read_base(args.base)
+    if text is None:
+        return 2
+    try:
+        merged, notes = merge_alertmanager(text, args.base, render_fragment(spec))
+    except MergeError as e:
+        for p in e.problems:
+            print(str(p), file=sys.stderr)
+        return 2
+    out = (f"# Merged by `fusebox alertmanager merge` from {Path(args.base).name} and {Path(spec.file).name}: "
+           "edit those and merge again.\n" + dump_yaml(merged))
+    for n in notes:
+        print(f"fusebox alertmanager merge: {n}", file=sys.stderr)
+    if not args.out:
+        sys.stdout.write(out)
+        return 0
+    try:
+        write_file(Path(args.out), out, mode=stat.S_IMODE(os.stat(args.base).st_mode))
+    except WriteError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    print(f"fusebox alertmanager merge: {args.base} + the fusebox route of {args.spec} -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def cmd_alertmanager_test(args: argparse.Namespace) -> int:
+    from . import toolcheck
+
+    spec = _load(args.spec)
+    if spec is None:
+        return 2
+    if not Path(args.config).is_file():
+        print(f"{args.config}:1:1: no such file -- pass --config with an Alertmanager config file", file=sys.stderr)
+        return 2
+    try:
+        amtool = toolcheck.find_tool("amtool", toolcheck.MIN_AMTOOL)
+    except toolcheck.ToolMissing as e:
+        print(f"fusebox alertmanager test: {e}", file=sys.stderr)
+        return 3
+    results = toolcheck.check_routing(Path(args.config), spec, amtool)
+    failed = [r for r in results if not r.ok]
+    for r in results:
+        print(f"{'ok  ' if r.ok else 'FAIL'} {r.name}")
+        if not r.ok:
+            print("     " + r.output.replace("\n", "\n     "))
+    print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:

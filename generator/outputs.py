@@ -8,7 +8,7 @@ from pathlib import PurePath
 from fusebox import conventions as C
 
 from . import render_dashboards, render_grafana_provisioning, render_otelcol
-from .render_alertmanager import render_alertmanager, route_tests
+from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import render_rules
 from .render_runbooks import render_runbooks
@@ -22,7 +22,11 @@ RULE_FILE = "rules/fusebox.rules.yml"
 RULE_TEST_FILE = "rules/fusebox.rules.test.yml"
 ALERTMANAGER_FILE = "alertmanager/alertmanager.yml"
 ROUTE_TEST_FILE = "alertmanager/route-tests.yml"
+FRAGMENT_FILE = "alertmanager/fragment.yml"
+ALERTMANAGERCONFIG_FILE = "k8s/alertmanagerconfig.yml"
 PROMETHEUSRULE_FILE = "k8s/prometheusrule.yml"
+FRAGMENT_NOTE = ("# Not a config of its own: `fusebox alertmanager merge --base YOUR-alertmanager.yml --out merged.yml`\n"
+                 "# puts `routes` first under the base's route.routes and appends `receivers` and `inhibit_rules`.\n")
 
 
 
@@ -60,6 +64,8 @@ def _rule_files(spec: Spec, header: str) -> dict[str, str]:
 
     out[ALERTMANAGER_FILE] = h + dump_yaml(render_alertmanager(spec))
     out[ROUTE_TEST_FILE] = h + dump_yaml({"tests": route_tests(spec)})
+    out[FRAGMENT_FILE] = h + FRAGMENT_NOTE + dump_yaml(render_fragment(spec))
+    out[ALERTMANAGERCONFIG_FILE] = h + dump_yaml(render_alertmanagerconfig(spec))
     # The same groups under `spec:`, written once: indenting the rule file's text keeps its YAML
     # meaning (block structure is relative; long plain scalars may fold at other columns).
     prometheusrule = render_prometheusrule(spec, rules)

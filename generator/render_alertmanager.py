@@ -1,7 +1,30 @@
-"""Alertmanager config routing fusebox alerts to the fuse webhook, with its routing tests."""
+"""Alertmanager routing of fusebox's alerts, from one set of data, rendered three ways.
+
+Every alert fusebox generates carries the marker label ``fusebox: <metadata.name>``
+(``conventions.LABEL["marker"]``), and a tier that requests a fuse also ``fuse_action``. The
+routing is one :class:`Routing` (see :func:`routing`):
+
+* a route matching the marker, grouped by alert, severity and scope;
+* under it, alerts that request a fuse (marker and ``fuse_action=~".+"``) go to the fuse receiver
+  after ``group_wait_critical`` and ``continue`` to the people (``fuse.human_receiver``); every
+  other fusebox alert (warnings, FuseboxSignalAbsent, FuseboxGPUDown) reaches the people only;
+* an inhibit rule, scoped to fusebox's alerts, that mutes a warning while the critical of the same
+  alert and scope fires.
+
+Alerts without the marker (every other team's ``severity="critical"``), or with the marker of
+another spec, never match the fusebox route, so they never reach the fuse receiver.
+
+Rendered as: the standalone ``alertmanager/alertmanager.yml`` (demo, docker compose; its root
+receiver is the people's), the fragment ``alertmanager/fragment.yml`` (the route, receivers and
+inhibit rules to put first under an existing config's ``route.routes``:
+``fusebox alertmanager merge``), and the Prometheus Operator ``AlertmanagerConfig``
+``k8s/alertmanagerconfig.yml`` (monitoring.coreos.com/v1alpha1, webhook token from a Secret).
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from fusebox import conventions as C
@@ -9,19 +32,131 @@ from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.units import format_duration
 
+from .render_rules import absent_labels, alert_labels, gpu_down_labels, signal_raw_metrics
+from .render_k8s import object_meta
+
+__all__ = ["Matcher", "Routing", "routing", "render_alertmanager", "render_fragment", "render_alertmanagerconfig",
+           "route_tests", "webhook_url_in_cluster", "ALERTMANAGERCONFIG_API"]
+
 SCOPE = list(C.SCOPE_LABELS)
+ALERTMANAGERCONFIG_API = "monitoring.coreos.com/v1alpha1"
 
 
-def render_alertmanager(spec: Spec) -> dict[str, Any]:
-    """Alertmanager configuration (as data).
+@dataclass(frozen=True)
+class Matcher:
+    """One label matcher; ``op`` is Alertmanager's ``=``, ``!=``, ``=~`` or ``!~``."""
 
-    Critical alerts reach the fuse after ``group_wait_critical`` (short: a fuse that waits
-    30 s is 30 s late); warnings after ``group_wait``. The bearer token is read from
-    ``credentials_file`` at send time and never written here. A critical alert inhibits the
-    warning of the same alert and scope.
+    name: str
+    op: str
+    value: str
+
+    def text(self) -> str:
+        """As Alertmanager's ``matchers`` write it: ``fusebox="multimodal-inference"`` (value quoted, ``\\`` and ``"`` escaped)."""
+        value = self.value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'{self.name}{self.op}"{value}"'
+
+    def crd(self) -> dict[str, str]:
+        """As the operator's AlertmanagerConfig writes it: ``{name, value, matchType}``."""
+        return {"name": self.name, "value": self.value, "matchType": self.op}
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What every rendering of fusebox's routing is made from.
+
+    Durations are Prometheus duration text (``30s``); ``marker`` selects fusebox's alerts of this
+    spec, ``requests_fuse`` (under ``marker``) those that request a fuse.
     """
-    receiver = {
-        "name": spec.receiver,
+
+    marker: Matcher
+    requests_fuse: Matcher
+    fuse_receiver: str
+    human_receiver: dict[str, Any]
+    group_by: list[str]
+    group_wait: str
+    group_wait_critical: str
+    group_interval: str
+    repeat_interval: str
+    inhibit_source: list[Matcher]  # empty: no inhibit rule (the spec has no warning tier to mute)
+    inhibit_target: list[Matcher]
+    inhibit_equal: list[str]
+
+    @property
+    def human(self) -> str:
+        return str(self.human_receiver["name"])
+
+
+def _severity_matcher(severities: list[str]) -> Matcher:
+    if len(severities) == 1:
+        return Matcher(C.LABEL["severity"], "=", severities[0])
+    return Matcher(C.LABEL["severity"], "=~", "|".join(re.escape(s) for s in severities))
+
+
+def routing(spec: Spec) -> Routing:
+    """The routing of ``spec``'s alerts (see the module docstring)."""
+    marker = Matcher(C.LABEL["marker"], "=", spec.name)
+    # Severities from the tiers (an override may page with `severity: page`), not assumed.
+    critical = sorted({t.severity for s in spec.signals for t in s.tiers if t.name == "critical"})
+    warning = sorted({t.severity for s in spec.signals for t in s.tiers if t.name == "warning"} - set(critical))
+    source, target = ([marker, _severity_matcher(critical)], [marker, _severity_matcher(warning)]) if critical and warning else ([], [])
+    return Routing(
+        marker=marker,
+        requests_fuse=Matcher(C.LABEL["fuse_action"], "=~", ".+"),
+        fuse_receiver=spec.receiver,
+        human_receiver=dict(spec.human_receiver),
+        group_by=["alertname", C.LABEL["severity"]] + SCOPE,
+        group_wait=format_duration(spec.group_wait_s),
+        # short: a fuse that waits 30 s is 30 s late
+        group_wait_critical=format_duration(spec.group_wait_critical_s),
+        group_interval=format_duration(spec.group_interval_s),
+        repeat_interval=format_duration(spec.repeat_interval_s),
+        inhibit_source=source,
+        inhibit_target=target,
+        inhibit_equal=[C.LABEL["marker"], "alertname"] + SCOPE,
+    )
+
+
+def webhook_url_in_cluster(spec: Spec) -> str:
+    """The fuse Service's webhook inside the cluster: ``http://fusebox-fuse.<namespace>.svc:9095/alertmanager``
+    (names from ``conventions.K8S``, namespace from ``kubernetes.namespace``)."""
+    k = C.K8S
+    return f"http://{k['fuse']}.{spec.kubernetes.namespace}.svc:{k['fuse_port']}{k['fuse_webhook_path']}"
+
+
+# ------------------------------------------------------------- Alertmanager's own config format
+def _fusebox_route(r: Routing) -> dict[str, Any]:
+    """The route that takes every alert of this spec (and only those): first under ``route.routes``."""
+    return {
+        "matchers": [r.marker.text()],
+        "receiver": r.human,
+        "group_by": list(r.group_by),
+        "group_wait": r.group_wait,
+        "group_interval": r.group_interval,
+        "repeat_interval": r.repeat_interval,
+        "routes": [
+            # `continue`: the people are told as well. Without the second route, an alert that
+            # matched this one would not fall back to the parent's receiver (Alertmanager uses a
+            # parent only when none of its children matched).
+            {"matchers": [r.requests_fuse.text()], "receiver": r.fuse_receiver,
+             "group_wait": r.group_wait_critical, "continue": True},
+            {"receiver": r.human},
+        ],
+    }
+
+
+def _inhibit_rules(r: Routing) -> list[dict[str, Any]]:
+    if not r.inhibit_source:
+        return []
+    return [{"source_matchers": [m.text() for m in r.inhibit_source],
+             "target_matchers": [m.text() for m in r.inhibit_target],
+             "equal": list(r.inhibit_equal)}]
+
+
+def _receivers(r: Routing, spec: Spec) -> list[dict[str, Any]]:
+    """The fuse's webhook (bearer token read from ``credentials_file`` at send time, never written
+    here) and the people's receiver as the spec writes it."""
+    fuse = {
+        "name": r.fuse_receiver,
         "webhook_configs": [{
             "url": spec.webhook_url,
             "send_resolved": True,
@@ -29,41 +164,147 @@ def render_alertmanager(spec: Spec) -> dict[str, Any]:
             "http_config": {"authorization": {"type": "Bearer", "credentials_file": spec.credentials_file}},
         }],
     }
-    group_by = ["alertname", "severity"] + SCOPE
-    human = spec.human_receiver["name"]
-    return {
+    return [fuse, dict(r.human_receiver)]
+
+
+def render_alertmanager(spec: Spec) -> dict[str, Any]:
+    """The standalone Alertmanager configuration (as data) for the demo and docker compose.
+
+    The root receiver is the people's (``fuse.human_receiver``): alerts that are not fusebox's end
+    there, never at the fuse. Its only child route is the fusebox route (:func:`render_fragment`'s).
+    """
+    r = routing(spec)
+    out: dict[str, Any] = {
         "route": {
-            "receiver": human,
-            "group_by": group_by,
-            "group_wait": format_duration(spec.group_wait_s),
-            "group_interval": format_duration(spec.group_interval_s),
-            "repeat_interval": format_duration(spec.repeat_interval_s),
-            "routes": [
-                # The fuse sees every alert (it trips on critical tiers and records the rest);
-                # `continue` so people are paged as well: the webhook discards what trips nothing.
-                {"matchers": ['severity="critical"'], "receiver": spec.receiver,
-                 "group_wait": format_duration(spec.group_wait_critical_s), "continue": True},
-                {"matchers": ['severity="warning"'], "receiver": spec.receiver, "continue": True},
-                {"receiver": human},
-            ],
+            "receiver": r.human,
+            "group_by": list(r.group_by),
+            "group_wait": r.group_wait,
+            "group_interval": r.group_interval,
+            "repeat_interval": r.repeat_interval,
+            "routes": [_fusebox_route(r)],
         },
-        "inhibit_rules": [{
-            "source_matchers": ['severity="critical"'],
-            "target_matchers": ['severity="warning"'],
-            "equal": ["alertname"] + SCOPE,
-        }],
-        "receivers": [receiver, dict(spec.human_receiver)],
     }
+    rules = _inhibit_rules(r)
+    if rules:
+        out["inhibit_rules"] = rules
+    out["receivers"] = _receivers(r, spec)
+    return out
 
 
-def route_tests(spec: Spec) -> list[dict[str, Any]]:
-    """[{labels, receivers, group_wait}] for `amtool config routes test`, one per alert tier."""
+def render_fragment(spec: Spec) -> dict[str, Any]:
+    """What ``fusebox alertmanager merge`` adds to an existing Alertmanager config (as data):
+
+    ``routes`` (one route, to put first under the config's ``route.routes``), ``receivers`` (the
+    fuse's webhook and ``fuse.human_receiver``) and ``inhibit_rules`` (scoped to this spec's alerts).
+    """
+    r = routing(spec)
+    return {"routes": [_fusebox_route(r)], "receivers": _receivers(r, spec), "inhibit_rules": _inhibit_rules(r)}
+
+
+# ------------------------------------------------------------ Prometheus Operator (v1alpha1 CRD)
+def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
+    """The Prometheus Operator ``AlertmanagerConfig`` (monitoring.coreos.com/v1alpha1) for the fuse.
+
+    Field names are the CRD's (``matchers: [{name, value, matchType}]``, ``groupWait``,
+    ``webhookConfigs``, ``httpConfig.authorization.credentials`` a Secret key reference,
+    ``inhibitRules: [{sourceMatch, targetMatch, equal}]``). The webhook is the fuse Service in
+    ``kubernetes.namespace``; its bearer token comes from the Secret ``fusebox-fuse-token``, key
+    ``token`` (``conventions.K8S``), never inline.
+
+    One route: fusebox alerts that request a fuse go to the fuse receiver. The operator puts it
+    before the routes of the main config and forces ``continue: true`` on it (written here too), so
+    every alert, fuse-tier or not, goes on to the Alertmanager's own routes: the people are told by
+    those, and ``fuse.human_receiver`` is not used here. The operator also adds a matcher
+    ``namespace="<this object's namespace>"`` unless the Alertmanager resource sets
+    ``alertmanagerConfigMatcherStrategy: {type: None}``; fusebox's alerts carry no such label, so
+    without that setting this route matches nothing (docs/alertmanager.md).
+    """
+    r = routing(spec)
+    k = C.K8S
+    out: dict[str, Any] = {
+        "apiVersion": ALERTMANAGERCONFIG_API,
+        "kind": "AlertmanagerConfig",
+        "metadata": object_meta(spec, f"fusebox-{spec.name}", "alertmanager-config", app="fusebox"),
+        "spec": {
+            "route": {
+                "receiver": r.fuse_receiver,
+                "matchers": [r.marker.crd(), r.requests_fuse.crd()],
+                "groupBy": list(r.group_by),
+                "groupWait": r.group_wait_critical,
+                "groupInterval": r.group_interval,
+                "repeatInterval": r.repeat_interval,
+                "continue": True,
+            },
+            "receivers": [{
+                "name": r.fuse_receiver,
+                "webhookConfigs": [{
+                    "url": webhook_url_in_cluster(spec),
+                    "sendResolved": True,
+                    "maxAlerts": 0,
+                    "httpConfig": {"authorization": {
+                        "type": "Bearer",
+                        "credentials": {"name": k["token_secret"], "key": k["token_key"]},
+                    }},
+                }],
+            }],
+        },
+    }
+    if r.inhibit_source:
+        out["spec"]["inhibitRules"] = [{"sourceMatch": [m.crd() for m in r.inhibit_source],
+                                        "targetMatch": [m.crd() for m in r.inhibit_target],
+                                        "equal": list(r.inhibit_equal)}]
+    return out
+
+
+# -------------------------------------------------------------------------------- route tests
+FOREIGN_CRITICAL = {"alertname": "KubePodCrashLooping", "severity": "critical", "namespace": "inference"}
+WATCHDOG = {"alertname": "Watchdog", "severity": "none"}
+
+
+def fusebox_cases(spec: Spec) -> list[dict[str, Any]]:
+    """Route-test cases for this spec's own alerts, with the labels the generated rules give them:
+    ``{name, labels, receivers}``. They hold for the standalone config and for any config the
+    fragment was merged into."""
+    r = routing(spec)
+    both, human = [r.fuse_receiver, r.human], [r.human]
     out = []
     for sig in spec.signals:
         for t in sig.tiers:
-            out.append({"labels": {"alertname": sig.alert, "severity": t.severity},
-                        "receivers": [spec.receiver, spec.human_receiver["name"]]})
-    for alert, severity in ((C.ABSENT_ALERT, spec.absent_severity), (C.GPU_DOWN_ALERT, "warning")):
-        out.append({"labels": {"alertname": alert, "severity": severity},
-                    "receivers": [spec.receiver, spec.human_receiver["name"]]})
+            labels = {"alertname": sig.alert, **alert_labels(sig, t, spec)}
+            out.append({"name": f"{sig.alert} {t.name} " + ("trips the fuse and tells the people" if t.fuse else
+                                                            "tells the people only (it requests no fuse)"),
+                        "labels": labels, "receivers": both if t.fuse else human})
+    if spec.signals:
+        sig = spec.signals[0]
+        metric = signal_raw_metrics(sig)[0]
+        out.append({"name": f"{C.ABSENT_ALERT} tells the people only",
+                    "labels": {"alertname": C.ABSENT_ALERT, **absent_labels(metric, [sig.name], spec)}, "receivers": human})
+    out.append({"name": f"{C.GPU_DOWN_ALERT} tells the people only",
+                "labels": {"alertname": C.GPU_DOWN_ALERT, **gpu_down_labels(spec)}, "receivers": human})
     return out
+
+
+def foreign_cases(spec: Spec) -> list[dict[str, Any]]:
+    """Alerts that are not this spec's: ``{name, labels}``; none may reach the fuse receiver."""
+    fuse_tier = next(((s, t) for s in spec.signals for t in s.tiers if t.fuse), None)
+    out = [
+        {"name": "another team's critical alert never reaches the fuse", "labels": dict(FOREIGN_CRITICAL)},
+        {"name": "Watchdog never reaches the fuse", "labels": dict(WATCHDOG)},
+    ]
+    if fuse_tier:
+        sig, t = fuse_tier
+        asks = {"alertname": sig.alert, **alert_labels(sig, t, spec)}
+        no_marker = {k: v for k, v in asks.items() if k != C.LABEL["marker"]}
+        out.append({"name": f"a {sig.alert} without the {C.LABEL['marker']} label (a hand-written rule) never reaches the fuse",
+                    "labels": no_marker})
+        other = {**asks, C.LABEL["marker"]: f"{spec.name}-other"}
+        out.append({"name": "an alert of another fusebox spec never reaches this one's fuse", "labels": other})
+    return out
+
+
+def route_tests(spec: Spec) -> list[dict[str, Any]]:
+    """``[{name, labels, receivers}]`` for ``amtool config routes test`` on the standalone config:
+    every tier of every signal, the absent and GPU-down alerts, and foreign alerts (they reach the
+    root receiver, the people's, never the fuse)."""
+    human = [routing(spec).human]
+    return fusebox_cases(spec) + [{**c, "receivers": human} for c in foreign_cases(spec)]

@@ -40,7 +40,7 @@ STATE_DIR = "/var/lib/fusebox"  # the fuse service's state directory (the PVC)
 _SPEC_KEY = "fusebox.yaml"
 
 
-def _meta(spec: Spec, name: str, component: str | None = None, app: str | None = None) -> dict[str, Any]:
+def object_meta(spec: Spec, name: str, component: str | None = None, app: str | None = None) -> dict[str, Any]:
     """metadata: name, the spec's namespace, its labels and fusebox's (fusebox's win a clash)."""
     labels = dict(spec.kubernetes.labels)
     labels.update(_selector(app or name))
@@ -57,7 +57,7 @@ def _selector(name: str) -> dict[str, str]:
 
 def render_prometheusrule(spec: Spec, rules: Rules) -> dict[str, Any]:
     """The PrometheusRule: ``{apiVersion, kind, metadata, spec: {groups}}`` (``spec`` last)."""
-    meta = _meta(spec, f"fusebox-{spec.name}", "alert-rules", app="fusebox")
+    meta = object_meta(spec, f"fusebox-{spec.name}", "alert-rules", app="fusebox")
     meta["labels"]["role"] = "alert-rules"
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
             "spec": {"groups": rules.groups}}
@@ -128,7 +128,7 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
     if c.tolerations:
         pod["tolerations"] = [dict(t) for t in c.tolerations]
     daemonset = {
-        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": _meta(spec, name, "collectors"),
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": object_meta(spec, name, "collectors"),
         "spec": {
             "selector": {"matchLabels": _selector(name)},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
@@ -136,7 +136,7 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
         },
     }
     podmonitor = {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": _meta(spec, name, "collectors"),
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": object_meta(spec, name, "collectors"),
         "spec": {
             "selector": {"matchLabels": _selector(name)},
             # honorLabels: the collectors' own labels (host_name, cluster, hw_id ...) are the rules' labels
@@ -157,12 +157,12 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
     k, f = spec.kubernetes, spec.kubernetes.fuse
     name, port = C.K8S["fuse"], C.K8S["fuse_port"]
     spec_text = dump_yaml(spec.raw)
-    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(spec, C.K8S["spec_configmap"], "fuse"),
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": object_meta(spec, C.K8S["spec_configmap"], "fuse"),
                  "data": {_SPEC_KEY: spec_text}}
     pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f.state_size}}}
     if f.storage_class is not None:
         pvc_spec["storageClassName"] = f.storage_class
-    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(spec, C.K8S["fuse_state"], "fuse"),
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": object_meta(spec, C.K8S["fuse_state"], "fuse"),
            "spec": pvc_spec}
     container = {
         "name": "fuse", "image": k.image, "imagePullPolicy": k.pull_policy,
@@ -181,7 +181,7 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
         ],
     }
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(spec, name, "fuse"),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": object_meta(spec, name, "fuse"),
         "spec": {
             "replicas": 1,  # SQLite state: one writer (see the docstring)
             "strategy": {"type": "Recreate"},
@@ -208,13 +208,13 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
         },
     }
     service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": _meta(spec, name, "fuse"),
+        "apiVersion": "v1", "kind": "Service", "metadata": object_meta(spec, name, "fuse"),
         "spec": {"selector": _selector(name), "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
     }
-    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": _meta(spec, name, "fuse"),
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": object_meta(spec, name, "fuse"),
            "spec": {"maxUnavailable": f.max_unavailable, "selector": {"matchLabels": _selector(name)}}}
     servicemonitor = {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": _meta(spec, name, "fuse"),
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": object_meta(spec, name, "fuse"),
         "spec": {
             "selector": {"matchLabels": _selector(name)},
             # honorLabels: the fuse's level series carry the alert's scope labels (hw_id, engine ...)

@@ -16,7 +16,7 @@ from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, records
 from fusebox.spec.kinds.base import SENDER, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
 
-__all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "alert_labels", "alert_annotations"]
+__all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "marker_labels", "alert_labels", "alert_annotations"]
 
 GROUP_PREFIX = "fusebox"
 
@@ -81,9 +81,16 @@ def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
     return out
 
 
+def marker_labels(spec: Spec) -> dict[str, str]:
+    """``global.labels`` plus the marker ``fusebox: <metadata.name>`` that every alert fusebox
+    generates carries: Alertmanager routes to the fuse match it, never severity alone."""
+    return {**spec.labels, C.LABEL["marker"]: spec.name}
+
+
 def alert_labels(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
-    """Labels the alerting rule adds (the fuse service reads signal, fuse_action, fuse_level)."""
-    labels = dict(spec.labels)
+    """Labels the alerting rule adds: the marker, severity, signal and, on a tier that requests a
+    fuse, fuse_action and fuse_level (the fuse service reads them; Alertmanager routes on them)."""
+    labels = marker_labels(spec)
     labels[C.LABEL["severity"]] = tier.severity
     labels[C.LABEL["signal"]] = sig.name
     if tier.fuse:
@@ -132,7 +139,7 @@ def _alert(sig: Signal, tier: Tier, spec: Spec) -> dict[str, Any]:
 
 
 def absent_labels(metric: str, signals: list[str], spec: Spec) -> dict[str, str]:
-    labels = dict(spec.labels)
+    labels = marker_labels(spec)
     labels[C.LABEL["severity"]] = spec.absent_severity
     labels[C.LABEL["metric"]] = metric
     labels["signals"] = ",".join(signals)
@@ -192,7 +199,7 @@ def gpu_down_enabled(spec: Spec) -> bool:
 
 
 def gpu_down_labels(spec: Spec) -> dict[str, str]:
-    return {**spec.labels, C.LABEL["severity"]: "warning"}
+    return {**marker_labels(spec), C.LABEL["severity"]: "warning"}
 
 
 def gpu_down_annotations(spec: Spec) -> dict[str, str]:

@@ -128,6 +128,28 @@ def check_alertmanager(out_dir: Path, amtool: str) -> list[ToolResult]:
     return results
 
 
+def check_routing(config: Path, spec: Spec, amtool: str) -> list[ToolResult]:
+    """amtool on any config that holds fusebox's routing: the standalone one, or one that
+    ``fusebox alertmanager merge`` wrote. ``check-config``; each of this spec's own alerts reaches
+    exactly the receivers of the standalone config (the fuse tiers the fuse receiver and the
+    people, the rest the people); each foreign alert (another team's critical, Watchdog, our labels
+    without the marker or with another spec's) reaches whatever the config says, never the fuse."""
+    from .render_alertmanager import foreign_cases, fusebox_cases
+
+    results = [_run([amtool, "check-config", str(config)])]
+    for case in fusebox_cases(spec):
+        labels = [f"{k}={v}" for k, v in case["labels"].items()]
+        results.append(_run([amtool, "config", "routes", "test", f"--config.file={config}",
+                             f"--verify.receivers={','.join(case['receivers'])}", *labels]))
+    for case in foreign_cases(spec):
+        r = _run([amtool, "config", "routes", "test", f"--config.file={config}",
+                  *(f"{k}={v}" for k, v in case["labels"].items())])
+        got = r.output.splitlines()[0].split(",") if r.ok and r.output else []
+        ok = r.ok and spec.receiver not in got
+        results.append(ToolResult(f"{r.name} (never {spec.receiver}: {case['name']})", ok, r.output))
+    return results
+
+
 def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
                captures: list[str] | None = None, allow_dead: Iterable[str] = (), stream=sys.stdout) -> int:
     """Run every check; print one line per check and details for failures.

@@ -158,3 +158,33 @@ def _roll_back(done: list[tuple[Path, Path | None]], made: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             pass
+
+
+def write_file(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write one file atomically: a temporary file beside ``path`` (same filesystem), flushed to
+    disk, then ``os.replace``d onto it; ``mode``: its permission bits (a merged Alertmanager config
+    keeps its base's, since it may hold credentials).
+
+    Raises:
+        WriteError: ``path`` cannot be written (its folder is missing or read-only, it is a folder,
+            the disk is full); ``path`` is as it was and no temporary file is left.
+    """
+    if path.is_dir():
+        raise WriteError(path, "a folder stands where the file goes", "pass a file path; nothing was written")
+    fd, tmp = -1, ""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            fd = -1
+            f.write(text.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if fd >= 0:
+            os.close(fd)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise WriteError(e.filename or path, f"cannot write the file ({e.strerror or e})",
+                         "pass a path in a folder you can write (and free space); nothing was written") from None

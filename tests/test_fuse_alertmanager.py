@@ -2,6 +2,8 @@
 
 Alerts are posted to Alertmanager's v2 API; Alertmanager groups them and calls the webhook with
 the bearer token from ``http_config.authorization.credentials_file``, as the generated config does.
+The first tests route every alert to the fuse (the service's own handling); the last one runs the
+generated routing (``render_alertmanager``), foreign alerts included.
 """
 
 from __future__ import annotations
@@ -63,11 +65,11 @@ def alertmanager(tmp_path):
     exe = need_tool("prometheus-alertmanager", "alertmanager")
     procs = []
 
-    def start(service_url):
+    def start(service_url, config=CONFIG):
         token_file = tmp_path / "am-token"
         token_file.write_text(TOKEN + "\n")
         cfg = tmp_path / "alertmanager.yml"
-        cfg.write_text(CONFIG.format(url=service_url, token_file=token_file))
+        cfg.write_text(config.format(url=service_url, token_file=token_file))
         port = free_port()
         p = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
                               f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
@@ -140,3 +142,85 @@ def test_real_alertmanager_without_the_right_token_changes_nothing(tmp_path, ale
     finally:
         gw.stop()
     assert read_log(tmp_path / "gw.jsonl") == []
+
+
+class _People:
+    """The people's receiver: a loopback webhook that records the alert names it is sent."""
+
+    def __init__(self):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        got = self.got = set()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 -- http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                got.update((a["labels"]["alertname"], a["labels"].get("fusebox", "")) for a in body["alerts"])
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/people"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_generated_routing_sends_only_fusebox_fuse_tiers_to_the_fuse(tmp_path, alertmanager):
+    """The generated config (shipped spec, short group waits): a fuse-tier alert with the marker
+    trips its level; the same labels without the marker, or with another spec's marker, would trip
+    the fuse if they reached it (their alert and action are the spec's), but Alertmanager sends them
+    to the people only; warnings and other teams' criticals reach the people only as well."""
+    from _support import SPEC
+
+    from fusebox.generator.render_alertmanager import render_alertmanager
+    from fusebox.generator.yamlout import dump_yaml
+    from fusebox.spec import parse_spec
+
+    people = _People()
+    text = SPEC.read_text()
+    for old, new in (("group_wait_critical: 5s", "group_wait_critical: 100ms"), ("group_wait: 30s", "group_wait: 100ms"),
+                     ("group_interval: 1m", "group_interval: 500ms"),
+                     ("  human_receiver:\n    name: oncall\n",
+                      f"  human_receiver:\n    name: oncall\n    webhook_configs: [{{url: '{people.url}'}}]\n")):
+        assert old in text
+        text = text.replace(old, new, 1)
+    spec = parse_spec(text.replace("webhook_url: http://127.0.0.1:9095/alertmanager", "webhook_url: URL", 1)
+                      .replace("credentials_file: /etc/alertmanager/fusebox-fuse.token", "credentials_file: TOKEN_FILE", 1),
+                      "fusebox.yaml")
+    config = dump_yaml(render_alertmanager(spec)).replace("URL", "{url}/alertmanager").replace("TOKEN_FILE", "{token_file}")
+    gpu = {"alertname": "GPUMemoryUtilizationHigh", "severity": "critical", "signal": "gpu_memory_utilization",
+           "fuse_action": "freeze_admissions", "fuse_level": "1", "cluster": "prod-a"}
+    labels = [
+        {**gpu, "fusebox": spec.name, "hw_id": "GPU-ours"},
+        {**gpu, "hw_id": "GPU-no-marker"},
+        {**gpu, "fusebox": "someone-else", "hw_id": "GPU-other-spec"},
+        {"alertname": "KVCacheGrowthRateHigh", "severity": "warning", "signal": "kv_cache_growth_rate",
+         "fusebox": spec.name, "cluster": "prod-a", "engine": "vllm-0"},
+        {"alertname": "KubePodCrashLooping", "severity": "critical", "namespace": "inference", "pod": "vllm-0"},
+    ]
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
+    try:
+        with LiveService(tmp_path / "s.sqlite", gw.url, hold_s=0.5) as svc:
+            am = alertmanager(svc.url, config)
+            start = datetime.now(timezone.utc) - timedelta(seconds=5)
+            body = [{"labels": lb, "startsAt": _rfc3339(start)} for lb in labels]
+            assert httpx.post(am + "/api/v2/alerts", json=body, timeout=5).status_code == 200
+            wait_for(lambda: len(people.got) >= 5 and read_log(tmp_path / "gw.jsonl"), 15, 0.1, "the people and the fuse told")
+            time.sleep(1.5)  # re-notifications meanwhile change nothing
+            assert svc.state()["levels"] == {'{cluster="prod-a",hw_id="GPU-ours"}': 1}
+    finally:
+        gw.stop()
+        people.close()
+    assert [(r["state"], r["level"], r["scope"]) for r in read_log(tmp_path / "gw.jsonl")] == [
+        ("trip", 1, {"cluster": "prod-a", "hw_id": "GPU-ours"})]
+    assert people.got == {("GPUMemoryUtilizationHigh", spec.name), ("GPUMemoryUtilizationHigh", ""),
+                          ("GPUMemoryUtilizationHigh", "someone-else"), ("KVCacheGrowthRateHigh", spec.name),
+                          ("KubePodCrashLooping", "")}

@@ -111,18 +111,22 @@ def test_alertmanager_config_and_routes(generated, spec):
     assert hook["url"] == "http://127.0.0.1:9095/alertmanager"
     assert hook["http_config"]["authorization"]["credentials_file"]
     assert "credentials" not in hook["http_config"]["authorization"]  # never inline
-    crit = next(r for r in doc["route"]["routes"] if r["matchers"] == ['severity="critical"'])
-    assert crit["group_wait"] == "5s"
-    assert doc["inhibit_rules"][0]["source_matchers"] == ['severity="critical"']
+    ours = doc["route"]["routes"][0]
+    assert ours["matchers"] == ['fusebox="multimodal-inference"']  # metadata.name of the shipped spec
+    to_fuse = next(r for r in ours["routes"] if r["receiver"] == "fusebox-fuse")
+    assert to_fuse["matchers"] == ['fuse_action=~".+"'] and to_fuse["group_wait"] == "5s" and to_fuse["continue"] is True
+    assert doc["inhibit_rules"][0]["source_matchers"] == ['fusebox="multimodal-inference"', 'severity="critical"']
     assert "alertname" in doc["inhibit_rules"][0]["equal"] and "hw_id" in doc["inhibit_rules"][0]["equal"]
-    # routing: each tier reaches the fuse receiver (amtool prints the receiver names)
-    for labels in (["alertname=GPUMemoryUtilizationHigh", "severity=critical"],
-                   ["alertname=KVCacheGrowthRateHigh", "severity=warning"]):
+    # routing (amtool prints the receiver names): a critical tier that requests a fuse reaches the
+    # fuse and the people; a warning the people only; severity alone reaches nothing but the people
+    crit = ["alertname=GPUMemoryUtilizationHigh", "severity=critical", "fusebox=multimodal-inference",
+            "fuse_action=freeze_admissions"]
+    for labels, receivers in ((crit, "fusebox-fuse,oncall"),
+                              (["alertname=KVCacheGrowthRateHigh", "severity=warning", "fusebox=multimodal-inference"], "oncall"),
+                              (["alertname=GPUMemoryUtilizationHigh", "severity=critical"], "oncall"),
+                              (["alertname=Other"], "oncall")):
         r = _run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels])
-        assert r.returncode == 0 and r.stdout.strip() == "fusebox-fuse,oncall", r.stdout + r.stderr
-    # an alert with no severity still reaches people
-    r = _run([amtool, "config", "routes", "test", f"--config.file={cfg}", "alertname=Other"])
-    assert r.stdout.strip() == "oncall", r.stdout + r.stderr
+        assert r.returncode == 0 and r.stdout.strip() == receivers, (labels, r.stdout + r.stderr)
 
 
 def test_fusebox_check_cli_runs_all_tools(generated):

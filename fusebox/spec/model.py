@@ -110,8 +110,8 @@ class RawAction(_Strict):
 
 class RawFuse(_Strict):
     receiver: str = "fusebox-fuse"
-    # Alertmanager receiver for people (your pager), as Alertmanager spells it; every alert
-    # reaches it too. Without configs it is a named placeholder that notifies nobody.
+    # Alertmanager receiver for people (your pager), as Alertmanager spells it; every fusebox
+    # alert reaches it. Without configs it names a receiver of the config merged into, or notifies nobody.
     human_receiver: dict[str, Any] = {"name": "oncall"}
     webhook_url: str
     credentials_file: str
@@ -360,6 +360,10 @@ class _Normaliser:
         for k, v in list(g.selector.items()) + list(g.labels.items()):
             if not _LABEL.match(k):
                 self.err(("global",), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
+        if C.LABEL["marker"] in g.labels:  # Alertmanager routes to the fuse on it: fusebox alone sets it
+            self.err(("global", "labels", C.LABEL["marker"]), f"label {C.LABEL['marker']!r} is set by fusebox on every alert "
+                     "(valued with metadata.name)", "remove it from global.labels; rename metadata.name to change its value",
+                     key=True)
         hr = r.fuse.human_receiver
         if not isinstance(hr.get("name"), str) or not hr.get("name"):
             self.err(("fuse", "human_receiver"), "human_receiver needs a 'name'",
