@@ -87,12 +87,20 @@ def _strict(schema: Any) -> Any:
 _CRD_CACHE: dict[tuple[str, str], Any] = {}
 
 
+class _CRDLoader(yaml.SafeLoader):
+    """The CRDs write matchType's enum as a plain `=`, which YAML 1.1 (PyYAML) tags as the "value"
+    type; Kubernetes reads YAML 1.2, where it is the string "="."""
+
+
+_CRDLoader.add_constructor("tag:yaml.org,2002:value", yaml.SafeLoader.construct_yaml_str)
+
+
 def _crd_schema(kind: str, version: str) -> Any:
     if (kind, version) not in _CRD_CACHE:
         folder = tools_dir() / f"prometheus-operator-crds-{OPERATOR_VERSION}"
         path = Path(need(str(folder / f"monitoring.coreos.com_{CRD_PLURAL[kind]}.yaml"),
                          "run `make tools` (tools/build-operator-crds.sh fetches them with Go)"))
-        crd = yaml.safe_load(path.read_text())
+        crd = yaml.load(path.read_text(), Loader=_CRDLoader)
         assert crd["spec"]["names"]["kind"] == kind
         (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
         _CRD_CACHE[kind, version] = _strict(v["schema"]["openAPIV3Schema"])
