@@ -21,6 +21,7 @@ without the answer's text, which stays in the audit row's ``detail`` (``error``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -146,9 +147,11 @@ class FuseService:
 
         Raises:
             Unavailable: the state could not be persisted (nothing changed).
+            Exception: anything else that failed (nothing changed either: the breaker is set back to
+                the committed state and the store's transaction rolled back).
         """
         received = self.clock() if received is None else received
-        with self._lock:
+        with self._lock, self._all_or_nothing():
             now = self.clock()
             decisions, outcomes = self.breaker.on_notification(note, now)
             refused = [o for o in outcomes if o.result in _REFUSED]
@@ -165,7 +168,7 @@ class FuseService:
         return {"decisions": ids, "alerts": counts}
 
     def tick(self) -> list[dict]:
-        with self._lock:
+        with self._lock, self._all_or_nothing():
             now = self.clock()
             decisions = self.breaker.tick(now)
             return self._commit(decisions, now, bool(decisions))
@@ -177,7 +180,7 @@ class FuseService:
 
         Raises OverrideError (bad input), ScopeNotFound (not exactly a known scope; both change
         nothing) or Unavailable."""
-        with self._lock:
+        with self._lock, self._all_or_nothing():
             now = self.clock()
             decisions = self.breaker.override(scope, level, mode, reason, duration_s, now, fleet=fleet,
                                                new_scope=new_scope)
@@ -198,6 +201,19 @@ class FuseService:
                 "pending_actions": self.store.pending_count()}
 
     # ------------------------------------------------------------------ machinery
+    @contextlib.contextmanager
+    def _all_or_nothing(self):
+        """Run one change (under the lock): when anything in it fails (the store, a value it cannot
+        bind, a bug), the breaker is set back to the last committed snapshot, which is what the
+        store holds (its transaction rolls back), and the error goes on to the caller. The next
+        request then starts from a consistent state, in memory and on disk."""
+        try:
+            yield
+        except BaseException:
+            self.breaker = Breaker(self.rules, self.hold_s, max_scopes=self.max_scopes)
+            self.breaker.restore(self._committed)
+            raise
+
     def _commit(self, decisions: list[Decision], received: float, changed: bool, extra_audit=()) -> list[dict]:
         if not changed:
             return []
@@ -216,10 +232,8 @@ class FuseService:
         snap = self.breaker.snapshot()
         try:
             self.store.commit(snap, rows, audit)
-        except StoreError as e:
+        except StoreError as e:  # the breaker is set back by _all_or_nothing
             log.error("state not persisted, change dropped: %s", e)
-            self.breaker = Breaker(self.rules, self.hold_s, max_scopes=self.max_scopes)
-            self.breaker.restore(self._committed)  # back to what is on disk
             raise Unavailable(str(e)) from e
         self._committed = snap
         for d in decisions:
