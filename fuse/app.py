@@ -378,7 +378,8 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
 
     @app.get("/", response_class=HTMLResponse, responses={401: {"description": "no or wrong token"}})
     def status_page(_: Annotated[str, Depends(reader_token)]):
-        """Read-only status: scopes, levels, alerts holding them, last decisions."""
+        """Read-only status: scopes, levels, alerts holding them, last decisions, the last notification
+        Alertmanager truncated."""
         return render_status(service.state(), service.store.audit_log(STATUS_DECISIONS))
 
     return app
@@ -430,7 +431,15 @@ def render_status(state: dict, audit: list[dict]) -> str:
     decisions = [{"at": _ts(a["at"]), "kind": _clip(a["kind"]), "scope": _clip(a["scope_key"]),
                   "level": a["level"] or "", "action": _clip(a["action"]), "source": _clip(a["source"]),
                   "reason": _clip(a["reason"])} for a in audit[:STATUS_DECISIONS]]
+    cut = state.get("truncated") or {}
+    last = cut.get("last")
+    truncated = None
+    if last:
+        truncated = {"at": _ts(last["at"]), "left_out": last["truncated_alerts"], "sent": last["alerts"],
+                     "group": _clip(last["group_key"]), "notifications": cut.get("notifications", 0),
+                     "alerts": cut.get("alerts", 0)}
     return _template().render(
+        truncated=truncated,
         tripped=[(_clip(k), v) for k, v in tripped[:STATUS_TRIPPED_IN_SUMMARY]],
         tripped_more=max(0, len(tripped) - STATUS_TRIPPED_IN_SUMMARY),
         rows=rows, rows_more=total - len(rows), decisions=decisions,

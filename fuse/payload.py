@@ -208,8 +208,12 @@ def parse_payload(body: bytes | str | dict, now: float) -> Notification:
         if not isinstance(fp, str) or not fp:
             fp = fingerprint(labels)
         out.append(AlertEvent(status, labels, fp, starts, ends))
+    group_key, receiver = str(data.get("groupKey", "")), str(data.get("receiver") or "")
+    for name, text in (("groupKey", group_key), ("receiver", receiver)):
+        if not storable(text):
+            raise PayloadError(f"'{name}' is {NOT_STORABLE}")
     return Notification(
         version=str(data.get("version", "")), status=str(group_status or ""),
-        group_key=str(data.get("groupKey", "")), receiver=str(data.get("receiver", "")),
+        group_key=group_key, receiver=receiver,
         truncated_alerts=truncated, alerts=tuple(out),
     )

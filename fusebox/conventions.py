@@ -185,6 +185,9 @@ FUSE_METRICS = {
     "transitions": "fusebox_fuse_transitions_total",  # counter {action, state, source}
     "notifications": "fusebox_fuse_notifications_total",  # counter {outcome}
     "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification
+    # counter: alerts Alertmanager left out of notifications (the payload's truncatedAlerts, past
+    # the webhook's max_alerts); they neither trip nor release anything
+    "truncated_alerts": "fusebox_fuse_truncated_alerts_total",
     "action_failures": "fusebox_fuse_action_failures_total",  # counter {adapter}: failed attempts
     "actions_given_up": "fusebox_fuse_actions_given_up_total",  # counter {adapter, reason}: audited as failed
     "oldest_pending_age": "fusebox_fuse_oldest_pending_action_age_seconds",  # gauge: 0 when none pending
