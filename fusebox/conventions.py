@@ -260,6 +260,9 @@ OTEL_SELF = {
     "scrape_errors": ("fusebox.collector.scrape.errors", "{error}", "counter"),
     # engine /metrics scrapes refused at a limit: reason body_too_large, decompressed_too_large, deadline
     "scrape_refused": ("fusebox.collector.scrape.refused", "{scrape}", "counter"),
+    # GPU collection rounds that failed for a device, per hw.id, hw.gpu.index and reason: the NVML
+    # error's name in snake case (NVML_ERROR_GPU_IS_LOST -> gpu_is_lost), "unexpected" for others
+    "gpu_errors": ("fusebox.collector.gpu.errors", "{error}", "counter"),
 }
 PROM_SELF = {key: otel_to_prometheus(*v) for key, v in OTEL_SELF.items()}
 
