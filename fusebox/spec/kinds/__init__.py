@@ -49,5 +49,5 @@ def lost_gpu_fuses(spec: Any) -> tuple[str, ...]:
     """
     if not reports_lost_gpus(spec):
         return ()
-    names = {t.fuse for s in spec.signals if s.level == "gpu" for t in s.tiers if t.fuse}
+    names = {t.fuse for s in spec.signals if s.level == "gpu" for t in s.tiers if t.fuse and t.fuse in spec.actions}
     return tuple(sorted(names, key=lambda n: (spec.actions[n].level, n)))
