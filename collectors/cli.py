@@ -235,6 +235,7 @@ def cmd_gpu(args) -> int:
 
     def one_round() -> None:
         pipe.set_readings(col.collect())
+        pipe.set_gpu_errors(col.error_readings())
         if args.replay:
             nvml.advance()
 

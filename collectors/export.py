@@ -294,7 +294,7 @@ class Pipeline:
             create(name, callbacks=[make_cb(key)], unit=unit, description=_DESCRIPTIONS.get(key, ""))
         # self-metrics: dropped export batches and endpoint errors
         self._self_counts: dict[tuple[str, tuple], float] = {}
-        for skey in ("export_dropped", "scrape_errors", "scrape_refused", "kv_incomplete"):
+        for skey in ("export_dropped", "scrape_errors", "scrape_refused", "kv_incomplete", "gpu_errors"):
             name, unit, _kind = C.OTEL_SELF[skey]
             self.meter.create_observable_counter(name, callbacks=[self._self_cb(skey)], unit=unit,
                                                  description=_DESCRIPTIONS.get(skey, ""))
@@ -327,6 +327,11 @@ class Pipeline:
         """Incomplete KV rounds by engine and reason, e.g. :meth:`KvCollector.incomplete_readings`."""
         for attrs, n in items:
             self._self_counts[("kv_incomplete", tuple(sorted(attrs.items())))] = n
+
+    def set_gpu_errors(self, items: Iterable[tuple[dict, int]]) -> None:
+        """GPU collection-error counts by GPU and reason, from :meth:`GpuCollector.error_readings`."""
+        for attrs, n in items:
+            self._self_counts[("gpu_errors", tuple(sorted(attrs.items())))] = n
 
     def set_readings(self, readings: Sequence[Reading]) -> None:
         """Replace the current readings (grouped by key). Keys not in ``keys`` raise KeyError."""
@@ -379,6 +384,7 @@ _DESCRIPTIONS = {
     "scrape_errors": "Engine /metrics fetches that failed, by endpoint and reason",
     "scrape_refused": "Engine /metrics fetches refused at a cap or the deadline, by endpoint and reason",
     "kv_incomplete": "KV rounds with incomplete output, by engine and reason (no_gpu: no hw_id; no_capacity: no pool size)",
+    "gpu_errors": "GPU collection rounds that failed for a device (NVML error), by GPU and reason",
 }
 
 

@@ -19,6 +19,11 @@ Per GPU and per MIG instance it reports (OTel name, unit; Prometheus name after 
 * ``fusebox.gpu.up`` (1): 1 while NVML answers for the device, 0 when it is lost or errors;
   a down device drops every other series until it answers again.
 
+Each round that fails for a device is counted (:meth:`GpuCollector.error_readings`, exported as
+``fusebox.collector.gpu.errors``) with the device's ``hw.id`` and ``hw.gpu.index`` and a ``reason``:
+the NVML error's name in snake case (``NVML_ERROR_GPU_IS_LOST`` -> ``gpu_is_lost``), ``unexpected``
+for an exception that is not an NVML error (a broken binding).
+
 MIG instances have no utilization, PCIe or power of their own (NVML says NOT_SUPPORTED);
 those series are simply absent for them. Compute instances that share a GPU instance report
 the same (shared) memory, as nvidia-smi does. A GPU in MIG mode exports no
@@ -31,9 +36,11 @@ parent keeps ``fusebox.gpu.up``, the reserved memory and its board-level series
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from fusebox import conventions as C
 
@@ -93,6 +100,7 @@ class _Device:
     pcie_bytes_per_s: float | None = None
     up: bool = True
     last_error: str = ""
+    last_reason: str = ""  # the reason label of last_error (error_readings)
     io_total: dict[str, float] = field(default_factory=lambda: {"transmit": 0.0, "receive": 0.0})
 
     def attrs(self) -> dict[str, str]:
@@ -126,7 +134,8 @@ class GpuCollector:
         self.devices: list[_Device] = []
         self._opened = False
         self._last_t: float | None = None
-        self.errors = 0
+        self.errors = 0  # failed device rounds, all GPUs
+        self.error_counts: Counter = Counter()  # (hw.id, hw.gpu.index, reason) -> failed rounds
 
     # -- setup -------------------------------------------------------------------------
     def open(self) -> "GpuCollector":
@@ -146,7 +155,8 @@ class GpuCollector:
                 dev = _Device(h, _s(nv.nvmlDeviceGetUUID(h)), str(i), _s(nv.nvmlDeviceGetName(h)))
             except nv.NVMLError as e:
                 # keep a placeholder so the index is reported down rather than vanishing
-                self.devices.append(_Device(None, f"unknown-gpu-{i}", str(i), "", up=False, last_error=str(e)))
+                self.devices.append(_Device(None, f"unknown-gpu-{i}", str(i), "", up=False, last_error=str(e),
+                                            last_reason=error_reason(nv, e)))
                 continue
             dev.pcie_bytes_per_s = self._link_bandwidth(h)
             self.devices.append(dev)
@@ -223,6 +233,8 @@ class GpuCollector:
         nv = self.nvml
         attrs = dev.attrs()
         if dev.handle is None:
+            self.errors += 1
+            self.error_counts[(dev.uuid, dev.index, dev.last_reason or "unexpected")] += 1
             return [Reading("gpu_up", 0.0, attrs)]
         try:
             mem = nv.nvmlDeviceGetMemoryInfo(dev.handle, version=nv.nvmlMemory_v2)
@@ -279,8 +291,36 @@ class GpuCollector:
 
     def _down(self, dev: _Device, attrs: dict, e: Exception) -> list[Reading]:
         self.errors += 1
-        dev.up, dev.last_error = False, str(e) or type(e).__name__
+        dev.up, dev.last_error, dev.last_reason = False, str(e) or type(e).__name__, error_reason(self.nvml, e)
+        self.error_counts[(dev.uuid, dev.index, dev.last_reason)] += 1
         return [Reading("gpu_up", 0.0, attrs)]
+
+    def error_readings(self) -> Iterable[tuple[dict, int]]:
+        """``({hw.id, hw.gpu.index, reason}, failed rounds)`` per GPU and reason, since start (a
+        counter: a GPU that is back keeps its count)."""
+        for (uuid, index, reason), n in sorted(self.error_counts.items()):
+            yield {A["gpu_id"]: uuid, A["gpu_index"]: index, A["reason"]: reason}, n
+
+
+def error_reason(nv: Any, e: Exception) -> str:
+    """The ``reason`` label of a failed NVML call: the error's name in snake case.
+
+    nvidia-ml-py raises a subclass per code (``NVMLError_GpuIsLost`` for NVML_ERROR_GPU_IS_LOST ->
+    ``gpu_is_lost``; an unknown code is ``NVMLError_Unknown`` -> ``unknown``); a module without those
+    subclasses is looked up by code among its ``NVML_ERROR_*`` constants; anything that is not an
+    NVML error is ``unexpected``.
+    """
+    error_cls = getattr(nv, "NVMLError", None)
+    if not (isinstance(error_cls, type) and isinstance(e, error_cls)):
+        return "unexpected"
+    name = type(e).__name__
+    if name.startswith("NVMLError_"):
+        return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name.removeprefix("NVMLError_")).lower()
+    code = _code(nv, e)
+    for attr in dir(nv):
+        if attr.startswith("NVML_ERROR_") and getattr(nv, attr) == code:
+            return attr.removeprefix("NVML_ERROR_").lower()
+    return "nvml_error"
 
 
 def _code(nv: Any, e: Exception) -> int | None:

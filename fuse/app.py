@@ -39,11 +39,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.exceptions import HTTPException
 
 from .breaker import OverrideError, ScopeNotFound
-from .payload import PayloadError, parse_payload
+from .payload import NOT_STORABLE, PayloadError, parse_payload, storable
 from .service import FuseService, Unavailable
 from .tokens import Tokens, TokenFiles, match
 
@@ -65,7 +65,18 @@ STATUS_ALERTS_PER_ROW = 5
 STATUS_TRIPPED_IN_SUMMARY = 10
 STATUS_CELL_CHARS = 200
 
-LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE)]
+
+
+def _storable(text: str) -> str:
+    if not storable(text):
+        raise ValueError(f"is {NOT_STORABLE}")
+    return text
+
+
+# Text the fuse stores or answers: no lone surrogate (JSON's "\udfff"), whatever pydantic's own
+# str validation lets through (it differs between pydantic-core versions).
+Text = Annotated[str, AfterValidator(_storable)]
+LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE), AfterValidator(_storable)]
 
 
 class Alert(BaseModel):
@@ -73,12 +84,12 @@ class Alert(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     status: Optional[Literal["firing", "resolved"]] = Field(None, description="absent: derived from endsAt")
-    labels: dict[str, LabelValue] = Field(description=f"label values at most {MAX_LABEL_VALUE} characters")
+    labels: dict[Text, LabelValue] = Field(description=f"strings; values at most {MAX_LABEL_VALUE} characters")
     annotations: dict[str, str] = {}
     startsAt: str = Field(description="RFC 3339")
     endsAt: Optional[str] = Field(None, description="RFC 3339; Go's zero time or absent: no end known")
     generatorURL: Optional[str] = None
-    fingerprint: Optional[Annotated[str, StringConstraints(max_length=MAX_FINGERPRINT)]] = Field(
+    fingerprint: Optional[Annotated[Text, StringConstraints(max_length=MAX_FINGERPRINT)]] = Field(
         None, description="absent: computed from the labels as Alertmanager does")
 
 
@@ -109,11 +120,11 @@ class OverrideRequest(BaseModel):
     """
 
     model_config = ConfigDict(extra="ignore", strict=True)
-    scope: dict[str, LabelValue] = Field(description="scope labels (cluster, host_name, instance, hw_id, engine)")
+    scope: dict[Text, LabelValue] = Field(description="scope labels (cluster, host_name, instance, hw_id, engine)")
     level: int = Field(ge=1, le=99, description="the spec's fuse level: 1 freeze_admissions, 2 text_only_fallback, "
                                                 "3 kv_cache_eviction")
     mode: Literal["trip", "release"]
-    reason: str = Field(min_length=1, max_length=1000, description="why, for the audit log")
+    reason: Text = Field(min_length=1, max_length=1000, description="why, for the audit log")
     expires_in_s: float = Field(gt=0, le=MAX_OVERRIDE_S, description="seconds until the override ends (required)")
     fleet: bool = Field(False, description='true, with "scope": {}, to override every scope of the fleet at once')
     new_scope: bool = Field(False, description="true to trip a scope that is part of a known one as a scope of its own")
@@ -129,9 +140,14 @@ def _validation_problem(e: ValidationError | RequestValidationError) -> JSONResp
     if kind == "json_invalid":
         return _problem(400, f"body is not JSON: {err.get('ctx', {}).get('error', 'decode error')}", "body")
     loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    name = loc[-1:] == ["[key]"]  # a label name (a key of the object): the object is the field
+    if name:
+        loc = loc[:-2]
     field = ".".join(loc) or "body"
     if kind == "missing":
         msg = f"{field} is required"
+    elif kind == "value_error":  # ours (AfterValidator): the message is written for this answer
+        msg = f"{field}{': a label name' if name else ''} {err.get('ctx', {}).get('error', 'is invalid')}"
     else:
         text = re.sub(r"^(Input|String|Value|Dictionary|List) should", "must", err.get("msg", "is invalid"))
         text = text.replace("a valid dictionary", "a JSON object")
@@ -143,10 +159,15 @@ def _validation_problem(e: ValidationError | RequestValidationError) -> JSONResp
 
 
 def _problem(code: int, msg: str, field: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
-    body = {"status": "error", "error": msg}
+    # The answer must encode whatever the request held: a lone surrogate quoted back is escaped.
+    body = {"status": "error", "error": _encodable(msg)}
     if field is not None:
-        body["field"] = field
+        body["field"] = _encodable(field)
     return JSONResponse(body, status_code=code, headers=headers)
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class _Denied(Exception):
@@ -357,7 +378,8 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
 
     @app.get("/", response_class=HTMLResponse, responses={401: {"description": "no or wrong token"}})
     def status_page(_: Annotated[str, Depends(reader_token)]):
-        """Read-only status: scopes, levels, alerts holding them, last decisions."""
+        """Read-only status: scopes, levels, alerts holding them, last decisions, the last notification
+        Alertmanager truncated."""
         return render_status(service.state(), service.store.audit_log(STATUS_DECISIONS))
 
     return app
@@ -409,7 +431,15 @@ def render_status(state: dict, audit: list[dict]) -> str:
     decisions = [{"at": _ts(a["at"]), "kind": _clip(a["kind"]), "scope": _clip(a["scope_key"]),
                   "level": a["level"] or "", "action": _clip(a["action"]), "source": _clip(a["source"]),
                   "reason": _clip(a["reason"])} for a in audit[:STATUS_DECISIONS]]
+    cut = state.get("truncated") or {}
+    last = cut.get("last")
+    truncated = None
+    if last:
+        truncated = {"at": _ts(last["at"]), "left_out": last["truncated_alerts"], "sent": last["alerts"],
+                     "group": _clip(last["group_key"]), "notifications": cut.get("notifications", 0),
+                     "alerts": cut.get("alerts", 0)}
     return _template().render(
+        truncated=truncated,
         tripped=[(_clip(k), v) for k, v in tripped[:STATUS_TRIPPED_IN_SUMMARY]],
         tripped_more=max(0, len(tripped) - STATUS_TRIPPED_IN_SUMMARY),
         rows=rows, rows_more=total - len(rows), decisions=decisions,

@@ -31,7 +31,7 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Optional
 
-from .payload import AlertEvent, Notification
+from .payload import NOT_STORABLE, AlertEvent, Notification, storable
 from fusebox.conventions import SCOPE_LABELS
 
 from .rules import FuseRules, Refusal, scope_key, scope_of
@@ -177,7 +177,9 @@ class Breaker:
         Raises:
             ScopeNotFound: the scope is not exactly a known one (see above); nothing changed.
             OverrideError: unknown level, mode, a duration <= 0, an unknown scope label, an empty
-                label value, an empty scope without ``fleet`` or ``fleet`` with labels.
+                label value, a label or reason that is not storable text (a lone surrogate:
+                :func:`~fusebox.fuse.payload.storable`), an empty scope without ``fleet`` or
+                ``fleet`` with labels.
         """
         if level not in self.rules.levels:
             raise OverrideError(f"unknown fuse level {level}; the spec has {sorted(self.rules.levels)}", "level")
@@ -185,6 +187,8 @@ class Breaker:
             raise OverrideError("mode must be 'trip' or 'release'", "mode")
         if not duration_s or duration_s <= 0:
             raise OverrideError("expires_in_s must be > 0", "expires_in_s")
+        if not isinstance(reason, str) or not storable(reason):
+            raise OverrideError(f"reason is {NOT_STORABLE if isinstance(reason, str) else 'not a string'}", "reason")
         _check_scope(scope, fleet)
         scope = scope_of(scope)
         key = scope_key(scope)
@@ -241,8 +245,11 @@ class Breaker:
         }
 
     def restore(self, snap: dict) -> None:
+        """Take back a :meth:`snapshot`. The breaker keeps its own copy: changing it later never
+        changes ``snap`` (the service restores from the same committed snapshot after a failure)."""
         if not snap:
             return
+        snap = copy.deepcopy(snap)
         # Keys are recomputed from the labels: snapshots written before values were escaped
         # (fusebox < escaping) carry ambiguous keys.
         self.scopes = {
@@ -362,6 +369,12 @@ class Breaker:
 def _check_scope(scope: dict, fleet: bool) -> None:
     known = ", ".join(SCOPE_LABELS)
     for k, v in scope.items():
+        if not isinstance(k, str) or not storable(k):
+            raise OverrideError(f"a scope label name is {NOT_STORABLE}; scope labels are {known}", "scope")
+        if not isinstance(v, str):
+            raise OverrideError(f"scope label {k!r}: values are strings", f"scope.{k}")
+        if not storable(v):
+            raise OverrideError(f"scope label {k!r}: the value is {NOT_STORABLE}", f"scope.{k}")
         if k not in SCOPE_LABELS:
             raise OverrideError(f"unknown scope label {k!r}; scope labels are {known}", f"scope.{k}")
         if not v:

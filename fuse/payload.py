@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "load_json", "fingerprint", "parse_time"]
+__all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "load_json", "fingerprint", "parse_time",
+           "storable", "NOT_STORABLE"]
 
 # Alertmanager's model.SeparatorByte and FNV-1a 64 (prometheus/common model/signature.go).
 _SEP = b"\xff"
@@ -91,12 +92,54 @@ def parse_time(value: Any, where: str) -> float | None:
     return t.timestamp()
 
 
+# Why a string is refused by :func:`storable`, for error messages.
+NOT_STORABLE = "not valid Unicode text (it holds a lone surrogate such as \\udfff, which UTF-8 cannot encode)"
+
+
+def storable(text: str) -> bool:
+    """Whether ``text`` can be stored and answered: encodable as UTF-8, i.e. no lone surrogate.
+
+    JSON may carry ``"\\udfff"``, which Python decodes to a lone surrogate; SQLite, the status page
+    and JSON answers then fail with UnicodeEncodeError, so such text is refused at the door.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's type in JSON's words (for messages)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
 def _str_dict(value: Any, where: str) -> dict[str, str]:
+    """Labels: an object whose names and values are strings (Alertmanager's model.LabelSet). A value
+    that is not a string is refused, never stringified: ``{"a": [1, 2]}`` would otherwise become the
+    scope ``hw_id="{'a': [1, 2]}"``."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise PayloadError(f"{where}: expected an object of strings")
-    return {str(k): str(v) for k, v in value.items()}
+    for k, v in value.items():
+        if not isinstance(k, str) or not storable(k):
+            raise PayloadError(f"{where}: a label name is {NOT_STORABLE if isinstance(k, str) else _kind(k)}")
+        if not isinstance(v, str):
+            raise PayloadError(f"{where}.{k}: label values are strings (as Alertmanager sends them), got {_kind(v)}")
+        if not storable(v):
+            raise PayloadError(f"{where}.{k}: the value is {NOT_STORABLE}")
+    return dict(value)
 
 
 def load_json(body: bytes | str) -> Any:
@@ -123,7 +166,8 @@ def parse_payload(body: bytes | str | dict, now: float) -> Notification:
 
     Raises:
         PayloadError: malformed or too deeply nested JSON, no ``alerts`` list, an alert without labels, alertname or
-            startsAt, or an unknown status.
+            startsAt, a label value that is not a string, text with a lone surrogate (:func:`storable`), or an
+            unknown status.
     """
     if isinstance(body, (bytes, str)):
         data = load_json(body)
@@ -159,11 +203,17 @@ def parse_payload(body: bytes | str | dict, now: float) -> Notification:
         if status not in ("firing", "resolved"):
             raise PayloadError(f"{where}.status must be 'firing' or 'resolved', got {status!r}")
         fp = a.get("fingerprint")
+        if isinstance(fp, str) and not storable(fp):
+            raise PayloadError(f"{where}.fingerprint: {NOT_STORABLE}")
         if not isinstance(fp, str) or not fp:
             fp = fingerprint(labels)
         out.append(AlertEvent(status, labels, fp, starts, ends))
+    group_key, receiver = str(data.get("groupKey", "")), str(data.get("receiver") or "")
+    for name, text in (("groupKey", group_key), ("receiver", receiver)):
+        if not storable(text):
+            raise PayloadError(f"'{name}' is {NOT_STORABLE}")
     return Notification(
         version=str(data.get("version", "")), status=str(group_status or ""),
-        group_key=str(data.get("groupKey", "")), receiver=str(data.get("receiver", "")),
+        group_key=group_key, receiver=receiver,
         truncated_alerts=truncated, alerts=tuple(out),
     )

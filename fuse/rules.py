@@ -7,7 +7,8 @@ without those labels (a hand-written rule, a relabelled route) is resolved throu
 ``fuse_level`` label that disagrees with it is ignored.
 
 Only what the spec generates is trusted (issue 14): a ``fuse_action`` label counts only on an alert
-whose (``alertname``, action) pair is one of the spec's tiers; any other alert that asks for a fuse
+whose (``alertname``, action) pair is one of the spec's tiers, or ``FuseboxGPUDown`` with the action
+of a GPU-level signal (a lost GPU holds the fuse it had); any other alert that asks for a fuse
 is refused with a reason (audited by the service). An alert without any scope label would trip the
 empty scope, i.e. the whole fleet: refused unless the spec says ``fuse.allow_fleet_wide_alerts``.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
 from fusebox import conventions as C
+from fusebox.spec.kinds import lost_gpu_fuses
 
 __all__ = ["Target", "Refusal", "FuseRules", "scope_of", "scope_key"]
 
@@ -81,8 +83,9 @@ class FuseRules:
     def from_spec(cls, spec) -> "FuseRules":
         """From a :class:`fusebox.spec.Spec`: spec.actions, each tier's ``fuse``,
         ``fuse.allow_fleet_wide_alerts``, and the trusted pairs: (alert, ``fuse_action``) of every
-        tier that requests a fuse -- the pairs the generated alerting rules carry (the rule
-        renderer puts ``fuse_action: <tier.fuse>`` on exactly those; a test compares the two).
+        tier that requests a fuse, and (``FuseboxGPUDown``, action) for each action of
+        :func:`fusebox.spec.kinds.lost_gpu_fuses` -- the pairs the generated alerting rules carry
+        (the rule renderer puts ``fuse_action`` on exactly those; a test compares the two).
         """
         actions = {name: a.level for name, a in spec.actions.items()}
         by_alert = {}
@@ -91,6 +94,8 @@ class FuseRules:
                 if t.fuse:
                     by_alert[(s.alert, t.severity)] = t.fuse
         trusted = [(s.alert, t.fuse) for s in spec.signals for t in s.tiers if t.fuse]
+        # A lost GPU holds the fuse of the signals it silences (the GPU-down rules carry these actions).
+        trusted += [(C.GPU_DOWN_ALERT, action) for action in lost_gpu_fuses(spec)]
         return cls(actions, by_alert, allow_fleet_wide=bool(getattr(spec, "allow_fleet_wide_alerts", False)),
                    trusted=trusted)
 

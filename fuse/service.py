@@ -21,6 +21,7 @@ without the answer's text, which stays in the audit row's ``detail`` (``error``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -61,6 +62,9 @@ class _Metrics:
         self.notifications = Counter(M["notifications"].removesuffix("_total"), "Webhook notifications by outcome.",
                                      ["outcome"], registry=r)
         self.alerts = Counter(M["alerts"].removesuffix("_total"), "Alerts in notifications by result.", ["result"], registry=r)
+        self.truncated = Counter(M["truncated_alerts"].removesuffix("_total"),
+                                 "Alerts Alertmanager left out of notifications (truncatedAlerts, webhook max_alerts).",
+                                 registry=r)
         self.failures = Counter(M["action_failures"].removesuffix("_total"),
                                 "Failed action attempts (retried or given up).", ["adapter"], registry=r)
         self.given_up = Counter(M["actions_given_up"].removesuffix("_total"),
@@ -108,6 +112,8 @@ class FuseService:
         self.breaker = Breaker(rules, hold_s, max_scopes=max_scopes)
         self._committed = store.snapshot() or {}
         self.breaker.restore(self._committed)
+        last = store.audit_log(1, kinds=("truncated",))
+        self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
         self._wakes = {name: threading.Event() for name in self.adapters}
         self._stop = threading.Event()
@@ -146,18 +152,29 @@ class FuseService:
 
         Raises:
             Unavailable: the state could not be persisted (nothing changed).
+            Exception: anything else that failed (nothing changed either: the breaker is set back to
+                the committed state and the store's transaction rolled back).
         """
         received = self.clock() if received is None else received
-        with self._lock:
+        cut = note.truncated_alerts
+        with self._lock, self._all_or_nothing():
             now = self.clock()
             decisions, outcomes = self.breaker.on_notification(note, now)
             refused = [o for o in outcomes if o.result in _REFUSED]
             audit = [{"at": now, "kind": "ignored", "source": "alert", "reason": o.reason[:1000],
                       "detail": {"result": o.result, "fingerprint": o.fingerprint[:64]}} for o in refused]
-            changed = bool(decisions) or bool(refused) or any(o.result in _CHANGED for o in outcomes)
-            ids = self._commit(decisions, received, changed, audit)
+            if cut:
+                audit.append(_truncated_row(note, now))
+            changed = bool(decisions) or bool(refused) or bool(cut) or any(o.result in _CHANGED for o in outcomes)
+            ids = self._commit(decisions, received, changed, audit, {"truncated_alerts": cut} if cut else {})
+            if cut:
+                self.metrics.truncated.inc(cut)
+                self._truncated = {"notifications": self._truncated["notifications"] + 1,
+                                   "alerts": self._truncated["alerts"] + cut, "last": _truncated_view(audit[-1])}
         for o in refused:
             log.warning("%s", o.reason)
+        if cut:
+            log.warning("%s", audit[-1]["reason"])
         counts: dict[str, int] = {}
         for o in outcomes:
             counts[o.result] = counts.get(o.result, 0) + 1
@@ -165,7 +182,7 @@ class FuseService:
         return {"decisions": ids, "alerts": counts}
 
     def tick(self) -> list[dict]:
-        with self._lock:
+        with self._lock, self._all_or_nothing():
             now = self.clock()
             decisions = self.breaker.tick(now)
             return self._commit(decisions, now, bool(decisions))
@@ -177,7 +194,7 @@ class FuseService:
 
         Raises OverrideError (bad input), ScopeNotFound (not exactly a known scope; both change
         nothing) or Unavailable."""
-        with self._lock:
+        with self._lock, self._all_or_nothing():
             now = self.clock()
             decisions = self.breaker.override(scope, level, mode, reason, duration_s, now, fleet=fleet,
                                                new_scope=new_scope)
@@ -191,14 +208,35 @@ class FuseService:
 
     # ------------------------------------------------------------------ queries
     def state(self) -> dict:
+        """``levels``, ``scopes`` (:meth:`Breaker.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
+        and ``truncated``: ``{"notifications", "alerts"}`` truncated since start and ``last``, the
+        newest ``truncated`` audit row (``{"at", "truncated_alerts", "alerts", "group_key"}``, kept
+        across restarts) or None."""
         with self._lock:
             levels = self.breaker.levels()
             scopes = self.breaker.view()
+            truncated = dict(self._truncated)
         return {"levels": levels, "scopes": scopes, "hold_s": self.hold_s, "dry_run": self.dry_run,
-                "pending_actions": self.store.pending_count()}
+                "pending_actions": self.store.pending_count(), "truncated": truncated}
 
     # ------------------------------------------------------------------ machinery
-    def _commit(self, decisions: list[Decision], received: float, changed: bool, extra_audit=()) -> list[dict]:
+    @contextlib.contextmanager
+    def _all_or_nothing(self):
+        """Run one change (under the lock): when anything in it fails (the store, a value it cannot
+        bind, a bug), the breaker is set back to the last committed snapshot, which is what the
+        store holds (its transaction rolls back), and the error goes on to the caller. The next
+        request then starts from a consistent state, in memory and on disk."""
+        try:
+            yield
+        except BaseException:
+            self.breaker = Breaker(self.rules, self.hold_s, max_scopes=self.max_scopes)
+            self.breaker.restore(self._committed)
+            raise
+
+    def _commit(self, decisions: list[Decision], received: float, changed: bool, extra_audit=(),
+                note_detail: Optional[dict] = None) -> list[dict]:
+        """Persist the breaker's state, one outbox row per decision and adapter that wants it, and the
+        audit rows (``extra_audit``, then one per decision, whose ``detail`` gets ``note_detail``)."""
         if not changed:
             return []
         out, rows, audit = [], [], list(extra_audit)
@@ -211,15 +249,13 @@ class FuseService:
                     rows.append((did, a.name, payload, received))
             audit.append({"at": d.at, "kind": d.kind, "decision_id": did, "scope_key": d.scope_key, "level": d.level,
                           "action": d.action, "source": d.source, "reason": d.reason,
-                          "detail": {"alerts": list(d.alerts), "scope": d.scope}})
+                          "detail": {"alerts": list(d.alerts), "scope": d.scope, **(note_detail or {})}})
             out.append({**payload, "source": d.source})
         snap = self.breaker.snapshot()
         try:
             self.store.commit(snap, rows, audit)
-        except StoreError as e:
+        except StoreError as e:  # the breaker is set back by _all_or_nothing
             log.error("state not persisted, change dropped: %s", e)
-            self.breaker = Breaker(self.rules, self.hold_s, max_scopes=self.max_scopes)
-            self.breaker.restore(self._committed)  # back to what is on disk
             raise Unavailable(str(e)) from e
         self._committed = snap
         for d in decisions:
@@ -372,6 +408,23 @@ def _labels(adapters) -> dict[str, str]:
         seen[base] = seen.get(base, 0) + 1
         out[a.name] = base if seen[base] == 1 else f"{base}#{seen[base]}"
     return out
+
+
+def _truncated_row(note: Notification, now: float) -> dict:
+    """The audit row of a notification Alertmanager truncated (``truncatedAlerts`` > 0)."""
+    cut, sent = note.truncated_alerts, len(note.alerts)
+    return {"at": now, "kind": "truncated", "source": "alert",
+            "reason": (f"Alertmanager left {cut} alert(s) out of this notification (webhook max_alerts) and sent "
+                       f"{sent}: those sent were applied; those left out neither trip nor release until a "
+                       "notification carries them"),
+            "detail": {"truncated_alerts": cut, "alerts": sent, "group_key": note.group_key[:500],
+                       "receiver": note.receiver[:200]}}
+
+
+def _truncated_view(row: dict) -> dict:
+    d = row["detail"]
+    return {"at": row["at"], "truncated_alerts": d["truncated_alerts"], "alerts": d["alerts"],
+            "group_key": d["group_key"]}
 
 
 def _key(scope: dict) -> str:

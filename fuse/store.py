@@ -93,6 +93,7 @@ class Store:
 
         Raises:
             StoreError: when SQLite cannot write; nothing of the change is kept.
+            UnicodeEncodeError: a text value SQLite cannot bind (a lone surrogate); nothing is kept.
         """
         with self._transaction():
             if snapshot is not None:
@@ -105,19 +106,25 @@ class Store:
 
     @contextlib.contextmanager
     def _transaction(self):
-        """One IMMEDIATE transaction under the lock; any SQLite error rolls back and becomes
-        StoreError, so nothing of a failed change is kept."""
+        """One IMMEDIATE transaction under the lock. Whatever fails inside it (an SQLite error, which
+        becomes StoreError, or any other exception, such as a value SQLite cannot bind, raised as is)
+        rolls it back in ``finally``: nothing of a failed change is kept, and no transaction is left
+        open to make the next one fail ("cannot start a transaction within a transaction")."""
         with self._lock:
+            done = False
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 yield
                 self._db.execute("COMMIT")
+                done = True
             except sqlite3.Error as e:
-                try:
-                    self._db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
                 raise StoreError(f"{self.path}: {e}") from e
+            finally:
+                if not done and self._db.in_transaction:
+                    try:
+                        self._db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        log.exception("%s: rollback failed", self.path)
 
     def _audit_rows(self, rows: Iterable[dict]) -> None:
         self._db.executemany(

@@ -186,6 +186,9 @@ FUSE_METRICS = {
     "transitions": "fusebox_fuse_transitions_total",  # counter {action, state, source}
     "notifications": "fusebox_fuse_notifications_total",  # counter {outcome}
     "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification
+    # counter: alerts Alertmanager left out of notifications (the payload's truncatedAlerts, past
+    # the webhook's max_alerts); they neither trip nor release anything
+    "truncated_alerts": "fusebox_fuse_truncated_alerts_total",
     "action_failures": "fusebox_fuse_action_failures_total",  # counter {adapter}: failed attempts
     "actions_given_up": "fusebox_fuse_actions_given_up_total",  # counter {adapter, reason}: audited as failed
     "oldest_pending_age": "fusebox_fuse_oldest_pending_action_age_seconds",  # gauge: 0 when none pending
@@ -271,6 +274,9 @@ OTEL_SELF = {
     # no hw_id and the GPU-memory signal cannot subtract the free KV pool), no_capacity (the
     # engine's /metrics gives no pool size, so no bytes at all, or usage without a limit)
     "kv_incomplete": ("fusebox.collector.kv.incomplete", "{round}", "counter"),
+    # GPU collection rounds that failed for a device, per hw.id, hw.gpu.index and reason: the NVML
+    # error's name in snake case (NVML_ERROR_GPU_IS_LOST -> gpu_is_lost), "unexpected" for others
+    "gpu_errors": ("fusebox.collector.gpu.errors", "{error}", "counter"),
 }
 PROM_SELF = {key: otel_to_prometheus(*v) for key, v in OTEL_SELF.items()}
 

@@ -30,9 +30,10 @@ from typing import Any
 from fusebox import conventions as C
 
 from fusebox.spec import Spec
+from fusebox.spec.kinds import lost_gpu_fuses
 from fusebox.spec.units import format_duration
 
-from .render_rules import absent_labels, alert_labels, gpu_down_labels, signal_raw_metrics
+from .render_rules import absent_labels, alert_labels, gpu_down_enabled, gpu_down_labels, signal_raw_metrics
 from .render_k8s import object_meta
 
 __all__ = ["Matcher", "Routing", "routing", "render_alertmanager", "render_fragment", "render_alertmanagerconfig",
@@ -279,8 +280,11 @@ def fusebox_cases(spec: Spec) -> list[dict[str, Any]]:
         metric = signal_raw_metrics(sig)[0]
         out.append({"name": f"{C.ABSENT_ALERT} tells the people only",
                     "labels": {"alertname": C.ABSENT_ALERT, **absent_labels(metric, [sig.name], spec)}, "receivers": human})
-    out.append({"name": f"{C.GPU_DOWN_ALERT} tells the people only",
-                "labels": {"alertname": C.GPU_DOWN_ALERT, **gpu_down_labels(spec)}, "receivers": human})
+    if gpu_down_enabled(spec):
+        for action in lost_gpu_fuses(spec) or (None,):  # the GPU-down alert holds the fuse of the signals it silences
+            out.append({"name": f"{C.GPU_DOWN_ALERT} " + (f"holds {action}: the fuse and the people" if action else "tells the people only"),
+                        "labels": {"alertname": C.GPU_DOWN_ALERT, **gpu_down_labels(spec, action)},
+                        "receivers": both if action else human})
     return out
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec import Signal, Spec, Tier
-from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, records
+from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, records, reports_lost_gpus
 from fusebox.spec.kinds.base import SENDER, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
 
@@ -185,7 +185,7 @@ def render_rules(spec: Spec) -> Rules:
             absent_rules.append(rule)
         groups.append({"name": f"{GROUP_PREFIX}-absent", "interval": interval, "rules": absent_rules})
     if gpu_down_enabled(spec):
-        groups.append({"name": f"{GROUP_PREFIX}-health", "interval": interval, "rules": [gpu_down_rule(spec)]})
+        groups.append({"name": f"{GROUP_PREFIX}-health", "interval": interval, "rules": gpu_down_rules(spec)})
     return Rules(groups=groups, raw_metrics=raw_metrics)
 
 
@@ -195,28 +195,43 @@ GPU_DOWN_FOR_S = 60.0
 def gpu_down_enabled(spec: Spec) -> bool:
     """Whether a signal reads a source that reports lost GPUs as fusebox_gpu_up 0 (the fusebox
     GPU collector does, dcgm-exporter does not)."""
-    return any(kind_of(s).reports_lost_gpus(s) for s in spec.signals)
+    return reports_lost_gpus(spec)
 
 
-def gpu_down_labels(spec: Spec) -> dict[str, str]:
-    return {**marker_labels(spec), C.LABEL["severity"]: "warning"}
+def gpu_down_labels(spec: Spec, action: str | None = None) -> dict[str, str]:
+    """The GPU-down rule's labels; with ``action`` (one of :func:`lost_gpu_fuses`), the fuse it requests."""
+    labels = {**marker_labels(spec), C.LABEL["severity"]: "warning"}
+    if action:
+        labels[C.LABEL["fuse_action"]] = action
+        labels[C.LABEL["fuse_level"]] = str(spec.actions[action].level)
+    return labels
 
 
 def gpu_down_annotations(spec: Spec) -> dict[str, str]:
+    fuses = lost_gpu_fuses(spec)
+    held = (f" It requests the fuse of the GPU-level signals it silences ({', '.join(fuses)}): that fuse stays "
+            "tripped while the GPU is down and is released after the hold time once it is back." if fuses else "")
     return {
         "summary": f"{C.GPU_DOWN_ALERT}: the GPU collector lost GPU {{{{ $labels.hw_id }}}} on {{{{ $labels.host_name }}}}",
         "description": ("NVML reports GPU {{ $labels.hw_id }} on {{ $labels.host_name }} as lost or failing "
                         f"for {format_duration(GPU_DOWN_FOR_S)}. Its memory series have stopped, so no memory alert "
-                        "or fuse can act on it; a fuse it held is released after the hold time."),
+                        f"can fire or resolve on it.{held}"),
         "runbook_url": spec.runbook_url(C.GPU_DOWN_ALERT),
     }
 
 
-def gpu_down_rule(spec: Spec) -> dict[str, Any]:
-    return {
-        "alert": C.GPU_DOWN_ALERT,
-        "expr": f"max without ({SENDER}) ({selector(C.PROM['gpu_up'], spec)}) == 0",
-        "for": format_duration(GPU_DOWN_FOR_S),
-        "labels": gpu_down_labels(spec),
-        "annotations": gpu_down_annotations(spec),
-    }
+def gpu_down_rules(spec: Spec) -> list[dict[str, Any]]:
+    """One rule per fuse action of :func:`lost_gpu_fuses` (same alert name and expression, one
+    ``fuse_action`` each: an alert carries one), or one rule without a fuse when no GPU-level
+    signal has one. A GPU that is down thereby holds the fuse it had: the memory alert resolving
+    because the GPU's series stopped no longer releases it."""
+    rules = []
+    for action in lost_gpu_fuses(spec) or (None,):
+        rules.append({
+            "alert": C.GPU_DOWN_ALERT,
+            "expr": f"max without ({SENDER}) ({selector(C.PROM['gpu_up'], spec)}) == 0",
+            "for": format_duration(GPU_DOWN_FOR_S),
+            "labels": gpu_down_labels(spec, action),
+            "annotations": gpu_down_annotations(spec),
+        })
+    return rules

@@ -7,7 +7,7 @@ from pathlib import PurePath
 import jinja2
 
 from fusebox import conventions as C
-from fusebox.spec.kinds import records
+from fusebox.spec.kinds import lost_gpu_fuses, records
 
 from .render_rules import Rules
 from fusebox.spec import Spec
@@ -41,7 +41,8 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
 
     if gpu_down_enabled(spec):
         out[f"runbooks/{C.GPU_DOWN_ALERT}.md"] = _ENV.get_template("runbook_gpu_down.md.j2").render(
-            header=header, alert=C.GPU_DOWN_ALERT, down_for=format_duration(GPU_DOWN_FOR_S))
+            header=header, alert=C.GPU_DOWN_ALERT, down_for=format_duration(GPU_DOWN_FOR_S),
+            fuses=", ".join(f"level {spec.actions[a].level} {a}" for a in lost_gpu_fuses(spec)))
     if spec.absent_enabled:
         out[f"runbooks/{C.ABSENT_ALERT}.md"] = _ENV.get_template("runbook_absent.md.j2").render(
             header=header, alert=C.ABSENT_ALERT, absent_for=format_duration(spec.absent_for_s),

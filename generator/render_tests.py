@@ -21,7 +21,7 @@ from fusebox import conventions as C
 
 from fusebox import promsim
 from fusebox.spec import Signal, Spec, Tier
-from fusebox.spec.kinds import kind_of
+from fusebox.spec.kinds import kind_of, lost_gpu_fuses
 from fusebox.spec.kinds.base import DELTA, GPU_LABELS, Synth, label_str, segments
 from fusebox.spec.units import format_duration, format_number
 
@@ -155,7 +155,8 @@ def _gpu_down_group(spec: Spec) -> tuple[str, dict[str, Any]]:
     ann = {k: _expand(v, res) for k, v in gpu_down_annotations(spec).items()}
     checks = [{"eval_time": format_duration(GPU_DOWN_FOR_S - I), "alertname": C.GPU_DOWN_ALERT, "exp_alerts": []},
               {"eval_time": format_duration(GPU_DOWN_FOR_S + I), "alertname": C.GPU_DOWN_ALERT,
-               "exp_alerts": [{"exp_labels": {**res, **gpu_down_labels(spec)}, "exp_annotations": ann}]}]
+               "exp_alerts": [{"exp_labels": {**res, **gpu_down_labels(spec, action)}, "exp_annotations": ann}
+                              for action in lost_gpu_fuses(spec) or (None,)]}]
     return (f"{C.GPU_DOWN_ALERT}: a GPU the collector lost (up 0) alerts after "
             f"{format_duration(GPU_DOWN_FOR_S)}; a healthy one does not", {
                 "interval": format_duration(I),

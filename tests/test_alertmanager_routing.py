@@ -56,8 +56,10 @@ def test_every_generated_alert_carries_the_marker_and_fuse_tiers_their_action(sp
     for r in alerts:
         assert r["labels"]["fusebox"] == NAME, r["alert"]
     asking = {(r["alert"], r["labels"]["severity"]) for r in alerts if "fuse_action" in r["labels"]}
-    # the shipped spec's fuse tiers are its critical tiers that name a fuse (GPUPCIeLinkSaturated names none)
-    assert asking == {(a, "critical") for a, tier in FUSE_ALERTS}
+    # the shipped spec's fuse tiers are its critical tiers that name a fuse (GPUPCIeLinkSaturated names none),
+    # and the GPU-down warning, which holds the fuse of the GPU-level signals it silences (freeze_admissions)
+    assert asking == {(a, "critical") for a, tier in FUSE_ALERTS} | {("FuseboxGPUDown", "warning")}
+    assert {r["labels"]["fuse_action"] for r in alerts if r["alert"] == "FuseboxGPUDown"} == {"freeze_admissions"}
     assert ("GPUPCIeLinkSaturated", "critical") not in asking
 
 
@@ -101,8 +103,8 @@ def test_standalone_routing_tests_hold_and_foreign_alerts_never_reach_the_fuse(g
         sev = RAW["signals"][next(k for k, s in RAW["signals"].items() if s["alert"] == alert)]["tiers"][tier].get("severity", tier)
         case = next(t for t in ours if t["labels"]["alertname"] == alert and t["labels"]["severity"] == sev)
         assert case["receivers"] == ([FUSE, HUMAN] if fuse else [HUMAN]), case["name"]
-    for alert in ("FuseboxSignalAbsent", "FuseboxGPUDown"):
-        assert next(t for t in ours if t["labels"]["alertname"] == alert)["receivers"] == [HUMAN]
+    assert next(t for t in ours if t["labels"]["alertname"] == "FuseboxSignalAbsent")["receivers"] == [HUMAN]
+    assert next(t for t in ours if t["labels"]["alertname"] == "FuseboxGPUDown")["receivers"] == [FUSE, HUMAN]
     # a critical that is not ours, given fusebox's exact labels but no marker, does not reach the fuse
     assert _amtool_route(amtool, cfg, {"alertname": "GPUMemoryUtilizationHigh", "severity": "critical",
                                        "fuse_action": "freeze_admissions"}) == [HUMAN]

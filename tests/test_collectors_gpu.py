@@ -274,3 +274,55 @@ def test_cli_replay_once_prints_final_names(capsys):
     out = capsys.readouterr().out
     assert ('hw_gpu_memory_usage_bytes{cluster="lab",host_name="node-1",hw_gpu_index="0",'
             'hw_id="GPU-71d1acc2-662d-2166-bf9f-65272d2fc437",hw_name="NVIDIA GeForce RTX 4090"} 3.670016e+08') in out
+
+
+def test_collection_errors_are_counted_per_gpu_with_the_nvml_error_as_reason():
+    """A lost GPU (NVML_ERROR_GPU_IS_LOST, as SyntheticNvml raises it) counts one error per round,
+    labelled with its GPU and the NVML error's name; the healthy GPU counts none."""
+    bad = replace(RTX4090, uuid="GPU-bad")
+    good = replace(RTX4090, index=1)
+    states = [bad, good]
+    col = GpuCollector(fake(states))
+    col.collect()
+    assert list(col.error_readings()) == []
+    states[0] = replace(bad, lost=True)
+    col.collect()
+    col.collect()
+    assert list(col.error_readings()) == [({"hw.id": "GPU-bad", "hw.gpu.index": "0", "reason": "gpu_is_lost"}, 2)]
+    states[0] = bad  # back: the count stays (a counter), nothing more is added
+    col.collect()
+    assert list(col.error_readings()) == [({"hw.id": "GPU-bad", "hw.gpu.index": "0", "reason": "gpu_is_lost"}, 2)]
+
+
+def test_a_gpu_whose_handle_fails_at_start_counts_an_error_each_round():
+    class NoHandle(SyntheticNvml):
+        def nvmlDeviceGetHandleByIndex(self, i):
+            if i == 1:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+            return super().nvmlDeviceGetHandleByIndex(i)
+
+    states = [RTX4090, replace(RTX4090, index=1, uuid="GPU-other")]
+    col = GpuCollector(NoHandle(lambda: states))
+    for _ in range(3):
+        col.collect()
+    assert list(col.error_readings()) == [({"hw.id": "unknown-gpu-1", "hw.gpu.index": "1", "reason": "unknown"}, 3)]
+
+
+def test_gpu_collection_errors_are_exported_under_the_conventions_name():
+    from fusebox import conventions as C
+    from fusebox.collectors.export import Pipeline
+
+    states = [RTX4090]
+    col = GpuCollector(fake(states))
+    col.collect()
+    states[0] = replace(RTX4090, lost=True)
+    col.collect()
+    pipe = Pipeline("gpu", ("gpu_up",), host="node-1")
+    pipe.set_readings(col.collect())
+    pipe.set_gpu_errors(col.error_readings())
+    text = pipe.prometheus_text()
+    assert C.PROM_SELF["gpu_errors"] == "fusebox_collector_gpu_errors_total"
+    line = next(ln for ln in text.splitlines() if ln.startswith("fusebox_collector_gpu_errors_total{"))
+    assert f'hw_id="{RTX4090.uuid}"' in line and 'reason="gpu_is_lost"' in line and 'hw_gpu_index="0"' in line
+    assert line.endswith(" 2.0")
+    pipe.shutdown()

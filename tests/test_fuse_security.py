@@ -461,5 +461,9 @@ def test_the_trusted_pairs_are_the_alerting_rules_the_generator_writes(generated
     fused = {(sig["alert"], t["fuse"]) for sig in raw["signals"].values() for t in sig["tiers"].values()
              if t.get("fuse") and t.get("enabled", True) is not False}
     assert ("KVCacheGrowthRateHigh", "kv_cache_eviction") in fused and len(fused) == 5
+    # a lost GPU holds the fuse of the GPU-level signals (level defaults to gpu in the schema)
+    fused |= {("FuseboxGPUDown", t["fuse"]) for sig in raw["signals"].values() if sig.get("level", "gpu") == "gpu"
+              for t in sig["tiers"].values() if t.get("fuse") and t.get("enabled", True) is not False}
+    assert ("FuseboxGPUDown", "freeze_admissions") in fused and len(fused) == 6
     assert written == fused
     assert FuseRules.from_spec(load_spec(SPEC)).trusted == written

@@ -215,7 +215,8 @@ def test_a_lost_gpu_has_its_own_alert(generated):
     rules = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == C.GPU_DOWN_ALERT]
     assert len(rules) == 1
     assert rules[0]["expr"] == "max without (instance, job) (fusebox_gpu_up) == 0"
-    assert "fuse_action" not in rules[0]["labels"]  # it pages; it trips nothing
+    # it holds the fuse of the GPU-level signals it silences (GPU memory, memory bandwidth: level 1)
+    assert (rules[0]["labels"]["fuse_action"], rules[0]["labels"]["fuse_level"]) == ("freeze_admissions", "1")
     assert (generated / f"runbooks/{C.GPU_DOWN_ALERT}.md").exists()
     tests = (generated / "rules/fusebox.rules.test.yml").read_text()
     assert f"{C.GPU_DOWN_ALERT}: a GPU the collector lost (up 0) alerts after 1m" in tests
