@@ -177,8 +177,11 @@ ABSENT_ALERT = "FuseboxSignalAbsent"
 # A GPU the collector lost (NVML error, Xid): its memory series stop, so the memory alert goes
 # quiet on it; this alert says so instead.
 GPU_DOWN_ALERT = "FuseboxGPUDown"
+# Always firing (as kube-prometheus' Watchdog), routed to the fuse receiver, never trips a fuse: the
+# fuse records when each Alertmanager last delivered, and a rule pages when that feed falls silent.
+HEARTBEAT_ALERT = "FuseboxHeartbeat"
 # fusebox's own alerts: no signal of the spec may take these names.
-RESERVED_ALERTS = (ABSENT_ALERT, GPU_DOWN_ALERT)
+RESERVED_ALERTS = (ABSENT_ALERT, GPU_DOWN_ALERT, HEARTBEAT_ALERT)
 
 # The fuse service's own metrics (GET /metrics on `fusebox fuse serve`).
 FUSE_METRICS = {
@@ -196,6 +199,8 @@ FUSE_METRICS = {
     "actions_pending": "fusebox_fuse_actions_pending",  # gauge
     "decision_latency": "fusebox_fuse_decision_latency_seconds",  # histogram: request -> applied
     "request_latency": "fusebox_fuse_webhook_duration_seconds",  # histogram: webhook handling
+    "last_notification": "fusebox_fuse_last_notification_timestamp_seconds",  # gauge {alertmanager}: externalURL of the sender
+    "dry_run": "fusebox_fuse_dry_run",  # gauge: 1 when the service calls nothing (--dry-run)
 }
 
 # Names of the Kubernetes objects fusebox generates (k8s/), shared by the manifests that create
