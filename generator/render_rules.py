@@ -113,9 +113,22 @@ def alert_where(sig: Signal) -> str:
     usual = _WHERE.get(sig.level)
     if usual and (not sig.by or set(usual[0]) <= set(sig.by)):
         return usual[1]
-    labels = sorted(sig.by, key=lambda lb: lb != sig.level)  # the level's label first, then by's order
-    parts = [f"{lb} {{{{ $labels.{lb} }}}}" for lb in labels]
+    parts = _where_parts(sig)
     return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
+
+
+def alert_where_short(sig: Signal) -> str:
+    """The first part of :func:`alert_where`, for the summary: "GPU {{ $labels.hw_id }}",
+    "engine {{ $labels.engine }}", "host {{ $labels.host_name }}", "pod {{ $labels.pod }}"."""
+    usual = _WHERE.get(sig.level)
+    if usual and (not sig.by or set(usual[0]) <= set(sig.by)):
+        return usual[1].split(" on ")[0].split(" (")[0]
+    return _where_parts(sig)[0]
+
+
+def _where_parts(sig: Signal) -> list[str]:
+    labels = sorted(sig.by, key=lambda lb: lb != sig.level)  # the level's label first, then by's order
+    return [f"{lb} {{{{ $labels.{lb} }}}}" for lb in labels]
 
 
 def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
@@ -126,7 +139,7 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
     op = ">=" if sig.direction == "above" else "<="
     action = f" The fuse requests: {spec.actions[tier.fuse].description}" if tier.fuse else ""
     ann = {
-        "summary": f"{sig.alert}: {sig.name} {op} {humanize(tier.threshold, sig.unit)} ({tier.name})",
+        "summary": f"{sig.alert}: {sig.name} {op} {humanize(tier.threshold, sig.unit)} on {alert_where_short(sig)} ({tier.name})",
         "description": (f"{sig.name} on {where} has been {op} {humanize(tier.threshold, sig.unit)} "
                         f"for {format_duration(tier.for_s)}.{action}"),
         "runbook_url": spec.runbook_url(sig.alert),

@@ -157,7 +157,7 @@ def test_the_example_records_and_alerts(example_out):
     assert [(a["expr"], a["for"], a["labels"]["severity"]) for a in alerts] == [
         ("pod:fusebox_queue_depth:count >= 20", "2m", "warning"),
         ("pod:fusebox_queue_depth:count >= 50", "1m", "critical")]
-    assert alerts[1]["annotations"]["summary"] == "VLLMQueueDepthHigh: queue_depth >= 50 (critical)"
+    assert alerts[1]["annotations"]["summary"] == "VLLMQueueDepthHigh: queue_depth >= 50 on pod {{ $labels.pod }} (critical)"
     assert alerts[1]["annotations"]["description"] == (
         "queue_depth on pod {{ $labels.pod }} (namespace {{ $labels.namespace }}, model_name {{ $labels.model_name }}) "
         "has been >= 50 for 1m.")
@@ -184,6 +184,7 @@ def test_the_example_tests_use_vllm_labels_and_real_text(example_out):
         assert a["exp_labels"]["pod"] == "vllm-llava-7b-6d9f7c8b5-x2l9q"
         assert set(a["exp_labels"]) == {"namespace", "pod", "model_name", "severity", "signal"}
     crit = next(a for a in fired if a["exp_labels"]["severity"] == "critical")
+    assert crit["exp_annotations"]["summary"] == "VLLMQueueDepthHigh: queue_depth >= 50 on pod vllm-llava-7b-6d9f7c8b5-x2l9q (critical)"
     assert crit["exp_annotations"]["description"] == (
         "queue_depth on pod vllm-llava-7b-6d9f7c8b5-x2l9q (namespace inference, model_name llava-hf/llava-1.5-7b-hf) "
         "has been >= 50 for 1m.")
