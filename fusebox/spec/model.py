@@ -23,6 +23,7 @@ from fusebox import conventions as C
 from . import units
 from .errors import Problem, SpecError
 from .kinds import KINDS
+from .kinds.base import KNOWN_BACKENDS
 from .positions import Positions, load, read_text
 
 API_VERSION = "fusebox/v1"
@@ -33,9 +34,6 @@ _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Kubernetes object names and label keys/values (k8s.io/apimachinery validation).
 _DNS_LABEL = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# Source backends the generator reads beyond the signals' own sources (the dashboard records read
-# vLLM and SGLang metrics and the fusebox collectors'); global.selectors may name these too.
-KNOWN_BACKENDS = ("fusebox", "dcgm", "vllm", "sglang")
 # The levels with their own conventions (labels, annotations, dashboard filters); any other
 # level is a label of the signal's `by`.
 STANDARD_LEVELS = ("gpu", "engine", "host")

@@ -25,6 +25,7 @@ SENDER = f"{C.LABEL['instance']}, {C.LABEL['job']}"
 # Source backends the generator itself reads (the dashboard records, GPU health); global.selectors
 # is keyed by these and by the signals' own sources.
 FUSEBOX, DCGM, VLLM, SGLANG = "fusebox", "dcgm", "vllm", "sglang"
+KNOWN_BACKENDS = (FUSEBOX, DCGM, VLLM, SGLANG)
 
 
 def selector(metric: str, spec: Any, extra: dict[str, str] | None = None, regex: dict[str, str] | None = None,
