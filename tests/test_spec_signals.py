@@ -385,3 +385,15 @@ def test_the_schema_rejects_a_wrong_spec(schema, edit, needle):
     edit(data)
     messages = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(data)]
     assert any(needle in m for m in messages), messages
+
+
+def test_the_demo_reads_its_own_collectors_whatever_source_and_selectors_the_spec_sets():
+    from fusebox.demo.spec import demo_spec_text
+
+    data = yaml.safe_load(example_spec_text())
+    data["global"].update(source="dcgm", selector={"cluster": "prod-a"}, selectors={"dcgm": {"namespace": "gpu-operator"}})
+    data["signals"]["memory_bandwidth_saturation"]["source"] = "dcgm"
+    demo = _spec(demo_spec_text(yaml.safe_dump(data, sort_keys=False), webhook_url="http://127.0.0.1:1/alertmanager",
+                                credentials_file="/tmp/t"))
+    assert {s.name for s in demo.signals if s.source.backend != "fusebox"} == {"queue_depth"}  # it has no fusebox source
+    assert demo.selector == {} and demo.selectors == {}
