@@ -397,3 +397,16 @@ def test_the_demo_reads_its_own_collectors_whatever_source_and_selectors_the_spe
                                 credentials_file="/tmp/t"))
     assert {s.name for s in demo.signals if s.source.backend != "fusebox"} == {"queue_depth"}  # it has no fusebox source
     assert demo.selector == {} and demo.selectors == {}
+
+
+def test_a_signal_without_sources_says_so():
+    with pytest.raises(SpecError) as e:
+        _spec(_edit(sources={}))
+    assert "a signal needs at least one source" in str(e.value)
+
+
+def test_init_into_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    r = _run(["init", "f"], tmp_path)
+    assert r.returncode == 2
+    assert "f:1:1: not a folder -- " in r.stderr

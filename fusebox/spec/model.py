@@ -532,7 +532,10 @@ class _Normaliser:
         whole = ovr.get("*")
         if whole and whole[0].source:
             source_name = whole[0].source
-        if source_name not in s.sources:
+        if not s.sources:
+            self.err(path + ("sources",), "a signal needs at least one source",
+                     "add e.g. 'sources: {vllm: {metric: vllm:num_requests_waiting}}'")
+        elif source_name not in s.sources:
             self.err(path + ("source",), f"source {source_name!r} is not listed under sources",
                      f"use one of: {', '.join(s.sources)}")
         kind = KINDS[s.kind]
