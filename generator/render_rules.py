@@ -103,31 +103,36 @@ _WHERE = {
 
 
 def alert_where(sig: Signal) -> str:
-    """Where the alert is, as a template over labels the alert carries.
+    """Where the alert is, as a template over labels the alert carries ("" when it carries none).
 
-    A gpu, engine or host signal whose ``by`` (if any) keeps its level's usual labels reads as
-    before ("GPU {{ $labels.hw_id }} on {{ $labels.host_name }}"); any other names its ``by``
-    labels, its level's first: "pod {{ $labels.pod }} (model_name {{ $labels.model_name }}, ...)".
-    So no label the alert lacks is named (it would render empty).
+    When the value keeps its level's usual labels (gpu, engine, host: the source's labels, or a
+    ``by`` that holds them) it reads as before ("GPU {{ $labels.hw_id }} on {{ $labels.host_name }}");
+    otherwise it names the labels the value keeps (:meth:`Kind.kept_labels`), the level's first:
+    "pod {{ $labels.pod }} (namespace {{ $labels.namespace }}, ...)". So no label the alert lacks is
+    named (it would render empty).
     """
-    usual = _WHERE.get(sig.level)
-    if usual and (not sig.by or set(usual[0]) <= set(sig.by)):
-        return usual[1]
     parts = _where_parts(sig)
-    return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
+    if isinstance(parts, str):
+        return parts
+    return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "") if parts else ""
 
 
 def alert_where_short(sig: Signal) -> str:
     """The first part of :func:`alert_where`, for the summary: "GPU {{ $labels.hw_id }}",
     "engine {{ $labels.engine }}", "host {{ $labels.host_name }}", "pod {{ $labels.pod }}"."""
+    parts = _where_parts(sig)
+    if isinstance(parts, str):
+        return parts.split(" on ")[0].split(" (")[0]
+    return parts[0] if parts else ""
+
+
+def _where_parts(sig: Signal) -> str | list[str]:
+    """The level's usual phrase, or one "label {{ $labels.label }}" per label the value keeps."""
+    kept = kind_of(sig).kept_labels(sig)
     usual = _WHERE.get(sig.level)
-    if usual and (not sig.by or set(usual[0]) <= set(sig.by)):
-        return usual[1].split(" on ")[0].split(" (")[0]
-    return _where_parts(sig)[0]
-
-
-def _where_parts(sig: Signal) -> list[str]:
-    labels = sorted(sig.by, key=lambda lb: lb != sig.level)  # the level's label first, then by's order
+    if usual and (kept is None or set(usual[0]) <= set(kept)):
+        return usual[1]
+    labels = sorted(kept or (), key=lambda lb: lb != sig.level)  # the level's label first, then by's order
     return [f"{lb} {{{{ $labels.{lb} }}}}" for lb in labels]
 
 
@@ -138,9 +143,10 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
     where = alert_where(sig)
     op = ">=" if sig.direction == "above" else "<="
     action = f" The fuse requests: {spec.actions[tier.fuse].description}" if tier.fuse else ""
+    short = alert_where_short(sig)
     ann = {
-        "summary": f"{sig.alert}: {sig.name} {op} {humanize(tier.threshold, sig.unit)} on {alert_where_short(sig)} ({tier.name})",
-        "description": (f"{sig.name} on {where} has been {op} {humanize(tier.threshold, sig.unit)} "
+        "summary": f"{sig.alert}: {sig.name} {op} {humanize(tier.threshold, sig.unit)}{' on ' + short if short else ''} ({tier.name})",
+        "description": (f"{sig.name}{' on ' + where if where else ''} has been {op} {humanize(tier.threshold, sig.unit)} "
                         f"for {format_duration(tier.for_s)}.{action}"),
         "runbook_url": spec.runbook_url(sig.alert),
     }

@@ -410,3 +410,37 @@ def test_init_into_a_file_is_refused(tmp_path):
     r = _run(["init", "f"], tmp_path)
     assert r.returncode == 2
     assert "f:1:1: not a folder -- " in r.stderr
+
+
+def _without_by(*names, empty=False):
+    data = yaml.safe_load(SPEC.read_text())
+    for n in names:
+        if empty:
+            data["signals"][n]["by"] = []
+        else:
+            data["signals"][n].pop("by")
+    return _spec(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_a_quantile_summed_by_nothing_names_no_label():
+    spec = _without_by("alignment_latency_p95", empty=True)
+    rules = _rules(spec)
+    alert = next(r for r in _group(rules, "fusebox-alignment_latency_p95")["rules"] if r.get("alert"))
+    assert alert["annotations"]["summary"] == "AlignmentLatencyP95High: alignment_latency_p95 >= 0.85s (warning)"
+    assert alert["annotations"]["description"] == "alignment_latency_p95 has been >= 0.85s for 1m."
+
+
+@pytest.mark.tools
+def test_a_deriv_without_by_keeps_the_gauges_labels_and_says_so(tmp_path):
+    spec = _without_by("kv_cache_growth_rate", "kv_cache_growth_oom")
+    write_outputs(render_all(spec), tmp_path)
+    doc = yaml.safe_load((tmp_path / "rules/fusebox.rules.test.yml").read_text())
+    fired = [a for g in doc["tests"] for t in g["alert_rule_test"] if t["alertname"] == "KVCacheGrowthRateHigh"
+             for a in t["exp_alerts"]]
+    assert fired[0]["exp_annotations"]["description"].startswith(
+        "kv_cache_growth_rate on engine engine-0 (llava-1.5-7b) on gpu-node-1 has been >= 9.2 MB/s")
+    assert fired[0]["exp_labels"]["job"] == "fusebox-kv"  # deriv alone keeps the sender's labels
+    for pt in promtools():
+        r = subprocess.run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=tmp_path / "rules", capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr

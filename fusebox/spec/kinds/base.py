@@ -333,6 +333,12 @@ class Kind:
         """The signal's recording rules, in evaluation order (the alert comes after them)."""
         raise NotImplementedError
 
+    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+        """The labels the value record (and so the alert) keeps: its ``by`` labels when it is
+        aggregated by them, or None when it keeps those of its source's series (then the level's
+        usual ones are assumed: hw_id, host_name for gpu; engine, model, host_name for engine)."""
+        return tuple(sig.by) if sig.by else None
+
     def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
         """Records the kind's drill-down panels read beyond the signals' own (no alerts)."""
         return []

@@ -60,6 +60,8 @@ class Deriv(Kind):
         return [{"series": synth.sig.source.metric + label_str(synth.labels), "values": segments(segs)}]
 
     def result_labels(self, synth: Synth) -> dict[str, str]:
+        if not synth.sig.by:  # deriv alone keeps every label of the gauge
+            return dict(synth.labels)
         return {k: v for k, v in synth.labels.items() if k in synth.sig.by}
 
     # -- panels --------------------------------------------------------------------------

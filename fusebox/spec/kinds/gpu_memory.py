@@ -39,6 +39,9 @@ class GpuMemory(Kind):
             "kv_free": C.record_name(lvl, "fusebox_kv_cache_free", "bytes"),
         }
 
+    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+        return None  # one series per GPU with its source's labels (hw_id, host_name, ...), whatever by says
+
     def raw_metrics(self, sig: Any) -> list[str]:
         # The KV metrics only refine the signal (without them it falls back to device memory),
         # so their absence does not blind it: no absent alert on their account.

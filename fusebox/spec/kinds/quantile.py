@@ -69,6 +69,9 @@ class Quantile(Kind):
             "over_threshold": C.record_name(lvl, f"fusebox_{sig.name}_over_threshold", f"ratio_rate{w}"),
         }
 
+    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+        return tuple(sig.by)  # summed by them: none at all without by
+
     def raw_metrics(self, sig: Any) -> list[str]:
         return [f"{sig.source.metric}_bucket", f"{sig.source.metric}_count"]
 
