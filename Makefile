@@ -39,14 +39,16 @@ lock: ## refresh requirements/{test,runtime}.lock from pyproject.toml, keeping p
 tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt), build the pinned Go tools, fetch the operator CRDs
 	bash tools/bootstrap.sh
 
-generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into OUT (default .)
+generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into OUT (default .); refresh the starter spec
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT)
+	cp fusebox.yaml fusebox/data/fusebox.yaml
 
 check: tools ## run promtool/amtool checks and the generated tests on the outputs
 	$(BIN)/fusebox check --spec $(SPEC) --out $(OUT)
 
-check-generated: venv ## fail when committed outputs drift from the spec
+check-generated: venv ## fail when committed outputs drift from the spec, or the starter spec (fusebox init) from fusebox.yaml
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT) --check
+	@cmp -s fusebox.yaml fusebox/data/fusebox.yaml || { echo "fusebox/data/fusebox.yaml (the starter spec) differs from fusebox.yaml: run make generate"; exit 1; }
 
 lint: venv ## ruff and mypy
 	$(BIN)/ruff check .

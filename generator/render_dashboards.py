@@ -37,7 +37,7 @@ import orjson
 
 from fusebox import conventions as C
 from fusebox.spec.kinds import KINDS, records
-from fusebox.spec.kinds.base import (LEGEND, UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_panel,
+from fusebox.spec.kinds.base import (UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel,
                                      tier_text)
 
 __all__ = [
@@ -98,7 +98,7 @@ def _overview(spec) -> DashboardDef:
         panels.append(signal_panel(
             sig, f"{sig.alert}: {sig.name.replace('_', ' ')}",
             f"{sig.description} Top {_TOPK} series nearest the fuse; lines at {tier_text(sig)}.",
-            f"topk({_TOPK}, {sel(rec, sig.level)})", LEGEND.get(sig.level, "{{instance}}"),
+            f"topk({_TOPK}, {signal_sel(sig, rec)})", signal_legend(sig),
             width=12 if not sig.secondary else 8,
         ))
     # Markers only: the schema's AnnotationQuery has no field for Prometheus' step, title, text

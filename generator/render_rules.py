@@ -13,10 +13,11 @@ from typing import Any
 from fusebox import conventions as C
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, records, reports_lost_gpus
-from fusebox.spec.kinds.base import SENDER, le_regex, selector
+from fusebox.spec.kinds.base import FUSEBOX, SENDER, SGLANG, VLLM, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
 
-__all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "marker_labels", "alert_labels", "alert_annotations"]
+__all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "marker_labels", "alert_labels", "alert_annotations",
+           "alert_where"]
 
 GROUP_PREFIX = "fusebox"
 
@@ -28,6 +29,8 @@ class Rules:
     groups: list[dict[str, Any]]
     # metric name -> signals reading it (drives the absent alerts and their tests)
     raw_metrics: dict[str, list[str]] = field(default_factory=dict)
+    # metric name -> the source backend reading it (whose selector matchers its absent alert uses)
+    raw_backends: dict[str, str] = field(default_factory=dict)
 
 
 def signal_raw_metrics(sig: Signal) -> list[str]:
@@ -35,12 +38,12 @@ def signal_raw_metrics(sig: Signal) -> list[str]:
     return kind_of(sig).raw_metrics(sig)
 
 
-def _rate_or(names: tuple[str, ...], spec: Spec, w: str) -> str:
+def _rate_or(names: tuple[str, ...], spec: Spec, w: str, backend: str) -> str:
     """``rate(a[w]) or rate(b[w])``: one series per engine whichever name its version exports.
 
     ``rate`` drops the metric name, so an engine exporting both spellings matches itself on the
     right of ``or`` and is counted once (docs/pitfalls.md P4)."""
-    return " or ".join(f"rate({selector(n, spec)}[{w}])" for n in names)
+    return " or ".join(f"rate({selector(n, spec, backend=backend)}[{w}])" for n in names)
 
 
 def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
@@ -60,23 +63,23 @@ def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
         sigs = [s for s in spec.signals if s.kind == kind.name]
         if sigs:
             out += kind.dashboard_records(sigs, spec)
-    sglang_tokens = _rate_or(C.sglang_names(C.SGLANG_GENERATION_TOKENS), spec, w)
+    sglang_tokens = _rate_or(C.sglang_names(C.SGLANG_GENERATION_TOKENS), spec, w, SGLANG)
     out += [
-        {"record": names["host_power"], "expr": f"sum by ({host_by}) ({selector(C.PROM['gpu_power'], spec)})"},
+        {"record": names["host_power"], "expr": f"sum by ({host_by}) ({selector(C.PROM['gpu_power'], spec, backend=FUSEBOX)})"},
         # The engine-kind label keeps a vLLM and an SGLang engine with equal labels apart (`or`
         # would drop the second); within a kind, `or` picks one spelling per engine.
         {"record": names["host_tokens"], "expr": (
             f"sum by ({host_by}) (\n"
-            f'  label_replace(rate({selector(C.VLLM_GENERATION_TOKENS, spec)}[{w}]), "engine_kind", "vllm", "", "")\n'
+            f'  label_replace(rate({selector(C.VLLM_GENERATION_TOKENS, spec, backend=VLLM)}[{w}]), "engine_kind", "vllm", "", "")\n'
             f'  or label_replace({sglang_tokens}, "engine_kind", "sglang", "", "")\n'
             f")")},
         # W / (tokens/s) = J/token; a host that generated nothing has no sample rather than +Inf.
         {"record": names["energy_per_token"], "expr": f"{names['host_power']} / ({names['host_tokens']} > 0)"},
         {"record": names["prefix_hit_vllm"], "expr": (
-            f"sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_HITS, C.VLLM_PREFIX_CACHE_HITS_OLD), spec, w)})\n"
-            f"  / (sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_QUERIES, C.VLLM_PREFIX_CACHE_QUERIES_OLD), spec, w)}) > 0)")},
+            f"sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_HITS, C.VLLM_PREFIX_CACHE_HITS_OLD), spec, w, VLLM)})\n"
+            f"  / (sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_QUERIES, C.VLLM_PREFIX_CACHE_QUERIES_OLD), spec, w, VLLM)}) > 0)")},
         {"record": names["prefix_hit_sglang"], "expr": (
-            f"avg by ({model_by}) ({' or '.join(selector(n, spec) for n in C.sglang_names(C.SGLANG_CACHE_HIT_RATE))})")},
+            f"avg by ({model_by}) ({ ' or '.join(selector(n, spec, backend=SGLANG) for n in C.sglang_names(C.SGLANG_CACHE_HIT_RATE))})")},
     ]
     return out
 
@@ -99,21 +102,59 @@ def alert_labels(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
     return labels
 
 
+# The usual labels of the standard levels, and how the description names them.
 _WHERE = {
-    "gpu": "GPU {{ $labels.hw_id }} on {{ $labels.host_name }}",
-    "engine": "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.host_name }}",
+    "gpu": (("hw_id", "host_name"), "GPU {{ $labels.hw_id }} on {{ $labels.host_name }}"),
+    "engine": (("engine", "model", "host_name"), "engine {{ $labels.engine }} ({{ $labels.model }}) on {{ $labels.host_name }}"),
+    "host": (("host_name",), "host {{ $labels.host_name }}"),
 }
+
+
+def alert_where(sig: Signal) -> str:
+    """Where the alert is, as a template over labels the alert carries ("" when it carries none).
+
+    When the value keeps its level's usual labels (gpu, engine, host: the source's labels, or a
+    ``by`` that holds them) it reads as before ("GPU {{ $labels.hw_id }} on {{ $labels.host_name }}");
+    otherwise it names the labels the value keeps (:meth:`Kind.kept_labels`), the level's first:
+    "pod {{ $labels.pod }} (namespace {{ $labels.namespace }}, ...)". So no label the alert lacks is
+    named (it would render empty).
+    """
+    parts = _where_parts(sig)
+    if isinstance(parts, str):
+        return parts
+    return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "") if parts else ""
+
+
+def alert_where_short(sig: Signal) -> str:
+    """The first part of :func:`alert_where`, for the summary: "GPU {{ $labels.hw_id }}",
+    "engine {{ $labels.engine }}", "host {{ $labels.host_name }}", "pod {{ $labels.pod }}"."""
+    parts = _where_parts(sig)
+    if isinstance(parts, str):
+        return parts.split(" on ")[0].split(" (")[0]
+    return parts[0] if parts else ""
+
+
+def _where_parts(sig: Signal) -> str | list[str]:
+    """The level's usual phrase, or one "label {{ $labels.label }}" per label the value keeps."""
+    kept = kind_of(sig).kept_labels(sig)
+    usual = _WHERE.get(sig.level)
+    if usual and (kept is None or set(usual[0]) <= set(kept)):
+        return usual[1]
+    labels = sorted(kept or (), key=lambda lb: lb != sig.level)  # the level's label first, then by's order
+    return [f"{lb} {{{{ $labels.{lb} }}}}" for lb in labels]
 
 
 def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
     """Annotations use only ``$labels`` (no ``$value``), so generated promtool tests can state
-    them exactly; the value is one click away on the dashboard linked from the runbook."""
-    where = _WHERE.get(sig.level, "{{ $labels.instance }}")
+    them exactly; the value is one click away on the dashboard linked from the runbook. They name
+    only labels the alert carries (:func:`alert_where`)."""
+    where = alert_where(sig)
     op = ">=" if sig.direction == "above" else "<="
     action = f" The fuse requests: {spec.actions[tier.fuse].description}" if tier.fuse else ""
+    short = alert_where_short(sig)
     ann = {
-        "summary": f"{sig.alert}: {sig.name} {op} {humanize(tier.threshold, sig.unit)} ({tier.name})",
-        "description": (f"{sig.name} on {where} has been {op} {humanize(tier.threshold, sig.unit)} "
+        "summary": f"{sig.alert}: {sig.name} {op} {humanize(tier.threshold, sig.unit)}{' on ' + short if short else ''} ({tier.name})",
+        "description": (f"{sig.name}{' on ' + where if where else ''} has been {op} {humanize(tier.threshold, sig.unit)} "
                         f"for {format_duration(tier.for_s)}.{action}"),
         "runbook_url": spec.runbook_url(sig.alert),
     }
@@ -166,18 +207,20 @@ def render_rules(spec: Spec) -> Rules:
     """
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
+    raw_backends: dict[str, str] = {}
     interval = format_duration(spec.evaluation_interval_s)
     for sig in spec.signals:
         rules = kind_of(sig).rules(sig, spec) + [_alert(sig, t, spec) for t in sig.tiers]
         groups.append({"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": rules})
         for m in signal_raw_metrics(sig):
             raw_metrics.setdefault(m, []).append(sig.name)
+            raw_backends.setdefault(m, sig.source.backend)
     # Dashboard records: read by panels only, so their metrics never join raw_metrics (no absent alerts).
     groups.append({"name": f"{GROUP_PREFIX}-dashboard", "interval": interval, "rules": _dashboard_records(spec)})
     if spec.absent_enabled and raw_metrics:
         absent_rules = []
         for m in sorted(raw_metrics):
-            rule: dict[str, Any] = {"alert": C.ABSENT_ALERT, "expr": f"absent({selector(m, spec)})"}
+            rule: dict[str, Any] = {"alert": C.ABSENT_ALERT, "expr": f"absent({selector(m, spec, backend=raw_backends[m])})"}
             if spec.absent_for_s:
                 rule["for"] = format_duration(spec.absent_for_s)
             rule["labels"] = absent_labels(m, raw_metrics[m], spec)
@@ -186,7 +229,7 @@ def render_rules(spec: Spec) -> Rules:
         groups.append({"name": f"{GROUP_PREFIX}-absent", "interval": interval, "rules": absent_rules})
     if gpu_down_enabled(spec):
         groups.append({"name": f"{GROUP_PREFIX}-health", "interval": interval, "rules": gpu_down_rules(spec)})
-    return Rules(groups=groups, raw_metrics=raw_metrics)
+    return Rules(groups=groups, raw_metrics=raw_metrics, raw_backends=raw_backends)
 
 
 GPU_DOWN_FOR_S = 60.0
@@ -229,7 +272,7 @@ def gpu_down_rules(spec: Spec) -> list[dict[str, Any]]:
     for action in lost_gpu_fuses(spec) or (None,):
         rules.append({
             "alert": C.GPU_DOWN_ALERT,
-            "expr": f"max without ({SENDER}) ({selector(C.PROM['gpu_up'], spec)}) == 0",
+            "expr": f"max without ({SENDER}) ({selector(C.PROM['gpu_up'], spec, backend=FUSEBOX)}) == 0",
             "for": format_duration(GPU_DOWN_FOR_S),
             "labels": gpu_down_labels(spec, action),
             "annotations": gpu_down_annotations(spec),

@@ -14,6 +14,7 @@ look-back and range-boundary rules differ; every series ends with ``stale``).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -22,7 +23,7 @@ from fusebox import conventions as C
 from fusebox import promsim
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.kinds import kind_of, lost_gpu_fuses
-from fusebox.spec.kinds.base import DELTA, GPU_LABELS, Synth, label_str, segments
+from fusebox.spec.kinds.base import DELTA, FUSEBOX, GPU_LABELS, Synth, label_str, segments
 from fusebox.spec.units import format_duration, format_number
 
 from .render_rules import (GPU_DOWN_FOR_S, Rules, absent_annotations, absent_labels, alert_annotations, alert_labels,
@@ -32,6 +33,8 @@ def _target_value(synth: Synth, tier: Tier, target: str) -> float:
     """The value a test group drives the signal to: just beyond or just inside ``tier``, or safe."""
     s = synth.sig
     t = tier.threshold
+    if s.unit == "count":  # whole requests: the nearest counts on either side (51 and 49 around 50)
+        return _count_target(s, t, target)
     if target == "safe":
         lo = min(x.threshold for x in s.tiers)
         hi = max(x.threshold for x in s.tiers)
@@ -42,8 +45,26 @@ def _target_value(synth: Synth, tier: Tier, target: str) -> float:
     return t * (1 + DELTA) if beyond else t * (1 - DELTA)
 
 
+def _count_target(s: Signal, t: float, target: str) -> float:
+    if target == "safe":
+        lo = min(x.threshold for x in s.tiers)
+        hi = max(x.threshold for x in s.tiers)
+        return float(math.floor(lo / 2)) if s.direction == "above" else float(math.ceil(hi * 1.5))
+    higher = (target == "above") != (s.direction == "below")  # as _target_value: "above" breaches the tier
+    return float(math.floor(t) + 1) if higher else float(max(math.ceil(t) - 1, 0))
+
+
 def _expand(template: str, labels: dict[str, str]) -> str:
-    return re.sub(r"\{\{\s*\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}", lambda m: labels.get(m.group(1), ""), template)
+    """The annotation as Alertmanager shows it for an alert with ``labels``.
+
+    Raises:
+        ValueError: the template names a label the alert lacks (it would render empty).
+    """
+    def value(m: re.Match) -> str:
+        if not labels.get(m.group(1)):
+            raise ValueError(f"annotation {template!r} names label {m.group(1)!r}, which the alert lacks ({', '.join(sorted(labels))})")
+        return labels[m.group(1)]
+    return re.sub(r"\{\{\s*\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}", value, template)
 
 
 class _Expect:
@@ -149,7 +170,7 @@ def _gpu_down_group(spec: Spec) -> tuple[str, dict[str, Any]]:
     """One GPU lost (up 0) beside a healthy one: the alert fires after its `for`, for the lost one only."""
     I = spec.evaluation_interval_s
     n = int((GPU_DOWN_FOR_S + 4 * I) // I) + 1
-    lost = {**GPU_LABELS, **spec.selector}
+    lost = {**GPU_LABELS, **spec.selector_for(FUSEBOX)}
     ok = {**lost, "hw_id": "GPU-5a3c1f2e-0000-4000-8000-000000000002", "hw_gpu_index": "1"}
     res = {k: v for k, v in lost.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
     ann = {k: _expand(v, res) for k, v in gpu_down_annotations(spec).items()}
@@ -180,7 +201,7 @@ def render_rule_tests(spec: Spec, rules: Rules, rule_file: str) -> list[tuple[st
         I = spec.evaluation_interval_s
         t = spec.absent_for_s + I
         checks = [{"eval_time": format_duration(t), "alertname": C.ABSENT_ALERT, "exp_alerts": [
-            {"exp_labels": {**{k: v for k, v in spec.selector.items()}, **absent_labels(m, sigs, spec)},
+            {"exp_labels": {**spec.selector_for(rules.raw_backends[m]), **absent_labels(m, sigs, spec)},
              "exp_annotations": absent_annotations(m, sigs, spec)}
             for m, sigs in sorted(rules.raw_metrics.items())]}]
         if spec.absent_for_s >= I:

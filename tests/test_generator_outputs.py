@@ -101,7 +101,7 @@ def test_dashboard_group_records_what_the_panels_read(generated, spec):
 
 
 def test_dashboard_gpu_bytes_follow_the_dcgm_backend():
-    text = SPEC.read_text().replace("    level: gpu\n    source: fusebox\n    sources:\n      fusebox:\n        note: hw_gpu",
+    text = SPEC.read_text().replace("    level: gpu\n    sources:\n      fusebox:\n        note: hw_gpu",
                                     "    level: gpu\n    source: dcgm\n    sources:\n      fusebox:\n        note: hw_gpu", 1)
     from fusebox.spec import parse_spec
     from fusebox.generator.render_rules import render_rules
@@ -170,7 +170,7 @@ def test_against_finds_the_two_vllm_rules_that_can_never_fire():
 
 
 def test_against_dcgm_capture_for_the_dcgm_source(tmp_path):
-    text = SPEC.read_text().replace("    level: gpu\n    source: fusebox\n    sources:\n      fusebox:\n        note: hw_gpu",
+    text = SPEC.read_text().replace("    level: gpu\n    sources:\n      fusebox:\n        note: hw_gpu",
                                     "    level: gpu\n    source: dcgm\n    sources:\n      fusebox:\n        note: hw_gpu", 1)
     from fusebox.spec import parse_spec
 

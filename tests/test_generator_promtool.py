@@ -94,7 +94,7 @@ def test_mib_threshold_keeps_14_8_mb_per_s_silent(tmp_path, which):
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
 def test_dashboard_gpu_bytes_from_dcgm_in_bytes(tmp_path, which):
     """With the dcgm source, the GPU drill-down's used and reserved bytes come from MiB fields."""
-    text = SPEC.read_text().replace("    level: gpu\n    source: fusebox\n", "    level: gpu\n    source: dcgm\n", 1)
+    text = SPEC.read_text().replace("    level: gpu\n    sources:\n", "    level: gpu\n    source: dcgm\n    sources:\n", 1)
     spec = parse_spec(text, "fusebox.yaml")
     assert spec.signal("gpu_memory_utilization").source.backend == "dcgm"
     write_outputs(render_all(spec), tmp_path)

@@ -109,8 +109,8 @@ BAD = {
     "duplicate signal name": ("  alignment_latency_p95:\n", "  gpu_memory_utilization:\n", None, "duplicate key 'gpu_memory_utilization'"),
     "duplicate alert name": ("alert: KVCacheGrowthRateHigh", "alert: GPUMemoryUtilizationHigh", ("alert: GPUMemoryUtilizationHigh", 2), "duplicate alert name"),
     "invalid promql": ("        metric: fusebox_gpu_memory_bandwidth_utilization_ratio", "        expr: sum(rate(x[5m]) by", "expr: sum(rate(x[5m]) by", "invalid PromQL"),
-    "deriv window too short": ("    window: 1m\n    source: fusebox\n    sources:\n      fusebox:\n        metric: fusebox_kv_cache_usage_bytes\n        note",
-                               "    window: 10s\n    source: fusebox\n    sources:\n      fusebox:\n        metric: fusebox_kv_cache_usage_bytes\n        note",
+    "deriv window too short": ("    window: 1m\n    sources:\n      fusebox:\n        metric: fusebox_kv_cache_usage_bytes\n        note",
+                               "    window: 10s\n    sources:\n      fusebox:\n        metric: fusebox_kv_cache_usage_bytes\n        note",
                                "window: 10s", "under 4 scrape intervals"),
 }
 

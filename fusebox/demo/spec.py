@@ -4,6 +4,9 @@ Only the spec's own fields change (global intervals, each tier's ``for`` and
 ``keep_firing_for``, the fuse receiver's ``group_wait``/``group_interval``, the webhook URL and
 the token file), so the generated rules, Alertmanager config and Collector config are exactly
 what ``fusebox generate`` makes of such a spec. Thresholds, windows and buckets are untouched.
+The demo's series come from fusebox's collectors on loopback, so every signal that lists a
+``fusebox`` source reads it, and no label matcher of ``global.selector``/``selectors`` (meant
+for the user's cluster) applies.
 """
 
 from __future__ import annotations
@@ -65,11 +68,20 @@ def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
     raw = yaml.safe_load(base_text)
     if not isinstance(raw, dict) or not isinstance(raw.get("signals"), dict):
         raise ValueError(f"{source}: not a fusebox spec (no 'signals' mapping)")
+    g = raw.setdefault("global", {})
+    g["source"] = "fusebox"
+    g["selector"] = {}
+    g.pop("selectors", None)
+    for sig in raw["signals"].values():
+        if isinstance(sig, dict) and "fusebox" in (sig.get("sources") or {}):
+            sig.pop("source", None)
+    for o in raw.get("overrides") or []:
+        if isinstance(o, dict):
+            o.pop("source", None)
     fuse = raw.setdefault("fuse", {})
     fuse["webhook_url"] = webhook_url
     fuse["credentials_file"] = credentials_file
     if timing is not None:
-        g = raw.setdefault("global", {})
         g["scrape_interval"] = timing.scrape_interval
         g["evaluation_interval"] = timing.evaluation_interval
         d = raw.setdefault("defaults", {})

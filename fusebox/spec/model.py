@@ -25,6 +25,7 @@ from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, Ra
                      normalise_kubernetes, normalise_otelcol)
 from .errors import Problem, SpecError
 from .kinds import KINDS
+from .kinds.base import KNOWN_BACKENDS
 from .positions import Positions, load, read_text
 
 API_VERSION = "fusebox/v1"
@@ -32,6 +33,9 @@ TIER_ORDER = ("warning", "critical")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _ALERT = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# The levels with their own conventions (labels, annotations, dashboard filters); any other
+# level is a label of the signal's `by`.
+STANDARD_LEVELS = ("gpu", "engine", "host")
 
 
 # --------------------------------------------------------------------------- raw schema
@@ -46,6 +50,8 @@ Integer = Annotated[int, BeforeValidator(units.reject_bool)]
 
 
 class RawTier(_Strict):
+    """One alert tier: the threshold in the signal's unit and how long it must hold."""
+
     threshold: Scalar
     for_: Optional[Scalar] = Field(None, alias="for")
     keep_firing_for: Optional[Scalar] = None
@@ -55,6 +61,8 @@ class RawTier(_Strict):
 
 
 class RawSource(_Strict):
+    """One backend of a signal: a raw metric (with an optional scale to base units) or a PromQL expression."""
+
     metric: Optional[str] = None
     scale: Number = 1.0
     expr: Optional[str] = None
@@ -67,6 +75,8 @@ class RawDiagnosis(_Strict):
 
 
 class RawRunbook(_Strict):
+    """The generated runbook's text: symptom, impact, diagnosis queries, steps per tier (sop)."""
+
     symptom: str
     impact: str
     diagnosis: list[RawDiagnosis] = []
@@ -74,25 +84,39 @@ class RawRunbook(_Strict):
 
 
 class RawSignal(_Strict):
-    alert: str
-    description: str
-    kind: Literal[tuple(KINDS)]  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
-    unit: Literal["ratio", "seconds", "bytes", "bytes_per_second"]
-    # what one series of the signal is about; the dashboards filter each by its labels
-    level: Literal["gpu", "engine", "host"] = "gpu"
-    direction: Literal["above", "below"] = "above"
-    by: Optional[list[str]] = None
-    window: Optional[Scalar] = None
-    quantile: Optional[Number] = None
-    buckets: Optional[list[Number]] = None
-    source: str = "fusebox"
-    sources: dict[str, RawSource]
-    tiers: dict[str, RawTier]
+    """One signal and its alert: what is measured, from which sources, and its tiers."""
+
+    alert: str = Field(description="The alert's name, CamelCase with a component word (GPUMemoryUtilizationHigh).")
+    description: str = Field(description="What the signal measures, for people (alerts, runbooks, dashboards).")
+    kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
+        description="How the value is computed: gauge (as read), deriv (growth per second), quantile (from a histogram), "
+                    "gpu_memory (device-memory ratio with the KV-pool correction).")
+    unit: Literal[tuple(units.UNITS)] = Field(  # type: ignore[valid-type]
+        description="The value's unit: ratio (0-1; thresholds '78.3%'), seconds ('1.28s'), bytes ('2 GB'), "
+                    "bytes_per_second ('14.7 MB/s') or count (a plain number: 50).")
+    level: str = Field(
+        "gpu", description="What one series of the signal is about: gpu, engine or host, or any label you aggregate by "
+                           "(pod, model_name, namespace, ...), which must then be one of 'by'. It prefixes the "
+                           "recording rules' names (LEVEL:fusebox_NAME:OPS).")
+    direction: Literal["above", "below"] = Field("above", description="Alert when the value is at or above (or below) the threshold.")
+    by: Optional[list[str]] = Field(None, description="Labels the value is aggregated by; one alert per combination. "
+                                                      "The alert's summary and description name them.")
+    window: Optional[Scalar] = Field(None, description="Range of deriv and quantile signals, a Prometheus duration ('5m').")
+    quantile: Optional[Number] = Field(None, description="For quantile signals: the quantile, 0-1 (0.95).")
+    buckets: Optional[list[Number]] = Field(None, description="For quantile signals: the histogram's bucket bounds, "
+                                                              "in the signal's unit; every threshold must be one.")
+    source: Optional[str] = Field(None, description="The key of 'sources' the rules read. Default: global.source when "
+                                                    "the signal lists it, else the first source listed.")
+    sources: dict[str, RawSource] = Field(description="Where the value comes from, per backend (fusebox, dcgm, vllm, sglang, "
+                                                      "or a name of yours); global.selectors is keyed the same way.")
+    tiers: dict[str, RawTier] = Field(description="'warning' and/or 'critical': threshold, for, keep_firing_for, severity, fuse.")
     runbook: RawRunbook
-    secondary: bool = False
+    secondary: bool = Field(False, description="A secondary signal: its own dashboard row, left out of the demo's checks.")
 
 
 class RawOverride(_Strict):
+    """A change to one alert (one tier, or both when tier is left out) without forking its signal."""
+
     alert: str
     tier: Optional[str] = None
     threshold: Optional[Scalar] = None
@@ -109,6 +133,8 @@ class RawAction(_Strict):
 
 
 class RawFuse(_Strict):
+    """The fuse service and the Alertmanager routing to it."""
+
     receiver: str = "fusebox-fuse"
     # Alertmanager receiver for people (your pager), as Alertmanager spells it; every fusebox
     # alert reaches it. Without configs it names a receiver of the config merged into, or notifies nobody.
@@ -131,18 +157,28 @@ class RawAbsent(_Strict):
 
 
 class RawDefaults(_Strict):
+    """Defaults for every tier, and the absent-signal alert."""
+
     for_: Scalar = Field(default="1m", alias="for")
     keep_firing_for: Scalar = "1m"
     absent: RawAbsent = RawAbsent()
 
 
 class RawGlobal(_Strict):
-    scrape_interval: Scalar = "15s"
-    evaluation_interval: Scalar = "15s"
-    runbook_base_url: str
-    dashboard_base_url: str = ""
-    selector: dict[str, str] = {}
-    labels: dict[str, str] = {}
+    """Settings for every signal."""
+
+    scrape_interval: Scalar = Field("15s", description="Your Prometheus' scrape interval (a Prometheus duration).")
+    evaluation_interval: Scalar = Field("15s", description="Your Prometheus' rule evaluation interval.")
+    runbook_base_url: str = Field(description="Where the generated runbooks are served; each alert's runbook_url is BASE/<Alert>.md.")
+    dashboard_base_url: str = Field("", description="Grafana's base URL for dashboard links in alerts; empty leaves them out.")
+    selector: dict[str, str] = Field(
+        {}, description="Label matchers (label: value) added to every raw selector of every source without an entry in 'selectors'.")
+    selectors: dict[str, dict[str, str]] = Field(
+        {}, description="Label matchers per source backend, keyed like the signals' 'sources' (fusebox, dcgm, vllm, sglang, ...); "
+                        "a backend listed here uses these matchers instead of 'selector'.")
+    source: str = Field("fusebox", description="The backend every signal reads when it lists it under 'sources' and names "
+                                               "no 'source' of its own (e.g. dcgm: every signal with a dcgm source reads dcgm-exporter).")
+    labels: dict[str, str] = Field({}, description="Labels added to every alert, e.g. {team: ml-infra}.")
 
 
 class RawMetadata(_Strict):
@@ -151,6 +187,8 @@ class RawMetadata(_Strict):
 
 
 class RawSpec(_Strict):
+    """A fusebox spec (apiVersion fusebox/v1): one file every output is generated from."""
+
     apiVersion: str
     kind: Literal["FuseboxSpec"]
     metadata: RawMetadata
@@ -238,7 +276,7 @@ class Spec:
     evaluation_interval_s: float
     runbook_base_url: str
     dashboard_base_url: str
-    selector: dict[str, str]
+    selector: dict[str, str]  # global.selector: matchers for every backend without its own
     labels: dict[str, str]
     absent_enabled: bool
     absent_for_s: float
@@ -258,6 +296,13 @@ class Spec:
     kubernetes: Kubernetes = field(default_factory=Kubernetes)
     grafana: Grafana = field(default_factory=Grafana)
     otelcol: Otelcol = field(default_factory=Otelcol)
+    selectors: dict[str, dict[str, str]] = field(default_factory=dict)  # global.selectors, per backend
+    source: str = "fusebox"  # global.source
+
+    def selector_for(self, backend: str) -> dict[str, str]:
+        """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
+        when the spec lists it, else ``global.selector``."""
+        return self.selectors.get(backend, self.selector)
 
     def signal(self, name: str) -> Signal:
         for s in self.signals:
@@ -364,6 +409,18 @@ class _Normaliser:
             self.err(("global", "labels", C.LABEL["marker"]), f"label {C.LABEL['marker']!r} is set by fusebox on every alert "
                      "(valued with metadata.name)", "remove it from global.labels; rename metadata.name to change its value",
                      key=True)
+        listed = {b for sig in r.signals.values() for b in sig.sources} | set(KNOWN_BACKENDS)
+        for backend, matchers in g.selectors.items():
+            if backend not in listed:
+                self.err(("global", "selectors", backend), f"no source backend is called {backend!r}",
+                         f"key global.selectors like the signals' sources: {', '.join(sorted(listed))}", key=True)
+            for k in matchers:
+                if not _LABEL.match(k):
+                    self.err(("global", "selectors", backend, k), f"invalid label name {k!r}",
+                             "label names match [a-zA-Z_][a-zA-Z0-9_]*", key=True)
+        if g.source not in listed:
+            self.err(("global", "source"), f"no signal lists a source {g.source!r}",
+                     f"use one of: {', '.join(sorted(listed))}")
         hr = r.fuse.human_receiver
         if not isinstance(hr.get("name"), str) or not hr.get("name"):
             self.err(("fuse", "human_receiver"), "human_receiver needs a 'name'",
@@ -430,6 +487,7 @@ class _Normaliser:
             actions=actions, signals=tuple(signals), raw=self.data,
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts,
             kubernetes=kube, grafana=grafana, otelcol=otelcol,
+            selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source,
         )
 
     def _overrides(self) -> dict[str, dict[str, tuple[RawOverride, int]]]:
@@ -445,11 +503,15 @@ class _Normaliser:
 
     def _signal(self, name, s: RawSignal, path, def_for, def_kff, actions, ovr, scrape) -> Optional[Signal]:
         n_before = len(self.problems)
-        source_name = s.source
+        # an override's source, else the signal's own, else global.source when listed, else the first listed
+        source_name = s.source or (self.raw.global_.source if self.raw.global_.source in s.sources else next(iter(s.sources), ""))
         whole = ovr.get("*")
         if whole and whole[0].source:
             source_name = whole[0].source
-        if source_name not in s.sources:
+        if not s.sources:
+            self.err(path + ("sources",), "a signal needs at least one source",
+                     "add e.g. 'sources: {vllm: {metric: vllm:num_requests_waiting}}'")
+        elif source_name not in s.sources:
             self.err(path + ("source",), f"source {source_name!r} is not listed under sources",
                      f"use one of: {', '.join(s.sources)}")
         kind = KINDS[s.kind]
@@ -469,6 +531,20 @@ class _Normaliser:
         for lb in by:
             if not _LABEL.match(lb):
                 self.err(path + ("by",), f"invalid label name {lb!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
+        if not _LABEL.match(s.level) or s.level.startswith("__"):
+            self.err(path + ("level",), f"level {s.level!r} is not a label name",
+                     f"use {', '.join(STANDARD_LEVELS)} or a label the signal is aggregated by (pod, model_name, namespace, ...)")
+        elif s.level not in STANDARD_LEVELS and s.level not in by:
+            self.err(path + ("level",) if s.by is None else path + ("by",),
+                     f"level {s.level!r} is not one of the signal's 'by' labels",
+                     f"aggregate by it: by: [{', '.join(by + (s.level,)) if by else 'cluster, namespace, ' + s.level}]")
+        scopes = [lb for lb in C.SCOPE_LABELS if lb != C.LABEL["cluster"]]
+        if s.level not in STANDARD_LEVELS and not set(by) & set(scopes):
+            for tname, t in s.tiers.items():
+                if t.fuse is not None:  # the fuse service scopes a trip by these labels; cluster alone is a whole cluster
+                    self.err(path + ("tiers", tname, "fuse"),
+                             f"a {s.level}-level signal by [{', '.join(by)}] has no fuse scope label ({', '.join(scopes)})",
+                             "add the engine or host_name label to 'by' (e.g. with label_replace in an expr), or remove the fuse")
         window = 0.0
         if kind.window_min_scrapes is not None:
             if s.window is None:
@@ -500,13 +576,11 @@ class _Normaliser:
             try:
                 threshold = units.parse_quantity(threshold_raw, s.unit)
             except ValueError as e:
-                self.err(tp, str(e), f"write the threshold in {s.unit.replace('_', ' ')}, e.g. "
-                         + {"ratio": "'78.3%'", "seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[s.unit])
+                self.err(tp, str(e), f"write the threshold in {s.unit.replace('_', ' ')}, e.g. {units.EXAMPLES[s.unit]}")
                 continue
             if threshold == 0 and s.direction == "above":  # "-0 MB/s" too: ">= 0" holds for every sample
                 self.err(tp, f"a threshold of {str(threshold_raw).strip()!r} on an upper bound fires whenever the signal exists",
-                         "give the level it should fire at, e.g. "
-                         + {"ratio": "'78.3%'", "seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[s.unit])
+                         f"give the level it should fire at, e.g. {units.EXAMPLES[s.unit]}")
                 continue
             def where(attr, name):  # the place the value came from: an override, the tier or the defaults
                 for src, idx in (ovr.get(tname, (None, None)), whole or (None, None)):

@@ -19,6 +19,15 @@ UNITS = {
     "seconds": "second",
     "bytes": "byte",
     "bytes_per_second": "byte / second",
+    "count": "dimensionless",  # requests waiting, preemptions: a plain number, never through pint
+}
+# A threshold people write in each unit, for error messages.
+EXAMPLES = {
+    "ratio": "'78.3%'",
+    "seconds": "'1.28s'",
+    "bytes": "'2 GB'",
+    "bytes_per_second": "'14.7 MB/s'",
+    "count": "50",
 }
 
 
@@ -72,10 +81,11 @@ def parse_quantity(text: str | int | float, unit: str, *, signed: bool = False) 
 
 @functools.lru_cache(maxsize=4096)  # specs repeat thresholds; pint takes about 1 ms per parse
 def _parse_quantity(text: str | int | float, unit: str) -> float:
+    if unit == "count":
+        return _parse_count(text)
     if isinstance(text, (int, float)):
         if unit != "ratio":
-            raise ValueError(f"a bare number is ambiguous for a {unit} threshold; write it with its unit, e.g. "
-                             + {"seconds": "'1.28s'", "bytes": "'2 GB'", "bytes_per_second": "'14.7 MB/s'"}[unit])
+            raise ValueError(f"a bare number is ambiguous for a {unit} threshold; write it with its unit, e.g. {EXAMPLES[unit]}")
         value = float(text)
         if not math.isfinite(value):
             raise ValueError(f"{text!r} is not a finite number")
@@ -106,6 +116,17 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
     except DimensionalityError:
         raise ValueError(f"wrong unit: {s!r} is not a {unit.replace('_', ' ')} value "
                          f"(its unit is {format(q.units, '~') or 'none'})") from None
+
+
+def _parse_count(text: str | int | float) -> float:
+    """A count threshold: a plain number, written bare (50) or quoted ("50", "2.5", "1e3")."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = str(text).strip()
+    try:
+        return float(s.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{s!r} is not a plain number; a count threshold has no unit (requests, items)") from None
 
 
 _DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
@@ -167,6 +188,8 @@ def humanize(value: float, unit: str) -> str:
         return f"{format_number(value * 100)}%"
     if unit == "seconds":
         return f"{format_number(value)}s"
+    if unit == "count":
+        return format_number(value)
     for div, name in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "B")):
         if abs(value) >= div:
             suffix = "/s" if unit == "bytes_per_second" else ""

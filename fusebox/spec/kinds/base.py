@@ -22,11 +22,17 @@ from fusebox.spec.units import format_duration, format_number
 
 # ------------------------------------------------------------------------------- PromQL
 SENDER = f"{C.LABEL['instance']}, {C.LABEL['job']}"
+# Source backends the generator itself reads (the dashboard records, GPU health); global.selectors
+# is keyed by these and by the signals' own sources.
+FUSEBOX, DCGM, VLLM, SGLANG = "fusebox", "dcgm", "vllm", "sglang"
+KNOWN_BACKENDS = (FUSEBOX, DCGM, VLLM, SGLANG)
 
 
-def selector(metric: str, spec: Any, extra: dict[str, str] | None = None, regex: dict[str, str] | None = None) -> str:
-    """``metric{k="v",...}`` with the spec's global selector, then ``extra`` and ``regex`` matchers."""
-    parts = [f'{k}="{v}"' for k, v in sorted({**spec.selector, **(extra or {})}.items())]
+def selector(metric: str, spec: Any, extra: dict[str, str] | None = None, regex: dict[str, str] | None = None,
+             *, backend: str = "fusebox") -> str:
+    """``metric{k="v",...}`` with the matchers of the source ``backend`` (``global.selectors[backend]``,
+    else ``global.selector``: :meth:`fusebox.spec.Spec.selector_for`), then ``extra`` and ``regex`` matchers."""
+    parts = [f'{k}="{v}"' for k, v in sorted({**spec.selector_for(backend), **(extra or {})}.items())]
     parts += [f'{k}=~"{v}"' for k, v in sorted((regex or {}).items())]
     return f"{metric}{{{','.join(parts)}}}" if parts else metric
 
@@ -105,6 +111,13 @@ GPU_LABELS = {"hw_id": "GPU-5a3c1f2e-0000-4000-8000-000000000001", "hw_gpu_index
 ENGINE_LABELS = {"engine": "engine-0", "model": "llava-1.5-7b", "host_name": "gpu-node-1", "cluster": "test",
                  "instance": "gpu-node-1:9464", "job": "fusebox-kv"}
 
+# Values of the labels a signal of another level may be aggregated by, as a vLLM pod scraped by
+# kube-prometheus-stack carries them (vLLM names its model label model_name).
+SYNTH_VALUES = {"cluster": "test", "namespace": "inference", "pod": "vllm-llava-7b-6d9f7c8b5-x2l9q",
+                "container": "vllm", "service": "vllm-llava-7b", "endpoint": "http", "node": "gpu-node-1",
+                "model_name": "llava-hf/llava-1.5-7b-hf", "model": "llava-1.5-7b", "engine": "engine-0",
+                "host_name": "gpu-node-1", "hw_id": GPU_LABELS["hw_id"], "instance": "10.42.3.17:8000"}
+
 
 def label_str(labels: dict[str, str]) -> str:
     return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
@@ -135,8 +148,19 @@ class Synth:
 
     @classmethod
     def of(cls, sig: Any, spec: Any) -> "Synth":
-        base = ENGINE_LABELS if sig.level == "engine" else GPU_LABELS
-        return cls(sig, spec, spec.evaluation_interval_s, {**base, **spec.selector})
+        """gpu and host signals get :data:`GPU_LABELS`, engine signals :data:`ENGINE_LABELS`; a
+        signal of any other level (pod, model_name, ...) gets its ``by`` labels, valued as a
+        Kubernetes scrape of the source would (:data:`SYNTH_VALUES`), plus ``instance`` and ``job``.
+        Any ``by`` label the base lacks is added; the source backend's selector matchers win."""
+        if sig.level in ("gpu", "host"):
+            base = dict(GPU_LABELS)
+        elif sig.level == "engine":
+            base = dict(ENGINE_LABELS)
+        else:
+            base = {"instance": SYNTH_VALUES["instance"], "job": sig.source.backend}
+        for label in sig.by:
+            base.setdefault(label, SYNTH_VALUES.get(label, f"{label}-0"))
+        return cls(sig, spec, spec.evaluation_interval_s, {**base, **spec.selector_for(sig.source.backend)})
 
 
 # ---------------------------------------------------------------------------- dashboards
@@ -146,6 +170,7 @@ UNITS = {
     "seconds": "s",
     "bytes": "decbytes",
     "bytes_per_second": "Bps",
+    "count": "short",
 }
 
 # Template variables: name -> (label the filter matches, human label). "instance" filters on
@@ -170,6 +195,28 @@ LEGEND = {
     "engine": "{{host_name}} {{engine}} {{model}}",
     "host": "{{cluster}} {{host_name}}",
 }
+
+
+def signal_vars(sig: Any) -> tuple[str, ...]:
+    """The template variables that filter a signal's records: its level's (gpu, engine, host),
+    else those whose label is one of its ``by`` labels (a pod-level signal by cluster, namespace,
+    pod, model_name is filtered by cluster)."""
+    if sig.level in LEVEL_VARS:
+        return LEVEL_VARS[sig.level]
+    return tuple(v for v, (label, _) in VARIABLES.items() if label in sig.by)
+
+
+def signal_sel(sig: Any, metric: str) -> str:
+    """:func:`sel` with the filters of :func:`signal_vars`."""
+    matchers = [f'{VARIABLES[v][0]}=~"${v}"' for v in signal_vars(sig)]
+    return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
+
+
+def signal_legend(sig: Any) -> str:
+    """Its level's legend (gpu, engine, host), else the ``by`` labels but cluster ({{pod}} {{model_name}})."""
+    if sig.level in LEGEND:
+        return LEGEND[sig.level]
+    return " ".join(f"{{{{{label}}}}}" for label in sig.by if label != C.LABEL["cluster"]) or "{{instance}}"
 
 
 def sel(metric: str, level: str, extra: str = "") -> str:
@@ -285,6 +332,12 @@ class Kind:
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
         """The signal's recording rules, in evaluation order (the alert comes after them)."""
         raise NotImplementedError
+
+    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+        """The labels the value record (and so the alert) keeps: its ``by`` labels when it is
+        aggregated by them, or None when it keeps those of its source's series (then the level's
+        usual ones are assumed: hw_id, host_name for gpu; engine, model, host_name for engine)."""
+        return tuple(sig.by) if sig.by else None
 
     def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
         """Records the kind's drill-down panels read beyond the signals' own (no alerts)."""

@@ -13,7 +13,7 @@ from fusebox import conventions as C
 from fusebox.spec.units import format_duration
 
 from .base import (KV_BASE_BYTES, LEGEND, DashboardDef, Err, Kind, PanelDef, Query, Synth, by, dashboard_records,
-                   label_str, segments, sel, selector, signal_panel, tier_text, window_word)
+                   label_str, segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text, window_word)
 
 
 class Deriv(Kind):
@@ -35,7 +35,7 @@ class Deriv(Kind):
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", f"deriv{window_word(sig.window_s)}")}
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
-        inner = f"deriv({selector(sig.source.metric, spec)}[{format_duration(sig.window_s)}])"
+        inner = f"deriv({selector(sig.source.metric, spec, backend=sig.source.backend)}[{format_duration(sig.window_s)}])"
         expr = f"sum by ({by(sig.by)}) ({inner})" if sig.by else inner
         return [{"record": self.records(sig)["value"], "expr": expr}]
 
@@ -60,6 +60,8 @@ class Deriv(Kind):
         return [{"series": synth.sig.source.metric + label_str(synth.labels), "values": segments(segs)}]
 
     def result_labels(self, synth: Synth) -> dict[str, str]:
+        if not synth.sig.by:  # deriv alone keeps every label of the gauge
+            return dict(synth.labels)
         return {k: v for k, v in synth.labels.items() if k in synth.sig.by}
 
     # -- panels --------------------------------------------------------------------------
@@ -71,7 +73,7 @@ class Deriv(Kind):
             r = self.records(sig)
             panels.append(signal_panel(sig, f"{sig.alert}: growth per engine",
                                        f"{sig.description} Lines at {tier_text(sig)} (SI: 1 MB = 10^6 B).",
-                                       sel(r["value"], "engine"), LEGEND["engine"]))
+                                       signal_sel(sig, r["value"]), signal_legend(sig)))
         alerts = tuple(s.alert for s in sigs)
         d = dashboard_records()
         panels += [

@@ -12,7 +12,7 @@ from fusebox import conventions as C
 from fusebox.spec.units import format_number
 
 from .base import (LEGEND, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, label_str,
-                   segments, sel, selector, signal_panel, tier_text)
+                   segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text)
 
 
 class Gauge(Kind):
@@ -23,7 +23,7 @@ class Gauge(Kind):
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
         src = sig.source
-        expr = src.expr if src.expr else selector(src.metric, spec)
+        expr = src.expr if src.expr else selector(src.metric, spec, backend=src.backend)
         if src.scale != 1.0:
             expr = f"({expr}) * {format_number(src.scale)}"
         if src.metric and src.metric.startswith("DCGM_"):
@@ -63,7 +63,7 @@ class Gauge(Kind):
             r = self.records(sig)
             panels.append(signal_panel(sig, f"{sig.alert}: {sig.name.replace('_', ' ')}",
                                        f"{sig.description} Lines at {tier_text(sig)}.",
-                                       sel(r["value"], sig.level), LEGEND.get(sig.level, "{{instance}}")))
+                                       signal_sel(sig, r["value"]), signal_legend(sig)))
         # Not spec signals (no alert of their own): linked to the alert whose diagnosis uses them --
         # energy per token to the first GPU-level gauge (memory bandwidth in the shipped spec), the
         # prefix-cache hit rate to the first growth (deriv) signal.

@@ -39,6 +39,9 @@ class GpuMemory(Kind):
             "kv_free": C.record_name(lvl, "fusebox_kv_cache_free", "bytes"),
         }
 
+    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+        return None  # one series per GPU with its source's labels (hw_id, host_name, ...), whatever by says
+
     def raw_metrics(self, sig: Any) -> list[str]:
         # The KV metrics only refine the signal (without them it falls back to device memory),
         # so their absence does not blind it: no absent alert on their account.
@@ -52,7 +55,7 @@ class GpuMemory(Kind):
         if sig.source.backend == "dcgm":
             # dcgm-exporter speaks MiB, and USED + FREE is not the total (docs/pitfalls.md P7):
             # total = USED + FREE + RESERVED; used = total - FREE.
-            u, f, r = (selector(C.DCGM[k], spec) for k in ("fb_used", "fb_free", "fb_reserved"))
+            u, f, r = (selector(C.DCGM[k], spec, backend="dcgm") for k in ("fb_used", "fb_free", "fb_reserved"))
             total = f"({u} + {f} + {r})"
             device = dcgm_labels(f"1 - {f} / {total}")
             total_bytes = dcgm_labels(f"{total} * {C.MIB}")
@@ -93,7 +96,7 @@ class GpuMemory(Kind):
         d = dashboard_records()
         if sigs[0].source.backend == "dcgm":
             # MiB; used = total - FREE = USED + RESERVED (docs/pitfalls.md P6, P7), like the signal's rules.
-            u, r = selector(C.DCGM["fb_used"], spec), selector(C.DCGM["fb_reserved"], spec)
+            u, r = selector(C.DCGM["fb_used"], spec, backend="dcgm"), selector(C.DCGM["fb_reserved"], spec, backend="dcgm")
             used = dcgm_labels(f"({u} + {r}) * {C.MIB}")
             reserved = dcgm_labels(f"{r} * {C.MIB}")
         else:
@@ -115,7 +118,7 @@ class GpuMemory(Kind):
 
     def _dcgm_labels(self, synth: Synth) -> dict[str, str]:
         return {"UUID": synth.labels["hw_id"], "gpu": "0", "Hostname": "gpu-node-1",
-                "host_name": "gpu-node-1", "modelName": "NVIDIA H100 80GB HBM3", **synth.spec.selector}
+                "host_name": "gpu-node-1", "modelName": "NVIDIA H100 80GB HBM3", **synth.spec.selector_for(synth.sig.source.backend)}
 
     def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
         if synth.sig.source.backend == "dcgm":

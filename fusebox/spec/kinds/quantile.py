@@ -16,7 +16,7 @@ from fusebox import promsim
 from fusebox.spec.units import format_duration, format_number
 
 from .base import (OBS_PER_STEP, DashboardDef, Err, Kind, PanelDef, Query, Synth, by, label_str, le_regex, segments,
-                   sel, selector, UNITS, window_word)
+                   selector, signal_legend, signal_sel, UNITS, window_word)
 
 
 class Quantile(Kind):
@@ -69,14 +69,17 @@ class Quantile(Kind):
             "over_threshold": C.record_name(lvl, f"fusebox_{sig.name}_over_threshold", f"ratio_rate{w}"),
         }
 
+    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+        return tuple(sig.by)  # summed by them: none at all without by
+
     def raw_metrics(self, sig: Any) -> list[str]:
         return [f"{sig.source.metric}_bucket", f"{sig.source.metric}_count"]
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
         names = self.records(sig)
         w = format_duration(sig.window_s)
-        bucket = selector(f"{sig.source.metric}_bucket", spec)
-        count = selector(f"{sig.source.metric}_count", spec)
+        bucket = selector(f"{sig.source.metric}_bucket", spec, backend=sig.source.backend)
+        count = selector(f"{sig.source.metric}_count", spec, backend=sig.source.backend)
         out: list[dict[str, Any]] = [
             {"record": names["bucket_rate"], "expr": f"sum by ({by(sig.by, ('le',))}) (rate({bucket}[{w}]))"},
             {"record": names["rate"], "expr": f"sum by ({by(sig.by)}) (rate({count}[{w}]))"},
@@ -162,25 +165,26 @@ class Quantile(Kind):
         for sig in sigs:
             r = self.records(sig)
             q = int(round(sig.quantile * 100))
+            lg = signal_legend(sig)
             panels.append(PanelDef(
                 f"{sig.alert}: P50 / P{q} / P99 per engine",
                 f"{sig.description} Lines at {', '.join(f'{t.name} {t.threshold_text}' for t in sig.tiers)}; "
                 f"the alert reads P{q}. NaN (a gap) means no traffic (docs/pitfalls.md P1).",
-                (Query(sel(r["p50"], "engine"), "P50 {{host_name}} {{engine}} {{model}}"),
-                 Query(sel(r["value"], "engine"), f"P{q} " + "{{host_name}} {{engine}} {{model}}"),
-                 Query(sel(r["p99"], "engine"), "P99 {{host_name}} {{engine}} {{model}}")),
+                (Query(signal_sel(sig, r["p50"]), "P50 " + lg),
+                 Query(signal_sel(sig, r["value"]), f"P{q} " + lg),
+                 Query(signal_sel(sig, r["p99"]), "P99 " + lg)),
                 UNITS[sig.unit], (sig.alert,), sig.tiers, width=24,
             ))
             panels.append(PanelDef(
                 "Share of observations over each threshold",
                 "Fraction of observations slower than each tier's threshold (label le), over the rule window. "
                 f"Above {1 - sig.quantile:g} at a threshold means P{q} is above it.",
-                (Query(sel(r["over_threshold"], "engine"), "> {{le}}s {{host_name}} {{engine}} {{model}}"),),
+                (Query(signal_sel(sig, r["over_threshold"]), "> {{le}}s " + lg),),
                 "percentunit", (sig.alert,), soft_max=1.0,
             ))
             panels.append(PanelDef(
                 "Observations per second", "Rate of observations per engine: zero traffic explains a gap in the quantiles.",
-                (Query(sel(r["rate"], "engine"), "{{host_name}} {{engine}} {{model}}"),), "ops", (sig.alert,),
+                (Query(signal_sel(sig, r["rate"]), lg),), "ops", (sig.alert,),
             ))
         return DashboardDef("alignment-latency", f"fusebox / {spec.name} / alignment latency",
                             "Alignment latency quantiles and the share of observations over each threshold.", tuple(panels))
