@@ -82,6 +82,7 @@ class _Metrics:
                                  ["adapter"], buckets=buckets, registry=r)
         self.request = Histogram(M["request_latency"], "Seconds spent handling a webhook notification.",
                                  buckets=buckets, registry=r)
+        self.dry_run = Gauge(M["dry_run"], "1 when the service calls nothing (--dry-run), else 0.", registry=r)
 
 
 class FuseService:
@@ -109,6 +110,7 @@ class FuseService:
         self.clock = clock
         self.dry_run = dry_run
         self.metrics = _Metrics()
+        self.metrics.dry_run.set(1 if dry_run else 0)
         self.breaker = Breaker(rules, hold_s, max_scopes=max_scopes)
         self._committed = store.snapshot() or {}
         self.breaker.restore(self._committed)
@@ -369,9 +371,11 @@ class FuseService:
             return False
         lanes.pop(key, None)
         now = self.clock()
-        audit = {"at": now, "kind": "applied", "decision_id": job["decision_id"], "scope_key": key,
-                 "level": p["level"], "action": p["action"], "source": label,
-                 "reason": f"{p['state']} applied by {label}", "detail": {"attempts": attempt, "adapter": name}}
+        # In dry-run the adapter only logged it: the audit says it was not applied, never "applied".
+        audit = {"at": now, "kind": "dry_run" if self.dry_run else "applied", "decision_id": job["decision_id"],
+                 "scope_key": key, "level": p["level"], "action": p["action"], "source": label,
+                 "reason": f"{p['state']} not applied (dry-run)" if self.dry_run else f"{p['state']} applied by {label}",
+                 "detail": {"attempts": attempt, "adapter": name}}
         try:
             self.store.mark_applied(job["seq"], now, audit)
         except Exception:
