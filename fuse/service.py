@@ -205,7 +205,9 @@ class FuseService:
                       "detail": {"mode": mode, "until": now + duration_s, "scope": scope, "fleet": fleet,
                                  "token": by}}]
             out = self._commit(decisions, now, True, audit)
-        log.info("override %s level %d on %s by %s for %gs: %s", mode, level, _key(scope), by, duration_s, reason)
+        log.info("override %s level %d on %s by %s for %gs: %s", mode, level, _key(scope), by, duration_s, reason,
+                 extra={"scope": _key(scope), "action": self.rules.levels.get(level), "fuse_level": level,
+                        "state": mode, "source": "override"})
         return out
 
     # ------------------------------------------------------------------ queries
@@ -260,9 +262,11 @@ class FuseService:
             log.error("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         self._committed = snap
-        for d in decisions:
+        for d, o in zip(decisions, out):
             self.metrics.transitions.labels(d.action, d.kind, d.source).inc()
-            log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason)
+            log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason,
+                     extra={"decision_id": o["decision_id"], "scope": d.scope_key, "action": d.action,
+                            "fuse_level": d.level, "state": d.kind, "source": d.source})
         if decisions:
             self._refresh_gauges()
             for w in self._wakes.values():
@@ -360,13 +364,13 @@ class FuseService:
                                "error": str(e)[:1000]}})
                 self.metrics.given_up.labels(label, reason).inc()
                 log.error("action %s for %s given up after %d attempt(s) (%s): %s", name, job["decision_id"],
-                          attempt, reason, e)
+                          attempt, reason, e, extra=_fields(job, key, label, attempt))
                 return True
             lane = lanes.get(key)
             delay = self.backoff_s if lane is None else min(lane.delay * 2, self.backoff_max_s)
             lanes[key] = _Lane(job["seq"], time.monotonic() + delay, delay)  # before the store, which may fail
             log.warning("action %s for %s failed (attempt %d), retrying in %.2fs: %s",
-                        name, job["decision_id"], attempt, delay, e)
+                        name, job["decision_id"], attempt, delay, e, extra=_fields(job, key, label, attempt))
             self.store.mark_failed(job["seq"], str(e))
             return False
         lanes.pop(key, None)
@@ -382,6 +386,8 @@ class FuseService:
             unrecorded[job["seq"]] = (now, audit)  # recorded on the next pass, without calling again
             raise
         self.metrics.latency.labels(label).observe(max(0.0, now - job["received"]))
+        log.info("%s %s level %s on %s: %s", p["state"], p["action"], p["level"], key, audit["reason"],
+                 extra=_fields(job, key, label, attempt))
         return True
 
     def _tick_loop(self) -> None:
@@ -412,6 +418,13 @@ def _labels(adapters) -> dict[str, str]:
         seen[base] = seen.get(base, 0) + 1
         out[a.name] = base if seen[base] == 1 else f"{base}#{seen[base]}"
     return out
+
+
+def _fields(job: dict, key: str, adapter: str, attempt: int) -> dict:
+    """Structured log fields of an outbox row's attempt (``--log-format json``)."""
+    p = job["payload"]
+    return {"decision_id": job["decision_id"], "scope": key, "action": p.get("action"), "fuse_level": p.get("level"),
+            "state": p.get("state"), "adapter": adapter, "attempt": attempt}
 
 
 def _truncated_row(note: Notification, now: float) -> dict:
