@@ -292,3 +292,20 @@ def test_dry_run_calls_are_audited_as_not_applied(tmp_path):
     rows = svc.store.audit_log(kinds=("dry_run", "applied"))
     assert [(r["kind"], r["reason"], r["source"]) for r in rows] == [("dry_run", "trip not applied (dry-run)", "dry-run")]
     svc.store.close()
+
+
+def test_the_dashboard_link_of_alerts_and_of_the_status_page_is_the_overview_dashboards_uid():
+    """Alerts' dashboard_url annotation and the status page link to the UID the overview dashboard
+    really has (dashboards/fusebox-overview.json), not a name no dashboard carries."""
+    import dataclasses
+
+    from fusebox import conventions as C
+    from fusebox.fuse.status import StatusLinks
+    from fusebox.generator.render_rules import alert_annotations
+
+    uid = json.loads((SPEC.parent / "dashboards" / "fusebox-overview.json").read_text())["uid"]
+    spec = dataclasses.replace(load_spec(SPEC), dashboard_base_url="https://grafana.example.org/")
+    sig = next(s for s in spec.signals if s.tiers)
+    assert alert_annotations(sig, sig.tiers[0], spec)["dashboard_url"] == f"https://grafana.example.org/d/{uid}"
+    assert StatusLinks.from_spec(spec).dashboard == f"https://grafana.example.org/d/{uid}"
+    assert C.dashboard_uid(spec.name, C.OVERVIEW_DASHBOARD) == uid
