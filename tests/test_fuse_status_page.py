@@ -12,7 +12,9 @@ import dataclasses
 import html
 import json
 import re
+import struct
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -59,11 +61,57 @@ def chromium_page(svc: LiveService, tmp_path: Path, shot: Path) -> str:
               "--hide-scrollbars", f"--user-data-dir={tmp_path / 'chromium-profile'}"]
     out = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=90)
     assert "<table" in out.stdout, out.stderr[-2000:]
-    shot_run = subprocess.run([*common, "--window-size=1400,1100", f"--screenshot={shot}", url],
+    shot_run = subprocess.run([*common, "--window-size=1280,1000", f"--screenshot={shot}", url],
                               capture_output=True, text=True, timeout=90)
     assert shot.is_file() and shot.stat().st_size > 10_000, shot_run.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return out.stdout
+
+
+def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """(width, height, rows of RGB bytes) of an 8-bit, non-interlaced RGB or RGBA PNG (what
+    Chromium writes), decoded with the standard library (PNG spec, section 9: filters 0-4)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, ihdr = 8, [], (0, 0, 8, 2, 0, 0, 0)
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", data[pos + 8:pos + 8 + n])
+        elif kind == b"IDAT":
+            idat.append(data[pos + 8:pos + 8 + n])
+        pos += 12 + n
+    w, h, depth, color, _, _, interlace = ihdr
+    assert depth == 8 and color in (2, 6) and interlace == 0, ihdr
+    bpp, raw = (3 if color == 2 else 4), zlib.decompress(b"".join(idat))
+    stride, prev, rows = w * bpp, bytearray(w * bpp), []
+    for y in range(h):
+        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride) if f else ():
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], (prev[i - bpp] if i >= bpp else 0)
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + ((a + b) >> 1)) & 255
+            else:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(bytes(line) if bpp == 3 else bytes(v for j, v in enumerate(line) if j % 4 != 3))
+        prev = line
+    return w, h, rows
+
+
+def assert_nothing_overflows(shot: Path, banner: bool) -> None:
+    """The page fits the window: the rightmost 8 pixel columns hold only the page's margin (white)
+    and, with the dry-run banner, its red and its black rule; a table wider than the window would
+    put its cells and borders there."""
+    w, _, rows = png_pixels(shot.read_bytes())
+    edge = {row[x * 3:x * 3 + 3] for row in rows for x in range(w - 8, w)}
+    allowed = {b"\xff\xff\xff"} | ({b"\xb0\x00\x20", b"\x00\x00\x00"} if banner else set())
+    assert edge <= allowed, sorted(edge - allowed)[:5]
 
 
 def rows_of(dom: str) -> dict[tuple[str, str], tuple[str, str]]:
@@ -97,6 +145,7 @@ def test_dry_run_page_shows_banner_tripped_since_links_and_pending_release(tmp_p
         clock.t = T0 + 12 * 60 + 30  # 12.5 minutes after the trip
         shot = tmp_path / "status-dry-run.png"
         dom = chromium_page(svc, tmp_path, shot)
+        assert_nothing_overflows(shot, banner=True)
         metrics = svc.service.metrics
         assert metrics.registry.get_sample_value("fusebox_fuse_dry_run") == 1.0
 
@@ -163,6 +212,7 @@ def test_live_page_shows_applied_failed_and_pending_calls(tmp_path):
             wait_for(lambda: svc.state()["pending_actions"] == 1, 10, what="the 200 and the 400 settled")
             clock.t = T0 + 3 * 3600 + 5 * 60
             dom = chromium_page(svc, tmp_path, tmp_path / "status-live.png")
+            assert_nothing_overflows(tmp_path / "status-live.png", banner=False)
             assert svc.service.metrics.registry.get_sample_value("fusebox_fuse_dry_run") == 0.0
     finally:
         gw.stop()
