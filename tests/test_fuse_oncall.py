@@ -309,3 +309,25 @@ def test_the_dashboard_link_of_alerts_and_of_the_status_page_is_the_overview_das
     assert alert_annotations(sig, sig.tiers[0], spec)["dashboard_url"] == f"https://grafana.example.org/d/{uid}"
     assert StatusLinks.from_spec(spec).dashboard == f"https://grafana.example.org/d/{uid}"
     assert C.dashboard_uid(spec.name, C.OVERVIEW_DASHBOARD) == uid
+
+
+def test_alertmanager_links_come_from_the_option_else_the_notifications_external_url_and_only_http(tmp_path):
+    svc = _service(tmp_path)
+    c = TestClient(create_app(svc, Tokens(webhook=TOKEN)))
+    body = payload(alert("GPUMemoryUtilizationHigh", **GPU))
+    assert c.post("/alertmanager", json={**body, "externalURL": "https://am.example.org/"}, headers=HOOK).status_code == 200
+    page = c.get("/", headers=HOOK).text
+    assert 'href="https://am.example.org/#/alerts?silenced=true&amp;inhibited=true&amp;filter=' \
+           '%7Balertname%3D%22GPUMemoryUtilizationHigh%22%2Ccluster%3D%22prod-a%22%2Chw_id%3D%22GPU-1%22%7D"' in page
+    # a later notification with a URL that is not http(s) changes nothing: it never becomes a link
+    assert c.post("/alertmanager", json={**body, "externalURL": "javascript:alert(1)"}, headers=HOOK).status_code == 200
+    page = c.get("/", headers=HOOK).text
+    assert "javascript:" not in page and 'href="https://am.example.org/#/alerts"' in page
+    # --alertmanager-url wins over what Alertmanager sends
+    from fusebox.fuse.status import StatusLinks
+
+    c2 = TestClient(create_app(svc, Tokens(webhook=TOKEN), links=StatusLinks(alertmanager="http://am.internal:9093")))
+    assert c2.post("/alertmanager", json=body, headers=HOOK).status_code == 200
+    page = c2.get("/", headers=HOOK).text
+    assert 'href="http://am.internal:9093/#/alerts"' in page and "http://alertmanager:9093" not in page
+    svc.store.close()
