@@ -7,12 +7,16 @@ POST /alertmanager          webhook   200 applied or ignored; 400 malformed; 401
                                       503 state not persisted (Alertmanager retries 5xx only)
 POST /override              a person  200 with the decisions; 400 bad override; 401; 409 the scope
                                       is not exactly a known one (lists the candidates); 413; 503
-GET  /state                 reader    JSON: ``levels`` {scope key: highest tripped level}, ``scopes``
+GET  /state                 reader    JSON: ``levels`` {scope key: highest tripped level}, ``scopes``;
+                                      times as Unix seconds and ISO-8601 (``*_iso``)
 GET  /                      reader    read-only HTML status page (Bearer, or Basic with the token
                                       as password, so a browser can ask for it)
 GET  /openapi.json          reader    the API description (no /docs, /redoc: no third-party script)
 GET  /metrics               none      Prometheus text format (no URL, no answer text)
-GET  /healthz               none      200 "ok"
+GET  /healthz               none      200 "ok" (liveness: the process answers)
+GET  /readyz                none      200 ``{"status": "ready"}`` when the store answers a read and an
+                                      adapter is configured (dry-run counts); else 503 with
+                                      ``{"status": "not ready", "reason": ...}``
 ==========================  ========  =============================================================
 
 Tokens (:mod:`fusebox.fuse.tokens`): *webhook* is Alertmanager's; *a person* is one of the named
@@ -27,11 +31,10 @@ looked at.
 # dependencies local to create_app.
 
 import json
+import logging
+import os
 import re
 import time
-from datetime import datetime, timezone
-from functools import lru_cache
-from importlib import resources
 from typing import Annotated, Any, Literal, Optional, Union
 
 from fastapi import Depends, FastAPI, Request, Security
@@ -45,10 +48,14 @@ from starlette.exceptions import HTTPException
 from .breaker import OverrideError, ScopeNotFound
 from .payload import NOT_STORABLE, PayloadError, parse_payload, storable
 from .service import FuseService, Unavailable
+from .status import (CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, StatusLinks, render_status,
+                     state_view, web_url)
 from .tokens import Tokens, TokenFiles, match
 
+log = logging.getLogger("fusebox.fuse")
+
 __all__ = ["create_app", "render_status", "MAX_BODY_BYTES", "MAX_LABEL_VALUE", "STATUS_ROWS", "WebhookPayload",
-           "OverrideRequest"]
+           "OverrideRequest", "StatusLinks"]
 
 # Alertmanager caps a notification at max_alerts (0 = all); 1 MiB holds thousands of alerts.
 MAX_BODY_BYTES = 1 << 20
@@ -57,16 +64,6 @@ MAX_BODY_BYTES = 1 << 20
 MAX_LABEL_VALUE = 256
 # Alertmanager's fingerprints are 16 hex digits.
 MAX_FINGERPRINT = 64
-# The status page lists at most this many scope rows (scope x level) and audit rows, and clips the
-# text of each cell, so that its size stays bounded (under 1 MB) whatever the alerts carried.
-STATUS_ROWS = 100
-STATUS_DECISIONS = 30
-STATUS_ALERTS_PER_ROW = 5
-STATUS_TRIPPED_IN_SUMMARY = 10
-STATUS_CELL_CHARS = 200
-
-
-
 def _storable(text: str) -> str:
     if not storable(text):
         raise ValueError(f"is {NOT_STORABLE}")
@@ -220,13 +217,16 @@ class _BodyLimit:
         await _problem(413, f"body over {self.max_body} bytes")(scope, receive, send)
 
 
-def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_body: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_body: int = MAX_BODY_BYTES,
+               links: Optional[StatusLinks] = None) -> FastAPI:
     """The ASGI app.
 
     Args:
         tokens: :class:`Tokens` (fixed), :class:`TokenFiles` (read again when the files change), or a
             string: the webhook token alone (no one may override).
         max_body: largest request body, bytes (413 above).
+        links: where the status page links to (runbooks, dashboard, Alertmanager); None: no links
+            but Alertmanager's, from the notifications' ``externalURL``.
 
     Raises:
         ValueError: an empty webhook token.
@@ -238,6 +238,7 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
     app = FastAPI(title="fusebox fuse", version="1", description=__doc__.split("\n\n")[0],
                   openapi_url=None, docs_url=None, redoc_url=None)
     metrics = service.metrics
+    seen = {"alertmanager": ""}  # the externalURL of the last notification (Alertmanager's own address)
 
     def count(path: str, outcome: str) -> None:
         if path == "/alertmanager":
@@ -328,6 +329,7 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
         """Alertmanager webhook receiver (payload version 4)."""
         t0 = time.perf_counter()
         received = service.clock()
+        seen["alertmanager"] = web_url(body.externalURL) or seen["alertmanager"]
         try:
             note = parse_payload(body.model_dump(), received)
         except (PayloadError, ValueError) as e:
@@ -361,8 +363,9 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
 
     @app.get("/state", responses={401: {"description": "no or wrong token"}})
     def state(_: Annotated[str, Depends(reader_token)]):
-        """``levels``: scope key -> highest tripped level (absent: none); ``scopes``: details."""
-        return service.state()
+        """``levels``: scope key -> highest tripped level (absent: none); ``scopes``: details. Times
+        are Unix seconds with an ISO-8601 twin (``tripped_at`` and ``tripped_at_iso``...)."""
+        return state_view(service.state(), service.clock())
 
     @app.get("/openapi.json", include_in_schema=False)
     def openapi(_: Annotated[str, Depends(reader_token)]):
@@ -374,74 +377,54 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
 
     @app.get("/healthz", response_class=PlainTextResponse)
     def healthz():
+        """Liveness: the process answers (it says nothing of the store or the adapters: /readyz)."""
         return "ok"
+
+    @app.get("/readyz", responses={503: {"description": "not ready; the reason says why"}})
+    def readyz():
+        """Readiness: 200 when the store answers a read and at least one adapter is configured (the
+        dry-run adapter counts); 503 ``{"status": "not ready", "reason": ...}`` otherwise."""
+        reason = not_ready(service)
+        if reason:
+            return JSONResponse({"status": "not ready", "reason": _encodable(reason)}, status_code=503)
+        return {"status": "ready", "adapters": sorted(service.labels.values()), "dry_run": service.dry_run}
 
     @app.get("/", response_class=HTMLResponse, responses={401: {"description": "no or wrong token"}})
     def status_page(_: Annotated[str, Depends(reader_token)]):
-        """Read-only status: scopes, levels, alerts holding them, last decisions, the last notification
-        Alertmanager truncated."""
-        return render_status(service.state(), service.store.audit_log(STATUS_DECISIONS))
+        """Read-only status: per scope and level, since when, the alerts holding it (with links),
+        the adapter calls made and pending, last decisions, the last truncated notification."""
+        return render_status(service.state(), service.store.audit_log(STATUS_DECISIONS), now=service.clock(),
+                             calls=service.store.audit_log(STATUS_CALL_ROWS, kinds=CALL_KINDS),
+                             pending=pending_calls(service), links=links, alertmanager=seen["alertmanager"])
 
     return app
 
 
-def _ts(t) -> str:
-    if t is None:
-        return ""
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+def not_ready(service: FuseService) -> str:
+    """Why the service is not ready, or ``""``: the store must answer a read, and at least one
+    adapter must be configured."""
+    if not service.adapters:
+        return "no adapter configured: give --gateway-url (or --dry-run)"
+    path = getattr(service.store, "path", None)  # a file store: the file must still be there, ours to use
+    if isinstance(path, str) and path != ":memory:" and not os.access(path, os.R_OK | os.W_OK):
+        return f"store file {path} is missing or not readable and writable by this process"
+    try:
+        service.store.pending_count()
+    except Exception as e:  # sqlite3.Error, a closed store, a lost connection
+        log.warning("readyz: the store does not answer: %s", e)
+        return f"store not reachable: {type(e).__name__}: {e}"[:300]
+    return ""
 
 
-def _clip(text, n: int = STATUS_CELL_CHARS) -> str:
-    text = "" if text is None else str(text)
-    return text if len(text) <= n else text[: n - 1] + "…"
+def pending_calls(service: FuseService) -> list[dict]:
+    """Outbox rows not yet applied, for the status page: ``{"scope_key", "level", "state",
+    "adapter" (its label, no URL), "attempts"}``."""
+    from .rules import scope_key, scope_of
 
-
-@lru_cache(maxsize=1)
-def _template():
-    import jinja2
-
-    text = resources.files("fusebox.fuse").joinpath("static/status.html").read_text(encoding="utf-8")
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    return env.from_string(text)
-
-
-def render_status(state: dict, audit: list[dict]) -> str:
-    """The status page as one HTML string: ``state`` is :meth:`FuseService.state`, ``audit`` the
-    newest audit rows. Rendered in one pass by Jinja2 with autoescape (template static/status.html,
-    no script), so text from alerts is shown as text, never read as markup or as a placeholder. At
-    most ``STATUS_ROWS`` scope rows and the first ``STATUS_DECISIONS`` audit rows, every cell
-    clipped to ``STATUS_CELL_CHARS`` characters: the page stays under 1 MB."""
-    rows: list[dict[str, Any]] = []
-    total = 0
-    for sc in state["scopes"]:
-        for lvl, st in sc["levels"].items():
-            total += 1
-            if len(rows) >= STATUS_ROWS:
-                continue
-            ov = st["override"]
-            alerts = st["alerts"]
-            rows.append({
-                "key": _clip(sc["key"]), "level": lvl, "action": _clip(st["action"]), "tripped": st["tripped"],
-                "alerts": [_clip(a) for a in alerts[:STATUS_ALERTS_PER_ROW]],
-                "alerts_more": max(0, len(alerts) - STATUS_ALERTS_PER_ROW),
-                "release_at": _ts(st["release_at"]),
-                "override": _clip(f"{ov['mode']} until {_ts(ov['until'])}: {ov['reason']}") if ov else "",
-            })
-    tripped = sorted(state["levels"].items())
-    decisions = [{"at": _ts(a["at"]), "kind": _clip(a["kind"]), "scope": _clip(a["scope_key"]),
-                  "level": a["level"] or "", "action": _clip(a["action"]), "source": _clip(a["source"]),
-                  "reason": _clip(a["reason"])} for a in audit[:STATUS_DECISIONS]]
-    cut = state.get("truncated") or {}
-    last = cut.get("last")
-    truncated = None
-    if last:
-        truncated = {"at": _ts(last["at"]), "left_out": last["truncated_alerts"], "sent": last["alerts"],
-                     "group": _clip(last["group_key"]), "notifications": cut.get("notifications", 0),
-                     "alerts": cut.get("alerts", 0)}
-    return _template().render(
-        truncated=truncated,
-        tripped=[(_clip(k), v) for k, v in tripped[:STATUS_TRIPPED_IN_SUMMARY]],
-        tripped_more=max(0, len(tripped) - STATUS_TRIPPED_IN_SUMMARY),
-        rows=rows, rows_more=total - len(rows), decisions=decisions,
-        mode="dry-run (decisions are logged, not applied)" if state["dry_run"] else "live",
-        pending=state["pending_actions"], hold=f'{state["hold_s"]:g}')
+    out = []
+    for name, label in service.labels.items():
+        for row in service.store.pending(name)[:STATUS_ROWS]:
+            p = row["payload"]
+            out.append({"scope_key": scope_key(scope_of(p.get("scope") or {})), "level": p.get("level"),
+                        "state": p.get("state"), "adapter": label, "attempts": row["attempts"]})
+    return out

@@ -109,7 +109,17 @@ def register(subparsers) -> None:
     s.add_argument("--vllm-max-attempts", type=_attempts, default=5, metavar="N",
                    help="best effort: attempts of each vLLM reset before it is audited as failed (default 5)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="text (default) or json: one JSON object per line (time, level, logger, message, and "
+                        "decision_id, scope, action... when present)")
+    s.add_argument("--alertmanager-url", metavar="URL", default="",
+                   help="Alertmanager as the on-call's browser reaches it, for the status page's links (default: "
+                        "the externalURL Alertmanager sends in each notification)")
     s.set_defaults(func=serve)
+
+    from .override import register as register_override
+
+    register_override(sub)
 
     g = sub.add_parser("gateway", help="reference gateway: accept POST /v1/control/fuse and log it as JSON lines")
     g.add_argument("--listen", type=_hostport, default=DEFAULT_GATEWAY_LISTEN,
@@ -124,9 +134,10 @@ def _err(msg: str) -> int:
     return 2
 
 
-def build_service(args):
+def build_service(args, spec=None):
     """The service and its :class:`~fusebox.fuse.tokens.TokenFiles` from parsed ``serve`` arguments
-    (no server started). Raises SpecError, OSError, ValueError."""
+    (no server started); ``spec``: the loaded spec (read from ``args.spec`` when None). Raises
+    SpecError, OSError, ValueError."""
     from fusebox.spec import load_spec
 
     from .actions import Adapter, DryRun, HttpGateway, VllmResetPrefixCache, read_token
@@ -135,7 +146,7 @@ def build_service(args):
     from .store import Store
     from .tokens import TokenFiles
 
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec) if spec is None else spec
     token = TokenFiles(args.token_file, args.override_tokens, args.read_token_file)
     adapters: list[Adapter]
     if args.dry_run:
@@ -178,11 +189,15 @@ def startup_line(args, service) -> str:
 
 
 def serve(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from fusebox.spec import load_spec
     from fusebox.spec.errors import SpecError
 
+    from .logs import json_line, setup
+
+    setup(args.log_level, args.log_format)
     try:
-        service, tokens = build_service(args)
+        spec = load_spec(args.spec)
+        service, tokens = build_service(args, spec)
     except SpecError as e:
         return _err(str(e))
     except (OSError, ValueError) as e:
@@ -192,6 +207,7 @@ def serve(args) -> int:
     import uvicorn
 
     from .app import create_app
+    from .status import StatusLinks
     from .tokens import permission_warnings
 
     log = logging.getLogger("fusebox.fuse")
@@ -201,12 +217,17 @@ def serve(args) -> int:
     # SIGHUP reads the token files again (they are also read again when they change); uvicorn
     # handles only SIGINT and SIGTERM.
     signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
-    app = create_app(service, tokens)
+    app = create_app(service, tokens, links=StatusLinks.from_spec(spec, args.alertmanager_url))
     host, port = args.listen
-    print(startup_line(args, service), file=sys.stderr, flush=True)
+    line = startup_line(args, service)
+    print(json_line("info", "fusebox.fuse", line) if args.log_format == "json" else line, file=sys.stderr, flush=True)
     service.start()
+    # json: uvicorn's own loggers go to the root handler (one JSON object per line) rather than its own
+    from uvicorn.config import LOGGING_CONFIG
+
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
+                    log_config=None if args.log_format == "json" else LOGGING_CONFIG)
     finally:
         service.stop()
         service.store.close()

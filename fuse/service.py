@@ -82,6 +82,7 @@ class _Metrics:
                                  ["adapter"], buckets=buckets, registry=r)
         self.request = Histogram(M["request_latency"], "Seconds spent handling a webhook notification.",
                                  buckets=buckets, registry=r)
+        self.dry_run = Gauge(M["dry_run"], "1 when the service calls nothing (--dry-run), else 0.", registry=r)
 
 
 class FuseService:
@@ -109,6 +110,7 @@ class FuseService:
         self.clock = clock
         self.dry_run = dry_run
         self.metrics = _Metrics()
+        self.metrics.dry_run.set(1 if dry_run else 0)
         self.breaker = Breaker(rules, hold_s, max_scopes=max_scopes)
         self._committed = store.snapshot() or {}
         self.breaker.restore(self._committed)
@@ -203,7 +205,9 @@ class FuseService:
                       "detail": {"mode": mode, "until": now + duration_s, "scope": scope, "fleet": fleet,
                                  "token": by}}]
             out = self._commit(decisions, now, True, audit)
-        log.info("override %s level %d on %s by %s for %gs: %s", mode, level, _key(scope), by, duration_s, reason)
+        log.info("override %s level %d on %s by %s for %gs: %s", mode, level, _key(scope), by, duration_s, reason,
+                 extra={"scope": _key(scope), "action": self.rules.levels.get(level), "fuse_level": level,
+                        "state": mode, "source": "override"})
         return out
 
     # ------------------------------------------------------------------ queries
@@ -258,9 +262,11 @@ class FuseService:
             log.error("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         self._committed = snap
-        for d in decisions:
+        for d, o in zip(decisions, out):
             self.metrics.transitions.labels(d.action, d.kind, d.source).inc()
-            log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason)
+            log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason,
+                     extra={"decision_id": o["decision_id"], "scope": d.scope_key, "action": d.action,
+                            "fuse_level": d.level, "state": d.kind, "source": d.source})
         if decisions:
             self._refresh_gauges()
             for w in self._wakes.values():
@@ -358,26 +364,30 @@ class FuseService:
                                "error": str(e)[:1000]}})
                 self.metrics.given_up.labels(label, reason).inc()
                 log.error("action %s for %s given up after %d attempt(s) (%s): %s", name, job["decision_id"],
-                          attempt, reason, e)
+                          attempt, reason, e, extra=_fields(job, key, label, attempt))
                 return True
             lane = lanes.get(key)
             delay = self.backoff_s if lane is None else min(lane.delay * 2, self.backoff_max_s)
             lanes[key] = _Lane(job["seq"], time.monotonic() + delay, delay)  # before the store, which may fail
             log.warning("action %s for %s failed (attempt %d), retrying in %.2fs: %s",
-                        name, job["decision_id"], attempt, delay, e)
+                        name, job["decision_id"], attempt, delay, e, extra=_fields(job, key, label, attempt))
             self.store.mark_failed(job["seq"], str(e))
             return False
         lanes.pop(key, None)
         now = self.clock()
-        audit = {"at": now, "kind": "applied", "decision_id": job["decision_id"], "scope_key": key,
-                 "level": p["level"], "action": p["action"], "source": label,
-                 "reason": f"{p['state']} applied by {label}", "detail": {"attempts": attempt, "adapter": name}}
+        # In dry-run the adapter only logged it: the audit says it was not applied, never "applied".
+        audit = {"at": now, "kind": "dry_run" if self.dry_run else "applied", "decision_id": job["decision_id"],
+                 "scope_key": key, "level": p["level"], "action": p["action"], "source": label,
+                 "reason": f"{p['state']} not applied (dry-run)" if self.dry_run else f"{p['state']} applied by {label}",
+                 "detail": {"attempts": attempt, "adapter": name}}
         try:
             self.store.mark_applied(job["seq"], now, audit)
         except Exception:
             unrecorded[job["seq"]] = (now, audit)  # recorded on the next pass, without calling again
             raise
         self.metrics.latency.labels(label).observe(max(0.0, now - job["received"]))
+        log.info("%s %s level %s on %s: %s", p["state"], p["action"], p["level"], key, audit["reason"],
+                 extra=_fields(job, key, label, attempt))
         return True
 
     def _tick_loop(self) -> None:
@@ -408,6 +418,13 @@ def _labels(adapters) -> dict[str, str]:
         seen[base] = seen.get(base, 0) + 1
         out[a.name] = base if seen[base] == 1 else f"{base}#{seen[base]}"
     return out
+
+
+def _fields(job: dict, key: str, adapter: str, attempt: int) -> dict:
+    """Structured log fields of an outbox row's attempt (``--log-format json``)."""
+    p = job["payload"]
+    return {"decision_id": job["decision_id"], "scope": key, "action": p.get("action"), "fuse_level": p.get("level"),
+            "state": p.get("state"), "adapter": adapter, "attempt": attempt}
 
 
 def _truncated_row(note: Notification, now: float) -> dict:

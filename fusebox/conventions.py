@@ -16,6 +16,7 @@ spelling names out. Sources:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -31,6 +32,8 @@ __all__ = [
     "GENERATED_HEADER",
     "FUSE_LEVEL_METRIC",
     "ALERTS_METRIC",
+    "dashboard_uid",
+    "OVERVIEW_DASHBOARD",
 ]
 
 # --- OpenTelemetry instrument names (name, unit, instrument kind) -----------------------
@@ -292,3 +295,18 @@ SERVICE = {
     "latency": "fusebox-latency",
     "scenario": "fusebox-scenario",
 }
+
+
+# The overview dashboard's name (dashboards/fusebox-overview.json); alerts and the fuse's status
+# page link to it when the spec sets global.dashboard_base_url.
+OVERVIEW_DASHBOARD = "overview"
+
+
+def dashboard_uid(spec_name: str, name: str) -> str:
+    """Stable Grafana UID from the spec name and dashboard name (<= 40 chars, [a-z0-9-]); the
+    dashboard's URL is ``<grafana>/d/<uid>``."""
+    slug = re.sub(r"[^a-z0-9]+", "-", f"fusebox-{spec_name}-{name}".lower()).strip("-")
+    if len(slug) <= 40:
+        return slug
+    digest = hashlib.sha1(slug.encode()).hexdigest()[:8]
+    return f"{slug[:31].rstrip('-')}-{digest}"

@@ -28,8 +28,6 @@ spec's MB are SI). Every panel links to the runbook of the alert it shows
 
 from __future__ import annotations
 
-import hashlib
-import re
 from pathlib import PurePath
 from typing import Iterable, Optional
 
@@ -115,19 +113,13 @@ def _overview(spec) -> DashboardDef:
             "expr": f"{C.FUSE_LEVEL_METRIC} > 0",
         },
     )
-    return DashboardDef("overview", f"fusebox / {spec.name} / overview",
+    return DashboardDef(C.OVERVIEW_DASHBOARD, f"fusebox / {spec.name} / overview",
                         "Which fuse is near, where, and why: every signal against its tiers, the fuse state, alert annotations.",
                         tuple(panels), annotations)
 
 
 # ------------------------------------------------------------------ grafanalib + adapter
-def dashboard_uid(spec_name: str, name: str) -> str:
-    """Stable Grafana UID from the spec name and dashboard name (<= 40 chars, [a-z0-9-])."""
-    slug = re.sub(r"[^a-z0-9]+", "-", f"fusebox-{spec_name}-{name}".lower()).strip("-")
-    if len(slug) <= 40:
-        return slug
-    digest = hashlib.sha1(slug.encode()).hexdigest()[:8]
-    return f"{slug[:31].rstrip('-')}-{digest}"
+dashboard_uid = C.dashboard_uid  # re-exported: the UID rule lives with the other names
 
 
 def _templates(spec) -> list:

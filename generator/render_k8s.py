@@ -169,7 +169,7 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
         "args": ["fuse", "serve", "--spec", f"{SPEC_MOUNT}/{_SPEC_KEY}", "--listen", f"0.0.0.0:{port}",
                  "--webhook-token-file", f"{TOKEN_MOUNT}/{C.K8S['token_key']}", "--state-dir", STATE_DIR, *f.args],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "readinessProbe": _probe("http", "/healthz", 10),
+        "readinessProbe": _probe("http", "/readyz", 10),
         "livenessProbe": _probe("http", "/healthz", 30) | {"initialDelaySeconds": 10},
         "resources": f.resources.manifest(),
         "securityContext": _security(),

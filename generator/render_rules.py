@@ -159,7 +159,8 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
         "runbook_url": spec.runbook_url(sig.alert),
     }
     if spec.dashboard_base_url:
-        ann["dashboard_url"] = f"{spec.dashboard_base_url.rstrip('/')}/d/fusebox-overview"
+        ann["dashboard_url"] = (f"{spec.dashboard_base_url.rstrip('/')}/d/"
+                                f"{C.dashboard_uid(spec.name, C.OVERVIEW_DASHBOARD)}")
     return ann
 
 

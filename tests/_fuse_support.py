@@ -82,7 +82,7 @@ class LiveService:
     """``fusebox fuse serve`` in this process: FuseService + FastAPI app under uvicorn in a thread."""
 
     def __init__(self, state_path, gateway_url=None, *, hold_s=0.5, backoff_s=0.02, backoff_max_s=0.2,
-                 tick_s=0.02, dry_run=False, adapters=None):
+                 tick_s=0.02, dry_run=False, adapters=None, clock=None, links=None):
         import uvicorn
 
         from fusebox.fuse.actions import DryRun, HttpGateway
@@ -97,10 +97,10 @@ class LiveService:
             adapters = [DryRun()] if dry_run else [HttpGateway(gateway_url, "gw-token", timeout_s=1.0)]
         self.service = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(state_path), adapters,
                                    hold_s=hold_s, backoff_s=backoff_s, backoff_max_s=backoff_max_s,
-                                   tick_s=tick_s, dry_run=dry_run)
+                                   tick_s=tick_s, dry_run=dry_run, **({"clock": clock} if clock else {}))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(self.service, Tokens(webhook=TOKEN, people=dict(PEOPLE)))
+        self.app = create_app(self.service, Tokens(webhook=TOKEN, people=dict(PEOPLE)), links=links)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error",
                                                     access_log=False, lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -228,7 +228,8 @@ def test_the_fuse_is_one_recreated_replica_with_the_users_token_secret_and_is_sc
     # the ConfigMap holds a spec the fuse service can load: this one, with the kubernetes block
     assert parse_spec(spec_cm["data"]["fusebox.yaml"]).kubernetes.namespace == KUBE["namespace"]
     assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["runAsNonRoot"]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"  # store reachable, adapters configured
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert svc["spec"]["ports"][0]["port"] == C.K8S["fuse_port"]
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert pdb["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
