@@ -196,7 +196,8 @@ def test_json_logs_one_object_per_line_with_decision_fields(served):
                    headers=HOOK)
     assert r.status_code == 200
     did = r.json()["decisions"][0]["decision_id"]
-    wait_for(lambda: did in (tmp / "stderr.log").read_text() and "not applied (dry-run)" in (tmp / "stderr.log").read_text(),
+    # the served fixture is shared: wait for THIS decision's dry-run call, not an earlier test's
+    wait_for(lambda: any(did in line and "not applied (dry-run)" in line for line in (tmp / "stderr.log").read_text().splitlines()),
              10, what="the decision and its dry-run call logged")
     lines = [line for line in (tmp / "stderr.log").read_text().splitlines() if line.strip()]
     docs = [json.loads(line) for line in lines]  # every line is one JSON object
