@@ -194,6 +194,9 @@ class Store:
     def _begin_exclusive(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")
 
+    def _begin(self) -> None:
+        self._begin_exclusive()  # SQLite: one writer at a time anyway
+
     def _q(self, sql: str) -> str:
         return sql
 
@@ -238,18 +241,20 @@ class Store:
 
     # ----------------------------------------------------------------- transactions
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
+    def _transaction(self, exclusive: bool = True) -> Iterator[None]:
         """One exclusive transaction under the lock. Whatever fails inside it (a database error,
         which becomes StoreError, or any other exception, such as a value the database cannot bind,
         raised as is) rolls it back in ``finally``: nothing of a failed change is kept, and no
-        transaction is left open to make the next one fail. Inside :meth:`change`, it joins that one."""
+        transaction is left open to make the next one fail. Inside :meth:`change`, it joins that one.
+        ``exclusive=False``: without the lock that serialises the breaker's changes (on PostgreSQL;
+        the outbox's rows are locked one by one)."""
         with self._lock:
             if self._in_change:
                 yield
                 return
             done = False
             try:
-                self._begin_exclusive()
+                self._begin_exclusive() if exclusive else self._begin()
                 yield
                 self._run("COMMIT")
                 done = True
@@ -276,7 +281,7 @@ class Store:
 
         Raises StoreError (nothing kept)."""
         with self._lock, self._transaction():
-            v = self._version()
+            v = self._version()  # read after the lock is held: what the previous holder committed
             snap = None
             if v != known_version:
                 row = self._rows("SELECT value FROM meta WHERE key='breaker'")
@@ -334,7 +339,7 @@ class Store:
         self.commit(None, (), [row])
 
     def _finish(self, sql: str, args: tuple, audit: dict) -> None:
-        with self._transaction():
+        with self._transaction(exclusive=False):
             self._run(sql, args)
             self._audit_rows([audit])
 
@@ -348,7 +353,7 @@ class Store:
         seqs = list(seqs)
         if not seqs:
             return []
-        with self._transaction():
+        with self._transaction(exclusive=False):
             got = [r[0] for r in self._rows(
                 "SELECT seq FROM outbox WHERE seq IN (%s) AND status='pending' "
                 "AND (lease_until IS NULL OR lease_until <= ? OR claimed_by = ?) ORDER BY seq%s"
@@ -375,7 +380,7 @@ class Store:
     def mark_failed(self, seq: int, error: str, retry_at: Optional[float] = None) -> None:
         """One more failed attempt of row ``seq`` (still pending); with ``retry_at`` (Unix s) its lease
         is kept until then, so no replica retries it before the backoff. Raises StoreError."""
-        with self._transaction():
+        with self._transaction(exclusive=False):
             if retry_at is None:
                 self._run("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE seq=?", (error[:500], seq))
             else:
@@ -491,6 +496,9 @@ class PgStore(Store):
     def _begin_exclusive(self) -> None:
         self._run("BEGIN")
         self._run("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK,))
+
+    def _begin(self) -> None:
+        self._run("BEGIN")
 
     def _q(self, sql: str) -> str:
         return sql.replace("%", "%%").replace("?", "%s")
