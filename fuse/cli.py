@@ -10,6 +10,8 @@ import stat
 import sys
 from pathlib import Path
 
+from fusebox import conventions as C
+
 DEFAULT_LISTEN = "127.0.0.1:9095"
 DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
 STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
@@ -90,7 +92,8 @@ def register(subparsers) -> None:
     where.add_argument("--store", metavar="URL", default=None,
                        help="the store as a URL: sqlite:///path/fuse.sqlite (one replica; the default is "
                             f"--state-dir's {STATE_FILE}) or postgresql://user@host:port/db (any number of "
-                            "replicas share it; the password from the URL, PGPASSWORD or ~/.pgpass)")
+                            "replicas share it; the password from the URL, PGPASSWORD or ~/.pgpass); default: env "
+                            f"{C.FUSE_STORE_ENV} when set and neither --state nor --state-dir is given")
     s.add_argument("--lease", type=_seconds, default=30.0,
                    help="seconds a replica holds a gateway call it claimed; another replica takes it over after "
                         "that (default 30; must exceed --timeout)")
@@ -170,12 +173,15 @@ def build_service(args):
 
 
 def _open_store(args):
-    """The store of ``--store URL``, else the SQLite file of ``--state``/``--state-dir``; sets
+    """The store of ``--store URL``, else the SQLite file of ``--state``/``--state-dir``, else the URL in
+    env FUSEBOX_FUSE_STORE, else the default state directory's SQLite file; sets
     ``args.state`` to what the start-up line shows (no password). Raises OSError, ValueError,
     StoreError."""
     from .store import Store, open_store, store_label
 
     url = getattr(args, "store", None)
+    if not url and not args.state and not args.state_dir:
+        url = os.environ.get(C.FUSE_STORE_ENV) or None
     if url:
         store = open_store(url)
         args.state = store_label(url)

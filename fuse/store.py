@@ -144,7 +144,8 @@ def store_label(url: str) -> str:
 
 
 def open_store(url: str) -> "Store":
-    """The store a ``--store`` URL names: ``sqlite:///abs/path``, ``sqlite://rel/path`` or a plain path
+    """The store a ``--store`` URL names: ``sqlite:///abs/path`` (or ``sqlite:////abs/path``),
+    ``sqlite://rel/path`` or a plain path
     (SQLite), ``postgresql://`` / ``postgres://`` (PostgreSQL).
 
     Raises:
@@ -154,7 +155,8 @@ def open_store(url: str) -> "Store":
     if url.startswith(("postgresql://", "postgres://")):
         return PgStore(url)
     if url.startswith("sqlite://"):
-        return Store(url[len("sqlite://"):])
+        path = url[len("sqlite://"):]
+        return Store("/" + path.lstrip("/") if path.startswith("/") else path)  # sqlite:////abs as SQLAlchemy writes it too
     if "://" in url:
         raise ValueError(f"--store {store_label(url)}: unknown scheme -- use sqlite:///path/fuse.sqlite or "
                          "postgresql://user@host:port/db")

@@ -292,3 +292,8 @@ SERVICE = {
     "latency": "fusebox-latency",
     "scenario": "fusebox-scenario",
 }
+
+# The environment variable `fusebox fuse serve` reads its --store URL from when no --store,
+# --state or --state-dir is given (the generated Deployment sets it from a Secret, so that the
+# PostgreSQL password is not in the pod's args).
+FUSE_STORE_ENV = "FUSEBOX_FUSE_STORE"
