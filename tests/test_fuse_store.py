@@ -34,6 +34,9 @@ INSERT INTO outbox (decision_id, adapter, payload, received) VALUES ('d1', 'gate
 """
 
 
+tools = pytest.mark.tools  # the tests with Debian's PostgreSQL server
+
+
 @pytest.fixture(scope="module")
 def pg():
     server = PgServer()
@@ -62,6 +65,7 @@ def test_store_urls():
     assert open_store("sqlite://:memory:").dialect == "sqlite"
 
 
+@tools
 def test_replicas_starting_together_migrate_once(pg):
     url = pg.create_db("together")
     stores: list = []
@@ -84,6 +88,7 @@ def test_replicas_starting_together_migrate_once(pg):
         s.close()
 
 
+@tools
 def test_the_audit_is_append_only_on_postgresql(pg):
     import psycopg
 
@@ -96,6 +101,7 @@ def test_the_audit_is_append_only_on_postgresql(pg):
     s.close()
 
 
+@tools
 def test_a_claimed_row_is_taken_over_only_after_its_lease(pg):
     url = pg.create_db("claims")
     a, b = PgStore(url), PgStore(url)
@@ -111,6 +117,7 @@ def test_a_claimed_row_is_taken_over_only_after_its_lease(pg):
     b.close()
 
 
+@tools
 def test_an_override_set_by_a_replica_that_is_gone_expires_on_another(pg):
     url = pg.create_db("override")
     rules = FuseRules.from_spec(load_spec(SPEC))
@@ -142,6 +149,7 @@ def test_serve_refuses_an_unreachable_postgresql_with_a_clear_error(tmp_path):
     assert "fusebox fuse: store: postgresql://fuse@127.0.0.1:" in r.stderr and "hunter2" not in r.stderr
 
 
+@tools
 def test_a_store_error_is_raised_while_postgresql_is_down(pg):
     s = PgStore(pg.create_db("down"))
     pg.stop()
