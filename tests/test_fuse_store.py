@@ -163,3 +163,18 @@ def test_a_store_error_is_raised_while_postgresql_is_down(pg):
     s.commit({"version": 1}, [], [])  # connected again
     assert s.version() == 1
     s.close()
+
+
+def test_serve_takes_a_sqlite_url_and_refuses_a_lease_not_above_the_timeout(tmp_path):
+    from fusebox.cli import build_parser
+    from fusebox.fuse.cli import build_service
+
+    (tmp_path / "token").write_text(TOKEN)
+    base = ["fuse", "serve", "--spec", str(SPEC), "--dry-run", "--token-file", str(tmp_path / "token")]
+    args = build_parser().parse_args([*base, "--store", f"sqlite:///{tmp_path / 'a' / 'f.sqlite'}", "--lease", "9"])
+    service, _ = build_service(args)
+    assert service.store.path == str(tmp_path / "a" / "f.sqlite") and service.lease_s == 9.0
+    service.store.close()
+    args = build_parser().parse_args([*base, "--state", str(tmp_path / "g.sqlite"), "--lease", "5", "--timeout", "5"])
+    with pytest.raises(ValueError, match="--lease 5 must exceed --timeout 5"):
+        build_service(args)
