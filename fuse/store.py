@@ -10,14 +10,16 @@ One interface, two databases (:func:`open_store` picks by URL):
 
 A decision is on disk, with the actions it needs, before the webhook answers 200, so a crash or
 restart loses none and repeats none. Every change of the breaker runs in one *exclusive* transaction
-(:meth:`Store.change`: SQLite ``BEGIN IMMEDIATE``; PostgreSQL ``pg_advisory_xact_lock``), which reads
+(:meth:`Store.change`: SQLite ``BEGIN IMMEDIATE``; PostgreSQL ``SELECT ... FOR UPDATE`` of the
+``breaker_version`` row), which reads
 the state's ``version`` first: a replica whose copy is older takes the stored one back before
-deciding, so two replicas never decide the same thing twice. Tables (schema version 2):
+deciding, so two replicas never decide the same thing twice. Tables (schema version 3):
 
 * ``schema_version(version, applied_at)``: the migrations applied (:data:`SCHEMA_VERSION` the
   newest); run at start-up, idempotent, safe when replicas start together (under the same lock).
 * ``meta(key, value)``: ``breaker`` = the JSON snapshot of :class:`fusebox.fuse.breaker.Breaker`,
-  ``breaker_version`` = how many times it was written.
+  ``breaker_version`` = how many times it was written (its row's lock serialises the changes on
+  PostgreSQL; migrations take an advisory lock).
 * ``outbox(seq, decision_id, adapter, payload, received, status, attempts, last_error, applied_at,
   idem_key, claimed_by, lease_until)``: one row per decision and adapter; ``status`` is
   ``pending``, ``applied`` or ``failed`` (given up, see :mod:`fusebox.fuse.actions`). ``idem_key``
@@ -49,7 +51,7 @@ __all__ = ["Store", "PgStore", "StoreError", "Head", "open_store", "SCHEMA_VERSI
 
 log = logging.getLogger("fusebox.fuse")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # The PostgreSQL advisory lock key of every change and of the migrations ("fusebox" in ASCII).
 _PG_LOCK = 0x66757365626F78
 
@@ -79,6 +81,7 @@ _SQLITE = {
         "ALTER TABLE outbox ADD COLUMN lease_until REAL",
         "UPDATE outbox SET idem_key = decision_id",
         "CREATE UNIQUE INDEX outbox_idem ON outbox (idem_key, adapter)"],
+    3: ["INSERT INTO meta (key, value) VALUES ('breaker_version', '0') ON CONFLICT (key) DO NOTHING"],
 }
 _PG = {
     1: ["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -104,6 +107,8 @@ _PG = {
         "ALTER TABLE outbox ADD COLUMN lease_until DOUBLE PRECISION",
         "UPDATE outbox SET idem_key = decision_id",
         "CREATE UNIQUE INDEX outbox_idem ON outbox (idem_key, adapter)"],
+    # the row whose lock serialises the changes (PgStore._begin_change)
+    3: ["INSERT INTO meta (key, value) VALUES ('breaker_version', '0') ON CONFLICT (key) DO NOTHING"],
 }
 
 
@@ -243,7 +248,7 @@ class Store:
 
     # ----------------------------------------------------------------- transactions
     @contextlib.contextmanager
-    def _transaction(self, exclusive: bool = True) -> Iterator[None]:
+    def _transaction(self, exclusive: bool = True, begin=None) -> Iterator[None]:
         """One exclusive transaction under the lock. Whatever fails inside it (a database error,
         which becomes StoreError, or any other exception, such as a value the database cannot bind,
         raised as is) rolls it back in ``finally``: nothing of a failed change is kept, and no
@@ -256,7 +261,12 @@ class Store:
                 return
             done = False
             try:
-                self._begin_exclusive() if exclusive else self._begin()
+                if begin is not None:
+                    begin()
+                elif exclusive:
+                    self._begin_exclusive()
+                else:
+                    self._begin()
                 yield
                 self._run("COMMIT")
                 done = True
@@ -282,8 +292,9 @@ class Store:
         calls inside it join it; it commits on leaving, rolls back on an exception.
 
         Raises StoreError (nothing kept)."""
-        with self._lock, self._transaction():
-            v = self._version()  # read after the lock is held: what the previous holder committed
+        got: list[int] = []
+        with self._lock, self._transaction(begin=lambda: got.append(self._begin_change())):
+            v = got[0]
             snap = None
             if v != known_version:
                 row = self._rows("SELECT value FROM meta WHERE key='breaker'")
@@ -293,6 +304,12 @@ class Store:
                 yield Head(v, snap)
             finally:
                 self._in_change = False
+
+    def _begin_change(self) -> int:
+        """Begin :meth:`change`'s transaction, holding the lock that serialises changes; the state's
+        version as committed by the previous holder."""
+        self._begin_exclusive()
+        return self._version()
 
     def _version(self) -> int:
         row = self._rows("SELECT value FROM meta WHERE key='breaker_version'")
@@ -501,6 +518,18 @@ class PgStore(Store):
 
     def _begin(self) -> None:
         self._run("BEGIN")
+
+    def _begin_change(self) -> int:
+        # One round trip: the version row's lock serialises the changes (of every replica), and
+        # SELECT ... FOR UPDATE returns the row as the previous holder committed it (READ COMMITTED
+        # re-reads a row it waited for), so the version read is never older than the lock.
+        cur = self._conn().execute("BEGIN; SELECT value FROM meta WHERE key = 'breaker_version' FOR UPDATE")
+        cur.nextset()
+        row = cur.fetchone()
+        if row is None:  # written by migration 3; absent only if someone deleted it
+            raise StoreError(f"{store_label(self.url)}: meta.breaker_version is missing -- restore it: "
+                             "INSERT INTO meta VALUES ('breaker_version', '0')")
+        return int(row[0])
 
     def _q(self, sql: str) -> str:
         return sql.replace("%", "%%").replace("?", "%s")

@@ -51,12 +51,12 @@ def test_an_old_sqlite_file_is_migrated_keeping_its_pending_row(tmp_path):
     db.executescript(V1)
     db.close()
     s = Store(path)
-    assert s.schema_version() == SCHEMA_VERSION == 2
+    assert s.schema_version() == SCHEMA_VERSION == 3
     assert [(r["decision_id"], r["status"], r["idem_key"], r["claimed_by"]) for r in s.outbox()] == [
         ("d1", "pending", "d1", None)]
     s.close()
     s = Store(path)  # opening again changes nothing
-    assert s.schema_version() == 2 and len(s.outbox()) == 1
+    assert s.schema_version() == 3 and len(s.outbox()) == 1
 
 
 def test_store_urls():
@@ -83,7 +83,7 @@ def test_replicas_starting_together_migrate_once(pg):
     for t in threads:
         t.join()
     assert errors == [] and len(stores) == 4
-    assert [r[0] for r in stores[0]._rows("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
+    assert [r[0] for r in stores[0]._rows("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
     for s in stores:
         s.close()
 
