@@ -76,6 +76,8 @@ class Decision:
 
     kind: "trip" | "release". source: "alert" | "hold_expired" | "override" | "override_expired".
     alerts: ``alertname/fingerprint`` of the alerts holding the level at the time.
+    episode: when the trip this decision makes (a trip) or ends (a release) was made, Unix s; with
+    kind, scope and level it names the change (the outbox's idempotency key, :attr:`key`).
     """
 
     kind: str
@@ -87,6 +89,12 @@ class Decision:
     source: str
     at: float
     alerts: tuple = ()
+    episode: Optional[float] = None
+
+    @property
+    def key(self) -> str:
+        """``kind|scope key|level|episode``: the same for the same change whoever decides it."""
+        return f"{self.kind}|{self.scope_key}|{self.level}|{self.episode!r}"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -355,6 +363,7 @@ class Breaker:
         want = self._desired(st, now)
         if want == st.tripped:
             return None
+        episode = now if want else st.tripped_at
         st.tripped = want
         st.tripped_at = now if want else None
         if not want:
@@ -362,7 +371,7 @@ class Breaker:
         return Decision(
             kind="trip" if want else "release", scope=dict(sc["labels"]), scope_key=key, level=level,
             action=self.rules.levels.get(level, ""), reason=reason, source=source, at=now,
-            alerts=tuple(f"{h['alert']}/{fp}" for fp, h in sorted(st.holders.items())),
+            alerts=tuple(f"{h['alert']}/{fp}" for fp, h in sorted(st.holders.items())), episode=episode,
         )
 
 

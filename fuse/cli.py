@@ -10,6 +10,8 @@ import stat
 import sys
 from pathlib import Path
 
+from fusebox import conventions as C
+
 DEFAULT_LISTEN = "127.0.0.1:9095"
 DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
 STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
@@ -87,6 +89,14 @@ def register(subparsers) -> None:
                             "~/.local/share/fusebox)")
     where.add_argument("--state", metavar="FILE", default=None,
                        help="an explicit SQLite file instead of --state-dir (its folder is created when missing)")
+    where.add_argument("--store", metavar="URL", default=None,
+                       help="the store as a URL: sqlite:///path/fuse.sqlite (one replica; the default is "
+                            f"--state-dir's {STATE_FILE}) or postgresql://user@host:port/db (any number of "
+                            "replicas share it; the password from the URL, PGPASSWORD or ~/.pgpass); default: env "
+                            f"{C.FUSE_STORE_ENV} when set and neither --state nor --state-dir is given")
+    s.add_argument("--lease", type=_seconds, default=30.0,
+                   help="seconds a replica holds a gateway call it claimed; another replica takes it over after "
+                        "that (default 30; must exceed --timeout)")
     s.add_argument("--webhook-token-file", "--token-file", dest="token_file", required=True, metavar="PATH",
                    help="the token Alertmanager presents on POST /alertmanager (its credentials_file): the whole "
                         "file, surrounding whitespace stripped, one line; it also reads /state, / and "
@@ -143,7 +153,6 @@ def build_service(args, spec=None):
     from .actions import Adapter, DryRun, HttpGateway, VllmResetPrefixCache, read_token
     from .rules import FuseRules
     from .service import FuseService
-    from .store import Store
     from .tokens import TokenFiles
 
     spec = load_spec(args.spec) if spec is None else spec
@@ -163,11 +172,33 @@ def build_service(args, spec=None):
                 engine, url = None, item
             adapters.append(VllmResetPrefixCache(url, engine, action=eviction, timeout_s=args.timeout,
                                                  max_attempts=args.vllm_max_attempts))
-    args.state = str(state_path(args))
-    service = FuseService(FuseRules.from_spec(spec), Store(args.state), adapters, hold_s=args.hold,
+    lease = getattr(args, "lease", 30.0)
+    if lease <= args.timeout:
+        raise ValueError(f"--lease {lease:g} must exceed --timeout {args.timeout:g}: a replica could otherwise "
+                         "take over a gateway call still under way -- raise --lease")
+    store = _open_store(args)
+    service = FuseService(FuseRules.from_spec(spec), store, adapters, hold_s=args.hold,
                           backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),
-                          tick_s=max(args.tick, 0.01), dry_run=args.dry_run)
+                          tick_s=max(args.tick, 0.01), dry_run=args.dry_run, lease_s=lease)
     return service, token
+
+
+def _open_store(args):
+    """The store of ``--store URL``, else the SQLite file of ``--state``/``--state-dir``, else the URL in
+    env FUSEBOX_FUSE_STORE, else the default state directory's SQLite file; sets
+    ``args.state`` to what the start-up line shows (no password). Raises OSError, ValueError,
+    StoreError."""
+    from .store import Store, open_store, store_label
+
+    url = getattr(args, "store", None)
+    if not url and not args.state and not args.state_dir:
+        url = os.environ.get(C.FUSE_STORE_ENV) or None
+    if url:
+        store = open_store(url)
+        args.state = store_label(url)
+        return store
+    args.state = str(state_path(args))
+    return Store(args.state)
 
 
 def startup_line(args, service) -> str:
@@ -202,6 +233,8 @@ def serve(args) -> int:
         return _err(str(e))
     except (OSError, ValueError) as e:
         return _err(str(e))
+    except RuntimeError as e:  # StoreError: the database cannot be reached or migrated
+        return _err(f"store: {e} -- check --store and that the database is up")
     import signal
 
     import uvicorn

@@ -14,6 +14,19 @@ to ``backoff_max_s``, per lane) until applied, or until the adapter's ``max_atte
 An exception inside a dispatcher iteration (e.g. the store failing) is logged, counted in
 ``fusebox_fuse_dispatcher_errors_total`` and the loop goes on.
 
+Replicas (several services on one PostgreSQL store, :class:`fusebox.fuse.store.PgStore`): every
+change runs in the store's exclusive transaction (:meth:`Store.change`), which hands back the stored
+state when another replica changed it since, so the breaker decides on the newest state and a
+notification delivered to two replicas changes it once. Hold timers and override expiries live in
+that state: whichever replica ticks first after they are due releases, once. An outbox row is
+*claimed* (:meth:`Store.claim`, a lease of ``lease_s``) before its adapter is called; a row whose
+claimer died is taken over when its lease ends, so a call may be made twice (at-least-once, the
+gateway is idempotent per ``decision_id``), a decision never.
+
+Test-only: the environment variable ``FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S`` makes the dispatcher
+sleep that many seconds after claiming a row and before calling its adapter, so that a test can
+kill a replica in between. Never set it in a deployment.
+
 What people see (the status page, ``/metrics``) names an adapter by its *label* (``gateway``,
 ``vllm:<engine>``), never by a URL; the audit's ``reason`` says what happened (``HTTP 400``)
 without the answer's text, which stays in the audit row's ``detail`` (``error``, ``adapter``).
@@ -23,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -45,6 +60,9 @@ __all__ = ["FuseService", "Unavailable", "OverrideError"]
 
 _CHANGED = {"tripped", "held", "overridden", "resolved", "release_pending", "not_held"}
 _REFUSED = {"untrusted", "no_scope", "scope_limit"}  # audited as kind "ignored", with the reason
+
+
+TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
 
 
 class Unavailable(RuntimeError):
@@ -95,11 +113,15 @@ class FuseService:
         tick_s: how often hold times and override expiries are checked.
         clock: Unix seconds.
         max_scopes: scopes the breaker keeps at most (:class:`Breaker`).
+        lease_s: how long a claimed outbox row is this replica's, seconds; another replica takes it
+            over after that (it must exceed an adapter call's timeout).
+        replica: this replica's name in the outbox's ``claimed_by`` (default host:pid:random).
     """
 
     def __init__(self, rules: FuseRules, store: Store, adapters: Sequence[Adapter], *, hold_s: float = 300.0,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, tick_s: float = 1.0,
-                 clock: Callable[[], float] = time.time, dry_run: bool = False, max_scopes: int = MAX_SCOPES):
+                 clock: Callable[[], float] = time.time, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
+                 lease_s: float = 30.0, replica: Optional[str] = None):
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
@@ -111,8 +133,13 @@ class FuseService:
         self.dry_run = dry_run
         self.metrics = _Metrics()
         self.metrics.dry_run.set(1 if dry_run else 0)
+        self.lease_s = lease_s
+        self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._test_hang = float(os.environ.get(TEST_HANG_ENV) or 0)
         self.breaker = Breaker(rules, hold_s, max_scopes=max_scopes)
+        self._version = store.version()
         self._committed = store.snapshot() or {}
+        self._written: Optional[dict] = None
         self.breaker.restore(self._committed)
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
@@ -159,7 +186,7 @@ class FuseService:
         """
         received = self.clock() if received is None else received
         cut = note.truncated_alerts
-        with self._lock, self._all_or_nothing():
+        with self._lock, self._all_or_nothing(), self._change():
             now = self.clock()
             decisions, outcomes = self.breaker.on_notification(note, now)
             refused = [o for o in outcomes if o.result in _REFUSED]
@@ -184,7 +211,16 @@ class FuseService:
         return {"decisions": ids, "alerts": counts}
 
     def tick(self) -> list[dict]:
-        with self._lock, self._all_or_nothing():
+        """Release levels whose hold time passed and end expired overrides (whichever replica ticks
+        first after they are due). Raises Unavailable."""
+        with self._lock:
+            try:
+                self._refresh()
+            except StoreError as e:
+                raise Unavailable(str(e)) from e
+            if not self._due(self.clock()):
+                return []
+        with self._lock, self._all_or_nothing(), self._change():
             now = self.clock()
             decisions = self.breaker.tick(now)
             return self._commit(decisions, now, bool(decisions))
@@ -196,7 +232,7 @@ class FuseService:
 
         Raises OverrideError (bad input), ScopeNotFound (not exactly a known scope; both change
         nothing) or Unavailable."""
-        with self._lock, self._all_or_nothing():
+        with self._lock, self._all_or_nothing(), self._change():
             now = self.clock()
             decisions = self.breaker.override(scope, level, mode, reason, duration_s, now, fleet=fleet,
                                                new_scope=new_scope)
@@ -217,6 +253,10 @@ class FuseService:
         newest ``truncated`` audit row (``{"at", "truncated_alerts", "alerts", "group_key"}``, kept
         across restarts) or None."""
         with self._lock:
+            try:
+                self._refresh()
+            except StoreError:  # shown as last known; the webhook answers 503 meanwhile
+                log.warning("store unreachable: /state shows the last state this replica read")
             levels = self.breaker.levels()
             scopes = self.breaker.view()
             truncated = dict(self._truncated)
@@ -224,6 +264,40 @@ class FuseService:
                 "pending_actions": self.store.pending_count(), "truncated": truncated}
 
     # ------------------------------------------------------------------ machinery
+    def _restore(self, snap: dict, version: int) -> None:
+        self.breaker = Breaker(self.rules, self.hold_s, max_scopes=self.max_scopes)
+        self.breaker.restore(snap)
+        self._committed, self._version = snap, version
+
+    def _refresh(self) -> None:
+        """Take back the stored state when another replica changed it. Raises StoreError."""
+        v = self.store.version()
+        if v != self._version:
+            self._restore(self.store.snapshot() or {}, v)
+
+    def _due(self, now: float) -> bool:
+        """Whether a tick at ``now`` has something to release or end."""
+        return any((st.override and st.override["until"] <= now)
+                   or (st.release_at is not None and st.release_at <= now and not st.holders)
+                   for sc in self.breaker.scopes.values() for st in sc["levels"].values())
+
+    @contextlib.contextmanager
+    def _change(self):
+        """The store's exclusive transaction around one change (under ``self._lock``): the breaker is
+        first set to the stored state if another replica wrote a newer one; what :meth:`_commit`
+        writes is committed on leaving. Raises Unavailable when the store fails (nothing kept)."""
+        self._written = None
+        try:
+            with self.store.change(self._version) as head:
+                if head.version != self._version:
+                    self._restore(head.snapshot or {}, head.version)
+                yield
+        except StoreError as e:
+            log.error("state not persisted, change dropped: %s", e)
+            raise Unavailable(str(e)) from e
+        if self._written is not None:
+            self._committed, self._version = self._written, self._version + 1
+
     @contextlib.contextmanager
     def _all_or_nothing(self):
         """Run one change (under the lock): when anything in it fails (the store, a value it cannot
@@ -250,7 +324,7 @@ class FuseService:
                        "scope": d.scope, "decision_id": did}
             for a in self.adapters.values():
                 if a.wants(payload):
-                    rows.append((did, a.name, payload, received))
+                    rows.append((did, a.name, payload, received, d.key))
             audit.append({"at": d.at, "kind": d.kind, "decision_id": did, "scope_key": d.scope_key, "level": d.level,
                           "action": d.action, "source": d.source, "reason": d.reason,
                           "detail": {"alerts": list(d.alerts), "scope": d.scope, **(note_detail or {})}})
@@ -261,7 +335,7 @@ class FuseService:
         except StoreError as e:  # the breaker is set back by _all_or_nothing
             log.error("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
-        self._committed = snap
+        self._written = snap
         for d, o in zip(decisions, out):
             self.metrics.transitions.labels(d.action, d.kind, d.source).inc()
             log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason,
@@ -306,8 +380,9 @@ class FuseService:
 
     def _dispatch_once(self, adapter: Adapter, lanes: dict[str, "_Lane"],
                        unrecorded: dict[int, tuple[float, dict]]) -> float:
-        """One pass over the lanes (scopes) of ``adapter``: attempt each lane's oldest pending row
-        whose backoff has passed. Returns seconds until the next pass (0: at once, a row left)."""
+        """One pass over the lanes (scopes) of ``adapter``: claim each lane's oldest pending row whose
+        backoff has passed and that no other replica holds a lease on, and attempt those claimed.
+        Returns seconds until the next pass (0: at once, a row left)."""
         heads: dict[str, dict] = {}
         for row in self.store.pending(adapter.name):
             heads.setdefault(_key(row["payload"].get("scope") or {}), row)
@@ -316,13 +391,26 @@ class FuseService:
         for seq in [seq for seq in unrecorded if seq not in {h["seq"] for h in heads.values()}]:
             del unrecorded[seq]
         wait, progressed = 1.0, False
+        wall = time.time()
+        ready: dict[str, dict] = {}
         for k, job in heads.items():
-            if self._stop.is_set():
-                break
             lane = lanes.get(k)
             now = time.monotonic()
             if lane is not None and lane.due > now:
                 wait = min(wait, lane.due - now)
+            elif job["claimed_by"] not in (None, self.replica) and (job["lease_until"] or 0) > wall:
+                wait = min(wait, job["lease_until"] - wall)  # another replica's: taken over when its lease ends
+            else:
+                ready[k] = job
+        claimed = set(self.store.claim([j["seq"] for j in ready.values()], self.replica, wall, self.lease_s)) if ready else set()
+        if claimed and self._test_hang:
+            log.warning("%s set: sleeping %gs after claiming outbox rows %s (test only)", TEST_HANG_ENV,
+                        self._test_hang, sorted(claimed))
+            time.sleep(self._test_hang)
+        for k, job in ready.items():
+            if self._stop.is_set():
+                break
+            if job["seq"] not in claimed:  # another replica claimed it meanwhile
                 continue
             if job["seq"] in unrecorded:  # applied, but recording it failed: record it, do not call again
                 at, audit = unrecorded[job["seq"]]
@@ -371,7 +459,7 @@ class FuseService:
             lanes[key] = _Lane(job["seq"], time.monotonic() + delay, delay)  # before the store, which may fail
             log.warning("action %s for %s failed (attempt %d), retrying in %.2fs: %s",
                         name, job["decision_id"], attempt, delay, e, extra=_fields(job, key, label, attempt))
-            self.store.mark_failed(job["seq"], str(e))
+            self.store.mark_failed(job["seq"], str(e), retry_at=time.time() + delay)
             return False
         lanes.pop(key, None)
         now = self.clock()

@@ -1,18 +1,37 @@
-"""SQLite persistence: the breaker's state, an outbox of actions to apply, an append-only audit log.
+"""Persistence: the breaker's state, an outbox of actions to apply, an append-only audit log.
 
-One file (``fuse.sqlite`` in ``--state-dir``, or ``--state PATH``), WAL journal, ``synchronous=FULL``: a decision is on disk, with the
-actions it needs, before the webhook answers 200, so a crash or restart loses none and repeats
-none. Tables:
+One interface, two databases (:func:`open_store` picks by URL):
 
-* ``meta(key, value)``: ``breaker`` = the JSON snapshot of :class:`fusebox.fuse.breaker.Breaker`.
-* ``outbox(seq, decision_id, adapter, payload, received, status, attempts, last_error, applied_at)``:
-  one row per decision and adapter; ``status`` is ``pending``, ``applied`` or ``failed`` (given up,
-  see :mod:`fusebox.fuse.actions`). Rows of one adapter and one scope are applied in ``seq`` order;
-  rows of other adapters or scopes do not wait for them.
-* ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``:
-  triggers reject UPDATE and DELETE, so the log can only grow.
+* :class:`Store` -- SQLite, one file (``fuse.sqlite`` in ``--state-dir``, or ``sqlite:///path``), WAL
+  journal, ``synchronous=FULL``; one replica. A new file is created with mode 0600 (its -wal and -shm
+  files follow it).
+* :class:`PgStore` -- PostgreSQL (``postgresql://user@host:port/db``, psycopg 3); any number of
+  replicas share it.
 
-A new file is created with mode 0600 (its -wal and -shm files follow it).
+A decision is on disk, with the actions it needs, before the webhook answers 200, so a crash or
+restart loses none and repeats none. Every change of the breaker runs in one *exclusive* transaction
+(:meth:`Store.change`: SQLite ``BEGIN IMMEDIATE``; PostgreSQL ``SELECT ... FOR UPDATE`` of the
+``breaker_version`` row), which reads
+the state's ``version`` first: a replica whose copy is older takes the stored one back before
+deciding, so two replicas never decide the same thing twice. Tables (schema version 3):
+
+* ``schema_version(version, applied_at)``: the migrations applied (:data:`SCHEMA_VERSION` the
+  newest); run at start-up, idempotent, safe when replicas start together (under the same lock).
+* ``meta(key, value)``: ``breaker`` = the JSON snapshot of :class:`fusebox.fuse.breaker.Breaker`,
+  ``breaker_version`` = how many times it was written (its row's lock serialises the changes on
+  PostgreSQL; migrations take an advisory lock).
+* ``outbox(seq, decision_id, adapter, payload, received, status, attempts, last_error, applied_at,
+  idem_key, claimed_by, lease_until)``: one row per decision and adapter; ``status`` is
+  ``pending``, ``applied`` or ``failed`` (given up, see :mod:`fusebox.fuse.actions`). ``idem_key``
+  (unique with ``adapter``) names the decision by what it changes: ``trip|release``, scope, level and
+  the trip's time, so the same change is never queued twice. A replica *claims* a row before it
+  calls the adapter (:meth:`Store.claim`: ``claimed_by``, ``lease_until`` in Unix seconds); others
+  leave it alone until the lease ends, then take it over (its claimer died).
+* ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``: append-only
+  (triggers reject UPDATE and DELETE; on PostgreSQL TRUNCATE too).
+
+Errors: :class:`StoreError` when the database cannot be written or reached (disk full, locked, the
+server down): a retry may help.
 """
 
 from __future__ import annotations
@@ -24,31 +43,73 @@ import os
 import sqlite3
 import stat
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
-__all__ = ["Store", "StoreError"]
+__all__ = ["Store", "PgStore", "StoreError", "Head", "open_store", "SCHEMA_VERSION", "store_label"]
 
 log = logging.getLogger("fusebox.fuse")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS outbox (
+SCHEMA_VERSION = 3
+# The PostgreSQL advisory lock key of every change and of the migrations ("fusebox" in ASCII).
+_PG_LOCK = 0x66757365626F78
+
+_COLUMNS = ("seq", "decision_id", "adapter", "payload", "received", "attempts", "claimed_by", "lease_until")
+
+# Migrations: version -> statements, per dialect. Version 1 is the schema of fusebox before
+# migrations were versioned (its tables exist in older files; CREATE ... IF NOT EXISTS keeps them).
+_SQLITE = {
+    1: ["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE IF NOT EXISTS outbox (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   decision_id TEXT NOT NULL, adapter TEXT NOT NULL, payload TEXT NOT NULL,
   received REAL NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
   attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, applied_at REAL,
-  UNIQUE (decision_id, adapter));
-CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (status, seq);
-CREATE TABLE IF NOT EXISTS audit (
+  UNIQUE (decision_id, adapter))""",
+        "CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (status, seq)",
+        """CREATE TABLE IF NOT EXISTS audit (
   seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, kind TEXT NOT NULL,
   decision_id TEXT, scope_key TEXT, level INTEGER, action TEXT, source TEXT, reason TEXT,
-  detail TEXT NOT NULL DEFAULT '{}');
-CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
-  BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
-  BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-"""
+  detail TEXT NOT NULL DEFAULT '{}')""",
+        """CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
+  BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END""",
+        """CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
+  BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END"""],
+    2: ["ALTER TABLE outbox ADD COLUMN idem_key TEXT",
+        "ALTER TABLE outbox ADD COLUMN claimed_by TEXT",
+        "ALTER TABLE outbox ADD COLUMN lease_until REAL",
+        "UPDATE outbox SET idem_key = decision_id",
+        "CREATE UNIQUE INDEX outbox_idem ON outbox (idem_key, adapter)"],
+    3: ["INSERT INTO meta (key, value) VALUES ('breaker_version', '0') ON CONFLICT (key) DO NOTHING"],
+}
+_PG = {
+    1: ["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE IF NOT EXISTS outbox (
+  seq BIGSERIAL PRIMARY KEY,
+  decision_id TEXT NOT NULL, adapter TEXT NOT NULL, payload TEXT NOT NULL,
+  received DOUBLE PRECISION NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
+  attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT, applied_at DOUBLE PRECISION,
+  UNIQUE (decision_id, adapter))""",
+        "CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (status, seq)",
+        """CREATE TABLE IF NOT EXISTS audit (
+  seq BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, kind TEXT NOT NULL,
+  decision_id TEXT, scope_key TEXT, level INTEGER, action TEXT, source TEXT, reason TEXT,
+  detail TEXT NOT NULL DEFAULT '{}')""",
+        """CREATE OR REPLACE FUNCTION fusebox_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$""",
+        """CREATE TRIGGER audit_no_change BEFORE UPDATE OR DELETE ON audit
+  FOR EACH ROW EXECUTE FUNCTION fusebox_audit_append_only()""",
+        """CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
+  FOR EACH STATEMENT EXECUTE FUNCTION fusebox_audit_append_only()"""],
+    2: ["ALTER TABLE outbox ADD COLUMN idem_key TEXT",
+        "ALTER TABLE outbox ADD COLUMN claimed_by TEXT",
+        "ALTER TABLE outbox ADD COLUMN lease_until DOUBLE PRECISION",
+        "UPDATE outbox SET idem_key = decision_id",
+        "CREATE UNIQUE INDEX outbox_idem ON outbox (idem_key, adapter)"],
+    # the row whose lock serialises the changes (PgStore._begin_change)
+    3: ["INSERT INTO meta (key, value) VALUES ('breaker_version', '0') ON CONFLICT (key) DO NOTHING"],
+}
 
 
 def _create_private(path: str) -> None:
@@ -64,144 +125,334 @@ def _create_private(path: str) -> None:
 
 
 class StoreError(RuntimeError):
-    """The database could not be written (disk full, locked, read-only): a retry may help."""
+    """The database could not be written or reached (disk full, locked, read-only, the server
+    down): a retry may help."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """What :meth:`Store.change` read under its lock: the state's ``version`` (0: never written) and
+    its ``snapshot`` (None when ``version`` is the one the caller already has, or never written)."""
+
+    version: int
+    snapshot: Optional[dict]
+
+
+def store_label(url: str) -> str:
+    """``url`` without its password, for logs and the start-up line."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}@{host}" if user else f"{scheme}://{host}"
+
+
+def open_store(url: str) -> "Store":
+    """The store a ``--store`` URL names: ``sqlite:///abs/path`` (or ``sqlite:////abs/path``),
+    ``sqlite://rel/path`` or a plain path
+    (SQLite), ``postgresql://`` / ``postgres://`` (PostgreSQL).
+
+    Raises:
+        ValueError: another scheme.
+        StoreError: the database cannot be opened or migrated.
+    """
+    if url.startswith(("postgresql://", "postgres://")):
+        return PgStore(url)
+    if url.startswith("sqlite://"):
+        path = url[len("sqlite://"):]
+        return Store("/" + path.lstrip("/") if path.startswith("/") else path)  # sqlite:////abs as SQLAlchemy writes it too
+    if "://" in url:
+        raise ValueError(f"--store {store_label(url)}: unknown scheme -- use sqlite:///path/fuse.sqlite or "
+                         "postgresql://user@host:port/db")
+    return Store(url)
 
 
 class Store:
-    """Thread-safe wrapper around one SQLite connection."""
+    """SQLite store (one replica); thread-safe (one connection under a lock).
+
+    Raises StoreError (or ``sqlite3.Error`` from reads) when the file cannot be opened or migrated.
+    """
+
+    dialect = "sqlite"
+    _migrations = _SQLITE
+    _claim_suffix = ""
 
     def __init__(self, path: str | Path):
         self.path = str(path)
+        self.url = self.path if self.path == ":memory:" else f"sqlite:///{os.path.abspath(self.path)}"
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             _create_private(self.path)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
+        self._in_change = False
+        self._connect()
+        self._migrate()
+
+    # ----------------------------------------------------------------- dialect
+    def _connect(self) -> None:
+        self._db: Any = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        return (sqlite3.Error,)
+
+    def _begin_exclusive(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def _begin(self) -> None:
+        self._begin_exclusive()  # SQLite: one writer at a time anyway
+
+    def _q(self, sql: str) -> str:
+        return sql
+
+    def _rows(self, sql: str, args: Sequence = ()) -> list[tuple]:
+        return self._db.execute(self._q(sql), tuple(args)).fetchall()
+
+    def _run(self, sql: str, args: Sequence = ()) -> int:
+        return self._db.execute(self._q(sql), tuple(args)).rowcount
+
+    def _many(self, sql: str, rows: list[tuple]) -> None:
+        if rows:
+            self._db.executemany(self._q(sql), rows)
+
+    def _in_transaction(self) -> bool:
+        return self._db.in_transaction
+
+    def _lost(self) -> None:
+        """The connection failed: SQLite keeps its file open (nothing to do)."""
+
+    def _migrate(self) -> None:
+        with self._transaction():
+            self._run("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+            have = self._rows("SELECT max(version) FROM schema_version")[0][0] or 0
+            for v in sorted(self._migrations):
+                if v <= have:
+                    continue
+                for sql in self._migrations[v]:
+                    self._run(sql)
+                self._run("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (v, _now()))
+                log.info("%s: schema migrated to version %d", store_label(self.url), v)
+            if have > max(self._migrations):
+                raise StoreError(f"{store_label(self.url)}: schema version {have} is newer than this fusebox's "
+                                 f"({max(self._migrations)}) -- run the newer fusebox, or a copy of the older data")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._rows("SELECT max(version) FROM schema_version")[0][0] or 0
+
+    # ----------------------------------------------------------------- transactions
+    @contextlib.contextmanager
+    def _transaction(self, exclusive: bool = True, begin=None) -> Iterator[None]:
+        """One exclusive transaction under the lock. Whatever fails inside it (a database error,
+        which becomes StoreError, or any other exception, such as a value the database cannot bind,
+        raised as is) rolls it back in ``finally``: nothing of a failed change is kept, and no
+        transaction is left open to make the next one fail. Inside :meth:`change`, it joins that one.
+        ``exclusive=False``: without the lock that serialises the breaker's changes (on PostgreSQL;
+        the outbox's rows are locked one by one)."""
+        with self._lock:
+            if self._in_change:
+                yield
+                return
+            done = False
+            try:
+                if begin is not None:
+                    begin()
+                elif exclusive:
+                    self._begin_exclusive()
+                else:
+                    self._begin()
+                yield
+                self._run("COMMIT")
+                done = True
+            except self._errors() as e:
+                self._lost()
+                raise StoreError(f"{store_label(self.url)}: {e}".strip()) from e
+            finally:
+                if not done:
+                    self._rollback()
+
+    def _rollback(self) -> None:
+        try:
+            if self._in_transaction():
+                self._run("ROLLBACK")
+        except self._errors():
+            self._lost()
+            log.warning("%s: rollback failed", store_label(self.url), exc_info=True)
+
+    @contextlib.contextmanager
+    def change(self, known_version: Optional[int] = None) -> Iterator[Head]:
+        """An exclusive transaction for one change of the breaker: yields the :class:`Head` read under
+        the lock (its snapshot only when ``version`` differs from ``known_version``); :meth:`commit`
+        calls inside it join it; it commits on leaving, rolls back on an exception.
+
+        Raises StoreError (nothing kept)."""
+        got: list[int] = []
+        with self._lock, self._transaction(begin=lambda: got.append(self._begin_change())):
+            v = got[0]
+            snap = None
+            if v != known_version:
+                row = self._rows("SELECT value FROM meta WHERE key='breaker'")
+                snap = json.loads(row[0][0]) if row else None
+            self._in_change = True
+            try:
+                yield Head(v, snap)
+            finally:
+                self._in_change = False
+
+    def _begin_change(self) -> int:
+        """Begin :meth:`change`'s transaction, holding the lock that serialises changes; the state's
+        version as committed by the previous holder."""
+        self._begin_exclusive()
+        return self._version()
+
+    def _version(self) -> int:
+        row = self._rows("SELECT value FROM meta WHERE key='breaker_version'")
+        return int(row[0][0]) if row else 0
+
+    def version(self) -> int:
+        """How many times the breaker state was written (0: never). Raises StoreError."""
+        with self._lock:
+            try:
+                return self._version()
+            except self._errors() as e:
+                self._lost()
+                raise StoreError(f"{store_label(self.url)}: {e}") from e
+
     # ----------------------------------------------------------------- writes
-    def commit(self, snapshot: Optional[dict], outbox: Iterable[tuple[str, str, dict, float]] = (),
-               audit: Iterable[dict] = ()) -> None:
-        """Write a breaker snapshot, outbox rows ``(decision_id, adapter, payload, received)``
-        and audit rows in one transaction.
+    def commit(self, snapshot: Optional[dict], outbox: Iterable[tuple] = (), audit: Iterable[dict] = ()) -> None:
+        """Write a breaker snapshot (its version goes up by one), outbox rows ``(decision_id,
+        adapter, payload, received[, idem_key])`` and audit rows in one transaction (or in the
+        :meth:`change` around it). A row whose ``(idem_key, adapter)`` is already queued is left out.
 
         Raises:
-            StoreError: when SQLite cannot write; nothing of the change is kept.
+            StoreError: when the database cannot write; nothing of the change is kept.
             UnicodeEncodeError: a text value SQLite cannot bind (a lone surrogate); nothing is kept.
         """
         with self._transaction():
             if snapshot is not None:
-                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('breaker', ?)",
-                                 (json.dumps(snapshot, separators=(",", ":")),))
-            self._db.executemany(
-                "INSERT OR IGNORE INTO outbox (decision_id, adapter, payload, received) VALUES (?, ?, ?, ?)",
-                [(d, a, json.dumps(p, separators=(",", ":")), r) for d, a, p, r in outbox])
+                v = self._version() + 1
+                for k, val in (("breaker", json.dumps(snapshot, separators=(",", ":"))), ("breaker_version", str(v))):
+                    self._run("INSERT INTO meta (key, value) VALUES (?, ?) "
+                              "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (k, val))
+            self._many(
+                "INSERT INTO outbox (decision_id, adapter, payload, received, idem_key) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                [(r[0], r[1], json.dumps(r[2], separators=(",", ":")), r[3], r[4] if len(r) > 4 else r[0])
+                 for r in outbox])
             self._audit_rows(audit)
 
-    @contextlib.contextmanager
-    def _transaction(self):
-        """One IMMEDIATE transaction under the lock. Whatever fails inside it (an SQLite error, which
-        becomes StoreError, or any other exception, such as a value SQLite cannot bind, raised as is)
-        rolls it back in ``finally``: nothing of a failed change is kept, and no transaction is left
-        open to make the next one fail ("cannot start a transaction within a transaction")."""
-        with self._lock:
-            done = False
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                yield
-                self._db.execute("COMMIT")
-                done = True
-            except sqlite3.Error as e:
-                raise StoreError(f"{self.path}: {e}") from e
-            finally:
-                if not done and self._db.in_transaction:
-                    try:
-                        self._db.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        log.exception("%s: rollback failed", self.path)
-
     def _audit_rows(self, rows: Iterable[dict]) -> None:
-        self._db.executemany(
+        cols = ("at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason")
+        self._many(
             "INSERT INTO audit (at, kind, decision_id, scope_key, level, action, source, reason, detail) "
-            "VALUES (:at, :kind, :decision_id, :scope_key, :level, :action, :source, :reason, :detail)",
-            [{"decision_id": None, "scope_key": None, "level": None, "action": None, "source": None,
-              "reason": None, **r, "detail": json.dumps(r.get("detail", {}), separators=(",", ":"))} for r in rows])
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(*(r.get(c) for c in cols), json.dumps(r.get("detail", {}), separators=(",", ":"))) for r in rows])
 
     def audit(self, row: dict) -> None:
         self.commit(None, (), [row])
 
     def _finish(self, sql: str, args: tuple, audit: dict) -> None:
-        with self._transaction():
-            self._db.execute(sql, args)
+        with self._transaction(exclusive=False):
+            self._run(sql, args)
             self._audit_rows([audit])
+
+    def claim(self, seqs: Iterable[int], owner: str, now: float, lease_s: float) -> list[int]:
+        """Claim the outbox rows ``seqs`` that are pending and not leased to another replica (no lease,
+        an ended one, or ``owner``'s own) for ``lease_s`` seconds from ``now`` (Unix s). Returns the
+        rows claimed: only those may be applied by ``owner`` until the lease ends. PostgreSQL locks
+        them with ``SELECT ... FOR UPDATE SKIP LOCKED``: rows another replica is claiming are skipped.
+
+        Raises StoreError (nothing claimed)."""
+        seqs = list(seqs)
+        if not seqs:
+            return []
+        with self._transaction(exclusive=False):
+            got = [r[0] for r in self._rows(
+                "SELECT seq FROM outbox WHERE seq IN (%s) AND status='pending' "
+                "AND (lease_until IS NULL OR lease_until <= ? OR claimed_by = ?) ORDER BY seq%s"
+                % (",".join("?" * len(seqs)), self._claim_suffix), (*seqs, now, owner))]
+            if got:
+                self._run("UPDATE outbox SET claimed_by = ?, lease_until = ? WHERE seq IN (%s)" % ",".join("?" * len(got)),
+                          (owner, now + lease_s, *got))
+        return got
 
     def mark_applied(self, seq: int, at: float, audit: dict) -> None:
         """Outbox row ``seq`` applied at ``at`` (Unix s), with its audit row, in one transaction.
 
         Raises StoreError (nothing written)."""
-        self._finish("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1 WHERE seq=?",
-                     (at, seq), audit)
+        self._finish("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1, lease_until=NULL "
+                     "WHERE seq=?", (at, seq), audit)
 
     def mark_given_up(self, seq: int, error: str, audit: dict) -> None:
         """Outbox row ``seq`` will not be retried (status ``failed``), with its audit row.
 
         Raises StoreError (nothing written)."""
-        self._finish("UPDATE outbox SET status='failed', attempts=attempts+1, last_error=? WHERE seq=?",
-                     (error[:500], seq), audit)
+        self._finish("UPDATE outbox SET status='failed', attempts=attempts+1, last_error=?, lease_until=NULL "
+                     "WHERE seq=?", (error[:500], seq), audit)
 
-    def mark_failed(self, seq: int, error: str) -> None:
-        """One more failed attempt of row ``seq`` (still pending). Raises StoreError."""
-        with self._lock:
-            try:
-                self._db.execute("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE seq=?", (error[:500], seq))
-            except sqlite3.Error as e:
-                raise StoreError(f"{self.path}: {e}") from e
+    def mark_failed(self, seq: int, error: str, retry_at: Optional[float] = None) -> None:
+        """One more failed attempt of row ``seq`` (still pending); with ``retry_at`` (Unix s) its lease
+        is kept until then, so no replica retries it before the backoff. Raises StoreError."""
+        with self._transaction(exclusive=False):
+            if retry_at is None:
+                self._run("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE seq=?", (error[:500], seq))
+            else:
+                self._run("UPDATE outbox SET attempts=attempts+1, last_error=?, lease_until=? WHERE seq=?",
+                          (error[:500], retry_at, seq))
 
     # ----------------------------------------------------------------- reads
-    def snapshot(self) -> Optional[dict]:
+    def _read(self, sql: str, args: Sequence = ()) -> list[tuple]:
         with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key='breaker'").fetchone()
-        return json.loads(row[0]) if row else None
+            if self._in_change or self.dialect == "sqlite":
+                return self._rows(sql, args)
+            try:
+                return self._rows(sql, args)
+            except self._errors() as e:
+                self._lost()
+                raise StoreError(f"{store_label(self.url)}: {e}") from e
+
+    def snapshot(self) -> Optional[dict]:
+        row = self._read("SELECT value FROM meta WHERE key='breaker'")
+        return json.loads(row[0][0]) if row else None
 
     def pending(self, adapter: str) -> list[dict]:
         """The pending rows of ``adapter``, oldest first: ``{"seq", "decision_id", "adapter", "payload",
-        "received", "attempts"}``. Raises sqlite3.Error when the database cannot be read."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT seq, decision_id, adapter, payload, received, attempts FROM outbox "
-                "WHERE status='pending' AND adapter=? ORDER BY seq", (adapter,)).fetchall()
-        return [{"seq": r[0], "decision_id": r[1], "adapter": r[2], "payload": json.loads(r[3]),
-                 "received": r[4], "attempts": r[5]} for r in rows]
+        "received", "attempts", "claimed_by", "lease_until"}``. Raises StoreError or sqlite3.Error when
+        the database cannot be read."""
+        rows = self._read("SELECT %s FROM outbox WHERE status='pending' AND adapter=? ORDER BY seq"
+                          % ", ".join(_COLUMNS), (adapter,))
+        out = [dict(zip(_COLUMNS, r)) for r in rows]
+        for d in out:
+            d["payload"] = json.loads(d["payload"])
+        return out
 
     def pending_by_adapter(self) -> dict[str, int]:
         """``{adapter: number of pending rows}``."""
-        with self._lock:
-            rows = self._db.execute("SELECT adapter, count(*) FROM outbox WHERE status='pending' GROUP BY adapter")
-            return dict(rows.fetchall())
+        return dict(self._read("SELECT adapter, count(*) FROM outbox WHERE status='pending' GROUP BY adapter"))
 
     def oldest_pending_received(self, adapters: Optional[Iterable[str]] = None) -> Optional[float]:
         """``received`` (Unix s) of the oldest pending row (of ``adapters`` when given); None if none."""
         q, args = "SELECT min(received) FROM outbox WHERE status='pending'", []
         if adapters is not None:
             args = list(adapters)
+            if not args:
+                return None
             q += " AND adapter IN (%s)" % ",".join("?" * len(args))
-        with self._lock:
-            return self._db.execute(q, args).fetchone()[0]
+        return self._read(q, args)[0][0]
 
     def pending_count(self) -> int:
-        with self._lock:
-            return self._db.execute("SELECT count(*) FROM outbox WHERE status='pending'").fetchone()[0]
+        return self._read("SELECT count(*) FROM outbox WHERE status='pending'")[0][0]
 
     def outbox(self) -> list[dict]:
-        with self._lock:
-            rows = self._db.execute("SELECT seq, decision_id, adapter, status, attempts, last_error FROM outbox ORDER BY seq").fetchall()
-        return [dict(zip(("seq", "decision_id", "adapter", "status", "attempts", "last_error"), r)) for r in rows]
+        cols = ("seq", "decision_id", "adapter", "status", "attempts", "last_error", "claimed_by", "idem_key")
+        rows = self._read("SELECT %s FROM outbox ORDER BY seq" % ", ".join(cols))
+        return [dict(zip(cols, r)) for r in rows]
 
     def audit_log(self, limit: int = 50, kinds: Optional[tuple[str, ...]] = None) -> list[dict]:
         """The newest ``limit`` audit rows, newest first."""
@@ -212,8 +463,7 @@ class Store:
             args.extend(kinds)
         q += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
-        with self._lock:
-            rows = self._db.execute(q, args).fetchall()
+        rows = self._read(q, args)
         cols = ("seq", "at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason", "detail")
         out = []
         for r in rows:
@@ -221,3 +471,100 @@ class Store:
             d["detail"] = json.loads(d["detail"])
             out.append(d)
         return out
+
+
+class PgStore(Store):
+    """PostgreSQL store (psycopg 3): any number of replicas share it. One connection per store,
+    opened again after the server went away (every call meanwhile raises StoreError: the webhook
+    answers 503 and Alertmanager retries). Changes are serialised across replicas by a
+    transaction-scoped advisory lock; the migrations by the same lock."""
+
+    dialect = "postgresql"
+    _migrations = _PG
+    _claim_suffix = " FOR UPDATE SKIP LOCKED"
+
+    def __init__(self, url: str, connect_timeout_s: float = 3.0):
+        self.path = self.url = url
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = threading.RLock()
+        self._in_change = False
+        self._db = None
+        try:
+            self._connect()
+            self._migrate()
+        except self._errors() as e:
+            raise StoreError(f"{store_label(url)}: {e}".strip()) from e
+
+    def _connect(self) -> None:
+        import psycopg
+
+        self._db = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
+                                   application_name="fusebox-fuse")
+
+    def _conn(self):
+        if self._db is None or self._db.closed or self._db.broken:
+            self._lost()
+            self._connect()
+        return self._db
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        import psycopg
+
+        return (psycopg.Error,)
+
+    def _begin_exclusive(self) -> None:
+        self._run("BEGIN")
+        self._run("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK,))
+
+    def _begin(self) -> None:
+        self._run("BEGIN")
+
+    def _begin_change(self) -> int:
+        # One round trip: the version row's lock serialises the changes (of every replica), and
+        # SELECT ... FOR UPDATE returns the row as the previous holder committed it (READ COMMITTED
+        # re-reads a row it waited for), so the version read is never older than the lock.
+        cur = self._conn().execute("BEGIN; SELECT value FROM meta WHERE key = 'breaker_version' FOR UPDATE")
+        cur.nextset()
+        row = cur.fetchone()
+        if row is None:  # written by migration 3; absent only if someone deleted it
+            raise StoreError(f"{store_label(self.url)}: meta.breaker_version is missing -- restore it: "
+                             "INSERT INTO meta VALUES ('breaker_version', '0')")
+        return int(row[0])
+
+    def _q(self, sql: str) -> str:
+        return sql.replace("%", "%%").replace("?", "%s")
+
+    def _rows(self, sql: str, args: Sequence = ()) -> list[tuple]:
+        return self._conn().execute(self._q(sql), tuple(args), prepare=False).fetchall()
+
+    def _run(self, sql: str, args: Sequence = ()) -> int:
+        cur = self._conn().execute(self._q(sql), tuple(args) or None, prepare=False)
+        return cur.rowcount
+
+    def _many(self, sql: str, rows: list[tuple]) -> None:
+        if rows:
+            with self._conn().cursor() as cur:
+                cur.executemany(self._q(sql), rows)
+
+    def _in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return (self._db is not None and not self._db.closed
+                and self._db.info.transaction_status != TransactionStatus.IDLE)
+
+    def _lost(self) -> None:
+        if self._db is not None and (self._db.closed or self._db.broken):
+            with contextlib.suppress(Exception):
+                self._db.close()
+            self._db = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+
+
+def _now() -> float:
+    import time
+
+    return time.time()

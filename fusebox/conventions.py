@@ -310,3 +310,8 @@ def dashboard_uid(spec_name: str, name: str) -> str:
         return slug
     digest = hashlib.sha1(slug.encode()).hexdigest()[:8]
     return f"{slug[:31].rstrip('-')}-{digest}"
+
+# The environment variable `fusebox fuse serve` reads its --store URL from when no --store,
+# --state or --state-dir is given (the generated Deployment sets it from a Secret, so that the
+# PostgreSQL password is not in the pod's args).
+FUSE_STORE_ENV = "FUSEBOX_FUSE_STORE"

@@ -37,6 +37,7 @@ KUSTOMIZATION_FILE = "k8s/kustomization.yaml"
 SPEC_MOUNT = "/etc/fusebox"  # the spec ConfigMap, as fusebox.yaml
 TOKEN_MOUNT = "/var/run/secrets/fusebox"  # the token Secret, as its key (token)
 STATE_DIR = "/var/lib/fusebox"  # the fuse service's state directory (the PVC)
+STORE_ENV = C.FUSE_STORE_ENV
 _SPEC_KEY = "fusebox.yaml"
 
 
@@ -148,11 +149,14 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
 
 
 def render_fuse(spec: Spec) -> list[dict[str, Any]]:
-    """The fuse service: spec ConfigMap, state PVC, Deployment, Service, PodDisruptionBudget, ServiceMonitor.
+    """The fuse service: spec ConfigMap, state PVC (SQLite), Deployment, Service, PodDisruptionBudget,
+    ServiceMonitor.
 
-    One replica, strategy Recreate: the state (breaker, outbox, audit) is one SQLite file, which
-    has one writer; two pods would each keep their own state and both act on every alert, and a
-    rolling update would run two for a while.
+    SQLite (the default): one replica, strategy Recreate: the state (breaker, outbox, audit) is one
+    file, which has one writer; two pods would each keep their own state and both act on every
+    alert, and a rolling update would run two for a while. PostgreSQL (``store_secret``): the URL
+    from the Secret in env ``FUSEBOX_FUSE_STORE``, no PVC, ``replicas`` pods spread over nodes,
+    RollingUpdate (replicas share the state), and with two or more a PDB of ``minAvailable: 1``.
     """
     k, f = spec.kubernetes, spec.kubernetes.fuse
     name, port = C.K8S["fuse"], C.K8S["fuse_port"]
@@ -164,10 +168,12 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
         pvc_spec["storageClassName"] = f.storage_class
     pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": object_meta(spec, C.K8S["fuse_state"], "fuse"),
            "spec": pvc_spec}
+    pg = f.store_secret is not None
+    where = [] if pg else ["--state-dir", STATE_DIR]
     container = {
         "name": "fuse", "image": k.image, "imagePullPolicy": k.pull_policy,
         "args": ["fuse", "serve", "--spec", f"{SPEC_MOUNT}/{_SPEC_KEY}", "--listen", f"0.0.0.0:{port}",
-                 "--webhook-token-file", f"{TOKEN_MOUNT}/{C.K8S['token_key']}", "--state-dir", STATE_DIR, *f.args],
+                 "--webhook-token-file", f"{TOKEN_MOUNT}/{C.K8S['token_key']}", *where, *f.args],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": _probe("http", "/readyz", 10),
         "livenessProbe": _probe("http", "/healthz", 30) | {"initialDelaySeconds": 10},
@@ -176,15 +182,20 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
         "volumeMounts": [
             {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
             {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
-            {"name": "state", "mountPath": STATE_DIR},
+            *([] if pg else [{"name": "state", "mountPath": STATE_DIR}]),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    deployment = {
+    if f.store_secret is not None:
+        # the URL (with its password) in the environment, not in the args `ps` shows
+        container["env"] = [{"name": STORE_ENV, "valueFrom": {"secretKeyRef": {
+            "name": f.store_secret[0], "key": f.store_secret[1]}}}]
+    deployment: dict[str, Any] = {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": object_meta(spec, name, "fuse"),
         "spec": {
-            "replicas": 1,  # SQLite state: one writer (see the docstring)
-            "strategy": {"type": "Recreate"},
+            "replicas": f.replicas,  # SQLite: 1, one writer (see the docstring)
+            "strategy": ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}} if pg
+                         else {"type": "Recreate"}),
             "selector": {"matchLabels": _selector(name)},
             "template": {
                 "metadata": {"labels": {**_selector(name), C.K8S_PART_OF[0]: C.K8S_PART_OF[1]},
@@ -200,7 +211,7 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
                         # the user's Secret (kubectl create secret generic fusebox-fuse-token --from-file=token=...)
                         {"name": "token", "secret": {"secretName": C.K8S["token_secret"], "defaultMode": 0o440,
                                                      "items": [{"key": C.K8S["token_key"], "path": C.K8S["token_key"]}]}},
-                        {"name": "state", "persistentVolumeClaim": {"claimName": C.K8S["fuse_state"]}},
+                        *([] if pg else [{"name": "state", "persistentVolumeClaim": {"claimName": C.K8S["fuse_state"]}}]),
                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                     ],
                 },
@@ -211,8 +222,14 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
         "apiVersion": "v1", "kind": "Service", "metadata": object_meta(spec, name, "fuse"),
         "spec": {"selector": _selector(name), "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
     }
+    budget = {"minAvailable": 1} if f.replicas > 1 else {"maxUnavailable": f.max_unavailable}
     pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": object_meta(spec, name, "fuse"),
-           "spec": {"maxUnavailable": f.max_unavailable, "selector": {"matchLabels": _selector(name)}}}
+           "spec": {**budget, "selector": {"matchLabels": _selector(name)}}}
+    if f.replicas > 1:  # one node lost takes one replica
+        pod_spec = deployment["spec"]["template"]["spec"]
+        pod_spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": _selector(name)},
+                                                "topologyKey": "kubernetes.io/hostname"}}]}}
     servicemonitor = {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor", "metadata": object_meta(spec, name, "fuse"),
         "spec": {
@@ -222,7 +239,7 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
                            "honorLabels": True}],
         },
     }
-    return [configmap, pvc, deployment, service, pdb, servicemonitor]
+    return [configmap, *([] if pg else [pvc]), deployment, service, pdb, servicemonitor]
 
 
 def render_kustomization(spec: Spec, resources: list[str]) -> dict[str, Any]:

@@ -237,6 +237,42 @@ def test_the_fuse_is_one_recreated_replica_with_the_users_token_secret_and_is_sc
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
 
 
+def test_the_fuse_on_postgresql_runs_two_replicas_rolled_with_a_pdb_of_one(tmp_path):
+    block = dict(KUBE, fuse={"replicas": 2, "store_secret": {"name": "fusebox-fuse-store", "key": "url"},
+                             "args": ["--gateway-url", "http://gateway:8080"]})
+    write_outputs(render_all(parse_spec(_with_kubernetes(block), "fusebox.yaml")), tmp_path)
+    objs = _objects(tmp_path)
+    name = C.K8S["fuse"]
+    dep, pdb = objs[f"Deployment/{name}"], objs[f"PodDisruptionBudget/{name}"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert pdb["spec"] == {"minAvailable": 1, "selector": dep["spec"]["selector"]}
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    # the URL (and its password) from the Secret, in the environment the CLI reads, not in the args
+    assert c["env"] == [{"name": "FUSEBOX_FUSE_STORE",
+                         "valueFrom": {"secretKeyRef": {"name": "fusebox-fuse-store", "key": "url"}}}]
+    assert "--state-dir" not in c["args"] and "--store" not in c["args"]
+    assert "state" not in {v["name"] for v in pod["volumes"]}
+    assert not any(k.startswith("PersistentVolumeClaim/") for k in objs)
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    # what the container runs: `fusebox fuse serve` with these args reads its store from that variable
+    from fusebox.cli import build_parser
+    from fusebox.fuse.cli import _open_store
+
+    args = build_parser().parse_args([a.replace("/etc/fusebox", str(tmp_path)) for a in c["args"]])
+    import os
+
+    os.environ["FUSEBOX_FUSE_STORE"] = f"sqlite:///{tmp_path / 'via-env.sqlite'}"
+    try:
+        store = _open_store(args)
+    finally:
+        del os.environ["FUSEBOX_FUSE_STORE"]
+    assert store.path == str(tmp_path / "via-env.sqlite")
+    store.close()
+
+
 def test_dashboard_configmaps_follow_the_sidecar_settings(tmp_path):
     block = dict(KUBE, grafana={"sidecar_label": "dashboards.example.com/grafana", "sidecar_label_value": "yes",
                                 "folder_annotation": "k8s-sidecar-target-directory"})
@@ -276,7 +312,10 @@ def _problems(block: dict) -> list[str]:
     ({"collectors": {"port": 70000}}, "port", "out of range"),
     ({"image": {"repository": "GHCR.io/Acme/Fusebox"}}, "repository", "is not an image repository"),
     ({"fuse": {"args": ["--state", "/tmp/x"]}}, "--state", "--state is set by the generated Deployment"),
-    ({"fuse": {"replicas": 2}}, "replicas", "unknown key 'replicas'"),
+    ({"fuse": {"replicas": 2}}, "replicas", "replicas: 2 needs a PostgreSQL store"),
+    ({"fuse": {"replicas": 0}}, "replicas", "replicas must be at least 1"),
+    ({"fuse": {"store_secret": {"name": "Fuse_Store", "key": "url"}}}, "Fuse_Store", "is not a Secret name"),
+    ({"fuse": {"args": ["--store=sqlite:///x"]}}, "--store", "--store is set by the generated Deployment"),
 ])
 def test_a_bad_kubernetes_block_is_a_spec_error_at_its_line(block, where, what):
     text = _with_kubernetes(block)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need and the project does not vendor:
-#  - promtool, amtool, prometheus, alertmanager from the system package manager when missing;
+#  - promtool, amtool, prometheus, alertmanager, the PostgreSQL server from the system package
+#    manager when missing;
 #  - pinned Go tools (Prometheus 3 promtool, the OpenTelemetry Collector) built once into
 #    $FUSEBOX_TOOLS and reused.
 set -euo pipefail
@@ -15,9 +16,11 @@ command -v amtool >/dev/null || need_apt+=(prometheus-alertmanager)
 command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
 # Headless Chromium renders the fuse service's status page in tests/test_fuse_status_page.py.
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || need_apt+=(chromium)
+# The PostgreSQL server (initdb, pg_ctl) the fuse's HA tests start: tests/test_fuse_ha.py.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null; then
-    echo "bootstrap: ${need_apt[*]} missing and no apt-get: install Prometheus >= 2.42, Alertmanager >= 0.25 and Chromium and put them on PATH" >&2
+    echo "bootstrap: ${need_apt[*]} missing and no apt-get: install Prometheus >= 2.42, Alertmanager >= 0.25, Chromium and PostgreSQL >= 13 and put them on PATH" >&2
     exit 1
   fi
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -87,8 +87,17 @@ class RawCollectors(_Strict):
     cluster: Optional[StrictStr] = None  # the `cluster` label; default: the spec's metadata.name
 
 
+class RawSecretRef(_Strict):
+    name: StrictStr
+    key: StrictStr
+
+
 class RawFuseWorkload(_Strict):
     enabled: StrictBool = True
+    # More than one replica needs the PostgreSQL store (SQLite has one writer): store_secret names
+    # the Secret key holding its postgresql:// URL (env FUSEBOX_FUSE_STORE, not in the pod's args).
+    replicas: StrictInt = 1
+    store_secret: Optional[RawSecretRef] = None
     resources: RawResources = RawResources(requests={"cpu": "50m", "memory": "128Mi"}, limits={"cpu": "1", "memory": "512Mi"})
     # The SQLite state (breaker state, outbox, audit) on a PersistentVolumeClaim of this size.
     state_size: Quantity = "1Gi"
@@ -152,9 +161,13 @@ class Collectors:
 
 @dataclass(frozen=True)
 class FuseWorkload:
-    """The fuse service's Deployment (one replica: see docs/kubernetes.md), Service, PVC and PDB."""
+    """The fuse service's Deployment, Service, PVC (SQLite) and PDB: one replica on SQLite, or
+    ``replicas`` on the PostgreSQL store whose URL is in Secret ``store_secret`` = (name, key)
+    (see docs/kubernetes.md)."""
 
     enabled: bool = True
+    replicas: int = 1
+    store_secret: Optional[tuple[str, str]] = None
     resources: Resources = Resources({"cpu": "50m", "memory": "128Mi"}, {"cpu": "1", "memory": "512Mi"})
     state_size: str = "1Gi"
     storage_class: Optional[str] = None
@@ -298,13 +311,26 @@ def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
         err(p + ("storage_class",), f"{f.storage_class!r} is not a StorageClass name", "name one of `kubectl get storageclass`, or leave it out")
     if f.max_unavailable < 0:
         err(p + ("max_unavailable",), "max_unavailable must not be negative", "use 1 (drains may move the fuse) or 0 (they may not)")
-    reserved = {"--spec", "--listen", "--state", "--state-dir", "--webhook-token-file", "--token-file"}
+    if f.replicas < 1:
+        err(p + ("replicas",), f"replicas must be at least 1, got {f.replicas}", "use 1 (SQLite) or 2 (PostgreSQL)")
+    elif f.replicas > 1 and f.store_secret is None:
+        err(p + ("replicas",), f"replicas: {f.replicas} needs a PostgreSQL store: the default SQLite file has one "
+            "writer", "set store_secret: {name, key} (a Secret holding the postgresql:// URL), or replicas: 1")
+    secret = None
+    if f.store_secret is not None:
+        if not DNS_SUBDOMAIN.match(f.store_secret.name):
+            err(p + ("store_secret", "name"), f"{f.store_secret.name!r} is not a Secret name",
+                "name the Secret holding the postgresql:// URL, e.g. fusebox-fuse-store")
+        if not re.fullmatch(r"[-._a-zA-Z0-9]{1,253}", f.store_secret.key):
+            err(p + ("store_secret", "key"), f"{f.store_secret.key!r} is not a Secret key", "e.g. url")
+        secret = (f.store_secret.name, f.store_secret.key)
+    reserved = {"--spec", "--listen", "--state", "--state-dir", "--store", "--webhook-token-file", "--token-file"}
     for a in f.args:
         if a.split("=", 1)[0] in reserved:
             err(p + ("args",), f"{a.split('=', 1)[0]} is set by the generated Deployment", "remove it from args")
     return FuseWorkload(enabled=f.enabled, resources=_check_resources(f.resources, p + ("resources",), err),
                         state_size=f.state_size, storage_class=f.storage_class, max_unavailable=f.max_unavailable,
-                        args=tuple(f.args))
+                        args=tuple(f.args), replicas=f.replicas, store_secret=secret)
 
 
 def normalise_grafana(g: RawGrafana, err: Err) -> Grafana:
