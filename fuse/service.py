@@ -82,6 +82,9 @@ class _Metrics:
                                  ["adapter"], buckets=buckets, registry=r)
         self.request = Histogram(M["request_latency"], "Seconds spent handling a webhook notification.",
                                  buckets=buckets, registry=r)
+        self.last_notification = Gauge(M["last_notification"],
+                                       "Unix time of the last notification from each Alertmanager (its externalURL).",
+                                       [C.ALERTMANAGER_LABEL], registry=r)
 
 
 class FuseService:
@@ -156,6 +159,9 @@ class FuseService:
                 the committed state and the store's transaction rolled back).
         """
         received = self.clock() if received is None else received
+        # Every notification proves the feed alive (the heartbeat, or any other): recorded before the
+        # decision, so a store that fails does not make the feed look silent.
+        self.metrics.last_notification.labels(note.external_url).set(received)
         cut = note.truncated_alerts
         with self._lock, self._all_or_nothing():
             now = self.clock()
@@ -177,8 +183,10 @@ class FuseService:
             log.warning("%s", audit[-1]["reason"])
         counts: dict[str, int] = {}
         for o in outcomes:
-            counts[o.result] = counts.get(o.result, 0) + 1
-            self.metrics.alerts.labels(o.result).inc()
+            # the heartbeat is counted, never audited (it asks for no fuse, so nothing is committed)
+            result = "heartbeat" if o.alertname == C.HEARTBEAT_ALERT else o.result
+            counts[result] = counts.get(result, 0) + 1
+            self.metrics.alerts.labels(result).inc()
         return {"decisions": ids, "alerts": counts}
 
     def tick(self) -> list[dict]:
