@@ -45,6 +45,9 @@ __all__ = ["FuseService", "Unavailable", "OverrideError"]
 
 _CHANGED = {"tripped", "held", "overridden", "resolved", "release_pending", "not_held"}
 _REFUSED = {"untrusted", "no_scope", "scope_limit"}  # audited as kind "ignored", with the reason
+# Distinct Alertmanagers (externalURL) with a last-notification series of their own; an HA pair
+# or a few clusters' worth, far below what would burden /metrics.
+MAX_ALERTMANAGERS = 16
 
 
 class Unavailable(RuntimeError):
@@ -118,6 +121,8 @@ class FuseService:
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
+        self._senders: set[str] = set()  # externalURLs with a last-notification series
+        self._senders_lock = threading.Lock()
         self._wakes = {name: threading.Event() for name in self.adapters}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -161,7 +166,7 @@ class FuseService:
         received = self.clock() if received is None else received
         # Every notification proves the feed alive (the heartbeat, or any other): recorded before the
         # decision, so a store that fails does not make the feed look silent.
-        self.metrics.last_notification.labels(note.external_url).set(received)
+        self._record_sender(note.external_url, received)
         cut = note.truncated_alerts
         with self._lock, self._all_or_nothing():
             now = self.clock()
@@ -188,6 +193,17 @@ class FuseService:
             counts[result] = counts.get(result, 0) + 1
             self.metrics.alerts.labels(result).inc()
         return {"decisions": ids, "alerts": counts}
+
+    def _record_sender(self, external_url: str, received: float) -> None:
+        """Set the last-notification gauge of the Alertmanager at ``external_url``; past
+        MAX_ALERTMANAGERS distinct senders, under ``other`` (a token holder cannot grow /metrics
+        without bound)."""
+        with self._senders_lock:
+            if external_url not in self._senders:
+                if len(self._senders) >= MAX_ALERTMANAGERS:
+                    external_url = "other"
+                self._senders.add(external_url)
+        self.metrics.last_notification.labels(external_url).set(received)
 
     def tick(self) -> list[dict]:
         with self._lock, self._all_or_nothing():

@@ -127,3 +127,14 @@ def test_a_real_alertmanager_sends_the_heartbeat_to_the_fuse_only_and_health_ale
         people.close()
     assert read_log(tmp_path / "gw.jsonl") == []
     assert people.got == {("FuseboxFuseDown", spec.name)}  # never the heartbeat
+
+
+def test_past_sixteen_alertmanagers_further_senders_share_one_series(tmp_path):
+    with LiveService(tmp_path / "s.sqlite", dry_run=True) as svc:
+        hb = _rule_labels(load_spec(SPEC), "FuseboxHeartbeat")
+        for i in range(20):
+            body = payload({**alert("FuseboxHeartbeat"), "labels": hb})
+            body["externalURL"] = f"http://am-{i}:9093"
+            assert svc.post(body).status_code == 200
+        senders = {lb["alertmanager"] for lb, _ in _samples(httpx.get(svc.url + "/metrics").text, LAST)}
+    assert senders == {f"http://am-{i}:9093" for i in range(16)} | {"other"}
