@@ -273,7 +273,8 @@ def runbook_facts(spec: Spec) -> dict[str, dict[str, Any]]:
         diagnosis, sop = _RUNBOOK[a.name]
         route = (f"the fuse receiver `{spec.receiver}` only, every {format_duration(spec.self_monitoring.heartbeat_interval_s)}"
                  if a.name == C.HEARTBEAT_ALERT else f"the people (`{spec.human_receiver.get('name')}`), never the fuse")
-        out[a.name] = {"description": _expand(a.description, {}), "means": a.means, "severity": a.severity, "route": route,
+        placeholder = re.sub(r"\{\{\s*\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}", r"`<\1>`", a.description)
+        out[a.name] = {"description": placeholder, "means": a.means, "severity": a.severity, "route": route,
                        "rules": [{"expr": e, "for": format_duration(f) if f else ""} for e, f in exprs[a.name]],
                        "diagnosis": [d.replace("{JOB}", job) for d in diagnosis], "sop": list(sop)}
     return out
