@@ -125,9 +125,10 @@ def self_alerts(spec: Spec) -> list[SelfAlert]:
                   "always firing; goes to the fuse, never to people; trips nothing"),
         SelfAlert(A["heartbeat_missing"], "critical",
                   "No notification has reached the fuse for " + format_duration(m.heartbeat_silent_after_s),
-                  f"The fuse service has had no notification from Alertmanager {{{{ $labels.alertmanager }}}} for "
-                  f"{format_duration(m.heartbeat_silent_after_s)}, though {C.HEARTBEAT_ALERT} is always firing "
-                  "(every Alertmanager when the label is empty): the feed from Alertmanager to the fuse is broken.",
+                  f"The fuse service has had no notification for {format_duration(m.heartbeat_silent_after_s)} from "
+                  "the Alertmanager in the alertmanager label ({{ $labels.alertmanager }}), or from any Alertmanager "
+                  f"when that label is empty, though {C.HEARTBEAT_ALERT} is always firing: the feed from "
+                  "Alertmanager to the fuse is broken.",
                   "the feed from Prometheus through Alertmanager to the fuse has fallen silent"),
         SelfAlert(A["collector_scrape"], "warning",
                   "The collector {{ $labels.job }} fails to scrape engine {{ $labels.engine }}",
@@ -142,15 +143,21 @@ def self_alerts(spec: Spec) -> list[SelfAlert]:
     ]
 
 
-HEARTBEAT_RULE_LABEL = ("heartbeat", ("stale", "absent"))  # FuseboxFuseHeartbeatMissing's two rules
+# FuseboxFuseHeartbeatMissing's three rules, told apart by this label (promtool refuses two rules
+# with equal labels): the whole feed stale, never seen since the fuse started, one Alertmanager stale.
+HEARTBEAT_RULE_LABEL = ("heartbeat", ("stale", "absent", "stale_alertmanager"))
 
 
 def self_labels(spec: Spec, alert: SelfAlert, rule: int = 0) -> dict[str, str]:
     """The marker (``global.labels`` too) and severity; never ``fuse_action``. ``rule``: which of
-    the alert's rules (FuseboxFuseHeartbeatMissing's are told apart by ``heartbeat: stale|absent``)."""
+    the alert's rules (FuseboxFuseHeartbeatMissing's are told apart by ``heartbeat``; the one about a
+    single Alertmanager is a warning: in an Alertmanager cluster one peer sends each notification,
+    and which one can change while the feed as a whole is alive)."""
     labels = {**spec.labels, C.LABEL["marker"]: spec.name, C.LABEL["severity"]: alert.severity}
     if alert.name == A["heartbeat_missing"]:
         labels[HEARTBEAT_RULE_LABEL[0]] = HEARTBEAT_RULE_LABEL[1][rule]
+        if rule == 2:
+            labels[C.LABEL["severity"]] = "warning"
     return labels
 
 
@@ -181,13 +188,13 @@ def _exprs(spec: Spec) -> dict[str, list[tuple[str, float]]]:
         # integration only: any webhook receiver's failure counts; alertmanager_selector narrows it).
         A["notifications_failing"]: [(f"increase({_sel(C.AM_NOTIFICATIONS_FAILED, _am_labels(spec))}[{w}]) > 0", 0.0)],
         C.HEARTBEAT_ALERT: [("vector(1)", 0.0)],
-        # max by alertmanager: with several fuse replicas, the feed of an Alertmanager is alive if any
-        # replica heard from it. The absent rule covers a fuse that has heard from none since its start.
-        # Two rules (the absent one needs a `for`: a fuse that just started has heard nothing yet),
-        # told apart by their `heartbeat` label (promtool refuses two rules with equal labels).
+        # max: the feed is alive if any replica heard from any Alertmanager (critical); absent, with a
+        # `for` (a fuse that just started has heard nothing yet): it never heard from one; max by
+        # alertmanager: one Alertmanager fell silent (a warning, inhibited while the critical fires).
         A["heartbeat_missing"]: [
-            (f"time() - max by ({C.ALERTMANAGER_LABEL}) ({last}) > {format_number(m.heartbeat_silent_after_s)}", 0.0),
-            (f"absent({last})", m.heartbeat_silent_after_s)],
+            (f"time() - max({last}) > {format_number(m.heartbeat_silent_after_s)}", 0.0),
+            (f"absent({last})", m.heartbeat_silent_after_s),
+            (f"time() - max by ({C.ALERTMANAGER_LABEL}) ({last}) > {format_number(m.heartbeat_silent_after_s)}", 0.0)],
         # `or` keeps both: the refused series carry a `reason` label the errors do not
         A["collector_scrape"]: [(f"increase({_sel(C.PROM_SELF['scrape_errors'], coll)}[{w}]) > 0 "
                                  f"or increase({_sel(C.PROM_SELF['scrape_refused'], coll)}[{w}]) > 0", 0.0)],
@@ -371,21 +378,27 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                        "alert_rule_test": [_check(m.max_pending_action_age_s - I, A["actions_stuck"], []),
                                            _check(m.max_pending_action_age_s + I, A["actions_stuck"],
                                                   [_exp(spec, alerts[A["actions_stuck"]], fuse)])]}))
-    # 5. two Alertmanagers notify every interval; the first falls silent after `quiet_at`
+    # 5. two Alertmanagers notify every interval; the first falls silent after `quiet`, the second
+    # after `quiet2`: a warning for the first alone, then the critical for the whole feed
     S = m.heartbeat_silent_after_s
     quiet = 4
-    n = int((quiet * I + S + 4 * I) // I) + 1
-    last = [{"series": M["last_notification"] + label_str({**fuse, C.ALERTMANAGER_LABEL: _AM_URLS[0]}),
+    quiet2 = quiet + int(S // I) + 4
+    n = int((quiet2 * I + S + 4 * I) // I) + 1
+    hm = alerts[A["heartbeat_missing"]]
+    one, two = ({C.ALERTMANAGER_LABEL: url} for url in _AM_URLS)
+    last = [{"series": M["last_notification"] + label_str({**fuse, **one}),
              "values": segments([(quiet + 1, 0, I), (n - quiet - 1, quiet * I, 0)])},
-            {"series": M["last_notification"] + label_str({**fuse, C.ALERTMANAGER_LABEL: _AM_URLS[1]}),
-             "values": segments([(n, 0, I)])}]
-    groups.append((f"{A['heartbeat_missing']}: an Alertmanager silent for over {format_duration(S)} alerts, by name; "
-                   "the one still notifying does not", {
+            {"series": M["last_notification"] + label_str({**fuse, **two}),
+             "values": segments([(quiet2 + 1, 0, I), (n - quiet2 - 1, quiet2 * I, 0)])}]
+    groups.append((f"{A['heartbeat_missing']}: one Alertmanager silent for over {format_duration(S)} is a warning "
+                   "naming it; every one silent is critical", {
                        "interval": itv, "input_series": last,
                        "alert_rule_test": [
                            _check(quiet * I + S - I, A["heartbeat_missing"], []),
-                           _check(quiet * I + S + I, A["heartbeat_missing"],
-                                  [_exp(spec, alerts[A["heartbeat_missing"]], {C.ALERTMANAGER_LABEL: _AM_URLS[0]})])]}))
+                           _check(quiet * I + S + I, A["heartbeat_missing"], [_exp(spec, hm, one, 2)]),
+                           _check(quiet2 * I + S - I, A["heartbeat_missing"], [_exp(spec, hm, one, 2)]),
+                           _check(quiet2 * I + S + I, A["heartbeat_missing"],
+                                  [_exp(spec, hm, {}, 0), _exp(spec, hm, one, 2), _exp(spec, hm, two, 2)])]}))
     for _, g in groups:
         g["alert_rule_test"] = [c for c in g["alert_rule_test"] if c is not None]
     return groups
