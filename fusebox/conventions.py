@@ -205,7 +205,7 @@ FUSE_METRICS = {
     "level": "fusebox_fuse_level",  # gauge, highest tripped level per scope (SCOPE_LABELS), 0 none
     "transitions": "fusebox_fuse_transitions_total",  # counter {action, state, source}
     "notifications": "fusebox_fuse_notifications_total",  # counter {outcome}
-    "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification
+    "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification (result "heartbeat" for FuseboxHeartbeat)
     # counter: alerts Alertmanager left out of notifications (the payload's truncatedAlerts, past
     # the webhook's max_alerts); they neither trip nor release anything
     "truncated_alerts": "fusebox_fuse_truncated_alerts_total",
