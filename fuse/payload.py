@@ -24,6 +24,9 @@ _SEP = b"\xff"
 _FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
 _ZERO_YEAR = 1  # Go's zero time, "0001-01-01T00:00:00Z": "no end known"
+# The externalURL is a label value of the fuse's last-notification gauge: bounded, so a sender
+# cannot grow /metrics without limit (one series per distinct value).
+MAX_EXTERNAL_URL = 512
 
 
 class PayloadError(ValueError):
@@ -53,6 +56,7 @@ class Notification:
     receiver: str
     truncated_alerts: int
     alerts: tuple[AlertEvent, ...]
+    external_url: str = ""  # the sending Alertmanager's externalURL ("" when the payload has none)
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -209,11 +213,12 @@ def parse_payload(body: bytes | str | dict, now: float) -> Notification:
             fp = fingerprint(labels)
         out.append(AlertEvent(status, labels, fp, starts, ends))
     group_key, receiver = str(data.get("groupKey", "")), str(data.get("receiver") or "")
-    for name, text in (("groupKey", group_key), ("receiver", receiver)):
+    external_url = str(data.get("externalURL") or "")[:MAX_EXTERNAL_URL]
+    for name, text in (("groupKey", group_key), ("receiver", receiver), ("externalURL", external_url)):
         if not storable(text):
             raise PayloadError(f"'{name}' is {NOT_STORABLE}")
     return Notification(
         version=str(data.get("version", "")), status=str(group_status or ""),
         group_key=group_key, receiver=receiver,
-        truncated_alerts=truncated, alerts=tuple(out),
+        truncated_alerts=truncated, alerts=tuple(out), external_url=external_url,
     )

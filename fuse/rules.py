@@ -9,7 +9,8 @@ without those labels (a hand-written rule, a relabelled route) is resolved throu
 Only what the spec generates is trusted (issue 14): a ``fuse_action`` label counts only on an alert
 whose (``alertname``, action) pair is one of the spec's tiers, or ``FuseboxGPUDown`` with the action
 of a GPU-level signal (a lost GPU holds the fuse it had); any other alert that asks for a fuse
-is refused with a reason (audited by the service). An alert without any scope label would trip the
+is refused with a reason (audited by the service). ``FuseboxHeartbeat`` (always firing, routed to
+the fuse to prove the feed alive) asks for nothing, even with a ``fuse_action`` label. An alert without any scope label would trip the
 empty scope, i.e. the whole fleet: refused unless the spec says ``fuse.allow_fleet_wide_alerts``.
 """
 
@@ -108,7 +109,7 @@ class FuseRules:
         """The fuse an alert trips (:class:`Target`); a :class:`Refusal` when it asks for one it may
         not trip; None when it asks for none (warning tier, absent alert, unknown action)."""
         name = labels.get("alertname", "")
-        if name == C.ABSENT_ALERT:
+        if name in (C.ABSENT_ALERT, C.HEARTBEAT_ALERT):  # the heartbeat trips nothing, whatever it carries
             return None
         action = labels.get(C.LABEL["fuse_action"])
         if action:

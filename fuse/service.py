@@ -60,6 +60,9 @@ __all__ = ["FuseService", "Unavailable", "OverrideError"]
 
 _CHANGED = {"tripped", "held", "overridden", "resolved", "release_pending", "not_held"}
 _REFUSED = {"untrusted", "no_scope", "scope_limit"}  # audited as kind "ignored", with the reason
+# Distinct Alertmanagers (externalURL) with a last-notification series of their own; an HA pair
+# or a few clusters' worth, far below what would burden /metrics.
+MAX_ALERTMANAGERS = 16
 
 
 TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
@@ -101,6 +104,9 @@ class _Metrics:
         self.request = Histogram(M["request_latency"], "Seconds spent handling a webhook notification.",
                                  buckets=buckets, registry=r)
         self.dry_run = Gauge(M["dry_run"], "1 when the service calls nothing (--dry-run), else 0.", registry=r)
+        self.last_notification = Gauge(M["last_notification"],
+                                       "Unix time of the last notification from each Alertmanager (its externalURL).",
+                                       [C.ALERTMANAGER_LABEL], registry=r)
 
 
 class FuseService:
@@ -144,6 +150,8 @@ class FuseService:
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
+        self._senders: set[str] = set()  # externalURLs with a last-notification series
+        self._senders_lock = threading.Lock()
         self._wakes = {name: threading.Event() for name in self.adapters}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -185,6 +193,9 @@ class FuseService:
                 the committed state and the store's transaction rolled back).
         """
         received = self.clock() if received is None else received
+        # Every notification proves the feed alive (the heartbeat, or any other): recorded before the
+        # decision, so a store that fails does not make the feed look silent.
+        self._record_sender(note.external_url, received)
         cut = note.truncated_alerts
         with self._lock, self._all_or_nothing(), self._change():
             now = self.clock()
@@ -206,9 +217,22 @@ class FuseService:
             log.warning("%s", audit[-1]["reason"])
         counts: dict[str, int] = {}
         for o in outcomes:
-            counts[o.result] = counts.get(o.result, 0) + 1
-            self.metrics.alerts.labels(o.result).inc()
+            # the heartbeat is counted, never audited (it asks for no fuse, so nothing is committed)
+            result = "heartbeat" if o.alertname == C.HEARTBEAT_ALERT else o.result
+            counts[result] = counts.get(result, 0) + 1
+            self.metrics.alerts.labels(result).inc()
         return {"decisions": ids, "alerts": counts}
+
+    def _record_sender(self, external_url: str, received: float) -> None:
+        """Set the last-notification gauge of the Alertmanager at ``external_url``; past
+        MAX_ALERTMANAGERS distinct senders, under ``other`` (a token holder cannot grow /metrics
+        without bound)."""
+        with self._senders_lock:
+            if external_url not in self._senders:
+                if len(self._senders) >= MAX_ALERTMANAGERS:
+                    external_url = "other"
+                self._senders.add(external_url)
+        self.metrics.last_notification.labels(external_url).set(received)
 
     def tick(self) -> list[dict]:
         """Release levels whose hold time passed and end expired overrides (whichever replica ticks

@@ -183,15 +183,32 @@ GPU_DOWN_ALERT = "FuseboxGPUDown"
 # Always firing (as kube-prometheus' Watchdog), routed to the fuse receiver, never trips a fuse: the
 # fuse records when each Alertmanager last delivered, and a rule pages when that feed falls silent.
 HEARTBEAT_ALERT = "FuseboxHeartbeat"
+# fusebox watching its own path (fuse.self_monitoring; docs/self-monitoring.md): routed to the
+# people, never to the fuse -- but the heartbeat, which goes to the fuse only.
+SELF_ALERTS = {
+    "fuse_down": "FuseboxFuseDown",  # a fuse replica down, or no replica scraped at all
+    "actions_failing": "FuseboxFuseActionsFailing",  # gateway calls given up
+    "actions_stuck": "FuseboxFuseActionsStuck",  # the oldest pending gateway call past the spec's bound
+    "notifications_failing": "FuseboxFuseNotificationsFailing",  # Alertmanager failing to deliver webhooks
+    "heartbeat_missing": "FuseboxFuseHeartbeatMissing",  # no notification reached the fuse for too long
+    "collector_scrape": "FuseboxCollectorScrapeFailing",  # collectors failing to scrape their engines
+    "collector_gpu": "FuseboxCollectorGPUErrors",  # the GPU collector failing to read GPUs
+}
 # fusebox's own alerts: no signal of the spec may take these names.
-RESERVED_ALERTS = (ABSENT_ALERT, GPU_DOWN_ALERT, HEARTBEAT_ALERT)
+RESERVED_ALERTS = (ABSENT_ALERT, GPU_DOWN_ALERT, HEARTBEAT_ALERT, *SELF_ALERTS.values())
+# Label of fusebox_fuse_last_notification_timestamp_seconds: the externalURL of the Alertmanager
+# that sent the notification (the webhook payload's externalURL).
+ALERTMANAGER_LABEL = "alertmanager"
+# Alertmanager's own counter of notifications it gave up delivering, per integration
+# (notify/notify.go; Alertmanager 0.25 labels it by `integration` only).
+AM_NOTIFICATIONS_FAILED = "alertmanager_notifications_failed_total"
 
 # The fuse service's own metrics (GET /metrics on `fusebox fuse serve`).
 FUSE_METRICS = {
     "level": "fusebox_fuse_level",  # gauge, highest tripped level per scope (SCOPE_LABELS), 0 none
     "transitions": "fusebox_fuse_transitions_total",  # counter {action, state, source}
     "notifications": "fusebox_fuse_notifications_total",  # counter {outcome}
-    "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification
+    "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification (result "heartbeat" for FuseboxHeartbeat)
     # counter: alerts Alertmanager left out of notifications (the payload's truncatedAlerts, past
     # the webhook's max_alerts); they neither trip nor release anything
     "truncated_alerts": "fusebox_fuse_truncated_alerts_total",

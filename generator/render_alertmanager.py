@@ -5,9 +5,13 @@ Every alert fusebox generates carries the marker label ``fusebox: <metadata.name
 routing is one :class:`Routing` (see :func:`routing`):
 
 * a route matching the marker, grouped by alert, severity and scope;
-* under it, alerts that request a fuse (marker and ``fuse_action=~".+"``) go to the fuse receiver
+* under it, first, the heartbeat (``FuseboxHeartbeat``, always firing) to the fuse receiver only,
+  every ``fuse.self_monitoring.heartbeat_interval`` (its own group_interval and repeat_interval):
+  the fuse records each Alertmanager's last notification, and the people never see it;
+* then alerts that request a fuse (marker and ``fuse_action=~".+"``) go to the fuse receiver
   after ``group_wait_critical`` and ``continue`` to the people (``fuse.human_receiver``); every
-  other fusebox alert (warnings, FuseboxSignalAbsent, FuseboxGPUDown) reaches the people only;
+  other fusebox alert (warnings, FuseboxSignalAbsent, the self-monitoring alerts such as
+  FuseboxFuseDown) reaches the people only;
 * an inhibit rule, scoped to fusebox's alerts, that mutes a warning while the critical of the same
   alert and scope fires.
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from fusebox import conventions as C
 
@@ -35,6 +39,7 @@ from fusebox.spec.units import format_duration
 
 from .render_rules import absent_labels, alert_labels, gpu_down_enabled, gpu_down_labels, signal_raw_metrics
 from .render_k8s import object_meta
+from .selfmon import self_alerts, self_labels
 
 __all__ = ["Matcher", "Routing", "routing", "render_alertmanager", "render_fragment", "render_alertmanagerconfig",
            "route_tests", "webhook_url_in_cluster", "ALERTMANAGERCONFIG_API"]
@@ -81,6 +86,8 @@ class Routing:
     inhibit_source: list[Matcher]  # empty: no inhibit rule (the spec has no warning tier to mute)
     inhibit_target: list[Matcher]
     inhibit_equal: list[str]
+    heartbeat: Optional[Matcher] = None  # None: self-monitoring off, no heartbeat route
+    heartbeat_interval: str = "1m"
 
     @property
     def human(self) -> str:
@@ -114,6 +121,8 @@ def routing(spec: Spec) -> Routing:
         inhibit_source=source,
         inhibit_target=target,
         inhibit_equal=[C.LABEL["marker"], "alertname"] + SCOPE,
+        heartbeat=Matcher("alertname", "=", C.HEARTBEAT_ALERT) if spec.self_monitoring.enabled else None,
+        heartbeat_interval=format_duration(spec.self_monitoring.heartbeat_interval_s),
     )
 
 
@@ -134,7 +143,7 @@ def _fusebox_route(r: Routing) -> dict[str, Any]:
         "group_wait": r.group_wait,
         "group_interval": r.group_interval,
         "repeat_interval": r.repeat_interval,
-        "routes": [
+        "routes": _heartbeat_route(r) + [
             # `continue`: the people are told as well. Without the second route, an alert that
             # matched this one would not fall back to the parent's receiver (Alertmanager uses a
             # parent only when none of its children matched).
@@ -143,6 +152,16 @@ def _fusebox_route(r: Routing) -> dict[str, Any]:
             {"receiver": r.human},
         ],
     }
+
+
+def _heartbeat_route(r: Routing) -> list[dict[str, Any]]:
+    """The heartbeat to the fuse only (no ``continue``: never to the people). Alertmanager resends an
+    unchanged group on a group_interval tick once repeat_interval has passed, so both are the
+    heartbeat's interval; no group_wait: the first heartbeat goes out at once."""
+    if r.heartbeat is None:
+        return []
+    return [{"matchers": [r.heartbeat.text()], "receiver": r.fuse_receiver, "group_wait": "0s",
+             "group_interval": r.heartbeat_interval, "repeat_interval": r.heartbeat_interval}]
 
 
 def _inhibit_rules(r: Routing) -> list[dict[str, Any]]:
@@ -212,29 +231,37 @@ def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
     ``kubernetes.namespace``; its bearer token comes from the Secret ``fusebox-fuse-token``, key
     ``token`` (``conventions.K8S``), never inline.
 
-    One route: fusebox alerts that request a fuse go to the fuse receiver. The operator puts it
-    before the routes of the main config and forces ``continue: true`` on it (written here too), so
-    every alert, fuse-tier or not, goes on to the Alertmanager's own routes: the people are told by
-    those, and ``fuse.human_receiver`` is not used here. The operator also adds a matcher
+    One route matching the marker, with a receiver that notifies nobody (``<receiver>-none``), and
+    under it the heartbeat and the alerts that request a fuse, each to the fuse receiver. The
+    operator puts the route before the routes of the main config and forces ``continue: true`` on
+    it (written here too), so every alert of ours goes on to the Alertmanager's own routes: the
+    people are told by those, and ``fuse.human_receiver`` is not used here. The heartbeat goes on
+    too: route ``alertname="FuseboxHeartbeat"`` to a null receiver there, as kube-prometheus-stack
+    does for its Watchdog (docs/self-monitoring.md). The operator also adds a matcher
     ``namespace="<this object's namespace>"`` unless the Alertmanager resource sets
     ``alertmanagerConfigMatcherStrategy: {type: None}``; fusebox's alerts carry no such label, so
     without that setting this route matches nothing (docs/alertmanager.md).
     """
     r = routing(spec)
     k = C.K8S
+    none = f"{r.fuse_receiver}-none"  # what matches no child: nobody here, the main config's routes next
     out: dict[str, Any] = {
         "apiVersion": ALERTMANAGERCONFIG_API,
         "kind": "AlertmanagerConfig",
         "metadata": object_meta(spec, f"fusebox-{spec.name}", "alertmanager-config", app="fusebox"),
         "spec": {
             "route": {
-                "receiver": r.fuse_receiver,
-                "matchers": [r.marker.crd(), r.requests_fuse.crd()],
+                "receiver": none,
+                "matchers": [r.marker.crd()],
                 "groupBy": list(r.group_by),
                 "groupWait": r.group_wait_critical,
                 "groupInterval": r.group_interval,
                 "repeatInterval": r.repeat_interval,
                 "continue": True,
+                "routes": ([{"receiver": r.fuse_receiver, "matchers": [r.heartbeat.crd()], "groupWait": "0s",
+                             "groupInterval": r.heartbeat_interval, "repeatInterval": r.heartbeat_interval}]
+                           if r.heartbeat else []) + [
+                    {"receiver": r.fuse_receiver, "matchers": [r.requests_fuse.crd()]}],
             },
             "receivers": [{
                 "name": r.fuse_receiver,
@@ -247,7 +274,7 @@ def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
                         "credentials": {"name": k["token_secret"], "key": k["token_key"]},
                     }},
                 }],
-            }],
+            }, {"name": none}],
         },
     }
     if r.inhibit_source:
@@ -280,6 +307,15 @@ def fusebox_cases(spec: Spec) -> list[dict[str, Any]]:
         metric = signal_raw_metrics(sig)[0]
         out.append({"name": f"{C.ABSENT_ALERT} tells the people only",
                     "labels": {"alertname": C.ABSENT_ALERT, **absent_labels(metric, [sig.name], spec)}, "receivers": human})
+    for a in self_alerts(spec):
+        labels = {"alertname": a.name, **self_labels(spec, a)}
+        if a.name == C.HEARTBEAT_ALERT:
+            out.append({"name": f"{a.name} reaches the fuse only, never the people", "labels": labels, "receivers": [r.fuse_receiver]})
+            forged = {**labels, C.LABEL["fuse_action"]: next(iter(spec.actions), "x"), "hw_id": "GPU-0"}
+            out.append({"name": f"{a.name} with a forged fuse_action still reaches the fuse only (which trips nothing on it)",
+                        "labels": forged, "receivers": [r.fuse_receiver]})
+        else:
+            out.append({"name": f"{a.name} tells the people only, never the fuse", "labels": labels, "receivers": human})
     if gpu_down_enabled(spec):
         for action in lost_gpu_fuses(spec) or (None,):  # the GPU-down alert holds the fuse of the signals it silences
             out.append({"name": f"{C.GPU_DOWN_ALERT} " + (f"holds {action}: the fuse and the people" if action else "tells the people only"),
@@ -308,7 +344,8 @@ def foreign_cases(spec: Spec) -> list[dict[str, Any]]:
 
 def route_tests(spec: Spec) -> list[dict[str, Any]]:
     """``[{name, labels, receivers}]`` for ``amtool config routes test`` on the standalone config:
-    every tier of every signal, the absent and GPU-down alerts, and foreign alerts (they reach the
+    every tier of every signal, the absent and GPU-down alerts, the self-monitoring alerts and the
+    heartbeat, and foreign alerts (they reach the
     root receiver, the people's, never the fuse)."""
     human = [routing(spec).human]
     return fusebox_cases(spec) + [{**c, "receivers": human} for c in foreign_cases(spec)]

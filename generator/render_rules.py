@@ -16,6 +16,8 @@ from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses
 from fusebox.spec.kinds.base import FUSEBOX, SENDER, SGLANG, VLLM, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
 
+from .selfmon import GROUP as SELF_GROUP, self_rules
+
 __all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "marker_labels", "alert_labels", "alert_annotations",
            "alert_where"]
 
@@ -204,7 +206,8 @@ def render_rules(spec: Spec) -> Rules:
         Rules with one group per signal (recording rules, then one alerting rule per enabled
         tier, all under the signal's single alert name), a ``fusebox-dashboard`` group of
         records the dashboards read (:func:`fusebox.spec.kinds.dashboard_records`) and a
-        ``fusebox-absent`` group.
+        ``fusebox-absent`` group, ``fusebox-health`` (lost GPUs) and ``fusebox-self``
+        (:mod:`.selfmon`: the fuse, Alertmanager's feed to it, the collectors).
     """
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
@@ -230,6 +233,9 @@ def render_rules(spec: Spec) -> Rules:
         groups.append({"name": f"{GROUP_PREFIX}-absent", "interval": interval, "rules": absent_rules})
     if gpu_down_enabled(spec):
         groups.append({"name": f"{GROUP_PREFIX}-health", "interval": interval, "rules": gpu_down_rules(spec)})
+    own = self_rules(spec)
+    if own:  # fusebox's own path: the fuse, Alertmanager's feed to it, the collectors (generator/selfmon.py)
+        groups.append({"name": SELF_GROUP, "interval": interval, "rules": own})
     return Rules(groups=groups, raw_metrics=raw_metrics, raw_backends=raw_backends)
 
 

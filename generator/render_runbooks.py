@@ -10,6 +10,7 @@ from fusebox import conventions as C
 from fusebox.spec.kinds import lost_gpu_fuses, records
 
 from .render_rules import Rules
+from .selfmon import runbook_facts
 from fusebox.spec import Spec
 from fusebox.spec.units import format_duration, format_number, humanize
 
@@ -18,7 +19,7 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("fusebox.generator", "temp
 
 
 def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
-    """{relative path: markdown} for every alert name, plus the absent alert's."""
+    """{relative path: markdown} for every alert name: the signals', the absent, GPU-down and self-monitoring alerts'."""
     out: dict[str, str] = {}
     tmpl = _ENV.get_template("runbook.md.j2")
     for sig in spec.signals:
@@ -48,4 +49,6 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
             header=header, alert=C.ABSENT_ALERT, absent_for=format_duration(spec.absent_for_s),
             metrics=sorted(rules.raw_metrics.items()),
         )
+    for alert, facts in runbook_facts(spec).items():
+        out[f"runbooks/{alert}.md"] = _ENV.get_template("runbook_self.md.j2").render(header=header, alert=alert, **facts)
     return out

@@ -28,6 +28,7 @@ from fusebox.spec.units import format_duration, format_number
 
 from .render_rules import (GPU_DOWN_FOR_S, Rules, absent_annotations, absent_labels, alert_annotations, alert_labels,
                            gpu_down_annotations, gpu_down_enabled, gpu_down_labels)
+from .selfmon import self_tests
 
 def _target_value(synth: Synth, tier: Tier, target: str) -> float:
     """The value a test group drives the signal to: just beyond or just inside ``tier``, or safe."""
@@ -197,6 +198,7 @@ def render_rule_tests(spec: Spec, rules: Rules, rule_file: str) -> list[tuple[st
         groups += _tier_groups(sig, spec)
     if gpu_down_enabled(spec):
         groups.append(_gpu_down_group(spec))
+    groups += self_tests(spec)
     if spec.absent_enabled and rules.raw_metrics:
         I = spec.evaluation_interval_s
         t = spec.absent_for_s + I

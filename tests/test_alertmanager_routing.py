@@ -105,6 +105,18 @@ def test_standalone_routing_tests_hold_and_foreign_alerts_never_reach_the_fuse(g
         assert case["receivers"] == ([FUSE, HUMAN] if fuse else [HUMAN]), case["name"]
     assert next(t for t in ours if t["labels"]["alertname"] == "FuseboxSignalAbsent")["receivers"] == [HUMAN]
     assert next(t for t in ours if t["labels"]["alertname"] == "FuseboxGPUDown")["receivers"] == [FUSE, HUMAN]
+    # the heartbeat reaches the fuse alone (a forged fuse_action changes nothing); fusebox's own
+    # health alerts reach the people alone
+    heartbeat = {"alertname": "FuseboxHeartbeat", "fusebox": NAME, "severity": "none"}
+    assert _amtool_route(amtool, cfg, heartbeat) == [FUSE]
+    assert _amtool_route(amtool, cfg, {**heartbeat, "fuse_action": "freeze_admissions", "hw_id": "GPU-0"}) == [FUSE]
+    for alert in ("FuseboxFuseDown", "FuseboxFuseHeartbeatMissing", "FuseboxFuseNotificationsFailing",
+                  "FuseboxCollectorGPUErrors"):
+        assert _amtool_route(amtool, cfg, {"alertname": alert, "fusebox": NAME, "severity": "critical"}) == [HUMAN], alert
+    assert {"FuseboxHeartbeat", "FuseboxFuseDown", "FuseboxFuseActionsStuck"} <= {t["labels"]["alertname"] for t in ours}
+    hb_route = next(r for r in doc["route"]["routes"][0]["routes"] if r["matchers"] == ['alertname="FuseboxHeartbeat"'])
+    assert hb_route["receiver"] == FUSE and "continue" not in hb_route
+    assert hb_route["repeat_interval"] == hb_route["group_interval"] == "1m"
     # a critical that is not ours, given fusebox's exact labels but no marker, does not reach the fuse
     assert _amtool_route(amtool, cfg, {"alertname": "GPUMemoryUtilizationHigh", "severity": "critical",
                                        "fuse_action": "freeze_admissions"}) == [HUMAN]
@@ -274,12 +286,21 @@ def test_alertmanagerconfig_in_k8s_has_the_crd_shape_and_takes_its_token_from_a_
     _check_matchers(route["matchers"])
     for key in ("groupWait", "groupInterval", "repeatInterval"):
         assert re.match(DURATION, route[key]), (key, route[key])
-    assert {"name": "fusebox", "value": NAME, "matchType": "="} in route["matchers"]
-    assert any(m["name"] == "fuse_action" and m["matchType"] == "=~" for m in route["matchers"])
+    assert route["matchers"] == [{"name": "fusebox", "value": NAME, "matchType": "="}]
     assert route["groupWait"] == RAW["fuse"]["group_wait_critical"]
     assert not any(m["name"] == "namespace" for m in route["matchers"])  # the operator's to add (docs/alertmanager.md)
     names = {rc["name"] for rc in spec["receivers"]}
     assert route["receiver"] in names  # the operator refuses a route whose receiver is not listed
+    # what matches no child notifies nobody here (the main config's routes tell the people)
+    assert next(rc for rc in spec["receivers"] if rc["name"] == route["receiver"]) == {"name": route["receiver"]}
+    # children: the heartbeat, then the alerts that request a fuse, both to the fuse receiver
+    heartbeat, asks = route["routes"]
+    for child in route["routes"]:
+        assert set(child) <= CRD_FIELDS["route"] and child["receiver"] == FUSE
+        _check_matchers(child["matchers"])
+    assert heartbeat["matchers"] == [{"name": "alertname", "value": "FuseboxHeartbeat", "matchType": "="}]
+    assert heartbeat["repeatInterval"] == heartbeat["groupInterval"] == "1m"  # fuse.self_monitoring.heartbeat_interval's default
+    assert asks["matchers"] == [{"name": "fuse_action", "value": ".+", "matchType": "=~"}]
     for rc in spec["receivers"]:
         assert set(rc) <= CRD_FIELDS["receiver"]
         for hook in rc.get("webhookConfigs", []):

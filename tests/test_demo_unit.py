@@ -228,6 +228,7 @@ def test_the_header_labels_scenario_and_wall_time_and_gives_the_fuse_urls():
     class W:  # the Watcher's fields the view reads
         phase, scenario_t0, errors, signals, values = "breach", time.time() - 100, {}, [], {}
         alerts, fuses, gateway_calls = {}, {}, []
+        last_notification = {"http://127.0.0.1:9093": time.time() - 3}
         spec = load_spec(str(ROOT / "fusebox.yaml"))
 
         def have_data(self):
@@ -242,6 +243,17 @@ def test_the_header_labels_scenario_and_wall_time_and_gives_the_fuse_urls():
     assert "t= 125s/300s scenario time (x1.25; 100s wall)" in text
     assert "http://127.0.0.1:9/  (status page; JSON: http://127.0.0.1:9/state; token in the work directory's fuse.token)" in text
     assert "events (wall seconds since scenario start)" in text
+    # the heartbeat's feed (fusebox.yaml leaves fuse.self_monitoring.heartbeat_interval at its 1m default)
+    assert "last notification from Alertmanager http://127.0.0.1:9093: 3 s ago (heartbeat every 1m)" in text
+
+
+def test_the_feed_line_names_each_alertmanager_or_says_none_has_notified():
+    from fusebox.demo.view import feed_line
+
+    assert feed_line({}, 100.0, "1m") == "no notification from Alertmanager yet (heartbeat every 1m)"
+    assert feed_line({"http://b:9093": 90.0, "http://a:9093": 40.0}, 100.0, "1m") == (
+        "last notification from Alertmanager http://a:9093: 60 s ago; "
+        "last notification from Alertmanager http://b:9093: 10 s ago (heartbeat every 1m)")
 
 
 def test_fuse_state_events_shorten_the_gpu_uuid(monkeypatch, shipped, tmp_path):
@@ -250,7 +262,11 @@ def test_fuse_state_events_shorten_the_gpu_uuid(monkeypatch, shipped, tmp_path):
     w = watch.Watcher({"fuse": "http://f"}, shipped, tmp_path / "gw.jsonl", fuse_token="tok-1")
     asked = []
     monkeypatch.setattr(watch, "http_json", lambda url, token=None: asked.append((url, token)) or {"levels": {GPU_KEY: 1}})
+    metrics = ('# TYPE fusebox_fuse_last_notification_timestamp_seconds gauge\n'
+               'fusebox_fuse_last_notification_timestamp_seconds{alertmanager="http://127.0.0.1:9093"} 1.7e+09\n')
+    monkeypatch.setattr(watch, "http_text", lambda url: asked.append((url, None)) or metrics)
     (ev,) = w._poll_fuse()
-    assert asked == [("http://f/state", "tok-1")]  # /state needs a reader token
+    assert asked == [("http://f/state", "tok-1"), ("http://f/metrics", None)]  # /state needs a reader token
+    assert w.last_notification == {"http://127.0.0.1:9093": 1.7e9}
     assert ev.text == 'fuse /state {cluster="demo",host_name="demo-node-0",hw_id="GPU-5ca1ab1e…0000"}: level 0 -> 1'
     assert ev.detail["scope"] == GPU_KEY

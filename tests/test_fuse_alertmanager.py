@@ -65,7 +65,7 @@ def alertmanager(tmp_path):
     exe = need_tool("prometheus-alertmanager", "alertmanager")
     procs = []
 
-    def start(service_url, config=CONFIG):
+    def start(service_url, config=CONFIG, args=()):
         token_file = tmp_path / "am-token"
         token_file.write_text(TOKEN + "\n")
         cfg = tmp_path / "alertmanager.yml"
@@ -73,7 +73,7 @@ def alertmanager(tmp_path):
         port = free_port()
         p = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
                               f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                              "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb"))
+                              "--log.level=warn", *args], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb"))
         procs.append(p)
         url = f"http://127.0.0.1:{port}"
 

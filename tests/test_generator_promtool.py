@@ -113,7 +113,8 @@ def test_alertmanager_config_and_routes(generated, spec):
     assert "credentials" not in hook["http_config"]["authorization"]  # never inline
     ours = doc["route"]["routes"][0]
     assert ours["matchers"] == ['fusebox="multimodal-inference"']  # metadata.name of the shipped spec
-    to_fuse = next(r for r in ours["routes"] if r["receiver"] == "fusebox-fuse")
+    heartbeat, to_fuse = (r for r in ours["routes"] if r["receiver"] == "fusebox-fuse")
+    assert heartbeat["matchers"] == ['alertname="FuseboxHeartbeat"'] and "continue" not in heartbeat
     assert to_fuse["matchers"] == ['fuse_action=~".+"'] and to_fuse["group_wait"] == "5s" and to_fuse["continue"] is True
     assert doc["inhibit_rules"][0]["source_matchers"] == ['fusebox="multimodal-inference"', 'severity="critical"']
     assert "alertname" in doc["inhibit_rules"][0]["equal"] and "hw_id" in doc["inhibit_rules"][0]["equal"]
@@ -124,7 +125,9 @@ def test_alertmanager_config_and_routes(generated, spec):
     for labels, receivers in ((crit, "fusebox-fuse,oncall"),
                               (["alertname=KVCacheGrowthRateHigh", "severity=warning", "fusebox=multimodal-inference"], "oncall"),
                               (["alertname=GPUMemoryUtilizationHigh", "severity=critical"], "oncall"),
-                              (["alertname=Other"], "oncall")):
+                              (["alertname=Other"], "oncall"),
+                              (["alertname=FuseboxHeartbeat", "severity=none", "fusebox=multimodal-inference"], "fusebox-fuse"),
+                              (["alertname=FuseboxFuseDown", "severity=critical", "fusebox=multimodal-inference"], "oncall")):
         r = _run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels])
         assert r.returncode == 0 and r.stdout.strip() == receivers, (labels, r.stdout + r.stderr)
 

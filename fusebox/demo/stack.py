@@ -254,6 +254,12 @@ class Stack:
         self.sup.stop_all()
 
 
+def http_text(url: str, timeout: float = 2.0) -> str:
+    """GET ``url`` and decode its body as UTF-8 (a /metrics page)."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 -- loopback
+        return r.read().decode("utf-8", "replace")
+
+
 def http_json(url: str, timeout: float = 2.0, token: Optional[str] = None):
     """GET ``url`` and decode its JSON; ``token``: sent as ``Authorization: Bearer``."""
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from fusebox import conventions as C
+from fusebox.spec.units import format_duration
 
 from .watch import Event, Watcher, short
 
@@ -92,6 +93,18 @@ def fmt_value(unit: str, v: float) -> str:
     return f"{v:.4g}"
 
 
+def feed_line(last: dict[str, float], now: float, interval: str) -> str:
+    """The heartbeat's feed as the header shows it: ``last notification from Alertmanager
+    http://127.0.0.1:9093: 3 s ago (heartbeat every 1m)``, one clause per Alertmanager, or that none
+    has notified the fuse yet. ``last``: externalURL -> Unix seconds (the fuse's
+    fusebox_fuse_last_notification_timestamp_seconds)."""
+    if not last:
+        return f"no notification from Alertmanager yet (heartbeat every {interval})"
+    parts = [f"last notification from Alertmanager {url or '(no externalURL)'}: {max(0.0, now - t):.0f} s ago"
+             for url, t in sorted(last.items())]
+    return "; ".join(parts) + f" (heartbeat every {interval})"
+
+
 class DemoView:
     def __init__(self, console=None, *, live: Optional[bool] = None, title: str = "fusebox demo"):
         from rich.console import Console
@@ -172,6 +185,9 @@ class DemoView:
         if "fuse" in self.urls:
             head.append(f"\n{'fuse':13s}{self.urls['fuse']}/  (status page; JSON: {self.urls['fuse']}/state; "
                         "token in the work directory's fuse.token)")
+        if w and "fuse" in self.urls:
+            interval = format_duration(w.spec.self_monitoring.heartbeat_interval_s)
+            head.append(f"\n{'feed':13s}{feed_line(w.last_notification, time.time(), interval)}")
         head.append("\nCtrl-C stops everything the demo started.", style="dim")
         if w and w.errors:  # a peer not answering right now: shown, not fatal
             head.append("\n" + "; ".join(f"{k} not answering: {v}" for k, v in sorted(w.errors.items())), style="red")

@@ -1,7 +1,8 @@
 """What the demo sees, polled from the stack's own APIs, as a state snapshot and an event log.
 
 Sources: Prometheus' HTTP API (each signal's recording rule, ``ALERTS``), Alertmanager's
-``/api/v2/alerts`` (what it holds, inhibited or not), the fuse service's ``GET /state``, the
+``/api/v2/alerts`` (what it holds, inhibited or not), the fuse service's ``GET /state`` and its
+``/metrics`` (when each Alertmanager last notified it: the heartbeat's feed), the
 reference gateway's JSON-lines log (each control call, with its own timestamp) and the
 scenario player's output (phase changes, stamped as they arrive).
 """
@@ -17,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from fusebox import conventions as C
 from fusebox.spec.kinds import records
 
-from .stack import http_json
+from .stack import http_json, http_text
 
 __all__ = ["Event", "Watcher", "primary_signals"]
 
@@ -75,6 +78,8 @@ class Watcher:
         self.alerts: dict[tuple[str, str, str], tuple[str, float]] = {}  # (alert, severity, entity) -> (state, since)
         self.am_alerts: dict[str, int] = {}  # "active"/"suppressed" -> count
         self.fuses: dict[str, int] = {}  # scope key -> level (fuse /state)
+        # Alertmanager externalURL -> Unix time of its last notification to the fuse (fuse /metrics)
+        self.last_notification: dict[str, float] = {}
         self.gateway_calls: list[dict] = []
         self.phase: Optional[str] = None
         self.phase_t: float = 0.0
@@ -177,6 +182,10 @@ class Watcher:
                 out.append(Event(now, "state", str(new), {"scope": scope, "from": old},
                                  f"fuse /state {brief}: level {old} -> {new}"))
         self.fuses = {k: int(v) for k, v in levels.items()}
+        text = http_text(f"{self.urls['fuse']}/metrics")
+        self.last_notification = {s.labels.get(C.ALERTMANAGER_LABEL, ""): s.value
+                                  for fam in text_string_to_metric_families(text) for s in fam.samples
+                                  if s.name == C.FUSE_METRICS["last_notification"]}
         return out
 
     def _poll_gateway(self) -> list[Event]:

@@ -132,6 +132,21 @@ class RawAction(_Strict):
     description: str
 
 
+class RawSelfMonitoring(_Strict):
+    """``fuse.self_monitoring``: the rules that watch fusebox's own path (docs/self-monitoring.md)."""
+
+    enabled: StrictBool = True
+    # Matchers of the fuse service's scrape job: its `up` and its /metrics series. The generated
+    # ServiceMonitor's job is the Service's name (fusebox-fuse); so is the demo's and compose's.
+    fuse_selector: dict[str, str] = {"job": C.K8S["fuse"]}
+    # Extra matchers on Alertmanager's notification counters (integration="webhook" is always set).
+    alertmanager_selector: dict[str, str] = {}
+    down_for: Scalar = "2m"  # FuseboxFuseDown's `for`
+    max_pending_action_age: Scalar = "2m"  # FuseboxFuseActionsStuck: oldest pending gateway call older than this
+    heartbeat_interval: Scalar = "1m"  # the heartbeat route's group_interval and repeat_interval
+    heartbeat_silent_after: Scalar = "5m"  # FuseboxFuseHeartbeatMissing: no notification for this long
+
+
 class RawFuse(_Strict):
     """The fuse service and the Alertmanager routing to it."""
 
@@ -147,6 +162,7 @@ class RawFuse(_Strict):
     repeat_interval: Scalar = "4h"
     # Whether an alert without any scope label may trip the empty scope, i.e. the whole fleet at once.
     allow_fleet_wide_alerts: StrictBool = False
+    self_monitoring: RawSelfMonitoring = RawSelfMonitoring()
     actions: dict[str, RawAction]
 
 
@@ -259,6 +275,19 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class SelfMonitoring:
+    """``fuse.self_monitoring``, normalised: durations in seconds, selectors as label -> value."""
+
+    enabled: bool = True
+    fuse_selector: dict = field(default_factory=lambda: {"job": C.K8S["fuse"]})
+    alertmanager_selector: dict = field(default_factory=dict)
+    down_for_s: float = 120.0
+    max_pending_action_age_s: float = 120.0
+    heartbeat_interval_s: float = 60.0
+    heartbeat_silent_after_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class FuseAction:
     name: str
     level: int
@@ -303,6 +332,7 @@ class Spec:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
         when the spec lists it, else ``global.selector``."""
         return self.selectors.get(backend, self.selector)
+    self_monitoring: SelfMonitoring = field(default_factory=SelfMonitoring)
 
     def signal(self, name: str) -> Signal:
         for s in self.signals:
@@ -470,6 +500,7 @@ class _Normaliser:
         f = r.fuse
         group_waits = {name: self.duration(getattr(f, name), ("fuse", name))
                        for name in ("group_wait", "group_wait_critical", "group_interval", "repeat_interval")}
+        self_monitoring = self._self_monitoring(scrape)
         kube = normalise_kubernetes(r.kubernetes, r.metadata.name, self.err)
         grafana = normalise_grafana(r.grafana, self.err)
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
@@ -486,9 +517,39 @@ class _Normaliser:
             group_interval_s=group_waits["group_interval"], repeat_interval_s=group_waits["repeat_interval"],
             actions=actions, signals=tuple(signals), raw=self.data,
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts,
-            kubernetes=kube, grafana=grafana, otelcol=otelcol,
+            kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source,
         )
+
+    def _self_monitoring(self, scrape_s: float) -> SelfMonitoring:
+        """``fuse.self_monitoring``: positive durations, label names, and a silence bound the
+        heartbeat's own period cannot reach (Alertmanager resends on a group_interval tick after
+        repeat_interval, so two periods can pass between two heartbeats)."""
+        m = self.raw.fuse.self_monitoring
+        base = ("fuse", "self_monitoring")
+        d: dict[str, float] = {}
+        for name in ("down_for", "max_pending_action_age", "heartbeat_interval", "heartbeat_silent_after"):
+            before = len(self.problems)
+            d[name] = self.duration(getattr(m, name), base + (name,))
+            if name != "down_for" and d[name] <= 0 and len(self.problems) == before:  # not twice for one value
+                self.err(base + (name,), f"{name} must be positive", "e.g. '2m'")
+        for key in ("fuse_selector", "alertmanager_selector"):
+            for k in getattr(m, key):
+                if not _LABEL.match(k):
+                    self.err(base + (key,), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
+        if d["heartbeat_interval"] > 0 and d["heartbeat_silent_after"] < 3 * d["heartbeat_interval"]:
+            self.err(base + ("heartbeat_silent_after",),
+                     f"heartbeat_silent_after ({m.heartbeat_silent_after}) is under three heartbeat intervals "
+                     f"({m.heartbeat_interval} each): a heartbeat can come two intervals apart, so this would page on a healthy feed",
+                     "raise heartbeat_silent_after to at least 3 x heartbeat_interval, e.g. 5m for 1m")
+        if 0 < d["max_pending_action_age"] < 2 * scrape_s:
+            self.err(base + ("max_pending_action_age",),
+                     f"max_pending_action_age ({m.max_pending_action_age}) is under two scrape intervals",
+                     "raise it to at least two global.scrape_interval")
+        return SelfMonitoring(enabled=m.enabled, fuse_selector=dict(m.fuse_selector),
+                              alertmanager_selector=dict(m.alertmanager_selector),
+                              down_for_s=d["down_for"], max_pending_action_age_s=d["max_pending_action_age"],
+                              heartbeat_interval_s=d["heartbeat_interval"], heartbeat_silent_after_s=d["heartbeat_silent_after"])
 
     def _overrides(self) -> dict[str, dict[str, tuple[RawOverride, int]]]:
         out: dict[str, dict[str, tuple[RawOverride, int]]] = {}
