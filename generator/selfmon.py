@@ -85,6 +85,11 @@ def increase_window_s(spec: Spec) -> float:
     return max(300.0, 4 * spec.scrape_interval_s)
 
 
+# Label values the whole-feed branches set, so that no annotation names an empty label.
+NO_TARGET = "no target"
+ANY_AM = "any"
+
+
 def self_alerts(spec: Spec) -> list[SelfAlert]:
     """The self-monitoring alerts, in rule order (none when ``fuse.self_monitoring.enabled`` is false)."""
     m = spec.self_monitoring
@@ -94,8 +99,9 @@ def self_alerts(spec: Spec) -> list[SelfAlert]:
     w = format_duration(increase_window_s(spec))
     return [
         SelfAlert(A["fuse_down"], "critical",
-                  "The fuse service {{ $labels.instance }} is down or not scraped",
-                  f"Prometheus has not scraped the fuse service ({job}) {{{{ $labels.instance }}}} for "
+                  "The fuse service is down or not scraped: instance {{ $labels.instance }}",
+                  f"Prometheus has not scraped the fuse service ({job}), instance {{{{ $labels.instance }}}} "
+                  f"(\"{NO_TARGET}\": the job has no target at all), for "
                   f"{format_duration(m.down_for_s)} (up 0, or no target at all). While no replica answers, "
                   "Alertmanager's notifications to the fuse fail and no fuse trips or releases.",
                   "a fuse replica is down (up == 0), or the fuse's scrape job has no target at all"),
@@ -126,8 +132,8 @@ def self_alerts(spec: Spec) -> list[SelfAlert]:
         SelfAlert(A["heartbeat_missing"], "critical",
                   "No notification has reached the fuse for " + format_duration(m.heartbeat_silent_after_s),
                   f"The fuse service has had no notification for {format_duration(m.heartbeat_silent_after_s)} from "
-                  "the Alertmanager in the alertmanager label ({{ $labels.alertmanager }}), or from any Alertmanager "
-                  f"when that label is empty, though {C.HEARTBEAT_ALERT} is always firing: the feed from "
+                  f"Alertmanager {{{{ $labels.alertmanager }}}} (\"{ANY_AM}\": from no Alertmanager at all), "
+                  f"though {C.HEARTBEAT_ALERT} is always firing: the feed from "
                   "Alertmanager to the fuse is broken.",
                   "the feed from Prometheus through Alertmanager to the fuse has fallen silent"),
         SelfAlert(A["collector_scrape"], "warning",
@@ -181,7 +187,9 @@ def _exprs(spec: Spec) -> dict[str, list[tuple[str, float]]]:
     return {
         # == 0: a replica scraped and down; absent: no replica is even a target (a wrong job name,
         # a ServiceMonitor the operator never picked up). absent() carries the selector's labels.
-        A["fuse_down"]: [(f"{_sel('up', f)} == 0 or absent({_sel('up', f)})", m.down_for_s)],
+        # The absent branch names its instance "no target", so no annotation shows an empty label.
+        A["fuse_down"]: [(f"{_sel('up', f)} == 0 or label_replace(absent({_sel('up', f)}), \"{C.LABEL['instance']}\", "
+                          f"\"{NO_TARGET}\", \"\", \"\")", m.down_for_s)],
         A["actions_failing"]: [(f"increase({_sel(M['actions_given_up'], f)}[{w}]) > 0", 0.0)],
         A["actions_stuck"]: [(f"{_sel(M['oldest_pending_age'], f)} > {format_number(m.max_pending_action_age_s)}", 0.0)],
         # Alertmanager counts a notification failed once its retries are spent (0.25 labels it by
@@ -192,8 +200,9 @@ def _exprs(spec: Spec) -> dict[str, list[tuple[str, float]]]:
         # `for` (a fuse that just started has heard nothing yet): it never heard from one; max by
         # alertmanager: one Alertmanager fell silent (a warning, inhibited while the critical fires).
         A["heartbeat_missing"]: [
-            (f"time() - max({last}) > {format_number(m.heartbeat_silent_after_s)}", 0.0),
-            (f"absent({last})", m.heartbeat_silent_after_s),
+            (f"label_replace(time() - max({last}) > {format_number(m.heartbeat_silent_after_s)}, "
+             f"\"{C.ALERTMANAGER_LABEL}\", \"{ANY_AM}\", \"\", \"\")", 0.0),
+            (f"label_replace(absent({last}), \"{C.ALERTMANAGER_LABEL}\", \"{ANY_AM}\", \"\", \"\")", m.heartbeat_silent_after_s),
             (f"time() - max by ({C.ALERTMANAGER_LABEL}) ({last}) > {format_number(m.heartbeat_silent_after_s)}", 0.0)],
         # `or` keeps both: the refused series carry a `reason` label the errors do not
         A["collector_scrape"]: [(f"increase({_sel(C.PROM_SELF['scrape_errors'], coll)}[{w}]) > 0 "
@@ -338,8 +347,9 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                        "interval": itv, "input_series": [],
                        "alert_rule_test": [
                            _check(I, C.HEARTBEAT_ALERT, [_exp(spec, alerts[C.HEARTBEAT_ALERT], {})]),
-                           _check(t_absent, A["fuse_down"], [_exp(spec, alerts[A["fuse_down"]], f)]),
-                           _check(t_absent, A["heartbeat_missing"], [_exp(spec, alerts[A["heartbeat_missing"]], f, 1)]),
+                           _check(t_absent, A["fuse_down"], [_exp(spec, alerts[A["fuse_down"]], {**f, "instance": NO_TARGET})]),
+                           _check(t_absent, A["heartbeat_missing"],
+                                  [_exp(spec, alerts[A["heartbeat_missing"]], {**f, C.ALERTMANAGER_LABEL: ANY_AM}, 1)]),
                            _check(t_absent, A["actions_failing"], []), _check(t_absent, A["actions_stuck"], [])]}))
     # 3. counters that rise once: the alert fires while the window holds the rise, then resolves
     jump = 4
@@ -398,7 +408,7 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                            _check(quiet * I + S + I, A["heartbeat_missing"], [_exp(spec, hm, one, 2)]),
                            _check(quiet2 * I + S - I, A["heartbeat_missing"], [_exp(spec, hm, one, 2)]),
                            _check(quiet2 * I + S + I, A["heartbeat_missing"],
-                                  [_exp(spec, hm, {}, 0), _exp(spec, hm, one, 2), _exp(spec, hm, two, 2)])]}))
+                                  [_exp(spec, hm, {C.ALERTMANAGER_LABEL: ANY_AM}, 0), _exp(spec, hm, one, 2), _exp(spec, hm, two, 2)])]}))
     for _, g in groups:
         g["alert_rule_test"] = [c for c in g["alert_rule_test"] if c is not None]
     return groups
