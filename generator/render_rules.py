@@ -13,7 +13,7 @@ from typing import Any
 from fusebox import conventions as C
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, records, reports_lost_gpus
-from fusebox.spec.kinds.base import FUSEBOX, SENDER, SGLANG, VLLM, le_regex, selector
+from fusebox.spec.kinds.base import FUSEBOX, SGLANG, TARGET, VLLM, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
 
 __all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "marker_labels", "alert_labels", "alert_annotations",
@@ -273,7 +273,7 @@ def gpu_down_rules(spec: Spec) -> list[dict[str, Any]]:
     for action in lost_gpu_fuses(spec) or (None,):
         rules.append({
             "alert": C.GPU_DOWN_ALERT,
-            "expr": f"max without ({SENDER}) ({selector(C.PROM['gpu_up'], spec, backend=FUSEBOX)}) == 0",
+            "expr": f"max without ({TARGET}) ({selector(C.PROM['gpu_up'], spec, backend=FUSEBOX)}) == 0",
             "for": format_duration(GPU_DOWN_FOR_S),
             "labels": gpu_down_labels(spec, action),
             "annotations": gpu_down_annotations(spec),
