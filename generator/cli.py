@@ -74,7 +74,7 @@ def _load(spec_path: str):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .outputs import render_all
+    from .outputs import render_all, spec_warnings
     from .writer import WriteError, drift, write_outputs
 
     # A one-shot batch: the spec, the rules and the YAML node trees are millions of small objects
@@ -89,6 +89,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"{out}:1:1: --out names a file -- pass a directory (it is created when missing)", file=sys.stderr)
         return 2
     outputs = render_all(spec)
+    for w in spec_warnings(spec):
+        print(f"fusebox generate: warning: {w}", file=sys.stderr)
     if args.check:
         problems = drift(outputs, out)
         for p in problems:

@@ -204,7 +204,8 @@ def render_rules(spec: Spec) -> Rules:
         Rules with one group per signal (recording rules, then one alerting rule per enabled
         tier, all under the signal's single alert name), a ``fusebox-dashboard`` group of
         records the dashboards read (:func:`fusebox.spec.kinds.dashboard_records`) and a
-        ``fusebox-absent`` group.
+        ``fusebox-absent`` group (one alert per metric an enabled tier's signal reads: a
+        signal with every tier disabled keeps its records and adds none).
     """
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
@@ -213,7 +214,9 @@ def render_rules(spec: Spec) -> Rules:
     for sig in spec.signals:
         rules = kind_of(sig).rules(sig, spec) + [_alert(sig, t, spec) for t in sig.tiers]
         groups.append({"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": rules})
-        for m in signal_raw_metrics(sig):
+        # A signal whose tiers are all disabled keeps its records (the dashboards draw it) but
+        # makes no absent alert: nothing of it can fire, so its metric's absence loses nothing.
+        for m in (signal_raw_metrics(sig) if sig.tiers else ()):
             raw_metrics.setdefault(m, []).append(sig.name)
             raw_backends.setdefault(m, sig.source.backend)
     # Dashboard records: read by panels only, so their metrics never join raw_metrics (no absent alerts).

@@ -220,3 +220,65 @@ def test_a_lost_gpu_has_its_own_alert(generated):
     assert (generated / f"runbooks/{C.GPU_DOWN_ALERT}.md").exists()
     tests = (generated / "rules/fusebox.rules.test.yml").read_text()
     assert f"{C.GPU_DOWN_ALERT}: a GPU the collector lost (up 0) alerts after 1m" in tests
+
+
+# ------------------------------------------------------------- warnings, disabled signals
+DCGM_NO_COLLECTORS = (SPEC.read_text(encoding="utf-8")
+                      .replace("  source: fusebox\n", "  source: dcgm\n", 1)
+                      .replace("  collectors:\n    enabled: true\n", "  collectors:\n    enabled: false\n", 1)
+                      .replace("https://github.com/your-org/monitoring/blob/main/runbooks",
+                               "https://git.example.com/ops/monitoring/runbooks", 1))
+
+
+def _generate(tmp_path, text: str) -> subprocess.CompletedProcess:
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(text, encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(spec), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def _alerts(out) -> dict[str, list[dict]]:
+    doc = yaml.safe_load((out / "rules/fusebox.rules.yml").read_text())
+    by: dict[str, list[dict]] = {}
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            if "alert" in r:
+                by.setdefault(r["alert"], []).append(r)
+    return by
+
+
+def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_path):
+    r = _generate(tmp_path, DCGM_NO_COLLECTORS)
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
+    # PCIe has no dcgm source in the shipped spec: the only GPU signal still on the collectors
+    assert len(warnings) == 1 and "signal 'pcie_link_utilization' reads fusebox_gpu_pcie_utilization_ratio" in warnings[0]
+    assert "kubernetes.collectors.enabled is false" in warnings[0] and "enabled: false" in warnings[0]
+    absent = {a["labels"]["metric"] for a in _alerts(tmp_path / "out")[C.ABSENT_ALERT]}
+    assert "fusebox_gpu_pcie_utilization_ratio" in absent
+
+
+def test_a_signal_with_every_tier_disabled_has_no_alert_and_no_absent_alert(tmp_path):
+    text = DCGM_NO_COLLECTORS.replace("overrides: []", "overrides:\n  - alert: GPUPCIeLinkSaturated\n    enabled: false\n")
+    r = _generate(tmp_path, text)
+    assert r.returncode == 0, r.stderr
+    assert "warning:" not in r.stderr, r.stderr
+    alerts = _alerts(tmp_path / "out")
+    assert "GPUPCIeLinkSaturated" not in alerts
+    absent = {a["labels"]["metric"] for a in alerts[C.ABSENT_ALERT]}
+    assert "fusebox_gpu_pcie_utilization_ratio" not in absent
+    # the others still have theirs: dcgm-exporter's frame-buffer fields and DRAM activity among them
+    assert {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_PROF_DRAM_ACTIVE"} <= absent
+    # its records stay: the dashboards still draw it
+    text_rules = (tmp_path / "out/rules/fusebox.rules.yml").read_text()
+    assert "record: gpu:fusebox_pcie_link_utilization:ratio" in text_rules
+
+
+def test_generate_warns_about_the_placeholder_runbook_url(tmp_path):
+    r = _generate(tmp_path, SPEC.read_text(encoding="utf-8"))
+    assert r.returncode == 0
+    assert ("warning: global.runbook_base_url is still the placeholder "
+            "'https://github.com/your-org/monitoring/blob/main/runbooks'") in r.stderr
+    r = _generate(tmp_path, DCGM_NO_COLLECTORS.replace("  source: dcgm\n", "  source: fusebox\n", 1)
+                  .replace("  collectors:\n    enabled: false\n", "  collectors:\n    enabled: true\n", 1))
+    assert r.returncode == 0 and "warning:" not in r.stderr, r.stderr
