@@ -96,7 +96,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for p in problems:
             print(f"drift: {p}", file=sys.stderr)
         if problems:
-            print(f"generated files differ from {args.spec}: run `make generate` and commit the result", file=sys.stderr)
+            print(f"generated files differ from {args.spec}: run `fusebox generate --spec {args.spec} --out {args.out}` "
+                  "and commit the result", file=sys.stderr)
             return 1
         print(f"generated files match {args.spec} ({len(outputs)} files)")
         return 0
@@ -105,9 +106,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except WriteError as e:  # nothing under --out changed
         print(str(e), file=sys.stderr)
         return 2
-    print(f"fusebox: {len(outputs)} files from {args.spec} into {out}/ ({len(changed)} changed)")
+    removed = [rel for rel in changed if rel not in outputs]  # the spec no longer makes them
+    print(f"fusebox: {len(outputs)} files from {args.spec} into {out}/ ({len(changed) - len(removed)} changed"
+          + (f", {len(removed)} removed)" if removed else ")"))
     for rel in changed:
-        print(f"  {rel}")
+        print(f"  {'removed ' if rel in removed else ''}{rel}")
     return 0
 
 

@@ -139,6 +139,26 @@ def test_check_generated_detects_drift(tmp_path, spec):
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(SPEC), "--out", str(tmp_path),
                         "--check"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1 and "rules/fusebox.rules.yml" in r.stderr
+    assert f"run `fusebox generate --spec {SPEC} --out {tmp_path}`" in r.stderr and "make generate" not in r.stderr
+
+
+def test_generate_names_removed_outputs_as_removed(tmp_path):
+    """Switching the GPU signals to dcgm-exporter drops the GPU-down alert and its runbook."""
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(SPEC.read_text(encoding="utf-8"), encoding="utf-8")
+    out = tmp_path / "out"
+    gen = [sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(spec), "--out", str(out)]
+    assert subprocess.run(gen, capture_output=True, text=True, cwd=ROOT).returncode == 0
+    assert (out / "runbooks/FuseboxGPUDown.md").exists()
+    spec.write_text(SPEC.read_text(encoding="utf-8").replace("  source: fusebox\n", "  source: dcgm\n", 1), encoding="utf-8")
+    r = subprocess.run(gen, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert not (out / "runbooks/FuseboxGPUDown.md").exists()
+    lines = r.stdout.splitlines()
+    assert "  removed runbooks/FuseboxGPUDown.md" in lines, r.stdout
+    assert "  rules/fusebox.rules.yml" in lines  # changed, not removed
+    n_removed = sum(ln.startswith("  removed ") for ln in lines)
+    assert lines[0].endswith(f" changed, {n_removed} removed)"), lines[0]
 
 
 def test_writer_removes_outputs_the_spec_no_longer_makes(tmp_path, spec):
