@@ -51,8 +51,8 @@ class Gauge(Kind):
         if s.by:
             return {k: v for k, v in synth.labels.items() if k in s.by}
         if s.level == "gpu":
-            # GPU-level records drop the sender's identity (see rules)
-            return {k: v for k, v in synth.labels.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
+            # GPU-level records drop every target label of the scraper (see rules)
+            return {k: v for k, v in synth.labels.items() if k not in C.TARGET_LABELS}
         return dict(synth.labels)
 
     # -- panels --------------------------------------------------------------------------

@@ -141,9 +141,10 @@ class GpuMemory(Kind):
 
     def result_labels(self, synth: Synth) -> dict[str, str]:
         if synth.sig.source.backend == "dcgm":
-            return {**self._dcgm_labels(synth), "hw_id": synth.labels["hw_id"]}
-        # GPU-level records drop the sender's identity (see rules)
-        return {k: v for k, v in synth.labels.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
+            kept = {k: v for k, v in self._dcgm_labels(synth).items() if k not in C.TARGET_LABELS}
+            return {**kept, "hw_id": synth.labels["hw_id"]}
+        # GPU-level records drop every target label of the scraper (see rules)
+        return {k: v for k, v in synth.labels.items() if k not in C.TARGET_LABELS}
 
     # -- panels --------------------------------------------------------------------------
     def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
