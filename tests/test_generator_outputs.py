@@ -234,7 +234,7 @@ def test_a_lost_gpu_has_its_own_alert(generated):
     doc = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
     rules = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == C.GPU_DOWN_ALERT]
     assert len(rules) == 1
-    assert rules[0]["expr"] == "max without (instance, job) (fusebox_gpu_up) == 0"
+    assert rules[0]["expr"] == "max without (instance, job, namespace, pod, container, endpoint, service) (fusebox_gpu_up) == 0"
     # it holds the fuse of the GPU-level signals it silences (GPU memory, memory bandwidth: level 1)
     assert (rules[0]["labels"]["fuse_action"], rules[0]["labels"]["fuse_level"]) == ("freeze_admissions", "1")
     assert (generated / f"runbooks/{C.GPU_DOWN_ALERT}.md").exists()
