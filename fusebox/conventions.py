@@ -172,6 +172,15 @@ LABEL = {
     "marker": "fusebox",
 }
 
+# Labels the scraper adds to every series of a target, which name who sent a series, not what it
+# measures: Prometheus adds `instance` and `job` to every target; the Prometheus Operator's
+# PodMonitor / ServiceMonitor relabelling adds `namespace`, `pod`, `container` and `endpoint`
+# (and `service` for a ServiceMonitor) -- kube-prometheus-stack's default for every monitor. A
+# GPU-level record drops them all (`max without (...)`), so a GPU's alert keeps its identity
+# {cluster, host_name, hw_id, ...} across a collector rollout (new pod name) or a second exporter.
+# Engine/pod-level signals keep them where their `by` names them.
+TARGET_LABELS = ("instance", "job", "namespace", "pod", "container", "endpoint", "service")
+
 # Labels that name the blast radius of a fuse, most specific last. The fuse service keys
 # its breaker on the subset present in an alert.
 SCOPE_LABELS = ("cluster", "host_name", "instance", "hw_id", "engine")

@@ -8,7 +8,9 @@ and returns it with:
   ``continue``: its alerts end there, the base's routes never see them);
 * the fuse receiver appended to ``receivers``; ``fuse.human_receiver`` appended too, unless it is a
   bare name (``{name: oncall}``) that the base already defines: then the base's receiver is used
-  as it is (that is how fusebox's alerts reach your real pager);
+  as it is (that is how fusebox's alerts reach your real pager). A bare name the base lacks would
+  be a receiver without configs: fusebox's alerts, which end at the fusebox route, would notify
+  nobody. That is refused (at ``fuse.human_receiver`` in the spec) unless ``allow_silent_people``;
 * fusebox's inhibit rule appended to ``inhibit_rules``.
 
 Everything else of the base is kept, in its order (its comments are not: the result is written
@@ -63,20 +65,27 @@ def _fusebox_routes(route: dict[str, Any], path: tuple) -> list[tuple]:
     return out
 
 
-def merge_alertmanager(base_text: str, base_file: str, fragment: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def merge_alertmanager(base_text: str, base_file: str, fragment: dict[str, Any], *,
+                       human_receiver_at: tuple[str, int, int] = ("fusebox.yaml", 1, 1),
+                       allow_silent_people: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The base config with the fragment merged in (see the module docstring).
 
     Args:
         base_text: the base Alertmanager config, as text.
         base_file: how to name the base in problems.
         fragment: ``render_fragment(spec)``: ``{routes: [route], receivers: [...], inhibit_rules: [...]}``.
+        human_receiver_at: (file, line, column) of ``fuse.human_receiver`` in the spec, for the
+            problem of a people's receiver that would notify nobody.
+        allow_silent_people: add a bare-named people's receiver the base lacks (no configs: it
+            notifies nobody) with a note instead of refusing it.
 
     Returns:
         (merged config as data, notes for the user: e.g. which receiver of the base is reused).
 
     Raises:
         MergeError: the base is not YAML, not an Alertmanager config, already holds a fusebox
-            route, or names a receiver as fusebox does.
+            route, or names a receiver as fusebox does; or ``fuse.human_receiver`` is a bare name
+            the base lacks (unless ``allow_silent_people``).
     """
     if not base_text.strip():
         raise MergeError([Problem(base_file, 1, 1, "the base is empty",
@@ -119,9 +128,16 @@ def merge_alertmanager(base_text: str, base_file: str, fragment: dict[str, Any])
         name = rc["name"]
         if name not in by_name:
             added.append(rc)
-            if set(rc) == {"name"}:
+            if set(rc) == {"name"} and allow_silent_people:
                 notes.append(f"receiver {name!r} (fuse.human_receiver) has no configs: fusebox's alerts reach it and "
                              "notify nobody; name one of the base's receivers in fuse.human_receiver")
+            elif set(rc) == {"name"}:
+                ours = ", ".join(repr(r["name"]) for r in receivers)
+                problems.append(Problem(*human_receiver_at,
+                                        f"fuse.human_receiver {name!r} is not a receiver of {base_file} and has no "
+                                        "configs: fusebox's alerts end at the fusebox route and would notify nobody",
+                                        f"set fuse.human_receiver.name to one of your receivers: {ours}, or give it "
+                                        "configs (or pass --allow-silent-people to merge anyway)"))
         elif set(rc) == {"name"}:  # a bare name (fuse.human_receiver): a reference to the base's receiver
             notes.append(f"receiver {name!r} (fuse.human_receiver) is the base's: fusebox's alerts reach it")
         else:

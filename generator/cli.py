@@ -43,7 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--base", required=True, help="the Alertmanager config to merge into (the file Alertmanager loads)")
     m.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
     m.add_argument("--out", help="write the merged config here, atomically, with the base's permissions "
-                                 "(default: standard output)")
+                                 "(default: standard output; not the base itself)")
+    m.add_argument("--allow-silent-people", action="store_true",
+                   help="merge even when fuse.human_receiver is a bare name the base lacks (a receiver without "
+                        "configs: fusebox's alerts then notify nobody)")
     m.set_defaults(func=cmd_alertmanager_merge)
     t = asub.add_parser("test", help="amtool on a config holding fusebox's routing (e.g. a merged one): ours reach the "
                                      "fuse and the people as generated, foreign alerts never the fuse")
@@ -71,7 +74,7 @@ def _load(spec_path: str):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .outputs import render_all
+    from .outputs import render_all, spec_warnings
     from .writer import WriteError, drift, write_outputs
 
     # A one-shot batch: the spec, the rules and the YAML node trees are millions of small objects
@@ -86,12 +89,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"{out}:1:1: --out names a file -- pass a directory (it is created when missing)", file=sys.stderr)
         return 2
     outputs = render_all(spec)
+    for w in spec_warnings(spec):
+        print(f"fusebox generate: warning: {w}", file=sys.stderr)
     if args.check:
         problems = drift(outputs, out)
         for p in problems:
             print(f"drift: {p}", file=sys.stderr)
         if problems:
-            print(f"generated files differ from {args.spec}: run `make generate` and commit the result", file=sys.stderr)
+            print(f"generated files differ from {args.spec}: run `fusebox generate --spec {args.spec} --out {args.out}` "
+                  "and commit the result", file=sys.stderr)
             return 1
         print(f"generated files match {args.spec} ({len(outputs)} files)")
         return 0
@@ -100,9 +106,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except WriteError as e:  # nothing under --out changed
         print(str(e), file=sys.stderr)
         return 2
-    print(f"fusebox: {len(outputs)} files from {args.spec} into {out}/ ({len(changed)} changed)")
+    removed = [rel for rel in changed if rel not in outputs]  # the spec no longer makes them
+    print(f"fusebox: {len(outputs)} files from {args.spec} into {out}/ ({len(changed) - len(removed)} changed"
+          + (f", {len(removed)} removed)" if removed else ")"))
     for rel in changed:
-        print(f"  {rel}")
+        print(f"  {'removed ' if rel in removed else ''}{rel}")
     return 0
 
 
@@ -130,6 +138,14 @@ def _read_base(path: str) -> str | None:
         return None
 
 
+def _spec_place(spec_file: str, path: tuple) -> tuple[str, int, int]:
+    """(file, line, column) of ``path`` in the spec (of its nearest written parent: a default is not written)."""
+    from fusebox.spec.positions import load, read_text
+
+    line, col = load(read_text(spec_file, spec_file), spec_file)[1].at(path, key=True)
+    return spec_file, line, col
+
+
 def cmd_alertmanager_merge(args: argparse.Namespace) -> int:
     import os
     import stat
@@ -142,11 +158,17 @@ def cmd_alertmanager_merge(args: argparse.Namespace) -> int:
     spec = _load(args.spec)
     if spec is None:
         return 2
+    if args.out and Path(args.out).resolve() == Path(args.base).resolve():
+        print(f"{args.out}:1:1: --out is the base config itself -- write the merged config to another file (the base "
+              "stays the file you edit; merge again after each change)", file=sys.stderr)
+        return 2
     text = _read_base(args.base)
     if text is None:
         return 2
     try:
-        merged, notes = merge_alertmanager(text, args.base, render_fragment(spec))
+        merged, notes = merge_alertmanager(text, args.base, render_fragment(spec),
+                                           human_receiver_at=_spec_place(spec.file, ("fuse", "human_receiver")),
+                                           allow_silent_people=args.allow_silent_people)
     except MergeError as e:
         for p in e.problems:
             print(str(p), file=sys.stderr)

@@ -85,3 +85,28 @@ def render_all(spec: Spec) -> dict[str, str]:
     out.update(workload_outputs(spec, header))
     out.update(kustomization_output(spec, header, list(out)))  # last: it lists every k8s/ manifest
     return dict(sorted(out.items()))
+
+
+def spec_warnings(spec: Spec) -> list[str]:
+    """Things in a valid spec that are likely mistakes: one line each, for standard error.
+
+    * ``kubernetes.collectors.enabled: false`` while a signal with an enabled tier still reads a
+      GPU metric of the ``fusebox`` backend (the collectors' own): nothing exports it, so that
+      signal cannot fire and its ``FuseboxSignalAbsent`` fires for good.
+    * ``global.runbook_base_url`` still holds the starter spec's ``your-org`` placeholder: every
+      alert's runbook link leads nowhere.
+    """
+    from fusebox.spec.kinds.base import FUSEBOX
+
+    out = []
+    if not spec.kubernetes.collectors.enabled:
+        reading = [s for s in spec.signals if s.tiers and s.level == "gpu" and s.source.backend == FUSEBOX]
+        for s in reading:
+            out.append(f"signal {s.name!r} reads {s.source.metric or 'an expression'} from the fusebox collectors, "
+                       "but kubernetes.collectors.enabled is false: it cannot fire and its "
+                       f"{C.ABSENT_ALERT} will fire for good -- give it another source (global.source / its "
+                       f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
+    if "your-org" in spec.runbook_base_url:
+        out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
+                   "runbook link leads nowhere -- set it to where your runbooks/ are served")
+    return out

@@ -28,6 +28,7 @@ from fusebox import conventions as C
 from fusebox.spec.units import format_duration
 
 from .render_dashboards import dashboard_texts
+from .render_k8s import object_meta
 from .yamlout import dump_yaml
 
 __all__ = ["ProvisioningOptions", "render_grafana_provisioning", "DATASOURCE_UID"]
@@ -65,6 +66,16 @@ class ProvisioningOptions:
         return cls(prometheus_url=g.prometheus_url, dashboards_path=g.dashboards_path, folder=g.folder,
                    namespace=k.namespace, labels=tuple(sorted(k.labels.items())), sidecar_label=k.sidecar_label,
                    sidecar_label_value=k.sidecar_label_value, folder_annotation=k.folder_annotation)
+
+
+def _configmap_meta(spec, options: ProvisioningOptions, name: str) -> dict:
+    """A dashboard ConfigMap's metadata: every generated object's (render_k8s.object_meta: the
+    namespace, ``kubernetes.labels``, ``app.kubernetes.io/name: fusebox``, part-of, component
+    ``dashboards``), plus the sidecar label and the folder annotation."""
+    meta = object_meta(spec, name, "dashboards", app="fusebox", namespace=options.namespace, labels=dict(options.labels))
+    meta["labels"][options.sidecar_label] = options.sidecar_label_value
+    meta["annotations"] = {options.folder_annotation: options.folder}
+    return meta
 
 
 def _yaml(header: str, obj) -> str:
@@ -109,10 +120,7 @@ def render_grafana_provisioning(spec, options: ProvisioningOptions = Provisionin
     for name, text in boards.items():
         maps.append({
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"fusebox-dashboard-{name}", "namespace": options.namespace,
-                         "labels": {**dict(options.labels), C.K8S_PART_OF[0]: C.K8S_PART_OF[1],
-                                    options.sidecar_label: options.sidecar_label_value},
-                         "annotations": {options.folder_annotation: options.folder}},
+            "metadata": _configmap_meta(spec, options, f"fusebox-dashboard-{name}"),
             "data": {f"fusebox-{name}.json": text},
         })
     k8s = header + "".join("---\n" + dump_yaml(m, sort_keys=True) for m in maps)

@@ -19,7 +19,7 @@ Names: :data:`fusebox.conventions.K8S`. Details and the reasons: docs/kubernetes
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Mapping
 
 from fusebox import conventions as C
 from fusebox.spec import Spec
@@ -41,14 +41,18 @@ STORE_ENV = C.FUSE_STORE_ENV
 _SPEC_KEY = "fusebox.yaml"
 
 
-def object_meta(spec: Spec, name: str, component: str | None = None, app: str | None = None) -> dict[str, Any]:
-    """metadata: name, the spec's namespace, its labels and fusebox's (fusebox's win a clash)."""
-    labels = dict(spec.kubernetes.labels)
-    labels.update(_selector(app or name))
-    labels[C.K8S_PART_OF[0]] = C.K8S_PART_OF[1]
+def object_meta(spec: Spec, name: str, component: str | None = None, app: str | None = None, *,
+                namespace: str | None = None, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """metadata: name, the spec's namespace, its labels and fusebox's (fusebox's win a clash).
+
+    ``namespace`` / ``labels``, when given, stand for the spec's ``kubernetes.namespace`` /
+    ``kubernetes.labels`` (a renderer's options that came from them)."""
+    out = dict(spec.kubernetes.labels if labels is None else labels)
+    out.update(_selector(app or name))
+    out[C.K8S_PART_OF[0]] = C.K8S_PART_OF[1]
     if component:
-        labels["app.kubernetes.io/component"] = component
-    return {"name": name, "namespace": spec.kubernetes.namespace, "labels": labels}
+        out["app.kubernetes.io/component"] = component
+    return {"name": name, "namespace": spec.kubernetes.namespace if namespace is None else namespace, "labels": out}
 
 
 def _selector(name: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from typing import Any
 from fusebox import conventions as C
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, records, reports_lost_gpus
-from fusebox.spec.kinds.base import FUSEBOX, SENDER, SGLANG, VLLM, le_regex, selector
+from fusebox.spec.kinds.base import FUSEBOX, SGLANG, TARGET, VLLM, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
 
 from .selfmon import GROUP as SELF_GROUP, self_rules
@@ -206,8 +206,10 @@ def render_rules(spec: Spec) -> Rules:
         Rules with one group per signal (recording rules, then one alerting rule per enabled
         tier, all under the signal's single alert name), a ``fusebox-dashboard`` group of
         records the dashboards read (:func:`fusebox.spec.kinds.dashboard_records`) and a
-        ``fusebox-absent`` group, ``fusebox-health`` (lost GPUs) and ``fusebox-self``
-        (:mod:`.selfmon`: the fuse, Alertmanager's feed to it, the collectors).
+        ``fusebox-absent`` group (one alert per metric an enabled tier's signal reads: a
+        signal with every tier disabled keeps its records and adds none), ``fusebox-health``
+        (lost GPUs) and ``fusebox-self`` (:mod:`.selfmon`: the fuse, Alertmanager's feed to it,
+        the collectors).
     """
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
@@ -216,7 +218,9 @@ def render_rules(spec: Spec) -> Rules:
     for sig in spec.signals:
         rules = kind_of(sig).rules(sig, spec) + [_alert(sig, t, spec) for t in sig.tiers]
         groups.append({"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": rules})
-        for m in signal_raw_metrics(sig):
+        # A signal whose tiers are all disabled keeps its records (the dashboards draw it) but
+        # makes no absent alert: nothing of it can fire, so its metric's absence loses nothing.
+        for m in (signal_raw_metrics(sig) if sig.tiers else ()):
             raw_metrics.setdefault(m, []).append(sig.name)
             raw_backends.setdefault(m, sig.source.backend)
     # Dashboard records: read by panels only, so their metrics never join raw_metrics (no absent alerts).
@@ -279,7 +283,7 @@ def gpu_down_rules(spec: Spec) -> list[dict[str, Any]]:
     for action in lost_gpu_fuses(spec) or (None,):
         rules.append({
             "alert": C.GPU_DOWN_ALERT,
-            "expr": f"max without ({SENDER}) ({selector(C.PROM['gpu_up'], spec, backend=FUSEBOX)}) == 0",
+            "expr": f"max without ({TARGET}) ({selector(C.PROM['gpu_up'], spec, backend=FUSEBOX)}) == 0",
             "for": format_duration(GPU_DOWN_FOR_S),
             "labels": gpu_down_labels(spec, action),
             "annotations": gpu_down_annotations(spec),

@@ -128,15 +128,36 @@ def check_alertmanager(out_dir: Path, amtool: str) -> list[ToolResult]:
     return results
 
 
+def people_receiver_notifies(config: Path, spec: Spec) -> ToolResult:
+    """Whether the config's receiver named like ``fuse.human_receiver`` has at least one non-empty
+    ``*_configs`` list (a receiver without one notifies nobody: fusebox's alerts would be lost)."""
+    name = spec.human_receiver["name"]
+    check = f"people's receiver {name!r} has configs (fuse.human_receiver)"
+    try:
+        doc = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        return ToolResult(check, False, f"cannot read {config}: {e}")
+    receivers = doc.get("receivers") if isinstance(doc, dict) else None
+    found = [r for r in receivers or [] if isinstance(r, dict) and r.get("name") == name]
+    if not found:
+        return ToolResult(check, False, f"{config} has no receiver named {name!r}")
+    if not any(k.endswith("_configs") and v for k, v in found[0].items()):
+        return ToolResult(check, False, f"receiver {name!r} of {config} has no *_configs: fusebox's alerts notify "
+                                        "nobody -- set fuse.human_receiver.name to a receiver with configs, or give "
+                                        "it configs, and merge again")
+    return ToolResult(check, True, "")
+
+
 def check_routing(config: Path, spec: Spec, amtool: str) -> list[ToolResult]:
     """amtool on any config that holds fusebox's routing: the standalone one, or one that
-    ``fusebox alertmanager merge`` wrote. ``check-config``; each of this spec's own alerts reaches
+    ``fusebox alertmanager merge`` wrote. ``check-config``; the people's receiver has configs
+    (:func:`people_receiver_notifies`); each of this spec's own alerts reaches
     exactly the receivers of the standalone config (the fuse tiers the fuse receiver and the
     people, the rest the people); each foreign alert (another team's critical, Watchdog, our labels
     without the marker or with another spec's) reaches whatever the config says, never the fuse."""
     from .render_alertmanager import foreign_cases, fusebox_cases
 
-    results = [_run([amtool, "check-config", str(config)])]
+    results = [_run([amtool, "check-config", str(config)]), people_receiver_notifies(config, spec)]
     for case in fusebox_cases(spec):
         labels = [f"{k}={v}" for k, v in case["labels"].items()]
         results.append(_run([amtool, "config", "routes", "test", f"--config.file={config}",

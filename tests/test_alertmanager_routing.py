@@ -126,9 +126,10 @@ def test_standalone_routing_tests_hold_and_foreign_alerts_never_reach_the_fuse(g
 def test_merged_into_kube_prometheus_stack_routes_ours_to_the_fuse_and_leaves_the_rest_to_the_base(tmp_path, generated):
     amtool = need("amtool")
     out = tmp_path / "merged.yml"
-    r = _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(out))
+    # the shipped spec's people receiver is a bare name the chart's config lacks: allowed only explicitly
+    r = _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(out), "--allow-silent-people")
     assert r.returncode == 0, r.stderr
-    assert "notify nobody" in r.stderr  # the shipped spec's people receiver is a bare name the base lacks
+    assert "notify nobody" in r.stderr
     c = subprocess.run([amtool, "check-config", str(out)], capture_output=True, text=True, timeout=60)
     assert c.returncode == 0, c.stdout + c.stderr
     merged, base = yaml.safe_load(out.read_text()), yaml.safe_load(KPS.read_text())
@@ -149,6 +150,24 @@ def test_merged_into_kube_prometheus_stack_routes_ours_to_the_fuse_and_leaves_th
             assert got == _amtool_route(amtool, KPS, t["labels"]) and FUSE not in got, t["name"]
     assert _amtool_route(amtool, out, {"alertname": "KubePodCrashLooping", "severity": "critical", "namespace": "x"}) == ["null"]
     assert _amtool_route(amtool, out, {"alertname": "Watchdog", "severity": "none"}) == ["null"]
+
+
+def test_merge_refuses_a_people_receiver_that_would_notify_nobody(tmp_path):
+    out = tmp_path / "merged.yml"
+    r = _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(out))
+    assert r.returncode == 2 and not out.exists(), r.stderr
+    line = _line_of(SPEC, "human_receiver:")  # the key's line and column in the spec
+    col = SPEC.read_text().splitlines()[line - 1].index("human_receiver") + 1
+    assert f"{SPEC}:{line}:{col}: fuse.human_receiver {HUMAN!r} is not a receiver of {KPS}" in r.stderr, r.stderr
+    assert "set fuse.human_receiver.name to one of your receivers: 'null', or give it configs" in r.stderr
+
+
+def test_merge_refuses_out_equal_to_the_base(tmp_path):
+    base = tmp_path / "am.yml"
+    base.write_text(WITH_PAGER.read_text())
+    r = _merge("--base", str(base), "--spec", str(SPEC), "--out", str(tmp_path / "." / "am.yml"))
+    assert r.returncode == 2 and "--out is the base config itself" in r.stderr, r.stderr
+    assert base.read_text() == WITH_PAGER.read_text()
 
 
 def test_merged_into_a_config_with_a_pager_uses_its_receiver_and_keeps_its_team_route(tmp_path):
@@ -216,7 +235,7 @@ def test_merge_refuses_a_people_receiver_with_configs_the_base_also_defines(tmp_
 
 def test_merge_refuses_a_config_that_already_has_the_fusebox_route(tmp_path):
     once = tmp_path / "once.yml"
-    assert _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(once)).returncode == 0
+    assert _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(once), "--allow-silent-people").returncode == 0
     lines = once.read_text().splitlines()
     # the route item starts on its `- matchers:` line, the one before the marker matcher
     line = next(i for i, ln in enumerate(lines, 1) if ln.strip() == "- matchers:" and NAME in lines[i])
@@ -241,14 +260,15 @@ def test_merge_refuses_a_base_that_is_not_an_alertmanager_config(tmp_path, text,
 def test_merge_of_a_missing_base_or_into_a_missing_folder_writes_nothing(tmp_path):
     r = _merge("--base", str(tmp_path / "nope.yml"), "--spec", str(SPEC), "--out", str(tmp_path / "m.yml"))
     assert r.returncode == 2 and f"{tmp_path / 'nope.yml'}:1:1: cannot read the base config" in r.stderr
-    r = _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(tmp_path / "no" / "m.yml"))
+    r = _merge("--base", str(WITH_PAGER), "--spec", str(SPEC), "--out", str(tmp_path / "no" / "m.yml"))
     assert r.returncode == 2 and ":1:1: cannot write the file" in r.stderr
     assert sorted(os.listdir(tmp_path)) == []
 
 
 # ------------------------------------------------------------------ Prometheus Operator CRD
 # Field names of monitoring.coreos.com/v1alpha1 AlertmanagerConfig, from the operator's CRD
-# (prometheus-operator v0.93.0, example/prometheus-operator-crd/monitoring.coreos.com_alertmanagerconfigs.yaml).
+# (prometheus-operator v0.85.0, example/prometheus-operator-crd/monitoring.coreos.com_alertmanagerconfigs.yaml: the
+# version tests/test_k8s_manifests.py validates every manifest against, whole schema).
 CRD_FIELDS = {
     "spec": {"inhibitRules", "muteTimeIntervals", "receivers", "route"},
     "route": {"activeTimeIntervals", "continue", "groupBy", "groupInterval", "groupWait", "matchers",
@@ -257,7 +277,7 @@ CRD_FIELDS = {
     "receiver": {"discordConfigs", "emailConfigs", "msteamsConfigs", "msteamsv2Configs", "name", "opsgenieConfigs",
                  "pagerdutyConfigs", "pushoverConfigs", "rocketchatConfigs", "slackConfigs", "snsConfigs",
                  "telegramConfigs", "victoropsConfigs", "webexConfigs", "webhookConfigs", "wechatConfigs"},
-    "webhook": {"httpConfig", "maxAlerts", "payload", "sendResolved", "timeout", "url", "urlSecret"},
+    "webhook": {"httpConfig", "maxAlerts", "sendResolved", "timeout", "url", "urlSecret"},
     "authorization": {"credentials", "type"},
     "secretKeySelector": {"key", "name", "optional"},
     "inhibitRule": {"equal", "sourceMatch", "targetMatch"},
@@ -338,10 +358,17 @@ def _am_test(config: Path) -> subprocess.CompletedProcess:
 def test_alertmanager_test_passes_a_merged_config_and_fails_one_that_routes_on_severity(tmp_path):
     need("amtool")
     merged = tmp_path / "merged.yml"
-    assert _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(merged)).returncode == 0
+    assert _merge("--base", str(WITH_PAGER), "--spec", str(SPEC), "--out", str(merged)).returncode == 0
     r = _am_test(merged)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "FAIL" not in r.stdout and "KubePodCrashLooping" in r.stdout and "Watchdog" in r.stdout
+    # merged into the chart's config with a people's receiver that has no configs: fails on that alone
+    silent = tmp_path / "silent.yml"
+    assert _merge("--base", str(KPS), "--spec", str(SPEC), "--out", str(silent), "--allow-silent-people").returncode == 0
+    r = _am_test(silent)
+    assert r.returncode == 1
+    failed = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
+    assert failed == [f"FAIL people's receiver {HUMAN!r} has configs (fuse.human_receiver)"], r.stdout
     # The old way: a route on severity alone, before ours, sends every critical to the fuse.
     doc = yaml.safe_load(merged.read_text())
     doc["route"]["routes"].insert(0, {"matchers": ['severity="critical"'], "receiver": FUSE, "continue": True})

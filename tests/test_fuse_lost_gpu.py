@@ -18,7 +18,7 @@ from fusebox.fuse.rules import FuseRules, Refusal, Target
 from fusebox.spec import load_spec
 
 # The scope of one GPU as the generated rules label both alerts: the records and the GPU-down
-# expression drop the sender's instance and job (max without (instance, job)).
+# expression drop every target label of the scraper (conventions.TARGET_LABELS: instance, job, namespace, ...).
 GPU = {"cluster": "prod-a", "host_name": "gpu-node-1", "hw_id": "GPU-5ca1ab1e-0000-4000-8000-000000000001"}
 T0 = time.time() - 600
 
@@ -45,7 +45,8 @@ def test_the_gpu_down_alert_requests_the_fuse_of_the_gpu_level_signals(generated
     levels = {name: a["level"] for name, a in _raw_spec()["fuse"]["actions"].items()}
     assert {(r["labels"]["fuse_action"], r["labels"]["fuse_level"]) for r in rules} == {
         (a, str(levels[a])) for a in _gpu_level_fuses()}
-    assert all(r["expr"] == "max without (instance, job) (fusebox_gpu_up) == 0" for r in rules)
+    assert all(r["expr"] == "max without (instance, job, namespace, pod, container, endpoint, service) (fusebox_gpu_up) == 0"
+               for r in rules)
 
 
 def test_the_fuse_trusts_the_gpu_down_alert_with_those_actions_only():

@@ -139,6 +139,26 @@ def test_check_generated_detects_drift(tmp_path, spec):
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(SPEC), "--out", str(tmp_path),
                         "--check"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 1 and "rules/fusebox.rules.yml" in r.stderr
+    assert f"run `fusebox generate --spec {SPEC} --out {tmp_path}`" in r.stderr and "make generate" not in r.stderr
+
+
+def test_generate_names_removed_outputs_as_removed(tmp_path):
+    """Switching the GPU signals to dcgm-exporter drops the GPU-down alert and its runbook."""
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(SPEC.read_text(encoding="utf-8"), encoding="utf-8")
+    out = tmp_path / "out"
+    gen = [sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(spec), "--out", str(out)]
+    assert subprocess.run(gen, capture_output=True, text=True, cwd=ROOT).returncode == 0
+    assert (out / "runbooks/FuseboxGPUDown.md").exists()
+    spec.write_text(SPEC.read_text(encoding="utf-8").replace("  source: fusebox\n", "  source: dcgm\n", 1), encoding="utf-8")
+    r = subprocess.run(gen, capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert not (out / "runbooks/FuseboxGPUDown.md").exists()
+    lines = r.stdout.splitlines()
+    assert "  removed runbooks/FuseboxGPUDown.md" in lines, r.stdout
+    assert "  rules/fusebox.rules.yml" in lines  # changed, not removed
+    n_removed = sum(ln.startswith("  removed ") for ln in lines)
+    assert lines[0].endswith(f" changed, {n_removed} removed)"), lines[0]
 
 
 def test_writer_removes_outputs_the_spec_no_longer_makes(tmp_path, spec):
@@ -214,9 +234,71 @@ def test_a_lost_gpu_has_its_own_alert(generated):
     doc = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
     rules = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == C.GPU_DOWN_ALERT]
     assert len(rules) == 1
-    assert rules[0]["expr"] == "max without (instance, job) (fusebox_gpu_up) == 0"
+    assert rules[0]["expr"] == "max without (instance, job, namespace, pod, container, endpoint, service) (fusebox_gpu_up) == 0"
     # it holds the fuse of the GPU-level signals it silences (GPU memory, memory bandwidth: level 1)
     assert (rules[0]["labels"]["fuse_action"], rules[0]["labels"]["fuse_level"]) == ("freeze_admissions", "1")
     assert (generated / f"runbooks/{C.GPU_DOWN_ALERT}.md").exists()
     tests = (generated / "rules/fusebox.rules.test.yml").read_text()
     assert f"{C.GPU_DOWN_ALERT}: a GPU the collector lost (up 0) alerts after 1m" in tests
+
+
+# ------------------------------------------------------------- warnings, disabled signals
+DCGM_NO_COLLECTORS = (SPEC.read_text(encoding="utf-8")
+                      .replace("  source: fusebox\n", "  source: dcgm\n", 1)
+                      .replace("  collectors:\n    enabled: true\n", "  collectors:\n    enabled: false\n", 1)
+                      .replace("https://github.com/your-org/monitoring/blob/main/runbooks",
+                               "https://git.example.com/ops/monitoring/runbooks", 1))
+
+
+def _generate(tmp_path, text: str) -> subprocess.CompletedProcess:
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(text, encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(spec), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def _alerts(out) -> dict[str, list[dict]]:
+    doc = yaml.safe_load((out / "rules/fusebox.rules.yml").read_text())
+    by: dict[str, list[dict]] = {}
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            if "alert" in r:
+                by.setdefault(r["alert"], []).append(r)
+    return by
+
+
+def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_path):
+    r = _generate(tmp_path, DCGM_NO_COLLECTORS)
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
+    # PCIe has no dcgm source in the shipped spec: the only GPU signal still on the collectors
+    assert len(warnings) == 1 and "signal 'pcie_link_utilization' reads fusebox_gpu_pcie_utilization_ratio" in warnings[0]
+    assert "kubernetes.collectors.enabled is false" in warnings[0] and "enabled: false" in warnings[0]
+    absent = {a["labels"]["metric"] for a in _alerts(tmp_path / "out")[C.ABSENT_ALERT]}
+    assert "fusebox_gpu_pcie_utilization_ratio" in absent
+
+
+def test_a_signal_with_every_tier_disabled_has_no_alert_and_no_absent_alert(tmp_path):
+    text = DCGM_NO_COLLECTORS.replace("overrides: []", "overrides:\n  - alert: GPUPCIeLinkSaturated\n    enabled: false\n")
+    r = _generate(tmp_path, text)
+    assert r.returncode == 0, r.stderr
+    assert "warning:" not in r.stderr, r.stderr
+    alerts = _alerts(tmp_path / "out")
+    assert "GPUPCIeLinkSaturated" not in alerts
+    absent = {a["labels"]["metric"] for a in alerts[C.ABSENT_ALERT]}
+    assert "fusebox_gpu_pcie_utilization_ratio" not in absent
+    # the others still have theirs: dcgm-exporter's frame-buffer fields and DRAM activity among them
+    assert {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_PROF_DRAM_ACTIVE"} <= absent
+    # its records stay: the dashboards still draw it
+    text_rules = (tmp_path / "out/rules/fusebox.rules.yml").read_text()
+    assert "record: gpu:fusebox_pcie_link_utilization:ratio" in text_rules
+
+
+def test_generate_warns_about_the_placeholder_runbook_url(tmp_path):
+    r = _generate(tmp_path, SPEC.read_text(encoding="utf-8"))
+    assert r.returncode == 0
+    assert ("warning: global.runbook_base_url is still the placeholder "
+            "'https://github.com/your-org/monitoring/blob/main/runbooks'") in r.stderr
+    r = _generate(tmp_path, DCGM_NO_COLLECTORS.replace("  source: dcgm\n", "  source: fusebox\n", 1)
+                  .replace("  collectors:\n    enabled: false\n", "  collectors:\n    enabled: true\n", 1))
+    assert r.returncode == 0 and "warning:" not in r.stderr, r.stderr

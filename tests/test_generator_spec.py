@@ -115,6 +115,26 @@ BAD = {
 }
 
 
+@pytest.mark.parametrize("old, new, hint", [
+    ("        threshold: 95%", "        threshold: 95%\n        treshold: 90%", "did you mean 'threshold'?"),
+    ("  scrape_interval: 5s", "  scrape_interval: 5s\n  scrape_intervall: 5s", "did you mean 'scrape_interval'?"),
+    ("overrides: []", "overrides:\n  - alert: GPUPCIeLinkSaturated\n    fro: 1m\n", "did you mean 'for'?"),  # the alias
+    ("  collectors:\n    enabled: true", "  collectors:\n    enabeld: true\n    enabled: true", "did you mean 'enabled'?"),
+])
+def test_an_unknown_key_suggests_the_nearest_field(old, new, hint):
+    assert old in BASE
+    with pytest.raises(SpecError) as ei:
+        parse_spec(BASE.replace(old, new, 1), "bad.yaml")
+    (p,) = [p for p in ei.value.problems if "unknown key" in p.what]
+    assert p.fix.startswith(hint), p
+
+
+def test_an_unknown_key_far_from_every_field_gets_no_guess():
+    with pytest.raises(SpecError) as ei:
+        parse_spec(BASE.replace("  scrape_interval: 5s", "  scrape_interval: 5s\n  zzzzzz: 1", 1), "bad.yaml")
+    assert "did you mean" not in str(ei.value)
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_spec_points_at_file_line_and_column(case):
     old, new, needle, words = BAD[case]

@@ -141,6 +141,10 @@ def test_manifests_of_a_spec_with_a_kubernetes_block_validate_and_carry_its_name
         meta = doc["metadata"]
         assert meta["namespace"] == KUBE["namespace"], name
         assert KUBE["labels"].items() <= meta["labels"].items(), name
+        # fusebox's own labels, on every object (docs/kubernetes.md, "Namespace and labels")
+        assert meta["labels"]["app.kubernetes.io/part-of"] == "fusebox", name
+        assert meta["labels"].get("app.kubernetes.io/name", "").startswith("fusebox"), name
+        assert meta["labels"].get("app.kubernetes.io/component"), name
 
 
 def test_the_kustomization_lists_every_manifest(kube_out):
@@ -285,6 +289,8 @@ def test_dashboard_configmaps_follow_the_sidecar_settings(tmp_path):
         assert m["metadata"]["labels"]["dashboards.example.com/grafana"] == "yes"
         assert m["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         assert m["metadata"]["annotations"] == {"k8s-sidecar-target-directory": "Inference"}
+        assert m["metadata"]["labels"]["app.kubernetes.io/name"] == "fusebox"
+        assert m["metadata"]["labels"]["app.kubernetes.io/component"] == "dashboards"
     assert yaml.safe_load(out["grafana/provisioning/dashboards/fusebox.yaml"])["providers"][0]["folder"] == "Inference"
 
 

@@ -96,6 +96,8 @@ def test_a_custom_level_needs_by():
     with pytest.raises(SpecError) as e:
         _spec(_edit(by=None))
     assert "level 'pod'" in str(e.value)
+    # docs/spec.md: cluster is not put in `by` (the rules add it); the hint says so too
+    assert "by: [namespace, pod]" in str(e.value) and "cluster" not in str(e.value).split(" -- ", 1)[1]
 
 
 def test_a_fuse_on_a_pod_signal_without_a_scope_label_is_refused():

@@ -10,10 +10,12 @@ consume; renderers never see raw YAML.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from types import UnionType
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, StrictBool, ValidationError
 from pydantic_core import ErrorDetails
@@ -379,6 +381,29 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
 _ALIASES = {"for_": "for", "global_": "global"}
 
 
+def _keys_at(loc: tuple) -> list[str]:
+    """The keys a spec mapping at pydantic's ``loc`` may hold (field names, aliases as written), or
+    none where ``loc`` is not a model (a free-form mapping)."""
+    hint: Any = RawSpec
+    for step in loc:
+        while get_origin(hint) in (Union, UnionType, Annotated):  # Optional[X], Annotated[X, ...]
+            hint = next((a for a in get_args(hint) if a is not type(None)), None)
+        if isinstance(hint, type) and issubclass(hint, BaseModel):
+            f = next((f for n, f in hint.model_fields.items() if step in (n, f.alias)), None)
+            if f is None:
+                return []
+            hint = f.annotation
+        elif get_origin(hint) in (dict, list, tuple):
+            hint = get_args(hint)[-1] if get_args(hint) else None
+        else:
+            return []
+    while get_origin(hint) in (Union, UnionType, Annotated):
+        hint = next((a for a in get_args(hint) if a is not type(None)), None)
+    if not (isinstance(hint, type) and issubclass(hint, BaseModel)):
+        return []
+    return [f.alias or n for n, f in hint.model_fields.items()]
+
+
 def _pydantic_problem(err: ErrorDetails, pos: Positions) -> Problem:
     raw_loc = err["loc"]
     if err["type"] == "extra_forbidden":  # the last element is the user's own (wrong) key: keep it
@@ -390,8 +415,10 @@ def _pydantic_problem(err: ErrorDetails, pos: Positions) -> Problem:
     kind = err["type"]
     name = ".".join(str(x) for x in loc)
     if kind == "extra_forbidden":
+        near = difflib.get_close_matches(str(loc[-1]), _keys_at(raw_loc[:-1]), n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
         return pos.problem(loc, f"unknown key {loc[-1]!r} in {'.'.join(map(str, loc[:-1])) or 'the spec'}",
-                           "remove it or check its spelling against the shipped fusebox.yaml", key=True)
+                           f"{hint}remove it or check its spelling against the shipped fusebox.yaml", key=True)
     if kind == "missing":
         return pos.problem(loc[:-1], f"missing required key {loc[-1]!r} in {'.'.join(map(str, loc[:-1])) or 'the spec'}",
                            f"add '{loc[-1]}:' here")
@@ -598,7 +625,8 @@ class _Normaliser:
         elif s.level not in STANDARD_LEVELS and s.level not in by:
             self.err(path + ("level",) if s.by is None else path + ("by",),
                      f"level {s.level!r} is not one of the signal's 'by' labels",
-                     f"aggregate by it: by: [{', '.join(by + (s.level,)) if by else 'cluster, namespace, ' + s.level}]")
+                     # without a by: the namespace and the level (docs/spec.md: cluster is never in 'by')
+                     f"aggregate by it: by: [{', '.join(by + (s.level,)) if by else ', '.join(dict.fromkeys(('namespace', s.level)))}]")
         scopes = [lb for lb in C.SCOPE_LABELS if lb != C.LABEL["cluster"]]
         if s.level not in STANDARD_LEVELS and not set(by) & set(scopes):
             for tname, t in s.tiers.items():

@@ -22,6 +22,9 @@ from fusebox.spec.units import format_duration, format_number
 
 # ------------------------------------------------------------------------------- PromQL
 SENDER = f"{C.LABEL['instance']}, {C.LABEL['job']}"
+# Every label the scraper adds (conventions.TARGET_LABELS): what a GPU-level record drops, so one
+# GPU is one series whichever collector pod, service or endpoint sent it.
+TARGET = ", ".join(C.TARGET_LABELS)
 # Source backends the generator itself reads (the dashboard records, GPU health); global.selectors
 # is keyed by these and by the signals' own sources.
 FUSEBOX, DCGM, VLLM, SGLANG = "fusebox", "dcgm", "vllm", "sglang"

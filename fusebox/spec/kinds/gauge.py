@@ -11,7 +11,7 @@ from typing import Any, Optional
 from fusebox import conventions as C
 from fusebox.spec.units import format_number
 
-from .base import (LEGEND, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, label_str,
+from .base import (LEGEND, TARGET, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, label_str,
                    segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text)
 
 
@@ -34,7 +34,7 @@ class Gauge(Kind):
             # As for GPU memory: one series per GPU whoever sent it, so every GPU-level signal
             # scopes its fuse as {cluster, host_name, hw_id} and one level is held or released
             # for the same GPU by every alert.
-            expr = f"max without ({C.LABEL['instance']}, {C.LABEL['job']}) ({expr})"
+            expr = f"max without ({TARGET}) ({expr})"
         return [{"record": self.records(sig)["value"], "expr": expr}]
 
     # -- generated tests -----------------------------------------------------------------
@@ -51,8 +51,8 @@ class Gauge(Kind):
         if s.by:
             return {k: v for k, v in synth.labels.items() if k in s.by}
         if s.level == "gpu":
-            # GPU-level records drop the sender's identity (see rules)
-            return {k: v for k, v in synth.labels.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
+            # GPU-level records drop every target label of the scraper (see rules)
+            return {k: v for k, v in synth.labels.items() if k not in C.TARGET_LABELS}
         return dict(synth.labels)
 
     # -- panels --------------------------------------------------------------------------

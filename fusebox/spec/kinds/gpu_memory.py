@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from fusebox import conventions as C
 
-from .base import (DCGM_RESERVED_MIB, DCGM_TOTAL_MIB, GPU_LIMIT_BYTES, SENDER, DashboardDef, Err, Kind, PanelDef,
+from .base import (DCGM_RESERVED_MIB, DCGM_TOTAL_MIB, GPU_LIMIT_BYTES, SENDER, TARGET, DashboardDef, Err, Kind, PanelDef,
                    Query, Synth, dashboard_records, dcgm_labels, label_str, segments, sel, selector, signal_panel, tier_text)
 
 BACKENDS = ("fusebox", "dcgm")
@@ -63,12 +63,13 @@ class GpuMemory(Kind):
             # usage = total - free (NVML v2), so driver-reserved memory counts as used (docs/pitfalls.md P6).
             device = f"{selector(usage, spec)} / {selector(limit, spec)}"
             total_bytes = selector(limit, spec)
-        # hw_id is unique cluster-wide: drop the sender's identity (instance, job), so one GPU is
+        # hw_id is unique cluster-wide: drop the sender's identity (every target label: instance,
+        # job and the operator's namespace, pod, container, endpoint, service), so one GPU is
         # one series -- one alert, one fuse scope {cluster, host_name, hw_id} -- whether its
         # exporter restarted (the Collector keeps the old process's series for a while; a
         # rescheduled dcgm-exporter has a new address) or two exporters report it; and the KV
         # join on hw_id below meets one total per GPU.
-        device = f"max without ({SENDER}) ({device})"
+        device = f"max without ({TARGET}) ({device})"
         # The join key alone: two series of one GPU (say under an old and a new host_name after a
         # collector pod moved) must not make the one-to-one join below fail for every GPU.
         total_bytes = f"max by (hw_id) ({total_bytes})"
@@ -140,9 +141,10 @@ class GpuMemory(Kind):
 
     def result_labels(self, synth: Synth) -> dict[str, str]:
         if synth.sig.source.backend == "dcgm":
-            return {**self._dcgm_labels(synth), "hw_id": synth.labels["hw_id"]}
-        # GPU-level records drop the sender's identity (see rules)
-        return {k: v for k, v in synth.labels.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
+            kept = {k: v for k, v in self._dcgm_labels(synth).items() if k not in C.TARGET_LABELS}
+            return {**kept, "hw_id": synth.labels["hw_id"]}
+        # GPU-level records drop every target label of the scraper (see rules)
+        return {k: v for k, v in synth.labels.items() if k not in C.TARGET_LABELS}
 
     # -- panels --------------------------------------------------------------------------
     def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
