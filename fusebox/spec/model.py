@@ -21,6 +21,8 @@ from pydantic_core import ErrorDetails
 from fusebox import conventions as C
 
 from . import units
+from .adapters import Adapter as FuseAdapter
+from .adapters import RawAdapter, normalise_adapters
 from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana,
                      normalise_kubernetes, normalise_otelcol)
 from .errors import Problem, SpecError
@@ -122,6 +124,8 @@ class RawFuse(_Strict):
     # Whether an alert without any scope label may trip the empty scope, i.e. the whole fleet at once.
     allow_fleet_wide_alerts: StrictBool = False
     actions: dict[str, RawAction]
+    # What the fuse service calls (fusebox/spec/adapters.py; docs/fuse.md "Adapters").
+    adapters: dict[str, RawAdapter] = {}
 
 
 class RawAbsent(_Strict):
@@ -255,6 +259,7 @@ class Spec:
     signals: tuple[Signal, ...]
     raw: dict = field(repr=False, compare=False, default_factory=dict)
     allow_fleet_wide_alerts: bool = False  # fuse.allow_fleet_wide_alerts
+    adapters: tuple[FuseAdapter, ...] = ()  # fuse.adapters, in spec order
     kubernetes: Kubernetes = field(default_factory=Kubernetes)
     grafana: Grafana = field(default_factory=Grafana)
     otelcol: Otelcol = field(default_factory=Otelcol)
@@ -416,6 +421,7 @@ class _Normaliser:
         kube = normalise_kubernetes(r.kubernetes, r.metadata.name, self.err)
         grafana = normalise_grafana(r.grafana, self.err)
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
+        adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -428,7 +434,7 @@ class _Normaliser:
             group_wait_s=group_waits["group_wait"], group_wait_critical_s=group_waits["group_wait_critical"],
             group_interval_s=group_waits["group_interval"], repeat_interval_s=group_waits["repeat_interval"],
             actions=actions, signals=tuple(signals), raw=self.data,
-            allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts,
+            allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
             kubernetes=kube, grafana=grafana, otelcol=otelcol,
         )
 
