@@ -282,3 +282,19 @@ def test_bad_adapter_specs_are_refused_with_a_line(tmp_path, adapter, fix):
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert any(fix in x.what and x.line > 1 for x in e.value.problems), str(e.value)
+
+
+def test_the_docs_adapter_examples_load(tmp_path):
+    """Every yaml example of docs/fuse.md's Adapters section is a valid fuse.adapters entry."""
+    import re
+
+    doc = (SPEC.parent / "docs" / "fuse.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Adapters"):doc.index("## Delivery order")]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    kinds = []
+    for i, b in enumerate(blocks):
+        text = b if b.startswith("fuse:") else "fuse:\n  adapters:\n" + b
+        d = tmp_path / str(i)
+        d.mkdir()
+        kinds += [a.kind for a in load_spec(write_spec(d, yaml.safe_load(text)["fuse"]["adapters"])).adapters]
+    assert kinds == ["sglang_gateway", "vllm_router", "http", "http"]
