@@ -374,13 +374,15 @@ class FuseService:
                         name, job["decision_id"], attempt, delay, e)
             self.store.mark_failed(job["seq"], str(e))
             return False
-        self.metrics.call_duration.labels(label).observe(time.monotonic() - started)
+        took = time.monotonic() - started
+        self.metrics.call_duration.labels(label).observe(took)
         self.metrics.calls.labels(label, "ok").inc()
         lanes.pop(key, None)
         now = self.clock()
         audit = {"at": now, "kind": "applied", "decision_id": job["decision_id"], "scope_key": key,
                  "level": p["level"], "action": p["action"], "source": label,
-                 "reason": f"{p['state']} applied by {label}", "detail": {"attempts": attempt, "adapter": name}}
+                 "reason": f"{p['state']} applied by {label}",
+                 "detail": {"attempts": attempt, "adapter": name, "call_s": round(took, 6)}}
         try:
             self.store.mark_applied(job["seq"], now, audit)
         except Exception:
