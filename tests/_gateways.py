@@ -1,20 +1,12 @@
 """The real gateways on loopback for the adapter tests and the bench: the SGLang Model Gateway
 (``python -m sglang_router.launch_router``) and the vLLM router (``vllm-router``), each in front of
-stand-in engines.
-
-A stand-in engine stands where a GPU engine would: it answers what the gateways probe when a
-worker is added and on their health checks (sglang-router 0.3.2 calls ``GET /health``,
-``/model_info`` and ``/server_info``; vllm-router 0.1.17 ``GET /health``), and records every path
-it is asked for.
+stand-in engines (:class:`fusebox.demo.standin.StandInEngine`).
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -22,43 +14,9 @@ import httpx
 from _fuse_support import free_port, wait_for
 from _support import need
 
+from fusebox.demo.standin import StandInEngine
 
-class StandInEngine:
-    """An engine on 127.0.0.1 that answers the gateways' probes with 200; ``seen`` lists (method, path)."""
-
-    def __init__(self):
-        self.seen: list[tuple[str, str]] = []
-        eng = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _send(self, obj):
-                eng.seen.append((self.command, self.path))
-                body = json.dumps(obj).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                if self.path.startswith("/v1/models"):
-                    return self._send({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
-                self._send({"model_path": "stand-in", "is_generation": True})
-
-            def do_POST(self):
-                self._send({})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+__all__ = ["StandInEngine", "Gateway", "sglang_gateway", "sglang_workers", "vllm_router", "vllm_workers"]
 
 
 class Gateway:
