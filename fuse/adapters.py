@@ -252,8 +252,11 @@ class HttpAction:
         ctx = {"scope": dict(target.match), "target": dict(target.vars), "action": payload["action"],
                "level": payload["level"], "state": payload["state"], "decision_id": payload["decision_id"]}
         url = self._url_env.from_string(req.url).render(ctx)
-        u = urlsplit(url)
-        port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+        try:
+            u = urlsplit(url)
+            port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+        except ValueError:  # a port that is not a number
+            u, port = urlsplit(""), None
         hostport = f"{(u.hostname or '').lower()}:{port}"
         if u.scheme not in ("http", "https") or (hostport not in self.spec.hosts and (u.hostname or "").lower() not in self.spec.hosts):
             e = ActionError(f"rendered URL leaves fuse.adapters.{self.spec.name}.hosts ({hostport[:200]}): refused",
