@@ -18,6 +18,8 @@ gateway; label values of the alert never do.
   left as it is.
 * :class:`VllmRouter`: the vLLM router (``vllm-router``, a fork of it): ``POST /remove_worker?url=``
   and ``POST /add_worker?url=`` (its API takes the URL only: there are no settings to keep).
+* :class:`HaproxyRuntime`: HAProxy's runtime API on its stats socket: ``set server <backend>/<server>
+  state drain`` on a trip, ``state ready`` on release.
 * :class:`HttpAction`: method, URL and JSON body per (trip, release) as Jinja2 templates rendered
   in :class:`jinja2.sandbox.SandboxedEnvironment`; every value an URL template prints is
   percent-encoded; the URL must reach one of the spec's ``hosts``; headers are read from files.
@@ -49,7 +51,7 @@ from .rules import scope_key
 
 log = install(logging.getLogger("fusebox.fuse"))
 
-__all__ = ["SglangGateway", "VllmRouter", "HttpAction", "targets_for", "build_adapters", "WORKER_SETTINGS"]
+__all__ = ["SglangGateway", "VllmRouter", "HaproxyRuntime", "HttpAction", "targets_for", "build_adapters", "WORKER_SETTINGS"]
 
 # The fields of a worker in SGLang's GET /workers that POST /workers takes back (its WorkerConfigRequest).
 WORKER_SETTINGS = ("model_id", "priority", "cost", "worker_type", "bootstrap_port", "labels", "api_key",
@@ -216,6 +218,66 @@ class VllmRouter(_Rotation):
         self._check(r)
 
 
+class HaproxyRuntime:
+    """HAProxy's runtime API on its UNIX stats socket (``stats socket PATH level admin``).
+
+    Trip = ``set server <backend>/<server> state drain`` (no new connections; running ones finish,
+    health checks go on); release = ``set server <backend>/<server> state ready``, once no
+    (action, scope) holds it. The server name comes from the spec, checked against HAProxy's name
+    rule when the spec loads, so no value can add a line or a command. HAProxy answers an empty
+    line when it applied the command; any text is an error (``No such server.``: permanent).
+    """
+
+    kind = "haproxy"
+
+    def __init__(self, spec: AdapterSpec, state_dir: Optional[Path] = None):
+        self.spec = spec
+        self.name = f"haproxy:{spec.name}"
+        self.label = spec.name
+        self.max_attempts: Optional[int] = spec.max_attempts
+        self.socket = spec.socket or ""
+        self.holds = _Holds(state_dir / f"adapter-haproxy-{spec.name}.json" if state_dir else None)
+
+    def wants(self, payload: dict) -> bool:
+        return payload["action"] in self.spec.actions
+
+    def command(self, line: str) -> str:
+        """Send one runtime-API command (no newline in it), return HAProxy's answer (stripped)."""
+        import socket
+
+        if "\n" in line or "\r" in line or ";" in line:
+            raise ValueError("one runtime-API command, without newline or ';'")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(self.spec.timeout_s)
+                s.connect(self.socket)
+                s.sendall(line.encode() + b"\n")
+                chunks = []
+                while True:
+                    b = s.recv(65536)
+                    if not b:
+                        break
+                    chunks.append(b)
+        except OSError as e:
+            raise ActionError(f"{self.socket}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
+        return b"".join(chunks).decode(errors="replace").strip()
+
+    def apply(self, payload: dict) -> None:
+        targets = targets_for(self.spec, payload["scope"])
+        if not targets:
+            raise _unmapped(self.spec)
+        hold = f"{payload['action']} {scope_key(payload['scope'])}"
+        for t in targets:
+            assert t.server
+            state = "drain" if self.holds.change(t.server, hold, payload["state"] == "trip") else "ready"
+            answer = self.command(f"set server {t.server} state {state}")
+            if answer:
+                e = ActionError(f"{self.socket}: set server {t.server} state {state}: {answer[:200]}",
+                                summary="HAProxy refused the command")
+                e.permanent = "No such" in answer
+                raise e
+
+
 def _url_value(value: Any) -> str:
     """What an URL template prints for ``{{ value }}``: percent-encoded, '/' included."""
     return quote("" if value is None else str(value), safe="")
@@ -291,7 +353,7 @@ class HttpAction:
 
 def build_adapters(specs, state_dir: Optional[Path] = None) -> list:
     """One adapter per ``spec.adapters`` entry, in order. Raises OSError (a headers file)."""
-    kinds = {"sglang_gateway": SglangGateway, "vllm_router": VllmRouter}
+    kinds = {"sglang_gateway": SglangGateway, "vllm_router": VllmRouter, "haproxy": HaproxyRuntime}
     out: list = []
     for a in specs:
         out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a, state_dir))

@@ -215,6 +215,7 @@ FUSE_METRICS = {
 ADAPTER_LEVELS: dict[str, tuple[int, ...]] = {
     "sglang_gateway": (1, 3),
     "vllm_router": (1, 3),
+    "haproxy": (1, 3),  # the runtime API: a server set to drain (running requests finish) / ready
     "http": (1, 2, 3),
 }
 

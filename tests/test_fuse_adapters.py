@@ -297,4 +297,74 @@ def test_the_docs_adapter_examples_load(tmp_path):
         d = tmp_path / str(i)
         d.mkdir()
         kinds += [a.kind for a in load_spec(write_spec(d, yaml.safe_load(text)["fuse"]["adapters"])).adapters]
-    assert kinds == ["sglang_gateway", "vllm_router", "http", "http"]
+    assert kinds == ["sglang_gateway", "vllm_router", "haproxy", "http", "http"]
+
+
+# --- HAProxy (Debian's haproxy, installed by tools/bootstrap.sh) ------------------------------
+
+@pytest.fixture
+def haproxy(tmp_path):
+    import socket as so
+    import time
+
+    from _support import need
+
+    exe = need("haproxy", "run `make tools` (tools/bootstrap.sh installs Debian's haproxy)")
+    sock = tmp_path / "admin.sock"
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(f"global\n    stats socket {sock} level admin\ndefaults\n    mode http\n    timeout connect 1s\n"
+                   "    timeout client 5s\n    timeout server 5s\nbackend be_llm\n    server engine0 127.0.0.1:9\n"
+                   "    server engine1 127.0.0.1:10\n")
+    proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 10
+    while not sock.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+
+    def show() -> dict[str, int]:
+        """HAProxy's own `show servers state be_llm`: server -> srv_admin_state (0 ready, 8 drain)."""
+        with so.socket(so.AF_UNIX) as s:
+            s.connect(str(sock))
+            s.sendall(b"show servers state be_llm\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        rows = [ln.split() for ln in out.decode().splitlines()[1:] if ln and not ln.startswith("#")]
+        return {r[3]: int(r[6]) for r in rows}
+
+    yield sock, show
+    proc.terminate()
+    proc.wait(10)
+
+
+def haproxy_spec(sock) -> dict:
+    return {"lb": {"kind": "haproxy", "socket": str(sock), "actions": ["freeze_admissions", "kv_cache_eviction"],
+                   "targets": [{"match": {"engine": "engine-0"}, "server": "be_llm/engine0"},
+                               {"match": {"engine": "engine-1"}, "server": "be_llm/engine1"}]}}
+
+
+def test_haproxy_trip_drains_the_server_and_release_makes_it_ready(haproxy, tmp_path):
+    sock, show = haproxy
+    assert show() == {"engine0": 0, "engine1": 0}
+    with live(tmp_path, haproxy_spec(sock)) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 draining")
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-0")))
+        wait_for(lambda: show() == {"engine0": 0, "engine1": 0}, 15, what="engine0 ready again")
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=["dotdot", "newline", "jinja", "1MB"])
+def test_haproxy_hostile_label_values_add_no_command(haproxy, tmp_path, value):
+    sock, show = haproxy
+    spec = load_spec(write_spec(tmp_path, haproxy_spec(sock)))
+    (adapter,) = build_adapters(spec.adapters, tmp_path)
+    e = direct(adapter, value)
+    assert e.permanent and value not in str(e)
+    assert show() == {"engine0": 0, "engine1": 0}
+
+
+def test_haproxy_a_server_name_that_could_add_a_command_does_not_load(tmp_path):
+    p = write_spec(tmp_path, {"lb": {"kind": "haproxy", "socket": "/run/haproxy/admin.sock", "actions": ["freeze_admissions"],
+                                     "targets": [{"match": {"engine": "e0"}, "server": "be/x state ready\nshutdown sessions server be/x"}]}})
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert "needs a server <backend>/<server>" in str(e.value)

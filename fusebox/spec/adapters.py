@@ -15,6 +15,8 @@ Shape (``docs/fuse.md`` has an example per kind)::
               worker_url: http://10.0.0.5:30001          # sglang_gateway, vllm_router
               vars: {model: llama-3-8b}                  # http: values its templates may use
           hosts: [dynamo:8000]        # http: the only host:port its URLs may reach
+          socket: /run/haproxy/admin.sock   # haproxy: its runtime API (stats socket, level admin)
+          # haproxy targets name a server: - match: {engine: engine-0}; server: be_llm/engine0
           headers_files: {Authorization: /etc/fusebox/dynamo.auth}   # http: header -> file with its value
           trip: {method: POST, url: "...", body: {...}}  # http: Jinja2 templates (sandboxed)
           release: {method: POST, url: "...", body: {...}}
@@ -25,6 +27,7 @@ kind cannot apply is one of them (the fuse service exits 2 naming that line).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 from urllib.parse import urlsplit
@@ -47,6 +50,7 @@ class _Strict(BaseModel):
 class RawTarget(_Strict):
     match: dict[str, str]
     worker_url: Optional[str] = None
+    server: Optional[str] = None
     vars: dict[str, str] = {}
 
 
@@ -59,6 +63,7 @@ class RawRequest(_Strict):
 class RawAdapter(_Strict):
     kind: Literal[KINDS]  # type: ignore[valid-type]
     url: Optional[str] = None
+    socket: Optional[str] = None
     actions: list[str]
     timeout: Any = "5s"
     max_attempts: Optional[int] = None
@@ -76,6 +81,7 @@ class Target:
     match: dict[str, str]
     worker_url: Optional[str] = None
     vars: dict[str, str] = field(default_factory=dict)
+    server: Optional[str] = None  # haproxy: "<backend>/<server>"
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,12 @@ class Adapter:
     headers_files: dict[str, str] = field(default_factory=dict)
     trip: Optional[Request] = None
     release: Optional[Request] = None
+    socket: Optional[str] = None  # haproxy: the runtime API's UNIX socket
+
+
+# HAProxy proxy and server names: letters, digits, '-', '_', '.' and ':' (its cfgparse rule);
+# nothing that could end a runtime-API command or start another (no space, ';' or newline).
+_HAPROXY_SERVER = re.compile(r"^[A-Za-z0-9_.:-]+/[A-Za-z0-9_.:-]+$")
 
 
 def _http_url(value: str) -> bool:
@@ -154,11 +166,19 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
             for k in t.match:
                 if k not in C.SCOPE_LABELS:
                     err(tp + ("match", k), f"{k!r} is not a scope label", f"use one of: {', '.join(C.SCOPE_LABELS)}", key=True)
-            if a.kind == "http":
+            if a.kind == "haproxy":
+                if not (t.server and _HAPROXY_SERVER.match(t.server)):
+                    err(tp + (("server",) if t.server else ()), f"this target needs a server <backend>/<server>, got {t.server!r}",
+                        "e.g. server: be_llm/engine0 (letters, digits, '-', '_', '.', ':')")
+            elif a.kind == "http":
                 if t.worker_url:
                     err(tp + ("worker_url",), "an http adapter has no worker_url", "put what its templates need under vars:")
             elif not (t.worker_url and _http_url(t.worker_url)):
                 err(tp, "this target needs a worker_url (http or https)", "e.g. worker_url: http://10.0.0.5:30001")
+        if a.socket and a.kind != "haproxy":
+            err(path + ("socket",), "socket is for kind haproxy only", f"remove it from this {a.kind} adapter", key=True)
+        if a.kind == "haproxy" and not a.socket:
+            err(path, f"haproxy adapter {name!r} needs its runtime API socket", "socket: /run/haproxy/admin.sock")
         if a.kind == "http":
             if not a.hosts:
                 err(path, f"http adapter {name!r} lists no hosts", "hosts: [host:port] -- the only ones its URLs may reach")
@@ -180,7 +200,8 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
         out.append(Adapter(
             name=name, kind=a.kind, url=a.url.rstrip("/") if a.url else None, actions=tuple(a.actions),
             timeout_s=timeout, max_attempts=a.max_attempts,
-            targets=tuple(Target(dict(t.match), t.worker_url.rstrip("/") if t.worker_url else None, dict(t.vars)) for t in a.targets),
+            targets=tuple(Target(dict(t.match), t.worker_url.rstrip("/") if t.worker_url else None, dict(t.vars), t.server)
+                          for t in a.targets), socket=a.socket,
             hosts=tuple(h.lower() for h in a.hosts), headers_files=dict(a.headers_files),
             trip=Request(a.trip.method, a.trip.url, a.trip.body) if a.trip else None,
             release=Request(a.release.method, a.release.url, a.release.body) if a.release else None))
