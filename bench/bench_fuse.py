@@ -7,7 +7,8 @@
 3. Decision latency from the request to the gateway call: the time from sending a notification
    that trips a level to the reference gateway receiving the control call.
 4. A row per adapter (the reference gateway via --gateway-url, the real SGLang Model Gateway, the
-   real vLLM router, each on loopback in front of stand-in engines, in the same run):
+   real vLLM router, HAProxy's runtime API, each on loopback in front of stand-in engines, in the
+   same run):
    notification -> adapter call applied (p50/p99), the call itself (what the gateway takes, from
    the audit's ``call_s``), what the fuse adds (the difference) and the ratio to the reference.
 
@@ -17,6 +18,7 @@ Usage: python bench/bench_fuse.py [--notifications 3000] [--concurrency 8] [--tr
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -220,6 +222,28 @@ def bench_adapters(trips: int) -> int:
                 rows[kind] = _adapter_row(d, spec, [], trips)
             finally:
                 gw.stop()
+        hap = shutil.which("haproxy")
+        if hap:  # a server per engine; the fuse drains it through the runtime API
+            d = tmp / "haproxy"
+            d.mkdir()
+            sock = d / "admin.sock"
+            servers = "".join(f"    server e{i} {e.url.removeprefix('http://')}\n" for i, e in enumerate(engines))
+            (d / "haproxy.cfg").write_text(f"global\n    stats socket {sock} level admin\ndefaults\n    mode http\n"
+                                           "    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
+                                           f"backend be_llm\n{servers}")
+            proc = subprocess.Popen([hap, "-f", str(d / "haproxy.cfg"), "-db"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            try:
+                wait_for(sock.exists, 10, 0.05, "haproxy's socket")
+                spec = spec_with({"lb": {"kind": "haproxy", "socket": str(sock), "actions": ["freeze_admissions"],
+                                         "targets": [{"match": {"engine": f"e{i}"}, "server": f"be_llm/e{i}"}
+                                                     for i in range(len(engines))]}})
+                rows["haproxy"] = _adapter_row(d, spec, [], trips)
+            finally:
+                proc.terminate()
+                proc.wait(10)
+        else:
+            print("haproxy not installed (make tools): no haproxy row")
     for e in engines:
         e.stop()
     ref_p99 = pct(rows["reference gateway"][0], .99)
