@@ -10,12 +10,20 @@
    sending it to the reference gateway (a separate process) logging the call; duplicates: gateway
    calls of a decision already applied plus trips decided more than once (must be 0).
 
+3. A row per adapter (the reference gateway via --gateway-url, the real SGLang Model Gateway, the
+   real vLLM router, HAProxy's runtime API, each on loopback in front of stand-in engines, in the
+   same run): notification -> adapter call applied (p50/p99), the call itself (what the gateway
+   takes, from the audit's ``call_s``), what the fuse adds (the difference) and the ratio to the
+   reference.
+
 Usage: python bench/bench_fuse.py [--notifications 3000] [--concurrency 8] [--no-postgresql]
+       [--adapter-trips 40] [--no-adapters | --only-adapters]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,8 +42,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for  # noqa: E402
 from _pg_support import PgServer  # noqa: E402
 
+from _gateways import StandInEngine, sglang_gateway, vllm_router  # noqa: E402
+
 from fusebox.fuse import Breaker, FuseRules, parse_payload  # noqa: E402
-from fusebox.fuse.gateway import read_log  # noqa: E402
+from fusebox.fuse.gateway import ReferenceGateway, read_log  # noqa: E402
+from fusebox.fuse.store import Store  # noqa: E402
 from fusebox.spec import load_spec  # noqa: E402
 
 
@@ -131,7 +142,12 @@ def main() -> int:
     ap.add_argument("--notifications", type=int, default=3000)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--no-postgresql", action="store_true", help="the SQLite row only")
+    ap.add_argument("--adapter-trips", type=int, default=40)
+    ap.add_argument("--no-adapters", action="store_true", help="leave out the per-adapter rows")
+    ap.add_argument("--only-adapters", action="store_true", help="run only the per-adapter rows")
     args = ap.parse_args()
+    if args.only_adapters:
+        return bench_adapters(args.adapter_trips)
 
     rate_pure = bench_breaker(20000)
     print(f"breaker (pure, in memory): {rate_pure:,.0f} notifications/s")
@@ -155,6 +171,123 @@ def main() -> int:
               f"{r['e2e50'] * 1e3:7.1f}ms {r['e2e99'] * 1e3:7.1f}ms {r['calls']:6d} {r['duplicates']:6d}")
     print("->gw: from sending a notification that trips to the gateway logging the call; "
           "dupl.: repeated gateway calls plus trips decided twice (must be 0)")
+    if not args.no_adapters:
+        print()
+        return bench_adapters(args.adapter_trips)
+    return 0
+
+
+def _serve(tmp: Path, spec: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(spec), "--listen", f"127.0.0.1:{port}",
+         "--state", str(tmp / "s.sqlite"), "--token-file", str(tmp / "token"), "--hold", "3600", "--tick", "0.05",
+         "--retry-backoff", "0.01", "--log-level", "warning", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def up():
+        try:
+            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, 30, 0.1, "service start")
+    return proc, url
+
+
+def _adapter_row(tmp: Path, spec: Path, extra: list[str], trips: int) -> tuple[list[float], list[float]]:
+    """(notification -> applied, call) seconds per trip, one trip at a time on engines e0..e<trips-1>."""
+    (tmp / "token").write_text(TOKEN)
+    proc, url = _serve(tmp, spec, extra)
+    store = Store(tmp / "s.sqlite")
+    try:
+        c = httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        e2e, call = [], []
+        t0 = time.time() - 60
+        for i in range(trips):
+            sent = time.time()
+            r = c.post(url + "/alertmanager", json=payload(alert("GPUMemoryUtilizationHigh", starts=t0, engine=f"e{i}")))
+            did = r.json()["decisions"][0]["decision_id"]
+
+            def applied():
+                return next((a for a in store.audit_log(5, kinds=("applied", "failed")) if a["decision_id"] == did), None)
+
+            row = wait_for(applied, 30, 0.0005, "adapter call applied")
+            assert row["kind"] == "applied", row
+            e2e.append(row["at"] - sent)
+            call.append(row["detail"]["call_s"])
+        return e2e, call
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        store.close()
+
+
+def bench_adapters(trips: int) -> int:
+    import yaml
+
+    engines = [StandInEngine() for _ in range(trips)]
+    targets = [{"match": {"engine": f"e{i}"}, "worker_url": e.url} for i, e in enumerate(engines)]
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+
+        def spec_with(adapters: dict) -> Path:
+            data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+            data["fuse"]["adapters"] = adapters
+            p = tmp / f"spec-{len(rows)}.yaml"
+            p.write_text(yaml.safe_dump(data), encoding="utf-8")
+            return p
+
+        ref = ReferenceGateway("127.0.0.1", 0, tmp / "gw.jsonl").start()
+        try:
+            (tmp / "ref").mkdir()
+            rows["reference gateway"] = _adapter_row(tmp / "ref", SPEC, ["--gateway-url", ref.url], trips)
+        finally:
+            ref.stop()
+        for kind, start in (("sglang_gateway", sglang_gateway), ("vllm_router", vllm_router)):
+            d = tmp / kind
+            d.mkdir()
+            gw = start([e.url for e in engines], d / "gateway.log")
+            try:
+                spec = spec_with({kind: {"kind": kind, "url": gw.url, "actions": ["freeze_admissions"], "timeout": "10s",
+                                         "targets": targets}})
+                rows[kind] = _adapter_row(d, spec, [], trips)
+            finally:
+                gw.stop()
+        hap = shutil.which("haproxy")
+        if hap:  # a server per engine; the fuse drains it through the runtime API
+            d = tmp / "haproxy"
+            d.mkdir()
+            sock = d / "admin.sock"
+            servers = "".join(f"    server e{i} {e.url.removeprefix('http://')}\n" for i, e in enumerate(engines))
+            (d / "haproxy.cfg").write_text(f"global\n    stats socket {sock} level admin\ndefaults\n    mode http\n"
+                                           "    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n"
+                                           f"backend be_llm\n{servers}")
+            proc = subprocess.Popen([hap, "-f", str(d / "haproxy.cfg"), "-db"], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            try:
+                wait_for(sock.exists, 10, 0.05, "haproxy's socket")
+                spec = spec_with({"lb": {"kind": "haproxy", "socket": str(sock), "actions": ["freeze_admissions"],
+                                         "targets": [{"match": {"engine": f"e{i}"}, "server": f"be_llm/e{i}"}
+                                                     for i in range(len(engines))]}})
+                rows["haproxy"] = _adapter_row(d, spec, [], trips)
+            finally:
+                proc.terminate()
+                proc.wait(10)
+        else:
+            print("haproxy not installed (make tools): no haproxy row")
+    for e in engines:
+        e.stop()
+    ref_p99 = pct(rows["reference gateway"][0], .99)
+    print(f"notification -> adapter call applied, {trips} trips one at a time (loopback):")
+    for name, (e2e, call) in rows.items():
+        added = [a - b for a, b in zip(e2e, call)]
+        print(f"  {name:18s} p50 {statistics.median(e2e) * 1e3:6.1f} ms  p99 {pct(e2e, .99) * 1e3:6.1f} ms"
+              f"  | the call itself p50 {statistics.median(call) * 1e3:6.1f} ms p99 {pct(call, .99) * 1e3:6.1f} ms"
+              f"  | fuse adds p50 {statistics.median(added) * 1e3:5.1f} ms p99 {pct(added, .99) * 1e3:5.1f} ms"
+              f"  | p99 / reference {pct(e2e, .99) / ref_p99:4.2f}x")
     return 0
 
 

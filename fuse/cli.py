@@ -106,7 +106,8 @@ def register(subparsers) -> None:
                         "records the NAME. Without it, no one may override")
     s.add_argument("--read-token-file", metavar="PATH",
                    help="a token that may only read /state, / and /openapi.json (whole file, one line)")
-    s.add_argument("--gateway-url", help="inference gateway base URL; POST <url>/v1/control/fuse")
+    s.add_argument("--gateway-url", help="inference gateway base URL; POST <url>/v1/control/fuse (shorthand for an "
+                                           "http adapter; the spec's fuse.adapters lists the others)")
     s.add_argument("--gateway-token-file", help="token for the gateway (env FUSEBOX_GATEWAY_TOKEN wins)")
     s.add_argument("--dry-run", action="store_true", help="log each decision, call nothing")
     s.add_argument("--hold", type=_seconds, default=300.0, help="seconds without alerts before a release (default 300)")
@@ -157,13 +158,19 @@ def build_service(args, spec=None):
 
     spec = load_spec(args.spec) if spec is None else spec
     token = TokenFiles(args.token_file, args.override_tokens, args.read_token_file)
+    from .adapters import build_adapters
+
     adapters: list[Adapter]
+    args.state = str(state_path(args))
     if args.dry_run:
         adapters = [DryRun()]
     else:
-        if not args.gateway_url:
-            raise ValueError("--gateway-url is required unless --dry-run")
-        adapters = [HttpGateway(args.gateway_url, read_token(args.gateway_token_file), args.timeout)]
+        if not args.gateway_url and not spec.adapters:
+            raise ValueError("--gateway-url is required unless --dry-run or the spec's fuse.adapters lists adapters")
+        # the spec's adapters keep their holds and recorded worker settings beside the state file
+        adapters = build_adapters(spec.adapters, Path(args.state).parent)
+        if args.gateway_url:
+            adapters.insert(0, HttpGateway(args.gateway_url, read_token(args.gateway_token_file), args.timeout))
         # KV-cache eviction is the spec's highest fuse level (kv_cache_eviction in the shipped spec).
         eviction = max(spec.actions.values(), key=lambda a: a.level).name if spec.actions else ""
         for item in args.vllm_url:
@@ -211,7 +218,11 @@ def startup_line(args, service) -> str:
         from .actions import HttpGateway, VllmResetPrefixCache
 
         adapters = list(service.adapters.values())
-        calls = "gateway " + ", ".join(a.url for a in adapters if isinstance(a, HttpGateway))
+        gw = [a.url for a in adapters if isinstance(a, HttpGateway)]
+        calls = "gateway " + ", ".join(gw) if gw else ""
+        spec_adapters = [f"{a.label} ({a.kind})" for a in adapters if getattr(a, "kind", None)]
+        if spec_adapters:
+            calls += ("; " if calls else "") + "adapters " + ", ".join(spec_adapters)
         vllm = [a.url for a in adapters if isinstance(a, VllmResetPrefixCache)]
         if vllm:
             calls += "; vLLM " + ", ".join(vllm)

@@ -101,6 +101,10 @@ class _Metrics:
         buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
         self.latency = Histogram(M["decision_latency"], "Seconds from the request that decided to the action applied.",
                                  ["adapter"], buckets=buckets, registry=r)
+        self.calls = Counter(M["adapter_calls"].removesuffix("_total"), "Adapter calls (one apply) by outcome (ok, error).",
+                             ["adapter", "outcome"], registry=r)
+        self.call_duration = Histogram(M["adapter_call_duration"], "Seconds one adapter call (apply) took.",
+                                       ["adapter"], buckets=buckets, registry=r)
         self.request = Histogram(M["request_latency"], "Seconds spent handling a webhook notification.",
                                  buckets=buckets, registry=r)
         self.dry_run = Gauge(M["dry_run"], "1 when the service calls nothing (--dry-run), else 0.", registry=r)
@@ -454,9 +458,12 @@ class FuseService:
         ``failed``); False when it is to be retried (``lanes[key]`` holds when)."""
         name, p, attempt = adapter.name, job["payload"], job["attempts"] + 1
         label = self.labels[name]
+        started = time.monotonic()
         try:
             adapter.apply(p)
         except Exception as e:  # ActionError, or a bug in an adapter (transient: retried)
+            self.metrics.call_duration.labels(label).observe(time.monotonic() - started)
+            self.metrics.calls.labels(label, "error").inc()
             self.metrics.failures.labels(label).inc()
             permanent = bool(getattr(e, "permanent", False))
             limit = getattr(adapter, "max_attempts", None)
@@ -485,13 +492,16 @@ class FuseService:
                         name, job["decision_id"], attempt, delay, e, extra=_fields(job, key, label, attempt))
             self.store.mark_failed(job["seq"], str(e), retry_at=time.time() + delay)
             return False
+        took = time.monotonic() - started
+        self.metrics.call_duration.labels(label).observe(took)
+        self.metrics.calls.labels(label, "ok").inc()
         lanes.pop(key, None)
         now = self.clock()
         # In dry-run the adapter only logged it: the audit says it was not applied, never "applied".
         audit = {"at": now, "kind": "dry_run" if self.dry_run else "applied", "decision_id": job["decision_id"],
                  "scope_key": key, "level": p["level"], "action": p["action"], "source": label,
                  "reason": f"{p['state']} not applied (dry-run)" if self.dry_run else f"{p['state']} applied by {label}",
-                 "detail": {"attempts": attempt, "adapter": name}}
+                 "detail": {"attempts": attempt, "adapter": name, "call_s": round(took, 6)}}
         try:
             self.store.mark_applied(job["seq"], now, audit)
         except Exception:

@@ -29,6 +29,7 @@ __all__ = [
     "ABSENT_ALERT",
     "GPU_DOWN_ALERT",
     "FUSE_METRICS",
+    "ADAPTER_LEVELS",
     "GENERATED_HEADER",
     "FUSE_LEVEL_METRIC",
     "ALERTS_METRIC",
@@ -230,6 +231,21 @@ FUSE_METRICS = {
     "request_latency": "fusebox_fuse_webhook_duration_seconds",  # histogram: webhook handling
     "last_notification": "fusebox_fuse_last_notification_timestamp_seconds",  # gauge {alertmanager}: externalURL of the sender
     "dry_run": "fusebox_fuse_dry_run",  # gauge: 1 when the service calls nothing (--dry-run)
+    # per adapter (its label: the spec's fuse.adapters name, ``gateway``, ``vllm:<engine>``)
+    "adapter_calls": "fusebox_fuse_adapter_calls_total",  # counter {adapter, outcome}: outcome ok|error
+    "adapter_call_duration": "fusebox_fuse_adapter_call_duration_seconds",  # histogram {adapter}: one apply()
+}
+
+# Fuse adapter kinds (the spec's fuse.adapters.<name>.kind) and the fuse levels each can apply
+# (1 freeze admissions, 2 text-only fallback, 3 KV-cache eviction). A gateway that can only take a
+# worker out of rotation applies level 3 as that (the engine's KV drains as its requests finish);
+# it has no text-only path, so level 2 is refused at start-up. A generic HTTP action does what
+# its templates say: every level.
+ADAPTER_LEVELS: dict[str, tuple[int, ...]] = {
+    "sglang_gateway": (1, 3),
+    "vllm_router": (1, 3),
+    "haproxy": (1, 3),  # the runtime API: a server set to drain (running requests finish) / ready
+    "http": (1, 2, 3),
 }
 
 # Names of the Kubernetes objects fusebox generates (k8s/), shared by the manifests that create

@@ -7,7 +7,10 @@ then 78.3 % -> level 1 freeze_admissions on that GPU; engine llava-decoder-0's a
 passes 0.85 s then 1.28 s -> level 2 text_only_fallback, and its KV growth passes 9.2 then
 14.7 MB/s -> level 3 kv_cache_eviction, both on the engine. Each warning fires before its
 critical; each level trips once and is released once after recovery; the gateway's own log
-holds those six calls and nothing else. One run takes about 4 minutes.
+holds those six calls and nothing else. The real SGLang Model Gateway, in front of one stand-in
+engine per scenario GPU, lists GPU 0's worker out of rotation while level 1 holds it and GPU 1's
+(the engine's) while level 3 holds it, and both back at the end: read from its own GET /workers.
+One run takes about 4 minutes.
 """
 
 from __future__ import annotations
@@ -54,6 +57,18 @@ def result(tmp_path_factory):
                   once=True, view=view)
     res.view_log = log
     return res
+
+
+def test_the_sglang_gateways_own_worker_list_loses_each_fused_worker_and_gets_it_back(result):
+    views = [e for e in result.events if e.kind == "workers"]
+    assert views, "no GET /workers view of the SGLang gateway"
+    full = set(views[0].detail["urls"])
+    assert len(full) == 2  # breach.yaml: two GPUs, one stand-in engine each
+    gone = [set(e.detail["out"]) for e in views]
+    out_texts = [e.text.split("out of rotation: ")[-1] for e in views if e.detail["out"]]
+    assert any("GPU 0" in t for t in out_texts), out_texts  # level 1 on GPU 0
+    assert any("llava-decoder-0" in t for t in out_texts), out_texts  # level 3 on the engine (GPU 1)
+    assert gone[-1] == set() and set(views[-1].detail["urls"]) == full
 
 
 def test_the_run_finishes_without_a_process_dying_and_in_under_five_minutes(result):

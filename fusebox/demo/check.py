@@ -3,7 +3,9 @@
 Expected, for each primary signal with a fuse: its warning fires before its critical; the
 critical's fuse level is tripped exactly once, on the scope of the entity the scenario breaches
 (GPU UUID for GPU memory, engine id for the engine signals); released exactly once, after the
-scenario's recovery phase began; and the gateway is told nothing else.
+scenario's recovery phase began; and the gateway is told nothing else. With the SGLang Model
+Gateway in the loop, its own worker list (GET /workers) lost a worker while a fuse held it and
+had every worker back at the end.
 """
 
 from __future__ import annotations
@@ -48,9 +50,17 @@ def _first(events: list[Event], **match) -> float | None:
     return None
 
 
-def verify(events: list[Event], spec, scenario) -> list[str]:
-    """Problems with ``events`` (an ordered log of one scenario run); empty means OK."""
+def verify(events: list[Event], spec, scenario, *, sglang: bool = False) -> list[str]:
+    """Problems with ``events`` (an ordered log of one scenario run); empty means OK. ``sglang``:
+    the SGLang Model Gateway was in the loop (its ``workers`` events are checked too)."""
     problems: list[str] = []
+    if sglang:
+        views = [e for e in events if e.kind == "workers"]
+        if not any(e.detail.get("out") for e in views):
+            problems.append("the SGLang gateway's worker list never lost a worker")
+        elif views[-1].detail.get("out"):
+            problems.append("the SGLang gateway's worker list ended without "
+                            + ", ".join(views[-1].detail["out"]))
     exp = expectations(spec, scenario)
     want = len(primary_signals(spec))
     if len(exp) != want:

@@ -29,6 +29,9 @@ def register(subparsers) -> None:
                    help="keep the spec's own intervals, for and group_wait instead of the demo's fast ones")
     p.add_argument("--workdir", default=".fusebox-demo", help="generated files, logs, state (default .fusebox-demo)")
     p.add_argument("--grafana-url", default=None, metavar="URL", help="your Grafana, shown beside the other URLs")
+    p.add_argument("--gateway", choices=["sglang", "reference"], default="sglang",
+                   help="sglang (default): the real SGLang Model Gateway in front of stand-in engines as well as the "
+                        "reference gateway; reference: the reference gateway alone")
     p.add_argument("--plain", action="store_true", help="one line per event instead of the live screen")
     p.set_defaults(func=cmd_demo)
 
@@ -57,6 +60,7 @@ def cmd_demo(args) -> int:
     old = signal.signal(signal.SIGTERM, _term)
     view = DemoView(live=False if (args.plain or args.once and not sys.stdout.isatty()) else None)
     opts = StackOptions(workdir=Path(args.workdir), spec=Path(args.spec), scenario=args.scenario, speed=args.speed,
+                        gateway=args.gateway,
                         timing=None if args.default_intervals else FAST, hold_s=args.hold, grafana_url=args.grafana_url)
     try:
         res = run(opts, once=args.once, view=view)

@@ -63,10 +63,11 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
     try:
         view.say(f"demo: generating from {opts.spec} into {stack.workdir}")
         stack.prepare()
-        view.say("demo: starting gateway, fuse service, Alertmanager, OpenTelemetry Collector, Prometheus")
+        view.say("demo: starting gateway" + (", SGLang Model Gateway" if opts.gateway == "sglang" else "")
+                 + ", fuse service, Alertmanager, OpenTelemetry Collector, Prometheus")
         stack.start()
         watcher = Watcher(stack.urls, stack.spec, stack.gateway_log,
-                          fuse_token=stack.token_path.read_text(encoding="utf-8").strip())
+                          fuse_token=stack.token_path.read_text(encoding="utf-8").strip(), worker_names=stack.worker_names)
         view.t0 = time.time()
         view.start(stack.urls, watcher)
         stack.start_scenario(on_line=watcher.scenario_line)
@@ -89,7 +90,7 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
                     stack.start_scenario(on_line=watcher.scenario_line)
             if stop_when is not None and stop_when(watcher):
                 break
-            if once and done_at is not None and (not verify(watcher.events, spec, sc) or now - done_at > grace):
+            if once and done_at is not None and (not verify(watcher.events, spec, sc, sglang=opts.gateway == "sglang") or now - done_at > grace):
                 break
             if now - started > limit:
                 error = f"stopped after {limit:.0f}s without the scenario finishing"
@@ -105,7 +106,7 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
             view.say("demo: stopping " + ", ".join(f"{c.name} (pid {c.pid})" for c in reversed(stack.sup.children)))
         stack.stop()
     events = watcher.events if watcher else []
-    problems = verify(events, stack.spec, sc) if (once and watcher and not error) else []
+    problems = verify(events, stack.spec, sc, sglang=opts.gateway == "sglang") if (once and watcher and not error) else []
     return RunResult(ok=error is None and not problems, problems=problems, events=list(events),
                      scenario_t0=watcher.scenario_t0 if watcher else None, spec=stack.spec, scenario=sc,
                      speed=opts.speed, workdir=stack.workdir, urls=stack.urls, error=error,

@@ -52,7 +52,8 @@ def _seconds(text) -> float:
 
 
 def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
-                   timing: Optional[Timing] = FAST, source: str = "fusebox.yaml") -> str:
+                   timing: Optional[Timing] = FAST, source: str = "fusebox.yaml",
+                   adapters: Optional[dict] = None) -> str:
     """The demo spec (YAML text) derived from ``base_text`` (the user's spec).
 
     Args:
@@ -61,6 +62,7 @@ def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
         credentials_file: absolute path of the bearer-token file Alertmanager reads.
         timing: durations to write; None keeps the spec's own (the "default intervals" run).
         source: named in the header comment.
+        adapters: ``fuse.adapters`` to set (the demo's SGLang Model Gateway); None keeps the spec's.
 
     Raises:
         ValueError: ``base_text`` is not a mapping with ``global``/``fuse``/``signals``.
@@ -81,6 +83,8 @@ def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
     fuse = raw.setdefault("fuse", {})
     fuse["webhook_url"] = webhook_url
     fuse["credentials_file"] = credentials_file
+    if adapters is not None:
+        fuse["adapters"] = adapters
     if timing is not None:
         g["scrape_interval"] = timing.scrape_interval
         g["evaluation_interval"] = timing.evaluation_interval

@@ -1,7 +1,11 @@
 """The demo stack: generate from a demo spec, then start every process on free loopback ports.
 
-Order: reference gateway, fuse service, Alertmanager, OpenTelemetry Collector, Prometheus
-(each waited for on its readiness URL), then the scenario player. Ports are picked free at
+Order: reference gateway, the SGLang Model Gateway (``sglang-router``) in front of one stand-in
+engine per scenario GPU (unless ``gateway="reference"``), fuse service, Alertmanager,
+OpenTelemetry Collector, Prometheus (each waited for on its readiness URL), then the scenario
+player. The fuse acts on the SGLang gateway (levels 1 and 3: the worker of the GPU or engine out
+of rotation) and on the reference gateway (every level; level 2, text-only, has no SGLang
+equivalent). Ports are picked free at
 start; the generated Alertmanager config gets the fuse service's port through the demo spec's
 ``webhook_url``, the Collector through its ``FUSEBOX_*`` environment variables, Prometheus
 through the config written here.
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import yaml
 
+from fusebox import conventions as C
 from fusebox.spec.units import format_duration
 from fusebox.tooling import ToolMissing, free_port, tools_dir
 
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["Ports", "StackOptions", "Stack", "ToolMissing", "find_tools"]
 
 PORT_NAMES = ("prometheus", "alertmanager", "otlp_grpc", "otlp_http", "otel_prometheus", "otel_health",
-              "otel_telemetry", "gateway", "fuse")
+              "otel_telemetry", "gateway", "fuse", "sglang", "sglang_metrics")
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class Ports:
     otel_telemetry: int
     gateway: int
     fuse: int
+    sglang: int
+    sglang_metrics: int
 
     @classmethod
     def pick(cls) -> "Ports":
@@ -122,6 +129,7 @@ class StackOptions:
             scenario (its pressure phase grows at 11 MB/s, under the shipped spec's critical).
         timing: demo durations, or None to keep the spec's own intervals.
         hold_s: the fuse service's release hold time.
+        gateway: ``sglang`` (the SGLang Model Gateway in the loop as well) or ``reference``.
     """
 
     workdir: Path
@@ -131,6 +139,7 @@ class StackOptions:
     timing: Optional[Timing] = FAST
     hold_s: float = 10.0
     grafana_url: Optional[str] = None
+    gateway: str = "sglang"  # "sglang": the real SGLang Model Gateway too; "reference": the reference gateway alone
 
 
 def _fusebox() -> list[str]:
@@ -152,6 +161,8 @@ class Stack:
         self.scenario_child: Optional[Child] = None
         self.scenario_runs = 0
         self.spec: Optional[Spec] = None  # set by prepare()
+        self.engines: list = []  # stand-in engines (StandInEngine), one per scenario GPU
+        self.worker_names: dict[str, str] = {}  # stand-in URL -> what it stands for
 
     # -- URLs -------------------------------------------------------------------------
     @property
@@ -160,9 +171,36 @@ class Stack:
         u = {"prometheus": f"http://127.0.0.1:{p.prometheus}", "alertmanager": f"http://127.0.0.1:{p.alertmanager}",
              "fuse": f"http://127.0.0.1:{p.fuse}", "gateway": f"http://127.0.0.1:{p.gateway}",
              "otlp": f"http://127.0.0.1:{p.otlp_http}"}
+        if self.opts.gateway == "sglang":
+            u["sglang"] = f"http://127.0.0.1:{p.sglang}"
         if self.opts.grafana_url:
             u["grafana"] = self.opts.grafana_url
         return u
+
+    def _sglang_adapters(self) -> dict:
+        """Stand-in engines (one per scenario GPU) and the spec's ``fuse.adapters`` mapping each
+        GPU (``hw_id``) and each engine (``engine``, on its first GPU) to its worker."""
+        from fusebox.collectors.scenario import load_scenario
+
+        from .standin import StandInEngine
+
+        sc = load_scenario(self.opts.scenario)
+        by_gpu = {}
+        for g in sc.gpus:
+            e = StandInEngine()
+            self.engines.append(e)
+            by_gpu[g.uuid] = e.url
+            self.worker_names[e.url] = f"GPU {g.index} ({g.role})" if getattr(g, "role", None) else f"GPU {g.index}"
+        targets = [{"match": {"hw_id": uuid}, "worker_url": url} for uuid, url in by_gpu.items()]
+        for eng in sc.engines:
+            if eng.gpus:
+                url = by_gpu[sc.gpu(eng.gpus[0]).uuid]
+                targets.append({"match": {"engine": eng.id}, "worker_url": url})
+                self.worker_names[url] += f" {eng.id}"
+        levels = {a.level: n for n, a in _actions(self.opts.spec).items()}
+        actions = [levels[lv] for lv in C.ADAPTER_LEVELS["sglang_gateway"] if lv in levels]
+        return {"sglang": {"kind": "sglang_gateway", "url": self.urls["sglang"], "actions": actions, "timeout": "5s",
+                           "targets": targets}}
 
     # -- preparation ------------------------------------------------------------------
     def prepare(self) -> None:
@@ -180,9 +218,17 @@ class Stack:
         self.token_path.write_text(secrets.token_hex(16) + "\n")
         self.token_path.chmod(0o600)
         base = Path(self.opts.spec).read_text(encoding="utf-8")
+        adapters = None
+        if self.opts.gateway == "sglang":
+            try:
+                import sglang_router  # noqa: F401
+            except ImportError:
+                raise ToolMissing("the SGLang Model Gateway (sglang-router, in the test extra) is not installed: "
+                                  "`make venv`, or run with --gateway reference") from None
+            adapters = self._sglang_adapters()
         self.spec_path.write_text(demo_spec_text(
             base, webhook_url=f"{self.urls['fuse']}/alertmanager", credentials_file=str(self.token_path),
-            timing=self.opts.timing, source=str(self.opts.spec)))
+            timing=self.opts.timing, source=str(self.opts.spec), adapters=adapters))
         r = subprocess.run([*_fusebox(), "generate", "--spec", str(self.spec_path), "--out", str(self.out)],
                            capture_output=True, text=True)
         if r.returncode != 0:
@@ -204,6 +250,12 @@ class Stack:
         gw = self.sup.start("gateway", [*_fusebox(), "fuse", "gateway", "--listen", f"127.0.0.1:{p.gateway}",
                                         "--log", str(self.gateway_log)])
         self._ready(gw, f"{self.urls['gateway']}/healthz", deadline_s)
+        if self.opts.gateway == "sglang":
+            sg = self.sup.start("sglang-gateway", [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                                                   "--port", str(p.sglang), "--prometheus-host", "127.0.0.1",
+                                                   "--prometheus-port", str(p.sglang_metrics), "--log-level", "warn",
+                                                   "--worker-urls", *[e.url for e in self.engines]])
+            self._ready(sg, f"{self.urls['sglang']}/readiness", deadline_s)  # 200 once its workers are healthy
         fuse = self.sup.start("fuse", [*_fusebox(), "fuse", "serve", "--spec", str(self.spec_path),
                                        "--listen", f"127.0.0.1:{p.fuse}", "--state-dir", str(w / "fuse"),
                                        "--token-file", str(self.token_path), "--gateway-url", self.urls["gateway"],
@@ -252,6 +304,15 @@ class Stack:
 
     def stop(self) -> None:
         self.sup.stop_all()
+        for e in self.engines:
+            e.stop()
+        self.engines.clear()
+
+
+def _actions(spec_path: Path) -> dict:
+    from fusebox.spec import load_spec
+
+    return load_spec(spec_path).actions
 
 
 def http_text(url: str, timeout: float = 2.0) -> str:

@@ -65,8 +65,11 @@ class Watcher:
     """Poll with :meth:`poll` (returns the new events); read :attr:`values`, :attr:`alerts`,
     :attr:`fuses`, :attr:`phase`, :attr:`events`."""
 
-    def __init__(self, urls: dict[str, str], spec, gateway_log: Path, fuse_token: Optional[str] = None):
+    def __init__(self, urls: dict[str, str], spec, gateway_log: Path, fuse_token: Optional[str] = None,
+                 worker_names: Optional[dict[str, str]] = None):
         self.urls = urls
+        self.worker_names = dict(worker_names or {})  # SGLang worker URL -> what it stands for
+        self.workers: Optional[list[str]] = None  # the SGLang Model Gateway's own worker list (GET /workers)
         self.fuse_token = fuse_token  # the fuse service's /state needs a reader token
         self.spec = spec
         self.gateway_log = Path(gateway_log)
@@ -106,7 +109,7 @@ class Watcher:
     def poll(self) -> list[Event]:
         new: list[Event] = []
         for name, fn in (("prometheus", self._poll_prometheus), ("alertmanager", self._poll_am),
-                         ("fuse", self._poll_fuse), ("gateway", self._poll_gateway)):
+                         ("fuse", self._poll_fuse), ("gateway", self._poll_gateway), ("sglang", self._poll_sglang)):
             try:
                 new.extend(fn())
                 self.errors.pop(name, None)
@@ -187,6 +190,22 @@ class Watcher:
                                   for fam in text_string_to_metric_families(text) for s in fam.samples
                                   if s.name == C.FUSE_METRICS["last_notification"]}
         return out
+
+    def _poll_sglang(self) -> list[Event]:
+        """The SGLang Model Gateway's own view of its workers: an event ``workers`` when it changes."""
+        if "sglang" not in self.urls:
+            return []
+        now = time.time()
+        urls = sorted(w["url"] for w in http_json(f"{self.urls['sglang']}/workers").get("workers", []))
+        if urls == self.workers:
+            return []
+        self.workers = urls
+        names = [self.worker_names.get(u, u) for u in urls]
+        out = [u for u in self.worker_names if u not in urls]
+        text = "SGLang gateway GET /workers: " + (", ".join(names) or "none")
+        if out:
+            text += " | out of rotation: " + ", ".join(self.worker_names[u] for u in out)
+        return [Event(now, "workers", "changed", {"urls": urls, "out": out}, text)]
 
     def _poll_gateway(self) -> list[Event]:
         if not self.gateway_log.exists():

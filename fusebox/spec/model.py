@@ -23,6 +23,8 @@ from pydantic_core import ErrorDetails
 from fusebox import conventions as C
 
 from . import units
+from .adapters import Adapter as FuseAdapter
+from .adapters import RawAdapter, normalise_adapters
 from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana,
                      normalise_kubernetes, normalise_otelcol)
 from .errors import Problem, SpecError
@@ -166,6 +168,8 @@ class RawFuse(_Strict):
     allow_fleet_wide_alerts: StrictBool = False
     self_monitoring: RawSelfMonitoring = RawSelfMonitoring()
     actions: dict[str, RawAction]
+    # What the fuse service calls (fusebox/spec/adapters.py; docs/fuse.md "Adapters").
+    adapters: dict[str, RawAdapter] = {}
 
 
 class RawAbsent(_Strict):
@@ -324,6 +328,7 @@ class Spec:
     signals: tuple[Signal, ...]
     raw: dict = field(repr=False, compare=False, default_factory=dict)
     allow_fleet_wide_alerts: bool = False  # fuse.allow_fleet_wide_alerts
+    adapters: tuple[FuseAdapter, ...] = ()  # fuse.adapters, in spec order
     kubernetes: Kubernetes = field(default_factory=Kubernetes)
     grafana: Grafana = field(default_factory=Grafana)
     otelcol: Otelcol = field(default_factory=Otelcol)
@@ -531,6 +536,7 @@ class _Normaliser:
         kube = normalise_kubernetes(r.kubernetes, r.metadata.name, self.err)
         grafana = normalise_grafana(r.grafana, self.err)
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
+        adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -543,7 +549,7 @@ class _Normaliser:
             group_wait_s=group_waits["group_wait"], group_wait_critical_s=group_waits["group_wait_critical"],
             group_interval_s=group_waits["group_interval"], repeat_interval_s=group_waits["repeat_interval"],
             actions=actions, signals=tuple(signals), raw=self.data,
-            allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts,
+            allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
             kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source,
         )

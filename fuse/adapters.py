@@ -1,0 +1,360 @@
+"""Adapters built from the spec's ``fuse.adapters`` (:mod:`fusebox.spec.adapters`).
+
+Each follows :class:`fusebox.fuse.actions.Adapter`: ``name`` (the outbox key: ``<kind>:<name>``),
+``label`` (the spec's name: metrics, audit, status page), ``wants(payload)``, ``apply(payload)``,
+``max_attempts``. Every call goes through the service's outbox, retried per (adapter, scope) lane.
+
+Scope -> target: a target applies to a decision's scope when its ``match`` labels all equal the
+scope's (the scope may carry more), or when every scope label is in ``match`` with the same value
+(a broader scope, e.g. a cluster, covers the targets inside it). A scope no target applies to is
+refused: :class:`~fusebox.fuse.actions.ActionError` (permanent), audited as failed, and no label
+value of it is sent anywhere. Only the spec's values (``match``, ``worker_url``, ``vars``) reach a
+gateway; label values of the alert never do.
+
+* :class:`SglangGateway`: the SGLang Model Gateway (``sglang-router``). Trip = take the target's
+  worker out of rotation (``GET /workers`` to find its id and record its settings, then
+  ``DELETE /workers/{id}``); release = ``POST /workers`` with the URL and the recorded settings
+  (priority, cost, model_id, worker_type...). Idempotent: a worker already out (or already in) is
+  left as it is.
+* :class:`VllmRouter`: the vLLM router (``vllm-router``, a fork of it): ``POST /remove_worker?url=``
+  and ``POST /add_worker?url=`` (its API takes the URL only: there are no settings to keep).
+* :class:`HaproxyRuntime`: HAProxy's runtime API on its stats socket: ``set server <backend>/<server>
+  state drain`` on a trip, ``state ready`` on release.
+* :class:`HttpAction`: method, URL and JSON body per (trip, release) as Jinja2 templates rendered
+  in :class:`jinja2.sandbox.SandboxedEnvironment`; every value an URL template prints is
+  percent-encoded; the URL must reach one of the spec's ``hosts``; headers are read from files.
+
+A worker stays out of rotation while any (action, scope) that took it out is still tripped: the
+adapter keeps these *holds* (and the recorded settings) in a JSON file beside the service's state
+when given one, so a restart keeps them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import quote, urlsplit
+
+import httpx
+from jinja2.sandbox import SandboxedEnvironment
+
+from fusebox.spec.adapters import Adapter as AdapterSpec
+from fusebox.spec.adapters import Target
+
+from .actions import ActionError
+from .logsafe import install
+from .rules import scope_key
+
+log = install(logging.getLogger("fusebox.fuse"))
+
+__all__ = ["SglangGateway", "VllmRouter", "HaproxyRuntime", "HttpAction", "targets_for", "build_adapters", "WORKER_SETTINGS"]
+
+# The fields of a worker in SGLang's GET /workers that POST /workers takes back (its WorkerConfigRequest).
+WORKER_SETTINGS = ("model_id", "priority", "cost", "worker_type", "bootstrap_port", "labels", "api_key",
+                   "disable_health_check", "tokenizer_path", "reasoning_parser", "tool_parser", "chat_template")
+
+
+def targets_for(spec: AdapterSpec, scope: dict) -> list[Target]:
+    """The spec's targets that apply to ``scope`` (see the module's doc); [] when none."""
+    scope = {k: v for k, v in scope.items() if isinstance(v, str)}
+    if not scope:
+        return []
+    out = []
+    for t in spec.targets:
+        narrower = all(scope.get(k) == v for k, v in t.match.items())
+        broader = all(t.match.get(k) == v for k, v in scope.items())
+        if narrower or broader:
+            out.append(t)
+    return out
+
+
+def _unmapped(spec: AdapterSpec) -> ActionError:
+    # The scope's values are left out: they are untrusted and may be anything (1 MB, newlines).
+    msg = f"scope not mapped by fuse.adapters.{spec.name}.targets: refused, nothing sent"
+    e = ActionError(msg, status=None, summary="scope not mapped in the spec: refused")
+    e.permanent = True
+    return e
+
+
+def _call_error(url: str, e: httpx.HTTPError) -> ActionError:
+    return ActionError(f"{url}: {type(e).__name__}: {e}", summary=type(e).__name__)
+
+
+class _Holds:
+    """(action, scope) holds per worker and the settings recorded per worker, in a JSON file (or memory)."""
+
+    def __init__(self, path: Optional[Path]):
+        self.path = path
+        self._lock = threading.Lock()
+        data: dict = {}
+        if path and path.exists():
+            data = json.loads(path.read_text(encoding="utf-8") or "{}")
+        self.holds: dict[str, list[str]] = data.get("holds", {})
+        self.settings: dict[str, dict] = data.get("settings", {})
+
+    def change(self, worker: str, hold: str, on: bool) -> bool:
+        """Add (``on``) or drop a hold; returns whether the worker is still held by anything."""
+        with self._lock:
+            cur = set(self.holds.get(worker, ()))
+            cur = cur | {hold} if on else cur - {hold}
+            if cur:
+                self.holds[worker] = sorted(cur)
+            else:
+                self.holds.pop(worker, None)
+            self._save()
+            return bool(cur)
+
+    def record(self, worker: str, settings: dict) -> None:
+        with self._lock:
+            self.settings[worker] = settings
+            self._save()
+
+    def _save(self) -> None:
+        if not self.path:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps({"holds": self.holds, "settings": self.settings}, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+class _Rotation:
+    """Take workers out of a gateway's rotation and put them back; subclasses say how."""
+
+    kind = ""
+
+    def __init__(self, spec: AdapterSpec, state_dir: Optional[Path] = None):
+        self.spec = spec
+        self.name = f"{self.kind}:{spec.name}"
+        self.label = spec.name
+        self.max_attempts: Optional[int] = spec.max_attempts
+        self.url = spec.url or ""
+        self._client = httpx.Client(timeout=spec.timeout_s)
+        self.holds = _Holds(state_dir / f"adapter-{self.kind}-{spec.name}.json" if state_dir else None)
+
+    def wants(self, payload: dict) -> bool:
+        return payload["action"] in self.spec.actions
+
+    def apply(self, payload: dict) -> None:
+        targets = targets_for(self.spec, payload["scope"])
+        if not targets:
+            raise _unmapped(self.spec)
+        hold = f"{payload['action']} {scope_key(payload['scope'])}"
+        for t in targets:
+            assert t.worker_url
+            if self.holds.change(t.worker_url, hold, payload["state"] == "trip"):
+                self.take_out(t.worker_url)
+            else:
+                self.put_back(t.worker_url)
+
+    def take_out(self, worker: str) -> None:
+        raise NotImplementedError
+
+    def put_back(self, worker: str) -> None:
+        raise NotImplementedError
+
+    def _req(self, method: str, path: str, **kw) -> httpx.Response:
+        url = self.url + path
+        try:
+            return self._client.request(method, url, **kw)
+        except httpx.HTTPError as e:
+            raise _call_error(url, e) from None
+
+    def _check(self, r: httpx.Response, ok: tuple[int, ...] = ()) -> None:
+        if not (200 <= r.status_code < 300 or r.status_code in ok):
+            raise ActionError(f"{r.request.method} {r.request.url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
+
+
+class SglangGateway(_Rotation):
+    """The SGLang Model Gateway's ``/workers`` API (sglang-router 0.3)."""
+
+    kind = "sglang_gateway"
+
+    def workers(self) -> list[dict]:
+        """The gateway's own worker list (``GET /workers``: ``{"workers": [{"id", "url", ...}]}``)."""
+        r = self._req("GET", "/workers")
+        self._check(r)
+        return list(r.json().get("workers", []))
+
+    def take_out(self, worker: str) -> None:
+        for w in self.workers():
+            if w.get("url", "").rstrip("/") == worker:
+                self.holds.record(worker, {k: w[k] for k in WORKER_SETTINGS if k in w and w[k] is not None})
+                r = self._req("DELETE", f"/workers/{quote(str(w['id']), safe='')}")
+                self._check(r, ok=(404,))  # 404: removed meanwhile
+        # not listed: already out of rotation (idempotent)
+
+    def put_back(self, worker: str) -> None:
+        if any(w.get("url", "").rstrip("/") == worker for w in self.workers()):
+            return  # already in rotation
+        settings = self.holds.settings.get(worker, {})
+        r = self._req("POST", "/workers", json={**settings, "url": worker})
+        self._check(r)
+
+
+class VllmRouter(_Rotation):
+    """The vLLM router's ``/add_worker``, ``/remove_worker`` and ``/list_workers`` (vllm-router 0.1)."""
+
+    kind = "vllm_router"
+
+    def workers(self) -> list[str]:
+        """The router's own worker URLs (``GET /list_workers``: ``{"urls": [...]}``)."""
+        r = self._req("GET", "/list_workers")
+        self._check(r)
+        return [u.rstrip("/") for u in r.json().get("urls", [])]
+
+    def take_out(self, worker: str) -> None:
+        self._check(self._req("POST", "/remove_worker", params={"url": worker}))
+
+    def put_back(self, worker: str) -> None:
+        if worker in self.workers():
+            return
+        r = self._req("POST", "/add_worker", params={"url": worker})
+        if r.status_code == 400 and "already exists" in r.text:
+            return
+        self._check(r)
+
+
+class HaproxyRuntime:
+    """HAProxy's runtime API on its UNIX stats socket (``stats socket PATH level admin``).
+
+    Trip = ``set server <backend>/<server> state drain`` (no new connections; running ones finish,
+    health checks go on); release = ``set server <backend>/<server> state ready``, once no
+    (action, scope) holds it. The server name comes from the spec, checked against HAProxy's name
+    rule when the spec loads, so no value can add a line or a command. HAProxy answers an empty
+    line when it applied the command; any text is an error (``No such server.``: permanent).
+    """
+
+    kind = "haproxy"
+
+    def __init__(self, spec: AdapterSpec, state_dir: Optional[Path] = None):
+        self.spec = spec
+        self.name = f"haproxy:{spec.name}"
+        self.label = spec.name
+        self.max_attempts: Optional[int] = spec.max_attempts
+        self.socket = spec.socket or ""
+        self.holds = _Holds(state_dir / f"adapter-haproxy-{spec.name}.json" if state_dir else None)
+
+    def wants(self, payload: dict) -> bool:
+        return payload["action"] in self.spec.actions
+
+    def command(self, line: str) -> str:
+        """Send one runtime-API command (no newline in it), return HAProxy's answer (stripped)."""
+        import socket
+
+        if "\n" in line or "\r" in line or ";" in line:
+            raise ValueError("one runtime-API command, without newline or ';'")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(self.spec.timeout_s)
+                s.connect(self.socket)
+                s.sendall(line.encode() + b"\n")
+                chunks = []
+                while True:
+                    b = s.recv(65536)
+                    if not b:
+                        break
+                    chunks.append(b)
+        except OSError as e:
+            raise ActionError(f"{self.socket}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
+        return b"".join(chunks).decode(errors="replace").strip()
+
+    def apply(self, payload: dict) -> None:
+        targets = targets_for(self.spec, payload["scope"])
+        if not targets:
+            raise _unmapped(self.spec)
+        hold = f"{payload['action']} {scope_key(payload['scope'])}"
+        for t in targets:
+            assert t.server
+            state = "drain" if self.holds.change(t.server, hold, payload["state"] == "trip") else "ready"
+            answer = self.command(f"set server {t.server} state {state}")
+            if answer:
+                e = ActionError(f"{self.socket}: set server {t.server} state {state}: {answer[:200]}",
+                                summary="HAProxy refused the command")
+                e.permanent = "No such" in answer
+                raise e
+
+
+def _url_value(value: Any) -> str:
+    """What an URL template prints for ``{{ value }}``: percent-encoded, '/' included."""
+    return quote("" if value is None else str(value), safe="")
+
+
+class HttpAction:
+    """The generic HTTP action of kind ``http`` (see the module's doc).
+
+    Template context: ``scope`` (the target's ``match``: the spec's values), ``target`` (its ``vars``),
+    ``action``, ``level``, ``state`` (trip|release), ``decision_id``. Raises at construction
+    (OSError) when a headers file cannot be read.
+    """
+
+    kind = "http"
+
+    def __init__(self, spec: AdapterSpec):
+        self.spec = spec
+        self.name = f"http:{spec.name}"
+        self.label = spec.name
+        self.max_attempts: Optional[int] = spec.max_attempts
+        self._url_env = SandboxedEnvironment(finalize=_url_value, autoescape=False)
+        self._body_env = SandboxedEnvironment(autoescape=False)
+        self.headers = {k: Path(p).read_text(encoding="utf-8").strip() for k, p in spec.headers_files.items()}
+        self._client = httpx.Client(timeout=spec.timeout_s)
+
+    def wants(self, payload: dict) -> bool:
+        req = self.spec.trip if payload["state"] == "trip" else self.spec.release
+        return payload["action"] in self.spec.actions and req is not None
+
+    def render(self, payload: dict, target: Target) -> tuple[str, str, Any]:
+        """(method, url, body) for ``target``; raises ActionError (permanent) when the URL leaves the spec's hosts."""
+        req = self.spec.trip if payload["state"] == "trip" else self.spec.release
+        assert req is not None
+        ctx = {"scope": dict(target.match), "target": dict(target.vars), "action": payload["action"],
+               "level": payload["level"], "state": payload["state"], "decision_id": payload["decision_id"]}
+        url = self._url_env.from_string(req.url).render(ctx)
+        try:
+            u = urlsplit(url)
+            port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+        except ValueError:  # a port that is not a number
+            u, port = urlsplit(""), None
+        hostport = f"{(u.hostname or '').lower()}:{port}"
+        if u.scheme not in ("http", "https") or (hostport not in self.spec.hosts and (u.hostname or "").lower() not in self.spec.hosts):
+            e = ActionError(f"rendered URL leaves fuse.adapters.{self.spec.name}.hosts ({hostport[:200]}): refused",
+                            summary="URL outside the spec's hosts: refused")
+            e.permanent = True
+            raise e
+        return req.method, url, self._body(req.body, ctx)
+
+    def _body(self, body: Any, ctx: dict) -> Any:
+        if isinstance(body, str):
+            return self._body_env.from_string(body).render(ctx)
+        if isinstance(body, dict):
+            return {k: self._body(v, ctx) for k, v in body.items()}
+        if isinstance(body, list):
+            return [self._body(v, ctx) for v in body]
+        return body
+
+    def apply(self, payload: dict) -> None:
+        targets = targets_for(self.spec, payload["scope"])
+        if not targets:
+            raise _unmapped(self.spec)
+        for t in targets:
+            method, url, body = self.render(payload, t)
+            headers = {**self.headers, "Idempotency-Key": payload["decision_id"]}
+            try:
+                r = self._client.request(method, url, headers=headers, **({"json": body} if body is not None else {}))
+            except httpx.HTTPError as e:
+                raise _call_error(url, e) from None
+            if not 200 <= r.status_code < 300:
+                raise ActionError(f"{method} {url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
+
+
+def build_adapters(specs, state_dir: Optional[Path] = None) -> list:
+    """One adapter per ``spec.adapters`` entry, in order. Raises OSError (a headers file)."""
+    kinds = {"sglang_gateway": SglangGateway, "vllm_router": VllmRouter, "haproxy": HaproxyRuntime}
+    out: list = []
+    for a in specs:
+        out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a, state_dir))
+    return out

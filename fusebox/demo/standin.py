@@ -1,0 +1,55 @@
+"""Stand-in engines for the demo's SGLang Model Gateway (and the adapter tests and bench).
+
+A stand-in stands where a GPU engine would: it answers what the gateway probes when a worker is
+added and on its health checks (sglang-router 0.3.2 calls ``GET /health``, ``/model_info`` and
+``/server_info``; vllm-router 0.1.17 ``GET /health``) with 200 and a small JSON body, and records
+every (method, path) it is asked for in ``seen``. It serves no inference.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["StandInEngine"]
+
+
+class StandInEngine:
+    """An engine on ``host`` (a free port) in a background thread; ``url``; ``stop()``."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        self.seen: list[tuple[str, str]] = []
+        eng = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, obj):
+                eng.seen.append((self.command, self.path))
+                body = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path.startswith("/v1/models"):
+                    return self._send({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+                self._send({"model_path": "stand-in", "is_generation": True})
+
+            def do_POST(self):
+                self._send({})
+
+        self.server = ThreadingHTTPServer((host, 0), H)
+        self.server.daemon_threads = True
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, name="stand-in-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)

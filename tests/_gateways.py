@@ -1,0 +1,88 @@
+"""The real gateways on loopback for the adapter tests and the bench: the SGLang Model Gateway
+(``python -m sglang_router.launch_router``) and the vLLM router (``vllm-router``), each in front of
+stand-in engines (:class:`fusebox.demo.standin.StandInEngine`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from _fuse_support import free_port, wait_for
+from _support import need
+
+from fusebox.demo.standin import StandInEngine
+
+__all__ = ["StandInEngine", "Gateway", "sglang_gateway", "sglang_workers", "vllm_router", "vllm_workers"]
+
+
+class Gateway:
+    """A gateway process; ``url``; ``stop()`` ends it (and only it)."""
+
+    def __init__(self, argv: list[str], url: str, ready_path: str, log: Path):
+        self.url = url
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for(lambda: self._up(ready_path), 60, step=0.1, what=f"{argv[0]} on {url}")
+        except AssertionError:
+            self.stop()
+            raise AssertionError(f"gateway did not start: {log.read_text(errors='replace')[-2000:]}") from None
+
+    def _up(self, path: str) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"gateway exited {self.proc.returncode}: {self.log.read_text(errors='replace')[-2000:]}")
+        try:
+            return httpx.get(self.url + path, timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._out.close()
+
+
+def sglang_gateway(workers: list[str], log: Path) -> Gateway:
+    """The SGLang Model Gateway on a free loopback port with ``workers``; ready when all are healthy."""
+    need(sys.executable)
+    try:
+        import sglang_router  # noqa: F401
+    except ImportError:
+        need("sglang_router", "install the test extra (requirements/test.lock)")
+    port, metrics = free_port(), free_port()
+    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics), "--log-level", "warn",
+            "--worker-urls", *workers]
+    gw = Gateway(argv, f"http://127.0.0.1:{port}", "/readiness", log)
+    wait_for(lambda: len(sglang_workers(gw.url)) == len(workers), 30, what="the gateway's workers")
+    return gw
+
+
+def sglang_workers(url: str) -> dict[str, dict]:
+    """The SGLang gateway's own worker list (GET /workers): url -> worker."""
+    return {w["url"]: w for w in httpx.get(url + "/workers", timeout=5).json()["workers"]}
+
+
+def vllm_router(workers: list[str], log: Path) -> Gateway:
+    """The vLLM router on a free loopback port with ``workers``."""
+    exe = need(str(Path(sys.executable).parent / "vllm-router"), "install the test extra (requirements/test.lock)")
+    port, metrics = free_port(), free_port()
+    argv = [exe, "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(metrics), "--log-level", "warning", "--worker-urls", *workers]
+    return Gateway(argv, f"http://127.0.0.1:{port}", "/list_workers", log)
+
+
+def vllm_workers(url: str) -> list[str]:
+    """The vLLM router's own worker list (GET /list_workers)."""
+    return list(httpx.get(url + "/list_workers", timeout=5).json()["urls"])
+

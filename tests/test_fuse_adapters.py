@@ -1,0 +1,370 @@
+"""The spec's fuse.adapters against the REAL gateways on loopback (SGLang Model Gateway, vLLM
+router), the generic HTTP action, the level check at start-up, and hostile label values.
+
+Assertions read each gateway's OWN worker list (GET /workers, GET /list_workers), not fusebox's log.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from _fuse_support import SPEC, TOKEN, LiveService, alert, payload, wait_for
+from _gateways import StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
+
+from fusebox.fuse.actions import ActionError
+from fusebox.fuse.adapters import build_adapters, targets_for
+from fusebox.spec import load_spec
+from fusebox.spec.errors import SpecError
+
+HOSTILE = ["../admin", "a\nshutdown sessions server be/x", "{{ 7*7 }}", "x" * (1 << 20)]
+
+
+def write_spec(tmp_path: Path, adapters: dict) -> Path:
+    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data["fuse"]["adapters"] = adapters
+    p = tmp_path / "fusebox.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return p
+
+
+def live(tmp_path: Path, adapters: dict) -> LiveService:
+    spec = load_spec(write_spec(tmp_path, adapters))
+    return LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters, tmp_path), hold_s=0.3)
+
+
+def failed_audit(svc: LiveService) -> list[dict]:
+    return [r for r in svc.service.store.audit_log(50) if r["kind"] == "failed"]
+
+
+@pytest.fixture
+def engines():
+    es = [StandInEngine(), StandInEngine()]
+    yield es
+    for e in es:
+        e.stop()
+
+
+@pytest.fixture
+def sglang(engines, tmp_path):
+    gw = sglang_gateway([e.url for e in engines], tmp_path / "sglang.log")
+    yield gw
+    gw.stop()
+
+
+def sglang_spec(gw, engines, actions=("freeze_admissions", "kv_cache_eviction")) -> dict:
+    return {"sglang": {"kind": "sglang_gateway", "url": gw.url, "actions": list(actions), "timeout": "2s",
+                       "targets": [{"match": {"engine": f"engine-{i}"}, "worker_url": e.url} for i, e in enumerate(engines)]}}
+
+
+def test_sglang_trip_takes_the_worker_out_and_release_puts_it_back_with_its_settings(sglang, engines, tmp_path):
+    e0, e1 = engines[0].url, engines[1].url
+    # give engine-0 settings of its own, through the gateway's API, so the release must restore them
+    w = sglang_workers(sglang.url)[e0]
+    assert httpx.delete(f"{sglang.url}/workers/{w['id']}", timeout=5).status_code == 202
+    wait_for(lambda: e0 not in sglang_workers(sglang.url), 10, what="engine-0 removed")
+    assert httpx.post(f"{sglang.url}/workers", json={"url": e0, "priority": 7, "cost": 2.5}, timeout=5).status_code == 202
+    wait_for(lambda: e0 in sglang_workers(sglang.url), 10, what="engine-0 back")
+
+    with live(tmp_path, sglang_spec(sglang, engines)) as svc:
+        r = svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        assert r.status_code == 200
+        wait_for(lambda: e0 not in sglang_workers(sglang.url), 10, what="engine-0 out of the gateway's rotation")
+        assert e1 in sglang_workers(sglang.url)  # the other engine keeps serving
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-0")))
+        back = wait_for(lambda: sglang_workers(sglang.url).get(e0), 15, what="engine-0 back in rotation")
+        assert (back["priority"], back["cost"]) == (7, 2.5)
+        text = httpx.get(svc.url + "/metrics", timeout=5).text
+        assert 'fusebox_fuse_adapter_calls_total{adapter="sglang",outcome="ok"} 2.0' in text
+        assert 'fusebox_fuse_adapter_call_duration_seconds_count{adapter="sglang"} 2.0' in text
+
+
+def test_sglang_a_worker_stays_out_while_another_level_still_holds_it(sglang, engines, tmp_path):
+    e0 = engines[0].url
+    with live(tmp_path, sglang_spec(sglang, engines)) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0"), alert("KVCacheGrowthRateHigh", engine="engine-0")))
+        wait_for(lambda: e0 not in sglang_workers(sglang.url), 10, what="engine-0 out")
+        svc.post(payload(alert("KVCacheGrowthRateHigh", "resolved", engine="engine-0"),
+                         alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        wait_for(lambda: svc.service.store.pending_count() == 0 and any(
+            r["kind"] == "applied" and r["action"] == "kv_cache_eviction" and "release" in r["reason"]
+            for r in svc.service.store.audit_log(50)), 15, what="the level-3 release applied")
+        assert e0 not in sglang_workers(sglang.url)  # level 1 still holds it
+
+
+def direct(adapter, value: str, state: str = "trip") -> ActionError:
+    """Apply ``adapter`` to a decision on scope {engine: value} without the service (whose webhook
+    refuses a 1 MB body with 413 before any decision); returns the refusal."""
+    p = {"action": "freeze_admissions", "level": 1, "state": state, "reason": "r", "scope": {"engine": value},
+         "decision_id": "d" * 32}
+    with pytest.raises(ActionError) as e:
+        adapter.apply(p)
+    return e.value
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=["dotdot", "newline", "jinja", "1MB"])
+def test_sglang_hostile_label_values_are_refused_and_never_reach_the_gateway(sglang, engines, tmp_path, value):
+    before = sglang_workers(sglang.url)
+    with live(tmp_path, sglang_spec(sglang, engines)) as svc:
+        r = svc.post(payload(alert("GPUMemoryUtilizationHigh", engine=value)))
+        if r.status_code == 413:  # the 1 MB value: the webhook refuses the body itself
+            assert len(value) == 1 << 20
+        else:
+            assert r.status_code == 200
+            rows = wait_for(lambda: failed_audit(svc), 10, what="the refusal audited")
+            assert "scope not mapped" in rows[0]["reason"]
+            assert value not in rows[0]["reason"] and value not in rows[0]["detail"]["error"]
+        for state in ("trip", "release"):
+            e = direct(svc.service.adapters["sglang_gateway:sglang"], value, state)
+            assert e.permanent and value not in str(e)
+    assert {u: w["id"] for u, w in sglang_workers(sglang.url).items()} == {u: w["id"] for u, w in before.items()}
+
+
+def test_vllm_router_trip_and_release_change_its_own_worker_list(engines, tmp_path):
+    gw = vllm_router([e.url for e in engines], tmp_path / "vllm.log")
+    try:
+        spec = {"router": {"kind": "vllm_router", "url": gw.url, "actions": ["freeze_admissions"],
+                           "targets": [{"match": {"engine": "engine-1"}, "worker_url": engines[1].url}]}}
+        with live(tmp_path, spec) as svc:
+            svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-1")))
+            wait_for(lambda: vllm_workers(gw.url) == [engines[0].url], 10, what="engine-1 removed")
+            svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-1")))
+            wait_for(lambda: sorted(vllm_workers(gw.url)) == sorted(e.url for e in engines), 15, what="engine-1 back")
+    finally:
+        gw.stop()
+
+
+class Capture:
+    """A stand-in HTTP control API that records (method, raw path, headers, body)."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str, dict, bytes]] = []
+        cap = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _any(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                cap.calls.append((self.command, self.path, dict(self.headers), self.rfile.read(n)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_PUT = do_DELETE = do_GET = _any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def capture():
+    c = Capture()
+    yield c
+    c.stop()
+
+
+def http_spec(capture, tmp_path, **over) -> dict:
+    auth = tmp_path / "dynamo.auth"
+    auth.write_text("Bearer dynamo-secret\n")
+    base = f"http://127.0.0.1:{capture.port}"
+    a = {"kind": "http", "actions": ["freeze_admissions"], "hosts": [f"127.0.0.1:{capture.port}"],
+         "headers_files": {"Authorization": str(auth)},
+         "targets": [{"match": {"engine": "engine-0"}, "vars": {"model": "llama/3 8b?x=1"}},
+                     {"match": {"cluster": "c1"}, "vars": {"model": "{{ 6*6 }}"}}],
+         "trip": {"method": "POST", "url": base + "/busy_threshold/{{ target.model }}",
+                  "body": {"model": "{{ target.model }}", "active_decode_blocks_threshold": 0.0, "scope": "{{ scope.engine }}"}},
+         "release": {"method": "DELETE", "url": base + "/busy_threshold/{{ target.model }}"}}
+    a.update(over)
+    return {"dynamo": a}
+
+
+def test_http_templates_render_in_the_sandbox_with_values_url_encoded(capture, tmp_path):
+    with live(tmp_path, http_spec(capture, tmp_path)) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        wait_for(lambda: capture.calls, 10, what="the trip call")
+        method, path, headers, body = capture.calls[0]
+        assert (method, path) == ("POST", "/busy_threshold/llama%2F3%208b%3Fx%3D1")
+        assert headers["Authorization"] == "Bearer dynamo-secret"
+        assert yaml.safe_load(body) == {"model": "llama/3 8b?x=1", "active_decode_blocks_threshold": 0.0, "scope": "engine-0"}
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-0")))
+        wait_for(lambda: len(capture.calls) == 2, 10, what="the release call")
+        assert capture.calls[1][:2] == ("DELETE", "/busy_threshold/llama%2F3%208b%3Fx%3D1")
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=["dotdot", "newline", "jinja", "1MB"])
+def test_http_hostile_label_values_never_reach_the_api(capture, tmp_path, value):
+    spec = load_spec(write_spec(tmp_path, http_spec(capture, tmp_path)))
+    (adapter,) = build_adapters(spec.adapters)
+    # unmapped: refused, nothing sent
+    e = direct(adapter, value)
+    assert e.permanent and value not in str(e)
+    assert capture.calls == []
+    # mapped by its cluster: the call goes out with the spec's values only, the template as text
+    adapter.apply({"action": "freeze_admissions", "level": 1, "state": "trip", "reason": value,
+                   "scope": {"cluster": "c1", "engine": value}, "decision_id": "d" * 32})
+    (method, path, _h, body) = capture.calls[0]
+    assert path == "/busy_threshold/%7B%7B%206%2A6%20%7D%7D"  # a spec value, printed as text, not run
+    assert yaml.safe_load(body) == {"model": "{{ 6*6 }}", "active_decode_blocks_threshold": 0.0, "scope": ""}
+    assert value.encode() not in body and "36" not in path and len(capture.calls) == 1
+
+
+def test_http_a_url_outside_the_spec_hosts_is_refused(capture, tmp_path):
+    spec = http_spec(capture, tmp_path, trip={"url": "http://{{ target.model }}/x"},
+                     targets=[{"match": {"engine": "engine-0"}, "vars": {"model": f"127.0.0.1:{capture.port}"}}])
+    with live(tmp_path, spec) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        rows = wait_for(lambda: failed_audit(svc), 10, what="the refusal audited")
+    assert "outside the spec's hosts" in rows[0]["reason"]
+    assert capture.calls == []
+
+
+def test_targets_match_narrower_and_broader_scopes():
+    spec = load_spec(write_spec(Path(__import__("tempfile").mkdtemp()), {"gw": {
+        "kind": "sglang_gateway", "url": "http://127.0.0.1:1", "actions": ["freeze_admissions"],
+        "targets": [{"match": {"cluster": "c1", "engine": "e0"}, "worker_url": "http://127.0.0.1:2"},
+                    {"match": {"cluster": "c1", "engine": "e1"}, "worker_url": "http://127.0.0.1:3"}]}}))
+    a = spec.adapters[0]
+    assert [t.worker_url for t in targets_for(a, {"cluster": "c1"})] == ["http://127.0.0.1:2", "http://127.0.0.1:3"]
+    assert [t.worker_url for t in targets_for(a, {"cluster": "c1", "engine": "e1", "hw_id": "GPU-9"})] == ["http://127.0.0.1:3"]
+    assert [t.worker_url for t in targets_for(a, {"engine": "e0"})] == ["http://127.0.0.1:2"]  # broader: e0 in any cluster
+    assert targets_for(a, {"cluster": "c2"}) == []
+    assert targets_for(a, {}) == []
+
+
+def _line_of(path: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_a_level_the_adapter_cannot_apply_is_refused_at_start_up_with_the_spec_line(tmp_path):
+    p = write_spec(tmp_path, {"sglang": {"kind": "sglang_gateway", "url": "http://127.0.0.1:30000",
+                                         "actions": ["freeze_admissions", "text_only_fallback"],
+                                         "targets": [{"match": {"engine": "engine-0"}, "worker_url": "http://127.0.0.1:30001"}]}})
+    line = _line_of(p, "- text_only_fallback")
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert [(x.line, "cannot apply fuse level 2") for x in e.value.problems] == [(line, "cannot apply fuse level 2")]
+    (tmp_path / "t").write_text(TOKEN)
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(p), "--token-file",
+                        str(tmp_path / "t"), "--state-dir", str(tmp_path / "s")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert f"{p}:{line}:" in r.stderr and "cannot apply fuse level 2 (text_only_fallback)" in r.stderr
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("adapter,fix", [
+    ({"kind": "sglang_gateway", "url": "http://h:1", "actions": ["freeze_admissions"],
+      "targets": [{"match": {"pod": "x"}, "worker_url": "http://h:2"}]}, "'pod' is not a scope label"),
+    ({"kind": "sglang_gateway", "url": "http://h:1", "actions": ["freeze_admissions"],
+      "targets": [{"match": {"engine": "e0"}}]}, "needs a worker_url"),
+    ({"kind": "http", "actions": ["freeze_admissions"], "hosts": ["h:1"], "targets": [{"match": {"engine": "e0"}}],
+      "trip": {"url": "http://h:1/{{ x"}}, "Jinja2 template error"),
+    ({"kind": "http", "actions": ["freeze_admissions"], "targets": [{"match": {"engine": "e0"}}],
+      "trip": {"url": "http://h:1/"}}, "lists no hosts"),
+    ({"kind": "vllm_router", "url": "http://h:1", "actions": ["no_such_action"],
+      "targets": [{"match": {"engine": "e0"}, "worker_url": "http://h:2"}]}, "unknown fuse action 'no_such_action'"),
+])
+def test_bad_adapter_specs_are_refused_with_a_line(tmp_path, adapter, fix):
+    p = write_spec(tmp_path, {"a": adapter})
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert any(fix in x.what and x.line > 1 for x in e.value.problems), str(e.value)
+
+
+def test_the_docs_adapter_examples_load(tmp_path):
+    """Every yaml example of docs/fuse.md's Adapters section is a valid fuse.adapters entry."""
+    import re
+
+    doc = (SPEC.parent / "docs" / "fuse.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Adapters"):doc.index("## Delivery order")]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    kinds = []
+    for i, b in enumerate(blocks):
+        text = b if b.startswith("fuse:") else "fuse:\n  adapters:\n" + b
+        d = tmp_path / str(i)
+        d.mkdir()
+        kinds += [a.kind for a in load_spec(write_spec(d, yaml.safe_load(text)["fuse"]["adapters"])).adapters]
+    assert kinds == ["sglang_gateway", "vllm_router", "haproxy", "http", "http"]
+
+
+# --- HAProxy (Debian's haproxy, installed by tools/bootstrap.sh) ------------------------------
+
+@pytest.fixture
+def haproxy(tmp_path):
+    import socket as so
+    import time
+
+    from _support import need
+
+    exe = need("haproxy", "run `make tools` (tools/bootstrap.sh installs Debian's haproxy)")
+    sock = tmp_path / "admin.sock"
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(f"global\n    stats socket {sock} level admin\ndefaults\n    mode http\n    timeout connect 1s\n"
+                   "    timeout client 5s\n    timeout server 5s\nbackend be_llm\n    server engine0 127.0.0.1:9\n"
+                   "    server engine1 127.0.0.1:10\n")
+    proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 10
+    while not sock.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+
+    def show() -> dict[str, int]:
+        """HAProxy's own `show servers state be_llm`: server -> srv_admin_state (0 ready, 8 drain)."""
+        with so.socket(so.AF_UNIX) as s:
+            s.connect(str(sock))
+            s.sendall(b"show servers state be_llm\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        rows = [ln.split() for ln in out.decode().splitlines()[1:] if ln and not ln.startswith("#")]
+        return {r[3]: int(r[6]) for r in rows}
+
+    yield sock, show
+    proc.terminate()
+    proc.wait(10)
+
+
+def haproxy_spec(sock) -> dict:
+    return {"lb": {"kind": "haproxy", "socket": str(sock), "actions": ["freeze_admissions", "kv_cache_eviction"],
+                   "targets": [{"match": {"engine": "engine-0"}, "server": "be_llm/engine0"},
+                               {"match": {"engine": "engine-1"}, "server": "be_llm/engine1"}]}}
+
+
+def test_haproxy_trip_drains_the_server_and_release_makes_it_ready(haproxy, tmp_path):
+    sock, show = haproxy
+    assert show() == {"engine0": 0, "engine1": 0}
+    with live(tmp_path, haproxy_spec(sock)) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 draining")
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-0")))
+        wait_for(lambda: show() == {"engine0": 0, "engine1": 0}, 15, what="engine0 ready again")
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=["dotdot", "newline", "jinja", "1MB"])
+def test_haproxy_hostile_label_values_add_no_command(haproxy, tmp_path, value):
+    sock, show = haproxy
+    spec = load_spec(write_spec(tmp_path, haproxy_spec(sock)))
+    (adapter,) = build_adapters(spec.adapters, tmp_path)
+    e = direct(adapter, value)
+    assert e.permanent and value not in str(e)
+    assert show() == {"engine0": 0, "engine1": 0}
+
+
+def test_haproxy_a_server_name_that_could_add_a_command_does_not_load(tmp_path):
+    p = write_spec(tmp_path, {"lb": {"kind": "haproxy", "socket": "/run/haproxy/admin.sock", "actions": ["freeze_admissions"],
+                                     "targets": [{"match": {"engine": "e0"}, "server": "be/x state ready\nshutdown sessions server be/x"}]}})
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert "needs a server <backend>/<server>" in str(e.value)
