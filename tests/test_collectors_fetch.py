@@ -276,9 +276,9 @@ def test_the_latency_fallback_is_bounded_too(serve, capsys):
     t0 = time.monotonic()
     rc = main(["collect", "latency", "--once", "--endpoint", s.url, "--engine-id", "e1", "--timeout", "1",
                "--spec", str(ROOT / "fusebox.yaml")])
-    out = capsys.readouterr().out
-    assert rc == 1 and time.monotonic() - t0 < 20  # two polls of 1 s each, not the endless trickle
-    assert _refused(out) == {(s.url, "deadline"): 2}
+    captured = capsys.readouterr()
+    assert rc == 1 and time.monotonic() - t0 < 20  # one poll of 1 s (--once is one round), not the endless trickle
+    assert "longer than its 1 s deadline" in captured.err, captured.err
 
 
 # ------------------------------------------------------------------------- item 9: credentials
