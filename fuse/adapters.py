@@ -19,7 +19,9 @@ gateway; label values of the alert never do.
 * :class:`VllmRouter`: the vLLM router (``vllm-router``, a fork of it): ``POST /remove_worker?url=``
   and ``POST /add_worker?url=`` (its API takes the URL only: there are no settings to keep).
 * :class:`HaproxyRuntime`: HAProxy's runtime API on its stats socket: ``set server <backend>/<server>
-  state drain`` on a trip, ``state ready`` on release.
+  state drain`` on a trip, ``state ready`` on release; level 2 (text-only fallback) sets the map
+  entry ``<backend> 1`` (``set map``, or ``add map`` when absent) and deletes it on release
+  (``del map``); the generated ``haproxy/fusebox.cfg`` reads that map.
 * :class:`HttpAction`: method, URL and JSON body per (trip, release) as Jinja2 templates rendered
   in :class:`jinja2.sandbox.SandboxedEnvironment`; every value an URL template prints is
   percent-encoded; the URL must reach one of the spec's ``hosts``; headers are read from files.
@@ -43,7 +45,7 @@ import httpx
 from jinja2.sandbox import SandboxedEnvironment
 
 from fusebox.spec.adapters import Adapter as AdapterSpec
-from fusebox.spec.adapters import Target
+from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 
 from .actions import ActionError
 from .logsafe import install
@@ -223,9 +225,12 @@ class HaproxyRuntime:
 
     Trip = ``set server <backend>/<server> state drain`` (no new connections; running ones finish,
     health checks go on); release = ``set server <backend>/<server> state ready``, once no
-    (action, scope) holds it. The server name comes from the spec, checked against HAProxy's name
-    rule when the spec loads, so no value can add a line or a command. HAProxy answers an empty
-    line when it applied the command; any text is an error (``No such server.``: permanent).
+    (action, scope) holds it. Level 2 with ``text_only`` in the spec: ``set map <map> <backend> 1``
+    (``add map`` when HAProxy answers ``entry not found``) while any (action, scope) holds that
+    backend, ``del map <map> <backend>`` after (``Key not found.``: already gone). Server, backend
+    and map names come from the spec, checked against HAProxy's name rules when the spec loads, so
+    no value can add a line or a command. HAProxy answers an empty line when it applied the
+    command; any other text is an error (``No such server.``, ``Unknown map identifier``: permanent).
     """
 
     kind = "haproxy"
@@ -267,15 +272,33 @@ class HaproxyRuntime:
         if not targets:
             raise _unmapped(self.spec)
         hold = f"{payload['action']} {scope_key(payload['scope'])}"
+        on = payload["state"] == "trip"
         for t in targets:
             assert t.server
-            state = "drain" if self.holds.change(t.server, hold, payload["state"] == "trip") else "ready"
-            answer = self.command(f"set server {t.server} state {state}")
-            if answer:
-                e = ActionError(f"{self.socket}: set server {t.server} state {state}: {answer[:200]}",
-                                summary="HAProxy refused the command")
-                e.permanent = "No such" in answer
-                raise e
+            if payload["level"] == TEXT_ONLY_LEVEL and self.spec.text_only:
+                backend = t.server.split("/", 1)[0]
+                self.text_only(backend, self.holds.change(f"map {backend}", hold, on))
+                continue
+            state = "drain" if self.holds.change(t.server, hold, on) else "ready"
+            self._run(f"set server {t.server} state {state}")
+
+    def text_only(self, backend: str, on: bool) -> None:
+        """Set (``on``) or delete the map entry ``<backend> 1`` of ``text_only.map``; idempotent."""
+        assert self.spec.text_only
+        m = self.spec.text_only.map
+        if not on:
+            self._run(f"del map {m} {backend}", ok=("Key not found.",))
+        elif self._run(f"set map {m} {backend} 1", ok=("entry not found.",)):
+            self._run(f"add map {m} {backend} 1")
+
+    def _run(self, line: str, ok: tuple[str, ...] = ()) -> str:
+        """Send ``line``; returns HAProxy's answer when empty or one of ``ok``, else raises :class:`ActionError`."""
+        answer = self.command(line)
+        if not answer or answer in ok:
+            return answer
+        e = ActionError(f"{self.socket}: {line}: {answer[:200]}", summary="HAProxy refused the command")
+        e.permanent = "No such" in answer or "Unknown map" in answer
+        raise e
 
 
 def _url_value(value: Any) -> str:
