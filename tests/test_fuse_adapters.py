@@ -39,7 +39,7 @@ def write_spec(tmp_path: Path, adapters: dict) -> Path:
 
 def live(tmp_path: Path, adapters: dict) -> LiveService:
     spec = load_spec(write_spec(tmp_path, adapters))
-    return LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters, tmp_path), hold_s=0.3)
+    return LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters), hold_s=0.3)
 
 
 def failed_audit(svc: LiveService) -> list[dict]:
@@ -358,7 +358,7 @@ def test_haproxy_trip_drains_the_server_and_release_makes_it_ready(haproxy, tmp_
 def test_haproxy_hostile_label_values_add_no_command(haproxy, tmp_path, value):
     sock, show = haproxy
     spec = load_spec(write_spec(tmp_path, haproxy_spec(sock)))
-    (adapter,) = build_adapters(spec.adapters, tmp_path)
+    (adapter,) = build_adapters(spec.adapters)
     e = direct(adapter, value)
     assert e.permanent and value not in str(e)
     assert show() == {"engine0": 0, "engine1": 0}
@@ -480,7 +480,7 @@ def test_haproxy_text_only_fallback_routes_multimodal_requests_through_the_map(h
 @pytest.mark.parametrize("value", HOSTILE, ids=["dotdot", "newline", "jinja", "1MB"])
 def test_haproxy_text_only_hostile_label_values_set_no_map_entry(haproxy_text_only, tmp_path, value):
     spec_dict, front, show_map, show_servers = haproxy_text_only
-    (adapter,) = build_adapters(load_spec(write_spec(tmp_path, spec_dict)).adapters, tmp_path)
+    (adapter,) = build_adapters(load_spec(write_spec(tmp_path, spec_dict)).adapters)
     for state in ("trip", "release"):
         with pytest.raises(ActionError) as e:
             adapter.apply({"action": "text_only_fallback", "level": 2, "state": state, "reason": "r",
@@ -528,3 +528,39 @@ def test_fusebox_generate_writes_the_haproxy_snippet(tmp_path):
     assert lines == ["acl fusebox_lb_multimodal req.hdr(X-Fusebox-Multimodal) -m found",
                      "acl fusebox_lb_text_only_be_llm str(be_llm),map(/etc/haproxy/fusebox-text-only.map,0) -m str 1",
                      "use_backend be_llm_text if fusebox_lb_multimodal fusebox_lb_text_only_be_llm"]
+
+
+
+def test_haproxy_replicas_sharing_a_postgresql_store_share_their_holds(haproxy, tmp_path):
+    """Two fuse replicas (one adapter each) on one real PostgreSQL store, one real HAProxy: a release
+    by replica A leaves the server draining while replica B's level-3 hold is in the store."""
+    from _pg_support import PgServer
+
+    from fusebox.fuse.store import PgStore
+
+    sock, show = haproxy
+    spec = load_spec(write_spec(tmp_path, haproxy_spec(sock)))
+    server = PgServer()
+    server.start()
+    try:
+        url = server.create_db("replicas")
+        stores = [PgStore(url), PgStore(url)]
+        a, b = (build_adapters(spec.adapters)[0] for _ in stores)
+        a.attach(stores[0])
+        b.attach(stores[1])
+
+        def decide(adapter, action, level, state):
+            adapter.apply({"action": action, "level": level, "state": state, "reason": "r",
+                           "scope": {"engine": "engine-0"}, "decision_id": "d" * 32})
+
+        decide(a, "freeze_admissions", 1, "trip")
+        decide(b, "kv_cache_eviction", 3, "trip")
+        assert show() == {"engine0": 8, "engine1": 0}
+        decide(a, "freeze_admissions", 1, "release")
+        assert show() == {"engine0": 8, "engine1": 0}  # B's level 3 still holds it, seen through the store
+        decide(b, "kv_cache_eviction", 3, "release")
+        assert show() == {"engine0": 0, "engine1": 0}
+        for st in stores:
+            st.close()
+    finally:
+        server.close()

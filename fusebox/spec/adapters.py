@@ -5,7 +5,7 @@ Shape (``docs/fuse.md`` has an example per kind)::
     fuse:
       adapters:
         <name>:                       # the adapter's label in metrics, the audit and the status page
-          kind: sglang_gateway        # sglang_gateway | vllm_router | http (conventions.ADAPTER_LEVELS)
+          kind: sglang_gateway        # sglang_gateway | vllm_router | haproxy | http (conventions.ADAPTER_LEVELS)
           url: http://127.0.0.1:30000 # the gateway (sglang_gateway, vllm_router)
           actions: [freeze_admissions, kv_cache_eviction]   # fuse.actions it applies
           timeout: 5s                 # per call
