@@ -19,21 +19,22 @@ gateway; label values of the alert never do.
 * :class:`VllmRouter`: the vLLM router (``vllm-router``, a fork of it): ``POST /remove_worker?url=``
   and ``POST /add_worker?url=`` (its API takes the URL only: there are no settings to keep).
 * :class:`HaproxyRuntime`: HAProxy's runtime API on its stats socket: ``set server <backend>/<server>
-  state drain`` on a trip, ``state ready`` on release.
+  state drain`` on a trip, ``state ready`` on release; level 2 (text-only fallback) sets the map
+  entry ``<backend> 1`` (``set map``, or ``add map`` when absent) and deletes it on release
+  (``del map``); the generated ``haproxy/fusebox.cfg`` reads that map.
 * :class:`HttpAction`: method, URL and JSON body per (trip, release) as Jinja2 templates rendered
   in :class:`jinja2.sandbox.SandboxedEnvironment`; every value an URL template prints is
   percent-encoded; the URL must reach one of the spec's ``hosts``; headers are read from files.
 
 A worker stays out of rotation while any (action, scope) that took it out is still tripped: the
-adapter keeps these *holds* (and the recorded settings) in a JSON file beside the service's state
-when given one, so a restart keeps them.
+adapter keeps these *holds* (and the recorded settings) in the service's store (table
+``adapter_state``, :mod:`fusebox.fuse.store`) once :meth:`attach`-ed to it (the service does that),
+so a restart keeps them and replicas sharing a PostgreSQL store see the same ones; in memory before.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -43,7 +44,7 @@ import httpx
 from jinja2.sandbox import SandboxedEnvironment
 
 from fusebox.spec.adapters import Adapter as AdapterSpec
-from fusebox.spec.adapters import Target
+from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 
 from .actions import ActionError
 from .logsafe import install
@@ -85,40 +86,43 @@ def _call_error(url: str, e: httpx.HTTPError) -> ActionError:
 
 
 class _Holds:
-    """(action, scope) holds per worker and the settings recorded per worker, in a JSON file (or memory)."""
+    """(action, scope) holds per worker and the settings recorded per worker: in the store once
+    :meth:`attach`-ed (``adapter_state``, keyed by the adapter's outbox name), in memory before."""
 
-    def __init__(self, path: Optional[Path]):
-        self.path = path
+    def __init__(self, adapter: str):
+        self.adapter = adapter
+        self.store: Any = None
         self._lock = threading.Lock()
-        data: dict = {}
-        if path and path.exists():
-            data = json.loads(path.read_text(encoding="utf-8") or "{}")
-        self.holds: dict[str, list[str]] = data.get("holds", {})
-        self.settings: dict[str, dict] = data.get("settings", {})
+        self._holds: dict[str, set[str]] = {}
+        self._settings: dict[str, dict] = {}
+
+    def attach(self, store: Any) -> None:
+        """Keep them in ``store`` (a :class:`fusebox.fuse.store.Store`) from now on."""
+        self.store = store
 
     def change(self, worker: str, hold: str, on: bool) -> bool:
-        """Add (``on``) or drop a hold; returns whether the worker is still held by anything."""
+        """Add (``on``) or drop a hold; returns whether the worker is still held by anything. Raises StoreError."""
+        if self.store is not None:
+            return bool(self.store.adapter_hold(self.adapter, worker, hold, on))
         with self._lock:
-            cur = set(self.holds.get(worker, ()))
+            cur = self._holds.get(worker, set())
             cur = cur | {hold} if on else cur - {hold}
-            if cur:
-                self.holds[worker] = sorted(cur)
-            else:
-                self.holds.pop(worker, None)
-            self._save()
+            self._holds[worker] = cur
             return bool(cur)
 
     def record(self, worker: str, settings: dict) -> None:
-        with self._lock:
-            self.settings[worker] = settings
-            self._save()
-
-    def _save(self) -> None:
-        if not self.path:
+        if self.store is not None:
+            self.store.adapter_record(self.adapter, worker, settings)
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"holds": self.holds, "settings": self.settings}, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.path)
+        with self._lock:
+            self._settings[worker] = settings
+
+    def settings(self, worker: str) -> dict:
+        """The settings recorded for ``worker`` ({} when none)."""
+        if self.store is not None:
+            return dict(self.store.adapter_state(self.adapter).get(worker, {}).get("settings", {}))
+        with self._lock:
+            return dict(self._settings.get(worker, {}))
 
 
 class _Rotation:
@@ -126,14 +130,18 @@ class _Rotation:
 
     kind = ""
 
-    def __init__(self, spec: AdapterSpec, state_dir: Optional[Path] = None):
+    def __init__(self, spec: AdapterSpec):
         self.spec = spec
         self.name = f"{self.kind}:{spec.name}"
         self.label = spec.name
         self.max_attempts: Optional[int] = spec.max_attempts
         self.url = spec.url or ""
         self._client = httpx.Client(timeout=spec.timeout_s)
-        self.holds = _Holds(state_dir / f"adapter-{self.kind}-{spec.name}.json" if state_dir else None)
+        self.holds = _Holds(self.name)
+
+    def attach(self, store: Any) -> None:
+        """Keep the holds and recorded settings in ``store`` (the service calls it)."""
+        self.holds.attach(store)
 
     def wants(self, payload: dict) -> bool:
         return payload["action"] in self.spec.actions
@@ -190,7 +198,7 @@ class SglangGateway(_Rotation):
     def put_back(self, worker: str) -> None:
         if any(w.get("url", "").rstrip("/") == worker for w in self.workers()):
             return  # already in rotation
-        settings = self.holds.settings.get(worker, {})
+        settings = self.holds.settings(worker)
         r = self._req("POST", "/workers", json={**settings, "url": worker})
         self._check(r)
 
@@ -223,20 +231,27 @@ class HaproxyRuntime:
 
     Trip = ``set server <backend>/<server> state drain`` (no new connections; running ones finish,
     health checks go on); release = ``set server <backend>/<server> state ready``, once no
-    (action, scope) holds it. The server name comes from the spec, checked against HAProxy's name
-    rule when the spec loads, so no value can add a line or a command. HAProxy answers an empty
-    line when it applied the command; any text is an error (``No such server.``: permanent).
+    (action, scope) holds it. Level 2 with ``text_only`` in the spec: ``set map <map> <backend> 1``
+    (``add map`` when HAProxy answers ``entry not found``) while any (action, scope) holds that
+    backend, ``del map <map> <backend>`` after (``Key not found.``: already gone). Server, backend
+    and map names come from the spec, checked against HAProxy's name rules when the spec loads, so
+    no value can add a line or a command. HAProxy answers an empty line when it applied the
+    command; any other text is an error (``No such server.``, ``Unknown map identifier``: permanent).
     """
 
     kind = "haproxy"
 
-    def __init__(self, spec: AdapterSpec, state_dir: Optional[Path] = None):
+    def __init__(self, spec: AdapterSpec):
         self.spec = spec
         self.name = f"haproxy:{spec.name}"
         self.label = spec.name
         self.max_attempts: Optional[int] = spec.max_attempts
         self.socket = spec.socket or ""
-        self.holds = _Holds(state_dir / f"adapter-haproxy-{spec.name}.json" if state_dir else None)
+        self.holds = _Holds(self.name)
+
+    def attach(self, store: Any) -> None:
+        """Keep the holds in ``store`` (the service calls it)."""
+        self.holds.attach(store)
 
     def wants(self, payload: dict) -> bool:
         return payload["action"] in self.spec.actions
@@ -267,15 +282,33 @@ class HaproxyRuntime:
         if not targets:
             raise _unmapped(self.spec)
         hold = f"{payload['action']} {scope_key(payload['scope'])}"
+        on = payload["state"] == "trip"
         for t in targets:
             assert t.server
-            state = "drain" if self.holds.change(t.server, hold, payload["state"] == "trip") else "ready"
-            answer = self.command(f"set server {t.server} state {state}")
-            if answer:
-                e = ActionError(f"{self.socket}: set server {t.server} state {state}: {answer[:200]}",
-                                summary="HAProxy refused the command")
-                e.permanent = "No such" in answer
-                raise e
+            if payload["level"] == TEXT_ONLY_LEVEL and self.spec.text_only:
+                backend = t.server.split("/", 1)[0]
+                self.text_only(backend, self.holds.change(f"map {backend}", hold, on))
+                continue
+            state = "drain" if self.holds.change(t.server, hold, on) else "ready"
+            self._run(f"set server {t.server} state {state}")
+
+    def text_only(self, backend: str, on: bool) -> None:
+        """Set (``on``) or delete the map entry ``<backend> 1`` of ``text_only.map``; idempotent."""
+        assert self.spec.text_only
+        m = self.spec.text_only.map
+        if not on:
+            self._run(f"del map {m} {backend}", ok=("Key not found.",))
+        elif self._run(f"set map {m} {backend} 1", ok=("entry not found.",)):
+            self._run(f"add map {m} {backend} 1")
+
+    def _run(self, line: str, ok: tuple[str, ...] = ()) -> str:
+        """Send ``line``; returns HAProxy's answer when empty or one of ``ok``, else raises :class:`ActionError`."""
+        answer = self.command(line)
+        if not answer or answer in ok:
+            return answer
+        e = ActionError(f"{self.socket}: {line}: {answer[:200]}", summary="HAProxy refused the command")
+        e.permanent = "No such" in answer or "Unknown map" in answer
+        raise e
 
 
 def _url_value(value: Any) -> str:
@@ -351,10 +384,11 @@ class HttpAction:
                 raise ActionError(f"{method} {url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
 
 
-def build_adapters(specs, state_dir: Optional[Path] = None) -> list:
-    """One adapter per ``spec.adapters`` entry, in order. Raises OSError (a headers file)."""
+def build_adapters(specs) -> list:
+    """One adapter per ``spec.adapters`` entry, in order; those that keep holds have ``attach(store)``
+    (:class:`fusebox.fuse.service.FuseService` calls it). Raises OSError (a headers file)."""
     kinds = {"sglang_gateway": SglangGateway, "vllm_router": VllmRouter, "haproxy": HaproxyRuntime}
     out: list = []
     for a in specs:
-        out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a, state_dir))
+        out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a))
     return out

@@ -167,8 +167,8 @@ def build_service(args, spec=None):
     else:
         if not args.gateway_url and not spec.adapters:
             raise ValueError("--gateway-url is required unless --dry-run or the spec's fuse.adapters lists adapters")
-        # the spec's adapters keep their holds and recorded worker settings beside the state file
-        adapters = build_adapters(spec.adapters, Path(args.state).parent)
+        # the spec's adapters keep their holds and recorded worker settings in the store (the service attaches it)
+        adapters = build_adapters(spec.adapters)
         if args.gateway_url:
             adapters.insert(0, HttpGateway(args.gateway_url, read_token(args.gateway_token_file), args.timeout))
         # KV-cache eviction is the spec's highest fuse level (kv_cache_eviction in the shipped spec).

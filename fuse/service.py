@@ -135,6 +135,9 @@ class FuseService:
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
+        for a in adapters:  # the spec's adapters keep their holds in the store (fuse/adapters.py)
+            if hasattr(a, "attach"):
+                a.attach(store)
         self.labels = _labels(adapters)
         self.max_scopes = max_scopes
         self.hold_s = hold_s

@@ -13,7 +13,7 @@ restart loses none and repeats none. Every change of the breaker runs in one *ex
 (:meth:`Store.change`: SQLite ``BEGIN IMMEDIATE``; PostgreSQL ``SELECT ... FOR UPDATE`` of the
 ``breaker_version`` row), which reads
 the state's ``version`` first: a replica whose copy is older takes the stored one back before
-deciding, so two replicas never decide the same thing twice. Tables (schema version 3):
+deciding, so two replicas never decide the same thing twice. Tables (schema version 4):
 
 * ``schema_version(version, applied_at)``: the migrations applied (:data:`SCHEMA_VERSION` the
   newest); run at start-up, idempotent, safe when replicas start together (under the same lock).
@@ -29,6 +29,12 @@ deciding, so two replicas never decide the same thing twice. Tables (schema vers
   leave it alone until the lease ends, then take it over (its claimer died).
 * ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``: append-only
   (triggers reject UPDATE and DELETE; on PostgreSQL TRUNCATE too).
+* ``adapter_state(adapter, worker, holds, settings)``: what the spec's adapters keep between calls
+  (:mod:`fusebox.fuse.adapters`), shared by every replica: per adapter (``<kind>:<name>``) and
+  worker (a worker URL, an HAProxy ``<backend>/<server>`` or ``map <backend>``), ``holds`` = the
+  JSON list of the (action, scope) holding it out, ``settings`` = the JSON object of the settings
+  recorded when it was taken out (SGLang's priority, cost...). :meth:`Store.adapter_hold` changes a
+  hold under the row's lock (``SELECT ... FOR UPDATE`` on PostgreSQL).
 
 Errors: :class:`StoreError` when the database cannot be written or reached (disk full, locked, the
 server down): a retry may help.
@@ -51,7 +57,7 @@ __all__ = ["Store", "PgStore", "StoreError", "Head", "open_store", "SCHEMA_VERSI
 
 log = logging.getLogger("fusebox.fuse")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The PostgreSQL advisory lock key of every change and of the migrations ("fusebox" in ASCII).
 _PG_LOCK = 0x66757365626F78
 
@@ -82,6 +88,10 @@ _SQLITE = {
         "UPDATE outbox SET idem_key = decision_id",
         "CREATE UNIQUE INDEX outbox_idem ON outbox (idem_key, adapter)"],
     3: ["INSERT INTO meta (key, value) VALUES ('breaker_version', '0') ON CONFLICT (key) DO NOTHING"],
+    # what the adapters keep (holds, recorded worker settings), shared by the replicas
+    4: ["""CREATE TABLE adapter_state (
+  adapter TEXT NOT NULL, worker TEXT NOT NULL, holds TEXT NOT NULL DEFAULT '[]', settings TEXT NOT NULL DEFAULT '{}',
+  PRIMARY KEY (adapter, worker))"""],
 }
 _PG = {
     1: ["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -109,6 +119,10 @@ _PG = {
         "CREATE UNIQUE INDEX outbox_idem ON outbox (idem_key, adapter)"],
     # the row whose lock serialises the changes (PgStore._begin_change)
     3: ["INSERT INTO meta (key, value) VALUES ('breaker_version', '0') ON CONFLICT (key) DO NOTHING"],
+    # what the adapters keep (holds, recorded worker settings), shared by the replicas
+    4: ["""CREATE TABLE adapter_state (
+  adapter TEXT NOT NULL, worker TEXT NOT NULL, holds TEXT NOT NULL DEFAULT '[]', settings TEXT NOT NULL DEFAULT '{}',
+  PRIMARY KEY (adapter, worker))"""],
 }
 
 
@@ -177,6 +191,7 @@ class Store:
     dialect = "sqlite"
     _migrations = _SQLITE
     _claim_suffix = ""
+    _row_lock = ""
 
     def __init__(self, path: str | Path):
         self.path = str(path)
@@ -406,6 +421,32 @@ class Store:
                 self._run("UPDATE outbox SET attempts=attempts+1, last_error=?, lease_until=? WHERE seq=?",
                           (error[:500], retry_at, seq))
 
+    # ----------------------------------------------------------------- adapters' state
+    def adapter_hold(self, adapter: str, worker: str, hold: str, on: bool) -> bool:
+        """Add (``on``) or drop ``hold`` on ``worker`` of ``adapter`` in one transaction (the row
+        locked on PostgreSQL, so replicas do not lose each other's holds); returns whether anything
+        still holds it. Its recorded settings stay. Raises StoreError."""
+        key = (adapter, worker)
+        with self._transaction(exclusive=False):
+            self._run("INSERT INTO adapter_state (adapter, worker) VALUES (?, ?) ON CONFLICT (adapter, worker) DO NOTHING", key)
+            row = self._rows("SELECT holds FROM adapter_state WHERE adapter=? AND worker=?" + self._row_lock, key)
+            cur = set(json.loads(row[0][0]))
+            cur = cur | {hold} if on else cur - {hold}
+            self._run("UPDATE adapter_state SET holds=? WHERE adapter=? AND worker=?", (json.dumps(sorted(cur)), *key))
+        return bool(cur)
+
+    def adapter_record(self, adapter: str, worker: str, settings: dict) -> None:
+        """Record ``settings`` (JSON-able) of ``worker`` of ``adapter``, replacing earlier ones. Raises StoreError."""
+        with self._transaction(exclusive=False):
+            self._run("INSERT INTO adapter_state (adapter, worker, settings) VALUES (?, ?, ?) "
+                      "ON CONFLICT (adapter, worker) DO UPDATE SET settings = excluded.settings",
+                      (adapter, worker, json.dumps(settings, sort_keys=True)))
+
+    def adapter_state(self, adapter: str) -> dict[str, dict]:
+        """``{worker: {"holds": [...], "settings": {...}}}`` of ``adapter``."""
+        rows = self._read("SELECT worker, holds, settings FROM adapter_state WHERE adapter=? ORDER BY worker", (adapter,))
+        return {w: {"holds": json.loads(h), "settings": json.loads(st)} for w, h, st in rows}
+
     # ----------------------------------------------------------------- reads
     def _read(self, sql: str, args: Sequence = ()) -> list[tuple]:
         with self._lock:
@@ -482,6 +523,7 @@ class PgStore(Store):
     dialect = "postgresql"
     _migrations = _PG
     _claim_suffix = " FOR UPDATE SKIP LOCKED"
+    _row_lock = " FOR UPDATE"
 
     def __init__(self, url: str, connect_timeout_s: float = 3.0):
         self.path = self.url = url

@@ -244,7 +244,9 @@ FUSE_METRICS = {
 ADAPTER_LEVELS: dict[str, tuple[int, ...]] = {
     "sglang_gateway": (1, 3),
     "vllm_router": (1, 3),
-    "haproxy": (1, 3),  # the runtime API: a server set to drain (running requests finish) / ready
+    # the runtime API: a server set to drain (running requests finish) / ready; level 2: an entry in
+    # the map that the generated haproxy/fusebox.cfg reads (multimodal requests to a text-only backend)
+    "haproxy": (1, 2, 3),
     "http": (1, 2, 3),
 }
 

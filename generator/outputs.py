@@ -7,7 +7,7 @@ from pathlib import PurePath
 
 from fusebox import conventions as C
 
-from . import render_dashboards, render_grafana_provisioning, render_otelcol
+from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_otelcol
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import render_rules
@@ -83,6 +83,7 @@ def render_all(spec: Spec) -> dict[str, str]:
     out = _rule_files(spec, header)
     out.update(_dashboard_files(spec, header))
     out.update(workload_outputs(spec, header))
+    out.update(render_haproxy.outputs(spec, header))
     out.update(kustomization_output(spec, header, list(out)))  # last: it lists every k8s/ manifest
     return dict(sorted(out.items()))
 

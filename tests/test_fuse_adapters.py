@@ -1,7 +1,9 @@
 """The spec's fuse.adapters against the REAL gateways on loopback (SGLang Model Gateway, vLLM
-router), the generic HTTP action, the level check at start-up, and hostile label values.
+router, HAProxy with the generated haproxy/fusebox.cfg), the generic HTTP action, the level check
+at start-up, and hostile label values.
 
-Assertions read each gateway's OWN worker list (GET /workers, GET /list_workers), not fusebox's log.
+Assertions read each gateway's OWN state (GET /workers, GET /list_workers, HAProxy's `show servers
+state` and `show map`, which backend answered through HAProxy), not fusebox's log.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def write_spec(tmp_path: Path, adapters: dict) -> Path:
 
 def live(tmp_path: Path, adapters: dict) -> LiveService:
     spec = load_spec(write_spec(tmp_path, adapters))
-    return LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters, tmp_path), hold_s=0.3)
+    return LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters), hold_s=0.3)
 
 
 def failed_audit(svc: LiveService) -> list[dict]:
@@ -356,7 +358,7 @@ def test_haproxy_trip_drains_the_server_and_release_makes_it_ready(haproxy, tmp_
 def test_haproxy_hostile_label_values_add_no_command(haproxy, tmp_path, value):
     sock, show = haproxy
     spec = load_spec(write_spec(tmp_path, haproxy_spec(sock)))
-    (adapter,) = build_adapters(spec.adapters, tmp_path)
+    (adapter,) = build_adapters(spec.adapters)
     e = direct(adapter, value)
     assert e.permanent and value not in str(e)
     assert show() == {"engine0": 0, "engine1": 0}
@@ -368,3 +370,197 @@ def test_haproxy_a_server_name_that_could_add_a_command_does_not_load(tmp_path):
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert "needs a server <backend>/<server>" in str(e.value)
+
+
+# --- HAProxy text-only fallback (level 2): the generated haproxy/fusebox.cfg + a map entry --------
+
+class _Named(ThreadingHTTPServer):
+    """A stand-in backend on loopback that answers every GET with its own name."""
+
+    def __init__(self, name: str):
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                body = name.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        super().__init__(("127.0.0.1", 0), H)
+        self.daemon_threads = True
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def text_only_spec(sock, map_path) -> dict:
+    return {"lb": {"kind": "haproxy", "socket": str(sock),
+                   "actions": ["freeze_admissions", "text_only_fallback", "kv_cache_eviction"],
+                   "text_only": {"map": str(map_path), "backend": "be_llm_text"},
+                   "targets": [{"match": {"engine": "engine-0"}, "server": "be_llm/engine0"}]}}
+
+
+@pytest.fixture
+def haproxy_text_only(tmp_path):
+    """Real haproxy: a frontend holding the GENERATED snippet, backends be_llm (multimodal) and
+    be_llm_text, each a stand-in answering its name; yields (spec dict, front URL, show_map, show_servers)."""
+    import socket as so
+    import time
+
+    from _fuse_support import free_port
+    from _support import need
+
+    from fusebox.generator.outputs import render_all
+
+    exe = need("haproxy", "run `make tools` (tools/bootstrap.sh installs Debian's haproxy)")
+    sock, map_path = tmp_path / "admin.sock", tmp_path / "fusebox-text-only.map"
+    map_path.write_text("")  # HAProxy loads it at start: created empty, as the snippet says
+    spec_dict = text_only_spec(sock, map_path)
+    snippet = render_all(load_spec(write_spec(tmp_path, spec_dict)))["haproxy/fusebox.cfg"]
+    mm, text = _Named("multimodal"), _Named("text-only")
+    port = free_port()
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(f"global\n    stats socket {sock} level admin\ndefaults\n    mode http\n    timeout connect 1s\n"
+                   f"    timeout client 5s\n    timeout server 5s\nfrontend fe\n    bind 127.0.0.1:{port}\n{snippet}"
+                   f"    default_backend be_llm\nbackend be_llm\n    server engine0 127.0.0.1:{mm.server_address[1]}\n"
+                   f"backend be_llm_text\n    server t0 127.0.0.1:{text.server_address[1]}\n")
+    proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    end = time.monotonic() + 10
+    while not sock.exists() and time.monotonic() < end and proc.poll() is None:
+        time.sleep(0.05)
+    assert sock.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no stats socket"
+
+    def ask(cmd: str) -> list[list[str]]:
+        with so.socket(so.AF_UNIX) as s:
+            s.connect(str(sock))
+            s.sendall(cmd.encode() + b"\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        return [ln.split() for ln in out.decode().splitlines() if ln and not ln.startswith("#")]
+
+    def show_map() -> dict[str, str]:
+        """HAProxy's own `show map <file>`: key -> value (rows are `<ref> <key> <value>`)."""
+        return {r[1]: r[2] for r in ask(f"show map {map_path}")}
+
+    def show_servers() -> dict[str, int]:
+        return {r[3]: int(r[6]) for r in ask("show servers state be_llm")[1:]}
+
+    yield spec_dict, f"http://127.0.0.1:{port}", show_map, show_servers
+    proc.terminate()
+    proc.wait(10)
+    for s in (mm, text):
+        s.shutdown()
+        s.server_close()
+
+
+def _answered(front: str, multimodal: bool) -> str:
+    return httpx.get(front + "/v1/chat/completions", timeout=5,
+                     headers={"X-Fusebox-Multimodal": "1"} if multimodal else {}).text
+
+
+def test_haproxy_text_only_fallback_routes_multimodal_requests_through_the_map(haproxy_text_only, tmp_path):
+    spec_dict, front, show_map, show_servers = haproxy_text_only
+    assert show_map() == {}
+    assert (_answered(front, True), _answered(front, False)) == ("multimodal", "multimodal")
+    with live(tmp_path, spec_dict) as svc:
+        svc.post(payload(alert("AlignmentLatencyP95High", engine="engine-0")))
+        wait_for(lambda: show_map() == {"be_llm": "1"}, 10, what="the map entry be_llm 1")
+        assert (_answered(front, True), _answered(front, False)) == ("text-only", "multimodal")
+        assert show_servers() == {"engine0": 0}  # level 2 leaves the server in rotation
+        svc.post(payload(alert("AlignmentLatencyP95High", engine="engine-0")))  # again: idempotent
+        svc.post(payload(alert("AlignmentLatencyP95High", "resolved", engine="engine-0")))
+        wait_for(lambda: show_map() == {}, 15, what="the map entry deleted")
+        wait_for(lambda: svc.service.store.pending_count() == 0, 10, what="the outbox empty")
+        assert (_answered(front, True), _answered(front, False)) == ("multimodal", "multimodal")
+        assert failed_audit(svc) == []
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=["dotdot", "newline", "jinja", "1MB"])
+def test_haproxy_text_only_hostile_label_values_set_no_map_entry(haproxy_text_only, tmp_path, value):
+    spec_dict, front, show_map, show_servers = haproxy_text_only
+    (adapter,) = build_adapters(load_spec(write_spec(tmp_path, spec_dict)).adapters)
+    for state in ("trip", "release"):
+        with pytest.raises(ActionError) as e:
+            adapter.apply({"action": "text_only_fallback", "level": 2, "state": state, "reason": "r",
+                           "scope": {"engine": value}, "decision_id": "d" * 32})
+        assert e.value.permanent and value not in str(e.value)
+    assert show_map() == {} and show_servers() == {"engine0": 0}
+    assert _answered(front, True) == "multimodal"
+
+
+@pytest.mark.parametrize("text_only,fix", [
+    (None, "applies text_only_fallback (level 2) but has no text_only"),
+    ({"map": "/etc/haproxy/x.map\nshow map", "backend": "be_text"}, "map must be an absolute file path"),
+    ({"map": "/etc/haproxy/x.map", "backend": "be_text; shutdown sessions"}, "backend must be an HAProxy backend name"),
+    ({"map": "/etc/haproxy/x.map", "backend": "be_text", "header": "X-A\r\nX-B"}, "header must be an HTTP header name"),
+])
+def test_haproxy_text_only_spec_is_checked_with_a_line(tmp_path, text_only, fix):
+    a = {"kind": "haproxy", "socket": "/run/haproxy/admin.sock", "actions": ["text_only_fallback"],
+         "targets": [{"match": {"engine": "e0"}, "server": "be_llm/e0"}]}
+    if text_only:
+        a["text_only"] = text_only
+    with pytest.raises(SpecError) as e:
+        load_spec(write_spec(tmp_path, {"lb": a}))
+    assert any(fix in x.what and x.line > 1 for x in e.value.problems), str(e.value)
+
+
+def test_the_shipped_spec_generates_no_haproxy_snippet():
+    from fusebox.generator.outputs import render_all
+
+    assert not [p for p in render_all(load_spec(SPEC)) if p.startswith("haproxy/")]
+
+
+def test_fusebox_generate_writes_the_haproxy_snippet(tmp_path):
+    """`fusebox generate` writes haproxy/fusebox.cfg for a spec with a haproxy text_only; its lines
+    name the spec's map, backend and header (worked out from text_only_spec, not from the renderer)."""
+    import contextlib
+    import io
+
+    from fusebox.cli import main
+
+    spec = write_spec(tmp_path, text_only_spec("/run/haproxy/admin.sock", "/etc/haproxy/fusebox-text-only.map"))
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["generate", "--spec", str(spec), "--out", str(tmp_path / "out")]) == 0
+    lines = [ln.strip() for ln in (tmp_path / "out" / "haproxy" / "fusebox.cfg").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines == ["acl fusebox_lb_multimodal req.hdr(X-Fusebox-Multimodal) -m found",
+                     "acl fusebox_lb_text_only_be_llm str(be_llm),map(/etc/haproxy/fusebox-text-only.map,0) -m str 1",
+                     "use_backend be_llm_text if fusebox_lb_multimodal fusebox_lb_text_only_be_llm"]
+
+
+
+def test_haproxy_replicas_sharing_a_postgresql_store_share_their_holds(haproxy, tmp_path):
+    """Two fuse replicas (one adapter each) on one real PostgreSQL store, one real HAProxy: a release
+    by replica A leaves the server draining while replica B's level-3 hold is in the store."""
+    from _pg_support import PgServer
+
+    from fusebox.fuse.store import PgStore
+
+    sock, show = haproxy
+    spec = load_spec(write_spec(tmp_path, haproxy_spec(sock)))
+    server = PgServer()
+    server.start()
+    try:
+        url = server.create_db("replicas")
+        stores = [PgStore(url), PgStore(url)]
+        a, b = (build_adapters(spec.adapters)[0] for _ in stores)
+        a.attach(stores[0])
+        b.attach(stores[1])
+
+        def decide(adapter, action, level, state):
+            adapter.apply({"action": action, "level": level, "state": state, "reason": "r",
+                           "scope": {"engine": "engine-0"}, "decision_id": "d" * 32})
+
+        decide(a, "freeze_admissions", 1, "trip")
+        decide(b, "kv_cache_eviction", 3, "trip")
+        assert show() == {"engine0": 8, "engine1": 0}
+        decide(a, "freeze_admissions", 1, "release")
+        assert show() == {"engine0": 8, "engine1": 0}  # B's level 3 still holds it, seen through the store
+        decide(b, "kv_cache_eviction", 3, "release")
+        assert show() == {"engine0": 0, "engine1": 0}
+        for st in stores:
+            st.close()
+    finally:
+        server.close()

@@ -1,6 +1,7 @@
 """The store's two implementations: versioned migrations (an old SQLite file, replicas starting
 together on PostgreSQL), the append-only audit on PostgreSQL, outbox claims and leases, and a
-hold/override timer ended by a replica other than the one that set it."""
+hold/override timer ended by a replica other than the one that set it, and the adapters' holds
+(adapter_state) kept across a restart and shared by replicas."""
 
 from __future__ import annotations
 
@@ -51,12 +52,13 @@ def test_an_old_sqlite_file_is_migrated_keeping_its_pending_row(tmp_path):
     db.executescript(V1)
     db.close()
     s = Store(path)
-    assert s.schema_version() == SCHEMA_VERSION == 3
+    assert s.schema_version() == SCHEMA_VERSION == 4
+    assert s.adapter_state("haproxy:lb") == {}  # migration 4's table, empty
     assert [(r["decision_id"], r["status"], r["idem_key"], r["claimed_by"]) for r in s.outbox()] == [
         ("d1", "pending", "d1", None)]
     s.close()
     s = Store(path)  # opening again changes nothing
-    assert s.schema_version() == 3 and len(s.outbox()) == 1
+    assert s.schema_version() == 4 and len(s.outbox()) == 1
 
 
 def test_store_urls():
@@ -83,7 +85,7 @@ def test_replicas_starting_together_migrate_once(pg):
     for t in threads:
         t.join()
     assert errors == [] and len(stores) == 4
-    assert [r[0] for r in stores[0]._rows("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
+    assert [r[0] for r in stores[0]._rows("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3, 4]
     for s in stores:
         s.close()
 
@@ -178,3 +180,45 @@ def test_serve_takes_a_sqlite_url_and_refuses_a_lease_not_above_the_timeout(tmp_
     args = build_parser().parse_args([*base, "--state", str(tmp_path / "g.sqlite"), "--lease", "5", "--timeout", "5"])
     with pytest.raises(ValueError, match="--lease 5 must exceed --timeout 5"):
         build_service(args)
+
+
+# ------------------------------------------------------------------ the adapters' holds (adapter_state)
+def test_adapter_holds_and_settings_survive_a_restart_on_sqlite(tmp_path):
+    s = Store(tmp_path / "fuse.sqlite")
+    assert s.adapter_hold("sglang_gateway:g", "http://10.0.0.5:30001", "freeze_admissions engine=e0", True) is True
+    s.adapter_record("sglang_gateway:g", "http://10.0.0.5:30001", {"priority": 7, "cost": 2})
+    s.close()
+    s = Store(tmp_path / "fuse.sqlite")
+    assert s.adapter_state("sglang_gateway:g") == {
+        "http://10.0.0.5:30001": {"holds": ["freeze_admissions engine=e0"], "settings": {"priority": 7, "cost": 2}}}
+    assert s.adapter_hold("sglang_gateway:g", "http://10.0.0.5:30001", "freeze_admissions engine=e0", False) is False
+    assert s.adapter_state("sglang_gateway:g")["http://10.0.0.5:30001"] == {"holds": [], "settings": {"priority": 7, "cost": 2}}
+    s.close()
+
+
+@tools
+def test_adapter_holds_are_shared_by_replicas_on_postgresql(pg):
+    """Two replicas' stores on one database: each sees the other's holds, and 2 x 25 holds taken
+    at once from two threads are all kept (the row lock: no lost update)."""
+    url = pg.create_db("adapterholds")
+    a, b = PgStore(url), PgStore(url)
+    assert a.schema_version() == 4
+    assert a.adapter_hold("haproxy:lb", "be_llm/engine0", "freeze_admissions engine=e0", True) is True
+    assert b.adapter_hold("haproxy:lb", "be_llm/engine0", "kv_cache_eviction engine=e0", True) is True
+    assert a.adapter_hold("haproxy:lb", "be_llm/engine0", "freeze_admissions engine=e0", False) is True  # b's holds it
+    assert b.adapter_hold("haproxy:lb", "be_llm/engine0", "kv_cache_eviction engine=e0", False) is False
+    a.adapter_record("sglang_gateway:g", "http://w:1", {"priority": 3})
+    assert b.adapter_state("sglang_gateway:g") == {"http://w:1": {"holds": [], "settings": {"priority": 3}}}
+
+    def take(store, who):
+        for i in range(25):
+            store.adapter_hold("haproxy:lb", "be_llm/engine1", f"{who} {i}", True)
+
+    ts = [threading.Thread(target=take, args=(s, w)) for s, w in ((a, "a"), (b, "b"))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert len(a.adapter_state("haproxy:lb")["be_llm/engine1"]["holds"]) == 50
+    a.close()
+    b.close()

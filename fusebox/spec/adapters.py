@@ -5,7 +5,7 @@ Shape (``docs/fuse.md`` has an example per kind)::
     fuse:
       adapters:
         <name>:                       # the adapter's label in metrics, the audit and the status page
-          kind: sglang_gateway        # sglang_gateway | vllm_router | http (conventions.ADAPTER_LEVELS)
+          kind: sglang_gateway        # sglang_gateway | vllm_router | haproxy | http (conventions.ADAPTER_LEVELS)
           url: http://127.0.0.1:30000 # the gateway (sglang_gateway, vllm_router)
           actions: [freeze_admissions, kv_cache_eviction]   # fuse.actions it applies
           timeout: 5s                 # per call
@@ -17,6 +17,10 @@ Shape (``docs/fuse.md`` has an example per kind)::
           hosts: [dynamo:8000]        # http: the only host:port its URLs may reach
           socket: /run/haproxy/admin.sock   # haproxy: its runtime API (stats socket, level admin)
           # haproxy targets name a server: - match: {engine: engine-0}; server: be_llm/engine0
+          text_only:                  # haproxy, level 2: a map entry per backend (haproxy/fusebox.cfg reads it)
+            map: /etc/haproxy/fusebox-text-only.map     # the map file HAProxy loads (created empty)
+            backend: be_llm_text                        # where multimodal requests go while tripped
+            header: X-Fusebox-Multimodal                # what marks a request multimodal (default)
           headers_files: {Authorization: /etc/fusebox/dynamo.auth}   # http: header -> file with its value
           trip: {method: POST, url: "...", body: {...}}  # http: Jinja2 templates (sandboxed)
           release: {method: POST, url: "...", body: {...}}
@@ -38,9 +42,10 @@ from pydantic import BaseModel, ConfigDict
 
 from fusebox import conventions as C
 
-__all__ = ["RawAdapter", "Adapter", "Target", "Request", "normalise_adapters", "KINDS"]
+__all__ = ["RawAdapter", "Adapter", "Target", "Request", "TextOnly", "normalise_adapters", "KINDS", "TEXT_ONLY_LEVEL"]
 
 KINDS = tuple(C.ADAPTER_LEVELS)
+TEXT_ONLY_LEVEL = 2  # the fuse level the haproxy adapter applies through its map (text-only fallback)
 
 
 class _Strict(BaseModel):
@@ -60,6 +65,12 @@ class RawRequest(_Strict):
     body: Any = None
 
 
+class RawTextOnly(_Strict):
+    map: str
+    backend: str
+    header: str = "X-Fusebox-Multimodal"
+
+
 class RawAdapter(_Strict):
     kind: Literal[KINDS]  # type: ignore[valid-type]
     url: Optional[str] = None
@@ -72,6 +83,17 @@ class RawAdapter(_Strict):
     headers_files: dict[str, str] = {}
     trip: Optional[RawRequest] = None
     release: Optional[RawRequest] = None
+    text_only: Optional[RawTextOnly] = None
+
+
+@dataclass(frozen=True)
+class TextOnly:
+    """haproxy's text-only fallback: the runtime-API ``map`` file, the text-only ``backend``, the
+    request ``header`` whose presence marks a request multimodal."""
+
+    map: str
+    backend: str
+    header: str
 
 
 @dataclass(frozen=True)
@@ -109,11 +131,17 @@ class Adapter:
     trip: Optional[Request] = None
     release: Optional[Request] = None
     socket: Optional[str] = None  # haproxy: the runtime API's UNIX socket
+    text_only: Optional[TextOnly] = None  # haproxy: level 2 through a map
 
 
 # HAProxy proxy and server names: letters, digits, '-', '_', '.' and ':' (its cfgparse rule);
 # nothing that could end a runtime-API command or start another (no space, ';' or newline).
-_HAPROXY_SERVER = re.compile(r"^[A-Za-z0-9_.:-]+/[A-Za-z0-9_.:-]+$")
+_HAPROXY_NAME = r"[A-Za-z0-9_.:-]+"
+_HAPROXY_SERVER = re.compile(rf"^{_HAPROXY_NAME}/{_HAPROXY_NAME}$")
+_HAPROXY_BACKEND = re.compile(rf"^{_HAPROXY_NAME}$")
+# A map file as HAProxy names it on the runtime API: an absolute path, no space, ';' or newline.
+_HAPROXY_MAP = re.compile(r"^/[A-Za-z0-9_.@+/-]+$")
+_HEADER = re.compile(r"^[A-Za-z0-9-]+$")
 
 
 def _http_url(value: str) -> bool:
@@ -179,6 +207,7 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
             err(path + ("socket",), "socket is for kind haproxy only", f"remove it from this {a.kind} adapter", key=True)
         if a.kind == "haproxy" and not a.socket:
             err(path, f"haproxy adapter {name!r} needs its runtime API socket", "socket: /run/haproxy/admin.sock")
+        _check_text_only(a, name, path, levels, err)
         if a.kind == "http":
             if not a.hosts:
                 err(path, f"http adapter {name!r} lists no hosts", "hosts: [host:port] -- the only ones its URLs may reach")
@@ -204,5 +233,33 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
                           for t in a.targets), socket=a.socket,
             hosts=tuple(h.lower() for h in a.hosts), headers_files=dict(a.headers_files),
             trip=Request(a.trip.method, a.trip.url, a.trip.body) if a.trip else None,
-            release=Request(a.release.method, a.release.url, a.release.body) if a.release else None))
+            release=Request(a.release.method, a.release.url, a.release.body) if a.release else None,
+            text_only=TextOnly(a.text_only.map, a.text_only.backend, a.text_only.header) if a.text_only else None))
     return tuple(out)
+
+
+def _check_text_only(a: RawAdapter, name: str, path: tuple, levels: dict[str, int], err: Callable[..., None]) -> None:
+    """haproxy's ``text_only``: needed when the adapter applies a level-2 action, names that HAProxy takes."""
+    t = a.text_only
+    if t is None:
+        if a.kind == "haproxy":
+            for i, act in enumerate(a.actions):
+                if levels.get(act) == TEXT_ONLY_LEVEL:
+                    err(path + ("actions", i), f"haproxy adapter {name!r} applies {act} (level 2) but has no text_only",
+                        "add text_only: {map: /etc/haproxy/fusebox-text-only.map, backend: be_llm_text}")
+        return
+    tp = path + ("text_only",)
+    if a.kind != "haproxy":
+        err(tp, "text_only is for kind haproxy only", f"remove it from this {a.kind} adapter", key=True)
+        return
+    if not _HAPROXY_BACKEND.match(name):
+        err(path, f"adapter name {name[:100]!r} names the generated HAProxy ACLs: it must be an HAProxy name",
+            "rename it with letters, digits, '-', '_', '.', ':' only", key=True)
+    if not _HAPROXY_MAP.match(t.map):
+        err(tp + ("map",), f"map must be an absolute file path, got {t.map[:100]!r}",
+            "e.g. map: /etc/haproxy/fusebox-text-only.map (letters, digits, '_.@+/-')")
+    if not _HAPROXY_BACKEND.match(t.backend):
+        err(tp + ("backend",), f"backend must be an HAProxy backend name, got {t.backend[:100]!r}",
+            "e.g. backend: be_llm_text (letters, digits, '-', '_', '.', ':')")
+    if not _HEADER.match(t.header):
+        err(tp + ("header",), f"header must be an HTTP header name, got {t.header[:100]!r}", "e.g. header: X-Fusebox-Multimodal")
