@@ -126,3 +126,16 @@ class LiveService:
 
     def state(self) -> dict:
         return httpx.get(self.url + "/state", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+
+
+def dry_run_service(tmp_path: Path):
+    """A FuseService on the shipped spec, a fresh SQLite store under ``tmp_path``, dry-run, 60 s hold:
+    what the HTTP-level tests drive through FastAPI's TestClient. Close ``.store`` after."""
+    from fusebox.fuse.actions import DryRun
+    from fusebox.fuse.rules import FuseRules
+    from fusebox.fuse.service import FuseService
+    from fusebox.fuse.store import Store
+    from fusebox.spec import load_spec
+
+    return FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"), [DryRun()],
+                       hold_s=60, dry_run=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from _fuse_support import PEOPLE, SPEC, TOKEN, alert, payload
+from _fuse_support import PEOPLE, SPEC, TOKEN, alert, dry_run_service, payload
 from fastapi.testclient import TestClient
 
 from fusebox.fuse.actions import DryRun
@@ -29,8 +29,7 @@ LONE = "\udfff"  # a lone low surrogate: valid in a JSON string (\udfff), not en
 
 @pytest.fixture
 def svc(tmp_path):
-    s = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"), [DryRun()],
-                    hold_s=60, dry_run=True)
+    s = dry_run_service(tmp_path)
     yield s
     s.store.close()
 

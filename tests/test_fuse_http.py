@@ -6,17 +6,12 @@ import json
 import sqlite3
 
 import pytest
-from _fuse_support import FIXTURES, PEOPLE, SPEC, TOKEN, alert, payload
+from _fuse_support import FIXTURES, PEOPLE, TOKEN, alert, dry_run_service, payload
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
-from fusebox.fuse.actions import DryRun
 from fusebox.fuse.app import create_app
-from fusebox.fuse.rules import FuseRules
-from fusebox.fuse.service import FuseService
-from fusebox.fuse.store import Store
 from fusebox.fuse.tokens import Tokens
-from fusebox.spec import load_spec
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the webhook token (Alertmanager)
 PERSON = {"Authorization": f"Bearer {PEOPLE['alice']}"}  # an override token
@@ -26,8 +21,7 @@ GPU = {"cluster": "a", "hw_id": "GPU-1"}
 
 @pytest.fixture
 def svc(tmp_path):
-    s = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"), [DryRun()],
-                    hold_s=60, dry_run=True)
+    s = dry_run_service(tmp_path)
     yield s
     s.store.close()
 

@@ -11,18 +11,13 @@ from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
-from _fuse_support import PEOPLE, SPEC, TOKEN, LiveService, alert, free_port, need_tool, payload, wait_for
+from _fuse_support import LiveService, PEOPLE, TOKEN, alert, dry_run_service, free_port, need_tool, payload, wait_for
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
-from fusebox.fuse.actions import DryRun
 from fusebox.fuse.app import create_app
 from fusebox.fuse.gateway import ReferenceGateway, read_log
-from fusebox.fuse.rules import FuseRules
-from fusebox.fuse.service import FuseService
-from fusebox.fuse.store import Store
 from fusebox.fuse.tokens import Tokens
-from fusebox.spec import load_spec
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GPU = {"cluster": "a", "hw_id": "GPU-1"}
@@ -32,8 +27,7 @@ COUNTER = C.FUSE_METRICS["truncated_alerts"]
 
 @pytest.fixture
 def svc(tmp_path):
-    s = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"), [DryRun()],
-                    hold_s=60, dry_run=True)
+    s = dry_run_service(tmp_path)
     yield s
     s.store.close()
 
