@@ -12,7 +12,10 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["TOOLS_ENV", "ToolMissing", "free_port", "tools_dir"]
+__all__ = ["TOOLS_ENV", "VICTORIAMETRICS_VERSION", "ToolMissing", "free_port", "tools_dir", "victoriametrics_tool"]
+
+# The VictoriaMetrics release tools/build-victoriametrics.sh builds (single node, vmalert, vmalert-tool).
+VICTORIAMETRICS_VERSION = "v1.151.0"
 
 # Where tools/bootstrap.sh builds the pinned Go tools (the Makefile exports the same default).
 TOOLS_ENV = "FUSEBOX_TOOLS"
@@ -33,3 +36,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def victoriametrics_tool(name: str) -> Path:
+    """The pinned VictoriaMetrics binary ``name`` (``victoria-metrics``, ``vmalert`` or
+    ``vmalert-tool``) that tools/build-victoriametrics.sh builds into
+    ``tools_dir()/victoriametrics-<VICTORIAMETRICS_VERSION>/``.
+
+    Raises:
+        ToolMissing: the binary is not there; the message says to run ``make tools``.
+    """
+    path = tools_dir() / f"victoriametrics-{VICTORIAMETRICS_VERSION}" / name
+    if not os.access(path, os.X_OK):
+        raise ToolMissing(f"missing {name} {VICTORIAMETRICS_VERSION} ({path}): run `make tools` "
+                          "(tools/build-victoriametrics.sh builds it with Go)")
+    return path

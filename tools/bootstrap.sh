@@ -2,7 +2,8 @@
 # Installs what the tests need and the project does not vendor:
 #  - promtool, amtool, prometheus, alertmanager, the PostgreSQL server from the system package
 #    manager when missing;
-#  - pinned Go tools (Prometheus 3 promtool, the OpenTelemetry Collector) built once into
+#  - pinned Go tools (Prometheus 3 promtool, the OpenTelemetry Collector, VictoriaMetrics with
+#    vmalert and vmalert-tool) built once into
 #    $FUSEBOX_TOOLS and reused.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
