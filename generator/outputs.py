@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import PurePath
+from pathlib import Path, PurePath
+from typing import Any
 
 from fusebox import conventions as C
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_otelcol
+from .engines import MAX_GROUPS_PER_TENANT
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
+from .render_vmalert_tests import lag_note, vmalert_tests
 from fusebox.spec import Spec
 from fusebox.spec.units import format_duration
 
@@ -20,6 +23,7 @@ from .yamlout import dump_yaml
 
 RULE_FILE = "rules/fusebox.rules.yml"
 RULE_TEST_FILE = "rules/fusebox.rules.test.yml"
+VMALERT_RULE_TEST_FILE = "rules/fusebox.rules.vmalert.test.yml"  # the same cases for vmalert-tool unittest
 ALERTMANAGER_FILE = "alertmanager/alertmanager.yml"
 ROUTE_TEST_FILE = "alertmanager/route-tests.yml"
 FRAGMENT_FILE = "alertmanager/fragment.yml"
@@ -46,6 +50,21 @@ def _dashboard_files(spec: Spec, header: str) -> dict[str, str]:
     return out
 
 
+def _test_text(head: str, spec: Spec, tests: list[tuple[str, dict[str, Any]]]) -> str:
+    """A rule-test file (promtool's format, or vmalert-tool's): ``head``, then each group under a
+    comment with its title and the reason of each check (the ``_why`` keys, left out of the YAML)."""
+    text = [head, dump_yaml({"rule_files": [Path(RULE_FILE).name],
+                             "evaluation_interval": format_duration(spec.evaluation_interval_s)}), "tests:\n"]
+    for title, group in tests:
+        cases = group.get("alert_rule_test", [])
+        whys = [c["_why"] for c in cases if "_why" in c]
+        if cases:
+            group = {**group, "alert_rule_test": [{k: v for k, v in c.items() if k != "_why"} for c in cases]}
+        text.append(f"# {title}\n" + "".join(f"#  - {w}\n" for w in whys))
+        text.append(dump_yaml([group]))
+    return "".join(text)
+
+
 def _rule_files(spec: Spec, header: str) -> dict[str, str]:
     """Rules, their promtool tests, the PrometheusRule, Alertmanager config and tests, runbooks."""
     h = f"# {header}\n"
@@ -53,14 +72,11 @@ def _rule_files(spec: Spec, header: str) -> dict[str, str]:
     rules_text = dump_yaml({"groups": rules.groups})
     out: dict[str, str] = {RULE_FILE: h + rules_text}
 
-    test_text = [h, dump_yaml({"rule_files": ["fusebox.rules.yml"],
-                               "evaluation_interval": format_duration(spec.evaluation_interval_s)}),
-                 "tests:\n"]
-    for title, group in render_rule_tests(spec, rules, "fusebox.rules.yml"):
-        whys = [c.pop("_why") for c in group.get("alert_rule_test", []) if "_why" in c]
-        test_text.append(f"# {title}\n" + "".join(f"#  - {w}\n" for w in whys))
-        test_text.append(dump_yaml([group]))
-    out[RULE_TEST_FILE] = "".join(test_text)
+    # Rendered once; the vmalert-tool file is the same cases, transformed (render_vmalert_tests).
+    tests = render_rule_tests(spec, rules, Path(RULE_FILE).name)
+    vm_tests = vmalert_tests(tests, rules.groups, spec.evaluation_interval_s)
+    out[RULE_TEST_FILE] = _test_text(h, spec, tests)
+    out[VMALERT_RULE_TEST_FILE] = _test_text(h + lag_note(rules.groups, spec.evaluation_interval_s), spec, vm_tests)
 
     out[ALERTMANAGER_FILE] = h + dump_yaml(render_alertmanager(spec))
     out[ROUTE_TEST_FILE] = h + dump_yaml({"tests": route_tests(spec)})
@@ -96,6 +112,9 @@ def spec_warnings(spec: Spec) -> list[str]:
       signal cannot fire and its ``FuseboxSignalAbsent`` fires for good.
     * ``global.runbook_base_url`` still holds the starter spec's ``your-org`` placeholder: every
       alert's runbook link leads nowhere.
+    * ``global.rule_engine: mimir`` with more rule groups than Mimir's default
+      ``-ruler.max-rule-groups-per-tenant`` (:data:`.engines.MAX_GROUPS_PER_TENANT`): the ruler
+      refuses the rest until the tenant's limit is raised.
     """
     from fusebox.spec.kinds.base import FUSEBOX
 
@@ -107,6 +126,12 @@ def spec_warnings(spec: Spec) -> list[str]:
                        "but kubernetes.collectors.enabled is false: it cannot fire and its "
                        f"{C.ABSENT_ALERT} will fire for good -- give it another source (global.source / its "
                        f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
+    if spec.rule_engine == "mimir":
+        n = len(render_rules(spec).groups)
+        if n > MAX_GROUPS_PER_TENANT:
+            out.append(f"global.rule_engine is mimir and the rules make {n} groups, over Mimir's default "
+                       f"-ruler.max-rule-groups-per-tenant {MAX_GROUPS_PER_TENANT} (ruler_max_rule_groups_per_tenant): "
+                       "the ruler refuses the upload -- raise the tenant's limit, or split the spec into tenants")
     if "your-org" in spec.runbook_base_url:
         out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
                    "runbook link leads nowhere -- set it to where your runbooks/ are served")
