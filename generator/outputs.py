@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path, PurePath
 from typing import Any
@@ -50,18 +51,60 @@ def _dashboard_files(spec: Spec, header: str) -> dict[str, str]:
     return out
 
 
-def _test_text(head: str, spec: Spec, tests: list[tuple[str, dict[str, Any]]]) -> str:
+_LINE = re.compile(r"^(?!$)", re.M)
+
+
+def _indent(text: str, pad: str) -> str:
+    """``text`` with ``pad`` before each non-empty line (textwrap.indent's result, in one regex
+    pass: the test files are the generator's largest output)."""
+    return _LINE.sub(pad, text)
+
+
+def _cached(cache: dict[tuple[int, ...], str], value: list[dict[str, Any]], pad: str) -> str:
+    """``dump_yaml(value)`` indented by ``pad``, written once per list of the same objects (the
+    two test files share them). The objects outlive the cache (one render)."""
+    key = (len(pad), *map(id, value))
+    if key not in cache:
+        cache[key] = _indent(dump_yaml(value), pad)
+    return cache[key]
+
+
+def _alert_tests_text(cases: list[dict[str, Any]], cache: dict[tuple[int, ...], str]) -> str:
+    """``  alert_rule_test:`` and its cases, indented as a key of a test group. Each case's
+    expected alerts (most of the text) come from ``cache``; the cases' other keys are one-line
+    scalars, written in one call and cut at each item's ``- ``. Indenting YAML keeps its meaning
+    (block structure is relative)."""
+    heads = re.split(r"(?m)^(?=- )", dump_yaml([{k: v for k, v in c.items() if k not in ("exp_alerts", "_why")}
+                                                 for c in cases]))[1:]
+    assert len(heads) == len(cases)
+    out = ["  alert_rule_test:\n"]
+    for head, c in zip(heads, cases):
+        exp = c.get("exp_alerts", [])
+        out.append(_indent(head, "  ") + ("    exp_alerts: []\n" if not exp else
+                                          "    exp_alerts:\n" + _cached(cache, exp, "    ")))
+    return "".join(out)
+
+
+def _test_text(head: str, spec: Spec, tests: list[tuple[str, dict[str, Any]]], cache: dict[tuple[int, ...], str]) -> str:
     """A rule-test file (promtool's format, or vmalert-tool's): ``head``, then each group under a
-    comment with its title and the reason of each check (the ``_why`` keys, left out of the YAML)."""
+    comment with its title and the reason of each check (the ``_why`` keys, left out of the YAML).
+
+    The promtool and vmalert-tool files hold the same input series and expected alerts (the same
+    objects): ``cache`` keeps their text, written once for both."""
     text = [head, dump_yaml({"rule_files": [Path(RULE_FILE).name],
                              "evaluation_interval": format_duration(spec.evaluation_interval_s)}), "tests:\n"]
     for title, group in tests:
-        cases = group.get("alert_rule_test", [])
-        whys = [c["_why"] for c in cases if "_why" in c]
-        if cases:
-            group = {**group, "alert_rule_test": [{k: v for k, v in c.items() if k != "_why"} for c in cases]}
+        whys = [c["_why"] for c in group.get("alert_rule_test", []) if "_why" in c]
         text.append(f"# {title}\n" + "".join(f"#  - {w}\n" for w in whys))
-        text.append(dump_yaml([group]))
+        parts = []
+        for k, v in group.items():
+            if k == "input_series" and v:
+                parts.append("  input_series:\n" + _cached(cache, v, "  "))
+            elif k == "alert_rule_test" and v:
+                parts.append(_alert_tests_text(v, cache))
+            else:
+                parts.append(_indent(dump_yaml({k: v}), "  "))
+        text.append("- " + "".join(parts)[2:])
     return "".join(text)
 
 
@@ -75,8 +118,9 @@ def _rule_files(spec: Spec, header: str) -> dict[str, str]:
     # Rendered once; the vmalert-tool file is the same cases, transformed (render_vmalert_tests).
     tests = render_rule_tests(spec, rules, Path(RULE_FILE).name)
     vm_tests = vmalert_tests(tests, rules.groups, spec.evaluation_interval_s)
-    out[RULE_TEST_FILE] = _test_text(h, spec, tests)
-    out[VMALERT_RULE_TEST_FILE] = _test_text(h + lag_note(rules.groups, spec.evaluation_interval_s), spec, vm_tests)
+    cache: dict[tuple[int, ...], str] = {}  # input series and expected alerts, written once for both files
+    out[RULE_TEST_FILE] = _test_text(h, spec, tests, cache)
+    out[VMALERT_RULE_TEST_FILE] = _test_text(h + lag_note(rules.groups, spec.evaluation_interval_s), spec, vm_tests, cache)
 
     out[ALERTMANAGER_FILE] = h + dump_yaml(render_alertmanager(spec))
     out[ROUTE_TEST_FILE] = h + dump_yaml({"tests": route_tests(spec)})

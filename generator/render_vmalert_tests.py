@@ -18,7 +18,6 @@ and source (app/vmalert-tool/unittest):
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from fusebox.spec.units import format_duration, parse_duration
@@ -28,26 +27,37 @@ from .engines import chain_depths, records_read
 __all__ = ["alert_lags", "record_lags", "vmalert_tests", "lag_note"]
 
 
-def alert_lags(groups: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """``{alert name: {group name: lag in evaluation intervals}}`` for every alerting rule (the
-    deepest of its rules where one group holds several of the same name)."""
-    out: dict[str, dict[str, int]] = {}
+def _depths(groups: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], int]]:
+    """(group name, rule, chain depth) for every rule; a group without records has none to parse."""
+    out = []
     for g in groups:
-        for rule, depth in zip(g["rules"], chain_depths(g["rules"])):
-            if "alert" in rule:
-                per = out.setdefault(rule["alert"], {})
-                per[g["name"]] = max(per.get(g["name"], 0), depth)
+        rules = g["rules"]
+        depths = chain_depths(rules) if any("record" in r for r in rules) else [0] * len(rules)
+        out += [(g["name"], r, d) for r, d in zip(rules, depths)]
     return out
 
 
-def record_lags(groups: list[dict[str, Any]]) -> dict[str, int]:
+def alert_lags(groups: list[dict[str, Any]], depths: list[tuple[str, dict[str, Any], int]] | None = None
+               ) -> dict[str, dict[str, int]]:
+    """``{alert name: {group name: lag in evaluation intervals}}`` for every alerting rule (the
+    deepest of its rules where one group holds several of the same name); ``depths``: the
+    groups' :func:`_depths`, when already computed."""
+    out: dict[str, dict[str, int]] = {}
+    for name, rule, depth in depths if depths is not None else _depths(groups):
+        if "alert" in rule:
+            per = out.setdefault(rule["alert"], {})
+            per[name] = max(per.get(name, 0), depth)
+    return out
+
+
+def record_lags(groups: list[dict[str, Any]], depths: list[tuple[str, dict[str, Any], int]] | None = None
+                ) -> dict[str, int]:
     """``{record name: lag in evaluation intervals}``: how many evaluations late vmalert stores a
     record's value compared with Prometheus (its chain depth in its group)."""
     out: dict[str, int] = {}
-    for g in groups:
-        for rule, depth in zip(g["rules"], chain_depths(g["rules"])):
-            if "record" in rule:
-                out[rule["record"]] = max(out.get(rule["record"], 0), depth)
+    for _name, rule, depth in depths if depths is not None else _depths(groups):
+        if "record" in rule:
+            out[rule["record"]] = max(out.get(rule["record"], 0), depth)
     return out
 
 
@@ -65,11 +75,20 @@ def _owner(exp: dict[str, Any], rules_by_group: dict[str, list[dict[str, Any]]])
     return next(iter(rules_by_group))
 
 
-def _alert_cases(case: dict[str, Any], groups: list[dict[str, Any]], lags: dict[str, dict[str, int]],
-                 interval_s: float) -> list[dict[str, Any]]:
+def _alert_rules(groups: list[dict[str, Any]]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """``{alert name: {group name: its alerting rules of that name}}``."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for g in groups:
+        for r in g["rules"]:
+            if "alert" in r:
+                out.setdefault(r["alert"], {}).setdefault(g["name"], []).append(r)
+    return out
+
+
+def _alert_cases(case: dict[str, Any], alert_rules: dict[str, dict[str, list[dict[str, Any]]]],
+                 lags: dict[str, dict[str, int]], interval_s: float) -> list[dict[str, Any]]:
     alert = case["alertname"]
-    rules_by_group = {g["name"]: [r for r in g["rules"] if r.get("alert") == alert] for g in groups}
-    rules_by_group = {n: rs for n, rs in rules_by_group.items() if rs}
+    rules_by_group = alert_rules.get(alert)
     if not rules_by_group:
         return []  # no rule of that name (a signal without tiers): nothing to check on any engine
     exps: dict[str, list[dict[str, Any]]] = {n: [] for n in rules_by_group}
@@ -93,14 +112,15 @@ def vmalert_tests(tests: list[tuple[str, dict[str, Any]]], groups: list[dict[str
     """The promtool test groups ``tests`` (as :func:`.render_tests.render_rule_tests` returns them;
     not modified) for vmalert-tool, against the rule ``groups`` evaluated every ``interval_s``
     seconds. Same order, same titles."""
-    lags = alert_lags(groups)
-    rec_lags = record_lags(groups)
+    depths = _depths(groups)
+    lags, rec_lags = alert_lags(groups, depths), record_lags(groups, depths)
+    rules = _alert_rules(groups)
     out = []
     for title, group in tests:
-        g = copy.deepcopy(group)
+        g = dict(group)  # new lists where they change; the input series are shared, not copied
         if "alert_rule_test" in g:
             g["alert_rule_test"] = [c for case in g["alert_rule_test"]
-                                    for c in _alert_cases(case, groups, lags, interval_s)]
+                                    for c in _alert_cases(case, rules, lags, interval_s)]
         if "promql_expr_test" in g:
             cases = []
             for case in g.pop("promql_expr_test"):
