@@ -10,6 +10,10 @@ and source (app/vmalert-tool/unittest):
   label to each alert); a case whose alert lives in several groups (a split group, e.g.
   ``fusebox-absent-1`` and ``-2``) becomes one case per group, each expecting the alerts of that
   group's rules;
+* series of Unix timestamps (names ending ``_timestamp_seconds``, Prometheus' convention) move by
+  the tools' different epochs: promtool's tests start at Unix time 0, vmalert-tool's at
+  2000-01-01T00:00:00Z (``testStartTime`` in app/vmalert-tool/unittest/unittest.go), and a rule
+  comparing such a series with ``time()`` must see the same age on both;
 * times move later by the alert's lag: vmalert stores a recording rule's result after the group's
   evaluation, so a rule reading a record of its own group sees the previous evaluation's value,
   one interval per level of same-group chain (:func:`.engines.chain_depths`). The lags are
@@ -18,13 +22,41 @@ and source (app/vmalert-tool/unittest):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from fusebox.spec.units import format_duration, parse_duration
+from fusebox.spec.units import format_duration, format_number, parse_duration
 
 from .engines import chain_depths, records_read
 
-__all__ = ["alert_lags", "record_lags", "vmalert_tests", "lag_note"]
+__all__ = ["alert_lags", "record_lags", "vmalert_tests", "lag_note", "VMALERT_TOOL_EPOCH_S"]
+
+# vmalert-tool's tests start at 2000-01-01T00:00:00Z (promtool's at Unix time 0).
+VMALERT_TOOL_EPOCH_S = 946_684_800
+TIMESTAMP_SUFFIX = "_timestamp_seconds"
+_TOKEN = re.compile(r"^(?P<start>[^x]+?)(?P<step>[+-][0-9.]+(?:e[+-]?\d+)?)?(?P<times>x\d+)?$")
+
+
+def _epoch_shifted(values: str) -> str:
+    """promtool series notation (``0+5x4 20x127 stale``) with every segment's start value moved
+    by :data:`VMALERT_TOOL_EPOCH_S`; ``stale`` and ``_`` (no sample) kept."""
+    out = []
+    for token in values.split():
+        m = _TOKEN.match(token)
+        if token in ("stale", "_") or not m:
+            out.append(token)
+            continue
+        start = format_number(float(m["start"]) + VMALERT_TOOL_EPOCH_S)
+        out.append(start + (m["step"] or "") + (m["times"] or ""))
+    return " ".join(out)
+
+
+def _series(series: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The input series, timestamp-valued ones on vmalert-tool's epoch (the others as they are)."""
+    if not any(s["series"].split("{")[0].endswith(TIMESTAMP_SUFFIX) for s in series):
+        return series  # the same list: the test files share its text
+    return [{**s, "values": _epoch_shifted(s["values"])} if s["series"].split("{")[0].endswith(TIMESTAMP_SUFFIX) else s
+            for s in series]
 
 
 def _depths(groups: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], int]]:
@@ -118,6 +150,8 @@ def vmalert_tests(tests: list[tuple[str, dict[str, Any]]], groups: list[dict[str
     out = []
     for title, group in tests:
         g = dict(group)  # new lists where they change; the input series are shared, not copied
+        if g.get("input_series"):
+            g["input_series"] = _series(g["input_series"])
         if "alert_rule_test" in g:
             g["alert_rule_test"] = [c for case in g["alert_rule_test"]
                                     for c in _alert_cases(case, rules, lags, interval_s)]
@@ -137,7 +171,9 @@ def lag_note(groups: list[dict[str, Any]], interval_s: float) -> str:
     seconds, with its group."""
     lines = ["vmalert stores a recording rule's result after its group's evaluation: an alert reading a record",
              "of its own group sees it one evaluation later per level of that chain. This file's times are the",
-             "promtool file's plus that lag, per alert (computed from the rules):"]
+             "promtool file's plus that lag, per alert (computed from the rules); series of Unix timestamps",
+             f"(*{TIMESTAMP_SUFFIX}) start at vmalert-tool's epoch, 2000-01-01 (+{VMALERT_TOOL_EPOCH_S} s), not 1970.",
+             "Lag per alert:"]
     for alert, per in sorted(alert_lags(groups).items()):
         for group_name, levels in sorted(per.items()):
             lines.append(f"  {alert} ({group_name}): {levels} x {format_duration(interval_s)} = "

@@ -155,7 +155,8 @@ def check_vmalert(out_dir: Path, vmalert: str, vmalert_tool: str) -> list[ToolRe
     VictoriaMetrics)."""
     with rules_for_tools(out_dir) as rules:
         return [_run([vmalert, "-dryRun", f"-rule={rules / Path(RULE_FILE).name}"]),
-                _run([vmalert_tool, "unittest", f"--files={rules / Path(VMALERT_RULE_TEST_FILE).name}"], cwd=rules)]
+                # run from rules/ (the tool's scratch storage goes to the temporary folder)
+                _run([vmalert_tool, "unittest", f"--files={Path(VMALERT_RULE_TEST_FILE).name}"], cwd=rules)]
 
 
 def check_alertmanager(out_dir: Path, amtool: str) -> list[ToolResult]:
