@@ -123,7 +123,8 @@ def _split(group: dict[str, Any], max_rules: int) -> list[dict[str, Any]]:
     if len(rules) <= max_rules:
         return [group]
     bins: list[list[int]] = []
-    for c in chains(rules):
+    # a group without records (the absent alerts) has no chain: nothing to parse
+    for c in chains(rules) if any("record" in r for r in rules) else [[i] for i in range(len(rules))]:
         if len(c) > max_rules:
             first = rules[c[0]].get("record") or rules[c[0]].get("alert")
             raise ChainTooLong(f"rule group {group['name']}: the chain from {first} holds {len(c)} rules, over "
