@@ -43,7 +43,7 @@ generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into O
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT)
 	cp fusebox.yaml fusebox/data/fusebox.yaml
 
-check: tools ## run promtool/amtool checks and the generated tests on the outputs
+check: tools ## run promtool/vmalert/amtool checks and the generated tests (promtool 2 and 3, vmalert-tool) on the outputs
 	$(BIN)/fusebox check --spec $(SPEC) --out $(OUT)
 
 check-generated: venv ## fail when committed outputs drift from the spec, or the starter spec (fusebox init) from fusebox.yaml

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
-from pathlib import PurePath
+from pathlib import Path, PurePath
+from typing import Any
 
 from fusebox import conventions as C
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_otelcol
+from .engines import MAX_GROUPS_PER_TENANT
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
+from .render_vmalert_tests import lag_note, vmalert_tests
 from fusebox.spec import Spec
 from fusebox.spec.units import format_duration
 
@@ -20,6 +24,7 @@ from .yamlout import dump_yaml
 
 RULE_FILE = "rules/fusebox.rules.yml"
 RULE_TEST_FILE = "rules/fusebox.rules.test.yml"
+VMALERT_RULE_TEST_FILE = "rules/fusebox.rules.vmalert.test.yml"  # the same cases for vmalert-tool unittest
 ALERTMANAGER_FILE = "alertmanager/alertmanager.yml"
 ROUTE_TEST_FILE = "alertmanager/route-tests.yml"
 FRAGMENT_FILE = "alertmanager/fragment.yml"
@@ -46,6 +51,63 @@ def _dashboard_files(spec: Spec, header: str) -> dict[str, str]:
     return out
 
 
+_LINE = re.compile(r"^(?!$)", re.M)
+
+
+def _indent(text: str, pad: str) -> str:
+    """``text`` with ``pad`` before each non-empty line (textwrap.indent's result, in one regex
+    pass: the test files are the generator's largest output)."""
+    return _LINE.sub(pad, text)
+
+
+def _cached(cache: dict[tuple[int, ...], str], value: list[dict[str, Any]], pad: str) -> str:
+    """``dump_yaml(value)`` indented by ``pad``, written once per list of the same objects (the
+    two test files share them). The objects outlive the cache (one render)."""
+    key = (len(pad), *map(id, value))
+    if key not in cache:
+        cache[key] = _indent(dump_yaml(value), pad)
+    return cache[key]
+
+
+def _alert_tests_text(cases: list[dict[str, Any]], cache: dict[tuple[int, ...], str]) -> str:
+    """``  alert_rule_test:`` and its cases, indented as a key of a test group. Each case's
+    expected alerts (most of the text) come from ``cache``; the cases' other keys are one-line
+    scalars, written in one call and cut at each item's ``- ``. Indenting YAML keeps its meaning
+    (block structure is relative)."""
+    heads = re.split(r"(?m)^(?=- )", dump_yaml([{k: v for k, v in c.items() if k not in ("exp_alerts", "_why")}
+                                                 for c in cases]))[1:]
+    assert len(heads) == len(cases)
+    out = ["  alert_rule_test:\n"]
+    for head, c in zip(heads, cases):
+        exp = c.get("exp_alerts", [])
+        out.append(_indent(head, "  ") + ("    exp_alerts: []\n" if not exp else
+                                          "    exp_alerts:\n" + _cached(cache, exp, "    ")))
+    return "".join(out)
+
+
+def _test_text(head: str, spec: Spec, tests: list[tuple[str, dict[str, Any]]], cache: dict[tuple[int, ...], str]) -> str:
+    """A rule-test file (promtool's format, or vmalert-tool's): ``head``, then each group under a
+    comment with its title and the reason of each check (the ``_why`` keys, left out of the YAML).
+
+    The promtool and vmalert-tool files hold the same input series and expected alerts (the same
+    objects): ``cache`` keeps their text, written once for both."""
+    text = [head, dump_yaml({"rule_files": [Path(RULE_FILE).name],
+                             "evaluation_interval": format_duration(spec.evaluation_interval_s)}), "tests:\n"]
+    for title, group in tests:
+        whys = [c["_why"] for c in group.get("alert_rule_test", []) if "_why" in c]
+        text.append(f"# {title}\n" + "".join(f"#  - {w}\n" for w in whys))
+        parts = []
+        for k, v in group.items():
+            if k == "input_series" and v:
+                parts.append("  input_series:\n" + _cached(cache, v, "  "))
+            elif k == "alert_rule_test" and v:
+                parts.append(_alert_tests_text(v, cache))
+            else:
+                parts.append(_indent(dump_yaml({k: v}), "  "))
+        text.append("- " + "".join(parts)[2:])
+    return "".join(text)
+
+
 def _rule_files(spec: Spec, header: str) -> dict[str, str]:
     """Rules, their promtool tests, the PrometheusRule, Alertmanager config and tests, runbooks."""
     h = f"# {header}\n"
@@ -53,14 +115,12 @@ def _rule_files(spec: Spec, header: str) -> dict[str, str]:
     rules_text = dump_yaml({"groups": rules.groups})
     out: dict[str, str] = {RULE_FILE: h + rules_text}
 
-    test_text = [h, dump_yaml({"rule_files": ["fusebox.rules.yml"],
-                               "evaluation_interval": format_duration(spec.evaluation_interval_s)}),
-                 "tests:\n"]
-    for title, group in render_rule_tests(spec, rules, "fusebox.rules.yml"):
-        whys = [c.pop("_why") for c in group.get("alert_rule_test", []) if "_why" in c]
-        test_text.append(f"# {title}\n" + "".join(f"#  - {w}\n" for w in whys))
-        test_text.append(dump_yaml([group]))
-    out[RULE_TEST_FILE] = "".join(test_text)
+    # Rendered once; the vmalert-tool file is the same cases, transformed (render_vmalert_tests).
+    tests = render_rule_tests(spec, rules, Path(RULE_FILE).name)
+    vm_tests = vmalert_tests(tests, rules.groups, spec.evaluation_interval_s)
+    cache: dict[tuple[int, ...], str] = {}  # input series and expected alerts, written once for both files
+    out[RULE_TEST_FILE] = _test_text(h, spec, tests, cache)
+    out[VMALERT_RULE_TEST_FILE] = _test_text(h + lag_note(rules.groups, spec.evaluation_interval_s), spec, vm_tests, cache)
 
     out[ALERTMANAGER_FILE] = h + dump_yaml(render_alertmanager(spec))
     out[ROUTE_TEST_FILE] = h + dump_yaml({"tests": route_tests(spec)})
@@ -96,6 +156,9 @@ def spec_warnings(spec: Spec) -> list[str]:
       signal cannot fire and its ``FuseboxSignalAbsent`` fires for good.
     * ``global.runbook_base_url`` still holds the starter spec's ``your-org`` placeholder: every
       alert's runbook link leads nowhere.
+    * ``global.rule_engine: mimir`` with more rule groups than Mimir's default
+      ``-ruler.max-rule-groups-per-tenant`` (:data:`.engines.MAX_GROUPS_PER_TENANT`): the ruler
+      refuses the rest until the tenant's limit is raised.
     """
     from fusebox.spec.kinds.base import FUSEBOX
 
@@ -107,6 +170,12 @@ def spec_warnings(spec: Spec) -> list[str]:
                        "but kubernetes.collectors.enabled is false: it cannot fire and its "
                        f"{C.ABSENT_ALERT} will fire for good -- give it another source (global.source / its "
                        f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
+    if spec.rule_engine == "mimir":
+        n = len(render_rules(spec).groups)
+        if n > MAX_GROUPS_PER_TENANT:
+            out.append(f"global.rule_engine is mimir and the rules make {n} groups, over Mimir's default "
+                       f"-ruler.max-rule-groups-per-tenant {MAX_GROUPS_PER_TENANT} (ruler_max_rule_groups_per_tenant): "
+                       "the ruler refuses the upload -- raise the tenant's limit, or split the spec into tenants")
     if "your-org" in spec.runbook_base_url:
         out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
                    "runbook link leads nowhere -- set it to where your runbooks/ are served")

@@ -16,6 +16,7 @@ from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses
 from fusebox.spec.kinds.base import FUSEBOX, SGLANG, TARGET, VLLM, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
 
+from .engines import shape_groups
 from .selfmon import GROUP as SELF_GROUP, self_rules
 
 __all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "marker_labels", "alert_labels", "alert_annotations",
@@ -209,7 +210,9 @@ def render_rules(spec: Spec) -> Rules:
         ``fusebox-absent`` group (one alert per metric an enabled tier's signal reads: a
         signal with every tier disabled keeps its records and adds none), ``fusebox-health``
         (lost GPUs) and ``fusebox-self`` (:mod:`.selfmon`: the fuse, Alertmanager's feed to it,
-        the collectors).
+        the collectors). Shaped for ``global.rule_engine`` (:func:`.engines.shape_groups`): a
+        group over 20 rules (Mimir's default limit) is split into ``NAME-1``, ``NAME-2``, ... with
+        each recording chain whole; for Thanos every group carries ``partial_response_strategy``.
     """
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
@@ -240,7 +243,7 @@ def render_rules(spec: Spec) -> Rules:
     own = self_rules(spec)
     if own:  # fusebox's own path: the fuse, Alertmanager's feed to it, the collectors (generator/selfmon.py)
         groups.append({"name": SELF_GROUP, "interval": interval, "rules": own})
-    return Rules(groups=groups, raw_metrics=raw_metrics, raw_backends=raw_backends)
+    return Rules(groups=shape_groups(groups, spec.rule_engine), raw_metrics=raw_metrics, raw_backends=raw_backends)
 
 
 GPU_DOWN_FOR_S = 60.0

@@ -3,8 +3,8 @@
 For every enabled tier of every signal: a value just above the threshold (alert pending on
 the near side of ``for``, firing on the far side, still firing within ``keep_firing_for``
 after the value falls, resolved after it), a value just below (never fires), and for
-quantile signals zero traffic (NaN quantile, no alert: docs/pitfalls.md P1). One group with no data
-at all checks that only the absent alert fires.
+quantile signals zero traffic (no quantile sample, no alert, no absent alert for its metrics:
+docs/pitfalls.md P1). One group with no data at all checks that only the absent alert fires.
 
 Expectations come from a small model of Prometheus' alert state machine. A check is emitted
 only at times where that model is certain for every tier of the alert, one evaluation
@@ -24,7 +24,7 @@ from fusebox import promsim
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.kinds import kind_of, lost_gpu_fuses
 from fusebox.spec.kinds.base import DELTA, FUSEBOX, GPU_LABELS, Synth, label_str, segments
-from fusebox.spec.units import format_duration, format_number
+from fusebox.spec.units import format_duration, format_number, parse_duration
 
 from .render_rules import (GPU_DOWN_FOR_S, Rules, absent_annotations, absent_labels, alert_annotations, alert_labels,
                            gpu_down_annotations, gpu_down_enabled, gpu_down_labels)
@@ -163,8 +163,43 @@ def _tier_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                      f"(signal {format_number(v_exact)})")
             groups.append((title, {"interval": format_duration(I), "input_series": kind.series(synth, phases),
                                    "alert_rule_test": checks}))
-    groups += kind.extra_tests(synth)
     return groups
+
+
+def _absent_check(spec: Spec, rules: Rules, group: dict[str, Any]) -> dict[str, Any] | None:
+    """At the group's last alert check, exactly the absent alerts of the metrics its input lacks.
+
+    A metric with series in the group must raise none (e.g. zero traffic: the series are there,
+    only their rates are 0); each other metric the rules read has had no series since the start,
+    so its alert fires once ``absent.for`` has passed. None where that time is within one interval
+    of ``absent.for`` (uncertain) or the group checks no alert.
+    """
+    times = [parse_duration(c["eval_time"]) for c in group.get("alert_rule_test", [])]
+    if not (spec.absent_enabled and rules.raw_metrics and times):
+        return None
+    t, I, F = max(times), spec.evaluation_interval_s, spec.absent_for_s
+    present = {s["series"].split("{")[0] for s in group["input_series"]}
+    if t >= F + I:
+        missing = [m for m in sorted(rules.raw_metrics) if m not in present]
+    elif t <= F - I:
+        missing = []
+    else:
+        return None
+    return {"eval_time": format_duration(t), "alertname": C.ABSENT_ALERT, "exp_alerts": [
+        {"exp_labels": {**spec.selector_for(rules.raw_backends[m]), **absent_labels(m, rules.raw_metrics[m], spec)},
+         "exp_annotations": absent_annotations(m, rules.raw_metrics[m], spec)} for m in missing],
+        "_why": "the absent-signal alert fires for the metrics this group feeds no series of, and for no other"}
+
+
+def _extra_groups(sig: Signal, spec: Spec, rules: Rules) -> list[tuple[str, dict[str, Any]]]:
+    """The kind's own extra groups (e.g. zero traffic), each with :func:`_absent_check`."""
+    out = []
+    for title, group in kind_of(sig).extra_tests(Synth.of(sig, spec)):
+        check = _absent_check(spec, rules, group)
+        if check:
+            group["alert_rule_test"] = [*group["alert_rule_test"], check]
+        out.append((title, group))
+    return out
 
 
 def _gpu_down_group(spec: Spec) -> tuple[str, dict[str, Any]]:
@@ -195,7 +230,7 @@ def render_rule_tests(spec: Spec, rules: Rules, rule_file: str) -> list[tuple[st
             continue
         if not kind_of(sig).testable(sig):
             continue  # e.g. a custom expression: no generic way to synthesise its inputs
-        groups += _tier_groups(sig, spec)
+        groups += _tier_groups(sig, spec) + _extra_groups(sig, spec, rules)
     if gpu_down_enabled(spec):
         groups.append(_gpu_down_group(spec))
     groups += self_tests(spec)

@@ -1,8 +1,11 @@
 """Run the real Prometheus tools on generated output (``fusebox check``).
 
 ``promtool check rules``, ``promtool test rules`` (under every promtool found: Debian's 2.42
-on PATH and the pinned Prometheus 3 build), ``amtool check-config`` and the routing tests
-(``amtool config routes test``). Failures are reported against the spec entry that produced
+on PATH and the pinned Prometheus 3 build), VictoriaMetrics' ``vmalert -dryRun`` and
+``vmalert-tool unittest`` on the vmalert test file (the pinned build; required when
+``global.rule_engine`` is ``victoriametrics``, run whenever it is installed), ``amtool
+check-config`` and the routing tests (``amtool config routes test``). The rule tools read a copy
+of the rules without Thanos' ``partial_response_strategy``, which they refuse. Failures are reported against the spec entry that produced
 them (``fusebox.yaml:LINE:COL: ...``). A missing or too-old tool is a one-line message that
 says how to install it.
 
@@ -13,23 +16,26 @@ fail the check too (:mod:`fusebox.generator.deadselectors`, which also serves
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import yaml
 
 from fusebox.spec import Spec
 from fusebox.spec.kinds import records
-from fusebox.tooling import ToolMissing, tools_dir
+from fusebox.tooling import ToolMissing, tools_dir, victoriametrics_tool
 
 from . import deadselectors
-from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE
+from .engines import promtool_text
+from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE, VMALERT_RULE_TEST_FILE
 
 MIN_PROMTOOL = (2, 42)  # keep_firing_for
 MIN_AMTOOL = (0, 25)
@@ -107,13 +113,50 @@ def _attribute(output: str, spec: Spec) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def rules_for_tools(out_dir: Path) -> Iterator[Path]:
+    """The folder of the rule file and its tests as promtool and vmalert read them: ``out_dir``'s
+    ``rules/`` itself, or, when the rules carry Thanos' ``partial_response_strategy`` (which both
+    refuse as an unknown field), a temporary copy without it, removed on exit."""
+    src = out_dir / Path(RULE_FILE).parent
+    stripped = promtool_text((out_dir / RULE_FILE).read_text(encoding="utf-8"))
+    if stripped is None:
+        yield src
+        return
+    with tempfile.TemporaryDirectory(prefix="fusebox-rules-") as tmp:
+        dst = Path(tmp) / src.name
+        shutil.copytree(src, dst)
+        (dst / Path(RULE_FILE).name).write_text(stripped, encoding="utf-8")
+        yield dst
+
+
 def check_rules_and_tests(out_dir: Path, binaries: list[str]) -> list[ToolResult]:
     results = []
-    for b in binaries:
-        results.append(_run([b, "check", "rules", str(out_dir / RULE_FILE)]))
-        # run from rules/ so the test file's relative rule_files path resolves
-        results.append(_run([b, "test", "rules", Path(RULE_TEST_FILE).name], cwd=out_dir / Path(RULE_TEST_FILE).parent))
+    with rules_for_tools(out_dir) as rules:
+        for b in binaries:
+            results.append(_run([b, "check", "rules", str(rules / Path(RULE_FILE).name)]))
+            # run from rules/ so the test file's relative rule_files path resolves
+            results.append(_run([b, "test", "rules", Path(RULE_TEST_FILE).name], cwd=rules))
     return results
+
+
+def vmalert_tools() -> tuple[str, str]:
+    """The pinned ``vmalert`` and ``vmalert-tool`` (:func:`fusebox.tooling.victoriametrics_tool`).
+
+    Raises:
+        ToolMissing: either is not built; the message says to run ``make tools``.
+    """
+    return str(victoriametrics_tool("vmalert")), str(victoriametrics_tool("vmalert-tool"))
+
+
+def check_vmalert(out_dir: Path, vmalert: str, vmalert_tool: str) -> list[ToolResult]:
+    """``vmalert -dryRun -rule=RULES`` (vmalert parses the rules and their templates) and
+    ``vmalert-tool unittest --files=VMALERT-TESTS`` (the generated tests, on its own in-process
+    VictoriaMetrics)."""
+    with rules_for_tools(out_dir) as rules:
+        return [_run([vmalert, "-dryRun", f"-rule={rules / Path(RULE_FILE).name}"]),
+                # run from rules/ (the tool's scratch storage goes to the temporary folder)
+                _run([vmalert_tool, "unittest", f"--files={Path(VMALERT_RULE_TEST_FILE).name}"], cwd=rules)]
 
 
 def check_alertmanager(out_dir: Path, amtool: str) -> list[ToolResult]:
@@ -188,7 +231,16 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
     except ToolMissing as e:
         print(f"fusebox check: {e}", file=sys.stderr)
         return 3
-    missing = [p for p in (RULE_FILE, RULE_TEST_FILE, ALERTMANAGER_FILE, ROUTE_TEST_FILE) if not (out_dir / p).exists()]
+    try:
+        vm: tuple[str, str] | None = vmalert_tools()
+    except ToolMissing as e:
+        if spec.rule_engine == "victoriametrics":
+            print(f"fusebox check: global.rule_engine is victoriametrics: {e}", file=sys.stderr)
+            return 3
+        vm = None
+        print(f"skip vmalert checks: {e}", file=stream)
+    missing = [p for p in (RULE_FILE, RULE_TEST_FILE, ALERTMANAGER_FILE, ROUTE_TEST_FILE)
+               + ((VMALERT_RULE_TEST_FILE,) if vm else ()) if not (out_dir / p).exists()]
     if missing:
         print(f"fusebox check: {', '.join(missing)} not found under {out_dir}/ -- run `fusebox generate --out {out_dir}` first",
               file=sys.stderr)
@@ -205,7 +257,8 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
         except ValueError as e:
             print(f"fusebox check: --allow-dead {e} -- pass a selector as the rule writes it", file=sys.stderr)
             return 2
-    results = check_rules_and_tests(out_dir, binaries) + check_alertmanager(out_dir, amtool)
+    results = check_rules_and_tests(out_dir, binaries) + (check_vmalert(out_dir, *vm) if vm else [])
+    results += check_alertmanager(out_dir, amtool)
     failed = 0
     for r in results:
         print(f"{'ok  ' if r.ok else 'FAIL'} {r.name}", file=stream)
@@ -214,7 +267,7 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
             print("     " + r.output.replace("\n", "\n     "), file=stream)
             for line in _attribute(r.output, spec):
                 print(f"     {line}", file=stream)
-            if "test rules" in r.name:
+            if "test rules" in r.name or "unittest" in r.name:
                 print("     (if you edited the spec, run `fusebox generate` first: the tests check the generated rules)",
                       file=stream)
     if caps is not None:

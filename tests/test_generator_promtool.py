@@ -41,9 +41,19 @@ def test_generated_tests_cover_every_tier_both_sides(generated, spec):
         for t in sig.tiers:
             assert f"{sig.alert} {t.name}: {sig.name} just above {t.threshold_text}" in text
             assert f"{sig.alert} {t.name}: {sig.name} just below {t.threshold_text}" in text
-    assert "zero traffic gives a NaN quantile" in text
+    assert "zero traffic gives no quantile sample (absent, not NaN) and no alert" in text
     assert "only the absent alert fires" in text
     doc = yaml.safe_load(text)
+    # zero traffic: no P50/P95/P99 sample, no alert, and no absent alert for the histogram's own metrics
+    zero = next(g for g in doc["tests"] if any(s["series"].startswith("fusebox_alignment_duration_seconds_count")
+                                               for s in g["input_series"]) and "promql_expr_test" in g)
+    assert {c["expr"] for c in zero["promql_expr_test"]} == {
+        f"absent(engine:{n})" for n in ("fusebox_alignment_duration_seconds:p50_rate5m",
+                                        "fusebox_alignment_latency_p95:rate5m", "fusebox_alignment_duration_seconds:p99_rate5m")}
+    checks = {c["alertname"]: c for c in zero["alert_rule_test"]}
+    assert checks["AlignmentLatencyP95High"]["exp_alerts"] == []
+    absent = {a["exp_labels"]["metric"] for a in checks["FuseboxSignalAbsent"]["exp_alerts"]}
+    assert absent and not any(m.startswith("fusebox_alignment_duration_seconds") for m in absent)
     for group in doc["tests"]:
         for s in group["input_series"]:
             assert s["values"].endswith("stale"), s

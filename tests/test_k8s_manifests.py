@@ -135,6 +135,20 @@ def test_the_committed_manifests_validate_offline():
             "ServiceMonitor", "PersistentVolumeClaim"} <= kinds
 
 
+def test_the_thanos_prometheusrule_validates_with_partial_response_strategy(tmp_path):
+    """rule_engine: thanos puts partial_response_strategy: abort on every group; the operator's CRD
+    has the field (the Thanos Ruler it runs reads it) and accepts the value."""
+    text = SPEC.read_text().replace("rule_engine: prometheus", "rule_engine: thanos")
+    write_outputs(render_all(parse_spec(text, "fusebox.yaml")), tmp_path)
+    _check_all(tmp_path)
+    (doc,) = [d for n, d in _manifests(tmp_path) if d["kind"] == "PrometheusRule"]
+    assert {g["partial_response_strategy"] for g in doc["spec"]["groups"]} == {"abort"}
+    bad = copy.deepcopy(doc)
+    bad["spec"]["groups"][0]["partial_response_strategy"] = "sometimes"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(bad)
+
+
 def test_manifests_of_a_spec_with_a_kubernetes_block_validate_and_carry_its_namespace_and_labels(kube_out):
     _check_all(kube_out)
     for name, doc in _manifests(kube_out):

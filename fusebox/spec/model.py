@@ -40,6 +40,8 @@ _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # The levels with their own conventions (labels, annotations, dashboard filters); any other
 # level is a label of the signal's `by`.
 STANDARD_LEVELS = ("gpu", "engine", "host")
+# global.rule_engine: what evaluates the rules (docs/engines.md); the first is the default.
+RULE_ENGINES = ("prometheus", "victoriametrics", "mimir", "thanos")
 
 
 # --------------------------------------------------------------------------- raw schema
@@ -201,6 +203,9 @@ class RawGlobal(_Strict):
     source: str = Field("fusebox", description="The backend every signal reads when it lists it under 'sources' and names "
                                                "no 'source' of its own (e.g. dcgm: every signal with a dcgm source reads dcgm-exporter).")
     labels: dict[str, str] = Field({}, description="Labels added to every alert, e.g. {team: ml-infra}.")
+    rule_engine: Literal[RULE_ENGINES] = Field(  # type: ignore[valid-type]
+        "prometheus", description="What evaluates the generated rules: prometheus, victoriametrics (vmalert), mimir (its ruler) "
+                                  "or thanos (Thanos Ruler); docs/engines.md says what changes for each.")
 
 
 class RawMetadata(_Strict):
@@ -334,6 +339,7 @@ class Spec:
     otelcol: Otelcol = field(default_factory=Otelcol)
     selectors: dict[str, dict[str, str]] = field(default_factory=dict)  # global.selectors, per backend
     source: str = "fusebox"  # global.source
+    rule_engine: str = "prometheus"  # global.rule_engine: one of RULE_ENGINES
 
     def selector_for(self, backend: str) -> dict[str, str]:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
@@ -551,7 +557,7 @@ class _Normaliser:
             actions=actions, signals=tuple(signals), raw=self.data,
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
             kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
-            selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source,
+            selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
         )
 
     def _self_monitoring(self, scrape_s: float) -> SelfMonitoring:

@@ -3,7 +3,9 @@
 Example: P95 cross-modal alignment latency (seed: warning 0.85 s, critical 1.28 s). Every
 threshold must be a bucket bound: between bounds a quantile is only interpolated, and the exact
 share-over-threshold record beside it (P95 >= T exactly when more than 5 % of observations are
-slower than T) needs the bound. Zero traffic gives NaN, never an alert (docs/pitfalls.md P1).
+slower than T) needs the bound. Zero traffic gives no quantile sample at all, never an alert
+(docs/pitfalls.md P1): ``histogram_quantile`` alone would give NaN on Prometheus and nothing on
+VictoriaMetrics (MetricsQL drops NaN), so the records keep only series with traffic, the same on both.
 """
 
 from __future__ import annotations
@@ -80,12 +82,15 @@ class Quantile(Kind):
         w = format_duration(sig.window_s)
         bucket = selector(f"{sig.source.metric}_bucket", spec, backend=sig.source.backend)
         count = selector(f"{sig.source.metric}_count", spec, backend=sig.source.backend)
+        # Only where observations arrived: with zero traffic histogram_quantile is NaN on Prometheus
+        # and absent on VictoriaMetrics; `and` on a positive rate makes it absent on both (P1).
+        traffic = f"and on ({by(sig.by)}) ({names['rate']} > 0)"
         out: list[dict[str, Any]] = [
             {"record": names["bucket_rate"], "expr": f"sum by ({by(sig.by, ('le',))}) (rate({bucket}[{w}]))"},
             {"record": names["rate"], "expr": f"sum by ({by(sig.by)}) (rate({count}[{w}]))"},
-            {"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})"},
-            {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})"},
-            {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})"},
+            {"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})\n  {traffic}"},
+            {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})\n  {traffic}"},
+            {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})\n  {traffic}"},
         ]
         # The exact form beside the interpolated quantile: the share of observations above each
         # threshold. P95 >= T exactly when this share >= 0.05, because T is a bucket bound.
@@ -93,7 +98,7 @@ class Quantile(Kind):
             out.append({
                 "record": names["over_threshold"],
                 "expr": (f"1 - sum by ({by(sig.by)}) ({names['bucket_rate']}{{le=~\"{le_regex(t.threshold)}\"}})\n"
-                         f"  / {names['rate']}"),
+                         f"  / ({names['rate']} > 0)"),  # no traffic: no sample, as the quantile
                 "labels": {"le": format_number(t.threshold)},
             })
         return out
@@ -143,18 +148,20 @@ class Quantile(Kind):
         return {k: v for k, v in synth.labels.items() if k in synth.sig.by}
 
     def extra_tests(self, synth: Synth) -> list[tuple[str, dict[str, Any]]]:
-        """Zero traffic: buckets frozen at earlier counts, every rate 0, the quantile NaN, no alert."""
+        """Zero traffic: buckets frozen at earlier counts, every rate 0; no P50/P95/P99 sample at
+        all (absent, not NaN: the same on Prometheus and VictoriaMetrics) and no alert. The
+        generator adds the absent-signal check (none for these metrics: their series are there)."""
         sig, interval = synth.sig, synth.interval
         n = int((sig.window_s * 2) // interval) + 1
         frozen = [40.0 * OBS_PER_STEP / 1000 * (j + 1) for j in range(len(sig.buckets) + 1)]
         series = self.series(synth, [(n, math.nan)], start=frozen)
         t_eval = format_duration((n - 2) * interval)
-        value = self.records(sig)["value"]
-        return [(f"{sig.alert}: zero traffic gives a NaN quantile and no alert", {
+        names = self.records(sig)
+        return [(f"{sig.alert}: zero traffic gives no quantile sample (absent, not NaN) and no alert", {
             "interval": format_duration(interval), "input_series": series,
             "alert_rule_test": [{"eval_time": t_eval, "alertname": sig.alert, "exp_alerts": []}],
-            "promql_expr_test": [{"expr": f"count({value} != {value})", "eval_time": t_eval,
-                                  "exp_samples": [{"labels": "{}", "value": 1}]}],
+            "promql_expr_test": [{"expr": f"absent({names[r]})", "eval_time": t_eval,
+                                  "exp_samples": [{"labels": "{}", "value": 1}]} for r in ("p50", "value", "p99")],
         })]
 
     # -- panels --------------------------------------------------------------------------
@@ -169,7 +176,7 @@ class Quantile(Kind):
             panels.append(PanelDef(
                 f"{sig.alert}: P50 / P{q} / P99 per engine",
                 f"{sig.description} Lines at {', '.join(f'{t.name} {t.threshold_text}' for t in sig.tiers)}; "
-                f"the alert reads P{q}. NaN (a gap) means no traffic (docs/pitfalls.md P1).",
+                f"the alert reads P{q}. A gap means no traffic (no sample: docs/pitfalls.md P1).",
                 (Query(signal_sel(sig, r["p50"]), "P50 " + lg),
                  Query(signal_sel(sig, r["value"]), f"P{q} " + lg),
                  Query(signal_sel(sig, r["p99"]), "P99 " + lg)),
