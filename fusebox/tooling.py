@@ -1,5 +1,5 @@
 """The external programs fusebox runs (promtool, amtool, Prometheus, Alertmanager, the
-OpenTelemetry Collector): where the pinned builds live, the error when one is missing, and a
+OpenTelemetry Collector, VictoriaMetrics, Thanos): where the pinned builds live, the error when one is missing, and a
 free loopback port for the ones it starts.
 
 A leaf module: standard library only. ``fusebox check``, the demo, the benchmarks and the tests
@@ -12,10 +12,13 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["TOOLS_ENV", "VICTORIAMETRICS_VERSION", "ToolMissing", "free_port", "tools_dir", "victoriametrics_tool"]
+__all__ = ["THANOS_VERSION", "TOOLS_ENV", "VICTORIAMETRICS_VERSION", "ToolMissing", "free_port", "thanos_tool", "tools_dir",
+           "victoriametrics_tool"]
 
 # The VictoriaMetrics release tools/build-victoriametrics.sh builds (single node, vmalert, vmalert-tool).
 VICTORIAMETRICS_VERSION = "v1.151.0"
+# The Thanos release tools/build-thanos.sh builds (fusebox runs its `tools rules-check`).
+THANOS_VERSION = "v0.42.4"
 
 # Where tools/bootstrap.sh builds the pinned Go tools (the Makefile exports the same default).
 TOOLS_ENV = "FUSEBOX_TOOLS"
@@ -50,4 +53,18 @@ def victoriametrics_tool(name: str) -> Path:
     if not os.access(path, os.X_OK):
         raise ToolMissing(f"missing {name} {VICTORIAMETRICS_VERSION} ({path}): run `make tools` "
                           "(tools/build-victoriametrics.sh builds it with Go)")
+    return path
+
+
+def thanos_tool() -> Path:
+    """The pinned ``thanos`` binary that tools/build-thanos.sh builds into
+    ``tools_dir()/thanos-<THANOS_VERSION>/``.
+
+    Raises:
+        ToolMissing: the binary is not there; the message says to run ``make tools``.
+    """
+    path = tools_dir() / f"thanos-{THANOS_VERSION}" / "thanos"
+    if not os.access(path, os.X_OK):
+        raise ToolMissing(f"missing thanos {THANOS_VERSION} ({path}): run `make tools` "
+                          "(tools/build-thanos.sh builds it with Go)")
     return path

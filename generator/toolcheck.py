@@ -3,8 +3,9 @@
 ``promtool check rules``, ``promtool test rules`` (under every promtool found: Debian's 2.42
 on PATH and the pinned Prometheus 3 build), VictoriaMetrics' ``vmalert -dryRun`` and
 ``vmalert-tool unittest`` on the vmalert test file (the pinned build; required when
-``global.rule_engine`` is ``victoriametrics``, run whenever it is installed), ``amtool
-check-config`` and the routing tests (``amtool config routes test``). The rule tools read a copy
+``global.rule_engine`` is ``victoriametrics``, run whenever it is installed), Thanos' ``thanos
+tools rules-check`` on the rules as written (the pinned build; required when the engine is
+``thanos``, run whenever it is installed), ``amtool check-config`` and the routing tests (``amtool config routes test``). The rule tools read a copy
 of the rules without Thanos' ``partial_response_strategy``, which they refuse. Failures are reported against the spec entry that produced
 them (``fusebox.yaml:LINE:COL: ...``). A missing or too-old tool is a one-line message that
 says how to install it.
@@ -31,7 +32,7 @@ import yaml
 
 from fusebox.spec import Spec
 from fusebox.spec.kinds import records
-from fusebox.tooling import ToolMissing, tools_dir, victoriametrics_tool
+from fusebox.tooling import ToolMissing, thanos_tool, tools_dir, victoriametrics_tool
 
 from . import deadselectors
 from .engines import promtool_text
@@ -159,6 +160,13 @@ def check_vmalert(out_dir: Path, vmalert: str, vmalert_tool: str) -> list[ToolRe
                 _run([vmalert_tool, "unittest", f"--files={Path(VMALERT_RULE_TEST_FILE).name}"], cwd=rules)]
 
 
+def check_thanos(out_dir: Path, thanos: str) -> list[ToolResult]:
+    """``thanos tools rules-check --rules=RULES``: Thanos Ruler's own parse of the rule file as
+    written (``partial_response_strategy`` must be ``abort`` or ``warn``; Prometheus' rule checks
+    beside it)."""
+    return [_run([thanos, "tools", "rules-check", f"--rules={out_dir / RULE_FILE}"])]
+
+
 def check_alertmanager(out_dir: Path, amtool: str) -> list[ToolResult]:
     cfg = out_dir / ALERTMANAGER_FILE
     results = [_run([amtool, "check-config", str(cfg)])]
@@ -239,6 +247,14 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
             return 3
         vm = None
         print(f"skip vmalert checks: {e}", file=stream)
+    try:
+        thanos: str | None = str(thanos_tool())
+    except ToolMissing as e:
+        if spec.rule_engine == "thanos":
+            print(f"fusebox check: global.rule_engine is thanos: {e}", file=sys.stderr)
+            return 3
+        thanos = None
+        print(f"skip Thanos checks: {e}", file=stream)
     missing = [p for p in (RULE_FILE, RULE_TEST_FILE, ALERTMANAGER_FILE, ROUTE_TEST_FILE)
                + ((VMALERT_RULE_TEST_FILE,) if vm else ()) if not (out_dir / p).exists()]
     if missing:
@@ -258,6 +274,7 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
             print(f"fusebox check: --allow-dead {e} -- pass a selector as the rule writes it", file=sys.stderr)
             return 2
     results = check_rules_and_tests(out_dir, binaries) + (check_vmalert(out_dir, *vm) if vm else [])
+    results += check_thanos(out_dir, thanos) if thanos else []
     results += check_alertmanager(out_dir, amtool)
     failed = 0
     for r in results:

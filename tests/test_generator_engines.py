@@ -21,7 +21,7 @@ from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 from fusebox.spec import SpecError, parse_spec
 from fusebox.spec.units import parse_duration
-from fusebox.tooling import ToolMissing, victoriametrics_tool
+from fusebox.tooling import ToolMissing, thanos_tool, victoriametrics_tool
 
 from _support import ROOT, SPEC, need, promtools
 
@@ -274,6 +274,65 @@ def test_thanos_rules_are_checked_on_a_copy_without_the_key(tmp_path):
         r = _unittest(rules)
         assert r.returncode == 0, r.stdout + r.stderr
     assert not rules.exists()  # the copy is gone
+
+
+def _thanos() -> str:
+    try:
+        return need(str(thanos_tool()))
+    except ToolMissing as e:
+        return need("thanos", str(e))
+
+
+def _rules_check(path: Path) -> subprocess.CompletedProcess:
+    return _run([_thanos(), "tools", "rules-check", f"--rules={path}"])
+
+
+@pytest.mark.tools
+def test_thanos_rules_check_accepts_the_thanos_rules_and_counts_every_rule(tmp_path):
+    out = _generate(tmp_path, _spec_text(**{"rule_engine: prometheus": "rule_engine: thanos"}))
+    rules = out / "rules/fusebox.rules.yml"
+    want = sum(len(g["rules"]) for g in yaml.safe_load(rules.read_text())["groups"])
+    r = _rules_check(rules)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Thanos' own count of the rules it parsed (tools.go logs result=SUCCESS rulesfound=N)
+    assert re.search(rf"result=SUCCESS rulesfound={want}\b", r.stdout + r.stderr), r.stdout + r.stderr
+
+
+@pytest.mark.tools
+def test_thanos_rules_check_refuses_a_strategy_thanos_does_not_know(tmp_path):
+    out = _generate(tmp_path / "g", _spec_text(**{"rule_engine: prometheus": "rule_engine: thanos"}))
+    text = (out / "rules/fusebox.rules.yml").read_text()
+    bad = tmp_path / "bad.rules.yml"
+    bad.write_text(text.replace("partial_response_strategy: abort", "partial_response_strategy: fail", 1))
+    r = _rules_check(bad)
+    assert r.returncode != 0 and "ABORT,WARN" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.tools
+def test_fusebox_check_runs_thanos_rules_check_for_the_thanos_engine(tmp_path):
+    from fusebox.generator.toolcheck import check_thanos
+
+    out = _generate(tmp_path / "g", _spec_text(**{"rule_engine: prometheus": "rule_engine: thanos"}))
+    [ok] = check_thanos(out, _thanos())
+    assert ok.ok and ok.name.startswith("thanos") and "tools rules-check" in ok.name, ok
+    rules = out / "rules/fusebox.rules.yml"
+    rules.write_text(rules.read_text().replace("partial_response_strategy: abort", "partial_response_strategy: maybe", 1))
+    [bad] = check_thanos(out, _thanos())
+    assert not bad.ok and "maybe" in bad.output
+
+
+def test_fusebox_check_needs_thanos_for_the_thanos_engine(tmp_path, monkeypatch):
+    need("promtool")
+    need("amtool")
+    text = _spec_text(**{"rule_engine: prometheus": "rule_engine: thanos"})
+    out = _generate(tmp_path / "g", text)
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(text)
+    monkeypatch.setenv("FUSEBOX_TOOLS", str(tmp_path / "no-tools"))
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(spec), "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "missing thanos" in r.stderr and "run `make tools`" in r.stderr and "Traceback" not in r.stderr
 
 
 # ------------------------------------------------------------------------- spec field

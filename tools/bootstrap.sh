@@ -3,7 +3,7 @@
 #  - promtool, amtool, prometheus, alertmanager, the PostgreSQL server from the system package
 #    manager when missing;
 #  - pinned Go tools (Prometheus 3 promtool, the OpenTelemetry Collector, VictoriaMetrics with
-#    vmalert and vmalert-tool) built once into
+#    vmalert and vmalert-tool, Thanos for its rules-check) built once into
 #    $FUSEBOX_TOOLS and reused.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
