@@ -6,9 +6,9 @@ OpenTelemetry Collector, the rule engine (:mod:`.engines`: Prometheus, or Victor
 vmalert; each process waited for on its readiness URL), then the scenario player. The fuse
 acts on the SGLang gateway (levels 1 and 3: the worker of the GPU or engine out of rotation)
 and on the reference gateway (every level; level 2, text-only, has no SGLang equivalent).
-Ports are picked free at start; the generated Alertmanager config gets the fuse service's port through the demo spec's
-``webhook_url``, the Collector through its ``FUSEBOX_*`` environment variables, the rule
-engine through the config written here.
+Ports are picked free at start; the generated Alertmanager config gets the fuse service's port
+through the demo spec's ``webhook_url``, the Collector through its ``FUSEBOX_*`` environment
+variables, the rule engine through the config written here.
 """
 
 from __future__ import annotations
