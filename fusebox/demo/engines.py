@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import yaml
 
 from fusebox.spec.units import format_duration
-from fusebox.tooling import ToolMissing, tools_dir, victoriametrics_tool
+from fusebox.tooling import VICTORIAMETRICS_VERSION, ToolMissing, tools_dir, victoriametrics_tool
 
 if TYPE_CHECKING:
     from .supervisor import Child, Supervisor
@@ -197,7 +197,7 @@ class VictoriaMetricsEngine(Engine):
             try:
                 found[tool] = str(victoriametrics_tool(tool))
             except ToolMissing:
-                missing.append(f"{tool} ({tools_dir()}/victoriametrics-v*/{tool})")
+                missing.append(f"{tool} {VICTORIAMETRICS_VERSION} ({tools_dir()}/victoriametrics-{VICTORIAMETRICS_VERSION}/{tool})")
         return found, missing
 
     def prepare(self, workdir: Path, spec, rules_file: Path) -> None:
