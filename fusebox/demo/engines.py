@@ -82,15 +82,11 @@ def prometheus_config(spec, rules_file: Path | str, ports) -> dict:
 @dataclass
 class StartContext:
     """What an engine needs from the stack to start: the supervisor, the readiness wait
-    (``ready(child, url)``: raises ChildDied / TimeoutError), the work directory, the generated
-    rules file, the loaded demo spec and the ports."""
+    (``ready(child, url)``: raises ChildDied / TimeoutError) and the work directory."""
 
     sup: "Supervisor"
     ready: Callable[["Child", str], None]
     workdir: Path
-    rules_file: Path
-    spec: object
-    ports: object
 
 
 class Engine:

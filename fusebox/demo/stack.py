@@ -260,8 +260,7 @@ class Stack:
                    FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{p.otel_health}",
                    FUSEBOX_OTELCOL_TELEMETRY_HOST="127.0.0.1", FUSEBOX_OTELCOL_TELEMETRY_PORT=str(p.otel_telemetry))
         col = self.sup.start("otelcol", [t["otelcol"], f"--config={self.otel_file}"], env=env)
-        self.rule_engine.start(StartContext(self.sup, lambda child, url: self._ready(child, url, deadline_s),
-                                            w, self.rules_file, self.spec, p))
+        self.rule_engine.start(StartContext(self.sup, lambda child, url: self._ready(child, url, deadline_s), w))
         self._ready(am, f"{self.urls['alertmanager']}/-/ready", deadline_s)
         self._ready(col, f"http://127.0.0.1:{p.otel_health}/", deadline_s)
 
