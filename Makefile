@@ -63,7 +63,7 @@ test-fast: venv ## tests that need no external tool
 bench: tools ## run the benchmarks under bench/ (they print figures)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-demo: tools ## the real stack on loopback ports replaying a breach, live (Ctrl-C stops it; DEMO_ARGS=--once)
+demo: tools ## the real stack on loopback ports replaying a breach, live (Ctrl-C stops it; DEMO_ARGS=--once, --engine victoriametrics)
 	$(BIN)/fusebox demo --spec $(SPEC) $(DEMO_ARGS)
 
 clean: ## remove the virtualenv and caches (not the tool cache)

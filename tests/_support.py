@@ -22,7 +22,11 @@ def need(path_or_name: str, how: str = "run `make tools`") -> str:
     found = str(p) if p.is_absolute() and p.exists() else shutil.which(path_or_name)
     if found:
         return found
-    msg = f"{path_or_name} is missing: {how}"
+    missing(f"{path_or_name} is missing: {how}")
+
+
+def missing(msg: str):
+    """Fail (under CI) or skip (elsewhere) with ``msg``, which says what is missing and how to get it."""
     if os.environ.get("CI"):
         pytest.fail(msg)
     pytest.skip(msg)

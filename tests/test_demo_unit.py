@@ -270,3 +270,90 @@ def test_fuse_state_events_shorten_the_gpu_uuid(monkeypatch, shipped, tmp_path):
     assert w.last_notification == {"http://127.0.0.1:9093": 1.7e9}
     assert ev.text == 'fuse /state {cluster="demo",host_name="demo-node-0",hw_id="GPU-5ca1ab1e…0000"}: level 0 -> 1'
     assert ev.detail["scope"] == GPU_KEY
+
+
+# --- the rule engines (fusebox.demo.engines) --------------------------------------------------------
+def test_victoriametrics_scrapes_exactly_what_prometheus_scrapes(shipped, tmp_path):
+    """-promscrape.config gets the demo Prometheus' global scrape_interval and scrape_configs and
+    nothing else (VictoriaMetrics' strict parsing refuses rule_files and alerting)."""
+    import yaml
+
+    from fusebox.demo.engines import make_engine, prometheus_config
+    from fusebox.demo.stack import Ports
+
+    ports = Ports.pick()
+    eng = make_engine("victoriametrics", ports)
+    eng.prepare(tmp_path, shipped, tmp_path / "rules.yml")
+    got = yaml.safe_load((tmp_path / "promscrape.yml").read_text())
+    prom = prometheus_config(shipped, tmp_path / "rules.yml", ports)
+    assert set(got) == {"global", "scrape_configs"} and got["scrape_configs"] == prom["scrape_configs"]
+    assert got["global"] == {"scrape_interval": prom["global"]["scrape_interval"]}
+
+
+def test_vmalert_and_its_node_agree_on_the_delay_and_vmalert_adds_no_label(demo_spec, tmp_path):
+    from fusebox.demo.engines import make_engine
+    from fusebox.demo.stack import Ports
+
+    ports = Ports.pick(replicas=2)
+    assert len({*ports.victoriametrics, *ports.vmalert, ports.alertmanager, ports.prometheus}) == 6
+    eng = make_engine("victoriametrics", ports, replicas=2, tools={"victoria-metrics": "vm", "vmalert": "va"})
+    eng.prepare(tmp_path, demo_spec, tmp_path / "rules.yml")
+    for i in (0, 1):
+        node = dict(a.split("=", 1) for a in eng.node_args(i, tmp_path)[1:])
+        va = dict(a.split("=", 1) if "=" in a else (a, "") for a in eng.vmalert_args(i)[1:])
+        # vmalert's -rule.evalDelay help: "should be equal to -search.latencyOffset"
+        assert node["-search.latencyOffset"] == va["-rule.evalDelay"] == "2s"
+        own = f"http://127.0.0.1:{ports.victoriametrics[i]}"
+        assert va["-datasource.url"] == va["-remoteWrite.url"] == va["-remoteRead.url"] == own
+        assert va["-notifier.url"] == f"http://127.0.0.1:{ports.alertmanager}"
+        assert va["-evaluationInterval"] == "1s" and va["-rule"] == str(tmp_path / "rules.yml")
+        # both replicas' alerts must carry the same labels for Alertmanager to merge them
+        assert "-external.label" not in va and "-disableAlertgroupLabel" in va
+        assert node["-storageDataPath"].endswith(f"victoriametrics-{i + 1}")
+
+
+def test_engines_refuse_what_they_cannot_run():
+    from fusebox.demo.engines import make_engine
+    from fusebox.demo.stack import Ports
+
+    with pytest.raises(ValueError, match="unknown engine 'thanos'"):
+        make_engine("thanos", Ports.pick())
+    with pytest.raises(ValueError, match="victoriametrics engine only"):
+        make_engine("prometheus", Ports.pick(replicas=2), replicas=2)
+    with pytest.raises(ValueError, match="run with replicas >= 2"):
+        make_engine("victoriametrics", Ports.pick()).stop_replica(None, 0)
+
+
+def test_the_watcher_reads_active_alerts_and_fails_over_to_the_next_replica(monkeypatch, shipped, tmp_path):
+    """Alerts come from the rule engine's /api/v1/alerts (Prometheus' and vmalert's shape); vmalert
+    also lists resolved ("inactive") alerts, which are not active; a replica that does not answer
+    is skipped for the next."""
+    from fusebox.demo import watch
+
+    class Engine:
+        query_urls = ["http://dead:1", "http://vm2:2"]
+        alerts_urls = ["http://dead:3", "http://va2:4"]
+
+    def fake(url, token=None):
+        if "dead" in url:
+            raise ConnectionRefusedError(111, "Connection refused")
+        if "/api/v1/alerts" in url:
+            return {"status": "success", "data": {"alerts": [
+                {"state": "firing", "labels": {"alertname": "KVCacheGrowthRateHigh", "severity": "critical", "engine": ENGINE}},
+                {"state": "inactive", "labels": {"alertname": "GPUMemoryUtilizationHigh", "severity": "warning", "hw_id": GPU0}}]}}
+        return {"status": "success", "data": {"resultType": "vector", "result": []}}
+
+    monkeypatch.setattr(watch, "http_json", fake)
+    w = watch.Watcher({}, shipped, tmp_path / "gw.jsonl", engine=Engine())
+    ev = w._poll_engine()
+    assert [(e.what, e.detail["alertname"], e.detail["entity"]) for e in ev] == [
+        ("firing", "KVCacheGrowthRateHigh", ENGINE)]
+    Engine.query_urls, Engine.alerts_urls = [], []
+    with pytest.raises(OSError, match="no rule engine replica left"):
+        w._poll_engine()
+
+
+def test_demo_refuses_replicas_without_victoriametrics(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--replicas", "2", "--spec",
+                        str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--replicas must be 1..3, and above 1 only with --engine victoriametrics" in r.stdout

@@ -10,13 +10,17 @@ import signal
 import sys
 from pathlib import Path
 
+from .engines import ENGINES
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "demo", help="run Prometheus, Alertmanager, the Collector, the collectors and the fuse on loopback, live",
-        description="Start the real stack on free loopback ports (Prometheus, Alertmanager, the OpenTelemetry "
-                    "Collector, the scenario collector, the fuse service and a reference gateway), replay a "
-                    "breach and show signals, alerts and fuses live. Ctrl-C stops everything it started.")
+        "demo", help="run Prometheus (or VictoriaMetrics), Alertmanager, the Collector, the collectors and the fuse "
+                     "on loopback, live",
+        description="Start the real stack on free loopback ports (Prometheus, or VictoriaMetrics with vmalert; "
+                    "Alertmanager, the OpenTelemetry Collector, the scenario collector, the fuse service and a "
+                    "reference gateway), replay a breach and show signals, alerts and fuses live. Ctrl-C stops "
+                    "everything it started.")
     p.add_argument("--once", action="store_true",
                    help="play the scenario once, stop, and exit 0 only if every expected event happened")
     p.add_argument("--spec", default="fusebox.yaml", help="spec to derive the demo spec from (default fusebox.yaml)")
@@ -32,6 +36,12 @@ def register(subparsers) -> None:
     p.add_argument("--gateway", choices=["sglang", "reference"], default="sglang",
                    help="sglang (default): the real SGLang Model Gateway in front of stand-in engines as well as the "
                         "reference gateway; reference: the reference gateway alone")
+    p.add_argument("--engine", choices=list(ENGINES), default="prometheus",
+                   help="what evaluates the generated rules: prometheus (default), or victoriametrics "
+                        "(VictoriaMetrics single node scraping the same targets, vmalert evaluating the same rules file)")
+    p.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="victoriametrics only: N independent VictoriaMetrics + vmalert pairs notifying the one "
+                        "Alertmanager (the HA topology; default 1)")
     p.add_argument("--plain", action="store_true", help="one line per event instead of the live screen")
     p.set_defaults(func=cmd_demo)
 
@@ -52,15 +62,18 @@ def cmd_demo(args) -> int:
     if not 0 < args.speed <= 10:
         print("demo: FAILED --speed must be in (0, 10]")
         return 2
+    if args.replicas != 1 and (args.engine != "victoriametrics" or not 1 <= args.replicas <= 3):
+        print("demo: FAILED --replicas must be 1..3, and above 1 only with --engine victoriametrics")
+        return 2
     try:
-        find_tools()
+        find_tools(args.engine)
     except ToolMissing as e:
         print(f"demo: FAILED {e}")
         return 2
     old = signal.signal(signal.SIGTERM, _term)
     view = DemoView(live=False if (args.plain or args.once and not sys.stdout.isatty()) else None)
     opts = StackOptions(workdir=Path(args.workdir), spec=Path(args.spec), scenario=args.scenario, speed=args.speed,
-                        gateway=args.gateway,
+                        gateway=args.gateway, engine=args.engine, replicas=args.replicas,
                         timing=None if args.default_intervals else FAST, hold_s=args.hold, grafana_url=args.grafana_url)
     try:
         res = run(opts, once=args.once, view=view)

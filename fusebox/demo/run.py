@@ -38,12 +38,14 @@ class RunResult:
 
 def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
         stop_when: Optional[Callable[[Watcher], bool]] = None, poll_s: float = 0.5,
-        max_wall_s: Optional[float] = None) -> RunResult:
+        max_wall_s: Optional[float] = None, on_poll: Optional[Callable[[Stack, Watcher], None]] = None) -> RunResult:
     """Run the demo.
 
     Args:
         once: play the scenario once, then stop and verify; otherwise loop until Ctrl-C.
         stop_when: stop as soon as it returns True (the benchmark stops at the last trip).
+        on_poll: called with the running stack and the watcher after each poll (a test stops
+            a replica mid-run with ``stack.stop_replica``).
         max_wall_s: stop after this long whatever happened (default: scenario length
             / speed + 120 s for ``once``; no limit otherwise).
 
@@ -63,12 +65,15 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
     try:
         view.say(f"demo: generating from {opts.spec} into {stack.workdir}")
         stack.prepare()
+        replicas = f" x{opts.replicas}" if opts.replicas > 1 else ""
         view.say("demo: starting gateway" + (", SGLang Model Gateway" if opts.gateway == "sglang" else "")
-                 + ", fuse service, Alertmanager, OpenTelemetry Collector, Prometheus")
+                 + f", fuse service, Alertmanager, OpenTelemetry Collector, {stack.rule_engine.title}{replicas}")
         stack.start()
         watcher = Watcher(stack.urls, stack.spec, stack.gateway_log,
-                          fuse_token=stack.token_path.read_text(encoding="utf-8").strip(), worker_names=stack.worker_names)
+                          fuse_token=stack.token_path.read_text(encoding="utf-8").strip(), worker_names=stack.worker_names,
+                          engine=stack.rule_engine)
         view.t0 = time.time()
+        view.engine = stack.rule_engine.title
         view.start(stack.urls, watcher)
         stack.start_scenario(on_line=watcher.scenario_line)
         spec = stack.spec
@@ -88,6 +93,8 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
                 else:
                     view.update(watcher.poll())
                     stack.start_scenario(on_line=watcher.scenario_line)
+            if on_poll is not None:
+                on_poll(stack, watcher)
             if stop_when is not None and stop_when(watcher):
                 break
             if once and done_at is not None and (not verify(watcher.events, spec, sc, sglang=opts.gateway == "sglang") or now - done_at > grace):

@@ -2,13 +2,13 @@
 
 Order: reference gateway, the SGLang Model Gateway (``sglang-router``) in front of one stand-in
 engine per scenario GPU (unless ``gateway="reference"``), fuse service, Alertmanager,
-OpenTelemetry Collector, Prometheus (each waited for on its readiness URL), then the scenario
-player. The fuse acts on the SGLang gateway (levels 1 and 3: the worker of the GPU or engine out
-of rotation) and on the reference gateway (every level; level 2, text-only, has no SGLang
-equivalent). Ports are picked free at
-start; the generated Alertmanager config gets the fuse service's port through the demo spec's
-``webhook_url``, the Collector through its ``FUSEBOX_*`` environment variables, Prometheus
-through the config written here.
+OpenTelemetry Collector, the rule engine (:mod:`.engines`: Prometheus, or VictoriaMetrics with
+vmalert; each process waited for on its readiness URL), then the scenario player. The fuse
+acts on the SGLang gateway (levels 1 and 3: the worker of the GPU or engine out of rotation)
+and on the reference gateway (every level; level 2, text-only, has no SGLang equivalent).
+Ports are picked free at start; the generated Alertmanager config gets the fuse service's port
+through the demo spec's ``webhook_url``, the Collector through its ``FUSEBOX_*`` environment
+variables, the rule engine through the config written here.
 """
 
 from __future__ import annotations
@@ -22,23 +22,21 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
-import yaml
-
 from fusebox import conventions as C
-from fusebox.spec.units import format_duration
 from fusebox.tooling import ToolMissing, free_port, tools_dir
 
+from .engines import Engine, StartContext, engine_class, make_engine, prometheus_config
 from .spec import FAST, Timing, demo_spec_text
 from .supervisor import Child, ChildDied, Supervisor
 
 if TYPE_CHECKING:
     from fusebox.spec import Spec
 
-__all__ = ["Ports", "StackOptions", "Stack", "ToolMissing", "find_tools"]
+__all__ = ["Ports", "StackOptions", "Stack", "ToolMissing", "find_tools", "prometheus_config"]
 
 PORT_NAMES = ("prometheus", "alertmanager", "otlp_grpc", "otlp_http", "otel_prometheus", "otel_health",
               "otel_telemetry", "gateway", "fuse", "sglang", "sglang_metrics")
@@ -57,48 +55,34 @@ class Ports:
     fuse: int
     sglang: int
     sglang_metrics: int
+    # one per VictoriaMetrics + vmalert pair (the victoriametrics engine's replicas)
+    victoriametrics: tuple[int, ...] = field(default=())
+    vmalert: tuple[int, ...] = field(default=())
 
     @classmethod
-    def pick(cls) -> "Ports":
+    def pick(cls, replicas: int = 1) -> "Ports":
+        """Distinct free loopback ports: one per :data:`PORT_NAMES`, and ``replicas`` each for
+        VictoriaMetrics and vmalert."""
         ports: list[int] = []
-        while len(ports) < len(PORT_NAMES):
+        while len(ports) < len(PORT_NAMES) + 2 * replicas:
             p = free_port()
             if p not in ports:
                 ports.append(p)
-        return cls(*ports)
+        n = len(PORT_NAMES)
+        return cls(**dict(zip(PORT_NAMES, ports[:n])), victoriametrics=tuple(ports[n:n + replicas]),
+                   vmalert=tuple(ports[n + replicas:]))
 
 
-def prometheus_config(spec, rules_file: Path | str, ports: "Ports") -> dict:
-    """The demo Prometheus' configuration (a dict for ``prometheus.yml``).
-
-    Both jobs use ``honor_labels``: the Collector's exporter carries the collectors' own
-    ``job``/``instance`` (their ``service.name``/``service.instance.id``), and the fuse
-    service's ``fusebox_fuse_level`` carries the fuse scope's labels, ``instance`` among them;
-    without it Prometheus would rename that one ``exported_instance`` and put the fuse
-    service's address in ``instance``, which the overview's fuse-state panel groups by.
-    """
-    return {
-        "global": {"scrape_interval": format_duration(spec.scrape_interval_s),
-                   "evaluation_interval": format_duration(spec.evaluation_interval_s)},
-        "rule_files": [str(rules_file)],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{ports.alertmanager}"]}]}]},
-        "scrape_configs": [
-            {"job_name": "otelcol", "honor_labels": True,
-             "static_configs": [{"targets": [f"127.0.0.1:{ports.otel_prometheus}"]}]},
-            {"job_name": "fusebox-fuse", "honor_labels": True,
-             "static_configs": [{"targets": [f"127.0.0.1:{ports.fuse}"]}]},
-        ],
-    }
-
-
-def find_tools() -> dict[str, str]:
-    """Paths of prometheus, alertmanager and the Collector built by tools/build-otelcol.sh.
+def find_tools(engine: str = "prometheus") -> dict[str, str]:
+    """Paths of the rule engine's programs (:mod:`.engines`), Alertmanager and the Collector
+    built by tools/build-otelcol.sh.
 
     Raises:
         ToolMissing: naming each missing binary and ``make tools``.
+        ValueError: an unknown engine.
     """
+    eng_found, eng_missing = engine_class(engine).find_tools()
     found: dict[str, Optional[str]] = {
-        "prometheus": os.environ.get("FUSEBOX_PROMETHEUS") or shutil.which("prometheus"),
         "alertmanager": os.environ.get("FUSEBOX_ALERTMANAGER") or shutil.which("prometheus-alertmanager")
         or shutil.which("alertmanager"),
     }
@@ -107,13 +91,13 @@ def find_tools() -> dict[str, str]:
         built = sorted(glob.glob(str(tools_dir() / "otelcol-v*" / "otelcol-fusebox")))
         otel = built[-1] if built else None
     found["otelcol"] = otel if otel and os.access(otel, os.X_OK) else None
-    missing = [k for k, v in found.items() if not v]
+    where = {"alertmanager": "prometheus-alertmanager (>= 0.25)",
+             "otelcol": f"the OpenTelemetry Collector ({tools_dir()}/otelcol-v*/otelcol-fusebox)"}
+    missing = eng_missing + [where[k] for k, v in found.items() if not v]
     if missing:
-        where = {"prometheus": "prometheus (>= 2.42)", "alertmanager": "prometheus-alertmanager (>= 0.25)",
-                 "otelcol": f"the OpenTelemetry Collector ({tools_dir()}/otelcol-v*/otelcol-fusebox)"}
-        raise ToolMissing("missing " + ", ".join(where[m] for m in missing)
+        raise ToolMissing("missing " + ", ".join(missing)
                           + ": run `make tools` (tools/bootstrap.sh installs and builds them)")
-    return {k: str(v) for k, v in found.items()}
+    return {**eng_found, **{k: str(v) for k, v in found.items()}}
 
 
 @dataclass
@@ -130,6 +114,9 @@ class StackOptions:
         timing: demo durations, or None to keep the spec's own intervals.
         hold_s: the fuse service's release hold time.
         gateway: ``sglang`` (the SGLang Model Gateway in the loop as well) or ``reference``.
+        engine: the rule engine, ``prometheus`` or ``victoriametrics`` (:mod:`.engines`).
+        replicas: victoriametrics only: independent VictoriaMetrics + vmalert pairs, each
+            scraping the same targets and notifying the same Alertmanager (HA when > 1).
     """
 
     workdir: Path
@@ -140,6 +127,8 @@ class StackOptions:
     hold_s: float = 10.0
     grafana_url: Optional[str] = None
     gateway: str = "sglang"  # "sglang": the real SGLang Model Gateway too; "reference": the reference gateway alone
+    engine: str = "prometheus"
+    replicas: int = 1
 
 
 def _fusebox() -> list[str]:
@@ -151,7 +140,8 @@ class Stack:
         self.opts = opts
         self.say = say
         self.workdir = Path(opts.workdir).resolve()
-        self.ports = Ports.pick()
+        self.ports = Ports.pick(opts.replicas)
+        self.rule_engine: Engine = make_engine(opts.engine, self.ports, opts.replicas)  # ValueError: bad engine/replicas
         self.sup = Supervisor(self.workdir / "logs", say=say)
         self.tools: dict[str, str] = {}
         self.spec_path = self.workdir / "fusebox.demo.yaml"
@@ -168,7 +158,7 @@ class Stack:
     @property
     def urls(self) -> dict[str, str]:
         p = self.ports
-        u = {"prometheus": f"http://127.0.0.1:{p.prometheus}", "alertmanager": f"http://127.0.0.1:{p.alertmanager}",
+        u = {**self.rule_engine.ui_urls, "alertmanager": f"http://127.0.0.1:{p.alertmanager}",
              "fuse": f"http://127.0.0.1:{p.fuse}", "gateway": f"http://127.0.0.1:{p.gateway}",
              "otlp": f"http://127.0.0.1:{p.otlp_http}"}
         if self.opts.gateway == "sglang":
@@ -204,14 +194,15 @@ class Stack:
 
     # -- preparation ------------------------------------------------------------------
     def prepare(self) -> None:
-        """Wipe ``workdir``, write the token, the demo spec and the Prometheus config, generate.
+        """Wipe ``workdir``, write the token, the demo spec and the rule engine's config, generate.
 
         Raises:
             ToolMissing, ValueError (bad spec), RuntimeError (generate failed, with its output).
         """
         from fusebox.spec import load_spec
 
-        self.tools = find_tools()
+        self.tools = find_tools(self.opts.engine)
+        self.rule_engine.tools = self.tools
         if self.workdir.exists():
             shutil.rmtree(self.workdir)
         self.workdir.mkdir(parents=True)
@@ -239,9 +230,7 @@ class Stack:
         self.rules_file = self.out / RULE_FILE
         self.am_file = self.out / ALERTMANAGER_FILE
         self.otel_file = self.out / "otel" / "otelcol.yaml"
-        prom = prometheus_config(self.spec, self.rules_file, self.ports)
-        self.prom_file = self.workdir / "prometheus.yml"
-        self.prom_file.write_text(yaml.safe_dump(prom, sort_keys=False))
+        self.rule_engine.prepare(self.workdir, self.spec, self.rules_file)
 
     # -- processes --------------------------------------------------------------------
     def start(self, *, deadline_s: float = 60.0) -> None:
@@ -271,12 +260,16 @@ class Stack:
                    FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{p.otel_health}",
                    FUSEBOX_OTELCOL_TELEMETRY_HOST="127.0.0.1", FUSEBOX_OTELCOL_TELEMETRY_PORT=str(p.otel_telemetry))
         col = self.sup.start("otelcol", [t["otelcol"], f"--config={self.otel_file}"], env=env)
-        prom = self.sup.start("prometheus", [t["prometheus"], f"--config.file={self.prom_file}",
-                                             f"--storage.tsdb.path={w / 'prometheus'}",
-                                             f"--web.listen-address=127.0.0.1:{p.prometheus}", "--log.level=warn"])
+        self.rule_engine.start(StartContext(self.sup, lambda child, url: self._ready(child, url, deadline_s), w))
         self._ready(am, f"{self.urls['alertmanager']}/-/ready", deadline_s)
         self._ready(col, f"http://127.0.0.1:{p.otel_health}/", deadline_s)
-        self._ready(prom, f"{self.urls['prometheus']}/-/ready", deadline_s)
+
+    def stop_replica(self, index: int) -> None:
+        """Stop the rule engine's replica ``index`` for good (a node lost mid-run), saying which
+        processes; the rest of the stack keeps running. ValueError when there is none such."""
+        gone = self.rule_engine.stop_replica(self.sup, index)
+        self.say("demo: stopping replica " + str(index + 1) + ": "
+                 + ", ".join(f"{c.name} (pid {c.pid})" for c in gone))
 
     def start_scenario(self, on_line: Optional[Callable[[float, str], None]] = None) -> Child:
         """Start (or restart) the scenario player; it exits 0 at the scenario's end."""

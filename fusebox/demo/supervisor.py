@@ -114,6 +114,13 @@ class Supervisor:
         # Grandchildren left in the group (the leader is gone, the group may not be).
         _killpg(pgid, signal.SIGKILL)
 
+    def retire(self, child: Child) -> None:
+        """Stop ``child`` for good while the others run on: :meth:`stop`, then forget it, so
+        :meth:`check` no longer counts its exit as a death (a replica lost on purpose)."""
+        if child in self.children:
+            self.children.remove(child)
+        self.stop(child)
+
     def stop_all(self) -> None:
         while self.children:
             c = self.children.pop()

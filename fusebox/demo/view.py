@@ -113,6 +113,7 @@ class DemoView:
         self.live_mode = self.console.is_terminal if live is None else live
         self.title = title
         self.urls: dict[str, str] = {}
+        self.engine = "Prometheus"  # the rule engine's name, in the tables' titles
         self._live: Optional[Live] = None
         self._watcher: Optional[Watcher] = None
         self._recent: list[str] = []
@@ -131,7 +132,7 @@ class DemoView:
 
     def start(self, urls: dict[str, str], watcher: Watcher) -> None:
         self.urls, self._watcher = urls, watcher
-        for k in ("prometheus", "alertmanager", "grafana", "fuse"):
+        for k in self._shown() + ["fuse"]:
             if k in urls:
                 self.say(f"demo: {k:12s} {urls[k]}")
         if self.live_mode:
@@ -164,6 +165,12 @@ class DemoView:
         if self._live is not None:
             self._live.update(self._render())
 
+    def _shown(self) -> list[str]:
+        """The URLs a person opens, in order: the rule engine's UIs (Prometheus, or vmui and
+        vmalert per replica), Alertmanager, Grafana; not the fuse (its own line) nor the
+        loopback plumbing (OTLP, the gateways)."""
+        return [k for k in self.urls if k not in ("fuse", "gateway", "otlp", "sglang")]
+
     # -- rendering --------------------------------------------------------------------
     def _render(self):
         from rich.console import Group
@@ -179,9 +186,8 @@ class DemoView:
             head.append(f"   scenario {self.scenario_name} t={wall * self.speed:4.0f}s/{self.scenario_len:.0f}s "
                         f"scenario time (x{self.speed:g}; {wall:.0f}s wall)  phase ")
             head.append(w.phase, style="bold cyan")
-        for k in ("prometheus", "alertmanager", "grafana"):
-            if k in self.urls:
-                head.append(f"\n{k:13s}{self.urls[k]}")
+        for k in self._shown():
+            head.append(f"\n{k:13s}{self.urls[k]}")
         if "fuse" in self.urls:
             head.append(f"\n{'fuse':13s}{self.urls['fuse']}/  (status page; JSON: {self.urls['fuse']}/state; "
                         "token in the work directory's fuse.token)")
@@ -192,10 +198,10 @@ class DemoView:
         if w and w.errors:  # a peer not answering right now: shown, not fatal
             head.append("\n" + "; ".join(f"{k} not answering: {v}" for k, v in sorted(w.errors.items())), style="red")
 
-        sig = Table(title="signals (recording rules, from Prometheus)", expand=True, title_justify="left")
+        sig = Table(title=f"signals (recording rules, from {self.engine})", expand=True, title_justify="left")
         for col in ("signal", "entity", "value", "warning", "critical", "state"):
             sig.add_column(col)
-        alerts = Table(title="alerts (Prometheus ALERTS)", expand=True, title_justify="left")
+        alerts = Table(title=f"alerts ({self.engine} /api/v1/alerts)", expand=True, title_justify="left")
         for col in ("alert", "severity", "entity", "state", "for"):
             alerts.add_column(col)
         fuses = Table(title="fuses per scope (fuse service /state; gateway calls, wall seconds since scenario start)",

@@ -1,6 +1,9 @@
 """What the demo sees, polled from the stack's own APIs, as a state snapshot and an event log.
 
-Sources: Prometheus' HTTP API (each signal's recording rule, ``ALERTS``), Alertmanager's
+Sources: the rule engine's HTTP API (each signal's recording rule from the Prometheus-compatible
+``/api/v1/query``; the active alerts from ``/api/v1/alerts``, which Prometheus and vmalert both
+serve: the evaluator's own state, not the ``ALERTS`` series that VictoriaMetrics only sees
+after vmalert's remote write and its own ingestion delay), Alertmanager's
 ``/api/v2/alerts`` (what it holds, inhibited or not), the fuse service's ``GET /state`` and its
 ``/metrics`` (when each Alertmanager last notified it: the heartbeat's feed), the
 reference gateway's JSON-lines log (each control call, with its own timestamp) and the
@@ -66,8 +69,12 @@ class Watcher:
     :attr:`fuses`, :attr:`phase`, :attr:`events`."""
 
     def __init__(self, urls: dict[str, str], spec, gateway_log: Path, fuse_token: Optional[str] = None,
-                 worker_names: Optional[dict[str, str]] = None):
+                 worker_names: Optional[dict[str, str]] = None, engine=None):
         self.urls = urls
+        # the rule engine (.engines.Engine): its query_urls and alerts_urls, each in failover
+        # order and read at every poll (a replica stopped mid-run drops out); None: Prometheus
+        # at urls["prometheus"]
+        self.engine = engine
         self.worker_names = dict(worker_names or {})  # SGLang worker URL -> what it stands for
         self.workers: Optional[list[str]] = None  # the SGLang Model Gateway's own worker list (GET /workers)
         self.fuse_token = fuse_token  # the fuse service's /state needs a reader token
@@ -108,7 +115,7 @@ class Watcher:
     # -- polling ----------------------------------------------------------------------
     def poll(self) -> list[Event]:
         new: list[Event] = []
-        for name, fn in (("prometheus", self._poll_prometheus), ("alertmanager", self._poll_am),
+        for name, fn in (("rule engine", self._poll_engine), ("alertmanager", self._poll_am),
                          ("fuse", self._poll_fuse), ("gateway", self._poll_gateway), ("sglang", self._poll_sglang)):
             try:
                 new.extend(fn())
@@ -122,24 +129,47 @@ class Watcher:
         self.events.extend(new)
         return new
 
-    def _query(self, expr: str) -> list[dict]:
-        q = urllib.parse.urlencode({"query": expr})
-        body = http_json(f"{self.urls['prometheus']}/api/v1/query?{q}")
-        if body.get("status") != "success":
-            raise ValueError(f"Prometheus: {body}")
-        return body["data"]["result"]
+    def _bases(self, kind: str) -> list[str]:
+        if self.engine is None:
+            return [self.urls["prometheus"]]
+        return list(getattr(self.engine, kind))
 
-    def _poll_prometheus(self) -> list[Event]:
+    def _get(self, kind: str, path: str) -> dict:
+        """GET ``path`` from the first of the engine's ``kind`` bases that answers (failover)."""
+        bases = self._bases(kind)
+        if not bases:
+            raise OSError("no rule engine replica left")
+        err: Optional[OSError] = None
+        for base in bases:
+            try:
+                body = http_json(f"{base}{path}")
+            except OSError as e:
+                err = e
+                continue
+            if body.get("status") != "success":
+                raise ValueError(f"{base}: {body}")
+            return body["data"]
+        assert err is not None
+        raise err
+
+    def _query(self, expr: str) -> list[dict]:
+        return self._get("query_urls", "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))["result"]
+
+    def _poll_engine(self) -> list[Event]:
         now = time.time()
         for sig in self.signals:
             rec = records(sig)["value"]
             rows = self._query(rec)
             self.values[sig.name] = sorted((_entity(r["metric"]), float(r["value"][1])) for r in rows)
         seen: dict[tuple[str, str, str], str] = {}
-        for r in self._query(C.ALERTS_METRIC):
-            m = r["metric"]
+        for a in self._get("alerts_urls", "/api/v1/alerts")["alerts"]:
+            state = a.get("state", "")
+            if state not in ("pending", "firing"):  # vmalert also lists "inactive" (resolved) ones
+                continue
+            m = a.get("labels") or {}
             key = (m.get("alertname", ""), m.get(C.LABEL["severity"], ""), _entity(m))
-            seen[key] = m.get("alertstate", "")
+            if seen.get(key) != "firing":  # one entity's alert can be firing and pending at once
+                seen[key] = state
         out = []
         for key, state in seen.items():
             old = self.alerts.get(key)
