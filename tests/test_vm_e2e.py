@@ -7,17 +7,19 @@ Two stacks, each the breach scenario once (what must happen, and why: tests/_dem
 * ``single``: one VictoriaMetrics node and its vmalert (``fusebox demo --engine victoriametrics``);
 * ``ha``: VictoriaMetrics' documented HA topology, two independent nodes each scraping the same
   targets, one vmalert per node, both notifying the one Alertmanager
-  (docs/engines-victoriametrics.md). Replica 1, the one the demo reads first, loses its node and
+  (docs/engines.md#running-on-victoriametrics). Replica 1, the one the demo reads first, loses its node and
   its vmalert as soon as the first fuse trips, so the remaining trips and every release come
   through replica 2 alone; each level must still trip once and release once.
 
 The VictoriaMetrics cluster (vminsert, vmstorage, vmselect) is not run: the Go module proxy
-does not serve its tags (docs/engines-victoriametrics.md says how to check).
-Each run takes about 4.5 minutes (the breach scenario at x1.25 is 4 of them); the module about 9.
+does not serve its tags (docs/engines.md, "Running on VictoriaMetrics" says how to check).
+Each run takes about 4.5 minutes (the breach scenario at x1.25 is 4 of them); the two run side
+by side, so the module takes about as long.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import pytest
@@ -68,19 +70,37 @@ class KillReplicaOne:
             self.at = time.time()
 
 
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
+def _single(tmp_path_factory):
     res = run_demo(tmp_path_factory, "vm", engine="victoriametrics")
     res.topology = "single"
     return res
 
 
-@pytest.fixture(scope="module")
-def ha(tmp_path_factory):
+def _ha(tmp_path_factory):
     kill = KillReplicaOne()
     res = run_demo(tmp_path_factory, "vm-ha", engine="victoriametrics", replicas=2, on_poll=kill)
     res.topology, res.kill = "ha", kill
     return res
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both topologies' runs, side by side: each stack has its own ports, work folder and
+    processes, and most of a run is the scenario's clock, so together they take about as long as
+    one (CI time); a failure in either is re-raised here."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(fn, tmp_path_factory) for name, fn in (("single", _single), ("ha", _ha))}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def single(runs):
+    return runs["single"]
+
+
+@pytest.fixture(scope="module")
+def ha(runs):
+    return runs["ha"]
 
 
 @pytest.fixture(scope="module", params=["single", "ha"])
