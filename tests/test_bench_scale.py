@@ -1,0 +1,74 @@
+"""bench/bench_scale.py's pure parts at its --quick size: the synthetic fleet has the series the
+issue asks for, its history and live exposition agree, and the groups it times are the generated
+rules file's. No timing here (speed lives in bench/)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+
+import yaml
+
+from _support import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+bench_scale = importlib.import_module("bench_scale")
+
+QUICK_GPUS, QUICK_ENGINES = 512, 128  # bench_scale --quick
+GPU_FAMILIES = 7  # memory used/limit/reserved, bandwidth, PCIe, power, up
+ENGINE_FAMILIES = 2 + 14 + 2 + 3  # KV used/limit; 14 latency buckets (+Inf included), _count, _sum; 3 vLLM counters
+FUSE_SERIES = 4
+
+
+def test_quick_fleet_has_gpus_times_metrics_series_and_unique_label_sets():
+    fams = bench_scale.fleet(QUICK_GPUS, QUICK_ENGINES)
+    assert bench_scale.series_count(fams) == QUICK_GPUS * GPU_FAMILIES + QUICK_ENGINES * ENGINE_FAMILIES + FUSE_SERIES
+    per_gpu = [f for f in fams if len(f.labels) == QUICK_GPUS]
+    assert len(per_gpu) == GPU_FAMILIES
+    assert len({lab["host_name"] for lab in per_gpu[0].labels}) == QUICK_GPUS // 8
+    keys = [(f.name, tuple(sorted(lab.items()))) for f in fams for lab in f.labels]
+    assert len(keys) == len(set(keys))
+
+
+def test_history_and_exposition_carry_the_same_series_and_values(tmp_path):
+    fams = bench_scale.fleet(16, 4)
+    ts = [1_764_000_000, 1_764_000_010]
+    n = bench_scale.write_history(fams, ts, tmp_path / "h.om", tmp_path / "h.jsonl")
+    series = bench_scale.series_count(fams)
+    assert n == series * len(ts)
+    om = (tmp_path / "h.om").read_text().splitlines()
+    assert om[-1] == "# EOF" and sum(not x.startswith("#") for x in om) == n
+    lines = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
+    assert len(lines) == series and all(x["timestamps"] == [t * 1000 for t in ts] for x in lines)
+    expo = bench_scale.exposition(fams, ts[1]).decode().splitlines()
+    assert len(expo) == series
+    # the live value at ts[1] is the history's last value of the same series
+    last = {x["metric"]["__name__"] + json.dumps({k: v for k, v in x["metric"].items() if k != "__name__"}, sort_keys=True): x["values"][1]
+            for x in lines}
+    fam = fams[0]
+    key = fam.name + json.dumps(fam.labels[0], sort_keys=True)
+    assert float(expo[0].rsplit(" ", 1)[1]) == last[key]
+
+
+def test_latency_buckets_are_cumulative_and_quiet_under_the_spec_threshold():
+    fams = {f.name + f.labels[0].get("le", ""): f for f in bench_scale.fleet(8, 1)}
+    t = 1_764_000_000
+    bucket = [fams[f"fusebox_alignment_duration_seconds_bucket{le}"].value(0, t) for le in bench_scale.bd.BUCKETS]
+    assert bucket == sorted(bucket) and bucket[-1] == fams["fusebox_alignment_duration_seconds_count"].value(0, t)
+    # P95 of the synthetic latency (lognormal median 0.4 s, sigma 0.3) is under the spec's 0.85 s warning
+    assert math.exp(math.log(0.4) + 1.645 * 0.3) < 0.85
+
+
+def test_timed_groups_are_the_generated_rules_files_groups():
+    text = (ROOT / "rules" / "fusebox.rules.yml").read_text()
+    groups = bench_scale.rule_groups(text)
+    assert [g for g, _ in groups] == [g["name"] for g in yaml.safe_load(text)["groups"]]
+    assert all(iv > 0 for _, iv in groups)
+    assert bench_scale.rule_groups("groups:\n- name: a\n  interval: 30s\n  rules: []\n- name: b\n  rules: []\n") == [("a", 30.0), ("b", 60.0)]
+
+
+def test_group_time_is_prometheus_field_or_the_sum_of_the_rules():
+    assert bench_scale.group_eval_seconds({"evaluationTime": 0.25, "rules": [{"evaluationTime": 9}]}) == 0.25
+    assert bench_scale.group_eval_seconds({"rules": [{"evaluationTime": 0.1}, {"evaluationTime": 0.2}]}) == 0.1 + 0.2
