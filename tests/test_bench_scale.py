@@ -34,11 +34,11 @@ def test_quick_fleet_has_gpus_times_metrics_series_and_unique_label_sets():
 
 def test_history_and_exposition_carry_the_same_series_and_values(tmp_path):
     fams = bench_scale.fleet(16, 4)
-    ts = [1_764_000_000, 1_764_000_010]
-    n = bench_scale.write_history(fams, ts, tmp_path / "h.om", tmp_path / "h.jsonl")
+    ts = [1_764_000_000, 1_764_000_010]  # one 2 h window
+    n, files = bench_scale.write_history(fams, ts, tmp_path / "h.om", tmp_path / "h.jsonl")
     series = bench_scale.series_count(fams)
-    assert n == series * len(ts)
-    om = (tmp_path / "h.om").read_text().splitlines()
+    assert n == series * len(ts) and len(files) == 1
+    om = files[0].read_text().splitlines()
     assert om[-1] == "# EOF" and sum(not x.startswith("#") for x in om) == n
     lines = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
     assert len(lines) == series and all(x["timestamps"] == [t * 1000 for t in ts] for x in lines)
@@ -71,4 +71,32 @@ def test_timed_groups_are_the_generated_rules_files_groups():
 
 def test_group_time_is_prometheus_field_or_the_sum_of_the_rules():
     assert bench_scale.group_eval_seconds({"evaluationTime": 0.25, "rules": [{"evaluationTime": 9}]}) == 0.25
-    assert bench_scale.group_eval_seconds({"rules": [{"evaluationTime": 0.1}, {"evaluationTime": 0.2}]}) == 0.1 + 0.2
+    t = "2026-01-01T00:00:05Z"
+    done = {"lastEvaluation": t, "rules": [{"evaluationTime": 0.1, "lastEvaluation": t}, {"evaluationTime": 0.2, "lastEvaluation": t}]}
+    assert bench_scale.group_eval_seconds(done) == 0.1 + 0.2
+    under_way = {"lastEvaluation": t, "rules": [{"evaluationTime": 0.1, "lastEvaluation": t}, {"evaluationTime": 0.2, "lastEvaluation": "x"}]}
+    assert bench_scale.group_eval_seconds(under_way) is None
+
+
+def test_record_levels_put_every_record_after_the_records_it_reads():
+    text = (ROOT / "rules" / "fusebox.rules.yml").read_text()
+    levels = bench_scale.record_levels(text)
+    recorded = [r["record"] for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "record" in r]
+    assert sorted(r["record"] for lv in levels for r in lv) == sorted(recorded)
+    earlier: set[str] = set()
+    for lv in levels:
+        for r in lv:
+            reads = {n for n in set(recorded) - {r["record"]} if n in r["expr"].replace(n + "_", "")}
+            assert reads <= earlier, (r["record"], reads - earlier)
+        earlier |= {r["record"] for r in lv}
+    two = "groups:\n- name: g\n  rules:\n  - record: b:x\n    expr: a:x * 2\n  - record: a:x\n    expr: sum(raw)\n"
+    assert [[r["record"] for r in lv] for lv in bench_scale.record_levels(two)] == [["a:x"], ["b:x"]]
+
+
+def test_history_is_split_at_promtools_2h_block_windows(tmp_path):
+    fams = bench_scale.fleet(8, 1)
+    ts = [7200 * 245_000 - 10, 7200 * 245_000, 7200 * 245_000 + 10]  # crosses one window boundary
+    n, files = bench_scale.write_history(fams, ts, tmp_path / "h.om", tmp_path / "h.jsonl")
+    per_file = [[int(x.rsplit(" ", 1)[1]) for x in f.read_text().splitlines() if not x.startswith("#")] for f in files]
+    assert [sorted(set(p)) for p in per_file] == [ts[:1], ts[1:]]
+    assert sum(map(len, per_file)) == n == bench_scale.series_count(fams) * 3
