@@ -299,9 +299,10 @@ def instant(base: str, expr: str) -> list:
     return body["data"]["result"]
 
 
-def count(base: str, names: list[str]) -> int:
-    res = instant(base, f'count({{__name__=~"{"|".join(names)}"}})')
-    return int(float(res[0]["value"][1])) if res else 0
+def count_by_name(base: str, names: list[str]) -> dict[str, int]:
+    """Series per metric name among ``names`` at the engine's now (an instant count)."""
+    res = instant(base, f'count by (__name__) ({{__name__=~"{"|".join(names)}"}})')
+    return {r["metric"]["__name__"]: int(float(r["value"][1])) for r in res}
 
 
 # ------------------------------------------------------------------------------ rule groups
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                                   port=prom.port)
         prom_times = poll_groups(prom.base, args.eval_seconds, warmup=15)
         prom_errors = rule_errors(prom.base)
-        counts = {"prometheus": (count(prom.base, raw_names), count(prom.base, list(records)))}
+        counts = {"Prometheus": (count_by_name(prom.base, raw_names), count_by_name(prom.base, list(records)))}
         (tmp / "prometheus.yml").write_text(scrape_config(exporter.port))
         urllib.request.urlopen(urllib.request.Request(prom.base + "/-/reload", method="POST"), timeout=60).read()  # noqa: S310
         _phase("Prometheus evaluating the rules live", clock)
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(vma)
         vm_times = poll_groups(vma.base, args.eval_seconds, warmup=15)
         vm_errors = rule_errors(vma.base)
-        counts["victoriametrics"] = (count(vm.base, raw_names), count(vm.base, list(records)))
+        counts["VictoriaMetrics"] = (count_by_name(vm.base, raw_names), count_by_name(vm.base, list(records)))
         vma.stop()
         procs.remove(vma)
         vm.stop()
@@ -488,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     ok = report_groups(groups, prom_times, vm_times, prom_errors, vm_errors)
-    report_counts(counts)
+    report_counts(counts, list(records))
     ok &= report_dashboards(rows, args.hours, args.step, args.repeat)
     print(f"\ntotal {time.perf_counter() - clock[1]:.0f}s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
           f" on {os.cpu_count()} cpus; peak RSS: this Python {_rss(resource.RUSAGE_SELF)}, its largest child"
@@ -540,16 +541,25 @@ def report_groups(groups, prom_times, vm_times, prom_errors, vm_errors) -> bool:
         ok &= good
         print(f"{name:40s} {iv:7g}s {pm * 100:7.2f} / {px * 100:6.2f} ({len(p):2d}) {vmm * 100:7.2f} / {vx * 100:6.2f} ({len(v):2d})"
               f"  {'ok' if good else 'MISSED'}")
+    for what, times in (("Prometheus", prom_times), ("vmalert", vm_times)):
+        total = sum(statistics.median(v) / iv for (name, iv) in groups if (v := times.get(name)))
+        print(f"  {what}: the groups' median evaluation times add up to {total * 100:.0f} % of an interval"
+              " (an engine runs its groups concurrently, so each group's time includes waiting for a core)")
     for what, errs in (("Prometheus", prom_errors), ("vmalert", vm_errors)):
         for e in errs[:5]:
             print(f"  {what} rule error: {e[:200]}")
     return ok
 
 
-def report_counts(counts: dict[str, tuple[int, int]]) -> None:
-    print("\nseries: raw series the rules read vs series the recording rules produce (instant count while the rules ran)")
+def report_counts(counts: dict[str, tuple[dict[str, int], dict[str, int]]], records: list[str]) -> None:
+    print("\nseries: raw series the rules read vs series the recording rules produce (instant counts while each engine's rules ran)")
     for eng, (raw, rec) in counts.items():
-        print(f"  {eng:16s} raw {raw:>9,d}  records {rec:>8,d}  ({raw / max(rec, 1):.1f} raw series per record series)")
+        r, w = sum(raw.values()), sum(rec.values())
+        print(f"  {eng:16s} raw {r:>9,d}  records {w:>9,d}  (records/raw {w / max(r, 1):.2f})")
+    engines = list(counts)
+    print(f"  {'record':66s} " + " ".join(f"{e:>16s}" for e in engines))
+    for name in records:
+        print(f"  {name:66s} " + " ".join(f"{counts[e][1].get(name, 0):>16,d}" for e in engines))
 
 
 def report_dashboards(rows, hours: float, step: float, repeat: int) -> bool:
