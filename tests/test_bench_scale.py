@@ -71,10 +71,12 @@ def test_timed_groups_are_the_generated_rules_files_groups():
 
 def test_group_time_is_prometheus_field_or_the_sum_of_the_rules():
     assert bench_scale.group_eval_seconds({"evaluationTime": 0.25, "rules": [{"evaluationTime": 9}]}) == 0.25
-    t = "2026-01-01T00:00:05Z"
-    done = {"lastEvaluation": t, "rules": [{"evaluationTime": 0.1, "lastEvaluation": t}, {"evaluationTime": 0.2, "lastEvaluation": t}]}
-    assert bench_scale.group_eval_seconds(done) == 0.1 + 0.2
-    under_way = {"lastEvaluation": t, "rules": [{"evaluationTime": 0.1, "lastEvaluation": t}, {"evaluationTime": 0.2, "lastEvaluation": "x"}]}
+    g = "2026-12-02T01:12:10.440891333Z"
+    rules = [{"lastEvaluation": "2026-12-02T01:12:10.440896623Z", "evaluationTime": 0.019},
+             {"lastEvaluation": "2026-12-02T01:12:10.460013996Z", "evaluationTime": 0.0026}]
+    took = bench_scale.group_eval_seconds({"lastEvaluation": g, "rules": rules})
+    assert abs(took - (0.460013 + 0.0026 - 0.440891)) < 2e-6
+    under_way = {"lastEvaluation": g, "rules": rules[:1] + [{"lastEvaluation": "2026-12-02T01:12:05.4Z", "evaluationTime": 0.1}]}
     assert bench_scale.group_eval_seconds(under_way) is None
 
 
