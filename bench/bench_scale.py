@@ -16,14 +16,29 @@ dashboards through recording rules vs raw series.
 2. The dashboards' recording rules over the history are made by Prometheus itself:
    `promtool tsdb create-blocks-from rules` on a rules file where every record is expanded to raw
    series (bench_dashboards.expand), so records that read records need no ordering.
-3. Live rule evaluation, one engine at a time while both keep scraping: Prometheus loads the
-   generated rules file (render_all, read at run time) and /api/v1/rules is polled every second for
-   each group's evaluationTime at each new lastEvaluation; then vmalert evaluates the same file
-   against VictoriaMetrics (remote write back into it) and its /api/v1/rules is polled the same way
-   (vmalert's groups have no evaluationTime: a group's time there is the span from its
-   lastEvaluation to the end of its last rule, each rule a query over HTTP to VictoriaMetrics run
-   one after another, concurrency 1). Median and max of the evaluations seen, as a share of the
-   group's interval; target: under 10 %.
+3. Live rule evaluation, one engine at a time, the other one frozen: Prometheus loads the
+   generated rules file (render_all, read at run time) while VictoriaMetrics is held with SIGSTOP
+   (its data stays; it misses the scrapes of that phase, a gap of about warm-up + --eval-seconds,
+   which the 5m rate windows of the vmalert phase bridge, since it is resumed with SIGCONT and
+   scrapes again for the 15 s warm-up before anything is measured), and /api/v1/rules is polled
+   every second for each group's evaluationTime at each new lastEvaluation; then Prometheus is
+   held with SIGSTOP (its rules unloaded first; it resumes for the dashboard queries, which read
+   the history only) and vmalert evaluates the same file against VictoriaMetrics (remote write
+   back into it), its /api/v1/rules polled the same way (vmalert's groups have no evaluationTime:
+   a group's time there is the span from its lastEvaluation to the end of its last rule, each rule
+   a query over HTTP to VictoriaMetrics run one after another, concurrency 1). Median and max of
+   the evaluations seen, as a share of the group's interval; target: under 10 %.
+   The exporter renders its body once per 10 s scrape tick, shared by both scrapers; one render's
+   time is printed at the start, and each render's at the end (0.18-0.20 s for the 20 MB body at
+   10,000 GPUs on a 2-core machine, timing exposition(fleet(10000, 2500), t) alone).
+   Wall time vs CPU, to tell cost from waiting for a core: neither engine reports CPU per group,
+   so each phase prints, over its measured window, the engine's CPU (process_cpu_seconds_total
+   from its /metrics: Prometheus; vmalert + VictoriaMetrics, which runs vmalert's queries) beside
+   the groups' evaluation wall time added up (Prometheus' prometheus_rule_group_duration_seconds_sum,
+   vmalert's vmalert_iteration_duration_seconds_sum, deltas), the CPU of this process (exporter
+   and polls), the whole machine's busy CPU (/proc/stat, where there is one) and the load average
+   at the phase's start and end. The engine's CPU includes its scraping and the polls, so it is an
+   upper bound on the rules' cost; wall time far above it means waiting, not cost.
 4. Series the recording rules produce vs raw series, counted on each engine while its rules run.
 5. Every dashboard panel query over the history (1 h by default) on records vs raw, as
    bench_dashboards.py does it: samples (stats=all totalQueryableSamples), Prometheus' evaluation
@@ -45,6 +60,7 @@ import random
 import re
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -193,6 +209,7 @@ class Exporter:
 
     def __init__(self, fams: list[Family]):
         self.fams, self.lock, self.cache = fams, threading.Lock(), (0.0, b"")
+        self.render_s: list[float] = []  # wall time of each render, seconds
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -215,7 +232,9 @@ class Exporter:
         step = time.time() // SCRAPE_S * SCRAPE_S
         with self.lock:
             if self.cache[0] != step:
+                t0 = time.perf_counter()
                 self.cache = (step, exposition(self.fams, time.time()))
+                self.render_s.append(time.perf_counter() - t0)
             return self.cache[1]
 
     def stop(self) -> None:
@@ -381,6 +400,82 @@ def poll_groups(base: str, seconds: float, warmup: float) -> dict[str, list[floa
     return out
 
 
+def metric_sums(base: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Each of ``names`` summed over its label sets in ``base``/metrics (Prometheus text format)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:  # noqa: S310 - loopback only
+        return sum_metrics(r.read().decode(), names)
+
+
+def sum_metrics(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Each of ``names`` summed over its label sets in a text exposition (0.0 where absent)."""
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1] if "}" not in line else line.rsplit("}", 1)[1].split()[0])
+    return out
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine since boot from /proc/stat (USER_HZ 100), or
+    None where there is none. Busy is everything but idle and iowait."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    total = sum(f[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return (total - f[3] - f[4]) / hz, total / hz
+
+
+def _self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+@dataclass
+class Usage:
+    """What one engine's measured window cost: wall seconds, the engine's CPU seconds, the groups'
+    evaluation wall seconds added up, this process's CPU seconds, the machine's busy CPU seconds
+    (None without /proc/stat), load averages at the start and end."""
+    wall: float
+    engine_cpu: float
+    group_wall: float
+    self_cpu: float
+    machine_busy: float | None
+    load: tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def measure(bases: list[str], group_metric: str, poll_base: str, seconds: float) -> tuple[dict[str, list[float]], Usage]:
+    """poll_groups over ``seconds`` with the CPU around it: process_cpu_seconds_total of every
+    process at ``bases`` and ``group_metric`` (a group-duration summary's _sum) added up over them."""
+    names = ("process_cpu_seconds_total", group_metric)
+
+    def snap() -> tuple[float, float, float, float, tuple[float, float] | None, tuple[float, ...]]:
+        sums = [metric_sums(b, names) for b in bases]
+        return (time.perf_counter(), sum(s[names[0]] for s in sums), sum(s[names[1]] for s in sums), _self_cpu(),
+                machine_cpu(), os.getloadavg())
+
+    a = snap()
+    times = poll_groups(poll_base, seconds, warmup=0)
+    b = snap()
+    busy = None if a[4] is None or b[4] is None else b[4][0] - a[4][0]
+    return times, Usage(b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3] - a[3], busy, (a[5], b[5]))
+
+
+def _hold(procs: list, sig: signal.Signals) -> None:
+    """SIGSTOP or SIGCONT each of ``procs`` (Proc or bd.Prom) that is still running."""
+    for p in procs:
+        if p.proc.poll() is None:
+            os.kill(p.proc.pid, sig)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def rule_errors(base: str) -> list[str]:
     return [f"{g['name']}/{r.get('name')}: {r['lastError']}" for g in bd._get(base + "/api/v1/rules")["data"]["groups"]
             for r in g.get("rules", []) if r.get("lastError")]
@@ -423,12 +518,17 @@ def main(argv: list[str] | None = None) -> int:
     records = bd.load_records(rule_text)
     fams = fleet(args.gpus, args.engines)
     raw_names = sorted({f.name for f in fams})
+    t_render = time.perf_counter()
+    body_size = len(exposition(fams, time.time()))
+    t_render = time.perf_counter() - t_render
     tmp = Path(tempfile.mkdtemp(prefix="fusebox-bench-scale-"))
     (tmp / "rules.yml").write_text(rule_text)
     clock = [time.perf_counter()] * 2
     print(f"fleet: {args.gpus:,} GPUs ({-(-args.gpus // 8):,} nodes x 8), {args.engines:,} engines: {series_count(fams):,} raw series;"
           f" {len(groups)} rule groups, {len(records)} records; cpus {os.cpu_count()}; load {os.getloadavg()[0]:.2f}"
           f" {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    print(f"exporter: one render of the exposition {t_render:.3f}s ({body_size / MIB:.1f} MiB), once per {SCRAPE_S}s scrape tick,"
+          " shared by both scrapers", flush=True)
 
     exporter = Exporter(fams)
     t_live = int(time.time()) // SCRAPE_S * SCRAPE_S  # scraping starts now; the history ends just before
@@ -470,18 +570,26 @@ def main(argv: list[str] | None = None) -> int:
         prom.stop()
         _phase("records over the history (promtool create-blocks-from rules, level by level)", clock)
 
-        # Live rule evaluation: Prometheus first, vmalert after, both engines scraping throughout.
+        # Live rule evaluation: Prometheus first with VictoriaMetrics frozen, then vmalert with
+        # Prometheus frozen; the running engine scrapes throughout.
+        print(f"Prometheus phase: load average {_load()} before VictoriaMetrics is held", flush=True)
+        _hold([vm], signal.SIGSTOP)
         prom = procs[1] = bd.Prom(data, tmp, scrape_config(exporter.port) + f"rule_files: ['{tmp / 'rules.yml'}']\n", prom_args,
                                   port=prom.port)
-        prom_times = poll_groups(prom.base, args.eval_seconds, warmup=15)
+        time.sleep(15)  # warm-up: the first evaluations fill caches
+        prom_times, prom_use = measure([prom.base], "prometheus_rule_group_duration_seconds_sum", prom.base, args.eval_seconds)
         prom_errors = rule_errors(prom.base)
         counts = {"Prometheus": (count_by_name(prom.base, raw_names), count_by_name(prom.base, list(records)))}
         (tmp / "prometheus.yml").write_text(scrape_config(exporter.port))
         urllib.request.urlopen(urllib.request.Request(prom.base + "/-/reload", method="POST"), timeout=60).read()  # noqa: S310
+        _hold([prom], signal.SIGSTOP)
+        _hold([vm], signal.SIGCONT)
         _phase("Prometheus evaluating the rules live", clock)
+        print(f"vmalert phase: load average {_load()} with Prometheus held", flush=True)
         vma = vmalert(tmp, tmp / "rules.yml", vm)
         procs.append(vma)
-        vm_times = poll_groups(vma.base, args.eval_seconds, warmup=15)
+        time.sleep(15)
+        vm_times, vm_use = measure([vma.base, vm.base], "vmalert_iteration_duration_seconds_sum", vma.base, args.eval_seconds)
         vm_errors = rule_errors(vma.base)
         counts["VictoriaMetrics"] = (count_by_name(vm.base, raw_names), count_by_name(vm.base, list(records)))
         vma.stop()
@@ -489,11 +597,13 @@ def main(argv: list[str] | None = None) -> int:
         vm.stop()
         procs.remove(vm)
         exporter.stop()
+        _hold([prom], signal.SIGCONT)
         _phase("vmalert + VictoriaMetrics evaluating the rules live", clock)
 
         rows = dashboard_rows(prom, spec, records, q_start, end, args.step, args.repeat)
         _phase("dashboard queries", clock)
     finally:
+        _hold(procs, signal.SIGCONT)
         for p in procs:
             p.stop()
         if args.keep:
@@ -502,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     ok = report_groups(groups, prom_times, vm_times, prom_errors, vm_errors)
+    report_usage({"Prometheus": prom_use, "vmalert + VictoriaMetrics": vm_use}, exporter.render_s)
     report_counts(counts, list(records))
     ok &= report_dashboards(rows, args.hours, args.step, args.repeat)
     print(f"\ntotal {time.perf_counter() - clock[1]:.0f}s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -562,6 +673,20 @@ def report_groups(groups, prom_times, vm_times, prom_errors, vm_errors) -> bool:
         for e in errs[:5]:
             print(f"  {what} rule error: {e[:200]}")
     return ok
+
+
+def report_usage(uses: dict[str, Usage], renders: list[float]) -> None:
+    print("\nCPU vs wall over each engine's measured window (the other engine held with SIGSTOP); no engine reports CPU per group")
+    for eng, u in uses.items():
+        busy = "n/a" if u.machine_busy is None else (f"{u.machine_busy:.1f}s (other processes"
+                                                     f" {max(u.machine_busy - u.engine_cpu - u.self_cpu, 0.0):.1f}s)")
+        print(f"  {eng}: {u.wall:.0f}s window; engine CPU {u.engine_cpu:.2f}s ({u.engine_cpu / u.wall * 100:.0f} % of a core,"
+              f" scraping and polls included); groups' evaluation wall time added up {u.group_wall:.2f}s"
+              f" (wall/CPU {u.group_wall / max(u.engine_cpu, 1e-9):.1f}); this process (exporter, polls) {u.self_cpu:.2f}s;"
+              f" machine busy {busy} of {u.wall * (os.cpu_count() or 1):.0f} core-s;"
+              f" load average {' '.join(f'{x:.2f}' for x in u.load[0])} -> {' '.join(f'{x:.2f}' for x in u.load[1])}")
+    if renders:
+        print(f"  exporter: {len(renders)} renders, median {statistics.median(renders):.3f}s, max {max(renders):.3f}s")
 
 
 def report_counts(counts: dict[str, tuple[dict[str, int], dict[str, int]]], records: list[str]) -> None:

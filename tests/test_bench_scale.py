@@ -102,3 +102,14 @@ def test_history_is_split_at_promtools_2h_block_windows(tmp_path):
     per_file = [[int(x.rsplit(" ", 1)[1]) for x in f.read_text().splitlines() if not x.startswith("#")] for f in files]
     assert [sorted(set(p)) for p in per_file] == [ts[:1], ts[1:]]
     assert sum(map(len, per_file)) == n == bench_scale.series_count(fams) * 3
+
+
+def test_metric_sums_add_a_name_over_its_label_sets_and_only_that_name():
+    text = ("# TYPE vmalert_iteration_duration_seconds summary\n"
+            'vmalert_iteration_duration_seconds{group="a",quantile="0.5"} 7\n'
+            'vmalert_iteration_duration_seconds_sum{file="r.yml",group="a"} 0.25\n'
+            'vmalert_iteration_duration_seconds_sum{file="r.yml",group="b"} 1.5\n'
+            'vmalert_iteration_duration_seconds_count{group="a"} 3\n'
+            "process_cpu_seconds_total 12.5\n")
+    got = bench_scale.sum_metrics(text, ("vmalert_iteration_duration_seconds_sum", "process_cpu_seconds_total", "absent"))
+    assert got == {"vmalert_iteration_duration_seconds_sum": 1.75, "process_cpu_seconds_total": 12.5, "absent": 0.0}
