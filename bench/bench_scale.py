@@ -3,7 +3,7 @@ dashboards through recording rules vs raw series.
 
     python bench/bench_scale.py                      # 10,000 GPUs (1,250 nodes x 8), 2,500 engines, 1 h
     python bench/bench_scale.py --quick              # 512 GPUs, 128 engines, 15 min: a smoke run
-    python bench/bench_scale.py [--gpus N] [--engines M] [--hours H] [--eval-seconds S] [--repeat R]
+    python bench/bench_scale.py [--gpus N] [--engines M] [--hours H] [--eval-seconds S] [--baseline-seconds B] [--repeat R]
 
 1. A synthetic fleet (fusebox's raw metric names, conventions.PROM; the labels of
    bench_dashboards.py) is a closed-form function of time, so the history and the live feed are one
@@ -18,9 +18,10 @@ dashboards through recording rules vs raw series.
    series (bench_dashboards.expand), so records that read records need no ordering.
 3. Live rule evaluation, one engine at a time, the other one frozen: Prometheus loads the
    generated rules file (render_all, read at run time) while VictoriaMetrics is held with SIGSTOP
-   (its data stays; it misses the scrapes of that phase, a gap of about warm-up + --eval-seconds,
-   which the 5m rate windows of the vmalert phase bridge, since it is resumed with SIGCONT and
-   scrapes again for the 15 s warm-up before anything is measured), and /api/v1/rules is polled
+   (its data stays; it misses the scrapes of that phase, a gap of 25 s + --baseline-seconds +
+   --eval-seconds, under 2 min by default, which the 5m rate windows of the vmalert phase bridge:
+   it is resumed with SIGCONT and scrapes again for over 25 s before anything is measured), and,
+   after --baseline-seconds of scraping only and a 15 s warm-up, /api/v1/rules is polled
    every second for each group's evaluationTime at each new lastEvaluation; then Prometheus is
    held with SIGSTOP (its rules unloaded first; it resumes for the dashboard queries, which read
    the history only) and vmalert evaluates the same file against VictoriaMetrics (remote write
@@ -38,7 +39,9 @@ dashboards through recording rules vs raw series.
    vmalert's vmalert_iteration_duration_seconds_sum, deltas), the CPU of this process (exporter
    and polls), the whole machine's busy CPU (/proc/stat, where there is one) and the load average
    at the phase's start and end. The engine's CPU includes its scraping and the polls, so it is an
-   upper bound on the rules' cost; wall time far above it means waiting, not cost.
+   upper bound on the rules' cost; its CPU over --baseline-seconds while it only scrapes (before
+   its rules, or vmalert, start) is subtracted for an estimate of the rules' own CPU. Wall time far
+   above the CPU means waiting, not cost.
 4. Series the recording rules produce vs raw series, counted on each engine while its rules run.
 5. Every dashboard panel query over the history (1 h by default) on records vs raw, as
    bench_dashboards.py does it: samples (stats=all totalQueryableSamples), Prometheus' evaluation
@@ -448,9 +451,10 @@ class Usage:
     load: tuple[tuple[float, ...], tuple[float, ...]]
 
 
-def measure(bases: list[str], group_metric: str, poll_base: str, seconds: float) -> tuple[dict[str, list[float]], Usage]:
+def measure(bases: list[str], group_metric: str, poll_base: str | None, seconds: float) -> tuple[dict[str, list[float]], Usage]:
     """poll_groups over ``seconds`` with the CPU around it: process_cpu_seconds_total of every
-    process at ``bases`` and ``group_metric`` (a group-duration summary's _sum) added up over them."""
+    process at ``bases`` and ``group_metric`` (a group-duration summary's _sum) added up over them.
+    ``poll_base`` None: no rules to poll, only the CPU over ``seconds`` (the scrape-only baseline)."""
     names = ("process_cpu_seconds_total", group_metric)
 
     def snap() -> tuple[float, float, float, float, tuple[float, float] | None, tuple[float, ...]]:
@@ -459,7 +463,11 @@ def measure(bases: list[str], group_metric: str, poll_base: str, seconds: float)
                 machine_cpu(), os.getloadavg())
 
     a = snap()
-    times = poll_groups(poll_base, seconds, warmup=0)
+    if poll_base is None:
+        times: dict[str, list[float]] = {}
+        time.sleep(seconds)
+    else:
+        times = poll_groups(poll_base, seconds, warmup=0)
     b = snap()
     busy = None if a[4] is None or b[4] is None else b[4][0] - a[4][0]
     return times, Usage(b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3] - a[3], busy, (a[5], b[5]))
@@ -494,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", type=int, default=2_500)
     ap.add_argument("--hours", type=float, default=1.0, help="history the dashboards read (plus 10 min for the 5m windows)")
     ap.add_argument("--eval-seconds", type=float, default=60.0, help="live rule evaluation measured per engine")
+    ap.add_argument("--baseline-seconds", type=float, default=30.0,
+                    help="each engine's CPU measured while it only scrapes, before its rules start")
     ap.add_argument("--step", type=float, default=30.0, help="dashboard query_range step, seconds")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each panel query (the raw ones take tens of seconds at 10,000 GPUs)")
     ap.add_argument("--quick", action="store_true", help="512 GPUs, 128 engines, 15 min of history, 30 s of evaluations")
@@ -574,10 +584,14 @@ def main(argv: list[str] | None = None) -> int:
         # Prometheus frozen; the running engine scrapes throughout.
         print(f"Prometheus phase: load average {_load()} before VictoriaMetrics is held", flush=True)
         _hold([vm], signal.SIGSTOP)
-        prom = procs[1] = bd.Prom(data, tmp, scrape_config(exporter.port) + f"rule_files: ['{tmp / 'rules.yml'}']\n", prom_args,
-                                  port=prom.port)
+        prom = procs[1] = bd.Prom(data, tmp, scrape_config(exporter.port), prom_args, port=prom.port)
+        prom_metric = "prometheus_rule_group_duration_seconds_sum"
+        time.sleep(SCRAPE_S)  # scraping only: the engine's CPU without rules
+        _, prom_base_use = measure([prom.base], prom_metric, None, args.baseline_seconds)
+        (tmp / "prometheus.yml").write_text(scrape_config(exporter.port) + f"rule_files: ['{tmp / 'rules.yml'}']\n")
+        urllib.request.urlopen(urllib.request.Request(prom.base + "/-/reload", method="POST"), timeout=60).read()  # noqa: S310
         time.sleep(15)  # warm-up: the first evaluations fill caches
-        prom_times, prom_use = measure([prom.base], "prometheus_rule_group_duration_seconds_sum", prom.base, args.eval_seconds)
+        prom_times, prom_use = measure([prom.base], prom_metric, prom.base, args.eval_seconds)
         prom_errors = rule_errors(prom.base)
         counts = {"Prometheus": (count_by_name(prom.base, raw_names), count_by_name(prom.base, list(records)))}
         (tmp / "prometheus.yml").write_text(scrape_config(exporter.port))
@@ -586,10 +600,13 @@ def main(argv: list[str] | None = None) -> int:
         _hold([vm], signal.SIGCONT)
         _phase("Prometheus evaluating the rules live", clock)
         print(f"vmalert phase: load average {_load()} with Prometheus held", flush=True)
+        vm_metric = "vmalert_iteration_duration_seconds_sum"
+        time.sleep(SCRAPE_S)  # VictoriaMetrics scraping again, no vmalert yet: its CPU without rules
+        _, vm_base_use = measure([vm.base], vm_metric, None, args.baseline_seconds)
         vma = vmalert(tmp, tmp / "rules.yml", vm)
         procs.append(vma)
         time.sleep(15)
-        vm_times, vm_use = measure([vma.base, vm.base], "vmalert_iteration_duration_seconds_sum", vma.base, args.eval_seconds)
+        vm_times, vm_use = measure([vma.base, vm.base], vm_metric, vma.base, args.eval_seconds)
         vm_errors = rule_errors(vma.base)
         counts["VictoriaMetrics"] = (count_by_name(vm.base, raw_names), count_by_name(vm.base, list(records)))
         vma.stop()
@@ -612,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     ok = report_groups(groups, prom_times, vm_times, prom_errors, vm_errors)
-    report_usage({"Prometheus": prom_use, "vmalert + VictoriaMetrics": vm_use}, exporter.render_s)
+    report_usage({"Prometheus": (prom_base_use, prom_use), "vmalert + VictoriaMetrics": (vm_base_use, vm_use)}, exporter.render_s)
     report_counts(counts, list(records))
     ok &= report_dashboards(rows, args.hours, args.step, args.repeat)
     print(f"\ntotal {time.perf_counter() - clock[1]:.0f}s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -675,9 +692,13 @@ def report_groups(groups, prom_times, vm_times, prom_errors, vm_errors) -> bool:
     return ok
 
 
-def report_usage(uses: dict[str, Usage], renders: list[float]) -> None:
+def report_usage(uses: dict[str, tuple[Usage, Usage]], renders: list[float]) -> None:
     print("\nCPU vs wall over each engine's measured window (the other engine held with SIGSTOP); no engine reports CPU per group")
-    for eng, u in uses.items():
+    for eng, (base, u) in uses.items():
+        idle, busy_rate = base.engine_cpu / base.wall, u.engine_cpu / u.wall
+        print(f"  {eng}: scraping only {idle * 100:.0f} % of a core ({base.wall:.0f}s); with the rules {busy_rate * 100:.0f} %:"
+              f" the rules' CPU about {(busy_rate - idle) * u.wall:.2f}s over the {u.wall:.0f}s window"
+              f" ({(busy_rate - idle) * 100:.0f} % of a core; scrapes land unevenly in short windows, so this is rough)")
         busy = "n/a" if u.machine_busy is None else (f"{u.machine_busy:.1f}s (other processes"
                                                      f" {max(u.machine_busy - u.engine_cpu - u.self_cpu, 0.0):.1f}s)")
         print(f"  {eng}: {u.wall:.0f}s window; engine CPU {u.engine_cpu:.2f}s ({u.engine_cpu / u.wall * 100:.0f} % of a core,"
