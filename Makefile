@@ -13,7 +13,7 @@ UV_VERSION ?= 0.13.9
 # Tools (Prometheus 3 promtool, the OpenTelemetry Collector) are built once into this cache.
 export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
 
-.PHONY: help venv lock tools generate check check-generated lint test test-fast bench demo clean
+.PHONY: help venv lock tools generate check check-generated lint test test-fast bench bench-scale demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -60,8 +60,11 @@ test: lint tools ## lint, then the whole test suite (unit, promtool, real Promet
 test-fast: venv ## tests that need no external tool
 	$(BIN)/python -m pytest -q -m "not tools and not otelcol"
 
-bench: tools ## run the benchmarks under bench/ (they print figures)
+bench: tools ## run the benchmarks under bench/ (they print figures; bench_scale.py alone takes ~20 min on 2 cores)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+bench-scale: tools ## 10,000 GPUs: rule evaluation on Prometheus and vmalert, dashboards on records vs raw (SCALE_ARGS=--quick for a smoke run)
+	$(BIN)/python bench/bench_scale.py $(SCALE_ARGS)
 
 demo: tools ## the real stack on loopback ports replaying a breach, live (Ctrl-C stops it; DEMO_ARGS=--once, --engine victoriametrics)
 	$(BIN)/fusebox demo --spec $(SPEC) $(DEMO_ARGS)

@@ -153,15 +153,18 @@ def _get(url: str, timeout: float = 300) -> dict:
 
 
 class Prom:
-    def __init__(self, data: Path, tmp: Path):
-        self.port = free_port()
+    def __init__(self, data: Path, tmp: Path, config: str = "global: {scrape_interval: 15s}\n", extra_args: tuple[str, ...] = (),
+                 port: int | None = None):
+        """Prometheus on a loopback port over ``data``; ``config`` is the prometheus.yml text (written
+        to ``tmp``), ``extra_args`` more flags, ``port`` a fixed port (a restart keeps its address)."""
+        self.port = port or free_port()
         cfg = tmp / "prometheus.yml"
-        cfg.write_text("global: {scrape_interval: 15s}\n")
+        cfg.write_text(config)
         self.log = open(tmp / "prometheus.log", "ab")
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={data}", "--storage.tsdb.retention.time=30d",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn", "--query.max-samples=200000000",
-             "--query.timeout=10m"], stdout=self.log, stderr=subprocess.STDOUT)
+             "--query.timeout=10m", *extra_args], stdout=self.log, stderr=subprocess.STDOUT)
         self.base = f"http://127.0.0.1:{self.port}"
         for _ in range(600):
             try:

@@ -1,0 +1,115 @@
+"""bench/bench_scale.py's pure parts at its --quick size: the synthetic fleet has the series the
+issue asks for, its history and live exposition agree, and the groups it times are the generated
+rules file's. No timing here (speed lives in bench/)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+
+import yaml
+
+from _support import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+bench_scale = importlib.import_module("bench_scale")
+
+QUICK_GPUS, QUICK_ENGINES = 512, 128  # bench_scale --quick
+GPU_FAMILIES = 7  # memory used/limit/reserved, bandwidth, PCIe, power, up
+ENGINE_FAMILIES = 2 + 14 + 2 + 3  # KV used/limit; 14 latency buckets (+Inf included), _count, _sum; 3 vLLM counters
+FUSE_SERIES = 4
+
+
+def test_quick_fleet_has_gpus_times_metrics_series_and_unique_label_sets():
+    fams = bench_scale.fleet(QUICK_GPUS, QUICK_ENGINES)
+    assert bench_scale.series_count(fams) == QUICK_GPUS * GPU_FAMILIES + QUICK_ENGINES * ENGINE_FAMILIES + FUSE_SERIES
+    per_gpu = [f for f in fams if len(f.labels) == QUICK_GPUS]
+    assert len(per_gpu) == GPU_FAMILIES
+    assert len({lab["host_name"] for lab in per_gpu[0].labels}) == QUICK_GPUS // 8
+    keys = [(f.name, tuple(sorted(lab.items()))) for f in fams for lab in f.labels]
+    assert len(keys) == len(set(keys))
+
+
+def test_history_and_exposition_carry_the_same_series_and_values(tmp_path):
+    fams = bench_scale.fleet(16, 4)
+    ts = [1_764_000_000, 1_764_000_010]  # one 2 h window
+    n, files = bench_scale.write_history(fams, ts, tmp_path / "h.om", tmp_path / "h.jsonl")
+    series = bench_scale.series_count(fams)
+    assert n == series * len(ts) and len(files) == 1
+    om = files[0].read_text().splitlines()
+    assert om[-1] == "# EOF" and sum(not x.startswith("#") for x in om) == n
+    lines = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
+    assert len(lines) == series and all(x["timestamps"] == [t * 1000 for t in ts] for x in lines)
+    expo = bench_scale.exposition(fams, ts[1]).decode().splitlines()
+    assert len(expo) == series
+    # the live value at ts[1] is the history's last value of the same series
+    last = {x["metric"]["__name__"] + json.dumps({k: v for k, v in x["metric"].items() if k != "__name__"}, sort_keys=True): x["values"][1]
+            for x in lines}
+    fam = fams[0]
+    key = fam.name + json.dumps(fam.labels[0], sort_keys=True)
+    assert float(expo[0].rsplit(" ", 1)[1]) == last[key]
+
+
+def test_latency_buckets_are_cumulative_and_quiet_under_the_spec_threshold():
+    fams = {f.name + f.labels[0].get("le", ""): f for f in bench_scale.fleet(8, 1)}
+    t = 1_764_000_000
+    bucket = [fams[f"fusebox_alignment_duration_seconds_bucket{le}"].value(0, t) for le in bench_scale.bd.BUCKETS]
+    assert bucket == sorted(bucket) and bucket[-1] == fams["fusebox_alignment_duration_seconds_count"].value(0, t)
+    # P95 of the synthetic latency (lognormal median 0.4 s, sigma 0.3) is under the spec's 0.85 s warning
+    assert math.exp(math.log(0.4) + 1.645 * 0.3) < 0.85
+
+
+def test_timed_groups_are_the_generated_rules_files_groups():
+    text = (ROOT / "rules" / "fusebox.rules.yml").read_text()
+    groups = bench_scale.rule_groups(text)
+    assert [g for g, _ in groups] == [g["name"] for g in yaml.safe_load(text)["groups"]]
+    assert all(iv > 0 for _, iv in groups)
+    assert bench_scale.rule_groups("groups:\n- name: a\n  interval: 30s\n  rules: []\n- name: b\n  rules: []\n") == [("a", 30.0), ("b", 60.0)]
+
+
+def test_group_time_is_prometheus_field_or_the_sum_of_the_rules():
+    assert bench_scale.group_eval_seconds({"evaluationTime": 0.25, "rules": [{"evaluationTime": 9}]}) == 0.25
+    g = "2026-12-02T01:12:10.440891333Z"
+    rules = [{"lastEvaluation": "2026-12-02T01:12:10.440896623Z", "evaluationTime": 0.019},
+             {"lastEvaluation": "2026-12-02T01:12:10.460013996Z", "evaluationTime": 0.0026}]
+    took = bench_scale.group_eval_seconds({"lastEvaluation": g, "rules": rules})
+    assert abs(took - (0.460013 + 0.0026 - 0.440891)) < 2e-6
+    under_way = {"lastEvaluation": g, "rules": rules[:1] + [{"lastEvaluation": "2026-12-02T01:12:05.4Z", "evaluationTime": 0.1}]}
+    assert bench_scale.group_eval_seconds(under_way) is None
+
+
+def test_record_levels_put_every_record_after_the_records_it_reads():
+    text = (ROOT / "rules" / "fusebox.rules.yml").read_text()
+    levels = bench_scale.record_levels(text)
+    recorded = [r["record"] for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "record" in r]
+    assert sorted(r["record"] for lv in levels for r in lv) == sorted(recorded)
+    earlier: set[str] = set()
+    for lv in levels:
+        for r in lv:
+            reads = {n for n in set(recorded) - {r["record"]} if n in r["expr"].replace(n + "_", "")}
+            assert reads <= earlier, (r["record"], reads - earlier)
+        earlier |= {r["record"] for r in lv}
+    two = "groups:\n- name: g\n  rules:\n  - record: b:x\n    expr: a:x * 2\n  - record: a:x\n    expr: sum(raw)\n"
+    assert [[r["record"] for r in lv] for lv in bench_scale.record_levels(two)] == [["a:x"], ["b:x"]]
+
+
+def test_history_is_split_at_promtools_2h_block_windows(tmp_path):
+    fams = bench_scale.fleet(8, 1)
+    ts = [7200 * 245_000 - 10, 7200 * 245_000, 7200 * 245_000 + 10]  # crosses one window boundary
+    n, files = bench_scale.write_history(fams, ts, tmp_path / "h.om", tmp_path / "h.jsonl")
+    per_file = [[int(x.rsplit(" ", 1)[1]) for x in f.read_text().splitlines() if not x.startswith("#")] for f in files]
+    assert [sorted(set(p)) for p in per_file] == [ts[:1], ts[1:]]
+    assert sum(map(len, per_file)) == n == bench_scale.series_count(fams) * 3
+
+
+def test_metric_sums_add_a_name_over_its_label_sets_and_only_that_name():
+    text = ("# TYPE vmalert_iteration_duration_seconds summary\n"
+            'vmalert_iteration_duration_seconds{group="a",quantile="0.5"} 7\n'
+            'vmalert_iteration_duration_seconds_sum{file="r.yml",group="a"} 0.25\n'
+            'vmalert_iteration_duration_seconds_sum{file="r.yml",group="b"} 1.5\n'
+            'vmalert_iteration_duration_seconds_count{group="a"} 3\n'
+            "process_cpu_seconds_total 12.5\n")
+    got = bench_scale.sum_metrics(text, ("vmalert_iteration_duration_seconds_sum", "process_cpu_seconds_total", "absent"))
+    assert got == {"vmalert_iteration_duration_seconds_sum": 1.75, "process_cpu_seconds_total": 12.5, "absent": 0.0}
