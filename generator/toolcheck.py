@@ -26,7 +26,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import yaml
 
@@ -222,6 +222,25 @@ def check_routing(config: Path, spec: Spec, amtool: str) -> list[ToolResult]:
     return results
 
 
+T = TypeVar("T")
+
+
+def _engine_tool(spec: Spec, engine: str, what: str, find: Callable[[], T], stream) -> T | None:
+    """``find()``, or None (saying the checks are skipped) when the tool is not built.
+
+    Raises:
+        ToolMissing: the tool is missing and ``global.rule_engine`` is ``engine``: its own checks
+            are not optional then.
+    """
+    try:
+        return find()
+    except ToolMissing as e:
+        if spec.rule_engine == engine:
+            raise ToolMissing(f"global.rule_engine is {engine}: {e}") from e
+        print(f"skip {what} checks: {e}", file=stream)
+        return None
+
+
 def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
                captures: list[str] | None = None, allow_dead: Iterable[str] = (), stream=sys.stdout) -> int:
     """Run every check; print one line per check and details for failures.
@@ -240,21 +259,11 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
         print(f"fusebox check: {e}", file=sys.stderr)
         return 3
     try:
-        vm: tuple[str, str] | None = vmalert_tools()
+        vm = _engine_tool(spec, "victoriametrics", "vmalert", vmalert_tools, stream)
+        thanos = _engine_tool(spec, "thanos", "Thanos", lambda: str(thanos_tool()), stream)
     except ToolMissing as e:
-        if spec.rule_engine == "victoriametrics":
-            print(f"fusebox check: global.rule_engine is victoriametrics: {e}", file=sys.stderr)
-            return 3
-        vm = None
-        print(f"skip vmalert checks: {e}", file=stream)
-    try:
-        thanos: str | None = str(thanos_tool())
-    except ToolMissing as e:
-        if spec.rule_engine == "thanos":
-            print(f"fusebox check: global.rule_engine is thanos: {e}", file=sys.stderr)
-            return 3
-        thanos = None
-        print(f"skip Thanos checks: {e}", file=stream)
+        print(f"fusebox check: {e}", file=sys.stderr)
+        return 3
     missing = [p for p in (RULE_FILE, RULE_TEST_FILE, ALERTMANAGER_FILE, ROUTE_TEST_FILE)
                + ((VMALERT_RULE_TEST_FILE,) if vm else ()) if not (out_dir / p).exists()]
     if missing:
