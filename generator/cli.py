@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser(
         "check", help="run promtool/amtool on generated output; find rule selectors that match no series",
-        description="With --spec (the default): promtool check/test rules, amtool check-config and route tests on the "
+        description="With --spec (the default): promtool check/test rules (every promtool found), vmalert -dryRun and "
+        "vmalert-tool unittest, thanos tools rules-check (each when built by `make tools`; required when "
+        "global.rule_engine names its engine), amtool check-config and route tests on the "
         "generated files, failures named against the spec. With --rules FILE... --against CAPTURE...: any Prometheus "
         "rule file or PrometheusRule, no spec; every selector that matches no series in the captures is named with why. "
         "Exit status: 0 all passed, 1 a check failed or a selector is dead, 2 bad input, 3 a tool is missing.")

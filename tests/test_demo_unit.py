@@ -357,3 +357,28 @@ def test_demo_refuses_replicas_without_victoriametrics(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--replicas", "2", "--spec",
                         str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
     assert r.returncode == 2 and "--replicas must be 1..3, and above 1 only with --engine victoriametrics" in r.stdout
+
+
+def test_a_thanos_spec_demos_on_the_engine_neutral_rules(tmp_path):
+    """The demo's Prometheus and vmalert both refuse Thanos' partial_response_strategy: the demo
+    spec of a `rule_engine: thanos` spec renders rules without it."""
+    from fusebox.demo import FAST, demo_spec_text
+    from fusebox.generator.outputs import RULE_FILE, render_all
+    from fusebox.spec import load_spec
+
+    text = (ROOT / "fusebox.yaml").read_text()
+    assert "rule_engine: prometheus" in text
+    thanos = text.replace("rule_engine: prometheus", "rule_engine: thanos", 1)
+    assert "partial_response_strategy" in render_all(load_spec_text(tmp_path / "t.yaml", thanos))[RULE_FILE]
+    p = tmp_path / "demo.yaml"
+    p.write_text(demo_spec_text(thanos, webhook_url="http://127.0.0.1:5/alertmanager", credentials_file="/tmp/x.token", timing=FAST))
+    spec = load_spec(p)
+    assert spec.rule_engine == "prometheus"
+    assert "partial_response_strategy" not in render_all(spec)[RULE_FILE]
+
+
+def load_spec_text(path, text):
+    from fusebox.spec import load_spec
+
+    path.write_text(text)
+    return load_spec(path)

@@ -72,6 +72,9 @@ def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
         raise ValueError(f"{source}: not a fusebox spec (no 'signals' mapping)")
     g = raw.setdefault("global", {})
     g["source"] = "fusebox"
+    # The demo's engines (Prometheus, vmalert) read the engine-neutral rules; Thanos' group key
+    # would make both refuse the file.
+    g["rule_engine"] = "prometheus"
     g["selector"] = {}
     g.pop("selectors", None)
     for sig in raw["signals"].values():
