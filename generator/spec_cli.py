@@ -45,7 +45,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"{target}:1:1: cannot write the starter spec ({e.strerror or type(e).__name__}) -- pass a writable folder",
               file=sys.stderr)
         return 2
-    print(f"fusebox: wrote {target}; edit it, then run `fusebox generate --spec {target}`")
+    print(f"fusebox: wrote {target}; edit it, then run `fusebox generate --spec {target} --out {folder}`")
     return 0
 
 
