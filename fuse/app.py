@@ -405,7 +405,8 @@ def not_ready(service: FuseService) -> str:
     adapter must be configured."""
     if not service.adapters:
         return "no adapter configured: give --gateway-url (or --dry-run)"
-    path = getattr(service.store, "path", None)  # a file store: the file must still be there, ours to use
+    # a file store (SQLite): the file must still be there, ours to use; a database URL is no file
+    path = getattr(service.store, "path", None) if getattr(service.store, "dialect", "") == "sqlite" else None
     if isinstance(path, str) and path != ":memory:" and not os.access(path, os.R_OK | os.W_OK):
         return f"store file {path} is missing or not readable and writable by this process"
     try:

@@ -161,7 +161,6 @@ def build_service(args, spec=None):
     from .adapters import build_adapters
 
     adapters: list[Adapter]
-    args.state = str(state_path(args))
     if args.dry_run:
         adapters = [DryRun()]
     else:

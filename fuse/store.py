@@ -46,6 +46,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import stat
 import threading
@@ -153,13 +154,22 @@ class Head:
 
 
 def store_label(url: str) -> str:
-    """``url`` without its password, for logs and the start-up line."""
-    if "://" not in url or "@" not in url:
-        return url
+    """``url`` without its password, for logs, errors, ``/readyz`` and the start-up line: the
+    password of the userinfo part (``postgresql://user:PASSWORD@host/db``) and a ``password``
+    query parameter (libpq accepts ``?password=``) are left out; a libpq key/value string
+    (``host=... password=...``) loses its ``password`` pair."""
+    if "://" not in url:
+        return re.sub(r"(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", "password=***", url) if "=" in url else url
     scheme, rest = url.split("://", 1)
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}@{host}" if user else f"{scheme}://{host}"
+    rest, qmark, query = rest.partition("?")
+    if "@" in rest:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        rest = f"{user}@{host}" if user else host
+    if qmark:
+        kept = [p for p in query.split("&") if p.split("=", 1)[0].lower() != "password"]
+        query = "&".join(kept)
+    return f"{scheme}://{rest}" + (f"?{query}" if query else "")
 
 
 def open_store(url: str) -> "Store":
@@ -526,7 +536,8 @@ class PgStore(Store):
     _row_lock = " FOR UPDATE"
 
     def __init__(self, url: str, connect_timeout_s: float = 3.0):
-        self.path = self.url = url
+        self.url = url
+        self.path = store_label(url)  # what logs and errors may show: no password
         self.connect_timeout_s = connect_timeout_s
         self._lock = threading.RLock()
         self._in_change = False

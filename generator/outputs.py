@@ -128,10 +128,11 @@ def _rule_files(spec: Spec, header: str) -> dict[str, str]:
     out[ALERTMANAGERCONFIG_FILE] = h + dump_yaml(render_alertmanagerconfig(spec))
     # The same groups under `spec:`, written once: indenting the rule file's text keeps its YAML
     # meaning (block structure is relative; long plain scalars may fold at other columns).
+    # Its groups differ from the file's only by the namespace label of some alerts (render_k8s).
     prometheusrule = render_prometheusrule(spec, rules)
-    assert list(prometheusrule)[-1] == "spec" and prometheusrule["spec"] == {"groups": rules.groups}
-    del prometheusrule["spec"]
-    out[PROMETHEUSRULE_FILE] = h + dump_yaml(prometheusrule) + "spec:\n" + textwrap.indent(rules_text, "  ")
+    assert list(prometheusrule)[-1] == "spec"
+    groups_text = dump_yaml(prometheusrule.pop("spec"))
+    out[PROMETHEUSRULE_FILE] = h + dump_yaml(prometheusrule) + "spec:\n" + textwrap.indent(groups_text, "  ")
     out.update(render_runbooks(spec, rules, header))
     return out
 
@@ -156,6 +157,8 @@ def spec_warnings(spec: Spec) -> list[str]:
       signal cannot fire and its ``FuseboxSignalAbsent`` fires for good.
     * ``global.runbook_base_url`` still holds the starter spec's ``your-org`` placeholder: every
       alert's runbook link leads nowhere.
+    * a signal aggregated ``by`` namespace that requests a fuse: the operator's default matcher
+      strategy lets the AlertmanagerConfig route it from ``kubernetes.namespace`` alone.
     * ``global.rule_engine: mimir`` with more rule groups than Mimir's default
       ``-ruler.max-rule-groups-per-tenant`` (:data:`.engines.MAX_GROUPS_PER_TENANT`): the ruler
       refuses the rest until the tenant's limit is raised.
@@ -170,6 +173,13 @@ def spec_warnings(spec: Spec) -> list[str]:
                        "but kubernetes.collectors.enabled is false: it cannot fire and its "
                        f"{C.ABSENT_ALERT} will fire for good -- give it another source (global.source / its "
                        f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
+    for s in spec.signals:
+        if "namespace" in (s.by or ()) and any(t.fuse for t in s.tiers):
+            out.append(f"signal {s.name!r} is aggregated by namespace and requests a fuse: the Prometheus Operator "
+                       "routes an AlertmanagerConfig only the alerts of its own namespace (its default matcher "
+                       f"strategy), so k8s/alertmanagerconfig.yml takes {s.alert} to the fuse only from namespace "
+                       f"{spec.kubernetes.namespace!r} (kubernetes.namespace) -- aggregate it by another label, or "
+                       "merge the route into the main config (fusebox alertmanager merge)")
     if spec.rule_engine == "mimir":
         n = len(render_rules(spec).groups)
         if n > MAX_GROUPS_PER_TENANT:

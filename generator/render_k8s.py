@@ -60,12 +60,48 @@ def _selector(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": name}
 
 
+def _own_namespace_alerts(spec: Spec) -> frozenset[str]:
+    """The alerts of signals whose ``by`` holds ``namespace``: their series carry their own
+    namespace, which a static label would overwrite (spec_warnings says what that means for the
+    fuse route)."""
+    return frozenset(s.alert for s in spec.signals if "namespace" in (s.by or ()))
+
+
+def _operator_labels(spec: Spec, rule: dict[str, Any], keep_own: frozenset[str]) -> dict[str, Any]:
+    """``rule`` with ``namespace: <kubernetes.namespace>`` among its labels when Alertmanager must see
+    it in that namespace: a rule that requests a fuse (``fuse_action``), the heartbeat, and every
+    ``severity: critical`` rule. Warnings keep no namespace. Why, both halves on
+    kube-prometheus-stack's defaults (docs/kubernetes.md, "Alertmanager on the chart's defaults"):
+
+    * the operator's default ``alertmanagerConfigMatcherStrategy`` (``OnNamespace``) adds
+      ``namespace="<the AlertmanagerConfig's namespace>"`` to the route of
+      ``k8s/alertmanagerconfig.yml``; fusebox's GPU, engine and host alerts aggregate the namespace
+      away, so without the label the fuse route matches nothing;
+    * the chart's default inhibit rule (``severity=critical`` mutes ``severity=~warning|info`` with
+      equal ``namespace`` and ``alertname``) would let one GPU's critical mute every other GPU's
+      warning of the same alert, since none carries a namespace; a critical in the namespace and a
+      warning without one are never "equal", so the chart's rule leaves fusebox's warnings alone.
+    """
+    labels = rule.get("labels") or {}
+    alert = rule.get("alert")
+    if not alert or alert in keep_own or "namespace" in labels:
+        return rule
+    if (labels.get(C.LABEL["severity"]) == "critical" or C.LABEL["fuse_action"] in labels
+            or alert == C.HEARTBEAT_ALERT):
+        return {**rule, "labels": {**labels, "namespace": spec.kubernetes.namespace}}
+    return rule
+
+
 def render_prometheusrule(spec: Spec, rules: Rules) -> dict[str, Any]:
-    """The PrometheusRule: ``{apiVersion, kind, metadata, spec: {groups}}`` (``spec`` last)."""
+    """The PrometheusRule: ``{apiVersion, kind, metadata, spec: {groups}}`` (``spec`` last): the
+    rules of ``rules``, with the ``namespace`` label of :func:`_operator_labels` on critical,
+    fuse-requesting and heartbeat alerts."""
     meta = object_meta(spec, f"fusebox-{spec.name}", "alert-rules", app="fusebox")
     meta["labels"]["role"] = "alert-rules"
+    keep = _own_namespace_alerts(spec)
+    groups = [{**g, "rules": [_operator_labels(spec, r, keep) for r in g.get("rules", [])]} for g in rules.groups]
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
-            "spec": {"groups": rules.groups}}
+            "spec": {"groups": groups}}
 
 
 def _security(read_only: bool = True) -> dict[str, Any]:
