@@ -132,16 +132,21 @@ def read_people_file(path: str | os.PathLike) -> dict[str, str]:
 
 
 def permission_warnings(paths) -> list[str]:
-    """One line per existing file of ``paths`` that group or others may read (mode & 0o044)."""
+    """One line per existing file of ``paths`` that others may read (mode & 0o004), or its group
+    (mode & 0o040) when that group is not one of this process's own: a Kubernetes Secret volume is
+    mounted ``root:<fsGroup>`` mode 0440 for a non-root pod, readable through the pod's own
+    supplementary group and nobody else's, which is as private as 0600."""
     out = []
+    own = {os.getegid(), *os.getgroups()}
     for p in paths:
         if p is None:
             continue
         try:
-            mode = stat.S_IMODE(os.stat(p).st_mode)
+            st = os.stat(p)
         except OSError:
             continue
-        if mode & 0o044:
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o004 or (mode & 0o040 and st.st_gid not in own):
             out.append(f"{p} is readable by group or others (mode {mode:04o}); chmod 600 it")
     return out
 

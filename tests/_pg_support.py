@@ -48,6 +48,11 @@ class PgServer:
                 "full_page_writes": "on" if fsync else "off"}
         with open(self.data / "postgresql.conf", "a") as f:
             f.write("".join(f"{k} = '{v}'\n" for k, v in opts.items()) + f"port = {self.port}\n")
+        # the superuser without a password (the tests' own set-up); every other role by password
+        # (SCRAM), as a production server asks it of the fuse (create_user)
+        (self.data / "pg_hba.conf").write_text("local all all trust\n"
+                                               "host all postgres 127.0.0.1/32 trust\n"
+                                               "host all all 127.0.0.1/32 scram-sha-256\n")
 
     def _sh(self, cmd: list[str]) -> None:
         r = subprocess.run([*self.as_user, *cmd], capture_output=True, text=True, timeout=120)
@@ -73,6 +78,17 @@ class PgServer:
         with psycopg.connect(self.url(), autocommit=True) as c:
             c.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def create_user(self, user: str, password: str) -> str:
+        """A role that logs in with ``password`` (SCRAM) and a database of the same name it owns; its
+        URL, password included, as a user puts it in the fuse's store Secret."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.url(), autocommit=True) as c:
+            c.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(user), sql.Literal(password)))
+            c.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(user), sql.Identifier(user)))
+        return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{user}"
 
     def close(self) -> None:
         try:
