@@ -16,13 +16,27 @@
    takes, from the audit's ``call_s``), what the fuse adds (the difference) and the ratio to the
    reference.
 
+4. ``--fleet``: the cost of a change with 10,000 scopes held (issue 22). Per store (SQLite, one
+   replica; PostgreSQL, two replicas), three servers up side by side: a fuse holding 10,000 tripped
+   scopes (seeded in its store before it starts, so no gateway call is pending), an empty fuse, and
+   a bare FastAPI echo (parses the body, answers); notifications that each change one scope (trip
+   level 3 of one GPU: a held scope, or a new one on the empty fuse) are sent to the three in
+   alternating batches, so background load hits them alike. Printed: notifications/s, request
+   p50/p99, the held/empty cost ratio (target < 2x), fuse/echo rate (target >= 0.8x), gateway calls
+   and duplicates (target 0); then /healthz and /readyz latency while the held fuse handles one
+   notification of 3,000 resolved alerts (target < 1 s); the CPU busy share during the run, and
+   "CPU SATURATED" when it is over 90% of every core (the figures then measure the machine).
+
 Usage: python bench/bench_fuse.py [--notifications 3000] [--concurrency 8] [--no-postgresql]
        [--adapter-trips 40] [--no-adapters | --only-adapters]
+       python bench/bench_fuse.py --fleet [--scopes 10000] [--changes 600] [--concurrency 4] [--no-postgresql]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -145,7 +159,18 @@ def main() -> int:
     ap.add_argument("--adapter-trips", type=int, default=40)
     ap.add_argument("--no-adapters", action="store_true", help="leave out the per-adapter rows")
     ap.add_argument("--only-adapters", action="store_true", help="run only the per-adapter rows")
+    ap.add_argument("--fleet", action="store_true", help="the cost of a change with --scopes held (issue 22)")
+    ap.add_argument("--scopes", type=int, default=10_000, help="--fleet: scopes held (default 10000)")
+    ap.add_argument("--changes", type=int, default=600, help="--fleet: notifications per target (default 600)")
+    ap.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_echo:
+        _echo_server(args.serve_echo)
+        return 0
+    if args.fleet:
+        if args.concurrency == 8 and "--concurrency" not in sys.argv:
+            args.concurrency = 4
+        return bench_fleet(args)
     if args.only_adapters:
         return bench_adapters(args.adapter_trips)
 
@@ -288,6 +313,205 @@ def bench_adapters(trips: int) -> int:
               f"  | the call itself p50 {statistics.median(call) * 1e3:6.1f} ms p99 {pct(call, .99) * 1e3:6.1f} ms"
               f"  | fuse adds p50 {statistics.median(added) * 1e3:5.1f} ms p99 {pct(added, .99) * 1e3:5.1f} ms"
               f"  | p99 / reference {pct(e2e, .99) / ref_p99:4.2f}x")
+    return 0
+
+
+# ------------------------------------------------------------------ --fleet
+def _cpu_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of every core, from /proc/stat."""
+    f = [float(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = f[3] + (f[4] if len(f) > 4 else 0)
+    return sum(f) - idle, sum(f)
+
+
+def _echo_server(port: int) -> None:
+    """A bare FastAPI app answering POST /alertmanager with the alerts' count (uvicorn, as the fuse)."""
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, PlainTextResponse
+
+    app = FastAPI()
+
+    async def echo(request):
+        body = await request.json()
+        return JSONResponse({"status": "ok", "alerts": len(body.get("alerts", []))})
+
+    async def healthz(request):
+        return PlainTextResponse("ok")
+
+    app.add_route("/alertmanager", echo, methods=["POST"])
+    app.add_route("/healthz", healthz, methods=["GET"])
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+
+
+def _compact(alerts: list[dict]) -> bytes:
+    body = payload(*alerts)
+    for a in body["alerts"]:
+        a.pop("generatorURL", None)
+        a.pop("annotations", None)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _gpu(cluster: str, i: int) -> dict:
+    return {"cluster": cluster, "hw_id": f"GPU-{i:05d}"}
+
+
+def _seed(store_url: str, n: int, t0: float) -> None:
+    """Write ``n`` tripped scopes (GPUMemoryUtilizationHigh on GPU-00000.. of cluster "held") into
+    the store, as a fuse that had decided them would have; their calls are not pending."""
+    from fusebox.fuse.store import open_store
+
+    b = Breaker(FuseRules.from_spec(load_spec(SPEC)), 3600, max_scopes=max(n + 10, 10_000))
+    b.on_notification(parse_payload(payload(*[alert("GPUMemoryUtilizationHigh", starts=t0, **_gpu("held", i))
+                                              for i in range(n)]), t0), t0)
+    st = open_store(store_url)
+    try:
+        st.commit(b.snapshot())
+    finally:
+        st.close()
+
+
+def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
+    """One store: the held fuse, the empty fuse, the echo, side by side."""
+    t0 = time.time() - 120
+    (tmp / "token").write_text(TOKEN)
+    gw_log = tmp / f"gw-{label}.jsonl"
+    gw_port, echo_port = free_port(), free_port()
+    procs = [_spawn(["fuse", "gateway", "--listen", f"127.0.0.1:{gw_port}", "--log", str(gw_log)]),
+             subprocess.Popen([sys.executable, __file__, "--serve-echo", str(echo_port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    targets: dict[str, list[str]] = {"held": [], "empty": [], "echo": [f"http://127.0.0.1:{echo_port}"]}
+    try:
+        held_url = store_for("held")
+        started = time.perf_counter()
+        _seed(held_url, args.scopes, t0)
+        seed_s = time.perf_counter() - started
+        for name, url in (("held", held_url), ("empty", store_for("empty"))):
+            for _ in range(replicas):
+                port = free_port()
+                procs.append(_spawn(["fuse", "serve", "--spec", str(SPEC), "--listen", f"127.0.0.1:{port}",
+                                     "--store", url, "--token-file", str(tmp / "token"), "--gateway-url",
+                                     f"http://127.0.0.1:{gw_port}", "--hold", "3600", "--tick", "1",
+                                     "--retry-backoff", "0.01", "--log-level", "warning"]))
+                targets[name].append(f"http://127.0.0.1:{port}")
+        for u in [f"http://127.0.0.1:{gw_port}", *[u for us in targets.values() for u in us]]:
+            wait_for(lambda u=u: _up(u), 120, 0.1, f"{u} start")
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        local = threading.local()
+
+        def client() -> httpx.Client:
+            c = getattr(local, "c", None) or httpx.Client(headers=headers, timeout=60)
+            local.c = c
+            return c
+
+        # one change each: level 3 of GPU i (held: a scope held at level 1; empty: a new scope)
+        def body(name: str, i: int) -> bytes:
+            cluster = "empty" if name == "empty" else "held"
+            return _compact([alert("KVCacheGrowthRateHigh", starts=t0 + 1, **_gpu(cluster, i))])
+
+        rr = itertools.count()
+        spent = {k: 0.0 for k in targets}
+        lat: dict[str, list[float]] = {k: [] for k in targets}
+        busy0 = _cpu_busy()
+        wall0 = time.perf_counter()
+        batch = 50
+        for start in range(0, args.changes, batch):
+            for name in ("held", "empty", "echo"):
+                urls = targets[name]
+
+                def send(i, urls=urls, name=name):
+                    t = time.perf_counter()
+                    r = client().post(urls[next(rr) % len(urls)] + "/alertmanager", content=body(name, i))
+                    assert r.status_code == 200, r.text
+                    return time.perf_counter() - t
+
+                t = time.perf_counter()
+                with ThreadPoolExecutor(args.concurrency) as ex:
+                    lat[name] += list(ex.map(send, range(start, min(start + batch, args.changes))))
+                spent[name] += time.perf_counter() - t
+        busy1 = _cpu_busy()
+        wall = time.perf_counter() - wall0
+        cores = os.cpu_count() or 1
+        busy = (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1])
+        # every trip applied once?
+        wait_for(lambda: len(read_log(gw_log)) >= 2 * args.changes, 120, 0.1, "trips applied")
+        time.sleep(1.0)
+        log = read_log(gw_log)
+        per = {k: [r for r in log if r["scope"].get("cluster") == k] for k in ("held", "empty")}
+        dupl = {k: sum(r["duplicate"] for r in v) + len(v) - len({(r["scope"]["hw_id"], r["level"]) for r in v})
+                for k, v in per.items()}
+        # the probes while the held fuse handles 3,000 resolved alerts (of the seeded scopes)
+        n_res = min(3000, args.scopes)
+        big = _compact([alert("GPUMemoryUtilizationHigh", "resolved", starts=t0, **_gpu("held", i))
+                        for i in range(n_res)])
+        assert len(big) < 1 << 20, len(big)
+        probe_lat: dict[str, list[float]] = {"/healthz": [], "/readyz": []}
+        done = threading.Event()
+        res: dict = {}
+
+        def post_big():
+            t = time.perf_counter()
+            res["r"] = httpx.post(targets["held"][0] + "/alertmanager", content=big, headers=headers, timeout=300)
+            res["s"] = time.perf_counter() - t
+            done.set()
+
+        th = threading.Thread(target=post_big)
+        th.start()
+        with httpx.Client(timeout=30) as pc:
+            while not done.is_set():
+                for path in probe_lat:
+                    t = time.perf_counter()
+                    ok = pc.get(targets["held"][0] + path).status_code == 200
+                    if not done.is_set():
+                        probe_lat[path].append(time.perf_counter() - t if ok else float("inf"))
+                time.sleep(0.01)
+        th.join()
+        assert res["r"].status_code == 200, res["r"].text
+        return {"rate": {k: args.changes / spent[k] for k in spent}, "lat": lat, "seed_s": seed_s, "wall": wall,
+                "busy": busy, "cores": cores, "calls": {k: len(v) for k, v in per.items()}, "dupl": dupl,
+                "big": {"alerts": n_res, "s": res["s"], "result": res["r"].json()["alerts"], "probes": probe_lat}}
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def bench_fleet(args) -> int:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        (t / "sqlite").mkdir()
+        rows.append(("SQLite, 1 replica", _fleet_store("sqlite", lambda name: f"sqlite:///{t / 'sqlite' / name}.sqlite",
+                                                       1, t / "sqlite", args)))
+        if not args.no_postgresql:
+            pg = PgServer(fsync=True)
+            try:
+                pg.start()
+                (t / "pg").mkdir()
+                rows.append(("PostgreSQL, 2 replicas", _fleet_store("pg", pg.create_db, 2, t / "pg", args)))
+            finally:
+                pg.close()
+    print(f"fleet: {args.scopes} scopes held vs an empty fuse vs a bare FastAPI echo, side by side; "
+          f"{args.changes} notifications each, each changing one scope; {args.concurrency} concurrent senders")
+    print(f"{'store':24} {'target':6} {'notif/s':>8} {'req p50':>8} {'req p99':>8} {'calls':>6} {'dupl.':>6}")
+    for name, r in rows:
+        for k in ("held", "empty", "echo"):
+            calls = f"{r['calls'][k]:6d} {r['dupl'][k]:6d}" if k in r["calls"] else f"{'-':>6} {'-':>6}"
+            print(f"{name:24} {k:6} {r['rate'][k]:8.0f} {pct(r['lat'][k], .5) * 1e3:6.1f}ms "
+                  f"{pct(r['lat'][k], .99) * 1e3:6.1f}ms {calls}")
+        cost = r["rate"]["empty"] / r["rate"]["held"]
+        print(f"{'':24} cost of a change, {args.scopes} held / empty: {cost:.2f}x (target < 2x); "
+              f"fuse / echo rate: held {r['rate']['held'] / r['rate']['echo']:.2f}x, "
+              f"empty {r['rate']['empty'] / r['rate']['echo']:.2f}x (target >= 0.8x)")
+        b = r["big"]
+        probes = ", ".join(f"{p} max {max(v) * 1e3:.0f} ms over {len(v)}" if v else f"{p}: none sent in time"
+                           for p, v in b["probes"].items())
+        print(f"{'':24} {b['alerts']} resolved alerts in one notification on the held fuse: {b['s']:.2f} s "
+              f"({b['result']}); during it {probes} (target < 1 s)")
+        sat = " -- CPU SATURATED: the rates measure the machine as much as the fuse" if r["busy"] > 0.9 else ""
+        print(f"{'':24} CPU busy {r['busy'] * 100:.0f}% of {r['cores']} core(s) during the side-by-side run "
+              f"({r['wall']:.1f} s); seeding {args.scopes} scopes took {r['seed_s']:.1f} s{sat}")
     return 0
 
 

@@ -8,12 +8,14 @@ POST /alertmanager          webhook   200 applied or ignored; 400 malformed; 401
 POST /override              a person  200 with the decisions; 400 bad override; 401; 409 the scope
                                       is not exactly a known one (lists the candidates); 413; 503
 GET  /state                 reader    JSON: ``levels`` {scope key: highest tripped level}, ``scopes``;
-                                      times as Unix seconds and ISO-8601 (``*_iso``)
+                                      times as Unix seconds and ISO-8601 (``*_iso``); a page:
+                                      ``?limit=&offset=``, filters ``?scope=`` and ``?level=``
 GET  /                      reader    read-only HTML status page (Bearer, or Basic with the token
-                                      as password, so a browser can ask for it)
+                                      as password, so a browser can ask for it); the same query
 GET  /openapi.json          reader    the API description (no /docs, /redoc: no third-party script)
 GET  /metrics               none      Prometheus text format (no URL, no answer text)
-GET  /healthz               none      200 "ok" (liveness: the process answers)
+GET  /healthz               none      200 "ok" (liveness: the process answers; on the event loop,
+                                      which no notification blocks: they run in worker threads)
 GET  /readyz                none      200 ``{"status": "ready"}`` when the store answers a read and an
                                       adapter is configured (dry-run counts); else 503 with
                                       ``{"status": "not ready", "reason": ...}``
@@ -36,8 +38,10 @@ import os
 import re
 import time
 from typing import Annotated, Any, Literal, Optional, Union
+from urllib.parse import urlencode
 
-from fastapi import Depends, FastAPI, Request, Security
+import anyio
+from fastapi import Depends, FastAPI, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
@@ -46,6 +50,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from starlette.exceptions import HTTPException
 
 from .breaker import OverrideError, ScopeNotFound
+from .override import UsageError, parse_scope
 from .payload import NOT_STORABLE, PayloadError, parse_payload, storable
 from .service import FuseService, Unavailable
 from .status import (CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, StatusLinks, render_status,
@@ -64,6 +69,13 @@ MAX_BODY_BYTES = 1 << 20
 MAX_LABEL_VALUE = 256
 # Alertmanager's fingerprints are 16 hex digits.
 MAX_FINGERPRINT = 64
+# /state's page: scopes per answer by default and at most (the default holds every scope of a
+# small fleet, so readers that do not page see them all); the status page's default.
+STATE_LIMIT = 1000
+STATE_LIMIT_MAX = 10_000
+STATUS_SCOPES = 100
+# Worker threads for /readyz's store read, apart from those notifications wait in.
+PROBE_THREADS = 4
 def _storable(text: str) -> str:
     if not storable(text):
         raise ValueError(f"is {NOT_STORABLE}")
@@ -172,6 +184,13 @@ class _Denied(Exception):
 
     def __init__(self, basic: bool = False):
         self.basic = basic  # also offer Basic: a browser then asks for the token
+
+
+class _BadQuery(Exception):
+    """A query parameter that parses but means nothing (HTTP 400)."""
+
+    def __init__(self, message: str, field: str):
+        self.message, self.field = message, field
 
 
 _DENIED = "missing or wrong token"
@@ -330,16 +349,22 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
         t0 = time.perf_counter()
         received = service.clock()
         seen["alertmanager"] = web_url(body.externalURL) or seen["alertmanager"]
+
+        def work():  # in a worker thread: the event loop (/healthz) never waits for a notification
+            try:
+                note = parse_payload(body.model_dump(), received)
+            except (PayloadError, ValueError) as e:
+                return e
+            return service.handle(note, received)
+
         try:
-            note = parse_payload(body.model_dump(), received)
-        except (PayloadError, ValueError) as e:
-            metrics.notifications.labels("http_400").inc()
-            return _problem(400, str(e)[:500])
-        try:
-            result = service.handle(note, received)
+            result = await anyio.to_thread.run_sync(work)
         except Unavailable as e:
             metrics.notifications.labels("http_503").inc()
             return _problem(503, f"state not persisted, retry: {e}")
+        if isinstance(result, Exception):  # the payload did not parse
+            metrics.notifications.labels("http_400").inc()
+            return _problem(400, str(result)[:500])
         metrics.notifications.labels("applied" if result["decisions"] else "ignored").inc()
         metrics.request.observe(time.perf_counter() - t0)
         return {"status": "ok", **result}
@@ -349,9 +374,12 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
     async def override(req: OverrideRequest, who: Annotated[str, Depends(person_token)]):
         """Force-trip or force-release a level of a scope for a while, with a reason (audited with
         the name of the token used)."""
+        def work():
+            return service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s, fleet=req.fleet,
+                                    new_scope=req.new_scope, by=who)
+
         try:
-            decisions = service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s, fleet=req.fleet,
-                                         new_scope=req.new_scope, by=who)
+            decisions = await anyio.to_thread.run_sync(work)
         except ScopeNotFound as e:  # 409: the request is well formed but names no scope exactly
             return JSONResponse({"status": "error", "error": str(e), "field": e.field, "scopes": e.scopes},
                                 status_code=409)
@@ -361,11 +389,30 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
             return _problem(503, f"state not persisted, retry: {e}")
         return {"status": "ok", "decisions": decisions}
 
-    @app.get("/state", responses={401: {"description": "no or wrong token"}})
-    def state(_: Annotated[str, Depends(reader_token)]):
-        """``levels``: scope key -> highest tripped level (absent: none); ``scopes``: details. Times
+    def page_query(limit: Optional[int], offset: int, scope: Optional[str], level: int) -> dict:
+        labels = None
+        if scope:
+            try:
+                labels = parse_scope(scope)
+            except UsageError as e:
+                raise _BadQuery(str(e), "scope") from None
+        return {"offset": offset, "limit": limit, "scope": labels, "min_level": level}
+
+    Limit = Annotated[int, Query(ge=1, le=STATE_LIMIT_MAX, description="scopes per page")]
+    Offset = Annotated[int, Query(ge=0, description="scopes to skip (key order)")]
+    ScopeFilter = Annotated[Optional[str], Query(max_length=2000, description=(
+        "only scopes with these labels: cluster=a,engine=e0 or a scope key {cluster=\"a\"}"))]
+    LevelFilter = Annotated[int, Query(ge=0, le=99, description="only scopes tripped at this level or higher")]
+
+    @app.get("/state", responses={400: {"description": "bad query"}, 401: {"description": "no or wrong token"}})
+    def state(_: Annotated[str, Depends(reader_token)], limit: Limit = STATE_LIMIT, offset: Offset = 0,
+              scope: ScopeFilter = None, level: LevelFilter = 0):
+        """``levels``: scope key -> highest tripped level of the page's scopes (absent: none);
+        ``scopes``: details, in key order, ``limit`` from ``offset``; ``total`` scopes match the
+        filters (``scope``: labels they include, ``level``: tripped at least), ``tripped`` maps
+        every one tripped to its level, ``next_offset`` starts the next page (null: none). Times
         are Unix seconds with an ISO-8601 twin (``tripped_at`` and ``tripped_at_iso``...)."""
-        return state_view(service.state(), service.clock())
+        return state_view(service.state(**page_query(limit, offset, scope, level)), service.clock())
 
     @app.get("/openapi.json", include_in_schema=False)
     def openapi(_: Annotated[str, Depends(reader_token)]):
@@ -376,26 +423,46 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", response_class=PlainTextResponse)
-    def healthz():
-        """Liveness: the process answers (it says nothing of the store or the adapters: /readyz)."""
+    async def healthz():
+        """Liveness: the process answers (it says nothing of the store or the adapters: /readyz).
+        On the event loop: no worker thread to wait for."""
         return "ok"
 
+    probes = anyio.CapacityLimiter(PROBE_THREADS)
+
     @app.get("/readyz", responses={503: {"description": "not ready; the reason says why"}})
-    def readyz():
+    async def readyz():
         """Readiness: 200 when the store answers a read and at least one adapter is configured (the
-        dry-run adapter counts); 503 ``{"status": "not ready", "reason": ...}`` otherwise."""
-        reason = not_ready(service)
+        dry-run adapter counts); 503 ``{"status": "not ready", "reason": ...}`` otherwise. The read
+        runs on the store's probe connection, in threads of its own: a notification being handled
+        (holding the store's connection and the worker threads) does not delay it."""
+        reason = await anyio.to_thread.run_sync(not_ready, service, limiter=probes)
         if reason:
             return JSONResponse({"status": "not ready", "reason": _encodable(reason)}, status_code=503)
         return {"status": "ready", "adapters": sorted(service.labels.values()), "dry_run": service.dry_run}
 
-    @app.get("/", response_class=HTMLResponse, responses={401: {"description": "no or wrong token"}})
-    def status_page(_: Annotated[str, Depends(reader_token)]):
+    @app.get("/", response_class=HTMLResponse, responses={400: {"description": "bad query"},
+                                                          401: {"description": "no or wrong token"}})
+    def status_page(_: Annotated[str, Depends(reader_token)], limit: Limit = STATUS_SCOPES, offset: Offset = 0,
+                    scope: ScopeFilter = None, level: LevelFilter = 0):
         """Read-only status: per scope and level, since when, the alerts holding it (with links),
-        the adapter calls made and pending, last decisions, the last truncated notification."""
-        return render_status(service.state(), service.store.audit_log(STATUS_DECISIONS), now=service.clock(),
+        the adapter calls made and pending, last decisions, the last truncated notification. A page
+        of ``limit`` scopes from ``offset``, filtered as ``GET /state``."""
+        st = service.state(**page_query(limit, offset, scope, level))
+        keep = {k: v for k, v in (("limit", limit), ("scope", scope), ("level", level)) if v}
+        pages = {}
+        if offset > 0:
+            pages["prev"] = "?" + urlencode({**keep, "offset": max(0, offset - limit)})
+        if st["next_offset"] is not None:
+            pages["next"] = "?" + urlencode({**keep, "offset": st["next_offset"]})
+        return render_status(st, service.store.audit_log(STATUS_DECISIONS), now=service.clock(),
                              calls=service.store.audit_log(STATUS_CALL_ROWS, kinds=CALL_KINDS),
-                             pending=pending_calls(service), links=links, alertmanager=seen["alertmanager"])
+                             pending=pending_calls(service), links=links, alertmanager=seen["alertmanager"],
+                             pages=pages)
+
+    @app.exception_handler(_BadQuery)
+    async def _bad_query(request, exc):
+        return _problem(400, exc.message, exc.field)
 
     return app
 
@@ -410,7 +477,7 @@ def not_ready(service: FuseService) -> str:
     if isinstance(path, str) and path != ":memory:" and not os.access(path, os.R_OK | os.W_OK):
         return f"store file {path} is missing or not readable and writable by this process"
     try:
-        service.store.pending_count()
+        service.store.ping()  # its own connection: not held up by a change in progress
     except Exception as e:  # sqlite3.Error, a closed store, a lost connection
         log.warning("readyz: the store does not answer: %s", e)
         return f"store not reachable: {type(e).__name__}: {e}"[:300]

@@ -1,7 +1,11 @@
 """The tiered breaker: a pure state machine, ``(alerts | override | time) -> decisions``.
 
-No I/O and no clock of its own: every call takes ``now`` (Unix seconds). The service persists
-:meth:`Breaker.snapshot` after every change and feeds :meth:`Breaker.restore` at start.
+No I/O and no clock of its own: every call takes ``now`` (Unix seconds). The service feeds
+:meth:`Breaker.restore` at start and persists, after every change, only what it changed
+(:meth:`Breaker.changes`: the scopes and resolved fingerprints it touched), so that a change costs
+the same whether the breaker holds one scope or 10,000: alerts are indexed by fingerprint (a
+resolved alert finds its holder without looking at every scope), hold times and override expiries
+sit in a heap (a tick looks only at what is due), tombstones in order of when they were seen.
 
 Rules (issue 5, STYLE.md section 8):
 
@@ -28,8 +32,10 @@ Rules (issue 5, STYLE.md section 8):
 from __future__ import annotations
 
 import copy
+import heapq
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 from .payload import NOT_STORABLE, AlertEvent, Notification, storable
 from fusebox.conventions import SCOPE_LABELS
@@ -44,6 +50,8 @@ TOMBSTONE_S = 24 * 3600.0
 # able to grow the state, the snapshot and the status page without end).
 MAX_SCOPES = 10_000
 MAX_TOMBSTONES = 100_000
+# Kinds of the rows :meth:`Breaker.changes` and :meth:`Breaker.apply` exchange with the store.
+SCOPE_ROW, RESOLVED_ROW = "s", "r"
 
 
 class OverrideError(ValueError):
@@ -126,7 +134,12 @@ class _Level:
 
 
 class Breaker:
-    """Per-scope, per-level fuse state. Not thread-safe: the service serialises calls."""
+    """Per-scope, per-level fuse state. Not thread-safe: the service serialises calls.
+
+    Changes are tracked per scope: :meth:`begin` starts a change (what it touches is remembered so
+    that :meth:`rollback` can put it back), :meth:`changes` gives the rows to persist (only the
+    scopes and tombstones touched since the last :meth:`done`), :meth:`done` ends it.
+    """
 
     def __init__(self, rules: FuseRules, hold_s: float = 300.0, *, max_scopes: int = MAX_SCOPES):
         if hold_s < 0:
@@ -137,7 +150,16 @@ class Breaker:
         self.hold_s = float(hold_s)
         self.max_scopes = max_scopes
         self.scopes: dict[str, dict] = {}  # key -> {"labels": {...}, "levels": {level: _Level}}
-        self.resolved: dict[str, list] = {}  # fingerprint -> [latest resolved startsAt, seen at]
+        # fingerprint -> [latest resolved startsAt, seen at], oldest seen first
+        self.resolved: OrderedDict[str, list] = OrderedDict()
+        self._held: dict[str, dict[tuple[str, int], None]] = {}  # fingerprint -> (scope key, level) holding it
+        self._timers: list[tuple[float, str, int]] = []  # heap of (due, key, level): release_at, override until
+        self._idle: OrderedDict[str, None] = OrderedDict()  # scopes that may be idle, least recently changed first
+        self._dirty: set[str] = set()  # scopes touched since done(): persisted by the next commit
+        self._dirty_fps: set[str] = set()  # tombstones touched since done()
+        self._undo: Optional[dict[str, Optional[dict]]] = None  # scope key -> as it was at begin()
+        self._undo_fps: dict[str, Optional[list]] = {}
+        self._changed_levels: set[str] = set()  # scopes whose level may have changed (the service's gauges)
 
     # ------------------------------------------------------------------ inputs
     def on_notification(self, note: Notification, now: float) -> tuple[list[Decision], list[Outcome]]:
@@ -152,25 +174,50 @@ class Breaker:
         return decisions, outcomes
 
     def tick(self, now: float) -> list[Decision]:
-        """Release levels whose hold time has passed, end expired overrides, forget old tombstones."""
+        """Release levels whose hold time has passed, end expired overrides, forget old tombstones.
+        Looks only at what is due (a heap of timers), not at every scope."""
+        due: set[tuple[str, int]] = set()
+        while self._timers and self._timers[0][0] <= now:
+            _, key, lvl = heapq.heappop(self._timers)
+            due.add((key, lvl))
         out = []
-        for key, sc in self.scopes.items():
-            for lvl, st in sorted(sc["levels"].items()):
-                if st.override and st.override["until"] <= now:
-                    st.override = None
-                    if not st.holders:
-                        st.release_at = None
-                    d = self._settle(key, lvl, now, "override_expired", "override expired")
-                    if d:
-                        out.append(d)
-                elif st.release_at is not None and st.release_at <= now and not st.holders:
+        for key, lvl in sorted(due):
+            st = self.scopes.get(key, {}).get("levels", {}).get(lvl)
+            if st is None:
+                continue
+            if st.override and st.override["until"] <= now:
+                self._touch(key)
+                st.override = None
+                if not st.holders:
                     st.release_at = None
-                    d = self._settle(key, lvl, now, "hold_expired", f"no alert for the hold time ({self.hold_s:g}s)")
-                    if d:
-                        out.append(d)
-        for fp in [fp for fp, (_, seen) in self.resolved.items() if now - seen > TOMBSTONE_S]:
+                d = self._settle(key, lvl, now, "override_expired", "override expired")
+                if d:
+                    out.append(d)
+            elif st.release_at is not None and st.release_at <= now and not st.holders:
+                self._touch(key)
+                st.release_at = None
+                d = self._settle(key, lvl, now, "hold_expired", f"no alert for the hold time ({self.hold_s:g}s)")
+                if d:
+                    out.append(d)
+            self._arm(key, lvl, st)  # a timer not due yet (an override set again) stays armed
+        while self.resolved:
+            fp, (_, seen) = next(iter(self.resolved.items()))
+            if now - seen <= TOMBSTONE_S:
+                break
+            self._touch_fp(fp)
             del self.resolved[fp]
         return out
+
+    def next_due(self) -> Optional[float]:
+        """When the next hold time or override ends (Unix s), None when none runs."""
+        while self._timers:
+            at, key, lvl = self._timers[0]
+            st = self.scopes.get(key, {}).get("levels", {}).get(lvl)
+            if st is not None and ((st.override and st.override["until"] == at)
+                                   or (st.release_at == at and not st.holders)):
+                return at
+            heapq.heappop(self._timers)  # outdated: the timer was cancelled or moved
+        return None
 
     def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, now: float, *,
                  fleet: bool = False, new_scope: bool = False) -> list[Decision]:
@@ -205,88 +252,246 @@ class Breaker:
             if not self._room_for(key):
                 raise OverrideError(f"the fuse keeps at most {self.max_scopes} scopes and every one has something "
                                     "tripped, held or overridden; release one first", "scope")
+        self._touch(key)
         st = self._level(key, scope, level)
         st.override = {"mode": mode, "until": now + duration_s, "reason": reason}
         st.release_at = None
+        self._arm(key, level, st)
         d = self._settle(key, level, now, "override", f"override {mode}: {reason}")
         return [d] if d else []
 
     # ------------------------------------------------------------------ queries
+    def level_of(self, key: str) -> int:
+        """Highest tripped level of scope ``key`` (0: none tripped, or no such scope)."""
+        sc = self.scopes.get(key)
+        return max((lvl for lvl, st in sc["levels"].items() if st.tripped), default=0) if sc else 0
+
     def levels(self, now: Optional[float] = None) -> dict[str, int]:
         """scope key -> highest tripped level (scopes with nothing tripped are left out)."""
         out = {}
-        for key, sc in self.scopes.items():
-            tripped = [lvl for lvl, st in sc["levels"].items() if st.tripped]
-            if tripped:
-                out[key] = max(tripped)
+        for key in self.scopes:
+            lvl = self.level_of(key)
+            if lvl:
+                out[key] = lvl
         return out
 
     def view(self) -> list[dict]:
         """Every known scope with its levels, holders, pending releases and overrides (JSON-able)."""
-        out = []
+        return [self.view_of(key) for key in sorted(self.scopes)]
+
+    def view_of(self, key: str) -> dict:
+        """One scope as :meth:`view` shows it."""
+        sc = self.scopes[key]
+        levels = {}
+        for lvl, st in sorted(sc["levels"].items()):
+            levels[str(lvl)] = {
+                "action": self.rules.levels.get(lvl, ""),
+                "tripped": st.tripped,
+                "tripped_at": st.tripped_at,
+                "release_at": st.release_at,
+                "override": copy.deepcopy(st.override),
+                "alerts": [f"{h['alert']}/{fp}" for fp, h in sorted(st.holders.items())],
+            }
+        tripped = [int(k) for k, v in levels.items() if v["tripped"]]
+        return {"key": key, "labels": dict(sc["labels"]), "level": max(tripped, default=0), "levels": levels}
+
+    def page(self, offset: int = 0, limit: Optional[int] = None, *, labels: Optional[dict] = None,
+             min_level: int = 0) -> dict:
+        """The scopes whose labels include ``labels`` and whose highest tripped level is at least
+        ``min_level``, in key order, from ``offset``, at most ``limit`` (None: all).
+
+        Returns ``{"scopes": [view...], "levels": {key: level} of those tripped on the page,
+        "total": scopes matching, "rows": their (scope, level) rows, "tripped": {key: level} of
+        every matching tripped scope}``. One pass over the keys; only the page is viewed."""
+        want = list((labels or {}).items())
+        keys, rows, tripped = [], 0, {}
         for key in sorted(self.scopes):
             sc = self.scopes[key]
-            levels = {}
-            for lvl, st in sorted(sc["levels"].items()):
-                levels[str(lvl)] = {
-                    "action": self.rules.levels.get(lvl, ""),
-                    "tripped": st.tripped,
-                    "tripped_at": st.tripped_at,
-                    "release_at": st.release_at,
-                    "override": copy.deepcopy(st.override),
-                    "alerts": [f"{h['alert']}/{fp}" for fp, h in sorted(st.holders.items())],
-                }
-            tripped = [int(k) for k, v in levels.items() if v["tripped"]]
-            out.append({"key": key, "labels": dict(sc["labels"]), "level": max(tripped, default=0), "levels": levels})
-        return out
+            if want and any(sc["labels"].get(k) != v for k, v in want):
+                continue
+            lvl = self.level_of(key)
+            if lvl < min_level:
+                continue
+            keys.append(key)
+            rows += len(sc["levels"])
+            if lvl:
+                tripped[key] = lvl
+        chosen = keys[offset:] if limit is None else keys[offset:offset + limit]
+        return {"scopes": [self.view_of(k) for k in chosen], "levels": {k: tripped[k] for k in chosen if k in tripped},
+                "total": len(keys), "rows": rows, "tripped": tripped}
 
     # ------------------------------------------------------------------ persistence
     def snapshot(self) -> dict:
         """JSON-able state; :meth:`restore` takes it back."""
         return {
             "version": 1,
-            "scopes": {
-                key: {"labels": sc["labels"], "levels": {str(lvl): asdict(st) for lvl, st in sc["levels"].items()}}
-                for key, sc in self.scopes.items()
-            },
-            "resolved": self.resolved,
+            "scopes": {key: self._row(key) for key in self.scopes},
+            "resolved": {fp: list(v) for fp, v in self.resolved.items()},
         }
 
-    def restore(self, snap: dict) -> None:
-        """Take back a :meth:`snapshot`. The breaker keeps its own copy: changing it later never
-        changes ``snap`` (the service restores from the same committed snapshot after a failure)."""
-        if not snap:
-            return
-        snap = copy.deepcopy(snap)
+    def restore(self, snap: Optional[dict]) -> None:
+        """Take back a :meth:`snapshot` (the state as a whole). The breaker keeps its own copy:
+        changing it later never changes ``snap``."""
+        self.scopes, self.resolved = {}, OrderedDict()
+        self._held, self._timers, self._idle = {}, [], OrderedDict()
+        self._dirty, self._dirty_fps, self._undo, self._undo_fps = set(), set(), None, {}
+        self._changed_levels = set()
+        snap = copy.deepcopy(snap or {})
         # Keys are recomputed from the labels: snapshots written before values were escaped
         # (fusebox < escaping) carry ambiguous keys.
-        self.scopes = {
-            scope_key(sc["labels"]): {"labels": dict(sc["labels"]),
-                                      "levels": {int(lvl): _Level(**st) for lvl, st in sc["levels"].items()}}
-            for sc in snap.get("scopes", {}).values()
-        }
-        self.resolved = {fp: list(v) for fp, v in snap.get("resolved", {}).items()}
+        for sc in snap.get("scopes", {}).values():
+            self._put(scope_key(sc["labels"]), sc)
+        for fp, v in sorted(snap.get("resolved", {}).items(), key=lambda kv: kv[1][1]):
+            self.resolved[fp] = list(v)
+
+    def apply(self, rows: Iterable[tuple[str, str, Optional[object]]]) -> None:
+        """Take back rows another writer (a replica) committed: ``(kind, key, value)``, kind
+        :data:`SCOPE_ROW` (value: the scope, as :meth:`changes` gives it) or :data:`RESOLVED_ROW`
+        (a tombstone ``[startsAt, seen]``); value None: gone. Only those scopes change; the
+        breaker keeps the values (fresh from the store)."""
+        for kind, key, value in rows:
+            if kind == SCOPE_ROW:
+                self._put(key, value)  # type: ignore[arg-type]
+            elif kind == RESOLVED_ROW:
+                self.resolved.pop(key, None)
+                if value is not None:
+                    self.resolved[key] = list(value)  # type: ignore[call-overload]
+
+    def begin(self) -> None:
+        """Start a change: what it touches is remembered, for :meth:`rollback`."""
+        self._undo, self._undo_fps = {}, {}
+
+    def dirty(self) -> bool:
+        """Whether anything changed that is not persisted yet."""
+        return bool(self._dirty or self._dirty_fps)
+
+    def changes(self) -> list[tuple[str, str, Optional[object]]]:
+        """The rows to persist: ``(kind, key, value)`` of every scope and tombstone touched since
+        the last :meth:`done` (value None: gone). JSON-able; no other scope is looked at."""
+        out: list[tuple[str, str, Optional[object]]] = [
+            (SCOPE_ROW, k, self._row(k) if k in self.scopes else None) for k in sorted(self._dirty)]
+        out += [(RESOLVED_ROW, fp, self.resolved.get(fp)) for fp in sorted(self._dirty_fps)]
+        return out
+
+    def done(self) -> None:
+        """The change is persisted (or needs no persisting): forget what it touched."""
+        self._dirty, self._dirty_fps, self._undo, self._undo_fps = set(), set(), None, {}
+
+    def rollback(self) -> None:
+        """Put back every scope and tombstone as it was at :meth:`begin` (a change that failed)."""
+        for key, old in (self._undo or {}).items():
+            self._put(key, old)
+        for fp, tomb in self._undo_fps.items():
+            self.resolved.pop(fp, None)
+            if tomb is not None:
+                self.resolved[fp] = tomb
+        self.done()
+
+    def changed_levels(self) -> set[str]:
+        """The scopes whose highest level may have changed since the last call (and forget them)."""
+        out, self._changed_levels = self._changed_levels, set()
+        return out
 
     # ------------------------------------------------------------------ machinery
+    def _row(self, key: str) -> dict:
+        sc = self.scopes[key]
+        return {"labels": sc["labels"], "levels": {str(lvl): asdict(st) for lvl, st in sc["levels"].items()}}
+
+    def _put(self, key: str, sc: Optional[dict]) -> None:
+        """Replace scope ``key`` by ``sc`` (a :meth:`_row`, or the stored form of one with
+        ``_Level`` values; None: drop it), keeping the indexes (holders, timers, idle) right."""
+        old = self.scopes.pop(key, None)
+        if old is not None:
+            for lvl, st in old["levels"].items():
+                for fp in st.holders:
+                    places = self._held.get(fp)
+                    if places is not None:
+                        places.pop((key, lvl), None)
+                        if not places:
+                            del self._held[fp]
+        self._idle.pop(key, None)
+        self._changed_levels.add(key)
+        if sc is None:
+            return
+        levels = {int(lvl): (st if isinstance(st, _Level) else _Level(**st)) for lvl, st in sc["levels"].items()}
+        self.scopes[key] = {"labels": dict(sc["labels"]), "levels": levels}
+        self._idle[key] = None
+        for lvl, st in levels.items():
+            for fp in st.holders:
+                self._held.setdefault(fp, {})[(key, lvl)] = None
+            self._arm(key, lvl, st)
+
+    def _copy(self, key: str) -> Optional[dict]:
+        sc = self.scopes.get(key)
+        if sc is None:
+            return None
+        return {"labels": dict(sc["labels"]),
+                "levels": {lvl: _Level(st.tripped, dict(st.holders), st.release_at, st.tripped_at,
+                                       dict(st.override) if st.override else None)
+                           for lvl, st in sc["levels"].items()}}
+
+    def _touch(self, key: str) -> None:
+        """Scope ``key`` is about to change: remember it as it is (once per change) and mark it."""
+        if self._undo is not None and key not in self._undo:
+            self._undo[key] = self._copy(key)
+        self._dirty.add(key)
+        self._changed_levels.add(key)
+        self._idle.pop(key, None)
+        self._idle[key] = None  # least recently changed first
+
+    def _touch_fp(self, fp: str) -> None:
+        if self._undo is not None and fp not in self._undo_fps:
+            tomb = self.resolved.get(fp)
+            self._undo_fps[fp] = list(tomb) if tomb is not None else None
+        self._dirty_fps.add(fp)
+
+    def _arm(self, key: str, lvl: int, st: _Level) -> None:
+        """Put the level's timers (its override's end, its pending release) in the heap."""
+        if st.override:
+            heapq.heappush(self._timers, (st.override["until"], key, lvl))
+        if st.release_at is not None:
+            heapq.heappush(self._timers, (st.release_at, key, lvl))
+        if len(self._timers) > 4 * MAX_SCOPES + 1024:  # outdated entries pile up: rebuild
+            self._timers = [(t, k, lv) for k, sc in self.scopes.items() for lv, s in sc["levels"].items()
+                            for t in ((s.override or {}).get("until"), s.release_at) if t is not None]
+            heapq.heapify(self._timers)
+
+    @staticmethod
+    def _idle_scope(sc: dict) -> bool:
+        return all(not st.tripped and not st.holders and st.release_at is None and st.override is None
+                   for st in sc["levels"].values())
+
     def _room_for(self, key: str) -> bool:
-        """Whether scope ``key`` is kept or may be added, dropping the oldest idle scope if needed."""
+        """Whether scope ``key`` is kept or may be added, dropping the least recently changed idle
+        scope if needed (candidates found busy are left out of the candidates until they change)."""
         if key in self.scopes or len(self.scopes) < self.max_scopes:
             return True
-        for k, sc in self.scopes.items():
-            if all(not st.tripped and not st.holders and st.release_at is None and st.override is None
-                   for st in sc["levels"].values()):
-                del self.scopes[k]
+        while self._idle:
+            k = next(iter(self._idle))
+            sc = self.scopes.get(k)
+            if sc is not None and self._idle_scope(sc):
+                self._touch(k)
+                self._put(k, None)
                 return True
+            del self._idle[k]
         return False
 
     def _level(self, key: str, scope: dict, level: int) -> _Level:
-        sc = self.scopes.setdefault(key, {"labels": dict(scope), "levels": {}})
+        sc = self.scopes.get(key)
+        if sc is None:
+            sc = self.scopes[key] = {"labels": dict(scope), "levels": {}}
+            self._idle[key] = None
         return sc["levels"].setdefault(level, _Level())
 
+    def _scopes_containing(self, wanted: Iterable[tuple[str, str]]) -> Iterator[dict]:
+        want = list(wanted)
+        for key in sorted(self.scopes):
+            labels = self.scopes[key]["labels"]
+            if all(labels.get(k) == v for k, v in want):
+                yield {"key": key, "labels": dict(labels), "level": self.level_of(key)}
+
     def _check_new_scope(self, scope: dict, key: str, mode: str, new_scope: bool) -> None:
-        wanted = scope.items()
-        containing = [{"key": sc["key"], "labels": sc["labels"], "level": sc["level"]}
-                      for sc in self.view() if wanted <= sc["labels"].items()]
+        containing = list(self._scopes_containing(scope.items()))
         listed = ", ".join(f'{c["key"]} (level {c["level"]})' for c in containing[:5]) or "none"
         if len(containing) > 5:
             listed += f" and {len(containing) - 5} more (see 'scopes')"
@@ -298,10 +503,11 @@ class Breaker:
                                 f'"new_scope": true to trip {key} as a scope of its own', containing)
 
     def _find_holder(self, fp: str) -> Optional[tuple[str, int, _Level]]:
-        for key, sc in self.scopes.items():
-            for lvl, st in sc["levels"].items():
-                if fp in st.holders:
-                    return key, lvl, st
+        """Where alert ``fp`` holds a level: one dictionary look-up, whatever the scopes held."""
+        for key, lvl in self._held.get(fp, {}):
+            st = self.scopes[key]["levels"][lvl]
+            if fp in st.holders:
+                return key, lvl, st
         return None
 
     def _on_alert(self, a: AlertEvent, now: float) -> tuple[Optional[Decision], Outcome]:
@@ -317,15 +523,18 @@ class Breaker:
             tomb = self.resolved.get(a.fingerprint)
             if tomb and a.starts_at <= tomb[0]:
                 return None, Outcome(a.fingerprint, name, "stale")
+            cur = self.scopes.get(key, {}).get("levels", {}).get(target.level)
+            held = cur.holders.get(a.fingerprint) if cur is not None else None
+            if held is not None and a.starts_at <= held["start"]:
+                return None, Outcome(a.fingerprint, name, "duplicate")
             if not self._room_for(key):
                 return None, Outcome(a.fingerprint, name, "scope_limit", (
                     f"alert {name!r} on {key}: the fuse keeps at most {self.max_scopes} scopes and every one has "
                     "something tripped, held or overridden: ignored"))
+            self._touch(key)
             st = self._level(key, scope, target.level)
-            held = st.holders.get(a.fingerprint)
-            if held is not None and a.starts_at <= held["start"]:
-                return None, Outcome(a.fingerprint, name, "duplicate")
             st.holders[a.fingerprint] = {"start": a.starts_at, "alert": name}
+            self._held.setdefault(a.fingerprint, {})[(key, target.level)] = None
             st.release_at = None
             was = st.tripped
             d = self._settle(key, target.level, now, "alert", f"{name} firing")
@@ -333,14 +542,22 @@ class Breaker:
         # resolved
         tomb = self.resolved.get(a.fingerprint)
         if not tomb or a.starts_at > tomb[0]:
-            self.resolved[a.fingerprint] = [a.starts_at, now]
-            while len(self.resolved) > MAX_TOMBSTONES:  # the oldest first (insertion order)
-                del self.resolved[next(iter(self.resolved))]
+            self._touch_fp(a.fingerprint)
+            self.resolved.pop(a.fingerprint, None)
+            self.resolved[a.fingerprint] = [a.starts_at, now]  # the newest last: the oldest are forgotten first
+            while len(self.resolved) > MAX_TOMBSTONES:
+                self._touch_fp(next(iter(self.resolved)))
+                self.resolved.popitem(last=False)
         found = self._find_holder(a.fingerprint)
         if not found or found[2].holders[a.fingerprint]["start"] > a.starts_at:
             return None, Outcome(a.fingerprint, name, "not_held")
         fkey, lvl, st = found
+        self._touch(fkey)
         del st.holders[a.fingerprint]
+        places = self._held[a.fingerprint]
+        places.pop((fkey, lvl), None)
+        if not places:
+            del self._held[a.fingerprint]
         if st.holders:
             return None, Outcome(a.fingerprint, name, "resolved")
         if st.tripped and not (st.override and st.override["until"] > now):
@@ -349,6 +566,7 @@ class Breaker:
             if d:
                 st.release_at = None
                 return d, Outcome(a.fingerprint, name, "resolved")
+            self._arm(fkey, lvl, st)
             return None, Outcome(a.fingerprint, name, "release_pending")
         return None, Outcome(a.fingerprint, name, "resolved")
 
@@ -363,6 +581,7 @@ class Breaker:
         want = self._desired(st, now)
         if want == st.tripped:
             return None
+        self._touch(key)
         episode = now if want else st.tripped_at
         st.tripped = want
         st.tripped_at = now if want else None

@@ -115,6 +115,9 @@ def register(subparsers) -> None:
     s.add_argument("--retry-max", type=_seconds, default=30.0, help="longest retry delay (default 30 s)")
     s.add_argument("--timeout", type=_seconds, default=5.0, help="per-call timeout to the gateway (default 5 s)")
     s.add_argument("--tick", type=_seconds, default=1.0, help="how often hold times are checked (default 1 s)")
+    s.add_argument("--max-level-series", type=_attempts, default=1000, metavar="N",
+                   help="scopes with a fusebox_fuse_level series of their own, the most severe first (default 1000; "
+                        "fusebox_fuse_scopes counts them all)")
     s.add_argument("--vllm-url", action="append", default=[], metavar="[ENGINE=]URL",
                    help="vLLM server to POST /reset_prefix_cache on a KV-eviction trip (repeatable)")
     s.add_argument("--vllm-max-attempts", type=_attempts, default=5, metavar="N",
@@ -185,7 +188,8 @@ def build_service(args, spec=None):
     store = _open_store(args)
     service = FuseService(FuseRules.from_spec(spec), store, adapters, hold_s=args.hold,
                           backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),
-                          tick_s=max(args.tick, 0.01), dry_run=args.dry_run, lease_s=lease)
+                          tick_s=max(args.tick, 0.01), dry_run=args.dry_run, lease_s=lease,
+                          max_level_series=args.max_level_series)
     return service, token
 
 

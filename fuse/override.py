@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from typing import Optional
+from urllib.parse import urlencode
 
 import httpx
 
@@ -222,6 +223,10 @@ def _list(state: dict, out) -> None:
                 when += f" ({for_text(now - since)})"
         levels = ",".join(sorted(tripped)) or "0"
         print(f"{i:>3}  {levels:5}  {when or '-':32}  {sc['key']}", file=out)
+    more = (state.get("total") or 0) - len(scopes)
+    if more > 0:
+        print(f"... and {more} more scope(s) not listed: name a scope by its labels (--scope 'cluster=a,engine=e0')",
+              file=out)
 
 
 def _duration(text: str) -> float:
@@ -242,11 +247,15 @@ def run(args, out=None, err=None) -> int:
     base = (args.url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
     try:
         token = _token(args)
-        state = _request("GET", base + "/state", token, args.timeout)
+        text = None if args.override_command == "list" else (args.scope_opt or args.scope)
+        query = ""
+        if text and not text.strip().isdigit():
+            # only the scopes with these labels: the service may hold more than one page of scopes
+            query = "?" + urlencode({"scope": scope_key(parse_scope(text)), "limit": 10_000})
+        state = _request("GET", base + "/state" + query, token, args.timeout)
         if args.override_command == "list":
             _list(state, out)
             return 0
-        text = args.scope_opt or args.scope
         if not text:
             raise UsageError("which scope? give its number from `fusebox fuse override list`, or --scope "
                              "'cluster=a,engine=e0'")

@@ -14,9 +14,15 @@ to ``backoff_max_s``, per lane) until applied, or until the adapter's ``max_atte
 An exception inside a dispatcher iteration (e.g. the store failing) is logged, counted in
 ``fusebox_fuse_dispatcher_errors_total`` and the loop goes on.
 
+Scale: a change persists only the scopes it touched (:meth:`Breaker.changes`), sets the level
+gauge of only those scopes, and looks at no other scope (alerts indexed by fingerprint, timers in a
+heap), so it costs the same with 10,000 scopes held as with none. ``fusebox_fuse_level`` has one
+series per scope for at most ``max_level_series`` scopes, the most severe first
+(``fusebox_fuse_scopes{level}`` counts them all, ``fusebox_fuse_level_series_dropped`` those left out).
+
 Replicas (several services on one PostgreSQL store, :class:`fusebox.fuse.store.PgStore`): every
-change runs in the store's exclusive transaction (:meth:`Store.change`), which hands back the stored
-state when another replica changed it since, so the breaker decides on the newest state and a
+change runs in the store's exclusive transaction (:meth:`Store.change`), which hands back the rows
+another replica changed since, so the breaker decides on the newest state and a
 notification delivered to two replicas changes it once. Hold timers and override expiries live in
 that state: whichever replica ticks first after they are due releases, once. An outbox row is
 *claimed* (:meth:`Store.claim`, a lease of ``lease_s``) before its adapter is called; a row whose
@@ -63,6 +69,9 @@ _REFUSED = {"untrusted", "no_scope", "scope_limit"}  # audited as kind "ignored"
 # Distinct Alertmanagers (externalURL) with a last-notification series of their own; an HA pair
 # or a few clusters' worth, far below what would burden /metrics.
 MAX_ALERTMANAGERS = 16
+# Scopes with a fusebox_fuse_level series of their own, the most severe first (issue 22: 10,000
+# scopes made /metrics 13.6 MB); fusebox_fuse_scopes{level} counts every scope.
+MAX_LEVEL_SERIES = 1000
 
 
 TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
@@ -111,6 +120,78 @@ class _Metrics:
         self.last_notification = Gauge(M["last_notification"],
                                        "Unix time of the last notification from each Alertmanager (its externalURL).",
                                        [C.ALERTMANAGER_LABEL], registry=r)
+        self.scopes = Gauge(M["scopes"], "Scopes held, by their highest tripped level (0: none).", ["level"], registry=r)
+        self.level_dropped = Gauge(M["level_series_dropped"],
+                                   "Scopes held without a fusebox_fuse_level series (over the cap; the least severe).",
+                                   registry=r)
+
+
+class _LevelSeries:
+    """``fusebox_fuse_level`` for at most ``cap`` scopes, the most severe first, updated one scope at a
+    time (:meth:`set`): a change touches only the series of the scopes it changed (and, when the
+    cap is reached, swaps one shown scope for a more severe hidden one). ``fusebox_fuse_scopes``
+    counts every scope by level; ``fusebox_fuse_level_series_dropped`` those without a series."""
+
+    def __init__(self, metrics: "_Metrics", cap: int, levels):
+        self.m, self.cap = metrics, cap
+        self.level: dict[str, int] = {}  # every scope -> its highest tripped level
+        self.labels: dict[str, tuple] = {}  # every scope -> its gauge label values
+        self.shown: dict[int, dict[str, None]] = {}  # level -> scopes with a series
+        self.hidden: dict[int, dict[str, None]] = {}  # level -> scopes without one
+        self.counts: dict[int, int] = {lvl: 0 for lvl in (0, *levels)}
+        for lvl in self.counts:
+            self.m.scopes.labels(str(lvl)).set(0)
+        self.m.level_dropped.set(0)
+
+    def set(self, key: str, labels: Optional[dict], level: int) -> None:
+        """Scope ``key`` now has ``level`` (labels None: it is gone)."""
+        old = self.level.pop(key, None)
+        shown = False
+        if old is not None:
+            shown = key in self.shown.get(old, {})
+            (self.shown if shown else self.hidden)[old].pop(key, None)
+            self._count(old, -1)
+        if labels is None:
+            if shown:
+                self.m.level.remove(*self.labels[key])
+            self.labels.pop(key, None)
+        else:
+            self.labels[key] = tuple(labels.get(k, "") for k in C.SCOPE_LABELS)
+            self.level[key] = level
+            self._count(level, 1)
+            if shown or self._n(self.shown) < self.cap:
+                self.shown.setdefault(level, {})[key] = None
+                self.m.level.labels(*self.labels[key]).set(level)
+            else:
+                self.hidden.setdefault(level, {})[key] = None
+        self._balance()
+        self.m.level_dropped.set(self._n(self.hidden))
+
+    def _count(self, level: int, d: int) -> None:
+        self.counts[level] = self.counts.get(level, 0) + d
+        self.m.scopes.labels(str(level)).set(self.counts[level])
+
+    @staticmethod
+    def _n(by: dict) -> int:
+        return sum(len(v) for v in by.values())
+
+    def _balance(self) -> None:
+        while True:
+            top = max((lvl for lvl, ks in self.hidden.items() if ks), default=None)
+            if top is None:
+                return
+            if self._n(self.shown) >= self.cap:
+                low = min((lvl for lvl, ks in self.shown.items() if ks), default=None)
+                if low is None or low >= top:
+                    return
+                out = next(iter(self.shown[low]))
+                del self.shown[low][out]
+                self.m.level.remove(*self.labels[out])
+                self.hidden.setdefault(low, {})[out] = None
+            key = next(iter(self.hidden[top]))
+            del self.hidden[top][key]
+            self.shown.setdefault(top, {})[key] = None
+            self.m.level.labels(*self.labels[key]).set(top)
 
 
 class FuseService:
@@ -123,6 +204,7 @@ class FuseService:
         tick_s: how often hold times and override expiries are checked.
         clock: Unix seconds.
         max_scopes: scopes the breaker keeps at most (:class:`Breaker`).
+        max_level_series: scopes with a ``fusebox_fuse_level`` series, the most severe first.
         lease_s: how long a claimed outbox row is this replica's, seconds; another replica takes it
             over after that (it must exceed an adapter call's timeout).
         replica: this replica's name in the outbox's ``claimed_by`` (default host:pid:random).
@@ -131,7 +213,7 @@ class FuseService:
     def __init__(self, rules: FuseRules, store: Store, adapters: Sequence[Adapter], *, hold_s: float = 300.0,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, tick_s: float = 1.0,
                  clock: Callable[[], float] = time.time, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
-                 lease_s: float = 30.0, replica: Optional[str] = None):
+                 lease_s: float = 30.0, replica: Optional[str] = None, max_level_series: int = MAX_LEVEL_SERIES):
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
@@ -151,9 +233,9 @@ class FuseService:
         self._test_hang = float(os.environ.get(TEST_HANG_ENV) or 0)
         self.breaker = Breaker(rules, hold_s, max_scopes=max_scopes)
         self._version = store.version()
-        self._committed = store.snapshot() or {}
-        self._written: Optional[dict] = None
-        self.breaker.restore(self._committed)
+        self.breaker.restore(store.snapshot())  # rows newer than _version, if any, are read again later
+        self._wrote = False
+        self._series = _LevelSeries(self.metrics, max_level_series, sorted(rules.levels))
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
@@ -163,7 +245,8 @@ class FuseService:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.metrics.oldest_pending.set_function(self._oldest_pending_age)
-        self._refresh_gauges()
+        self._sync_gauges()
+        self.metrics.pending.set(self.store.pending_count())
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -212,7 +295,8 @@ class FuseService:
                       "detail": {"result": o.result, "fingerprint": o.fingerprint[:64]}} for o in refused]
             if cut:
                 audit.append(_truncated_row(note, now))
-            changed = bool(decisions) or bool(refused) or bool(cut) or any(o.result in _CHANGED for o in outcomes)
+            changed = (bool(decisions) or bool(refused) or bool(cut) or self.breaker.dirty()
+                       or any(o.result in _CHANGED for o in outcomes))
             ids = self._commit(decisions, received, changed, audit, {"truncated_alerts": cut} if cut else {})
             if cut:
                 self.metrics.truncated.inc(cut)
@@ -254,7 +338,7 @@ class FuseService:
         with self._lock, self._all_or_nothing(), self._change():
             now = self.clock()
             decisions = self.breaker.tick(now)
-            return self._commit(decisions, now, bool(decisions))
+            return self._commit(decisions, now, bool(decisions) or self.breaker.dirty())
 
     def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, *,
                  fleet: bool = False, new_scope: bool = False, by: Optional[str] = None) -> list[dict]:
@@ -278,74 +362,92 @@ class FuseService:
         return out
 
     # ------------------------------------------------------------------ queries
-    def state(self) -> dict:
+    def state(self, offset: int = 0, limit: Optional[int] = None, *, scope: Optional[dict] = None,
+              min_level: int = 0) -> dict:
         """``levels``, ``scopes`` (:meth:`Breaker.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
         and ``truncated``: ``{"notifications", "alerts"}`` truncated since start and ``last``, the
         newest ``truncated`` audit row (``{"at", "truncated_alerts", "alerts", "group_key"}``, kept
-        across restarts) or None."""
+        across restarts) or None.
+
+        A page (:meth:`Breaker.page`): the scopes whose labels include ``scope`` and whose highest
+        tripped level is at least ``min_level``, in key order, ``limit`` of them (None: all) from
+        ``offset``; ``levels`` is of the page's scopes; ``total`` counts the scopes matching,
+        ``rows`` their (scope, level) rows, ``tripped`` maps every matching tripped scope to its
+        level, ``next_offset`` is where the next page starts (None: the last page)."""
         with self._lock:
             try:
                 self._refresh()
             except StoreError:  # shown as last known; the webhook answers 503 meanwhile
                 log.warning("store unreachable: /state shows the last state this replica read")
-            levels = self.breaker.levels()
-            scopes = self.breaker.view()
+            page = self.breaker.page(offset, limit, labels=scope, min_level=min_level)
             truncated = dict(self._truncated)
-        return {"levels": levels, "scopes": scopes, "hold_s": self.hold_s, "dry_run": self.dry_run,
-                "pending_actions": self.store.pending_count(), "truncated": truncated}
+        end = offset + len(page["scopes"])
+        return {"levels": page["levels"], "scopes": page["scopes"], "total": page["total"], "rows": page["rows"],
+                "tripped": page["tripped"], "offset": offset, "limit": limit,
+                "next_offset": end if end < page["total"] else None, "hold_s": self.hold_s,
+                "dry_run": self.dry_run, "pending_actions": self.store.pending_count(), "truncated": truncated}
 
     # ------------------------------------------------------------------ machinery
-    def _restore(self, snap: dict, version: int) -> None:
-        self.breaker = Breaker(self.rules, self.hold_s, max_scopes=self.max_scopes)
-        self.breaker.restore(snap)
-        self._committed, self._version = snap, version
+    def _take_back(self, version: int, rows: Optional[list], snap: Optional[dict]) -> None:
+        """Take back what another replica committed: ``rows`` (only what changed), else the whole
+        ``snap``; the gauges of the scopes it changed follow."""
+        if rows is None:
+            self.breaker.restore(snap)
+            self._series = _LevelSeries(self.metrics, self._series.cap, sorted(self.rules.levels))
+            self.metrics.level.clear()
+        else:
+            self.breaker.apply(rows)
+        self._version = version
+        self._sync_gauges()
 
     def _refresh(self) -> None:
-        """Take back the stored state when another replica changed it. Raises StoreError."""
-        v = self.store.version()
-        if v != self._version:
-            self._restore(self.store.snapshot() or {}, v)
+        """Take back what another replica changed since this one's version. Raises StoreError."""
+        if self.store.version() != self._version:
+            self._take_back(*self.store.changes_since(self._version))
 
     def _due(self, now: float) -> bool:
-        """Whether a tick at ``now`` has something to release or end."""
-        return any((st.override and st.override["until"] <= now)
-                   or (st.release_at is not None and st.release_at <= now and not st.holders)
-                   for sc in self.breaker.scopes.values() for st in sc["levels"].values())
+        """Whether a tick at ``now`` has something to release or end (the breaker's timer heap)."""
+        due = self.breaker.next_due()
+        return due is not None and due <= now
 
     @contextlib.contextmanager
     def _change(self):
-        """The store's exclusive transaction around one change (under ``self._lock``): the breaker is
-        first set to the stored state if another replica wrote a newer one; what :meth:`_commit`
-        writes is committed on leaving. Raises Unavailable when the store fails (nothing kept)."""
-        self._written = None
+        """The store's exclusive transaction around one change (under ``self._lock``): the breaker
+        first takes back what another replica committed since; what :meth:`_commit` writes is
+        committed on leaving. Raises Unavailable when the store fails (nothing kept)."""
+        self._wrote = False
         try:
             with self.store.change(self._version) as head:
                 if head.version != self._version:
-                    self._restore(head.snapshot or {}, head.version)
+                    self._take_back(head.version, head.rows, head.snapshot)
+                self.breaker.begin()
                 yield
         except StoreError as e:
             log.error("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
-        if self._written is not None:
-            self._committed, self._version = self._written, self._version + 1
+        if self._wrote:
+            self._version += 1
+        self.breaker.done()
+        self._sync_gauges()
 
     @contextlib.contextmanager
     def _all_or_nothing(self):
         """Run one change (under the lock): when anything in it fails (the store, a value it cannot
-        bind, a bug), the breaker is set back to the last committed snapshot, which is what the
-        store holds (its transaction rolls back), and the error goes on to the caller. The next
-        request then starts from a consistent state, in memory and on disk."""
+        bind, a bug), the scopes it touched are set back as they were (:meth:`Breaker.rollback`),
+        which is what the store holds (its transaction rolls back), and the error goes on to the
+        caller. The next request then starts from a consistent state, in memory and on disk."""
         try:
             yield
         except BaseException:
-            self.breaker = Breaker(self.rules, self.hold_s, max_scopes=self.max_scopes)
-            self.breaker.restore(self._committed)
+            self.breaker.rollback()
+            self._sync_gauges()
             raise
 
     def _commit(self, decisions: list[Decision], received: float, changed: bool, extra_audit=(),
                 note_detail: Optional[dict] = None) -> list[dict]:
-        """Persist the breaker's state, one outbox row per decision and adapter that wants it, and the
-        audit rows (``extra_audit``, then one per decision, whose ``detail`` gets ``note_detail``)."""
+        """Persist the scopes the change touched, one outbox row per decision and adapter that wants
+        it, and the audit rows (``extra_audit``, then one per decision, whose ``detail`` gets
+        ``note_detail``)."""
         if not changed:
             return []
         out, rows, audit = [], [], list(extra_audit)
@@ -360,29 +462,29 @@ class FuseService:
                           "action": d.action, "source": d.source, "reason": d.reason,
                           "detail": {"alerts": list(d.alerts), "scope": d.scope, **(note_detail or {})}})
             out.append({**payload, "source": d.source})
-        snap = self.breaker.snapshot()
+        changes = self.breaker.changes()
         try:
-            self.store.commit(snap, rows, audit)
+            self.store.commit(None, rows, audit, changes=changes)
         except StoreError as e:  # the breaker is set back by _all_or_nothing
             log.error("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
-        self._written = snap
+        self._wrote = bool(changes)
         for d, o in zip(decisions, out):
             self.metrics.transitions.labels(d.action, d.kind, d.source).inc()
             log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason,
                      extra={"decision_id": o["decision_id"], "scope": d.scope_key, "action": d.action,
                             "fuse_level": d.level, "state": d.kind, "source": d.source})
         if decisions:
-            self._refresh_gauges()
+            self.metrics.pending.set(self.store.pending_count())
             for w in self._wakes.values():
                 w.set()
         return out
 
-    def _refresh_gauges(self) -> None:
-        self.metrics.level.clear()
-        for sc in self.breaker.view():
-            self.metrics.level.labels(*[sc["labels"].get(k, "") for k in C.SCOPE_LABELS]).set(sc["level"])
-        self.metrics.pending.set(self.store.pending_count())
+    def _sync_gauges(self) -> None:
+        """Set ``fusebox_fuse_level`` of the scopes whose level may have changed, and only those."""
+        for key in self.breaker.changed_levels():
+            sc = self.breaker.scopes.get(key)
+            self._series.set(key, sc["labels"] if sc else None, self.breaker.level_of(key))
 
     def _oldest_pending_age(self) -> float:
         try:

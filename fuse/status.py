@@ -185,7 +185,8 @@ def _call(row: dict) -> dict:
 
 
 def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequence[dict] = (),
-                  pending: Sequence[dict] = (), links: Optional[StatusLinks] = None, alertmanager: str = "") -> str:
+                  pending: Sequence[dict] = (), links: Optional[StatusLinks] = None, alertmanager: str = "",
+                  pages: Optional[dict] = None) -> str:
     """The status page as one HTML string.
 
     Args:
@@ -196,6 +197,8 @@ def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequ
         pending: outbox rows not yet applied, ``{"scope_key", "level", "state", "adapter", "attempts"}``.
         links: where alerts and scopes link to; None: no links.
         alertmanager: the ``externalURL`` of the last notification (used when ``links`` names none).
+        pages: ``{"prev", "next"}`` query strings of the neighbouring pages, when ``state`` is a page
+            (:meth:`FuseService.state` with a limit; its ``rows`` and ``tripped`` cover every page).
 
     Rendered in one pass by Jinja2 with autoescape (template static/status.html, no script), so text
     from alerts is shown as text, never read as markup or as a placeholder. At most ``STATUS_ROWS``
@@ -241,7 +244,8 @@ def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequ
                 "pending": [{"adapter": _clip(p["adapter"], 60), "state": p["state"], "attempts": p["attempts"]}
                             for p in waiting.get((sc["key"], int(lvl)), [])[:STATUS_CALLS_PER_ROW]],
             })
-    tripped_levels = sorted(state["levels"].items())
+    total = max(total, state.get("rows", total))  # a page: the rows of every page
+    tripped_levels = sorted(state.get("tripped", state["levels"]).items())
     decisions = [{"at": iso(a["at"]) or "", "kind": "not applied (dry-run)" if a["kind"] == "dry_run" else _clip(a["kind"]),
                   "css": a["kind"], "scope": _clip(a["scope_key"]), "level": a["level"] or "",
                   "action": _clip(a["action"]), "source": _clip(a["source"]), "reason": _clip(a["reason"])}
@@ -258,5 +262,6 @@ def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequ
         tripped=[(_clip(k), v) for k, v in tripped_levels[:STATUS_TRIPPED_IN_SUMMARY]],
         tripped_more=max(0, len(tripped_levels) - STATUS_TRIPPED_IN_SUMMARY),
         rows=rows, rows_more=total - len(rows), decisions=decisions, dry_run=bool(state["dry_run"]),
+        prev_page=(pages or {}).get("prev", ""), next_page=(pages or {}).get("next", ""),
         alertmanager=am, dashboard=links.dashboard,
         pending=state["pending_actions"], hold=f'{state["hold_s"]:g}')

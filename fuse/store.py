@@ -12,14 +12,21 @@ A decision is on disk, with the actions it needs, before the webhook answers 200
 restart loses none and repeats none. Every change of the breaker runs in one *exclusive* transaction
 (:meth:`Store.change`: SQLite ``BEGIN IMMEDIATE``; PostgreSQL ``SELECT ... FOR UPDATE`` of the
 ``breaker_version`` row), which reads
-the state's ``version`` first: a replica whose copy is older takes the stored one back before
-deciding, so two replicas never decide the same thing twice. Tables (schema version 4):
+the state's ``version`` first: a replica whose copy is older takes back what changed since its
+version before deciding, so two replicas never decide the same thing twice. Tables (schema version 5):
 
 * ``schema_version(version, applied_at)``: the migrations applied (:data:`SCHEMA_VERSION` the
   newest); run at start-up, idempotent, safe when replicas start together (under the same lock).
-* ``meta(key, value)``: ``breaker`` = the JSON snapshot of :class:`fusebox.fuse.breaker.Breaker`,
-  ``breaker_version`` = how many times it was written (its row's lock serialises the changes on
-  PostgreSQL; migrations take an advisory lock).
+* ``meta(key, value)``: ``breaker_version`` = how many times the breaker's state was written (its
+  row's lock serialises the changes on PostgreSQL; migrations take an advisory lock),
+  ``state_horizon`` = the version below which rows of removed scopes were purged (a replica older
+  than that reads the whole state again). Before version 5, ``breaker`` held the whole state as one
+  JSON snapshot, rewritten on every change.
+* ``breaker_state(kind, key, value, version)``: the breaker's state, one row per scope (kind ``s``,
+  key the scope key, value its JSON) and per resolved fingerprint (kind ``r``, value ``[startsAt,
+  seen]``); a change writes only the rows it touched, with the new ``version``; a removed scope or
+  fingerprint keeps its row with value NULL for a while, so that other replicas learn it is gone
+  (:meth:`Store.changes_since`).
 * ``outbox(seq, decision_id, adapter, payload, received, status, attempts, last_error, applied_at,
   idem_key, claimed_by, lease_until)``: one row per decision and adapter; ``status`` is
   ``pending``, ``applied`` or ``failed`` (given up, see :mod:`fusebox.fuse.actions`). ``idem_key``
@@ -58,7 +65,10 @@ __all__ = ["Store", "PgStore", "StoreError", "Head", "open_store", "SCHEMA_VERSI
 
 log = logging.getLogger("fusebox.fuse")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+# Every PURGE_EVERY versions, rows of removed scopes and fingerprints (value NULL) older than
+# PURGE_EVERY versions are deleted; a replica that far behind reads the whole state again.
+PURGE_EVERY = 1000
 # The PostgreSQL advisory lock key of every change and of the migrations ("fusebox" in ASCII).
 _PG_LOCK = 0x66757365626F78
 
@@ -93,6 +103,12 @@ _SQLITE = {
     4: ["""CREATE TABLE adapter_state (
   adapter TEXT NOT NULL, worker TEXT NOT NULL, holds TEXT NOT NULL DEFAULT '[]', settings TEXT NOT NULL DEFAULT '{}',
   PRIMARY KEY (adapter, worker))"""],
+    # the breaker's state per scope and per resolved fingerprint, written per change (issue 22)
+    5: ["""CREATE TABLE breaker_state (
+  kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT, version INTEGER NOT NULL, PRIMARY KEY (kind, key))""",
+        "CREATE INDEX breaker_state_version ON breaker_state (version)",
+        "INSERT INTO meta (key, value) VALUES ('state_horizon', '0') ON CONFLICT (key) DO NOTHING",
+        "split_snapshot"],
 }
 _PG = {
     1: ["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -124,6 +140,12 @@ _PG = {
     4: ["""CREATE TABLE adapter_state (
   adapter TEXT NOT NULL, worker TEXT NOT NULL, holds TEXT NOT NULL DEFAULT '[]', settings TEXT NOT NULL DEFAULT '{}',
   PRIMARY KEY (adapter, worker))"""],
+    # the breaker's state per scope and per resolved fingerprint, written per change (issue 22)
+    5: ["""CREATE TABLE breaker_state (
+  kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT, version BIGINT NOT NULL, PRIMARY KEY (kind, key))""",
+        "CREATE INDEX breaker_state_version ON breaker_state (version)",
+        "INSERT INTO meta (key, value) VALUES ('state_horizon', '0') ON CONFLICT (key) DO NOTHING",
+        "split_snapshot"],
 }
 
 
@@ -147,10 +169,13 @@ class StoreError(RuntimeError):
 @dataclass(frozen=True)
 class Head:
     """What :meth:`Store.change` read under its lock: the state's ``version`` (0: never written) and
-    its ``snapshot`` (None when ``version`` is the one the caller already has, or never written)."""
+    what changed since the caller's version: ``rows`` (``(kind, key, value)``, value None: gone),
+    or, when the caller is too far behind (or gave no version), the whole ``snapshot``. Both None
+    when ``version`` is the caller's."""
 
     version: int
     snapshot: Optional[dict]
+    rows: Optional[list] = None
 
 
 def store_label(url: str) -> str:
@@ -211,6 +236,9 @@ class Store:
             _create_private(self.path)
         self._lock = threading.RLock()
         self._in_change = False
+        self._probe: Any = None  # ping()'s own connection
+        self._probe_lock = threading.Lock()
+        self._closed = False
         self._connect()
         self._migrate()
 
@@ -256,7 +284,10 @@ class Store:
                 if v <= have:
                     continue
                 for sql in self._migrations[v]:
-                    self._run(sql)
+                    if " " in sql:
+                        self._run(sql)
+                    else:  # a step in Python, the same on both databases
+                        getattr(self, "_migrate_" + sql)()
                 self._run("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (v, _now()))
                 log.info("%s: schema migrated to version %d", store_label(self.url), v)
             if have > max(self._migrations):
@@ -265,7 +296,36 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._db.close()
+        with self._probe_lock:
+            if self._probe is not None:
+                self._probe.close()
+
+    # ----------------------------------------------------------------- readiness
+    def ping(self) -> None:
+        """Answer a read (the pending actions' count) on a connection of its own, not the one a change
+        holds: ``/readyz`` answers while a long change runs. Raises what the database raises (a closed
+        store: its driver's error); a lost connection is opened again on the next call."""
+        with self._probe_lock:
+            if self._probe is None and not self._closed:
+                self._probe = self._connect_probe()
+            if self._probe is None:  # an in-memory database has no second connection
+                self.pending_count()
+                return
+            try:
+                self._probe.execute("SELECT count(*) FROM outbox WHERE status='pending'").fetchall()
+            except self._errors():
+                if not self._closed:
+                    with contextlib.suppress(Exception):
+                        self._probe.close()
+                    self._probe = None
+                raise
+
+    def _connect_probe(self) -> Any:
+        if self.path == ":memory:":
+            return None
+        return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=1.0)
 
     def schema_version(self) -> int:
         with self._lock:
@@ -320,13 +380,15 @@ class Store:
         got: list[int] = []
         with self._lock, self._transaction(begin=lambda: got.append(self._begin_change())):
             v = got[0]
-            snap = None
+            snap, rows = None, None
             if v != known_version:
-                row = self._rows("SELECT value FROM meta WHERE key='breaker'")
-                snap = json.loads(row[0][0]) if row else None
+                if known_version is None or known_version < self._horizon():
+                    snap = self._snapshot()
+                else:
+                    rows = self._rows_since(known_version, v)
             self._in_change = True
             try:
-                yield Head(v, snap)
+                yield Head(v, snap, rows)
             finally:
                 self._in_change = False
 
@@ -350,27 +412,66 @@ class Store:
                 raise StoreError(f"{store_label(self.url)}: {e}") from e
 
     # ----------------------------------------------------------------- writes
-    def commit(self, snapshot: Optional[dict], outbox: Iterable[tuple] = (), audit: Iterable[dict] = ()) -> None:
-        """Write a breaker snapshot (its version goes up by one), outbox rows ``(decision_id,
+    def commit(self, snapshot: Optional[dict], outbox: Iterable[tuple] = (), audit: Iterable[dict] = (), *,
+               changes: Optional[Sequence[tuple]] = None) -> None:
+        """Write the breaker's state (its version goes up by one), outbox rows ``(decision_id,
         adapter, payload, received[, idem_key])`` and audit rows in one transaction (or in the
         :meth:`change` around it). A row whose ``(idem_key, adapter)`` is already queued is left out.
+
+        The state: ``changes``, the rows a change touched (``(kind, key, value)``, value None: gone;
+        :meth:`fusebox.fuse.breaker.Breaker.changes`), which is what the service writes, or a whole
+        ``snapshot`` (:meth:`Breaker.snapshot`), which replaces every row. Neither: the state is
+        left as it is, its version too.
 
         Raises:
             StoreError: when the database cannot write; nothing of the change is kept.
             UnicodeEncodeError: a text value SQLite cannot bind (a lone surrogate); nothing is kept.
         """
         with self._transaction():
-            if snapshot is not None:
+            if snapshot is not None or changes:
                 v = self._version() + 1
-                for k, val in (("breaker", json.dumps(snapshot, separators=(",", ":"))), ("breaker_version", str(v))):
-                    self._run("INSERT INTO meta (key, value) VALUES (?, ?) "
-                              "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (k, val))
+                rows = list(changes or ())
+                if snapshot is not None:
+                    self._run("UPDATE breaker_state SET value = NULL, version = ? WHERE value IS NOT NULL", (v,))
+                    rows = [("s", k, sc) for k, sc in snapshot.get("scopes", {}).items()]
+                    rows += [("r", fp, t) for fp, t in snapshot.get("resolved", {}).items()]
+                self._many("INSERT INTO breaker_state (kind, key, value, version) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, version = excluded.version",
+                           [(kind, key, None if val is None else json.dumps(val, separators=(",", ":")), v)
+                            for kind, key, val in rows])
+                self._set_meta("breaker_version", str(v))
+                if v % PURGE_EVERY == 0:  # rows of what is gone, older than any replica still reads
+                    self._run("DELETE FROM breaker_state WHERE value IS NULL AND version <= ?", (v - PURGE_EVERY,))
+                    self._set_meta("state_horizon", str(v - PURGE_EVERY))
             self._many(
                 "INSERT INTO outbox (decision_id, adapter, payload, received, idem_key) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
                 [(r[0], r[1], json.dumps(r[2], separators=(",", ":")), r[3], r[4] if len(r) > 4 else r[0])
                  for r in outbox])
             self._audit_rows(audit)
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._run("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                  (key, value))
+
+    def _migrate_split_snapshot(self) -> None:
+        """Migration 5: the whole-state snapshot (``meta.breaker``) becomes one row per scope and per
+        resolved fingerprint, at the current version (keys recomputed from the labels, as
+        :meth:`Breaker.restore` does); the snapshot is removed."""
+        from .rules import scope_key
+
+        row = self._rows("SELECT value FROM meta WHERE key='breaker'")
+        if not row:
+            return
+        snap = json.loads(row[0][0])
+        v = max(1, self._version())
+        rows = [("s", scope_key(sc["labels"]), json.dumps(sc, separators=(",", ":")), v)
+                for sc in snap.get("scopes", {}).values()]
+        rows += [("r", fp, json.dumps(t), v) for fp, t in snap.get("resolved", {}).items()]
+        self._many("INSERT INTO breaker_state (kind, key, value, version) VALUES (?, ?, ?, ?) "
+                   "ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, version = excluded.version", rows)
+        self._set_meta("breaker_version", str(v))
+        self._run("DELETE FROM meta WHERE key='breaker'")
 
     def _audit_rows(self, rows: Iterable[dict]) -> None:
         cols = ("at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason")
@@ -469,8 +570,52 @@ class Store:
                 raise StoreError(f"{store_label(self.url)}: {e}") from e
 
     def snapshot(self) -> Optional[dict]:
-        row = self._read("SELECT value FROM meta WHERE key='breaker'")
-        return json.loads(row[0][0]) if row else None
+        """The breaker's whole state as :meth:`Breaker.snapshot` gives it; None when never written."""
+        with self._lock:
+            if self._in_change or self.dialect == "sqlite":
+                return self._snapshot()
+            try:
+                return self._snapshot()
+            except self._errors() as e:
+                self._lost()
+                raise StoreError(f"{store_label(self.url)}: {e}") from e
+
+    def _snapshot(self) -> Optional[dict]:
+        if not self._version():
+            return None
+        snap: dict = {"version": 1, "scopes": {}, "resolved": {}}
+        for kind, key, value in self._rows("SELECT kind, key, value FROM breaker_state WHERE value IS NOT NULL"):
+            snap["scopes" if kind == "s" else "resolved"][key] = json.loads(value)
+        return snap
+
+    def _horizon(self) -> int:
+        row = self._rows("SELECT value FROM meta WHERE key='state_horizon'")
+        return int(row[0][0]) if row else 0
+
+    def _rows_since(self, known: int, upto: int) -> list[tuple]:
+        return [(kind, key, None if value is None else json.loads(value)) for kind, key, value in self._rows(
+            "SELECT kind, key, value FROM breaker_state WHERE version > ? AND version <= ? ORDER BY version",
+            (known, upto))]
+
+    def changes_since(self, known: int) -> tuple[int, Optional[list], Optional[dict]]:
+        """What changed since version ``known``: ``(version, rows, snapshot)``, rows ``(kind, key,
+        value)`` (value None: gone), or, when ``known`` is older than the purged rows, the whole
+        ``snapshot`` (rows None). Reads only the rows written since. Raises StoreError."""
+        with self._lock:
+            try:
+                v = self._version()
+                if v == known:
+                    return v, [], None
+                if known < self._horizon() or known > v:
+                    return v, None, self._snapshot()
+                return v, self._rows_since(known, v), None
+            except self._errors() as e:
+                self._lost()
+                raise StoreError(f"{store_label(self.url)}: {e}") from e
+
+    def state_rows(self) -> int:
+        """How many rows hold the breaker's state (removed ones included until purged)."""
+        return self._read("SELECT count(*) FROM breaker_state")[0][0]
 
     def pending(self, adapter: str) -> list[dict]:
         """The pending rows of ``adapter``, oldest first: ``{"seq", "decision_id", "adapter", "payload",
@@ -541,6 +686,9 @@ class PgStore(Store):
         self.connect_timeout_s = connect_timeout_s
         self._lock = threading.RLock()
         self._in_change = False
+        self._probe: Any = None
+        self._probe_lock = threading.Lock()
+        self._closed = False
         self._db = None
         try:
             self._connect()
@@ -613,8 +761,18 @@ class PgStore(Store):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._db is not None:
                 self._db.close()
+        with self._probe_lock:
+            if self._probe is not None:
+                self._probe.close()
+
+    def _connect_probe(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
+                               application_name="fusebox-fuse-probe")
 
 
 def _now() -> float:

@@ -215,7 +215,9 @@ AM_NOTIFICATIONS_FAILED = "alertmanager_notifications_failed_total"
 
 # The fuse service's own metrics (GET /metrics on `fusebox fuse serve`).
 FUSE_METRICS = {
-    "level": "fusebox_fuse_level",  # gauge, highest tripped level per scope (SCOPE_LABELS), 0 none
+    "level": "fusebox_fuse_level",  # gauge, highest tripped level per scope (SCOPE_LABELS), 0 none; capped, most severe first
+    "scopes": "fusebox_fuse_scopes",  # gauge {level}: scopes held by highest tripped level (every scope)
+    "level_series_dropped": "fusebox_fuse_level_series_dropped",  # gauge: scopes over the level series cap
     "transitions": "fusebox_fuse_transitions_total",  # counter {action, state, source}
     "notifications": "fusebox_fuse_notifications_total",  # counter {outcome}
     "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification (result "heartbeat" for FuseboxHeartbeat)

@@ -257,7 +257,7 @@ def test_replica_a_killed_between_trip_and_release_b_releases_once(cluster):
     cluster.post_alerts([LABELS], start)
     _settled(cluster, 1, 0.5)
     cluster.post_alerts([LABELS], start, datetime.now(timezone.utc))
-    wait_for(lambda: '"release_at":null' not in cluster.db("SELECT value FROM meta WHERE key='breaker'")[0][0],
+    wait_for(lambda: '"release_at":null' not in cluster.db("SELECT value FROM breaker_state WHERE kind='s'")[0][0],
              10, 0.02, "the hold started")
     cluster.kill("a")
     _settled(cluster, 2, HOLD + 0.5)

@@ -203,7 +203,7 @@ def test_json_logs_one_object_per_line_with_decision_fields(served):
     docs = [json.loads(line) for line in lines]  # every line is one JSON object
     assert all({"time", "level", "logger", "message"} <= d.keys() for d in docs)
     # the start-up lines are JSON too (the store's migrations come first, then the listening line)
-    assert any(d["message"].startswith("fusebox fuse serve: listening on ") for d in docs[:5]), docs[:5]
+    assert any(d["message"].startswith("fusebox fuse serve: listening on ") for d in docs[:8]), docs[:8]
     mine = [d for d in docs if d.get("decision_id") == did]
     trip = next(d for d in mine if "source" in d and d["source"] == "alert")
     assert (trip["level"], trip["logger"], trip["scope"], trip["action"], trip["fuse_level"], trip["state"]) == \

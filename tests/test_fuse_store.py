@@ -52,13 +52,13 @@ def test_an_old_sqlite_file_is_migrated_keeping_its_pending_row(tmp_path):
     db.executescript(V1)
     db.close()
     s = Store(path)
-    assert s.schema_version() == SCHEMA_VERSION == 4
+    assert s.schema_version() == SCHEMA_VERSION == 5
     assert s.adapter_state("haproxy:lb") == {}  # migration 4's table, empty
     assert [(r["decision_id"], r["status"], r["idem_key"], r["claimed_by"]) for r in s.outbox()] == [
         ("d1", "pending", "d1", None)]
     s.close()
     s = Store(path)  # opening again changes nothing
-    assert s.schema_version() == 4 and len(s.outbox()) == 1
+    assert s.schema_version() == SCHEMA_VERSION and len(s.outbox()) == 1
 
 
 def test_store_urls():
@@ -85,7 +85,7 @@ def test_replicas_starting_together_migrate_once(pg):
     for t in threads:
         t.join()
     assert errors == [] and len(stores) == 4
-    assert [r[0] for r in stores[0]._rows("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3, 4]
+    assert [r[0] for r in stores[0]._rows("SELECT version FROM schema_version ORDER BY version")] == list(range(1, SCHEMA_VERSION + 1))
     for s in stores:
         s.close()
 
@@ -202,7 +202,7 @@ def test_adapter_holds_are_shared_by_replicas_on_postgresql(pg):
     at once from two threads are all kept (the row lock: no lost update)."""
     url = pg.create_db("adapterholds")
     a, b = PgStore(url), PgStore(url)
-    assert a.schema_version() == 4
+    assert a.schema_version() == SCHEMA_VERSION
     assert a.adapter_hold("haproxy:lb", "be_llm/engine0", "freeze_admissions engine=e0", True) is True
     assert b.adapter_hold("haproxy:lb", "be_llm/engine0", "kv_cache_eviction engine=e0", True) is True
     assert a.adapter_hold("haproxy:lb", "be_llm/engine0", "freeze_admissions engine=e0", False) is True  # b's holds it
