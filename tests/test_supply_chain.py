@@ -116,3 +116,43 @@ def test_the_operator_crds_are_fetched_by_a_hash_checked_module_version():
     assert "verified_module_dir github.com/prometheus-operator/prometheus-operator" in script
     tests = (ROOT / "tests/test_k8s_manifests.py").read_text()
     assert f'OPERATOR_VERSION = "{version}"' in tests
+
+
+def test_the_kube_and_operator_builds_use_committed_module_graphs():
+    """kube-apiserver and etcd build from the wrapper module tools/kube/ (k8s.io/kubernetes' staging
+    modules mapped to their published versions), the Prometheus Operator from its own module with
+    tools/prometheus-operator/go.mod (its go.mod less the replace lines for its nested modules);
+    the versions the scripts pin are the ones those go.mod files require and tools/go-modules.sum
+    hashes."""
+    sums = (ROOT / "tools/go-modules.sum").read_text()
+    kube = (ROOT / "tools/build-kube.sh").read_text()
+    version = re.search(r"^VERSION=(v\S+)", kube, re.M).group(1)
+    etcd = re.search(r"^ETCD_VERSION=(v\S+)", kube, re.M).group(1)
+    gomod = (ROOT / "tools/kube/go.mod").read_text()
+    gosum = (ROOT / "tools/kube/go.sum").read_text()
+    for module, v in (("k8s.io/kubernetes", version), ("go.etcd.io/etcd/server/v3", etcd)):
+        assert re.search(rf"^{re.escape(module)} {v} h1:\S+$", sums, re.M), module
+        assert f"\t{module} {v}\n" in gomod, module
+        assert f"{module} {v} h1:" in gosum, module
+        assert f"verified_module_dir {module} " in kube
+    staging = "v0." + version.removeprefix("v1.")
+    replaces = re.findall(r"^\t(k8s\.io/\S+) => (k8s\.io/\S+) (v\S+)$", gomod, re.M)
+    assert len(replaces) > 20
+    assert all(left == right and v == staging for left, right, v in replaces)
+    for name in ("kube-apiserver", "etcd"):
+        assert "package main" in (ROOT / f"tools/kube/cmd/{name}/main.go").read_text()
+    assert "./cmd/kube-apiserver ./cmd/etcd" in kube
+
+    operator = (ROOT / "tools/build-prometheus-operator.sh").read_text()
+    crds = (ROOT / "tools/build-operator-crds.sh").read_text()
+    version = re.search(r"^VERSION=(v\S+)", operator, re.M).group(1)
+    assert re.search(r"^VERSION=(v\S+)", crds, re.M).group(1) == version
+    opmod = (ROOT / "tools/prometheus-operator/go.mod").read_text()
+    opsum = (ROOT / "tools/prometheus-operator/go.sum").read_text()
+    root = "github.com/prometheus-operator/prometheus-operator"
+    assert opmod.startswith(f"module {root}\n") and "replace" not in opmod
+    for module in (root, f"{root}/pkg/apis/monitoring", f"{root}/pkg/client"):
+        assert re.search(rf"^{re.escape(module)} {version} h1:\S+$", sums, re.M), module
+    for module in (f"{root}/pkg/apis/monitoring", f"{root}/pkg/client"):
+        assert f"\t{module} {version}\n" in opmod and f"{module} {version} h1:" in opsum, module
+    assert '-modfile="$here/prometheus-operator/go.mod"' in operator

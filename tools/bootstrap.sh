@@ -3,8 +3,8 @@
 #  - promtool, amtool, prometheus, alertmanager, the PostgreSQL server from the system package
 #    manager when missing;
 #  - pinned Go tools (Prometheus 3 promtool, the OpenTelemetry Collector, VictoriaMetrics with
-#    vmalert and vmalert-tool, Thanos for its rules-check) built once into
-#    $FUSEBOX_TOOLS and reused.
+#    vmalert and vmalert-tool, Thanos for its rules-check, kube-apiserver and etcd, the Prometheus
+#    Operator and its CRDs) built once into $FUSEBOX_TOOLS and reused.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 TOOLS=${FUSEBOX_TOOLS:-$HOME/.cache/fusebox/tools}
@@ -31,8 +31,56 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u) >/dev/null
 fi
 
-# Pinned Go tools, each built by its own script into $TOOLS (skipped when already there).
+# Pinned Go tools, each built by its own script, tools/build-*.sh, into $TOOLS (each skips itself
+# when its output is already there). The scripts are independent, so they run in parallel,
+# FUSEBOX_TOOLS_JOBS (default 3) at a time: a cold bootstrap is mostly Go compiling, and one
+# `go build` leaves cores idle while it links or waits on a package everything else needs. A
+# script with a line `# bootstrap: after build-X.sh` starts once build-X.sh has finished (Thanos
+# after promtool 3: they share most packages, which the second then takes from the Go build
+# cache). Each line a script prints is prefixed with its name, and kept in
+# $TOOLS/logs/<script>.log; a failed script's log tail is printed again at the end.
+jobs_max=${FUSEBOX_TOOLS_JOBS:-3}
+logs="$TOOLS/logs"
+mkdir -p "$logs"
+declare -A pid status after
+first=() later=()
 for script in "$here"/build-*.sh; do
   [ -e "$script" ] || continue
-  bash "$script" "$TOOLS"
+  name=$(basename "$script")
+  after[$name]=$(sed -n 's/^# bootstrap: after \(build-[a-z0-9-]*\.sh\)$/\1/p' "$script")
+  if [ -n "${after[$name]}" ]; then later+=("$script"); else first+=("$script"); fi
 done
+reap() {  # reap NAME: wait for its job (once) and keep its exit status
+  [ -n "${status[$1]:-}" ] && return 0
+  local rc=0
+  wait "${pid[$1]}" || rc=$?
+  status[$1]=$rc
+}
+for script in "${first[@]}" "${later[@]}"; do
+  name=$(basename "$script")
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do sleep 1; done
+  dep=${after[$name]}
+  if [ -n "$dep" ] && [ -n "${pid[$dep]:-}" ]; then reap "$dep"; fi
+  (
+    set -o pipefail
+    start=$SECONDS
+    rc=0
+    bash "$script" "$TOOLS" 2>&1 | tee "$logs/$name.log" | sed -u "s/^/[$name] /" || rc=$?
+    if [ $rc -ne 0 ]; then echo "[$name] bootstrap: failed (exit $rc) after $((SECONDS - start)) s"
+    elif [ -s "$logs/$name.log" ]; then echo "[$name] bootstrap: done in $((SECONDS - start)) s"; fi
+    exit $rc
+  ) &
+  pid[$name]=$!
+done
+failed=()
+for name in "${!pid[@]}"; do
+  reap "$name"
+  [ "${status[$name]}" -eq 0 ] || failed+=("$name")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  for name in "${failed[@]}"; do
+    echo "bootstrap: tools/$name failed (exit ${status[$name]}); the end of $logs/$name.log:" >&2
+    tail -n 25 "$logs/$name.log" | sed "s/^/  /" >&2
+  done
+  exit 1
+fi

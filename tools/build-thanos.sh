@@ -8,6 +8,7 @@
 # anything outside it. v0.42.4 is the newest release whose go.mod asks for no newer Go than 1.26.0
 # (v0.42.5 needs 1.26.10). It shares many packages with the Prometheus 3 promtool build, which
 # bootstrap.sh runs first, so most of them come from the Go build cache.
+# bootstrap: after build-promtool3.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/go-verify.sh

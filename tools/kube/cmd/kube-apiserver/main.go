@@ -1,0 +1,21 @@
+// kube-apiserver, as Kubernetes' own cmd/kube-apiserver/apiserver.go builds it (k8s.io/kubernetes
+// is not `go install`able: its go.mod replaces its k8s.io/* staging modules with folders that its
+// module zip leaves out, so this wrapper module maps them to their published versions instead).
+package main
+
+import (
+	"os"
+	_ "time/tzdata" // for timeZone support in CronJob
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // for JSON log format registration
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // load all the prometheus client-go plugins
+	_ "k8s.io/component-base/metrics/prometheus/version"  // for version metric registration
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	command := app.NewAPIServerCommand()
+	code := cli.Run(command)
+	os.Exit(code)
+}
