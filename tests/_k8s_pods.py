@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,15 @@ def pod_ip() -> str:
     return f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(2, 254)}"
 
 
+_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion of a container's command and args: a variable of the
+    container's env is replaced by its value, an unknown one stays as written, ``$$`` is ``$``."""
+    return _REF.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)
+
+
 class Pod:
     """One replica of ``deployment``'s pod template (its first container).
 
@@ -56,11 +66,16 @@ class Pod:
         node: the node's name (``spec.nodeName``).
     """
 
-    def __init__(self, deployment: Mapping[str, Any], root: Path, *, secrets: Mapping[str, Mapping[str, str]],
+    def __init__(self, deployment: Mapping[str, Any], root: Path, *, secrets: Mapping[str, Mapping[str, str | bytes]],
                  configmaps: Mapping[str, Mapping[str, str]], name: str, node: str = "node-a",
-                 ip: Optional[str] = None):
+                 ip: Optional[str] = None, container: Optional[str] = None,
+                 entrypoint: Optional[list[str]] = None):
         self.spec = deployment["spec"]["template"]["spec"]
-        self.container = self.spec["containers"][0]
+        self.labels = dict(deployment["spec"]["template"].get("metadata", {}).get("labels") or {})
+        cs = self.spec["containers"]
+        self.container = next(c for c in cs if c["name"] == container) if container else cs[0]
+        # the image's ENTRYPOINT, for a container without `command` (fusebox's own image by default)
+        self.image_entrypoint = entrypoint
         self.root, self.name, self.node = Path(root), name, node
         self.ip = ip or pod_ip()
         self.secrets, self.configmaps = secrets, configmaps
@@ -87,24 +102,30 @@ class Pod:
             elif "secret" in v:
                 self._write_keys(where, self.secrets[v["secret"]["secretName"]], v["secret"].get("items"),
                                  v["secret"].get("defaultMode", 0o644))
-            out[m["mountPath"]] = where
+            # a subPath mounts that part of the volume (a file or a folder) at mountPath
+            out[m["mountPath"]] = where / m["subPath"] if m.get("subPath") else where
         return out
 
     @staticmethod
-    def _write_keys(where: Path, data: Mapping[str, str], items, mode: int) -> None:
+    def _write_keys(where: Path, data: Mapping[str, str | bytes], items, mode: int) -> None:
         pairs = [(i["key"], i["path"]) for i in items] if items else [(k, k) for k in data]
         for key, path in pairs:
             f = where / path
             f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(data[key])
+            v = data[key]
+            f.write_bytes(v) if isinstance(v, bytes) else f.write_text(v)
             os.chmod(f, mode)
 
     def local(self, value: str) -> str:
-        """``value`` with a mount path prefix or ``0.0.0.0:`` translated (the two translations)."""
+        """``value`` with a mount path prefix or an all-addresses bind (``0.0.0.0:PORT``, ``:PORT``)
+        translated (the two translations); in a ``--flag=VALUE`` argument, its VALUE."""
+        if value.startswith("--") and "=" in value:
+            flag, rest = value.split("=", 1)
+            return f"{flag}={self.local(rest)}" if rest else value
         for mount, where in sorted(self.mounts.items(), key=lambda kv: -len(kv[0])):
             if value == mount or value.startswith(mount + "/"):
                 return str(where) + value[len(mount):]
-        if value.startswith("0.0.0.0:"):
+        if value.startswith("0.0.0.0:") or re.fullmatch(r":\d+", value):
             return f"{self.ip}:{value.split(':', 1)[1]}"
         return value
 
@@ -128,8 +149,11 @@ class Pod:
         return env
 
     def argv(self) -> list[str]:
-        cmd = self.container.get("command") or [entrypoint()]
-        return [*cmd, *(self.local(a) for a in self.container.get("args", []))]
+        """The command line: ``command`` (else the image's entry point) and ``args``, each with
+        ``$(VAR)`` references to the container's env expanded as the kubelet expands them."""
+        cmd = self.container.get("command") or self.image_entrypoint or [entrypoint()]
+        env = self.env()
+        return [*cmd, *(self.local(expand(a, env)) for a in self.container.get("args", []))]
 
     def start(self) -> "Pod":
         out = self.log.open("ab")
