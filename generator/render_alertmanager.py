@@ -239,8 +239,9 @@ def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
     too: route ``alertname="FuseboxHeartbeat"`` to a null receiver there, as kube-prometheus-stack
     does for its Watchdog (docs/self-monitoring.md). The operator also adds a matcher
     ``namespace="<this object's namespace>"`` unless the Alertmanager resource sets
-    ``alertmanagerConfigMatcherStrategy: {type: None}``; fusebox's alerts carry no such label, so
-    without that setting this route matches nothing (docs/alertmanager.md).
+    ``alertmanagerConfigMatcherStrategy: {type: None}``; the PrometheusRule gives the alerts this
+    route takes that label (render_k8s.render_prometheusrule), so it works on the operator's
+    default (docs/alertmanager.md, "The Prometheus Operator").
     """
     r = routing(spec)
     k = C.K8S
