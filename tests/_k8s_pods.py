@@ -1,20 +1,24 @@
-"""Run a generated Deployment's pod natively, as a kubelet would run it, with no kubelet.
+"""Run a generated workload's pod natively, as a kubelet would run it, with no kubelet.
 
-What the container runs is taken from the manifest as written: the image's entry point
-(``fusebox``, the Dockerfile's ENTRYPOINT) and the container's ``args``; its ``env`` (``value``,
-``secretKeyRef`` from the Secrets given, ``fieldRef`` ``status.podIP`` / ``spec.nodeName`` /
-``metadata.name``); its volumes (ConfigMap and Secret volumes written out key by key, with
-``items`` and ``defaultMode``; ``emptyDir`` and PVCs as empty folders); its probes, polled as a
-kubelet polls them (``httpGet`` path and named port, ``timeoutSeconds``, ``periodSeconds``,
+A Deployment's, a DaemonSet's or a StatefulSet's pod template (its first container, or the one
+named). What the container runs is taken from the manifest as written: its ``command``, else the
+image's entry point (``fusebox``, the Dockerfile's ENTRYPOINT, unless another is given: Debian's
+``prometheus`` for the operator's Prometheus image), and its ``args``, with ``$(VAR)`` references
+to its env expanded as the kubelet expands them; its ``env`` (``value``, ``secretKeyRef`` from the
+Secrets given, ``fieldRef`` ``status.podIP`` / ``spec.nodeName`` / ``metadata.name``); its volumes
+(ConfigMap and Secret volumes written out key by key, with ``items`` and ``defaultMode``;
+``emptyDir``, PVCs and projected volumes as empty folders; ``subPath`` mounts); its probes, polled
+as a kubelet polls them (``httpGet`` path and named port, ``timeoutSeconds``, ``periodSeconds``,
 ``failureThreshold``, ``initialDelaySeconds``).
 
 Two translations only, where a pod differs from a process on this machine, each said where it
 happens: a mount path such as ``/etc/fusebox`` becomes a folder of the pod under the test's
-temporary folder (every argument or env value that starts with it is rewritten the same way), and
-the pod's own IP is a loopback address of its own (``127.a.b.c``), so ``0.0.0.0:PORT`` in the
-args binds that address, as it binds the pod IP in a cluster. ``HOME`` is an empty folder of the
-pod, checked afterwards: the image's root file system is read-only, so nothing may be written
-there.
+temporary folder (every argument, ``--flag=`` value or env value that starts with it is rewritten
+the same way), and the pod's own IP is a loopback address of its own (``127.a.b.c``), so
+``0.0.0.0:PORT`` or ``:PORT`` in the args binds that address, as it binds the pod IP in a cluster
+(on the manifest's port, unless another process of this machine holds that port on every address:
+:func:`host_port`). ``HOME`` is an empty folder of the pod, checked afterwards: the image's root
+file system is read-only, so nothing may be written there.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +44,23 @@ def entrypoint() -> str:
     """The image's entry point as installed beside this interpreter (the project's virtualenv)."""
     here = Path(sys.executable).parent / ENTRYPOINT
     return str(here) if here.exists() else (shutil.which(ENTRYPOINT) or ENTRYPOINT)
+
+
+def host_port(ip: str, port: int) -> int:
+    """``port`` on ``ip`` if it can be bound there, else a free port of ``ip``. Each pod has an
+    address of its own, so a manifest's port is free on it unless another process of this machine
+    listens on that port on **every** address (a system Prometheus on :9090, a system Alertmanager
+    on :9093): then, and only then, the pod's port moves."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((ip, port))
+            return port
+        except OSError:
+            pass
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
 
 
 def pod_ip() -> str:
@@ -85,7 +107,11 @@ class Pod:
         self.log = self.root / "container.log"
         self.mounts = self._volumes()
         self.proc: Optional[subprocess.Popen] = None
-        self.ports = {p["name"]: p["containerPort"] for p in self.container.get("ports", []) if "name" in p}
+        # containerPort -> the port it gets on the pod's address (the same unless taken, host_port)
+        self.host_ports = {p["containerPort"]: host_port(self.ip, p["containerPort"])
+                           for c in self.spec["containers"] for p in c.get("ports", [])}
+        self.ports = {p["name"]: self.host_ports[p["containerPort"]] for p in self.container.get("ports", [])
+                      if "name" in p}
 
     # ------------------------------------------------------------------ volumes
     def _volumes(self) -> dict[str, Path]:
@@ -125,8 +151,9 @@ class Pod:
         for mount, where in sorted(self.mounts.items(), key=lambda kv: -len(kv[0])):
             if value == mount or value.startswith(mount + "/"):
                 return str(where) + value[len(mount):]
-        if value.startswith("0.0.0.0:") or re.fullmatch(r":\d+", value):
-            return f"{self.ip}:{value.split(':', 1)[1]}"
+        if re.fullmatch(r"(0\.0\.0\.0)?:\d+", value):
+            port = int(value.split(":", 1)[1])
+            return f"{self.ip}:{self.host_ports.get(port, port)}"
         return value
 
     # ------------------------------------------------------------------ process
@@ -153,7 +180,11 @@ class Pod:
         ``$(VAR)`` references to the container's env expanded as the kubelet expands them."""
         cmd = self.container.get("command") or self.image_entrypoint or [entrypoint()]
         env = self.env()
-        return [*cmd, *(self.local(expand(a, env)) for a in self.container.get("args", []))]
+        args = [self.local(expand(a, env)) for a in self.container.get("args", [])]
+        for i in range(1, len(args)):  # `--metrics-port 9410`: a container port given on its own
+            if args[i - 1].startswith("--") and args[i - 1].endswith("port") and args[i].isdigit():
+                args[i] = str(self.host_ports.get(int(args[i]), int(args[i])))
+        return [*cmd, *args]
 
     def start(self) -> "Pod":
         out = self.log.open("ab")
@@ -164,13 +195,13 @@ class Pod:
         return self
 
     def url(self, port: str | int = "http") -> str:
-        p = self.ports[port] if isinstance(port, str) else port
+        p = self.ports[port] if isinstance(port, str) else self.host_ports.get(port, port)
         return f"http://{self.ip}:{p}"
 
     def probe(self, kind: str = "readinessProbe") -> bool:
         """One probe of ``kind`` as the kubelet sends it: True on a 2xx/3xx answer within its timeout."""
         pr = self.container[kind]["httpGet"]
-        port = self.ports[pr["port"]] if isinstance(pr["port"], str) else pr["port"]
+        port = self.ports[pr["port"]] if isinstance(pr["port"], str) else self.host_ports.get(pr["port"], pr["port"])
         try:
             r = httpx.get(f"http://{self.ip}:{port}{pr.get('path', '/')}",
                           timeout=self.container[kind].get("timeoutSeconds", 1))

@@ -8,7 +8,8 @@ on loopback, and nothing else.
   labels Prometheus' SD gives it (discovery/kubernetes/endpoints.go and pod.go), so the
   operator's relabelings run unchanged and decide what is kept and how it is labelled.
 * **Pod IPs.** Each pod gets its own loopback address (``_k8s_pods.pod_ip``), so its containers
-  listen on their manifest ports (9095, 9093, 9410...) as on a pod IP.
+  listen on their manifest ports (9095, 9093, 9410...) as on a pod IP (a port another process
+  holds on every address of this machine moves: ``_k8s_pods.host_port``; targets say where).
 * **Services and cluster DNS.** :class:`ServiceProxy` stands for a Service's ClusterIP: it listens
   on a loopback address of its own on the Service's port and forwards each request to one of the
   Service's **Ready** pods (readiness as the kubelet reports it: the pod's readiness probe, polled),
@@ -29,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit, urlunsplit
 
-from _k8s_pods import pod_ip
+from _k8s_pods import host_port, pod_ip
 
 _SANITIZE = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -53,6 +54,10 @@ class RunningPod:
     node: str = "node-a"
     annotations: dict[str, str] = field(default_factory=dict)
     ready: Callable[[], bool] = lambda: True
+    host_ports: dict[int, int] = field(default_factory=dict)  # containerPort -> where it listens (_k8s_pods.host_port)
+
+    def address(self, container_port: int) -> str:
+        return f"{self.ip}:{self.host_ports.get(container_port, container_port)}"
 
     @property
     def uid(self) -> str:
@@ -107,7 +112,7 @@ def pod_targets(pods: list[RunningPod], namespaces: Optional[list[str]]) -> list
         for c in p.containers:
             ports = c.get("ports") or [None]
             for port in ports:
-                addr = p.ip if port is None else f"{p.ip}:{port['containerPort']}"
+                addr = p.ip if port is None else p.address(port["containerPort"])
                 out.append({"__address__": addr, **p.meta(), **RunningPod.container_meta(c, port)})
     return out
 
@@ -144,7 +149,7 @@ def endpoints_targets(services: list[dict[str, Any]], pods: list[RunningPod],
                     continue  # the endpoints controller leaves a port it cannot resolve out
                 c, cp = found
                 bound.add((c["name"], cp["containerPort"]))
-                t = {"__address__": f"{p.ip}:{cp['containerPort']}", **base,
+                t = {"__address__": p.address(cp["containerPort"]), **base,
                      "__meta_kubernetes_endpoint_port_name": sp.get("name", ""),
                      "__meta_kubernetes_endpoint_port_protocol": sp.get("protocol", "TCP"),
                      "__meta_kubernetes_endpoint_ready": str(p.ready()).lower(),
@@ -159,7 +164,7 @@ def endpoints_targets(services: list[dict[str, Any]], pods: list[RunningPod],
             for c in p.containers:
                 for cp in c.get("ports", []):
                     if (c["name"], cp["containerPort"]) not in bound:
-                        out.append({"__address__": f"{p.ip}:{cp['containerPort']}", **base, **p.meta(),
+                        out.append({"__address__": p.address(cp["containerPort"]), **base, **p.meta(),
                                     **RunningPod.container_meta(c, cp)})
     return out
 
@@ -208,8 +213,9 @@ class ServiceProxy:
     what it forwarded (method, path, body) in ``seen``: the traffic the Service carried."""
 
     def __init__(self, name: str, port: int, backends: Callable[[], list[str]], ip: Optional[str] = None):
-        self.name, self.port = name, port
+        self.name, self.service_port = name, port
         self.ip = ip or pod_ip()
+        self.port = host_port(self.ip, port)  # the Service's port, unless taken on every address
         self.backends = backends  # -> ["ip:port", ...] of the ready endpoints, asked per request
         self.seen: list[tuple[str, str, bytes, Optional[str]]] = []  # method, path, body, backend
         self._next = 0
@@ -254,7 +260,7 @@ class ServiceProxy:
 
             do_GET = do_POST = do_PUT = do_DELETE = _forward
 
-        self.server = ThreadingHTTPServer((self.ip, port), Handler)
+        self.server = ThreadingHTTPServer((self.ip, self.port), Handler)
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, name=f"svc-{name}", daemon=True)
         self._thread.start()
@@ -312,5 +318,5 @@ def _map_url(url: str, services: dict[tuple[str, str], ServiceProxy]) -> str:
         return url
     proxy = services.get((m["ns"], m["svc"]))
     assert proxy is not None, f"{url}: no stand-in for Service {m['ns']}/{m['svc']}"
-    assert (parts.port or 80) == proxy.port, f"{url}: Service {m['svc']} has port {proxy.port}"
+    assert (parts.port or 80) == proxy.service_port, f"{url}: Service {m['svc']} has port {proxy.service_port}"
     return urlunsplit(parts._replace(netloc=f"{proxy.ip}:{proxy.port}"))

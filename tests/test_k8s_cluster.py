@@ -136,7 +136,7 @@ class Run:
     proxied: list[tuple[str, str, bytes, Optional[str]]] = field(default_factory=list)  # what the fuse Service carried
     pod_ips: dict[str, str] = field(default_factory=dict)  # fuse pod -> its IP
     alertmanagers: list[str] = field(default_factory=list)  # Prometheus' discovered Alertmanagers
-    am_ip: str = ""  # the Alertmanager pod's IP
+    am_address: str = ""  # the Alertmanager pod's IP:port
     audit: list[tuple] = field(default_factory=list)
     up: list[dict] = field(default_factory=list)  # Prometheus: up{job="fusebox-fuse"}
     heartbeat: list[dict] = field(default_factory=list)  # fusebox_fuse_last_notification_timestamp_seconds
@@ -246,7 +246,8 @@ def _statefulset_pod(cp: ControlPlane, root: Path, sts_name: str, container: str
 
 def _running(pod: Pod, controller_kind: str, controller_name: str, ready=lambda: True) -> RunningPod:
     return RunningPod(name=pod.name, namespace=NS, ip=pod.ip, labels=pod.labels, containers=pod.spec["containers"],
-                      controller_kind=controller_kind, controller_name=controller_name, node=pod.node, ready=ready)
+                      controller_kind=controller_kind, controller_name=controller_name, node=pod.node, ready=ready,
+                      host_ports=pod.host_ports)
 
 
 def _get(url: str, **kw) -> Any:
@@ -400,7 +401,7 @@ def run(tmp_path_factory) -> Run:
         assert svc is not None
         sport = svc["spec"]["ports"][0]
         proxy = ServiceProxy(C.K8S["fuse"], sport["port"], lambda: [
-            f"{p.ip}:{p.ports[sport['targetPort']] if isinstance(sport['targetPort'], str) else sport['targetPort']}"
+            f"{p.ip}:{p.ports[sport['targetPort']] if isinstance(sport['targetPort'], str) else p.host_ports[sport['targetPort']]}"
             for p in pods if prober.ready[p.name]])
         stack.callback(proxy.stop)
 
@@ -442,7 +443,7 @@ def run(tmp_path_factory) -> Run:
         _write_config_out(prom_pod, "prometheus.env.yaml", cfg)
         if not any(a.startswith("--web.listen-address") for a in prom_pod.container.get("args", [])):
             # Prometheus listens on every address of its pod by default: here, the pod's own one
-            prom_pod.container.setdefault("args", []).append(f"--web.listen-address={prom_pod.ip}:9090")
+            prom_pod.container.setdefault("args", []).append(f"--web.listen-address={prom_pod.local(':9090')}")
         prom_pod.start()
         stack.callback(prom_pod.stop, 10)
         prom_pod.wait_ready(timeout=60, period=0.5)
@@ -498,7 +499,7 @@ def run(tmp_path_factory) -> Run:
             res.audit = _rows(store_url, "SELECT kind, scope_key, level, action, source, reason, detail FROM audit")
             res.alertmanagers = [a["url"] for a in _get(prom_url + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]]
             res.pod_ips = {p.name: p.ip for p in pods}
-            res.am_ip = am_pod.ip
+            res.am_address = am_url.removeprefix("http://")
             res.up = _query(prom_url, f'up{{job="{C.K8S["fuse"]}"}}')
             res.heartbeat = _query(prom_url, f'fusebox_fuse_last_notification_timestamp_seconds{{job="{C.K8S["fuse"]}"}}')
             res.server_info_calls = {k: (res.server_info_calls[k][0], _count(e, "/server_info"))
@@ -640,7 +641,7 @@ def test_a_foreign_critical_alert_never_reaches_the_fuse(run):
 
 def test_prometheus_found_the_charts_alertmanager_through_the_operators_relabelling(run):
     # the alertmanager-operated Service selects the same pod; the operator keeps the chart's Service only
-    assert run.alertmanagers == [f"http://{run.am_ip}:9093/api/v2/alerts"], run.alertmanagers
+    assert run.alertmanagers == [f"http://{run.am_address}/api/v2/alerts"], run.alertmanagers
 
 
 def test_both_replicas_took_notifications_and_share_one_state_in_postgresql(run):
