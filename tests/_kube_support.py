@@ -63,9 +63,10 @@ def kube_tools() -> dict[str, Any]:
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.25,
-               alive: Optional[Callable[[], None]] = None) -> Any:
-    """``pred()``'s first truthy value, polled every ``step`` s; AssertionError after ``timeout``.
-    ``alive()`` is called each round and may raise (a process that died)."""
+               alive: Optional[Callable[[], None]] = None, why: Optional[Callable[[], str]] = None) -> Any:
+    """``pred()``'s first truthy value, polled every ``step`` s; AssertionError after ``timeout``
+    (with ``why()``'s text: a log tail). ``alive()`` is called each round and may raise (a process
+    that died)."""
     end = time.monotonic() + timeout
     while True:
         if alive is not None:
@@ -74,7 +75,7 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, step: float =
         if v:
             return v
         if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}" + (f":\n{why()}" if why else ""))
         time.sleep(step)
 
 
@@ -120,6 +121,7 @@ class ControlPlane:
         self.kubeconfig = self.root / "kubeconfig"
         self.ca = self.root / "serving.crt"
         self.client: Any = None  # kubernetes.dynamic.DynamicClient once started
+        self.operator: Optional[Proc] = None
 
     # ------------------------------------------------------------------ processes
     def _start(self, name: str, argv: list[str], env: Optional[dict[str, str]] = None) -> Proc:
@@ -213,7 +215,7 @@ class ControlPlane:
         """The operator with its defaults (it reads $KUBECONFIG); returns once its Prometheus and
         Alertmanager controllers have synced their caches."""
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(self.root), "KUBECONFIG": str(self.kubeconfig)}
-        op = self._start("operator", [self.tools["operator"], "--web.listen-address", f"127.0.0.1:{self.operator_port}",
+        op = self.operator = self._start("operator", [self.tools["operator"], "--web.listen-address", f"127.0.0.1:{self.operator_port}",
                                       "--log-level", "info", "--log-format", "logfmt"], env=env)
 
         def synced() -> bool:
@@ -223,6 +225,9 @@ class ControlPlane:
 
         wait_until(synced, timeout, "the operator's controllers to sync", step=0.5, alive=op.check)
         return op
+
+    def operator_log(self) -> str:
+        return self.operator.tail(20000) if self.operator is not None else ""
 
     def check(self) -> None:
         for p in self.procs:

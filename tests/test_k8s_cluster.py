@@ -55,7 +55,10 @@ own worker list loses A's and C's workers once each and gets them back, and neve
 foreign critical (KubePodCrashLooping in namespace monitoring, posted to Alertmanager) never
 reaches the fuse; GPU B's warning is never inhibited while A's critical fires.
 
-One run takes about 3 to 4 minutes (most of it the scenario and Prometheus' ``for``).
+One run takes about 2.5 minutes on 2 cores (measured 145 to 160 s, the same with both cores kept
+busy by other processes): about 25 s to start the control plane, apply and read back, the rest
+the scenario (the releases come about 110 s into it) and the few seconds after the last release
+in which a repeated call would show.
 """
 
 from __future__ import annotations
@@ -359,7 +362,7 @@ def run(tmp_path_factory) -> Run:
             return cfg if {f"serviceMonitor/{NS}/{C.K8S['fuse']}/0", f"podMonitor/{NS}/fusebox-collectors/0"} <= jobs else None
 
         res.prometheus_config = wait_until(rendered_prometheus, 90, "the operator's Prometheus config", step=0.5,
-                                           alive=cp.check)
+                                           alive=cp.check, why=cp.operator_log)
 
         def rulefiles() -> dict[str, str]:
             out = {}
@@ -368,7 +371,8 @@ def run(tmp_path_factory) -> Run:
                     out.update(cm.get("data") or {})
             return out if any(f"{NS}-{res.prometheusrule['metadata']['name']}-" in k for k in out) else {}
 
-        res.rulefiles = wait_until(rulefiles, 60, "the rule-file ConfigMap", step=0.5, alive=cp.check)
+        res.rulefiles = wait_until(rulefiles, 60, "the rule-file ConfigMap", step=0.5, alive=cp.check,
+                                   why=cp.operator_log)
 
         def rendered_alertmanager() -> Optional[dict]:
             s = cp.get("v1", "Secret", f"alertmanager-{ALERTMANAGER}-generated", NS)
@@ -378,10 +382,10 @@ def run(tmp_path_factory) -> Run:
             return cfg if "fusebox-fuse" in json.dumps(cfg) else None
 
         res.am_config = wait_until(rendered_alertmanager, 90, "the operator's Alertmanager config", step=0.5,
-                                   alive=cp.check)
+                                   alive=cp.check, why=cp.operator_log)
         for sts in (f"prometheus-{PROMETHEUS}", f"alertmanager-{ALERTMANAGER}"):
             wait_until(lambda sts=sts: cp.get("apps/v1", "StatefulSet", sts, NS), 60, f"StatefulSet {sts}",
-                       alive=cp.check)
+                       alive=cp.check, why=cp.operator_log)
         res.timings["operator_rendered_s"] = time.monotonic() - t_start
 
         # 6. the fuse, two replicas, as the generated Deployment runs it ---------------------
@@ -505,7 +509,7 @@ def run(tmp_path_factory) -> Run:
             res.server_info_calls = {k: (res.server_info_calls[k][0], _count(e, "/server_info"))
                                      for k, e in engines.items()}
             res.logs = {p.name: p.output() for p in [*pods, am_pod, prom_pod, coll]}
-            res.logs["operator"] = cp.procs[-1].tail(20000)
+            res.logs["operator"] = cp.operator_log()
             (root / "run.json").write_text(json.dumps(
                 {"error": res.error, "calls": res.calls, "workers": [(t, sorted(w)) for t, w in res.workers],
                  "am": res.am_snapshots, "audit": res.audit, "timings": res.timings,
@@ -544,7 +548,9 @@ def test_the_api_server_accepted_every_object_of_k8s_and_the_charts(run):
         obj = run.applied[k]
         assert obj["metadata"].get("uid") and obj["metadata"]["namespace"] == NS, k
         assert obj["metadata"]["labels"].get("release") == RELEASE, k  # what the chart's selectors need
-    assert run.error is None or run.applied, run.error
+    # and the chart's own objects, as the chart renders them (the API server refuses an unknown field)
+    assert {f"Prometheus/{PROMETHEUS}", f"Alertmanager/{ALERTMANAGER}", f"Secret/alertmanager-{ALERTMANAGER}",
+            f"Service/{ALERTMANAGER}", "Secret/fusebox-fuse-token", "Secret/fusebox-fuse-store"} <= set(run.applied)
 
 
 def test_the_operator_selected_the_prometheusrule_into_its_rule_files(run):
