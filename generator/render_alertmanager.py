@@ -238,9 +238,10 @@ def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
     people are told by those, and ``fuse.human_receiver`` is not used here. The heartbeat goes on
     too: route ``alertname="FuseboxHeartbeat"`` to a null receiver there, as kube-prometheus-stack
     does for its Watchdog (docs/self-monitoring.md). The operator also adds a matcher
-    ``namespace="<this object's namespace>"`` on its default strategy (``OnNamespace``); the
-    PrometheusRule gives the alerts this route must take that label (render_k8s, and
-    docs/alertmanager.md for why warnings get none).
+    ``namespace="<this object's namespace>"`` unless the Alertmanager resource sets
+    ``alertmanagerConfigMatcherStrategy: {type: None}``; the PrometheusRule gives the alerts this
+    route takes that label (render_k8s.render_prometheusrule), so it works on the operator's
+    default (docs/alertmanager.md, "The Prometheus Operator").
     """
     r = routing(spec)
     k = C.K8S

@@ -71,7 +71,8 @@ def _operator_labels(spec: Spec, rule: dict[str, Any], keep_own: frozenset[str])
     """``rule`` with ``namespace: <kubernetes.namespace>`` among its labels when Alertmanager must see
     it in that namespace: a rule that requests a fuse (``fuse_action``), the heartbeat, and every
     ``severity: critical`` rule. Warnings keep no namespace. Why, both halves on
-    kube-prometheus-stack's defaults (docs/kubernetes.md, "Alertmanager on the chart's defaults"):
+    kube-prometheus-stack's defaults (docs/alertmanager.md, "The Prometheus Operator", and
+    tests/test_k8s_cluster.py, which runs them):
 
     * the operator's default ``alertmanagerConfigMatcherStrategy`` (``OnNamespace``) adds
       ``namespace="<the AlertmanagerConfig's namespace>"`` to the route of

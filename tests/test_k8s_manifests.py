@@ -419,3 +419,18 @@ def test_a_bad_otelcol_block_is_a_spec_error(block, what):
 def test_a_bare_number_is_a_quantity():
     spec = parse_spec(_with_kubernetes({"fuse": {"resources": {"limits": {"cpu": 2}}}}), "fusebox.yaml")
     assert spec.kubernetes.fuse.resources.limits == {"cpu": "2"}
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/kubernetes.md"])
+def test_the_documented_webhook_token_has_no_newline_at_its_end(doc):
+    """The Prometheus Operator copies the token Secret's value into Alertmanager's generated config
+    as it is; with a newline at its end, Alertmanager refuses every notification to the fuse
+    (``invalid header field value for "Authorization"``: found by tests/test_k8s_cluster.py). The
+    documented command that makes the file behind ``--from-file=token=fuse.token`` must not write one."""
+    import re
+
+    cmds = re.findall(r"python3 -c '([^']+)' > fuse\.token", (ROOT / doc).read_text())
+    assert cmds, f"{doc}: no `python3 -c '...' > fuse.token` command"
+    for cmd in cmds:
+        out = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True, timeout=30, check=True).stdout
+        assert out == out.strip() and len(out) >= 32, (doc, cmd, out)
