@@ -10,7 +10,7 @@ OUT ?= .
 # Dockerfile runtime.lock; pyproject.toml keeps the ranges for library users. `make lock` refreshes.
 LOCK := requirements/test.lock
 UV_VERSION ?= 0.13.9
-# Tools (Prometheus 3 promtool, the OpenTelemetry Collector) are built once into this cache.
+# Tools (Prometheus 3 promtool, the OpenTelemetry Collector, ...: tools/README.md) are built once into this cache.
 export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
 
 .PHONY: help venv lock tools generate check check-generated lint test test-fast bench bench-scale demo clean
@@ -36,7 +36,7 @@ lock: ## refresh requirements/{test,runtime}.lock from pyproject.toml, keeping p
 	"$$tmp/bin/uv" pip compile pyproject.toml requirements/build.in -c requirements/test.lock $(LOCK_FLAGS) -o requirements/runtime.lock; \
 	echo "requirements/test.lock and requirements/runtime.lock refreshed"
 
-tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt), build the pinned Go tools (promtool 3, otelcol, VictoriaMetrics, Thanos), fetch the operator CRDs
+tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt), build the pinned Go tools (promtool 3, otelcol, VictoriaMetrics, Thanos, kube-apiserver and etcd, the Prometheus Operator), fetch the operator CRDs
 	bash tools/bootstrap.sh
 
 generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into OUT (default .); refresh the starter spec

@@ -42,7 +42,11 @@ fi
 jobs_max=${FUSEBOX_TOOLS_JOBS:-3}
 logs="$TOOLS/logs"
 mkdir -p "$logs"
-declare -A pid status after
+# Each job writes its exit status to a file here: the shell's own bookkeeping of finished
+# background jobs (wait PID) proved unreliable once `jobs` had listed them.
+rcs=$(mktemp -d)
+trap 'rm -rf "$rcs"' EXIT
+declare -A pid after
 first=() later=()
 for script in "$here"/build-*.sh; do
   [ -e "$script" ] || continue
@@ -50,17 +54,23 @@ for script in "$here"/build-*.sh; do
   after[$name]=$(sed -n 's/^# bootstrap: after \(build-[a-z0-9-]*\.sh\)$/\1/p' "$script")
   if [ -n "${after[$name]}" ]; then later+=("$script"); else first+=("$script"); fi
 done
-reap() {  # reap NAME: wait for its job (once) and keep its exit status
-  [ -n "${status[$1]:-}" ] && return 0
-  local rc=0
-  wait "${pid[$1]}" || rc=$?
-  status[$1]=$rc
+finished() {  # finished NAME: true once its job has ended (a job killed before writing its status: 137)
+  [ -e "$rcs/$1" ] && return 0
+  kill -0 "${pid[$1]}" 2>/dev/null && return 1
+  sleep 1; [ -e "$rcs/$1" ] || echo 137 > "$rcs/$1"
+}
+running() {
+  local n=0 name
+  for name in "${!pid[@]}"; do finished "$name" || n=$((n + 1)); done
+  echo "$n"
 }
 for script in "${first[@]}" "${later[@]}"; do
   name=$(basename "$script")
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do sleep 1; done
+  while [ "$(running)" -ge "$jobs_max" ]; do sleep 1; done
   dep=${after[$name]}
-  if [ -n "$dep" ] && [ -n "${pid[$dep]:-}" ]; then reap "$dep"; fi
+  if [ -n "$dep" ] && [ -n "${pid[$dep]:-}" ]; then
+    until finished "$dep"; do sleep 1; done
+  fi
   (
     set -o pipefail
     start=$SECONDS
@@ -68,18 +78,19 @@ for script in "${first[@]}" "${later[@]}"; do
     bash "$script" "$TOOLS" 2>&1 | tee "$logs/$name.log" | sed -u "s/^/[$name] /" || rc=$?
     if [ $rc -ne 0 ]; then echo "[$name] bootstrap: failed (exit $rc) after $((SECONDS - start)) s"
     elif [ -s "$logs/$name.log" ]; then echo "[$name] bootstrap: done in $((SECONDS - start)) s"; fi
-    exit $rc
+    echo "$rc" > "$rcs/$name.tmp" && mv "$rcs/$name.tmp" "$rcs/$name"
   ) &
   pid[$name]=$!
 done
 failed=()
 for name in "${!pid[@]}"; do
-  reap "$name"
-  [ "${status[$name]}" -eq 0 ] || failed+=("$name")
+  until finished "$name"; do sleep 1; done
+  [ "$(cat "$rcs/$name")" -eq 0 ] || failed+=("$name")
 done
+wait  # reap the subshells
 if [ ${#failed[@]} -gt 0 ]; then
   for name in "${failed[@]}"; do
-    echo "bootstrap: tools/$name failed (exit ${status[$name]}); the end of $logs/$name.log:" >&2
+    echo "bootstrap: tools/$name failed (exit $(cat "$rcs/$name")); the end of $logs/$name.log:" >&2
     tail -n 25 "$logs/$name.log" | sed "s/^/  /" >&2
   done
   exit 1

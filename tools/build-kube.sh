@@ -74,7 +74,7 @@ for req in "k8s.io/kubernetes $VERSION" "go.etcd.io/etcd/server/v3 $ETCD_VERSION
   grep -q "^	$req\$" "$here/kube/go.mod" || { echo "bootstrap: tools/kube/go.mod does not require $req; run tools/build-kube.sh --refresh" >&2; exit 1; }
 done
 
-echo "bootstrap: building kube-apiserver $VERSION and etcd $ETCD_VERSION (first run only, the longest Go build: ~15 min of CPU)"
+echo "bootstrap: building kube-apiserver $VERSION and etcd $ETCD_VERSION (first run only, the longest Go build: about 11 CPU-minutes)"
 # The version kubernetes' release builds stamp (hack/lib/version.sh); clients such as the
 # Prometheus Operator read it from /version.
 ldflags="-s -w"
