@@ -54,7 +54,7 @@ lint: venv ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint tools ## lint, then the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector)
+test: lint tools ## lint, then the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector, the k8s/ cluster test)
 	$(BIN)/python -m pytest -q
 
 test-fast: venv ## tests that need no external tool
