@@ -72,6 +72,8 @@ MAX_ALERTMANAGERS = 16
 # Scopes with a fusebox_fuse_level series of their own, the most severe first (issue 22: 10,000
 # scopes made /metrics 13.6 MB); fusebox_fuse_scopes{level} counts every scope.
 MAX_LEVEL_SERIES = 1000
+# Notifications applied in one store transaction at most (group commit, FuseService.handle).
+MAX_BATCH = 64
 
 
 TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
@@ -239,6 +241,8 @@ class FuseService:
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
+        self._queue: list[_Job] = []  # notifications waiting for the lock (group commit)
+        self._queue_lock = threading.Lock()
         self._senders: set[str] = set()  # externalURLs with a last-notification series
         self._senders_lock = threading.Lock()
         self._wakes = {name: threading.Event() for name in self.adapters}
@@ -277,6 +281,13 @@ class FuseService:
     def handle(self, note: Notification, received: Optional[float] = None) -> dict:
         """Apply a parsed notification. Returns ``{"decisions": [...], "alerts": {result: n}}``.
 
+        Group commit: notifications that arrive while another one is being committed wait for the
+        lock, and the first of them to get it applies all that are waiting, in arrival order, in
+        one store transaction (one fsync on SQLite, one round of commits on PostgreSQL); each caller
+        gets its own answer after that transaction committed, so a 200 still means "persisted".
+        When anything but the store fails in a batch of several, the batch is rolled back and each
+        notification is applied alone, so one bad notification fails only itself.
+
         Raises:
             Unavailable: the state could not be persisted (nothing changed).
             Exception: anything else that failed (nothing changed either: the breaker is set back to
@@ -286,33 +297,79 @@ class FuseService:
         # Every notification proves the feed alive (the heartbeat, or any other): recorded before the
         # decision, so a store that fails does not make the feed look silent.
         self._record_sender(note.external_url, received)
-        cut = note.truncated_alerts
-        with self._lock, self._all_or_nothing(), self._change():
+        job = _Job(note, received)
+        with self._queue_lock:
+            self._queue.append(job)
+        with self._lock:
+            if not job.finished:
+                with self._queue_lock:
+                    batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                self._run_batch(batch)
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _run_batch(self, batch: list["_Job"]) -> None:
+        """Apply ``batch`` in one change (under ``self._lock``); on a failure other than the store's,
+        apply each of several alone. Sets every job's ``result`` or ``error``."""
+        try:
+            self._apply(batch)
+        except Unavailable as e:
+            for j in batch:
+                j.error = e
+        except Exception as e:
+            if len(batch) == 1:
+                batch[0].error = e
+            else:
+                for j in batch:
+                    self._run_batch([j])
+        finally:
+            for j in batch:
+                j.finished = True
+
+    def _apply(self, batch: list["_Job"]) -> None:
+        """One change for every notification of ``batch``: the breaker decides each in turn, then
+        one commit writes the scopes they touched, their outbox and audit rows."""
+        pending: list[tuple[Decision, float, Optional[dict]]] = []
+        audit: list[dict] = []
+        per_job = []
+        with self._all_or_nothing(), self._change():
             now = self.clock()
-            decisions, outcomes = self.breaker.on_notification(note, now)
-            refused = [o for o in outcomes if o.result in _REFUSED]
-            audit = [{"at": now, "kind": "ignored", "source": "alert", "reason": o.reason[:1000],
-                      "detail": {"result": o.result, "fingerprint": o.fingerprint[:64]}} for o in refused]
-            if cut:
-                audit.append(_truncated_row(note, now))
-            changed = (bool(decisions) or bool(refused) or bool(cut) or self.breaker.dirty()
-                       or any(o.result in _CHANGED for o in outcomes))
-            ids = self._commit(decisions, received, changed, audit, {"truncated_alerts": cut} if cut else {})
-            if cut:
-                self.metrics.truncated.inc(cut)
+            changed = False
+            for j in batch:
+                note, cut = j.note, j.note.truncated_alerts
+                decisions, outcomes = self.breaker.on_notification(note, now)
+                refused = [o for o in outcomes if o.result in _REFUSED]
+                audit += [{"at": now, "kind": "ignored", "source": "alert", "reason": o.reason[:1000],
+                           "detail": {"result": o.result, "fingerprint": o.fingerprint[:64]}} for o in refused]
+                trunc = _truncated_row(note, now) if cut else None
+                if trunc is not None:
+                    audit.append(trunc)
+                changed = (changed or bool(decisions) or bool(refused) or bool(cut)
+                           or any(o.result in _CHANGED for o in outcomes))
+                detail = {"truncated_alerts": cut} if cut else None
+                pending += [(d, j.received, detail) for d in decisions]
+                per_job.append((len(decisions), outcomes, refused, trunc))
+            ids = self._commit(pending, changed or self.breaker.dirty(), audit)
+        at = 0
+        for j, (n, outcomes, refused, trunc) in zip(batch, per_job):
+            for o in refused:
+                log.warning("%s", o.reason)
+            if trunc is not None:
+                self.metrics.truncated.inc(j.note.truncated_alerts)
                 self._truncated = {"notifications": self._truncated["notifications"] + 1,
-                                   "alerts": self._truncated["alerts"] + cut, "last": _truncated_view(audit[-1])}
-        for o in refused:
-            log.warning("%s", o.reason)
-        if cut:
-            log.warning("%s", audit[-1]["reason"])
-        counts: dict[str, int] = {}
-        for o in outcomes:
-            # the heartbeat is counted, never audited (it asks for no fuse, so nothing is committed)
-            result = "heartbeat" if o.alertname == C.HEARTBEAT_ALERT else o.result
-            counts[result] = counts.get(result, 0) + 1
-            self.metrics.alerts.labels(result).inc()
-        return {"decisions": ids, "alerts": counts}
+                                   "alerts": self._truncated["alerts"] + j.note.truncated_alerts,
+                                   "last": _truncated_view(trunc)}
+                log.warning("%s", trunc["reason"])
+            counts: dict[str, int] = {}
+            for o in outcomes:
+                # the heartbeat is counted, never audited (it asks for no fuse, so nothing is committed)
+                result = "heartbeat" if o.alertname == C.HEARTBEAT_ALERT else o.result
+                counts[result] = counts.get(result, 0) + 1
+                self.metrics.alerts.labels(result).inc()
+            j.result = {"decisions": ids[at:at + n], "alerts": counts}
+            at += n
 
     def _record_sender(self, external_url: str, received: float) -> None:
         """Set the last-notification gauge of the Alertmanager at ``external_url``; past
@@ -338,7 +395,7 @@ class FuseService:
         with self._lock, self._all_or_nothing(), self._change():
             now = self.clock()
             decisions = self.breaker.tick(now)
-            return self._commit(decisions, now, bool(decisions) or self.breaker.dirty())
+            return self._commit([(d, now, None) for d in decisions], bool(decisions) or self.breaker.dirty())
 
     def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, *,
                  fleet: bool = False, new_scope: bool = False, by: Optional[str] = None) -> list[dict]:
@@ -355,7 +412,7 @@ class FuseService:
                       "action": self.rules.levels.get(level), "source": "override", "reason": reason,
                       "detail": {"mode": mode, "until": now + duration_s, "scope": scope, "fleet": fleet,
                                  "token": by}}]
-            out = self._commit(decisions, now, True, audit)
+            out = self._commit([(d, now, None) for d in decisions], True, audit)
         log.info("override %s level %d on %s by %s for %gs: %s", mode, level, _key(scope), by, duration_s, reason,
                  extra={"scope": _key(scope), "action": self.rules.levels.get(level), "fuse_level": level,
                         "state": mode, "source": "override"})
@@ -443,15 +500,16 @@ class FuseService:
             self._sync_gauges()
             raise
 
-    def _commit(self, decisions: list[Decision], received: float, changed: bool, extra_audit=(),
-                note_detail: Optional[dict] = None) -> list[dict]:
+    def _commit(self, decisions: list[tuple[Decision, float, Optional[dict]]], changed: bool,
+                extra_audit=()) -> list[dict]:
         """Persist the scopes the change touched, one outbox row per decision and adapter that wants
-        it, and the audit rows (``extra_audit``, then one per decision, whose ``detail`` gets
-        ``note_detail``)."""
+        it, and the audit rows (``extra_audit``, then one per decision). ``decisions``: ``(decision,
+        received, note_detail)``, where ``received`` (Unix seconds) is when its input arrived (the
+        outbox's age) and ``note_detail`` goes into the decision's audit ``detail``."""
         if not changed:
             return []
         out, rows, audit = [], [], list(extra_audit)
-        for d in decisions:
+        for d, received, note_detail in decisions:
             did = uuid.uuid4().hex
             payload = {"action": d.action, "level": d.level, "state": d.kind, "reason": d.reason,
                        "scope": d.scope, "decision_id": did}
@@ -469,7 +527,7 @@ class FuseService:
             log.error("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         self._wrote = bool(changes)
-        for d, o in zip(decisions, out):
+        for (d, _, _), o in zip(decisions, out):
             self.metrics.transitions.labels(d.action, d.kind, d.source).inc()
             log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason,
                      extra={"decision_id": o["decision_id"], "scope": d.scope_key, "action": d.action,
@@ -623,6 +681,18 @@ class FuseService:
                 self.tick()
             except Exception:  # pragma: no cover - retried next tick
                 log.exception("tick failed")
+
+
+class _Job:
+    """One notification waiting to be applied (:meth:`FuseService.handle`)."""
+
+    __slots__ = ("note", "received", "result", "error", "finished")
+
+    def __init__(self, note: Notification, received: float):
+        self.note, self.received = note, received
+        self.result: Optional[dict] = None
+        self.error: Optional[BaseException] = None
+        self.finished = False
 
 
 class _Lane:
