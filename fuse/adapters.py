@@ -47,6 +47,7 @@ from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 
 from .actions import ActionError
+from .discovery import GpuWorkers
 from .logsafe import install
 from .rules import scope_key
 
@@ -110,6 +111,13 @@ class _Holds:
             self._holds[worker] = cur
             return bool(cur)
 
+    def held_by(self, hold: str) -> list[str]:
+        """The workers ``hold`` holds, sorted. Raises StoreError."""
+        if self.store is not None:
+            return sorted(w for w, st in self.store.adapter_state(self.adapter).items() if hold in st["holds"])
+        with self._lock:
+            return sorted(w for w, hs in self._holds.items() if hold in hs)
+
     def record(self, worker: str, settings: dict) -> None:
         if self.store is not None:
             self.store.adapter_record(self.adapter, worker, settings)
@@ -138,6 +146,7 @@ class _Rotation:
         self.url = spec.url or ""
         self._client = httpx.Client(timeout=spec.timeout_s)
         self.holds = _Holds(self.name)
+        self.discovery = GpuWorkers(spec.discover, spec.timeout_s) if spec.discover else None
 
     def attach(self, store: Any) -> None:
         """Keep the holds and recorded settings in ``store`` (the service calls it)."""
@@ -147,16 +156,30 @@ class _Rotation:
         return payload["action"] in self.spec.actions
 
     def apply(self, payload: dict) -> None:
-        targets = targets_for(self.spec, payload["scope"])
-        if not targets:
-            raise _unmapped(self.spec)
         hold = f"{payload['action']} {scope_key(payload['scope'])}"
-        for t in targets:
-            assert t.worker_url
-            if self.holds.change(t.worker_url, hold, payload["state"] == "trip"):
-                self.take_out(t.worker_url)
+        workers = [t.worker_url for t in targets_for(self.spec, payload["scope"]) if t.worker_url]
+        if not workers and self.discovery is not None:
+            workers = self._discovered(payload, hold)
+        elif not workers:
+            raise _unmapped(self.spec)
+        for w in workers:
+            if self.holds.change(w, hold, payload["state"] == "trip"):
+                self.take_out(w)
             else:
-                self.put_back(t.worker_url)
+                self.put_back(w)
+
+    def _discovered(self, payload: dict, hold: str) -> list[str]:
+        """A scope no static target maps: on a trip, the gateway's workers on the scope's GPU
+        (:class:`~fusebox.fuse.discovery.GpuWorkers`; raises its ResolveError); on a release, the
+        workers this (action, scope) holds (whatever the attribution says by then)."""
+        assert self.discovery is not None
+        if payload["state"] != "trip":
+            return self.holds.held_by(hold)
+        return self.discovery.workers(payload["scope"], self.worker_urls())
+
+    def worker_urls(self) -> list[str]:
+        """The gateway's own worker URLs."""
+        raise NotImplementedError
 
     def take_out(self, worker: str) -> None:
         raise NotImplementedError
@@ -187,6 +210,9 @@ class SglangGateway(_Rotation):
         self._check(r)
         return list(r.json().get("workers", []))
 
+    def worker_urls(self) -> list[str]:
+        return [str(w.get("url", "")).rstrip("/") for w in self.workers() if w.get("url")]
+
     def take_out(self, worker: str) -> None:
         for w in self.workers():
             if w.get("url", "").rstrip("/") == worker:
@@ -213,6 +239,9 @@ class VllmRouter(_Rotation):
         r = self._req("GET", "/list_workers")
         self._check(r)
         return [u.rstrip("/") for u in r.json().get("urls", [])]
+
+    def worker_urls(self) -> list[str]:
+        return self.workers()
 
     def take_out(self, worker: str) -> None:
         self._check(self._req("POST", "/remove_worker", params={"url": worker}))

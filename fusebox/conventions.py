@@ -218,6 +218,7 @@ FUSE_METRICS = {
     "level": "fusebox_fuse_level",  # gauge, highest tripped level per scope (SCOPE_LABELS), 0 none; capped, most severe first
     "scopes": "fusebox_fuse_scopes",  # gauge {level}: scopes held by highest tripped level (every scope)
     "level_series_dropped": "fusebox_fuse_level_series_dropped",  # gauge: scopes over the level series cap
+    "unapplied_levels": "fusebox_fuse_unapplied_levels",  # gauge: tripped levels no adapter applied (yet)
     "transitions": "fusebox_fuse_transitions_total",  # counter {action, state, source}
     "notifications": "fusebox_fuse_notifications_total",  # counter {outcome}
     "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification (result "heartbeat" for FuseboxHeartbeat)

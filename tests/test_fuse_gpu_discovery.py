@@ -1,0 +1,142 @@
+"""A GPU-level trip takes exactly the workers on that GPU out of the REAL SGLang Model Gateway's
+rotation, resolved from trusted series only: dcgm-exporter's pod attribution and kube-state-metrics'
+pod IPs, scraped by a REAL Prometheus from a tiny exposition server on loopback, joined with the
+gateway's own worker list. ``/state`` tells applied from refused; ``fusebox_fuse_unapplied_levels``
+counts what no adapter applied.
+
+The engines listen on distinct loopback addresses (127.0.0.2...), which stand for their pod IPs.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from _dashboards_support import prometheus, query, serve_text
+from _fuse_support import TOKEN, LiveService, alert, payload, wait_for
+from _gateways import StandInEngine, sglang_gateway, sglang_workers
+from test_fuse_adapters import write_spec
+
+from fusebox.fuse.adapters import build_adapters
+from fusebox.fuse.discovery import GpuWorkers, ResolveError
+from fusebox.spec import load_spec
+from fusebox.spec.adapters import Discover
+
+CLUSTER, NODE = "prod-a", "gpu-node-1"
+GPU_A = "GPU-0a0a0a0a-0000-4000-8000-00000000000a"  # engine-a and engine-c share it
+GPU_B = "GPU-0b0b0b0b-0000-4000-8000-00000000000b"  # engine-b
+GPU_IDLE = "GPU-0c0c0c0c-0000-4000-8000-00000000000c"  # no pod on it
+PODS = {"engine-a": ("127.0.0.2", GPU_A), "engine-b": ("127.0.0.3", GPU_B), "engine-c": ("127.0.0.4", GPU_A)}
+
+
+def exposition() -> bytes:
+    """What dcgm-exporter 4.5 (Kubernetes pod mapping on: pod, namespace, container) and
+    kube-state-metrics publish for these pods; the idle GPU has no pod labels."""
+    lines = ["# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).", "# TYPE DCGM_FI_DEV_FB_USED gauge"]
+    for i, (pod, (_ip, gpu)) in enumerate(PODS.items()):
+        lines.append(f'DCGM_FI_DEV_FB_USED{{gpu="{i}",UUID="{gpu}",pci_bus_id="00000000:0{i}:00.0",device="nvidia{i}",'
+                     f'modelName="NVIDIA H100 80GB HBM3",Hostname="{NODE}",container="engine",namespace="llm",'
+                     f'pod="{pod}"}} 40000')
+    lines.append(f'DCGM_FI_DEV_FB_USED{{gpu="3",UUID="{GPU_IDLE}",pci_bus_id="00000000:03:00.0",device="nvidia3",'
+                 f'modelName="NVIDIA H100 80GB HBM3",Hostname="{NODE}"}} 0')
+    lines += ["# HELP kube_pod_info Information about pod.", "# TYPE kube_pod_info gauge"]
+    for pod, (ip, _gpu) in PODS.items():
+        lines.append(f'kube_pod_info{{namespace="llm",pod="{pod}",uid="u-{pod}",host_ip="10.0.0.1",pod_ip="{ip}",'
+                     f'node="{NODE}",created_by_kind="StatefulSet",created_by_name="engine",priority_class="",'
+                     'host_network="false"} 1')
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """(Prometheus URL, {pod: engine}, the SGLang gateway) with the attribution series scraped."""
+    engines = {pod: StandInEngine(ip) for pod, (ip, _gpu) in PODS.items()}
+    exporter = serve_text(exposition())
+    gw = None
+    try:
+        config = {"global": {"scrape_interval": "1s"},
+                  "scrape_configs": [{"job_name": "dcgm", "honor_labels": True,
+                                      "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_address[1]}"]}]}]}
+        with prometheus(tmp_path, config) as prom:
+            wait_for(lambda: len(query(prom, "kube_pod_info")) == len(PODS), 30, what="the attribution scraped")
+            gw = sglang_gateway([e.url for e in engines.values()], tmp_path / "sglang.log")
+            yield prom, engines, gw
+    finally:
+        if gw:
+            gw.stop()
+        exporter.shutdown()
+        for e in engines.values():
+            e.stop()
+
+
+def adapters(prom: str, gw) -> dict:
+    return {"sglang": {"kind": "sglang_gateway", "url": gw.url, "actions": ["freeze_admissions"], "timeout": "2s",
+                       "discover": {"prometheus": prom, "ttl": "30s"}}}
+
+
+def gpu(hw_id: str) -> dict:
+    return {"cluster": CLUSTER, "host_name": NODE, "hw_id": hw_id}
+
+
+def level(svc: LiveService, scope: dict, lvl: str) -> dict:
+    from fusebox.fuse.rules import scope_key
+
+    key = scope_key(scope)
+    (sc,) = [s for s in svc.state()["scopes"] if s["key"] == key]
+    return sc["levels"][lvl]
+
+
+def metric(svc: LiveService, name: str) -> float:
+    text = httpx.get(svc.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5).text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(name + " ")]
+    return float(line.split()[1])
+
+
+def test_a_gpu_trip_takes_out_exactly_the_workers_on_that_gpu_and_state_tells_applied_from_refused(cluster, tmp_path):
+    prom, engines, gw = cluster
+    on_a = {engines["engine-a"].url, engines["engine-c"].url}
+    everyone = {e.url for e in engines.values()}
+    spec = load_spec(write_spec(tmp_path, adapters(prom, gw)))
+    with LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters), hold_s=0.3) as svc:
+        assert svc.post(payload(alert("GPUMemoryUtilizationHigh", starts=1_700_000_000, **gpu(GPU_A)))).status_code == 200
+        wait_for(lambda: set(sglang_workers(gw.url)) == everyone - on_a, 15, what="the workers on GPU A out")
+        st = wait_for(lambda: (s := level(svc, gpu(GPU_A), "1"))["applied"] and s, 10, what="applied in /state")
+        assert (st["applied_by"], st["pending"], st["not_applied"]) == (["sglang"], [], [])
+
+        # a GPU with no pod on it: refused, nothing sent, and /state says so
+        assert svc.post(payload(alert("GPUMemoryUtilizationHigh", starts=1_700_000_000, **gpu(GPU_IDLE)))).status_code == 200
+        st = wait_for(lambda: (s := level(svc, gpu(GPU_IDLE), "1"))["not_applied"] and s, 10, what="the refusal")
+        assert st["tripped"] and st["applied"] is False and st["applied_by"] == []
+        assert st["not_applied"][0]["adapter"] == "sglang" and "not attributed to any pod" in st["not_applied"][0]["why"]
+        # a level no adapter applies (sglang_gateway applies freeze_admissions only here)
+        engine = {"cluster": CLUSTER, "engine": "engine-b"}
+        assert svc.post(payload(alert("AlignmentLatencyP95High", starts=1_700_000_000, **engine))).status_code == 200
+        st = wait_for(lambda: level(svc, engine, "2"), 10, what="level 2 tripped")
+        assert st["applied"] is False and st["not_applied"] == [
+            {"adapter": None, "why": "no adapter applies level 2 (text_only_fallback)"}]
+        assert metric(svc, "fusebox_fuse_unapplied_levels") == 2
+        assert set(sglang_workers(gw.url)) == everyone - on_a  # nothing else moved
+
+        # GPU A recovers: exactly its workers come back
+        assert svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", starts=1_700_000_000,
+                                      **gpu(GPU_A)))).status_code == 200
+        wait_for(lambda: set(sglang_workers(gw.url)) == everyone, 15, what="the workers on GPU A back")
+
+
+def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryable_refusal(cluster):
+    prom, engines, gw = cluster
+    now = [0.0]
+    d = GpuWorkers(Discover(prom, 30.0, "DCGM_FI_DEV_FB_USED", "UUID", "pod", "namespace"), clock=lambda: now[0])
+    listed = list(sglang_workers(gw.url))
+    assert d.workers(gpu(GPU_B), listed) == [engines["engine-b"].url]
+    assert d.workers(gpu(GPU_A), listed) == sorted([engines["engine-a"].url, engines["engine-c"].url])
+    assert d.queries == 2  # one refresh: the attribution and the pod IPs
+    now[0] = 31.0
+    assert d.workers({**gpu(GPU_B), "cluster": "other"}, listed) == [engines["engine-b"].url]  # no cluster label: any
+    assert d.queries == 4
+    with pytest.raises(ResolveError) as e:
+        d.workers(gpu(GPU_A), [engines["engine-b"].url])  # the gateway does not list them
+    assert e.value.permanent and "no gateway worker" in e.value.summary
+    dead = GpuWorkers(Discover("http://127.0.0.1:1", 30.0, "DCGM_FI_DEV_FB_USED", "UUID", "pod", "namespace"))
+    with pytest.raises(ResolveError) as e:
+        dead.workers(gpu(GPU_A), listed)
+    assert not e.value.permanent and "Prometheus" in e.value.summary
