@@ -199,6 +199,7 @@ SELF_ALERTS = {
     "fuse_down": "FuseboxFuseDown",  # a fuse replica down, or no replica scraped at all
     "actions_failing": "FuseboxFuseActionsFailing",  # gateway calls given up
     "actions_stuck": "FuseboxFuseActionsStuck",  # the oldest pending gateway call past the spec's bound
+    "level_unapplied": "FuseboxFuseLevelUnapplied",  # a tripped level no adapter applied, past the same bound
     "notifications_failing": "FuseboxFuseNotificationsFailing",  # Alertmanager failing to deliver webhooks
     "heartbeat_missing": "FuseboxFuseHeartbeatMissing",  # no notification reached the fuse for too long
     "collector_scrape": "FuseboxCollectorScrapeFailing",  # collectors failing to scrape their engines
