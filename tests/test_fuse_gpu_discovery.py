@@ -140,3 +140,51 @@ def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryab
     with pytest.raises(ResolveError) as e:
         dead.workers(gpu(GPU_A), listed)
     assert not e.value.permanent and "Prometheus" in e.value.summary
+
+
+def _sglang(**extra) -> dict:
+    return {"sglang": {"kind": "sglang_gateway", "url": "http://127.0.0.1:30000", "actions": ["freeze_admissions"],
+                       "targets": [{"match": {"engine": "engine-0"}, "worker_url": "http://10.0.0.5:30001"}], **extra}}
+
+
+def test_generate_warns_of_levels_no_adapter_applies_and_gpu_scopes_no_target_can_match(tmp_path):
+    from fusebox.generator.outputs import adapter_warnings
+
+    warnings = adapter_warnings(load_spec(write_spec(tmp_path, _sglang())))
+    # the spec's tiers request levels 1, 2, 3; this adapter lists level 1 only
+    unapplied = sorted(w.split("'")[1] for w in warnings if w.startswith("fuse action"))
+    assert unapplied == ["kv_cache_eviction", "text_only_fallback"]
+    # both GPU-level signals with freeze_admissions: scoped by {cluster, host_name, hw_id}, targets match engine
+    scoped = [w for w in warnings if w.startswith("fuse.adapters.sglang")]
+    assert sorted(w.split("'")[1] for w in scoped) == ["gpu_memory_utilization", "memory_bandwidth_saturation"]
+    assert all("{cluster, host_name, hw_id}" in w and "add discover:" in w for w in scoped)
+    discovered = adapter_warnings(load_spec(write_spec(tmp_path, _sglang(discover={"prometheus": "http://p:9090"}))))
+    assert not [w for w in discovered if w.startswith("fuse.adapters.sglang")]
+
+
+@pytest.mark.parametrize("discover, where, what", [
+    ({"prometheus": "p:9090"}, "prometheus", "prometheus must be an http(s) URL"),
+    ({"prometheus": "http://p:9090", "ttl": "0s"}, "ttl", "ttl must be between 1s and 600s"),
+    ({"prometheus": "http://p:9090", "ttl": "1h"}, "ttl", "ttl must be between 1s and 600s"),
+    ({"prometheus": "http://p:9090", "attribution": {"pod": "exported-pod"}}, "pod", "is not a Prometheus label name"),
+])
+def test_a_bad_discover_is_a_spec_error_at_its_line(tmp_path, discover, where, what):
+    from fusebox.spec.errors import SpecError
+
+    p = write_spec(tmp_path, _sglang(discover=discover))
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    lines = p.read_text().splitlines()
+    msg = str(e.value)
+    line = int(msg.split(":")[1])
+    assert what in msg and lines[line - 1].strip().startswith(where + ":"), (msg, lines[line - 1])
+
+
+def test_discover_is_refused_on_an_adapter_kind_that_cannot_use_it(tmp_path):
+    from fusebox.spec.errors import SpecError
+
+    spec = {"h": {"kind": "haproxy", "socket": "/run/haproxy.sock", "actions": ["freeze_admissions"],
+                  "targets": [{"match": {"engine": "e0"}, "server": "be/e0"}], "discover": {"prometheus": "http://p:9090"}}}
+    with pytest.raises(SpecError) as e:
+        load_spec(write_spec(tmp_path, spec))
+    assert "discover is for kinds sglang_gateway, vllm_router only" in str(e.value)
