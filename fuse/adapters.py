@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote, urlsplit
@@ -413,11 +414,18 @@ class HttpAction:
                 raise ActionError(f"{method} {url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
 
 
-def build_adapters(specs) -> list:
+def build_adapters(specs, prometheus_url: Optional[str] = None) -> list:
     """One adapter per ``spec.adapters`` entry, in order; those that keep holds have ``attach(store)``
-    (:class:`fusebox.fuse.service.FuseService` calls it). Raises OSError (a headers file)."""
+    (:class:`fusebox.fuse.service.FuseService` calls it). ``prometheus_url``: where a ``discover``
+    without its own ``prometheus`` reads (``--prometheus-url``). Raises OSError (a headers file),
+    ValueError (a ``discover`` with no Prometheus URL at all)."""
     kinds = {"sglang_gateway": SglangGateway, "vllm_router": VllmRouter, "haproxy": HaproxyRuntime}
     out: list = []
     for a in specs:
+        if a.discover is not None and not a.discover.prometheus:
+            if not prometheus_url:
+                raise ValueError(f"fuse.adapters.{a.name}.discover names no prometheus: give --prometheus-url "
+                                 "(kubernetes.fuse.prometheus_url in the generated Deployment) or discover.prometheus")
+            a = replace(a, discover=replace(a.discover, prometheus=prometheus_url.rstrip("/")))
         out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a))
     return out

@@ -63,7 +63,7 @@ class GpuWorkers:
         self.queries = 0  # Prometheus queries made (the cache's effect, for tests)
 
     def _query(self, expr: str) -> list[dict]:
-        url = self.spec.prometheus + "/api/v1/query"
+        url = f"{self.spec.prometheus}/api/v1/query"
         try:
             r = self._client.get(url, params={"query": expr})
             self.queries += 1

@@ -216,6 +216,8 @@ def adapter_warnings(spec: Spec) -> list[str]:
       labels all in ``match``) and which cannot discover it (``discover`` resolves GPU scopes, those
       with ``hw_id``): every trip of that signal is refused there (``scope not mapped``). A warning:
       another adapter may apply it.
+    * a ``discover`` without ``prometheus`` while ``kubernetes.fuse.prometheus_url`` is unset: the
+      generated Deployment gives the fuse no ``--prometheus-url``, and it exits 2 at start.
     """
     if not spec.adapters:
         return []
@@ -229,6 +231,10 @@ def adapter_warnings(spec: Spec) -> list[str]:
                        f"{C.SELF_ALERTS['level_unapplied']} will fire -- list it in an adapter whose kind applies level "
                        f"{levels.get(action)} (kind http applies every level), or give the fuse --gateway-url")
     for a in spec.adapters:
+        if a.discover is not None and not a.discover.prometheus and not spec.kubernetes.fuse.prometheus_url:
+            out.append(f"fuse.adapters.{a.name}.discover names no prometheus and kubernetes.fuse.prometheus_url is not "
+                       "set: the generated fuse Deployment cannot start with it -- set kubernetes.fuse.prometheus_url "
+                       "(kube-prometheus-stack: http://<release>-kube-prometheus-prometheus.<namespace>:9090)")
         for s in spec.signals:
             scope = set(_scope(s))
             if not scope or not any(t.fuse in a.actions for t in s.tiers):

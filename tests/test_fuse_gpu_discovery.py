@@ -188,3 +188,26 @@ def test_discover_is_refused_on_an_adapter_kind_that_cannot_use_it(tmp_path):
     with pytest.raises(SpecError) as e:
         load_spec(write_spec(tmp_path, spec))
     assert "discover is for kinds sglang_gateway, vllm_router only" in str(e.value)
+
+
+def test_the_generated_fuse_deployment_carries_the_prometheus_url_discovery_reads(tmp_path):
+    import yaml
+
+    from fusebox.generator.outputs import adapter_warnings
+    from fusebox.generator.render_k8s import render_fuse
+
+    url = "http://kps-kube-prometheus-prometheus.monitoring:9090"
+    p = write_spec(tmp_path, _sglang(discover={}))
+    assert any("kubernetes.fuse.prometheus_url is not set" in w for w in adapter_warnings(load_spec(p)))
+    with pytest.raises(ValueError, match="--prometheus-url"):
+        build_adapters(load_spec(p).adapters)
+    data = yaml.safe_load(p.read_text())
+    data.setdefault("kubernetes", {}).setdefault("fuse", {})["prometheus_url"] = url
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(p)
+    assert not any("prometheus_url" in w for w in adapter_warnings(spec))
+    (deployment,) = [m for m in render_fuse(spec) if m["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--prometheus-url") + 1] == url
+    (adapter,) = build_adapters(spec.adapters, url)
+    assert adapter.discovery.spec.prometheus == url

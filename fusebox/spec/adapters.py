@@ -18,7 +18,7 @@ Shape (``docs/fuse.md`` has an example per kind)::
           socket: /run/haproxy/admin.sock   # haproxy: its runtime API (stats socket, level admin)
           # haproxy targets name a server: - match: {engine: engine-0}; server: be_llm/engine0
           discover:                   # sglang_gateway, vllm_router: GPU scopes -> the workers on that GPU
-            prometheus: http://kps-kube-prometheus-prometheus.monitoring:9090
+            prometheus: http://kps-kube-prometheus-prometheus.monitoring:9090   # default: --prometheus-url
             ttl: 30s                  # how long one resolution is reused (1s..10m)
             attribution: {metric: DCGM_FI_DEV_FB_USED, gpu: UUID, pod: pod, namespace: namespace}
           text_only:                  # haproxy, level 2: a map entry per backend (haproxy/fusebox.cfg reads it)
@@ -83,7 +83,7 @@ class RawAttribution(_Strict):
 
 
 class RawDiscover(_Strict):
-    prometheus: str
+    prometheus: Optional[str] = None  # None: the fuse's --prometheus-url (kubernetes.fuse.prometheus_url)
     ttl: Any = "30s"
     attribution: RawAttribution = RawAttribution()
 
@@ -108,13 +108,14 @@ class RawAdapter(_Strict):
 class Discover:
     """GPU scope -> workers, from trusted series only (``fuse.adapters.<name>.discover``).
 
-    ``prometheus``: its base URL; ``ttl_s``: seconds one resolution is reused (1 to 600);
+    ``prometheus``: its base URL (None: ``fusebox fuse serve --prometheus-url``, which the generated
+    Deployment passes from ``kubernetes.fuse.prometheus_url``); ``ttl_s``: seconds one resolution is reused (1 to 600);
     ``metric``: a series per (GPU, pod) with the GPU id in label ``gpu`` (the scope's ``hw_id``)
     and the pod in ``pod``/``namespace`` (dcgm-exporter with Kubernetes pod mapping:
     ``DCGM_FI_DEV_FB_USED{UUID, pod, namespace}``); pod IPs come from kube-state-metrics'
     ``kube_pod_info{namespace, pod, pod_ip}``."""
 
-    prometheus: str
+    prometheus: Optional[str]
     ttl_s: float
     metric: str
     gpu: str
@@ -294,7 +295,7 @@ def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[A
     dp = path + ("discover",)
     if a.kind not in DISCOVER_KINDS:
         err(dp, f"discover is for kinds {', '.join(DISCOVER_KINDS)} only", f"remove it from this {a.kind} adapter", key=True)
-    if not _http_url(d.prometheus):
+    if d.prometheus is not None and not _http_url(d.prometheus):
         err(dp + ("prometheus",), f"prometheus must be an http(s) URL, got {d.prometheus[:100]!r}",
             "e.g. prometheus: http://kps-kube-prometheus-prometheus.monitoring:9090")
     ttl = duration(d.ttl, dp + ("ttl",))
@@ -309,7 +310,7 @@ def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[A
         if not _PROM_LABEL.match(getattr(at, k)):
             err(dp + ("attribution", k), f"{getattr(at, k)[:100]!r} is not a Prometheus label name",
                 "e.g. gpu: UUID, pod: pod (exported_pod when the scrape does not honor the exporter's labels)")
-    return Discover(d.prometheus.rstrip("/"), ttl, at.metric, at.gpu, at.pod, at.namespace)
+    return Discover(d.prometheus.rstrip("/") if d.prometheus else None, ttl, at.metric, at.gpu, at.pod, at.namespace)
 
 
 def _check_text_only(a: RawAdapter, name: str, path: tuple, levels: dict[str, int], err: Callable[..., None]) -> None:
