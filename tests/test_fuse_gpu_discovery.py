@@ -17,9 +17,7 @@ from _gateways import StandInEngine, sglang_gateway, sglang_workers
 from test_fuse_adapters import write_spec
 
 from fusebox.fuse.adapters import build_adapters
-from fusebox.fuse.discovery import GpuWorkers, ResolveError
 from fusebox.spec import load_spec
-from fusebox.spec.adapters import Discover
 
 CLUSTER, NODE = "prod-a", "gpu-node-1"
 GPU_A = "GPU-0a0a0a0a-0000-4000-8000-00000000000a"  # engine-a and engine-c share it
@@ -123,6 +121,9 @@ def test_a_gpu_trip_takes_out_exactly_the_workers_on_that_gpu_and_state_tells_ap
 
 
 def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryable_refusal(cluster):
+    from fusebox.fuse.discovery import GpuWorkers, ResolveError
+    from fusebox.spec.adapters import Discover
+
     prom, engines, gw = cluster
     now = [0.0]
     d = GpuWorkers(Discover(prom, 30.0, "DCGM_FI_DEV_FB_USED", "UUID", "pod", "namespace"), clock=lambda: now[0])
@@ -211,3 +212,24 @@ def test_the_generated_fuse_deployment_carries_the_prometheus_url_discovery_read
     assert args[args.index("--prometheus-url") + 1] == url
     (adapter,) = build_adapters(spec.adapters, url)
     assert adapter.discovery.spec.prometheus == url
+
+
+def test_a_gpu_trip_that_only_engine_targets_could_map_is_refused_and_state_does_not_claim_it(tmp_path):
+    """The issue's case: targets per engine, a GPU-level alert; the fuse refuses it, and /state and
+    /metrics say the level is tripped but not applied."""
+    engine = StandInEngine()
+    gw = sglang_gateway([engine.url], tmp_path / "sglang.log")
+    try:
+        spec = load_spec(write_spec(tmp_path, {"sglang": {
+            "kind": "sglang_gateway", "url": gw.url, "actions": ["freeze_admissions"], "timeout": "2s",
+            "targets": [{"match": {"engine": "engine-0"}, "worker_url": engine.url}]}}))
+        with LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters), hold_s=0.3) as svc:
+            assert svc.post(payload(alert("GPUMemoryUtilizationHigh", **gpu(GPU_A)))).status_code == 200
+            st = wait_for(lambda: (s := level(svc, gpu(GPU_A), "1")).get("not_applied") and s, 10, what="the refusal")
+            assert st["tripped"] and st["applied"] is False and st["applied_by"] == []
+            assert "scope not mapped" in st["not_applied"][0]["why"]
+            assert metric(svc, "fusebox_fuse_unapplied_levels") == 1
+            assert list(sglang_workers(gw.url)) == [engine.url]  # nothing was taken out
+    finally:
+        gw.stop()
+        engine.stop()
