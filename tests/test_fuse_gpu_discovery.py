@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from _dashboards_support import prometheus, query, serve_text
-from _fuse_support import TOKEN, LiveService, alert, payload, wait_for
+from _fuse_support import SPEC, TOKEN, LiveService, alert, payload, wait_for
 from _gateways import StandInEngine, sglang_gateway, sglang_workers
 from test_fuse_adapters import write_spec
 
@@ -233,3 +233,28 @@ def test_a_gpu_trip_that_only_engine_targets_could_map_is_refused_and_state_does
     finally:
         gw.stop()
         engine.stop()
+
+
+def test_applied_survives_a_restart_from_the_audit_log(tmp_path):
+    from fusebox.fuse.actions import HttpGateway
+    from fusebox.fuse.gateway import ReferenceGateway, read_log
+    from fusebox.fuse.rules import FuseRules, scope_key
+    from fusebox.fuse.service import FuseService
+    from fusebox.fuse.store import Store
+
+    ref = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
+    try:
+        with LiveService(tmp_path / "fuse.sqlite", ref.url, hold_s=60) as svc:
+            assert svc.post(payload(alert("GPUMemoryUtilizationHigh", **gpu(GPU_A)))).status_code == 200
+            wait_for(lambda: level(svc, gpu(GPU_A), "1")["applied"], 10, what="applied")
+    finally:
+        ref.stop()
+    assert [r["state"] for r in read_log(tmp_path / "gw.jsonl")] == ["trip"]
+    again = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"),
+                        [HttpGateway(ref.url, "gw-token")], hold_s=60)
+    try:
+        (sc,) = [s for s in again.state()["scopes"] if s["key"] == scope_key(gpu(GPU_A))]
+        assert (sc["levels"]["1"]["applied"], sc["levels"]["1"]["applied_by"]) == (True, ["gateway"])
+        assert again.metrics.registry.get_sample_value("fusebox_fuse_unapplied_levels") == 0
+    finally:
+        again.store.close()
