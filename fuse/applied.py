@@ -16,8 +16,9 @@ included: a trip still being retried is not applied yet).
 
 Records live in memory; at start they are rebuilt from the audit log (``trip``/``release``
 decisions and the ``applied``/``failed``/``dry_run`` outcomes, the newest :data:`RESTORE_ROWS`)
-and the outbox's pending rows. A tripped level with no record (its trip older than that, or
-decided by another replica since this one started) says so rather than claim it was applied.
+and the outbox's pending rows, and again when ``/state`` meets a tripped level without a record
+after the store changed (another replica decided it). A tripped level still without one (its trip
+older than those rows) says so rather than claim it was applied.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class AppliedLevels:
                 rec["applied_by"].append(adapter)
             else:
                 rec["not_applied"].append({"adapter": adapter, "why": why})
+
+    def has(self, key: str, level: int) -> bool:
+        """Whether (``key``, ``level``) has a record."""
+        with self._lock:
+            return (key, level) in self._recs
 
     def view(self, key: str, level: int) -> dict:
         """See the module's doc (a copy)."""

@@ -241,8 +241,8 @@ class FuseService:
         self._wrote = False
         self._series = _LevelSeries(self.metrics, max_level_series, sorted(rules.levels))
         self.applied = AppliedLevels()  # per tripped level: what the calls achieved (fuse/applied.py)
-        self.applied.restore(store.audit_log(RESTORE_ROWS, kinds=("trip", "release", "applied", "failed", "dry_run")),
-                             [(row["decision_id"], self.labels[a]) for a in self.adapters for row in store.pending(a)])
+        self._applied_version = -1  # the store version the records were last rebuilt at
+        self._restore_applied()
         self.metrics.unapplied.set_function(self.applied.unapplied)
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
@@ -389,10 +389,12 @@ class FuseService:
             except StoreError:  # shown as last known; the webhook answers 503 meanwhile
                 log.warning("store unreachable: /state shows the last state this replica read")
             page = self.breaker.page(offset, limit, labels=scope, min_level=min_level)
-            for sc in page["scopes"]:  # each tripped level: applied or not, by whom, why not
-                for lvl, st in sc["levels"].items():
-                    if st["tripped"]:
-                        st.update(self.applied.view(sc["key"], int(lvl)))
+            tripped = [(sc["key"], int(lvl), st) for sc in page["scopes"] for lvl, st in sc["levels"].items() if st["tripped"]]
+            if any(not self.applied.has(k, lvl) for k, lvl, _ in tripped) and self._applied_version != self._version:
+                with contextlib.suppress(Exception):  # another replica's trips: rebuilt from the store once per version
+                    self._restore_applied()
+            for k, lvl, st in tripped:  # each tripped level: applied or not, by whom, why not
+                st.update(self.applied.view(k, lvl))
             truncated = dict(self._truncated)
         end = offset + len(page["scopes"])
         return {"levels": page["levels"], "scopes": page["scopes"], "total": page["total"], "rows": page["rows"],
@@ -401,6 +403,13 @@ class FuseService:
                 "dry_run": self.dry_run, "pending_actions": self.store.pending_count(), "truncated": truncated}
 
     # ------------------------------------------------------------------ machinery
+    def _restore_applied(self) -> None:
+        """Rebuild :attr:`applied` from the audit log and the pending outbox (fuse/applied.py)."""
+        version = self._version
+        self.applied.restore(self.store.audit_log(RESTORE_ROWS, kinds=("trip", "release", "applied", "failed", "dry_run")),
+                             [(row["decision_id"], self.labels[a]) for a in self.adapters for row in self.store.pending(a)])
+        self._applied_version = version
+
     def _take_back(self, version: int, rows: Optional[list], snap: Optional[dict]) -> None:
         """Take back what another replica committed: ``rows`` (only what changed), else the whole
         ``snap``; the gauges of the scopes it changed follow."""

@@ -235,7 +235,7 @@ def test_a_gpu_trip_that_only_engine_targets_could_map_is_refused_and_state_does
         engine.stop()
 
 
-def test_applied_survives_a_restart_from_the_audit_log(tmp_path):
+def test_applied_survives_a_restart_and_another_replica_reads_it_from_the_store(tmp_path):
     from fusebox.fuse.actions import HttpGateway
     from fusebox.fuse.gateway import ReferenceGateway, read_log
     from fusebox.fuse.rules import FuseRules, scope_key
@@ -243,11 +243,17 @@ def test_applied_survives_a_restart_from_the_audit_log(tmp_path):
     from fusebox.fuse.store import Store
 
     ref = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
+    # a second replica on the same store, started before the trip: it learns the outcome from the store
+    other = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"), [HttpGateway(ref.url)],
+                        hold_s=60)
     try:
         with LiveService(tmp_path / "fuse.sqlite", ref.url, hold_s=60) as svc:
             assert svc.post(payload(alert("GPUMemoryUtilizationHigh", **gpu(GPU_A)))).status_code == 200
             wait_for(lambda: level(svc, gpu(GPU_A), "1")["applied"], 10, what="applied")
+        (sc,) = [s for s in other.state()["scopes"] if s["key"] == scope_key(gpu(GPU_A))]
+        assert (sc["levels"]["1"]["applied"], sc["levels"]["1"]["applied_by"]) == (True, ["gateway"])
     finally:
+        other.store.close()
         ref.stop()
     assert [r["state"] for r in read_log(tmp_path / "gw.jsonl")] == ["trip"]
     again = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"),
