@@ -112,12 +112,14 @@ class _Holds:
             self._holds[worker] = cur
             return bool(cur)
 
-    def held_by(self, hold: str) -> list[str]:
-        """The workers ``hold`` holds, sorted. Raises StoreError."""
+    def held_by(self, hold: Optional[str]) -> list[str]:
+        """The workers ``hold`` holds (None: any hold), sorted. Raises StoreError."""
         if self.store is not None:
-            return sorted(w for w, st in self.store.adapter_state(self.adapter).items() if hold in st["holds"])
-        with self._lock:
-            return sorted(w for w, hs in self._holds.items() if hold in hs)
+            held = {w: st["holds"] for w, st in self.store.adapter_state(self.adapter).items()}
+        else:
+            with self._lock:
+                held = {w: list(hs) for w, hs in self._holds.items()}
+        return sorted(w for w, hs in held.items() if (hold in hs if hold is not None else hs))
 
     def record(self, worker: str, settings: dict) -> None:
         if self.store is not None:
@@ -171,12 +173,13 @@ class _Rotation:
 
     def _discovered(self, payload: dict, hold: str) -> list[str]:
         """A scope no static target maps: on a trip, the gateway's workers on the scope's GPU
-        (:class:`~fusebox.fuse.discovery.GpuWorkers`; raises its ResolveError); on a release, the
-        workers this (action, scope) holds (whatever the attribution says by then)."""
+        (:class:`~fusebox.fuse.discovery.GpuWorkers`; raises its ResolveError), those another hold
+        already took out included (the gateway listed them then); on a release, the workers this
+        (action, scope) holds (whatever the attribution says by then)."""
         assert self.discovery is not None
         if payload["state"] != "trip":
             return self.holds.held_by(hold)
-        return self.discovery.workers(payload["scope"], self.worker_urls())
+        return self.discovery.workers(payload["scope"], [*self.worker_urls(), *self.holds.held_by(None)])
 
     def worker_urls(self) -> list[str]:
         """The gateway's own worker URLs."""

@@ -264,3 +264,22 @@ def test_applied_survives_a_restart_and_another_replica_reads_it_from_the_store(
         assert again.metrics.registry.get_sample_value("fusebox_fuse_unapplied_levels") == 0
     finally:
         again.store.close()
+
+
+def test_a_second_level_on_a_gpu_finds_the_workers_the_first_took_out_and_each_release_waits_for_the_other(cluster, tmp_path):
+    prom, engines, gw = cluster
+    (adapter,) = build_adapters(load_spec(write_spec(tmp_path, {"sglang": {
+        **adapters(prom, gw)["sglang"], "actions": ["freeze_admissions", "kv_cache_eviction"]}})).adapters)
+    b = engines["engine-b"].url
+
+    def call(action: str, lvl: int, state: str) -> None:
+        adapter.apply({"action": action, "level": lvl, "state": state, "reason": "r", "scope": gpu(GPU_B),
+                       "decision_id": f"{action}-{state}"})
+
+    call("freeze_admissions", 1, "trip")
+    wait_for(lambda: b not in sglang_workers(gw.url), 10, what="engine-b out")
+    call("kv_cache_eviction", 3, "trip")  # the gateway no longer lists engine-b: the hold still finds it
+    call("freeze_admissions", 1, "release")
+    assert b not in sglang_workers(gw.url)  # level 3 still holds it
+    call("kv_cache_eviction", 3, "release")
+    wait_for(lambda: b in sglang_workers(gw.url), 10, what="engine-b back")
