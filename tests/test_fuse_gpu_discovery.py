@@ -283,3 +283,26 @@ def test_a_second_level_on_a_gpu_finds_the_workers_the_first_took_out_and_each_r
     assert b not in sglang_workers(gw.url)  # level 3 still holds it
     call("kv_cache_eviction", 3, "release")
     wait_for(lambda: b in sglang_workers(gw.url), 10, what="engine-b back")
+
+
+def test_fuse_serve_exits_2_without_a_prometheus_url_for_discover_and_takes_it_from_the_flag(tmp_path):
+    import argparse
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fusebox.fuse import cli
+
+    p = write_spec(tmp_path, _sglang(discover={}))
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    base = ["fuse", "serve", "--spec", str(p), "--state", str(tmp_path / "s.sqlite"), "--token-file", str(tmp_path / "token"),
+            "--listen", "127.0.0.1:1"]
+    r = subprocess.run([str(Path(sys.executable).parent / "fusebox"), *base], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "discover names no prometheus: give --prometheus-url" in r.stderr, r.stderr
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    service, _ = cli.build_service(parser.parse_args([*base, "--prometheus-url", "http://prom.monitoring:9090/"]))
+    try:
+        assert service.adapters["sglang_gateway:sglang"].discovery.spec.prometheus == "http://prom.monitoring:9090"
+    finally:
+        service.store.close()
