@@ -105,6 +105,12 @@ class AppliedLevels:
 
 
 def _why(row: dict) -> str:
+    """The live path's text (``refused: <summary>``, ``gave up: <summary>``) from a ``failed`` audit
+    row, whose reason ends ``permanent failure: <summary>`` or ``retries exhausted: <summary>``."""
     if row["kind"] == "dry_run":
         return "dry-run: nothing was called"
-    return str(row.get("reason") or "")[:300]
+    reason = str(row.get("reason") or "")
+    for marker, word in (("permanent failure: ", "refused"), ("retries exhausted: ", "gave up")):
+        if marker in reason:
+            return f"{word}: {reason.split(marker, 1)[1]}"[:300]
+    return reason[:300]

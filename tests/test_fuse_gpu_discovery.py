@@ -306,3 +306,25 @@ def test_fuse_serve_exits_2_without_a_prometheus_url_for_discover_and_takes_it_f
         assert service.adapters["sglang_gateway:sglang"].discovery.spec.prometheus == "http://prom.monitoring:9090"
     finally:
         service.store.close()
+
+
+def test_a_refusal_reads_the_same_after_a_restart(tmp_path):
+    from fusebox.fuse.rules import FuseRules, scope_key
+    from fusebox.fuse.service import FuseService
+    from fusebox.fuse.store import Store
+
+    spec = load_spec(write_spec(tmp_path, _sglang()))  # engine targets only: a GPU scope is refused
+    with LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters), hold_s=60) as svc:
+        assert svc.post(payload(alert("GPUMemoryUtilizationHigh", **gpu(GPU_A)))).status_code == 200
+        before = wait_for(lambda: (s := level(svc, gpu(GPU_A), "1"))["not_applied"] and s, 10, what="the refusal")
+    again = FuseService(FuseRules.from_spec(spec), Store(tmp_path / "fuse.sqlite"),
+                        build_adapters(spec.adapters), hold_s=60)
+    try:
+        (sc,) = [s for s in again.state()["scopes"] if s["key"] == scope_key(gpu(GPU_A))]
+        after = sc["levels"]["1"]
+    finally:
+        again.store.close()
+    keys = ("applied", "applied_by", "pending", "not_applied")
+    assert {k: after[k] for k in keys} == {k: before[k] for k in keys} == {
+        "applied": False, "applied_by": [], "pending": [],
+        "not_applied": [{"adapter": "sglang", "why": "refused: scope not mapped in the spec: refused"}]}
