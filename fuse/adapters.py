@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote, urlsplit
@@ -47,6 +48,7 @@ from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 
 from .actions import ActionError
+from .discovery import GpuWorkers
 from .logsafe import install
 from .rules import scope_key
 
@@ -110,6 +112,15 @@ class _Holds:
             self._holds[worker] = cur
             return bool(cur)
 
+    def held_by(self, hold: Optional[str]) -> list[str]:
+        """The workers ``hold`` holds (None: any hold), sorted. Raises StoreError."""
+        if self.store is not None:
+            held = {w: st["holds"] for w, st in self.store.adapter_state(self.adapter).items()}
+        else:
+            with self._lock:
+                held = {w: list(hs) for w, hs in self._holds.items()}
+        return sorted(w for w, hs in held.items() if (hold in hs if hold is not None else hs))
+
     def record(self, worker: str, settings: dict) -> None:
         if self.store is not None:
             self.store.adapter_record(self.adapter, worker, settings)
@@ -138,6 +149,7 @@ class _Rotation:
         self.url = spec.url or ""
         self._client = httpx.Client(timeout=spec.timeout_s)
         self.holds = _Holds(self.name)
+        self.discovery = GpuWorkers(spec.discover, spec.timeout_s) if spec.discover else None
 
     def attach(self, store: Any) -> None:
         """Keep the holds and recorded settings in ``store`` (the service calls it)."""
@@ -147,16 +159,31 @@ class _Rotation:
         return payload["action"] in self.spec.actions
 
     def apply(self, payload: dict) -> None:
-        targets = targets_for(self.spec, payload["scope"])
-        if not targets:
-            raise _unmapped(self.spec)
         hold = f"{payload['action']} {scope_key(payload['scope'])}"
-        for t in targets:
-            assert t.worker_url
-            if self.holds.change(t.worker_url, hold, payload["state"] == "trip"):
-                self.take_out(t.worker_url)
+        workers = [t.worker_url for t in targets_for(self.spec, payload["scope"]) if t.worker_url]
+        if not workers and self.discovery is not None:
+            workers = self._discovered(payload, hold)
+        elif not workers:
+            raise _unmapped(self.spec)
+        for w in workers:
+            if self.holds.change(w, hold, payload["state"] == "trip"):
+                self.take_out(w)
             else:
-                self.put_back(t.worker_url)
+                self.put_back(w)
+
+    def _discovered(self, payload: dict, hold: str) -> list[str]:
+        """A scope no static target maps: on a trip, the gateway's workers on the scope's GPU
+        (:class:`~fusebox.fuse.discovery.GpuWorkers`; raises its ResolveError), those another hold
+        already took out included (the gateway listed them then); on a release, the workers this
+        (action, scope) holds (whatever the attribution says by then)."""
+        assert self.discovery is not None
+        if payload["state"] != "trip":
+            return self.holds.held_by(hold)
+        return self.discovery.workers(payload["scope"], [*self.worker_urls(), *self.holds.held_by(None)])
+
+    def worker_urls(self) -> list[str]:
+        """The gateway's own worker URLs."""
+        raise NotImplementedError
 
     def take_out(self, worker: str) -> None:
         raise NotImplementedError
@@ -187,6 +214,9 @@ class SglangGateway(_Rotation):
         self._check(r)
         return list(r.json().get("workers", []))
 
+    def worker_urls(self) -> list[str]:
+        return [str(w.get("url", "")).rstrip("/") for w in self.workers() if w.get("url")]
+
     def take_out(self, worker: str) -> None:
         for w in self.workers():
             if w.get("url", "").rstrip("/") == worker:
@@ -213,6 +243,9 @@ class VllmRouter(_Rotation):
         r = self._req("GET", "/list_workers")
         self._check(r)
         return [u.rstrip("/") for u in r.json().get("urls", [])]
+
+    def worker_urls(self) -> list[str]:
+        return self.workers()
 
     def take_out(self, worker: str) -> None:
         self._check(self._req("POST", "/remove_worker", params={"url": worker}))
@@ -384,11 +417,18 @@ class HttpAction:
                 raise ActionError(f"{method} {url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
 
 
-def build_adapters(specs) -> list:
+def build_adapters(specs, prometheus_url: Optional[str] = None) -> list:
     """One adapter per ``spec.adapters`` entry, in order; those that keep holds have ``attach(store)``
-    (:class:`fusebox.fuse.service.FuseService` calls it). Raises OSError (a headers file)."""
+    (:class:`fusebox.fuse.service.FuseService` calls it). ``prometheus_url``: where a ``discover``
+    without its own ``prometheus`` reads (``--prometheus-url``). Raises OSError (a headers file),
+    ValueError (a ``discover`` with no Prometheus URL at all)."""
     kinds = {"sglang_gateway": SglangGateway, "vllm_router": VllmRouter, "haproxy": HaproxyRuntime}
     out: list = []
     for a in specs:
+        if a.discover is not None and not a.discover.prometheus:
+            if not prometheus_url:
+                raise ValueError(f"fuse.adapters.{a.name}.discover names no prometheus: give --prometheus-url "
+                                 "(kubernetes.fuse.prometheus_url in the generated Deployment) or discover.prometheus")
+            a = replace(a, discover=replace(a.discover, prometheus=prometheus_url.rstrip("/")))
         out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a))
     return out

@@ -108,6 +108,8 @@ def register(subparsers) -> None:
                    help="a token that may only read /state, / and /openapi.json (whole file, one line)")
     s.add_argument("--gateway-url", help="inference gateway base URL; POST <url>/v1/control/fuse (shorthand for an "
                                            "http adapter; the spec's fuse.adapters lists the others)")
+    s.add_argument("--prometheus-url", help="Prometheus base URL for fuse.adapters.*.discover without its own "
+                                             "prometheus (GPU scope -> the workers on that GPU)")
     s.add_argument("--gateway-token-file", help="token for the gateway (env FUSEBOX_GATEWAY_TOKEN wins)")
     s.add_argument("--dry-run", action="store_true", help="log each decision, call nothing")
     s.add_argument("--hold", type=_seconds, default=300.0, help="seconds without alerts before a release (default 300)")
@@ -170,7 +172,7 @@ def build_service(args, spec=None):
         if not args.gateway_url and not spec.adapters:
             raise ValueError("--gateway-url is required unless --dry-run or the spec's fuse.adapters lists adapters")
         # the spec's adapters keep their holds and recorded worker settings in the store (the service attaches it)
-        adapters = build_adapters(spec.adapters)
+        adapters = build_adapters(spec.adapters, getattr(args, "prometheus_url", None))
         if args.gateway_url:
             adapters.insert(0, HttpGateway(args.gateway_url, read_token(args.gateway_token_file), args.timeout))
         # KV-cache eviction is the spec's highest fuse level (kv_cache_eviction in the shipped spec).

@@ -54,6 +54,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from fusebox import conventions as C
 
 from .actions import Adapter
+from .applied import RESTORE_ROWS, AppliedLevels
 from .breaker import MAX_SCOPES, Breaker, Decision, OverrideError
 from .logsafe import install
 from .payload import Notification
@@ -126,6 +127,9 @@ class _Metrics:
         self.level_dropped = Gauge(M["level_series_dropped"],
                                    "Scopes held without a fusebox_fuse_level series (over the cap; the least severe).",
                                    registry=r)
+        self.unapplied = Gauge(M["unapplied_levels"],
+                               "Tripped levels that no adapter applied (yet): refused, given up, pending or no adapter.",
+                               registry=r)
 
 
 class _LevelSeries:
@@ -238,6 +242,10 @@ class FuseService:
         self.breaker.restore(store.snapshot())  # rows newer than _version, if any, are read again later
         self._wrote = False
         self._series = _LevelSeries(self.metrics, max_level_series, sorted(rules.levels))
+        self.applied = AppliedLevels()  # per tripped level: what the calls achieved (fuse/applied.py)
+        self._applied_version = -1  # the store version the records were last rebuilt at
+        self._restore_applied()
+        self.metrics.unapplied.set_function(self.applied.unapplied)
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
@@ -421,7 +429,8 @@ class FuseService:
     # ------------------------------------------------------------------ queries
     def state(self, offset: int = 0, limit: Optional[int] = None, *, scope: Optional[dict] = None,
               min_level: int = 0) -> dict:
-        """``levels``, ``scopes`` (:meth:`Breaker.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
+        """``levels``, ``scopes`` (:meth:`Breaker.view`; each tripped level with ``applied``,
+        ``applied_by``, ``pending``, ``not_applied``: :meth:`AppliedLevels.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
         and ``truncated``: ``{"notifications", "alerts"}`` truncated since start and ``last``, the
         newest ``truncated`` audit row (``{"at", "truncated_alerts", "alerts", "group_key"}``, kept
         across restarts) or None.
@@ -437,6 +446,12 @@ class FuseService:
             except StoreError:  # shown as last known; the webhook answers 503 meanwhile
                 log.warning("store unreachable: /state shows the last state this replica read")
             page = self.breaker.page(offset, limit, labels=scope, min_level=min_level)
+            tripped = [(sc["key"], int(lvl), st) for sc in page["scopes"] for lvl, st in sc["levels"].items() if st["tripped"]]
+            if any(not self.applied.has(k, lvl) for k, lvl, _ in tripped) and self._applied_version != self._version:
+                with contextlib.suppress(Exception):  # another replica's trips: rebuilt from the store once per version
+                    self._restore_applied()
+            for k, lvl, st in tripped:  # each tripped level: applied or not, by whom, why not
+                st.update(self.applied.view(k, lvl))
             truncated = dict(self._truncated)
         end = offset + len(page["scopes"])
         return {"levels": page["levels"], "scopes": page["scopes"], "total": page["total"], "rows": page["rows"],
@@ -445,6 +460,13 @@ class FuseService:
                 "dry_run": self.dry_run, "pending_actions": self.store.pending_count(), "truncated": truncated}
 
     # ------------------------------------------------------------------ machinery
+    def _restore_applied(self) -> None:
+        """Rebuild :attr:`applied` from the audit log and the pending outbox (fuse/applied.py)."""
+        version = self._version
+        self.applied.restore(self.store.audit_log(RESTORE_ROWS, kinds=("trip", "release", "applied", "failed", "dry_run")),
+                             [(row["decision_id"], self.labels[a]) for a in self.adapters for row in self.store.pending(a)])
+        self._applied_version = version
+
     def _take_back(self, version: int, rows: Optional[list], snap: Optional[dict]) -> None:
         """Take back what another replica committed: ``rows`` (only what changed), else the whole
         ``snap``; the gauges of the scopes it changed follow."""
@@ -509,13 +531,14 @@ class FuseService:
         if not changed:
             return []
         out, rows, audit = [], [], list(extra_audit)
+        d_wanted: list[list[str]] = []
         for d, received, note_detail in decisions:
             did = uuid.uuid4().hex
             payload = {"action": d.action, "level": d.level, "state": d.kind, "reason": d.reason,
                        "scope": d.scope, "decision_id": did}
-            for a in self.adapters.values():
-                if a.wants(payload):
-                    rows.append((did, a.name, payload, received, d.key))
+            wanted = [a.name for a in self.adapters.values() if a.wants(payload)]
+            rows += [(did, name, payload, received, d.key) for name in wanted]
+            d_wanted.append([self.labels[n] for n in wanted])
             audit.append({"at": d.at, "kind": d.kind, "decision_id": did, "scope_key": d.scope_key, "level": d.level,
                           "action": d.action, "source": d.source, "reason": d.reason,
                           "detail": {"alerts": list(d.alerts), "scope": d.scope, **(note_detail or {})}})
@@ -527,7 +550,11 @@ class FuseService:
             log.error("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         self._wrote = bool(changes)
-        for (d, _, _), o in zip(decisions, out):
+        for (d, _, _), o, wanted in zip(decisions, out, d_wanted):
+            self.applied.decided(d.scope_key, d.level, d.kind, str(o["decision_id"]), wanted, d.action)
+            if d.kind == "trip" and not wanted:
+                log.warning("level %d (%s) tripped on %s, but no adapter applies it: not applied", d.level, d.action,
+                            d.scope_key, extra={"scope": d.scope_key, "action": d.action, "fuse_level": d.level})
             self.metrics.transitions.labels(d.action, d.kind, d.source).inc()
             log.info("%s %s level %d on %s (%s): %s", d.kind, d.action, d.level, d.scope_key, d.source, d.reason,
                      extra={"decision_id": o["decision_id"], "scope": d.scope_key, "action": d.action,
@@ -645,6 +672,10 @@ class FuseService:
                     "detail": {"attempts": attempt, "status": status, "class": reason, "adapter": name,
                                "error": str(e)[:1000]}})
                 self.metrics.given_up.labels(label, reason).inc()
+                if p.get("state") == "trip":
+                    self.applied.outcome(key, int(p.get("level") or 0), job["decision_id"], label, False,
+                                         f"{'refused' if permanent else 'gave up'}: "
+                                         f"{getattr(e, 'summary', None) or type(e).__name__}"[:300])
                 log.error("action %s for %s given up after %d attempt(s) (%s): %s", name, job["decision_id"],
                           attempt, reason, e, extra=_fields(job, key, label, attempt))
                 return True
@@ -671,6 +702,9 @@ class FuseService:
             unrecorded[job["seq"]] = (now, audit)  # recorded on the next pass, without calling again
             raise
         self.metrics.latency.labels(label).observe(max(0.0, now - job["received"]))
+        if p["state"] == "trip":
+            self.applied.outcome(key, int(p["level"]), job["decision_id"], label, not self.dry_run,
+                                 "dry-run: nothing was called")
         log.info("%s %s level %s on %s: %s", p["state"], p["action"], p["level"], key, audit["reason"],
                  extra=_fields(job, key, label, attempt))
         return True

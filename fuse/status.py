@@ -184,6 +184,19 @@ def _call(row: dict) -> dict:
             "reason": _clip(row.get("reason")) if kind == "failed" else ""}
 
 
+def _applied(st: dict) -> Optional[dict]:
+    """What a tripped level's ``applied`` fields (:meth:`FuseService.state`) say, for the page:
+    ``{"css": yes|no, "text", "why": [...]}``; None when the state has none."""
+    if "applied" not in st:
+        return None
+    if st["applied"]:
+        text = "APPLIED by " + ", ".join(st.get("applied_by") or [])
+    else:
+        text = "NOT APPLIED" + (" (pending: " + ", ".join(st["pending"]) + ")" if st.get("pending") else "")
+    why = [f"{n['adapter'] or 'no adapter'}: {n['why']}" for n in (st.get("not_applied") or [])[:STATUS_CALLS_PER_ROW]]
+    return {"css": "yes" if st["applied"] else "no", "text": _clip(text), "why": [_clip(w) for w in why]}
+
+
 def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequence[dict] = (),
                   pending: Sequence[dict] = (), links: Optional[StatusLinks] = None, alertmanager: str = "",
                   pages: Optional[dict] = None) -> str:
@@ -241,6 +254,7 @@ def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequ
                 "dashboard": links.dashboard_href(sc["labels"], st["tripped_at"] if tripped else None),
                 "calls": [_call(c) for c in row_calls[:STATUS_CALLS_PER_ROW]],
                 "calls_more": max(0, len(row_calls) - STATUS_CALLS_PER_ROW),
+                "applied": _applied(st) if tripped else None,
                 "pending": [{"adapter": _clip(p["adapter"], 60), "state": p["state"], "attempts": p["attempts"]}
                             for p in waiting.get((sc["key"], int(lvl)), [])[:STATUS_CALLS_PER_ROW]],
             })

@@ -199,6 +199,7 @@ SELF_ALERTS = {
     "fuse_down": "FuseboxFuseDown",  # a fuse replica down, or no replica scraped at all
     "actions_failing": "FuseboxFuseActionsFailing",  # gateway calls given up
     "actions_stuck": "FuseboxFuseActionsStuck",  # the oldest pending gateway call past the spec's bound
+    "level_unapplied": "FuseboxFuseLevelUnapplied",  # a tripped level no adapter applied, past the same bound
     "notifications_failing": "FuseboxFuseNotificationsFailing",  # Alertmanager failing to deliver webhooks
     "heartbeat_missing": "FuseboxFuseHeartbeatMissing",  # no notification reached the fuse for too long
     "collector_scrape": "FuseboxCollectorScrapeFailing",  # collectors failing to scrape their engines
@@ -218,6 +219,7 @@ FUSE_METRICS = {
     "level": "fusebox_fuse_level",  # gauge, highest tripped level per scope (SCOPE_LABELS), 0 none; capped, most severe first
     "scopes": "fusebox_fuse_scopes",  # gauge {level}: scopes held by highest tripped level (every scope)
     "level_series_dropped": "fusebox_fuse_level_series_dropped",  # gauge: scopes over the level series cap
+    "unapplied_levels": "fusebox_fuse_unapplied_levels",  # gauge: tripped levels no adapter applied (yet)
     "transitions": "fusebox_fuse_transitions_total",  # counter {action, state, source}
     "notifications": "fusebox_fuse_notifications_total",  # counter {outcome}
     "alerts": "fusebox_fuse_alerts_total",  # counter {result}: per alert of a notification (result "heartbeat" for FuseboxHeartbeat)

@@ -162,6 +162,7 @@ def spec_warnings(spec: Spec) -> list[str]:
     * ``global.rule_engine: mimir`` with more rule groups than Mimir's default
       ``-ruler.max-rule-groups-per-tenant`` (:data:`.engines.MAX_GROUPS_PER_TENANT`): the ruler
       refuses the rest until the tenant's limit is raised.
+    * ``fuse.adapters`` that cannot apply what the tiers request (:func:`adapter_warnings`).
     """
     from fusebox.spec.kinds.base import FUSEBOX
 
@@ -186,7 +187,65 @@ def spec_warnings(spec: Spec) -> list[str]:
             out.append(f"global.rule_engine is mimir and the rules make {n} groups, over Mimir's default "
                        f"-ruler.max-rule-groups-per-tenant {MAX_GROUPS_PER_TENANT} (ruler_max_rule_groups_per_tenant): "
                        "the ruler refuses the upload -- raise the tenant's limit, or split the spec into tenants")
+    out += adapter_warnings(spec)
     if "your-org" in spec.runbook_base_url:
         out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
                    "runbook link leads nowhere -- set it to where your runbooks/ are served")
+    return out
+
+
+# The scope labels of a GPU-level alert (the GPU's series, every scraper label dropped).
+_GPU_SCOPE = ("cluster", "host_name", "hw_id")
+
+
+def _scope(signal) -> tuple[str, ...]:
+    """The scope labels (conventions.SCOPE_LABELS) the alerts of ``signal`` carry."""
+    if signal.by:
+        return tuple(k for k in signal.by if k in C.SCOPE_LABELS)
+    return _GPU_SCOPE if signal.level == "gpu" else ()
+
+
+def adapter_warnings(spec: Spec) -> list[str]:
+    """What ``fuse.adapters`` (when the spec lists any) will not apply, one line each:
+
+    * a fuse action a tier requests that no adapter lists: its trips show ``applied: false`` in the
+      fuse's ``/state`` and FuseboxFuseLevelUnapplied fires. A warning, not an error: ``fusebox fuse
+      serve --gateway-url`` adds the generic control call, which applies every level.
+    * an adapter that applies a signal's action, but none of whose targets can ever match that
+      signal's scope (a target matches when its ``match`` keys are all in the scope, or the scope's
+      labels all in ``match``) and which cannot discover it (``discover`` resolves GPU scopes, those
+      with ``hw_id``): every trip of that signal is refused there (``scope not mapped``). A warning:
+      another adapter may apply it.
+    * a ``discover`` without ``prometheus`` while ``kubernetes.fuse.prometheus_url`` is unset: the
+      generated Deployment gives the fuse no ``--prometheus-url``, and it exits 2 at start.
+    """
+    if not spec.adapters:
+        return []
+    out = []
+    levels = {name: a.level for name, a in spec.actions.items()}
+    for action in dict.fromkeys(t.fuse for s in spec.signals for t in s.tiers if t.fuse):
+        if not any(action in a.actions for a in spec.adapters):
+            users = sorted({s.name for s in spec.signals for t in s.tiers if t.fuse == action})
+            out.append(f"fuse action {action!r} (level {levels.get(action)}), requested by {', '.join(users)}, is applied "
+                       f"by no adapter of fuse.adapters: its trips will show applied: false in the fuse's /state and "
+                       f"{C.SELF_ALERTS['level_unapplied']} will fire -- list it in an adapter whose kind applies level "
+                       f"{levels.get(action)} (kind http applies every level), or give the fuse --gateway-url")
+    for a in spec.adapters:
+        if a.discover is not None and not a.discover.prometheus and not spec.kubernetes.fuse.prometheus_url:
+            out.append(f"fuse.adapters.{a.name}.discover names no prometheus and kubernetes.fuse.prometheus_url is not "
+                       "set: the generated fuse Deployment cannot start with it -- set kubernetes.fuse.prometheus_url "
+                       "(kube-prometheus-stack: http://<release>-kube-prometheus-prometheus.<namespace>:9090)")
+        for s in spec.signals:
+            scope = set(_scope(s))
+            if not scope or not any(t.fuse in a.actions for t in s.tiers):
+                continue
+            if any(set(t.match) <= scope or scope <= set(t.match) for t in a.targets):
+                continue
+            if a.discover is not None and "hw_id" in scope:
+                continue
+            hint = ("add discover: {prometheus: <url>} to resolve GPUs to the gateway's workers" if "hw_id" in scope
+                    else f"add targets matching on {', '.join(sorted(scope))}")
+            out.append(f"fuse.adapters.{a.name} applies {', '.join(sorted({t.fuse for t in s.tiers if t.fuse in a.actions}))} "
+                       f"for signal {s.name!r}, whose alerts are scoped by {{{', '.join(sorted(scope))}}}, but none of its "
+                       f"targets can match that scope: those trips will be refused there (scope not mapped) -- {hint}")
     return out

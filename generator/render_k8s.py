@@ -214,7 +214,8 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
     container = {
         "name": "fuse", "image": k.image, "imagePullPolicy": k.pull_policy,
         "args": ["fuse", "serve", "--spec", f"{SPEC_MOUNT}/{_SPEC_KEY}", "--listen", f"0.0.0.0:{port}",
-                 "--webhook-token-file", f"{TOKEN_MOUNT}/{C.K8S['token_key']}", *where, *f.args],
+                 "--webhook-token-file", f"{TOKEN_MOUNT}/{C.K8S['token_key']}", *where,
+                 *(["--prometheus-url", f.prometheus_url] if f.prometheus_url else []), *f.args],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": _probe("http", "/readyz", 10),
         "livenessProbe": _probe("http", "/healthz", 30) | {"initialDelaySeconds": 10},

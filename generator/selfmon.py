@@ -9,6 +9,9 @@ rule, test and runbook renderers ask this module. From ``fuse.self_monitoring`` 
   audited as failed and not retried);
 * ``FuseboxFuseActionsStuck``: ``fusebox_fuse_oldest_pending_action_age_seconds`` above
   ``max_pending_action_age``;
+* ``FuseboxFuseLevelUnapplied``: ``fusebox_fuse_unapplied_levels`` above 0 for
+  ``max_pending_action_age``: a tripped level that no adapter applied (scope not mapped, no
+  adapter for that level, the call given up, or still retrying);
 * ``FuseboxFuseNotificationsFailing``: ``alertmanager_notifications_failed_total{integration="webhook"}``
   rose (Alertmanager gave up delivering a webhook notification, after its retries);
 * ``FuseboxHeartbeat``: ``vector(1)``, always firing, routed to the fuse receiver only (as
@@ -117,6 +120,13 @@ def self_alerts(spec: Spec) -> list[SelfAlert]:
                   f"{format_duration(m.max_pending_action_age_s)} ago and is still not applied (the gateway "
                   "answers slowly or with retryable errors).",
                   "a decided trip or release has waited too long for the gateway"),
+        SelfAlert(A["level_unapplied"], "critical",
+                  "A tripped fuse level has not been applied by any adapter",
+                  f"The fuse service {{{{ $labels.instance }}}} has tripped level(s) that no adapter "
+                  f"applied for over {format_duration(m.max_pending_action_age_s)}: the fuse decided, but nothing "
+                  "happened at the gateway (scope not mapped, no adapter applies that level, the call refused or "
+                  "given up). Its status page says why for each.",
+                  "a tripped level has stayed unapplied: the fuse decided, the gateway did nothing"),
         SelfAlert(A["notifications_failing"], "critical",
                   "Alertmanager {{ $labels.instance }} fails to deliver webhook notifications",
                   f"Alertmanager {{{{ $labels.instance }}}} gave up delivering webhook notifications (after its "
@@ -192,6 +202,7 @@ def _exprs(spec: Spec) -> dict[str, list[tuple[str, float]]]:
                           f"\"{NO_TARGET}\", \"\", \"\")", m.down_for_s)],
         A["actions_failing"]: [(f"increase({_sel(M['actions_given_up'], f)}[{w}]) > 0", 0.0)],
         A["actions_stuck"]: [(f"{_sel(M['oldest_pending_age'], f)} > {format_number(m.max_pending_action_age_s)}", 0.0)],
+        A["level_unapplied"]: [(f"{_sel(M['unapplied_levels'], f)} > 0", m.max_pending_action_age_s)],
         # Alertmanager counts a notification failed once its retries are spent (0.25 labels it by
         # integration only: any webhook receiver's failure counts; alertmanager_selector narrows it).
         A["notifications_failing"]: [(f"increase({_sel(C.AM_NOTIFICATIONS_FAILED, _am_labels(spec))}[{w}]) > 0", 0.0)],
@@ -248,6 +259,15 @@ _RUNBOOK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # alert -> (di
          "The fuse's log names each retry and its error."),
         ("Bring the gateway back; the fuse retries with backoff and applies the pending calls in order.",
          "If the call is no longer wanted, release or trip the scope by hand (`POST /override`).")),
+    A["level_unapplied"]: (
+        ("The fuse's status page (`GET /`) or `GET /state`: each tripped level says `applied` and, when false, "
+         "`not_applied` (adapter and why) and `pending` (still retrying).",
+         "`scope not mapped`: no static target matches the scope and no `discover` resolves it (a GPU scope needs "
+         "`discover` on the gateway adapter, with dcgm-exporter's pod mapping and kube-state-metrics in Prometheus).",
+         "`no adapter applies level N`: no adapter of `fuse.adapters` lists that level's action (see `fusebox generate`'s warnings)."),
+        ("Apply the level by hand at the gateway (take the workers out), then fix the spec's adapters.",
+         "A GPU not attributed to any pod: check dcgm-exporter's Kubernetes pod mapping (its `pod` label) and "
+         "that Prometheus keeps it (`honorLabels`, or `attribution.pod: exported_pod`).")),
     A["notifications_failing"]: (
         ("Alertmanager's log: `Notify for alerts failed` names the receiver and the error (connection refused, 401, 400, 503).",
          "A 401: the token file Alertmanager reads (`fuse.credentials_file`) differs from the fuse's `--webhook-token-file`.",
@@ -388,6 +408,17 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                        "alert_rule_test": [_check(m.max_pending_action_age_s - I, A["actions_stuck"], []),
                                            _check(m.max_pending_action_age_s + I, A["actions_stuck"],
                                                   [_exp(spec, alerts[A["actions_stuck"]], fuse)])]}))
+    # 4b. a tripped level unapplied: the gauge at 1 alerts once it has stayed so for the bound, not before
+    n = int((m.max_pending_action_age_s + 6 * I) // I) + 1
+    lu = alerts[A["level_unapplied"]]
+    groups.append((f"{A['level_unapplied']}: a tripped level unapplied for over {format_duration(m.max_pending_action_age_s)} "
+                   "alerts, not before", {
+                       "interval": itv,
+                       "input_series": [{"series": M["unapplied_levels"] + label_str(fuse),
+                                         "values": segments([(2, 0, 0), (n - 2, 1, 0)])}],
+                       "alert_rule_test": [_check(2 * I + m.max_pending_action_age_s - I, A["level_unapplied"], []),
+                                           _check(2 * I + m.max_pending_action_age_s + I, A["level_unapplied"],
+                                                  [_exp(spec, lu, fuse)])]}))
     # 5. two Alertmanagers notify every interval; the first falls silent after `quiet`, the second
     # after `quiet2`: a warning for the first alone, then the critical for the whole feed
     S = m.heartbeat_silent_after_s

@@ -299,7 +299,7 @@ def test_the_docs_adapter_examples_load(tmp_path):
         d = tmp_path / str(i)
         d.mkdir()
         kinds += [a.kind for a in load_spec(write_spec(d, yaml.safe_load(text)["fuse"]["adapters"])).adapters]
-    assert kinds == ["sglang_gateway", "vllm_router", "haproxy", "http", "http"]
+    assert kinds == ["sglang_gateway", "sglang_gateway", "vllm_router", "haproxy", "http", "http"]  # GPU scopes, then one per kind
 
 
 # --- HAProxy (Debian's haproxy, installed by tools/bootstrap.sh) ------------------------------

@@ -221,10 +221,13 @@ def test_live_page_shows_applied_failed_and_pending_calls(tmp_path):
     rows = rows_of(dom)
     kv_row = rows[('{cluster="prod-a",host_name="node-7",engine="vllm-0"}', "3")][1]
     assert re.search(r"gateway: trip applied 2027-01-15T08:00:00Z", text(kv_row))
+    assert "APPLIED by gateway" in text(kv_row)
     assert f"{T0_ISO} for 3 h 5 min" in text(kv_row)
     gpu_row = rows[('{cluster="prod-a",host_name="node-7",hw_id="GPU-5f3c"}', "1")][1]
     assert "gateway: trip FAILED" in text(gpu_row) and "HTTP 400" in text(gpu_row)
+    assert "NOT APPLIED" in text(gpu_row) and "gateway: refused: HTTP 400" in text(gpu_row)
     pending_row = rows[('{cluster="prod-a",engine="vllm-1"}', "2")][1]
     m = re.search(r"gateway: trip PENDING, (\d+) attempt\(s\) failed, retrying", text(pending_row))
     assert m and int(m.group(1)) >= 3
+    assert "NOT APPLIED (pending: gateway)" in text(pending_row)
     assert gw.url not in dom  # adapters are named by label, never by URL

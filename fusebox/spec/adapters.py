@@ -17,6 +17,10 @@ Shape (``docs/fuse.md`` has an example per kind)::
           hosts: [dynamo:8000]        # http: the only host:port its URLs may reach
           socket: /run/haproxy/admin.sock   # haproxy: its runtime API (stats socket, level admin)
           # haproxy targets name a server: - match: {engine: engine-0}; server: be_llm/engine0
+          discover:                   # sglang_gateway, vllm_router: GPU scopes -> the workers on that GPU
+            prometheus: http://kps-kube-prometheus-prometheus.monitoring:9090   # default: --prometheus-url
+            ttl: 30s                  # how long one resolution is reused (1s..10m)
+            attribution: {metric: DCGM_FI_DEV_FB_USED, gpu: UUID, pod: pod, namespace: namespace}
           text_only:                  # haproxy, level 2: a map entry per backend (haproxy/fusebox.cfg reads it)
             map: /etc/haproxy/fusebox-text-only.map     # the map file HAProxy loads (created empty)
             backend: be_llm_text                        # where multimodal requests go while tripped
@@ -42,7 +46,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fusebox import conventions as C
 
-__all__ = ["RawAdapter", "Adapter", "Target", "Request", "TextOnly", "normalise_adapters", "KINDS", "TEXT_ONLY_LEVEL"]
+__all__ = ["RawAdapter", "Adapter", "Target", "Request", "TextOnly", "Discover", "DISCOVER_KINDS", "normalise_adapters", "KINDS", "TEXT_ONLY_LEVEL"]
 
 KINDS = tuple(C.ADAPTER_LEVELS)
 TEXT_ONLY_LEVEL = 2  # the fuse level the haproxy adapter applies through its map (text-only fallback)
@@ -71,6 +75,19 @@ class RawTextOnly(_Strict):
     header: str = "X-Fusebox-Multimodal"
 
 
+class RawAttribution(_Strict):
+    metric: str = "DCGM_FI_DEV_FB_USED"
+    gpu: str = "UUID"
+    pod: str = "pod"
+    namespace: str = "namespace"
+
+
+class RawDiscover(_Strict):
+    prometheus: Optional[str] = None  # None: the fuse's --prometheus-url (kubernetes.fuse.prometheus_url)
+    ttl: Any = "30s"
+    attribution: RawAttribution = RawAttribution()
+
+
 class RawAdapter(_Strict):
     kind: Literal[KINDS]  # type: ignore[valid-type]
     url: Optional[str] = None
@@ -78,12 +95,39 @@ class RawAdapter(_Strict):
     actions: list[str]
     timeout: Any = "5s"
     max_attempts: Optional[int] = None
-    targets: list[RawTarget]
+    targets: list[RawTarget] = []
     hosts: list[str] = []
     headers_files: dict[str, str] = {}
     trip: Optional[RawRequest] = None
     release: Optional[RawRequest] = None
     text_only: Optional[RawTextOnly] = None
+    discover: Optional[RawDiscover] = None
+
+
+@dataclass(frozen=True)
+class Discover:
+    """GPU scope -> workers, from trusted series only (``fuse.adapters.<name>.discover``).
+
+    ``prometheus``: its base URL (None: ``fusebox fuse serve --prometheus-url``, which the generated
+    Deployment passes from ``kubernetes.fuse.prometheus_url``); ``ttl_s``: seconds one resolution is reused (1 to 600);
+    ``metric``: a series per (GPU, pod) with the GPU id in label ``gpu`` (the scope's ``hw_id``)
+    and the pod in ``pod``/``namespace`` (dcgm-exporter with Kubernetes pod mapping:
+    ``DCGM_FI_DEV_FB_USED{UUID, pod, namespace}``); pod IPs come from kube-state-metrics'
+    ``kube_pod_info{namespace, pod, pod_ip}``."""
+
+    prometheus: Optional[str]
+    ttl_s: float
+    metric: str
+    gpu: str
+    pod: str
+    namespace: str
+
+
+# Kinds whose targets can be discovered (the gateway's own worker list is joined with the pods).
+DISCOVER_KINDS = ("sglang_gateway", "vllm_router")
+DISCOVER_TTL_RANGE_S = (1.0, 600.0)
+_PROM_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -132,6 +176,7 @@ class Adapter:
     release: Optional[Request] = None
     socket: Optional[str] = None  # haproxy: the runtime API's UNIX socket
     text_only: Optional[TextOnly] = None  # haproxy: level 2 through a map
+    discover: Optional[Discover] = None  # sglang_gateway, vllm_router: GPU scopes -> workers
 
 
 # HAProxy proxy and server names: letters, digits, '-', '_', '.' and ':' (its cfgparse rule);
@@ -185,8 +230,9 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
         if a.max_attempts is not None and a.max_attempts < 1:
             err(path + ("max_attempts",), "max_attempts must be >= 1", "leave it out to retry until applied")
         timeout = duration(a.timeout, path + ("timeout",))
-        if not a.targets:
+        if not a.targets and a.discover is None:
             err(path + ("targets",), f"adapter {name!r} has no targets", "map scopes to targets: - match: {engine: engine-0} ...")
+        discover = _check_discover(a, name, path, duration, err)
         for i, t in enumerate(a.targets):
             tp = path + ("targets", i)
             if not t.match:
@@ -234,8 +280,37 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
             hosts=tuple(h.lower() for h in a.hosts), headers_files=dict(a.headers_files),
             trip=Request(a.trip.method, a.trip.url, a.trip.body) if a.trip else None,
             release=Request(a.release.method, a.release.url, a.release.body) if a.release else None,
-            text_only=TextOnly(a.text_only.map, a.text_only.backend, a.text_only.header) if a.text_only else None))
+            text_only=TextOnly(a.text_only.map, a.text_only.backend, a.text_only.header) if a.text_only else None,
+            discover=discover))
     return tuple(out)
+
+
+def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[Any, tuple], float],
+                    err: Callable[..., None]) -> Optional[Discover]:
+    """``discover``: only on the kinds in :data:`DISCOVER_KINDS`, an http(s) Prometheus URL, a TTL
+    within :data:`DISCOVER_TTL_RANGE_S`, Prometheus metric and label names."""
+    d = a.discover
+    if d is None:
+        return None
+    dp = path + ("discover",)
+    if a.kind not in DISCOVER_KINDS:
+        err(dp, f"discover is for kinds {', '.join(DISCOVER_KINDS)} only", f"remove it from this {a.kind} adapter", key=True)
+    if d.prometheus is not None and not _http_url(d.prometheus):
+        err(dp + ("prometheus",), f"prometheus must be an http(s) URL, got {d.prometheus[:100]!r}",
+            "e.g. prometheus: http://kps-kube-prometheus-prometheus.monitoring:9090")
+    ttl = duration(d.ttl, dp + ("ttl",))
+    lo, hi = DISCOVER_TTL_RANGE_S
+    if not lo <= ttl <= hi:
+        err(dp + ("ttl",), f"ttl must be between {lo:g}s and {hi:g}s, got {ttl:g}s",
+            "a bounded cache: e.g. ttl: 30s (a pod moved to another GPU is seen within it)")
+    at = d.attribution
+    if not _PROM_NAME.match(at.metric):
+        err(dp + ("attribution", "metric"), f"{at.metric[:100]!r} is not a Prometheus metric name", "e.g. DCGM_FI_DEV_FB_USED")
+    for k in ("gpu", "pod", "namespace"):
+        if not _PROM_LABEL.match(getattr(at, k)):
+            err(dp + ("attribution", k), f"{getattr(at, k)[:100]!r} is not a Prometheus label name",
+                "e.g. gpu: UUID, pod: pod (exported_pod when the scrape does not honor the exporter's labels)")
+    return Discover(d.prometheus.rstrip("/") if d.prometheus else None, ttl, at.metric, at.gpu, at.pod, at.namespace)
 
 
 def _check_text_only(a: RawAdapter, name: str, path: tuple, levels: dict[str, int], err: Callable[..., None]) -> None:

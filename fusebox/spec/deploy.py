@@ -105,6 +105,9 @@ class RawFuseWorkload(_Strict):
     # PodDisruptionBudget: how many of the one replica a drain may evict (0 blocks `kubectl drain`).
     max_unavailable: StrictInt = 1
     args: list[StrictStr] = ["--dry-run"]  # more `fusebox fuse serve` arguments (--gateway-url URL ...)
+    # --prometheus-url for fuse.adapters.*.discover, e.g. kube-prometheus-stack's Service
+    # http://<release>-kube-prometheus-prometheus.<namespace>:9090
+    prometheus_url: Optional[StrictStr] = None
 
 
 class RawKubernetes(_Strict):
@@ -173,6 +176,7 @@ class FuseWorkload:
     storage_class: Optional[str] = None
     max_unavailable: int = 1
     args: tuple[str, ...] = ("--dry-run",)
+    prometheus_url: Optional[str] = None  # the Deployment's --prometheus-url (GPU-to-worker discovery)
 
 
 @dataclass(frozen=True)
@@ -325,12 +329,18 @@ def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
             err(p + ("store_secret", "key"), f"{f.store_secret.key!r} is not a Secret key", "e.g. url")
         secret = (f.store_secret.name, f.store_secret.key)
     reserved = {"--spec", "--listen", "--state", "--state-dir", "--store", "--webhook-token-file", "--token-file"}
+    if f.prometheus_url is not None:
+        reserved.add("--prometheus-url")
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", f.prometheus_url):
+            err(p + ("prometheus_url",), f"prometheus_url must be an http(s) URL, got {f.prometheus_url[:100]!r}",
+                "e.g. http://kps-kube-prometheus-prometheus.monitoring:9090 (kube-prometheus-stack's Service)")
     for a in f.args:
         if a.split("=", 1)[0] in reserved:
             err(p + ("args",), f"{a.split('=', 1)[0]} is set by the generated Deployment", "remove it from args")
     return FuseWorkload(enabled=f.enabled, resources=_check_resources(f.resources, p + ("resources",), err),
                         state_size=f.state_size, storage_class=f.storage_class, max_unavailable=f.max_unavailable,
-                        args=tuple(f.args), replicas=f.replicas, store_secret=secret)
+                        args=tuple(f.args), replicas=f.replicas, store_secret=secret,
+                        prometheus_url=f.prometheus_url.rstrip("/") if f.prometheus_url else None)
 
 
 def normalise_grafana(g: RawGrafana, err: Err) -> Grafana:
