@@ -156,19 +156,15 @@ _PG = {
     6: ["ALTER TABLE outbox ADD COLUMN claim_gen BIGINT NOT NULL DEFAULT 0"],
 }
 
-# Test-only: seconds added to this process' wall clock as the fuse reads it (local_clock), to play
-# a host whose clock is off. Never set it in a deployment.
-TEST_CLOCK_OFFSET_ENV = "FUSEBOX_FUSE_TEST_CLOCK_OFFSET_S"
-_TEST_CLOCK_OFFSET = float(os.environ.get(TEST_CLOCK_OFFSET_ENV) or 0)
 # How often a PostgreSQL store measures again how far the host's clock is from the server's, seconds.
 CLOCK_REFRESH_S = 5.0
 
 
 def local_clock() -> float:
-    """This host's wall clock, Unix seconds (plus the test-only offset of TEST_CLOCK_OFFSET_ENV)."""
+    """This host's wall clock, Unix seconds."""
     import time
 
-    return time.time() + _TEST_CLOCK_OFFSET
+    return time.time()
 
 
 def _create_private(path: str) -> None:

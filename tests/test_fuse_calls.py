@@ -10,105 +10,20 @@ client hung up, which is what the tests assert (not how long anything took)."""
 from __future__ import annotations
 
 import re
-import socketserver
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 from _fuse_support import SPEC, TOKEN, wait_for
+from _slow_peers import BYTES, GAP, TrickleHttp, TrickleSocket
 
 from fusebox.fuse.actions import ActionError, HttpGateway, VllmResetPrefixCache
 from fusebox.fuse.adapters import build_adapters
 from fusebox.spec import load_spec
 
-GAP = 0.05  # seconds between two bytes of a trickled answer
-BYTES = 200  # a trickled answer's length: 10 s at GAP
 DEADLINE = 1.0  # seconds, the adapters' timeout in these tests
 TRIP = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test", "decision_id": "d1",
         "scope": {"cluster": "c1", "engine": "engine-0"}}
-
-
-class _Tally:
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.sent: list[int] = []  # bytes each answer got out before the client hung up (or all)
-
-    def trickle(self, write) -> None:
-        n = 0
-        try:
-            for _ in range(BYTES):
-                write()
-                n += 1
-                time.sleep(GAP)
-        except OSError:  # the client hung up
-            pass
-        with self.lock:
-            self.sent.append(n)
-
-
-class TrickleHttp(_Tally):
-    """Answers every request 200 with a JSON body of BYTES bytes (spaces, then ``{}``), one per GAP."""
-
-    def __init__(self):
-        super().__init__()
-        tally = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def _answer(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(BYTES))
-                self.end_headers()
-                self.wfile.flush()
-                body = iter(b" " * (BYTES - 2) + b"{}")
-
-                def one():
-                    self.wfile.write(bytes([next(body)]))
-                    self.wfile.flush()
-
-                tally.trickle(one)
-
-            do_GET = do_POST = do_DELETE = _answer
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class TrickleSocket(_Tally):
-    """HAProxy's runtime API as a slow HAProxy answers: one space per GAP (an empty answer: applied)."""
-
-    def __init__(self, path):
-        super().__init__()
-        tally = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self):
-                self.request.recv(4096)
-                tally.trickle(lambda: self.request.sendall(b" "))
-
-        self.server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
-        self.server.daemon_threads = True
-        self.path = str(path)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _spec_adapter(tmp_path, name: str, a: dict):
@@ -148,8 +63,8 @@ def test_an_answer_trickled_a_byte_at_a_time_is_cut_off_at_the_calls_deadline(tm
         wait_for(lambda: gw.sent, 30, what="the gateway's answer to end (sent in full, or cut off)")
     finally:
         gw.stop()
-    # one request; cut off long before its BYTES bytes (the deadline allows DEADLINE / GAP = 20)
-    assert len(gw.sent) == 1 and gw.sent[0] < BYTES / 2
+    # one request, cut off near the deadline (DEADLINE / GAP = 20 bytes), far from its BYTES = 200
+    assert len(gw.sent) == 1 and gw.sent[0] < 2 * DEADLINE / GAP < BYTES
 
 
 def test_haproxy_answering_a_byte_at_a_time_is_cut_off_at_the_calls_deadline(tmp_path):
@@ -164,7 +79,7 @@ def test_haproxy_answering_a_byte_at_a_time_is_cut_off_at_the_calls_deadline(tmp
         wait_for(lambda: sock.sent, 30, what="HAProxy's answer to end (sent in full, or cut off)")
     finally:
         sock.stop()
-    assert len(sock.sent) == 1 and sock.sent[0] < BYTES / 2
+    assert len(sock.sent) == 1 and sock.sent[0] < 2 * DEADLINE / GAP < BYTES
 
 
 def _args(tmp_path, *extra, spec=SPEC):
