@@ -29,9 +29,17 @@ that state: whichever replica ticks first after they are due releases, once. An 
 claimer died is taken over when its lease ends, so a call may be made twice (at-least-once, the
 gateway is idempotent per ``decision_id``), a decision never.
 
+A call never outlives its claim: each adapter bounds one attempt by its ``timeout_s`` in total
+(:func:`fusebox.fuse.actions.call_deadline`), which the lease exceeds (``fusebox fuse serve``
+checks it), and a result is recorded only under the claim it was made with (the store's fencing
+token): one whose claim passed to another replica meanwhile is logged and counted in
+``fusebox_fuse_stale_results_total``, never recorded. Leases and, by default, the service's clock
+are the store's (:meth:`Store.clock`: PostgreSQL's server clock). :meth:`FuseService.stop` stops
+taking work, lets the calls under way end and gives this replica's other claims up.
+
 Test-only: the environment variable ``FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S`` makes the dispatcher
-sleep that many seconds after claiming a row and before calling its adapter, so that a test can
-kill a replica in between. Never set it in a deployment.
+wait that many seconds (or until :meth:`FuseService.stop`) after claiming a row and before calling
+its adapter, so that a test can kill or stop a replica in between. Never set it in a deployment.
 
 What people see (the status page, ``/metrics``) names an adapter by its *label* (``gateway``,
 ``vllm:<engine>``), never by a URL; the audit's ``reason`` says what happened (``HTTP 400``)
@@ -575,7 +583,7 @@ class FuseService:
             return 0.0
         claimed = self.store.claim_fenced([j["seq"] for j in ready.values()], self.replica, self.lease_s) if ready else {}
         if claimed and self._test_hang:
-            log.warning("%s set: sleeping %gs after claiming outbox rows %s (test only)", TEST_HANG_ENV,
+            log.warning("%s set: waiting %gs after claiming outbox rows %s (test only)", TEST_HANG_ENV,
                         self._test_hang, sorted(claimed))
             self._stop.wait(self._test_hang)
         for k, job in ready.items():
