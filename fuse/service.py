@@ -272,6 +272,7 @@ class FuseService:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._in_call: set[int] = set()  # outbox rows whose adapter call is under way (not released at stop)
+        self._in_call_lock = threading.Lock()
         self.metrics.oldest_pending.set_function(self._oldest_pending_age)
         self._sync_gauges()
         self.metrics.pending.set(self.store.pending_count())
@@ -309,7 +310,9 @@ class FuseService:
             t.join(timeout=max(5.0, self.longest_timeout_s + 1))
         self._threads.clear()
         try:
-            n = self.store.release_claims(self.replica, keep=sorted(self._in_call))
+            with self._in_call_lock:
+                busy = sorted(self._in_call)
+            n = self.store.release_claims(self.replica, keep=busy)
         except Exception as e:
             log.warning("claims of %s not released (another replica takes them when the lease ends): %s",
                         self.replica, e)
@@ -582,6 +585,8 @@ class FuseService:
         if self._stop.is_set():
             return 0.0
         claimed = self.store.claim_fenced([j["seq"] for j in ready.values()], self.replica, self.lease_s) if ready else {}
+        claimed_at = time.monotonic()
+        longest = getattr(adapter, "timeout_s", None) or 0.0
         if claimed and self._test_hang:
             log.warning("%s set: waiting %gs after claiming outbox rows %s (test only)", TEST_HANG_ENV,
                         self._test_hang, sorted(claimed))
@@ -591,6 +596,13 @@ class FuseService:
                 break
             if job["seq"] not in claimed:  # another replica claimed it meanwhile
                 continue
+            if time.monotonic() - claimed_at + longest >= self.lease_s:
+                # the calls before this one took so long that the batch's lease would end before this
+                # call's deadline: renew it (a new token), or leave the row if it was taken over
+                renewed = self.store.claim_fenced([job["seq"]], self.replica, self.lease_s)
+                if job["seq"] not in renewed:
+                    continue
+                claimed[job["seq"]] = renewed[job["seq"]]
             job["claim"] = (self.replica, claimed[job["seq"]])
             if job["seq"] in unrecorded:  # applied, but recording it failed: record it, do not call again
                 at, audit = unrecorded[job["seq"]]
@@ -611,11 +623,12 @@ class FuseService:
         name, p, attempt = adapter.name, job["payload"], job["attempts"] + 1
         label = self.labels[name]
         started = time.monotonic()
-        self._in_call.add(job["seq"])
+        with self._in_call_lock:
+            self._in_call.add(job["seq"])
         try:
             adapter.apply(p)
         except Exception as e:  # ActionError, or a bug in an adapter (transient: retried)
-            self._in_call.discard(job["seq"])
+            self._call_done(job["seq"])
             self.metrics.call_duration.labels(label).observe(time.monotonic() - started)
             self.metrics.calls.labels(label, "error").inc()
             self.metrics.failures.labels(label).inc()
@@ -651,7 +664,7 @@ class FuseService:
                 lanes.pop(key, None)
                 return True
             return False
-        self._in_call.discard(job["seq"])
+        self._call_done(job["seq"])
         took = time.monotonic() - started
         self.metrics.call_duration.labels(label).observe(took)
         self.metrics.calls.labels(label, "ok").inc()
@@ -673,6 +686,10 @@ class FuseService:
         log.info("%s %s level %s on %s: %s", p["state"], p["action"], p["level"], key, audit["reason"],
                  extra=_fields(job, key, label, attempt))
         return True
+
+    def _call_done(self, seq: int) -> None:
+        with self._in_call_lock:
+            self._in_call.discard(seq)
 
     def _recorded(self, name: str, job: dict, recorded: bool) -> bool:
         """``recorded`` as the store's ``mark_*`` returned it; when False (the row is no longer

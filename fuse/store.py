@@ -757,10 +757,13 @@ class PgStore(Store):
         self._probe_lock = threading.Lock()
         self._closed = False
         self._db = None
-        self._offset, self._offset_at = 0.0, float("-inf")
+        self._offset, self._offset_at = 0.0, local_clock()
+        self._offset_busy = threading.Event()
         try:
             self._connect()
             self._migrate()
+            self._offset_busy.set()
+            self._measure_offset()  # before the first clock() a caller reads
         except self._errors() as e:
             raise StoreError(f"{store_label(url)}: {e}".strip()) from e
 
@@ -776,26 +779,33 @@ class PgStore(Store):
 
     def clock(self) -> float:
         """The server's clock without a round trip: this host's clock plus the offset to the server's,
-        measured (half the round trip allowed for) at start and every CLOCK_REFRESH_S after, on the
-        probe's connection; while the server cannot be reached, the last offset measured."""
+        measured (half the round trip allowed for) at start and every CLOCK_REFRESH_S after, in a
+        thread of its own on the probe's connection, so no caller waits for it; while the server
+        cannot be reached, the last offset measured."""
         local = local_clock()
-        if local - self._offset_at >= CLOCK_REFRESH_S:
+        if local - self._offset_at >= CLOCK_REFRESH_S and not self._offset_busy.is_set():
             self._offset_at = local
-            try:
-                with self._probe_lock:
-                    if self._probe is None and not self._closed:
-                        self._probe = self._connect_probe()
-                    t0 = local_clock()
-                    server = float(self._probe.execute(self._NOW).fetchone()[0])
-                    t1 = local_clock()
-                self._offset = server - (t0 + t1) / 2
-            except Exception as e:  # the server down: keep the last offset (the webhook answers 503 anyway)
-                log.debug("clock offset not measured: %s", e)
-                with self._probe_lock, contextlib.suppress(Exception):
-                    if self._probe is not None and not self._closed:
-                        self._probe.close()
-                        self._probe = None
-        return local_clock() + self._offset
+            self._offset_busy.set()
+            threading.Thread(target=self._measure_offset, name="fuse-pg-clock", daemon=True).start()
+        return local + self._offset
+
+    def _measure_offset(self) -> None:
+        try:
+            with self._probe_lock:
+                if self._probe is None and not self._closed:
+                    self._probe = self._connect_probe()
+                t0 = local_clock()
+                server = float(self._probe.execute(self._NOW).fetchone()[0])
+                t1 = local_clock()
+            self._offset = server - (t0 + t1) / 2
+        except Exception as e:  # the server down: keep the last offset (the webhook answers 503 anyway)
+            log.debug("clock offset not measured: %s", e)
+            with self._probe_lock, contextlib.suppress(Exception):
+                if self._probe is not None and not self._closed:
+                    self._probe.close()
+                    self._probe = None
+        finally:
+            self._offset_busy.clear()
 
     def _connect(self) -> None:
         import psycopg

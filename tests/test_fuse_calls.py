@@ -185,6 +185,43 @@ def test_the_service_counts_a_result_it_could_not_record(tmp_path):
         gw.stop()
 
 
+def test_a_batch_of_claims_is_renewed_before_a_call_its_lease_would_not_cover(tmp_path):
+    """Three scopes' rows are claimed in one pass (lease 1.5 s); the gateway trickles, so each call
+    runs to its 1 s deadline. Before each call, its row's lease (read from the database as the
+    call starts) outlasts the call's deadline: the later calls run under a renewed lease, not the
+    one the first call used up."""
+    import sqlite3
+
+    from fusebox.fuse.payload import parse_payload
+    from fusebox.fuse.rules import FuseRules
+    from fusebox.fuse.service import FuseService
+    from fusebox.fuse.store import Store
+    from _fuse_support import alert, payload
+
+    path = tmp_path / "fuse.sqlite"
+    covered: list[bool] = []
+
+    class Watched(HttpGateway):
+        def apply(self, p):
+            with sqlite3.connect(path) as db:
+                ((lease_until,),) = db.execute("SELECT lease_until FROM outbox WHERE decision_id = ?",
+                                               (p["decision_id"],)).fetchall()
+            covered.append(lease_until >= time.time() + self.timeout_s)
+            super().apply(p)
+
+    gw = TrickleHttp()
+    svc = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(path), [Watched(gw.url, timeout_s=DEADLINE)],
+                      hold_s=60, lease_s=1.5, replica="A")
+    try:
+        alerts = [alert("GPUMemoryUtilizationHigh", cluster="c1", hw_id=f"GPU-{i}") for i in range(3)]
+        svc.handle(parse_payload(payload(*alerts), time.time()))
+        svc._dispatch_once(svc.adapters["gateway"], {}, {})
+    finally:
+        svc.store.close()
+        gw.stop()
+    assert covered == [True, True, True]
+
+
 # ------------------------------------------------------------------------------- counters at 0
 def test_labelled_counters_exist_at_0_from_start_as_the_generated_tests_seed_them(tmp_path):
     """The generated promtool test of FuseboxFuseActionsFailing starts the given-up counter at 0
