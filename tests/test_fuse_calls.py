@@ -264,3 +264,59 @@ def test_labelled_counters_exist_at_0_from_start_as_the_generated_tests_seed_the
                        f'{C.FUSE_METRICS["adapter_calls"]}{{adapter="{adapter}",outcome="ok"}}',
                        f'{C.FUSE_METRICS["adapter_calls"]}{{adapter="{adapter}",outcome="error"}}'):
             assert published.get(series) == 0.0, series
+
+
+# ----------------------------------------------------------------------------------- SIGTERM
+def test_sigterm_on_sqlite_releases_the_claim_closes_the_store_and_exits_0(tmp_path):
+    """One replica on SQLite holds a claimed, pending call (the test-only wait after claiming) when
+    SIGTERM comes: it exits 0, the row is still pending and no longer claimed (the next start
+    calls it at once rather than after the lease), and the database is left consistent."""
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+
+    import httpx
+    from _fuse_support import alert, free_port, payload
+
+    from fusebox.fuse.service import TEST_HANG_ENV
+
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    state, port = tmp_path / "fuse.sqlite", free_port()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--listen", f"127.0.0.1:{port}",
+         "--state", str(state), "--token-file", str(tmp_path / "token"), "--gateway-url", "http://127.0.0.1:9",
+         "--lease", "600", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "fuse.log", "wb"), env={**os.environ, TEST_HANG_ENV: "600"})
+
+    def claimed():
+        with sqlite3.connect(state) as db:
+            return db.execute("SELECT claimed_by FROM outbox WHERE claimed_by IS NOT NULL").fetchall()
+
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), 30, 0.1, "fuse serve")
+        r = httpx.post(f"http://127.0.0.1:{port}/alertmanager", json=payload(alert("GPUMemoryUtilizationHigh", **{
+            "cluster": "c1", "hw_id": "GPU-1"})), headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert r.status_code == 200
+        wait_for(claimed, 10, 0.02, "the call claimed")
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    with sqlite3.connect(state) as db:
+        assert db.execute("SELECT status, claimed_by, lease_until, attempts FROM outbox").fetchall() == [
+            ("pending", None, None, 0)]
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert "Traceback" not in (tmp_path / "fuse.log").read_text()
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
