@@ -186,7 +186,7 @@ def build_service(args, spec=None):
     # every adapter's timeout bounds one call in total (fuse/actions.py call_deadline): the lease must
     # exceed the longest, the spec's adapters included, or a replica could take over a call under way
     timeouts = [(args.timeout, f"--timeout {args.timeout:g}")]
-    timeouts += [(a.timeout_s, f"fuse.adapters.{a.name}.timeout ({a.timeout_s:g}s) in {args.spec}")
+    timeouts += [(a.timeout_s, f"fuse.adapters.{a.name}.timeout ({a.timeout_s:g}s) at {_where(spec, a.name)}")
                  for a in spec.adapters if not args.dry_run]
     longest, which = max(timeouts, key=lambda t: t[0])
     if lease <= longest:
@@ -199,6 +199,19 @@ def build_service(args, spec=None):
                           tick_s=max(args.tick, 0.01), dry_run=args.dry_run, lease_s=lease,
                           max_level_series=args.max_level_series)
     return service, token
+
+
+def _where(spec, adapter: str) -> str:
+    """``FILE:LINE`` of ``fuse.adapters.<adapter>.timeout`` in the spec (its adapter's line when the
+    timeout is the default; the file alone when it cannot be read again)."""
+    from fusebox.spec.positions import load, read_text
+
+    try:
+        _, pos = load(read_text(spec.file, spec.file), spec.file)
+    except Exception:  # read a moment ago; gone or changed since: the file is still a good pointer
+        return spec.file
+    line, _ = pos.at(("fuse", "adapters", adapter, "timeout"))
+    return f"{spec.file}:{line}"
 
 
 def _open_store(args):

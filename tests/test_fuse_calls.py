@@ -96,7 +96,7 @@ def _args(tmp_path, *extra, spec=SPEC):
 
 def test_the_lease_must_exceed_a_spec_adapters_own_timeout(tmp_path):
     """--timeout 2 and --lease 8, but the spec's SGLang adapter waits up to 10 s: refused at start,
-    naming that adapter's timeout and the spec file."""
+    naming that adapter's timeout, the spec file and the line."""
     from fusebox.fuse.cli import build_service
 
     data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
@@ -107,7 +107,8 @@ def test_the_lease_must_exceed_a_spec_adapters_own_timeout(tmp_path):
     with pytest.raises(ValueError) as e:
         build_service(_args(tmp_path, "--timeout", "2", "--lease", "8", spec=spec))
     msg = str(e.value)
-    assert "--lease 8" in msg and "fuse.adapters.sg.timeout (10s)" in msg and str(spec) in msg
+    line = next(i for i, text in enumerate(spec.read_text().splitlines(), 1) if text.strip() == "timeout: 10s")
+    assert "--lease 8" in msg and f"fuse.adapters.sg.timeout (10s) at {spec}:{line}" in msg, msg
     assert not (tmp_path / "s.sqlite").exists()  # nothing opened or written
     service, _ = build_service(_args(tmp_path, "--timeout", "2", "--lease", "11", spec=spec))
     service.store.close()
