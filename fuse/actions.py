@@ -18,16 +18,27 @@ Retry classes (what the dispatcher in :mod:`fusebox.fuse.service` does with an :
 * :class:`VllmResetPrefixCache`: ``POST <engine>/reset_prefix_cache`` on a level-3 trip
   (vLLM's API server; only on a trip: there is nothing to undo on release).
 * :class:`DryRun`: logs the decision and calls nothing.
+
+Deadlines: an adapter's ``timeout_s`` bounds one call (one :meth:`apply`) in total, not each read:
+:func:`call_deadline` sets it for the thread, and every connect, write and read of a
+:func:`deadline_client` (and of the HAProxy socket) waits at most what is left of it, so a gateway
+that trickles its answer a byte at a time is cut off at the deadline (:class:`DeadlineExceeded`, a
+transient :class:`ActionError`). The service's lease must exceed the longest ``timeout_s``
+(``fusebox fuse serve`` checks it at start), so a call never outlives its claim.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
+import threading
+import time
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Iterator, Optional, Protocol
 
+import httpcore
 import httpx
 
 from .logsafe import install
@@ -35,7 +46,7 @@ from .logsafe import install
 log = install(logging.getLogger("fusebox.fuse"))
 
 __all__ = ["ActionError", "is_permanent", "RETRYABLE_4XX", "Adapter", "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
-           "CONTROL_PATH"]
+           "CONTROL_PATH", "DeadlineExceeded", "call_deadline", "remaining", "deadline_client"]
 
 CONTROL_PATH = "/v1/control/fuse"
 TOKEN_ENV = "FUSEBOX_GATEWAY_TOKEN"
@@ -64,6 +75,101 @@ def is_permanent(status: Optional[int]) -> bool:
 
     None (no answer: refused, reset, timeout) and 5xx are transient."""
     return status is not None and 400 <= status < 500 and status not in RETRYABLE_4XX
+
+
+class DeadlineExceeded(ActionError):
+    """The call's total deadline (:func:`call_deadline`) passed before it finished: transient."""
+
+    def __init__(self, message: str):
+        super().__init__(message, summary="deadline exceeded")
+
+
+_deadline = threading.local()
+
+
+@contextlib.contextmanager
+def call_deadline(seconds: Optional[float]) -> Iterator[None]:
+    """Within it, this thread's calls end ``seconds`` from now at the latest (None: no deadline; an
+    outer, earlier deadline stays)."""
+    prev = getattr(_deadline, "cur", None)  # (monotonic end, seconds) of the deadline in force
+    if seconds is not None and (prev is None or time.monotonic() + seconds < prev[0]):
+        _deadline.cur = (time.monotonic() + seconds, seconds)
+    try:
+        yield
+    finally:
+        _deadline.cur = prev
+
+
+def remaining(cap: Optional[float] = None) -> Optional[float]:
+    """Seconds left of this thread's deadline, at most ``cap`` (None without deadline: ``cap``).
+
+    Raises:
+        DeadlineExceeded: nothing is left.
+    """
+    cur = getattr(_deadline, "cur", None)
+    if cur is None:
+        return cap
+    left = cur[0] - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded(f"the call's deadline of {cur[1]:g}s passed")
+    return left if cap is None else min(cap, left)
+
+
+def _left(timeout: Optional[float]) -> Optional[float]:
+    """:func:`remaining` as httpcore's timeout: a passed deadline is a timeout of httpcore's kind."""
+    try:
+        return remaining(timeout)
+    except DeadlineExceeded as e:
+        raise httpcore.ReadTimeout(str(e)) from None
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write waits at most what is left of the call's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream):
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: Optional[float] = None) -> bytes:
+        return self._inner.read(max_bytes, _left(timeout))
+
+    def write(self, buffer: bytes, timeout: Optional[float] = None) -> None:
+        self._inner.write(buffer, _left(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, _left(timeout)))
+
+    def get_extra_info(self, info: str):
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's own (blocking sockets), connecting and reading within the call's deadline."""
+
+    def __init__(self):
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        return _DeadlineStream(self._inner.connect_tcp(host, port, _left(timeout), local_address, socket_options))
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        return _DeadlineStream(self._inner.connect_unix_socket(path, _left(timeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def deadline_client(timeout_s: float) -> httpx.Client:
+    """An :class:`httpx.Client` whose requests wait ``timeout_s`` at most per step and, inside
+    :func:`call_deadline`, never past the deadline in all (a late one raises ``httpx.ReadTimeout``)."""
+    transport = httpx.HTTPTransport()
+    pool = getattr(transport, "_pool", None)
+    if not hasattr(pool, "_network_backend"):  # httpx/httpcore changed: fail loudly, not silently unbounded
+        raise RuntimeError("httpx's transport has no httpcore pool with a network backend: pin httpx 0.28")
+    pool._network_backend = _DeadlineBackend()  # type: ignore[union-attr]
+    return httpx.Client(timeout=timeout_s, transport=transport)
 
 
 class Adapter(Protocol):
@@ -109,15 +215,17 @@ class HttpGateway:
         self.name = "gateway"
         self.max_attempts: Optional[int] = None  # "a gateway that is down is retried until it accepts"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(timeout=timeout_s)
+        self.timeout_s = timeout_s  # one call in total (call_deadline)
+        self._client = deadline_client(timeout_s)
 
     def wants(self, payload: dict) -> bool:
         return True
 
     def apply(self, payload: dict) -> None:
         try:
-            r = self._client.post(self.url, json=payload,
-                                  headers={**self._headers, "Idempotency-Key": payload["decision_id"]})
+            with call_deadline(self.timeout_s):
+                r = self._client.post(self.url, json=payload,
+                                      headers={**self._headers, "Idempotency-Key": payload["decision_id"]})
         except httpx.HTTPError as e:
             raise ActionError(f"{self.url}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
         if not 200 <= r.status_code < 300:
@@ -143,7 +251,8 @@ class VllmResetPrefixCache:
         self.action = action
         self.name = f"vllm:{engine or '*'}:{base_url.rstrip('/')}"  # the outbox key: stable across restarts
         self.label = f"vllm:{engine or '*'}"  # for metrics and the status page: no URL
-        self._client = httpx.Client(timeout=timeout_s)
+        self.timeout_s = timeout_s  # one call in total (call_deadline)
+        self._client = deadline_client(timeout_s)
 
     def wants(self, payload: dict) -> bool:
         if payload["state"] != "trip" or payload["action"] != self.action:
@@ -152,7 +261,8 @@ class VllmResetPrefixCache:
 
     def apply(self, payload: dict) -> None:
         try:
-            r = self._client.post(self.url)
+            with call_deadline(self.timeout_s):
+                r = self._client.post(self.url)
         except httpx.HTTPError as e:
             raise ActionError(f"{self.url}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
         if r.status_code == 404:

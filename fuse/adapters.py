@@ -47,7 +47,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 
-from .actions import ActionError
+from .actions import ActionError, call_deadline, deadline_client, remaining
 from .discovery import GpuWorkers
 from .logsafe import install
 from .rules import scope_key
@@ -147,7 +147,8 @@ class _Rotation:
         self.label = spec.name
         self.max_attempts: Optional[int] = spec.max_attempts
         self.url = spec.url or ""
-        self._client = httpx.Client(timeout=spec.timeout_s)
+        self.timeout_s = spec.timeout_s  # one apply() in total, every request of it (call_deadline)
+        self._client = deadline_client(spec.timeout_s)
         self.holds = _Holds(self.name)
         self.discovery = GpuWorkers(spec.discover, spec.timeout_s) if spec.discover else None
 
@@ -160,16 +161,17 @@ class _Rotation:
 
     def apply(self, payload: dict) -> None:
         hold = f"{payload['action']} {scope_key(payload['scope'])}"
-        workers = [t.worker_url for t in targets_for(self.spec, payload["scope"]) if t.worker_url]
-        if not workers and self.discovery is not None:
-            workers = self._discovered(payload, hold)
-        elif not workers:
-            raise _unmapped(self.spec)
-        for w in workers:
-            if self.holds.change(w, hold, payload["state"] == "trip"):
-                self.take_out(w)
-            else:
-                self.put_back(w)
+        with call_deadline(self.timeout_s):
+            workers = [t.worker_url for t in targets_for(self.spec, payload["scope"]) if t.worker_url]
+            if not workers and self.discovery is not None:
+                workers = self._discovered(payload, hold)
+            elif not workers:
+                raise _unmapped(self.spec)
+            for w in workers:
+                if self.holds.change(w, hold, payload["state"] == "trip"):
+                    self.take_out(w)
+                else:
+                    self.put_back(w)
 
     def _discovered(self, payload: dict, hold: str) -> list[str]:
         """A scope no static target maps: on a trip, the gateway's workers on the scope's GPU
@@ -280,6 +282,7 @@ class HaproxyRuntime:
         self.label = spec.name
         self.max_attempts: Optional[int] = spec.max_attempts
         self.socket = spec.socket or ""
+        self.timeout_s = spec.timeout_s  # one apply() in total, every command of it (call_deadline)
         self.holds = _Holds(self.name)
 
     def attach(self, store: Any) -> None:
@@ -297,11 +300,13 @@ class HaproxyRuntime:
             raise ValueError("one runtime-API command, without newline or ';'")
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(self.spec.timeout_s)
+                s.settimeout(remaining(self.spec.timeout_s))
                 s.connect(self.socket)
+                s.settimeout(remaining(self.spec.timeout_s))
                 s.sendall(line.encode() + b"\n")
                 chunks = []
                 while True:
+                    s.settimeout(remaining(self.spec.timeout_s))  # HAProxy answering a byte at a time: the deadline holds
                     b = s.recv(65536)
                     if not b:
                         break
@@ -314,6 +319,10 @@ class HaproxyRuntime:
         targets = targets_for(self.spec, payload["scope"])
         if not targets:
             raise _unmapped(self.spec)
+        with call_deadline(self.timeout_s):
+            self._apply(targets, payload)
+
+    def _apply(self, targets: list[Target], payload: dict) -> None:
         hold = f"{payload['action']} {scope_key(payload['scope'])}"
         on = payload["state"] == "trip"
         for t in targets:
@@ -367,7 +376,8 @@ class HttpAction:
         self._url_env = SandboxedEnvironment(finalize=_url_value, autoescape=False)
         self._body_env = SandboxedEnvironment(autoescape=False)
         self.headers = {k: Path(p).read_text(encoding="utf-8").strip() for k, p in spec.headers_files.items()}
-        self._client = httpx.Client(timeout=spec.timeout_s)
+        self.timeout_s = spec.timeout_s  # one apply() in total, every target's request (call_deadline)
+        self._client = deadline_client(spec.timeout_s)
 
     def wants(self, payload: dict) -> bool:
         req = self.spec.trip if payload["state"] == "trip" else self.spec.release
@@ -406,15 +416,19 @@ class HttpAction:
         targets = targets_for(self.spec, payload["scope"])
         if not targets:
             raise _unmapped(self.spec)
-        for t in targets:
-            method, url, body = self.render(payload, t)
-            headers = {**self.headers, "Idempotency-Key": payload["decision_id"]}
-            try:
-                r = self._client.request(method, url, headers=headers, **({"json": body} if body is not None else {}))
-            except httpx.HTTPError as e:
-                raise _call_error(url, e) from None
-            if not 200 <= r.status_code < 300:
-                raise ActionError(f"{method} {url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
+        with call_deadline(self.timeout_s):
+            for t in targets:
+                self._send(payload, t)
+
+    def _send(self, payload: dict, t: Target) -> None:
+        method, url, body = self.render(payload, t)
+        headers = {**self.headers, "Idempotency-Key": payload["decision_id"]}
+        try:
+            r = self._client.request(method, url, headers=headers, **({"json": body} if body is not None else {}))
+        except httpx.HTTPError as e:
+            raise _call_error(url, e) from None
+        if not 200 <= r.status_code < 300:
+            raise ActionError(f"{method} {url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
 
 
 def build_adapters(specs, prometheus_url: Optional[str] = None) -> list:

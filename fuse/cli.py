@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import stat
@@ -96,7 +97,7 @@ def register(subparsers) -> None:
                             f"{C.FUSE_STORE_ENV} when set and neither --state nor --state-dir is given")
     s.add_argument("--lease", type=_seconds, default=30.0,
                    help="seconds a replica holds a gateway call it claimed; another replica takes it over after "
-                        "that (default 30; must exceed --timeout)")
+                        "that (default 30; must exceed --timeout and every spec adapter's timeout)")
     s.add_argument("--webhook-token-file", "--token-file", dest="token_file", required=True, metavar="PATH",
                    help="the token Alertmanager presents on POST /alertmanager (its credentials_file): the whole "
                         "file, surrounding whitespace stripped, one line; it also reads /state, / and "
@@ -115,7 +116,7 @@ def register(subparsers) -> None:
     s.add_argument("--hold", type=_seconds, default=300.0, help="seconds without alerts before a release (default 300)")
     s.add_argument("--retry-backoff", type=_seconds, default=0.5, help="first retry delay, doubling (default 0.5 s)")
     s.add_argument("--retry-max", type=_seconds, default=30.0, help="longest retry delay (default 30 s)")
-    s.add_argument("--timeout", type=_seconds, default=5.0, help="per-call timeout to the gateway (default 5 s)")
+    s.add_argument("--timeout", type=_seconds, default=5.0, help="a gateway or vLLM call's total deadline, connect to last byte (default 5 s)")
     s.add_argument("--tick", type=_seconds, default=1.0, help="how often hold times are checked (default 1 s)")
     s.add_argument("--max-level-series", type=_attempts, default=1000, metavar="N",
                    help="scopes with a fusebox_fuse_level series of their own, the most severe first (default 1000; "
@@ -184,15 +185,35 @@ def build_service(args, spec=None):
             adapters.append(VllmResetPrefixCache(url, engine, action=eviction, timeout_s=args.timeout,
                                                  max_attempts=args.vllm_max_attempts))
     lease = getattr(args, "lease", 30.0)
-    if lease <= args.timeout:
-        raise ValueError(f"--lease {lease:g} must exceed --timeout {args.timeout:g}: a replica could otherwise "
-                         "take over a gateway call still under way -- raise --lease")
+    # every adapter's timeout bounds one call in total (fuse/actions.py call_deadline): the lease must
+    # exceed the longest, the spec's adapters included, or a replica could take over a call under way
+    timeouts = [(args.timeout, f"--timeout {args.timeout:g}")]
+    timeouts += [(a.timeout_s, f"fuse.adapters.{a.name}.timeout ({a.timeout_s:g}s) at {_where(spec, a.name)}")
+                 for a in spec.adapters if not args.dry_run]
+    longest, which = max(timeouts, key=lambda t: t[0])
+    if lease <= longest:
+        raise ValueError(f"--lease {lease:g} must exceed the longest adapter timeout, {which}: a replica could "
+                         f"otherwise take over a call still under way -- raise --lease above {longest:g} or "
+                         "lower that timeout")
     store = _open_store(args)
     service = FuseService(FuseRules.from_spec(spec), store, adapters, hold_s=args.hold,
                           backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),
                           tick_s=max(args.tick, 0.01), dry_run=args.dry_run, lease_s=lease,
                           max_level_series=args.max_level_series)
     return service, token
+
+
+def _where(spec, adapter: str) -> str:
+    """``FILE:LINE`` of ``fuse.adapters.<adapter>.timeout`` in the spec (its adapter's line when the
+    timeout is the default; the file alone when it cannot be read again)."""
+    from fusebox.spec.positions import load, read_text
+
+    try:
+        _, pos = load(read_text(spec.file, spec.file), spec.file)
+    except Exception:  # read a moment ago; gone or changed since: the file is still a good pointer
+        return spec.file
+    line, _ = pos.at(("fuse", "adapters", adapter, "timeout"))
+    return f"{spec.file}:{line}"
 
 
 def _open_store(args):
@@ -274,13 +295,38 @@ def serve(args) -> int:
     # json: uvicorn's own loggers go to the root handler (one JSON object per line) rather than its own
     from uvicorn.config import LOGGING_CONFIG
 
+    server = _server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                    log_config=None if args.log_format == "json" else LOGGING_CONFIG))
+
+    def _graceful(signum, _frame):
+        # SIGTERM (a rolling update, a scale-down) or SIGINT: stop taking work at once; the server
+        # finishes the requests under way and returns; the finally below releases the claims
+        log.info("%s: stopping (claims released, store closed, exit 0)", signal.Signals(signum).name)
+        service.stop_taking_work()
+        server.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _graceful)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False,
-                    log_config=None if args.log_format == "json" else LOGGING_CONFIG)
+        server.run()
     finally:
         service.stop()
         service.store.close()
     return 0
+
+
+def _server(config):
+    """uvicorn's server without its own signal handling: uvicorn 0.29+ re-raises SIGTERM after it
+    shut down, which kills the process (exit 143) before the service stops and the store closes;
+    ``serve`` handles SIGTERM and SIGINT itself."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return Server(config)
 
 
 def gateway(args) -> int:

@@ -29,9 +29,17 @@ that state: whichever replica ticks first after they are due releases, once. An 
 claimer died is taken over when its lease ends, so a call may be made twice (at-least-once, the
 gateway is idempotent per ``decision_id``), a decision never.
 
+A call never outlives its claim: each adapter bounds one attempt by its ``timeout_s`` in total
+(:func:`fusebox.fuse.actions.call_deadline`), which the lease exceeds (``fusebox fuse serve``
+checks it), and a result is recorded only under the claim it was made with (the store's fencing
+token): one whose claim passed to another replica meanwhile is logged and counted in
+``fusebox_fuse_stale_results_total``, never recorded. Leases and, by default, the service's clock
+are the store's (:meth:`Store.clock`: PostgreSQL's server clock). :meth:`FuseService.stop` stops
+taking work, lets the calls under way end and gives this replica's other claims up.
+
 Test-only: the environment variable ``FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S`` makes the dispatcher
-sleep that many seconds after claiming a row and before calling its adapter, so that a test can
-kill a replica in between. Never set it in a deployment.
+wait that many seconds (or until :meth:`FuseService.stop`) after claiming a row and before calling
+its adapter, so that a test can kill or stop a replica in between. Never set it in a deployment.
 
 What people see (the status page, ``/metrics``) names an adapter by its *label* (``gateway``,
 ``vllm:<engine>``), never by a URL; the audit's ``reason`` says what happened (``HTTP 400``)
@@ -106,6 +114,9 @@ class _Metrics:
         self.dispatcher_errors = Counter(M["dispatcher_errors"].removesuffix("_total"),
                                          "Dispatcher iterations that raised (logged; the loop goes on).",
                                          ["adapter"], registry=r)
+        self.stale = Counter(M["stale_results"].removesuffix("_total"),
+                             "Call results not recorded: the claim had passed to another replica meanwhile.",
+                             ["adapter"], registry=r)
         self.oldest_pending = Gauge(M["oldest_pending_age"],
                                     "Seconds since the request that decided the oldest pending action (0: none).",
                                     registry=r)
@@ -130,6 +141,18 @@ class _Metrics:
         self.unapplied = Gauge(M["unapplied_levels"],
                                "Tripped levels that no adapter applied (yet): refused, given up, pending or no adapter.",
                                registry=r)
+
+    def zero(self, adapters: Sequence[str]) -> None:
+        """Every series labelled by adapter at 0 from start, so the first failure or give-up is an
+        increase Prometheus sees (``increase()`` of a series that first appears at 1 is 0)."""
+        for a in adapters:
+            self.failures.labels(a)
+            self.dispatcher_errors.labels(a)
+            self.stale.labels(a)
+            for reason in ("permanent", "retries_exhausted"):
+                self.given_up.labels(a, reason)
+            for outcome in ("ok", "error"):
+                self.calls.labels(a, outcome)
 
 
 class _LevelSeries:
@@ -208,7 +231,9 @@ class FuseService:
         hold_s: hysteresis before a release, seconds.
         backoff_s, backoff_max_s: first retry delay and cap, seconds.
         tick_s: how often hold times and override expiries are checked.
-        clock: Unix seconds.
+        clock: Unix seconds (default: the store's, :meth:`Store.clock`: the host's with SQLite, the
+            database server's with PostgreSQL, so hold times and leases agree across replicas
+            whatever each host's clock says).
         max_scopes: scopes the breaker keeps at most (:class:`Breaker`).
         max_level_series: scopes with a ``fusebox_fuse_level`` series, the most severe first.
         lease_s: how long a claimed outbox row is this replica's, seconds; another replica takes it
@@ -218,7 +243,7 @@ class FuseService:
 
     def __init__(self, rules: FuseRules, store: Store, adapters: Sequence[Adapter], *, hold_s: float = 300.0,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, tick_s: float = 1.0,
-                 clock: Callable[[], float] = time.time, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
+                 clock: Optional[Callable[[], float]] = None, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
                  lease_s: float = 30.0, replica: Optional[str] = None, max_level_series: int = MAX_LEVEL_SERIES):
         self.rules = rules
         self.store = store
@@ -227,13 +252,15 @@ class FuseService:
             if hasattr(a, "attach"):
                 a.attach(store)
         self.labels = _labels(adapters)
+        self.longest_timeout_s = max((getattr(a, "timeout_s", 0) or 0 for a in adapters), default=0)
         self.max_scopes = max_scopes
         self.hold_s = hold_s
         self.backoff_s, self.backoff_max_s, self.tick_s = backoff_s, backoff_max_s, tick_s
-        self.clock = clock
+        self.clock = store.clock if clock is None else clock
         self.dry_run = dry_run
         self.metrics = _Metrics()
         self.metrics.dry_run.set(1 if dry_run else 0)
+        self.metrics.zero(list(self.labels.values()))
         self.lease_s = lease_s
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._test_hang = float(os.environ.get(TEST_HANG_ENV) or 0)
@@ -256,6 +283,8 @@ class FuseService:
         self._wakes = {name: threading.Event() for name in self.adapters}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._in_call: set[int] = set()  # outbox rows whose adapter call is under way (not released at stop)
+        self._in_call_lock = threading.Lock()
         self.metrics.oldest_pending.set_function(self._oldest_pending_age)
         self._sync_gauges()
         self.metrics.pending.set(self.store.pending_count())
@@ -277,13 +306,31 @@ class FuseService:
             t.start()
             self._threads.append(t)
 
-    def stop(self) -> None:
+    def stop_taking_work(self) -> None:
+        """No new claim and no new call from now on (the calls under way finish); :meth:`stop` after."""
         self._stop.set()
         for w in self._wakes.values():
             w.set()
+
+    def stop(self) -> None:
+        """Stop taking work (no new claim, no new call), wait for the calls under way (each ends by
+        its adapter's deadline), then give up this replica's claims on the rows not applied, so
+        another replica takes them at once rather than after the lease (logged; a store that fails
+        leaves them to the lease)."""
+        self.stop_taking_work()
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(timeout=max(5.0, self.longest_timeout_s + 1))
         self._threads.clear()
+        try:
+            with self._in_call_lock:
+                busy = sorted(self._in_call)
+            n = self.store.release_claims(self.replica, keep=busy)
+        except Exception as e:
+            log.warning("claims of %s not released (another replica takes them when the lease ends): %s",
+                        self.replica, e)
+            return
+        if n:
+            log.info("released %d claimed action(s) of %s for another replica", n, self.replica)
 
     # ------------------------------------------------------------------ inputs
     def handle(self, note: Notification, received: Optional[float] = None) -> dict:
@@ -609,7 +656,7 @@ class FuseService:
         for seq in [seq for seq in unrecorded if seq not in {h["seq"] for h in heads.values()}]:
             del unrecorded[seq]
         wait, progressed = 1.0, False
-        wall = time.time()
+        wall = self.store.clock()  # the leases' clock (the database server's with PostgreSQL)
         ready: dict[str, dict] = {}
         for k, job in heads.items():
             lane = lanes.get(k)
@@ -620,19 +667,31 @@ class FuseService:
                 wait = min(wait, job["lease_until"] - wall)  # another replica's: taken over when its lease ends
             else:
                 ready[k] = job
-        claimed = set(self.store.claim([j["seq"] for j in ready.values()], self.replica, wall, self.lease_s)) if ready else set()
+        if self._stop.is_set():
+            return 0.0
+        claimed = self.store.claim_fenced([j["seq"] for j in ready.values()], self.replica, self.lease_s) if ready else {}
+        claimed_at = time.monotonic()
+        longest = getattr(adapter, "timeout_s", None) or 0.0
         if claimed and self._test_hang:
-            log.warning("%s set: sleeping %gs after claiming outbox rows %s (test only)", TEST_HANG_ENV,
+            log.warning("%s set: waiting %gs after claiming outbox rows %s (test only)", TEST_HANG_ENV,
                         self._test_hang, sorted(claimed))
-            time.sleep(self._test_hang)
+            self._stop.wait(self._test_hang)
         for k, job in ready.items():
             if self._stop.is_set():
                 break
             if job["seq"] not in claimed:  # another replica claimed it meanwhile
                 continue
+            if time.monotonic() - claimed_at + longest >= self.lease_s:
+                # the calls before this one took so long that the batch's lease would end before this
+                # call's deadline: renew it (a new token), or leave the row if it was taken over
+                renewed = self.store.claim_fenced([job["seq"]], self.replica, self.lease_s)
+                if job["seq"] not in renewed:
+                    continue
+                claimed[job["seq"]] = renewed[job["seq"]]
+            job["claim"] = (self.replica, claimed[job["seq"]])
             if job["seq"] in unrecorded:  # applied, but recording it failed: record it, do not call again
                 at, audit = unrecorded[job["seq"]]
-                self.store.mark_applied(job["seq"], at, audit)
+                self._recorded(adapter.name, job, self.store.mark_applied(job["seq"], at, audit, job["claim"]))
                 del unrecorded[job["seq"]]
                 progressed = True
             elif self._attempt(adapter, job, k, lanes, unrecorded):
@@ -649,9 +708,12 @@ class FuseService:
         name, p, attempt = adapter.name, job["payload"], job["attempts"] + 1
         label = self.labels[name]
         started = time.monotonic()
+        with self._in_call_lock:
+            self._in_call.add(job["seq"])
         try:
             adapter.apply(p)
         except Exception as e:  # ActionError, or a bug in an adapter (transient: retried)
+            self._call_done(job["seq"])
             self.metrics.call_duration.labels(label).observe(time.monotonic() - started)
             self.metrics.calls.labels(label, "error").inc()
             self.metrics.failures.labels(label).inc()
@@ -663,14 +725,16 @@ class FuseService:
                 now = self.clock()
                 status = getattr(e, "status", None)
                 # The answer's text and the URL stay in detail (the audit); the reason is shown to readers.
-                self.store.mark_given_up(job["seq"], str(e), {
+                recorded = self.store.mark_given_up(job["seq"], str(e), {
                     "at": now, "kind": "failed", "decision_id": job["decision_id"], "scope_key": key,
                     "level": p.get("level"), "action": p.get("action"), "source": label,
                     "reason": f"{p.get('state')} not applied by {label} after {attempt} attempt(s), "
                               f"{'permanent failure' if permanent else 'retries exhausted'}: "
                               f"{getattr(e, 'summary', None) or type(e).__name__}"[:1000],
                     "detail": {"attempts": attempt, "status": status, "class": reason, "adapter": name,
-                               "error": str(e)[:1000]}})
+                               "error": str(e)[:1000]}}, job["claim"])
+                if not self._recorded(name, job, recorded):
+                    return True
                 self.metrics.given_up.labels(label, reason).inc()
                 if p.get("state") == "trip":
                     self.applied.outcome(key, int(p.get("level") or 0), job["decision_id"], label, False,
@@ -684,8 +748,12 @@ class FuseService:
             lanes[key] = _Lane(job["seq"], time.monotonic() + delay, delay)  # before the store, which may fail
             log.warning("action %s for %s failed (attempt %d), retrying in %.2fs: %s",
                         name, job["decision_id"], attempt, delay, e, extra=_fields(job, key, label, attempt))
-            self.store.mark_failed(job["seq"], str(e), retry_at=time.time() + delay)
+            if not self._recorded(name, job, self.store.mark_failed(job["seq"], str(e), self.store.clock() + delay,
+                                                                    job["claim"])):
+                lanes.pop(key, None)
+                return True
             return False
+        self._call_done(job["seq"])
         took = time.monotonic() - started
         self.metrics.call_duration.labels(label).observe(took)
         self.metrics.calls.labels(label, "ok").inc()
@@ -697,10 +765,12 @@ class FuseService:
                  "reason": f"{p['state']} not applied (dry-run)" if self.dry_run else f"{p['state']} applied by {label}",
                  "detail": {"attempts": attempt, "adapter": name, "call_s": round(took, 6)}}
         try:
-            self.store.mark_applied(job["seq"], now, audit)
+            recorded = self.store.mark_applied(job["seq"], now, audit, job["claim"])
         except Exception:
             unrecorded[job["seq"]] = (now, audit)  # recorded on the next pass, without calling again
             raise
+        if not self._recorded(name, job, recorded):
+            return True
         self.metrics.latency.labels(label).observe(max(0.0, now - job["received"]))
         if p["state"] == "trip":
             self.applied.outcome(key, int(p["level"]), job["decision_id"], label, not self.dry_run,
@@ -708,6 +778,21 @@ class FuseService:
         log.info("%s %s level %s on %s: %s", p["state"], p["action"], p["level"], key, audit["reason"],
                  extra=_fields(job, key, label, attempt))
         return True
+
+    def _call_done(self, seq: int) -> None:
+        with self._in_call_lock:
+            self._in_call.discard(seq)
+
+    def _recorded(self, name: str, job: dict, recorded: bool) -> bool:
+        """``recorded`` as the store's ``mark_*`` returned it; when False (the row is no longer
+        pending, or another replica claimed it since: this call outlived its claim), log it and
+        count it in ``fusebox_fuse_stale_results_total``: the other replica's result counts."""
+        if not recorded:
+            label = self.labels[name]
+            self.metrics.stale.labels(label).inc()
+            log.warning("result of %s for %s not recorded: the claim passed to another replica (or the row was "
+                        "settled) meanwhile", name, job["decision_id"], extra=_fields(job, "", label, job["attempts"] + 1))
+        return recorded
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_s):

@@ -28,12 +28,16 @@ version before deciding, so two replicas never decide the same thing twice. Tabl
   fingerprint keeps its row with value NULL for a while, so that other replicas learn it is gone
   (:meth:`Store.changes_since`).
 * ``outbox(seq, decision_id, adapter, payload, received, status, attempts, last_error, applied_at,
-  idem_key, claimed_by, lease_until)``: one row per decision and adapter; ``status`` is
+  idem_key, claimed_by, lease_until, claim_gen)``: one row per decision and adapter; ``status`` is
   ``pending``, ``applied`` or ``failed`` (given up, see :mod:`fusebox.fuse.actions`). ``idem_key``
   (unique with ``adapter``) names the decision by what it changes: ``trip|release``, scope, level and
   the trip's time, so the same change is never queued twice. A replica *claims* a row before it
   calls the adapter (:meth:`Store.claim`: ``claimed_by``, ``lease_until`` in Unix seconds); others
-  leave it alone until the lease ends, then take it over (its claimer died).
+  leave it alone until the lease ends, then take it over (its claimer died). Every claim adds one
+  to ``claim_gen`` (the *fencing token*): a result is recorded (:meth:`Store.mark_applied`,
+  ``mark_given_up``, ``mark_failed``) only by the replica that holds the row's latest claim, so a
+  replica whose call outlived its lease cannot record it over the one that took the row over.
+  Leases are on the database's clock with PostgreSQL (:meth:`Store.now`), the host's with SQLite.
 * ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``: append-only
   (triggers reject UPDATE and DELETE; on PostgreSQL TRUNCATE too).
 * ``adapter_state(adapter, worker, holds, settings)``: what the spec's adapters keep between calls
@@ -65,7 +69,7 @@ __all__ = ["Store", "PgStore", "StoreError", "Head", "open_store", "SCHEMA_VERSI
 
 log = logging.getLogger("fusebox.fuse")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Every PURGE_EVERY versions, rows of removed scopes and fingerprints (value NULL) older than
 # PURGE_EVERY versions are deleted; a replica that far behind reads the whole state again.
 PURGE_EVERY = 1000
@@ -109,6 +113,8 @@ _SQLITE = {
         "CREATE INDEX breaker_state_version ON breaker_state (version)",
         "INSERT INTO meta (key, value) VALUES ('state_horizon', '0') ON CONFLICT (key) DO NOTHING",
         "split_snapshot"],
+    # the fencing token of a claim (issue 22: a stale claimer recorded a second "applied")
+    6: ["ALTER TABLE outbox ADD COLUMN claim_gen INTEGER NOT NULL DEFAULT 0"],
 }
 _PG = {
     1: ["CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -146,7 +152,19 @@ _PG = {
         "CREATE INDEX breaker_state_version ON breaker_state (version)",
         "INSERT INTO meta (key, value) VALUES ('state_horizon', '0') ON CONFLICT (key) DO NOTHING",
         "split_snapshot"],
+    # the fencing token of a claim (issue 22: a stale claimer recorded a second "applied")
+    6: ["ALTER TABLE outbox ADD COLUMN claim_gen BIGINT NOT NULL DEFAULT 0"],
 }
+
+# How often a PostgreSQL store measures again how far the host's clock is from the server's, seconds.
+CLOCK_REFRESH_S = 5.0
+
+
+def local_clock() -> float:
+    """This host's wall clock, Unix seconds."""
+    import time
+
+    return time.time()
 
 
 def _create_private(path: str) -> None:
@@ -483,54 +501,103 @@ class Store:
     def audit(self, row: dict) -> None:
         self.commit(None, (), [row])
 
-    def _finish(self, sql: str, args: tuple, audit: dict) -> None:
+    def _finish(self, sql: str, args: tuple, audit: Optional[dict], claim: Optional[tuple[str, int]]) -> bool:
+        """Run ``sql`` (an UPDATE of one pending outbox row, ``seq`` its last argument) and, when it
+        changed the row, write ``audit``; with ``claim`` = (owner, token) only while ``owner`` holds
+        the row's latest claim. Whether it did (False: nothing written)."""
+        if claim is not None:
+            sql += " AND claimed_by = ? AND claim_gen = ?"
+            args = (*args, *claim)
         with self._transaction(exclusive=False):
-            self._run(sql, args)
-            self._audit_rows([audit])
+            done = self._run(sql, args) == 1
+            if done and audit is not None:
+                self._audit_rows([audit])
+        return done
 
-    def claim(self, seqs: Iterable[int], owner: str, now: float, lease_s: float) -> list[int]:
+    def now(self) -> float:
+        """The clock leases are on, Unix seconds: this host's (SQLite: one host). Raises StoreError."""
+        return local_clock()
+
+    def clock(self) -> float:
+        """:meth:`now` without a round trip to the database (the service's clock; on PostgreSQL the
+        host's clock corrected by the offset to the server's, measured every CLOCK_REFRESH_S)."""
+        return local_clock()
+
+    def _claim_now(self) -> float:
+        """The lease clock inside :meth:`claim`'s transaction."""
+        return local_clock()
+
+    def claim(self, seqs: Iterable[int], owner: str, now: Optional[float] = None, lease_s: float = 30.0) -> list[int]:
+        """:meth:`claim_fenced`, the rows only."""
+        return list(self.claim_fenced(seqs, owner, lease_s, now))
+
+    def claim_fenced(self, seqs: Iterable[int], owner: str, lease_s: float, now: Optional[float] = None) -> dict[int, int]:
         """Claim the outbox rows ``seqs`` that are pending and not leased to another replica (no lease,
-        an ended one, or ``owner``'s own) for ``lease_s`` seconds from ``now`` (Unix s). Returns the
-        rows claimed: only those may be applied by ``owner`` until the lease ends. PostgreSQL locks
+        an ended one, or ``owner``'s own) for ``lease_s`` seconds from ``now`` (Unix s; None: the
+        store's clock, :meth:`now`, read in the same transaction). Returns ``{seq: fencing token}``
+        of the rows claimed: only those may be applied by ``owner``, and its results recorded with
+        that token (``claim=(owner, token)``) while no one claimed the row since. PostgreSQL locks
         them with ``SELECT ... FOR UPDATE SKIP LOCKED``: rows another replica is claiming are skipped.
 
         Raises StoreError (nothing claimed)."""
         seqs = list(seqs)
         if not seqs:
-            return []
+            return {}
         with self._transaction(exclusive=False):
+            if now is None:
+                now = self._claim_now()
             got = [r[0] for r in self._rows(
                 "SELECT seq FROM outbox WHERE seq IN (%s) AND status='pending' "
                 "AND (lease_until IS NULL OR lease_until <= ? OR claimed_by = ?) ORDER BY seq%s"
                 % (",".join("?" * len(seqs)), self._claim_suffix), (*seqs, now, owner))]
-            if got:
-                self._run("UPDATE outbox SET claimed_by = ?, lease_until = ? WHERE seq IN (%s)" % ",".join("?" * len(got)),
-                          (owner, now + lease_s, *got))
-        return got
+            if not got:
+                return {}
+            marks = ",".join("?" * len(got))
+            self._run("UPDATE outbox SET claimed_by = ?, lease_until = ?, claim_gen = claim_gen + 1 WHERE seq IN (%s)"
+                      % marks, (owner, now + lease_s, *got))
+            return dict(self._rows("SELECT seq, claim_gen FROM outbox WHERE seq IN (%s)" % marks, got))
 
-    def mark_applied(self, seq: int, at: float, audit: dict) -> None:
-        """Outbox row ``seq`` applied at ``at`` (Unix s), with its audit row, in one transaction.
-
-        Raises StoreError (nothing written)."""
-        self._finish("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1, lease_until=NULL "
-                     "WHERE seq=?", (at, seq), audit)
-
-    def mark_given_up(self, seq: int, error: str, audit: dict) -> None:
-        """Outbox row ``seq`` will not be retried (status ``failed``), with its audit row.
-
-        Raises StoreError (nothing written)."""
-        self._finish("UPDATE outbox SET status='failed', attempts=attempts+1, last_error=?, lease_until=NULL "
-                     "WHERE seq=?", (error[:500], seq), audit)
-
-    def mark_failed(self, seq: int, error: str, retry_at: Optional[float] = None) -> None:
-        """One more failed attempt of row ``seq`` (still pending); with ``retry_at`` (Unix s) its lease
-        is kept until then, so no replica retries it before the backoff. Raises StoreError."""
+    def release_claims(self, owner: str, keep: Iterable[int] = ()) -> int:
+        """Give up the claims ``owner`` holds on pending rows (but those in ``keep``: a call still under
+        way), so another replica takes them at once rather than after the lease; their fencing
+        tokens move on. Returns how many. Raises StoreError."""
+        keep = list(keep)
+        sql = ("UPDATE outbox SET claimed_by = NULL, lease_until = NULL, claim_gen = claim_gen + 1 "
+               "WHERE status='pending' AND claimed_by = ?")
+        if keep:
+            sql += " AND seq NOT IN (%s)" % ",".join("?" * len(keep))
         with self._transaction(exclusive=False):
-            if retry_at is None:
-                self._run("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE seq=?", (error[:500], seq))
-            else:
-                self._run("UPDATE outbox SET attempts=attempts+1, last_error=?, lease_until=? WHERE seq=?",
-                          (error[:500], retry_at, seq))
+            return self._run(sql, (owner, *keep))
+
+    def mark_applied(self, seq: int, at: float, audit: dict, claim: Optional[tuple[str, int]] = None) -> bool:
+        """Pending outbox row ``seq`` applied at ``at`` (Unix s), with its audit row, in one
+        transaction; with ``claim`` = (owner, fencing token, :meth:`claim_fenced`) only while that
+        claim is the row's latest. Returns whether it was recorded (False: the row is no longer
+        pending, or someone claimed it since; nothing written, so a decision never gets two
+        ``applied`` rows).
+
+        Raises StoreError (nothing written)."""
+        return self._finish("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1, lease_until=NULL "
+                            "WHERE seq=? AND status='pending'", (at, seq), audit, claim)
+
+    def mark_given_up(self, seq: int, error: str, audit: dict, claim: Optional[tuple[str, int]] = None) -> bool:
+        """Pending outbox row ``seq`` will not be retried (status ``failed``), with its audit row;
+        ``claim`` and the result as :meth:`mark_applied`.
+
+        Raises StoreError (nothing written)."""
+        return self._finish("UPDATE outbox SET status='failed', attempts=attempts+1, last_error=?, lease_until=NULL "
+                            "WHERE seq=? AND status='pending'", (error[:500], seq), audit, claim)
+
+    def mark_failed(self, seq: int, error: str, retry_at: Optional[float] = None,
+                    claim: Optional[tuple[str, int]] = None) -> bool:
+        """One more failed attempt of row ``seq`` (still pending); with ``retry_at`` (Unix s, the
+        store's clock) its lease is kept until then, so no replica retries it before the backoff;
+        ``claim`` and the result as :meth:`mark_applied`. Raises StoreError."""
+        if retry_at is None:
+            return self._finish("UPDATE outbox SET attempts=attempts+1, last_error=? WHERE seq=? AND status='pending'",
+                                (error[:500], seq), None, claim)
+        return self._finish("UPDATE outbox SET attempts=attempts+1, last_error=?, lease_until=? "
+                            "WHERE seq=? AND status='pending'", (error[:500], retry_at, seq), None, claim)
 
     # ----------------------------------------------------------------- adapters' state
     def adapter_hold(self, adapter: str, worker: str, hold: str, on: bool) -> bool:
@@ -690,11 +757,55 @@ class PgStore(Store):
         self._probe_lock = threading.Lock()
         self._closed = False
         self._db = None
+        self._offset, self._offset_at = 0.0, local_clock()
+        self._offset_busy = threading.Event()
         try:
             self._connect()
             self._migrate()
+            self._offset_busy.set()
+            self._measure_offset()  # before the first clock() a caller reads
         except self._errors() as e:
             raise StoreError(f"{store_label(url)}: {e}".strip()) from e
+
+    _NOW = "SELECT extract(epoch from clock_timestamp())::float8"
+
+    def now(self) -> float:
+        """The database server's clock, Unix seconds (``clock_timestamp()``): every replica's leases
+        and holds are on it, whatever each host's clock says. Raises StoreError."""
+        return float(self._read(self._NOW)[0][0])
+
+    def _claim_now(self) -> float:
+        return float(self._rows(self._NOW)[0][0])
+
+    def clock(self) -> float:
+        """The server's clock without a round trip: this host's clock plus the offset to the server's,
+        measured (half the round trip allowed for) at start and every CLOCK_REFRESH_S after, in a
+        thread of its own on the probe's connection, so no caller waits for it; while the server
+        cannot be reached, the last offset measured."""
+        local = local_clock()
+        if local - self._offset_at >= CLOCK_REFRESH_S and not self._offset_busy.is_set():
+            self._offset_at = local
+            self._offset_busy.set()
+            threading.Thread(target=self._measure_offset, name="fuse-pg-clock", daemon=True).start()
+        return local + self._offset
+
+    def _measure_offset(self) -> None:
+        try:
+            with self._probe_lock:
+                if self._probe is None and not self._closed:
+                    self._probe = self._connect_probe()
+                t0 = local_clock()
+                server = float(self._probe.execute(self._NOW).fetchone()[0])
+                t1 = local_clock()
+            self._offset = server - (t0 + t1) / 2
+        except Exception as e:  # the server down: keep the last offset (the webhook answers 503 anyway)
+            log.debug("clock offset not measured: %s", e)
+            with self._probe_lock, contextlib.suppress(Exception):
+                if self._probe is not None and not self._closed:
+                    self._probe.close()
+                    self._probe = None
+        finally:
+            self._offset_busy.clear()
 
     def _connect(self) -> None:
         import psycopg

@@ -230,6 +230,9 @@ FUSE_METRICS = {
     "actions_given_up": "fusebox_fuse_actions_given_up_total",  # counter {adapter, reason}: audited as failed
     "oldest_pending_age": "fusebox_fuse_oldest_pending_action_age_seconds",  # gauge: 0 when none pending
     "dispatcher_errors": "fusebox_fuse_dispatcher_errors_total",  # counter {adapter}: loop iterations that raised
+    # counter {adapter}: results of a call not recorded because the claim had passed to another
+    # replica meanwhile (its fencing token moved on; that replica's result counts)
+    "stale_results": "fusebox_fuse_stale_results_total",
     "actions_pending": "fusebox_fuse_actions_pending",  # gauge
     "decision_latency": "fusebox_fuse_decision_latency_seconds",  # histogram: request -> applied
     "request_latency": "fusebox_fuse_webhook_duration_seconds",  # histogram: webhook handling

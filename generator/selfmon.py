@@ -374,6 +374,8 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     # 3. counters that rise once: the alert fires while the window holds the rise, then resolves
     jump = 4
     n = int((jump * I + W + 4 * I) // I) + 1
+    # the fuse publishes every adapter's given-up series at 0 from start (Alertmanager its failed
+    # counter per integration likewise): their 0 here is what Prometheus scrapes before the rise
     given_up = {**fuse, "adapter": "gateway", "reason": "retries_exhausted"}
     am_fail = {**_AM, **_am_labels(spec)}
     am_other = {**_AM, **{**_am_labels(spec), "integration": "email"}}

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from _fuse_support import SPEC, TOKEN, alert, free_port, need_tool, payload, wait_for
 from _pg_support import PgServer
+from _slow_peers import TrickleHttp
 
 from fusebox import conventions as C
 from fusebox.fuse.gateway import read_log
@@ -84,15 +85,25 @@ class Cluster:
         self.am_urls: dict[str, str] = {}
 
     # ---------------------------------------------------------------- replicas
-    def replica(self, name: str, *, env: dict | None = None, wait: bool = True) -> str:
+    def replica(self, name: str, *, env: dict | None = None, wait: bool = True, gw_url: str | None = None,
+                timeout: float = TIMEOUT, lease: float = LEASE, backoff: float = 0.05, ahead_s: float = 0) -> str:
+        """``ahead_s``: the replica's wall clock runs that many seconds ahead (``time.time`` shifted in
+        that process before anything starts, as a host whose clock is off)."""
         port = free_port()
         url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, **(env or {})}
+        if ahead_s:
+            shim = self.tmp / f"clock-{name}"
+            shim.mkdir()
+            (shim / "sitecustomize.py").write_text(
+                f"import time\n_real = time.time\ntime.time = lambda: _real() + {ahead_s!r}\n")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), env.get("PYTHONPATH", "")) if p)
         p = subprocess.Popen(
             [sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--listen", f"127.0.0.1:{port}",
-             "--store", self.url, "--token-file", str(self.token_file), "--gateway-url", self.gw_url,
-             "--hold", str(HOLD), "--tick", "0.05", "--retry-backoff", "0.05", "--retry-max", "0.5",
-             "--timeout", str(TIMEOUT), "--lease", str(LEASE), "--log-level", "warning"],
-            stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"{name}.log", "wb"), env={**os.environ, **(env or {})})
+             "--store", self.url, "--token-file", str(self.token_file), "--gateway-url", gw_url or self.gw_url,
+             "--hold", str(HOLD), "--tick", "0.05", "--retry-backoff", str(backoff), "--retry-max", "0.5",
+             "--timeout", str(timeout), "--lease", str(lease), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"{name}.log", "wb"), env=env)
         self.replicas[name] = (p, url)
         if wait:
             wait_for(lambda: _up(url), 30, 0.1, f"replica {name}")
@@ -319,3 +330,77 @@ def test_one_alertmanager_peer_killed_the_other_keeps_notifying_one_trip(cluster
     _settled(cluster, 1, 1.5)
     assert cluster.calls() == [("trip", 1)]
     assert all(_notified(u) >= 1 for u in (a, b))
+
+
+# ----------------------------------------------------------------------- calls bounded by the lease
+def test_a_gateway_trickling_its_answer_never_gets_the_same_call_from_two_replicas_at_once(cluster):
+    """7. --timeout 2 --lease 3; the gateway trickles its first answer over 15 s (later ones come at
+    once). The first call is cut off at its 2 s deadline, inside the lease, and retried: the
+    gateway never has two calls under way at once, and the decision has one ``applied`` row."""
+    gw = TrickleHttp(gap=0.01, size=1500, first_only=True)
+    try:
+        a = cluster.replica("a", gw_url=gw.url, timeout=2, lease=3, backoff=0.5)
+        cluster.replica("b", gw_url=gw.url, timeout=2, lease=3, backoff=0.5)
+        assert _post(a, payload(alert("GPUMemoryUtilizationHigh", starts=time.time() - 30, **GPU))) == 200
+        wait_for(lambda: cluster.db("SELECT status FROM outbox") == [("applied",)], 30, 0.05, "the trip applied")
+        wait_for(lambda: len(gw.sent) == 1, 30, 0.05, "the trickled answer ended")
+        time.sleep(1.0)  # a late result of the first call would be recorded by now
+    finally:
+        gw.stop()
+    assert gw.most == 1  # never two calls under way at once
+    assert gw.sent[0] < 1500  # the first answer was cut off
+    assert cluster.db("SELECT count(*) FROM audit WHERE kind='applied'") == [(1,)]
+
+
+def test_a_replica_10s_ahead_keeps_the_hold_time_of_the_database_clock(cluster):
+    """8. Replica B's clock is 10 s ahead. A trips and receives the resolved; the hold (1.5 s) is
+    ended by whichever replica ticks first: the release reaches the gateway no sooner than the
+    hold after the resolved (on B's own clock it would be due at once)."""
+    a = cluster.replica("a")
+    cluster.replica("b", ahead_s=10)
+    start = time.time() - 30
+    assert _post(a, payload(alert("GPUMemoryUtilizationHigh", starts=start, **GPU))) == 200
+    _settled(cluster, 1, 0.3)
+    resolved_at = time.time()
+    assert _post(a, payload(alert("GPUMemoryUtilizationHigh", "resolved", starts=start, **GPU))) == 200
+    _settled(cluster, 2, 0.5)
+    log = read_log(cluster.gw_log)
+    assert [(r["state"], r["level"]) for r in log] == [("trip", 1), ("release", 1)]
+    assert log[1]["at"] >= resolved_at + HOLD
+
+
+def test_a_replica_10s_ahead_does_not_take_over_a_call_before_the_lease_ends(cluster):
+    """9. A claims the call and hangs (test-only) until killed; B, 10 s ahead, makes it once, after
+    A's lease (4 s on the database's clock) ended, not at once."""
+    a = cluster.replica("a", env={TEST_HANG_ENV: "60"})
+    assert _post(a, payload(alert("GPUMemoryUtilizationHigh", starts=time.time() - 30, **GPU))) == 200
+    wait_for(lambda: cluster.db("SELECT claimed_by FROM outbox WHERE claimed_by IS NOT NULL"), 10, 0.02, "A claimed")
+    ((lease_until,),) = cluster.db("SELECT lease_until FROM outbox")
+    cluster.replica("b", ahead_s=10)
+    _settled(cluster, 1)
+    cluster.kill("a")
+    log = read_log(cluster.gw_log)
+    assert cluster.calls() == [("trip", 1)] and log[0]["at"] >= lease_until
+    assert cluster.db("SELECT status, attempts FROM outbox") == [("applied", 1)]
+
+
+# --------------------------------------------------------------------------------- graceful SIGTERM
+def test_sigterm_releases_the_claim_so_the_next_replica_calls_without_waiting_out_the_lease(cluster):
+    """10. A claims the call (lease 60 s) and hangs before making it (test-only); SIGTERM: A stops
+    taking work, releases its claim, closes the store and exits 0. B, started then, makes the call
+    once, long before A's lease would have ended."""
+    a = cluster.replica("a", env={TEST_HANG_ENV: "60"}, lease=60)
+    assert _post(a, payload(alert("GPUMemoryUtilizationHigh", starts=time.time() - 30, **GPU))) == 200
+    wait_for(lambda: cluster.db("SELECT claimed_by FROM outbox WHERE claimed_by IS NOT NULL"), 10, 0.02, "A claimed")
+    ((lease_until,),) = cluster.db("SELECT lease_until FROM outbox")
+    p, _ = cluster.replicas["a"]
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 0
+    assert cluster.db("SELECT status, claimed_by, lease_until FROM outbox") == [("pending", None, None)]
+    # its connections are closed (PostgreSQL lists none of the fuse's)
+    assert cluster.db("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'fusebox-fuse%'") == [(0,)]
+    assert "Traceback" not in (cluster.tmp / "a.log").read_text()
+    cluster.replica("b")
+    _settled(cluster, 1)
+    assert cluster.calls() == [("trip", 1)] and read_log(cluster.gw_log)[0]["at"] < lease_until
+    assert cluster.db("SELECT status, attempts FROM outbox") == [("applied", 1)]

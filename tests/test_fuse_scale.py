@@ -196,7 +196,8 @@ def test_a_version_4_snapshot_is_migrated_into_one_row_per_scope(tmp_path):
     s = Store(path)
     s.close()
     db = sqlite3.connect(path)  # the file as fusebox with schema 4 left it
-    db.executescript("DROP TABLE breaker_state; DELETE FROM schema_version WHERE version = 5;"
+    db.executescript("DROP TABLE breaker_state; DELETE FROM schema_version WHERE version >= 5;"
+                     "ALTER TABLE outbox DROP COLUMN claim_gen;"
                      "DELETE FROM meta WHERE key = 'state_horizon';")
     db.execute("INSERT INTO meta VALUES ('breaker', ?)", (json.dumps(snap),))
     db.execute("UPDATE meta SET value = '7' WHERE key = 'breaker_version'")
@@ -204,7 +205,7 @@ def test_a_version_4_snapshot_is_migrated_into_one_row_per_scope(tmp_path):
     db.close()
     svc = _service(tmp_path)
     try:
-        assert svc.store.schema_version() == SCHEMA_VERSION == 5
+        assert svc.store.schema_version() == SCHEMA_VERSION == 6
         assert svc.store.snapshot() == json.loads(json.dumps(snap))
         assert svc.store.version() == 7 and svc.store.state_rows() == 4  # 3 scopes, 1 tombstone
         assert svc.store._rows("SELECT count(*) FROM meta WHERE key = 'breaker'") == [(0,)]

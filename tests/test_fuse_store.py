@@ -52,7 +52,7 @@ def test_an_old_sqlite_file_is_migrated_keeping_its_pending_row(tmp_path):
     db.executescript(V1)
     db.close()
     s = Store(path)
-    assert s.schema_version() == SCHEMA_VERSION == 5
+    assert s.schema_version() == SCHEMA_VERSION == 6
     assert s.adapter_state("haproxy:lb") == {}  # migration 4's table, empty
     assert [(r["decision_id"], r["status"], r["idem_key"], r["claimed_by"]) for r in s.outbox()] == [
         ("d1", "pending", "d1", None)]
@@ -178,7 +178,7 @@ def test_serve_takes_a_sqlite_url_and_refuses_a_lease_not_above_the_timeout(tmp_
     assert service.store.path == str(tmp_path / "a" / "f.sqlite") and service.lease_s == 9.0
     service.store.close()
     args = build_parser().parse_args([*base, "--state", str(tmp_path / "g.sqlite"), "--lease", "5", "--timeout", "5"])
-    with pytest.raises(ValueError, match="--lease 5 must exceed --timeout 5"):
+    with pytest.raises(ValueError, match="--lease 5 must exceed the longest adapter timeout, --timeout 5"):
         build_service(args)
 
 
