@@ -28,7 +28,7 @@ import httpx
 
 from fusebox.spec.adapters import Discover
 
-from .actions import ActionError
+from .actions import ActionError, deadline_client
 
 __all__ = ["GpuWorkers", "ResolveError", "POD_INFO_METRIC"]
 
@@ -55,7 +55,7 @@ class GpuWorkers:
     def __init__(self, spec: Discover, timeout_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.spec = spec
         self.clock = clock
-        self._client = httpx.Client(timeout=timeout_s)
+        self._client = deadline_client(timeout_s)  # inside the adapter call's deadline (call_deadline)
         self._lock = threading.Lock()
         self._at: Optional[float] = None
         self._pods: dict[str, set[tuple[str, str, str]]] = {}  # gpu id -> {(cluster, namespace, pod)}
