@@ -11,8 +11,16 @@ lane that is failing (in backoff) does not hold up other scopes. Failures are cl
 :class:`fusebox.fuse.actions.ActionError`: permanent ones (4xx but 408/425/429) are audited as
 ``failed`` at once; transient ones are retried with exponential backoff (``backoff_s`` doubling up
 to ``backoff_max_s``, per lane) until applied, or until the adapter's ``max_attempts`` is spent.
-An exception inside a dispatcher iteration (e.g. the store failing) is logged, counted in
+An exception inside a dispatcher iteration (e.g. the store failing) is counted in
 ``fusebox_fuse_dispatcher_errors_total`` and the loop goes on.
+
+The store unreachable (PostgreSQL down, a full disk): every loop that touches it (each dispatcher,
+the ticker) waits ``backoff_s`` after a failed pass, doubling up to ``backoff_max_s``, until a pass
+succeeds; the store logs one line when it is lost and one when it is back (:class:`Health`), with
+no traceback (a failure that is not the store's is still logged with its traceback). Meanwhile
+``/state`` answers from the last state this replica read, marked ``stale`` (and ``store``:
+``{"reachable": false, "unreachable_since", "error"}``), and the oldest-pending gauge keeps counting
+from the oldest pending action last read (never NaN), so ``FuseboxFuseActionsStuck`` can fire.
 
 Scale: a change persists only the scopes it touched (:meth:`Breaker.changes`), sets the level
 gauge of only those scopes, and looks at no other scope (alerts indexed by fingerprint, timers in a
@@ -236,6 +244,9 @@ class FuseService:
         self.breaker.restore(store.snapshot())  # rows newer than _version, if any, are read again later
         self._wrote = False
         self._series = _LevelSeries(self.metrics, max_level_series, sorted(rules.levels))
+        self._store_errors: tuple[type[BaseException], ...] = (StoreError, *store._errors())
+        self._pending_known = 0  # the pending actions' count last read
+        self._oldest_known: Optional[float] = None  # ``received`` of the oldest pending action last read
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
@@ -246,7 +257,8 @@ class FuseService:
         self._threads: list[threading.Thread] = []
         self.metrics.oldest_pending.set_function(self._oldest_pending_age)
         self._sync_gauges()
-        self.metrics.pending.set(self.store.pending_count())
+        self._pending_known = self.store.pending_count()
+        self.metrics.pending.set(self._pending_known)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -365,7 +377,9 @@ class FuseService:
     def state(self, offset: int = 0, limit: Optional[int] = None, *, scope: Optional[dict] = None,
               min_level: int = 0) -> dict:
         """``levels``, ``scopes`` (:meth:`Breaker.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
-        and ``truncated``: ``{"notifications", "alerts"}`` truncated since start and ``last``, the
+        ``stale`` (True: the store cannot be reached and all this is what this replica last read),
+        ``store`` (``{"reachable": bool, "unreachable_since": Unix s or None, "error": str or None}``,
+        :class:`fusebox.fuse.store.Health`), and ``truncated``: ``{"notifications", "alerts"}`` truncated since start and ``last``, the
         newest ``truncated`` audit row (``{"at", "truncated_alerts", "alerts", "group_key"}``, kept
         across restarts) or None.
 
@@ -377,15 +391,23 @@ class FuseService:
         with self._lock:
             try:
                 self._refresh()
-            except StoreError:  # shown as last known; the webhook answers 503 meanwhile
-                log.warning("store unreachable: /state shows the last state this replica read")
+            except StoreError:  # shown as last known (marked stale); the webhook answers 503 meanwhile
+                pass
             page = self.breaker.page(offset, limit, labels=scope, min_level=min_level)
             truncated = dict(self._truncated)
+        try:
+            self._pending_known = self.store.pending_count()
+        except self._store_errors:
+            pass  # the count last read; the answer says it is stale
         end = offset + len(page["scopes"])
+        health = self.store.health
+        since = health.down_since
         return {"levels": page["levels"], "scopes": page["scopes"], "total": page["total"], "rows": page["rows"],
                 "tripped": page["tripped"], "offset": offset, "limit": limit,
                 "next_offset": end if end < page["total"] else None, "hold_s": self.hold_s,
-                "dry_run": self.dry_run, "pending_actions": self.store.pending_count(), "truncated": truncated}
+                "dry_run": self.dry_run, "pending_actions": self._pending_known, "truncated": truncated,
+                "stale": since is not None,
+                "store": {"reachable": since is None, "unreachable_since": since, "error": health.error or None}}
 
     # ------------------------------------------------------------------ machinery
     def _take_back(self, version: int, rows: Optional[list], snap: Optional[dict]) -> None:
@@ -422,8 +444,8 @@ class FuseService:
                     self._take_back(head.version, head.rows, head.snapshot)
                 self.breaker.begin()
                 yield
-        except StoreError as e:
-            log.error("state not persisted, change dropped: %s", e)
+        except StoreError as e:  # the store logged it (one line per outage)
+            log.debug("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         if self._wrote:
             self._version += 1
@@ -465,8 +487,8 @@ class FuseService:
         changes = self.breaker.changes()
         try:
             self.store.commit(None, rows, audit, changes=changes)
-        except StoreError as e:  # the breaker is set back by _all_or_nothing
-            log.error("state not persisted, change dropped: %s", e)
+        except StoreError as e:  # the breaker is set back by _all_or_nothing; the store logged it
+            log.debug("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         self._wrote = bool(changes)
         for d, o in zip(decisions, out):
@@ -475,7 +497,8 @@ class FuseService:
                      extra={"decision_id": o["decision_id"], "scope": d.scope_key, "action": d.action,
                             "fuse_level": d.level, "state": d.kind, "source": d.source})
         if decisions:
-            self.metrics.pending.set(self.store.pending_count())
+            self._pending_known = self.store.pending_count()
+            self.metrics.pending.set(self._pending_known)
             for w in self._wakes.values():
                 w.set()
         return out
@@ -487,11 +510,14 @@ class FuseService:
             self._series.set(key, sc["labels"] if sc else None, self.breaker.level_of(key))
 
     def _oldest_pending_age(self) -> float:
+        """Seconds since the oldest pending action's request (0: none). The store unreachable: from
+        the oldest one last read, so that a stuck action keeps ageing (never NaN: an alert on NaN
+        never fires)."""
         try:
-            received = self.store.oldest_pending_received(self.adapters)
-        except Exception:  # the store cannot be read: say so rather than 0
-            log.exception("outbox read failed")
-            return float("nan")
+            self._oldest_known = self.store.oldest_pending_received(self.adapters)
+        except self._store_errors:
+            pass
+        received = self._oldest_known
         return 0.0 if received is None else max(0.0, self.clock() - received)
 
     def _dispatch_loop(self, name: str) -> None:
@@ -500,14 +526,17 @@ class FuseService:
         wake = self._wakes[name]
         lanes: dict[str, _Lane] = {}
         unrecorded: dict[int, tuple[float, dict]] = {}
+        backoff = _Backoff(self.backoff_s, self.backoff_max_s)
         while not self._stop.is_set():
             wake.clear()  # a commit during the pass sets it again, so the wait below returns at once
             try:
                 wait = self._dispatch_once(adapter, lanes, unrecorded)
-            except Exception:  # the store failing, a bug: count, log, go on after a pause
+                backoff.reset()
+            except Exception as e:  # the store failing, a bug: count, go on after a pause that grows
                 self.metrics.dispatcher_errors.labels(self.labels[name]).inc()
-                log.exception("dispatcher %s: iteration failed; retrying in %.2fs", name, self.backoff_s)
-                wait = self.backoff_s
+                wait = backoff.next()
+                if not isinstance(e, self._store_errors):  # the store's are logged once per outage
+                    log.exception("dispatcher %s: iteration failed; retrying in %.2fs", name, wait)
             if wait > 0:
                 wake.wait(timeout=wait)
 
@@ -554,7 +583,8 @@ class FuseService:
                 progressed = True
             else:
                 wait = min(wait, max(0.0, lanes[k].due - time.monotonic()))
-        self.metrics.pending.set(self.store.pending_count())
+        self._pending_known = self.store.pending_count()
+        self.metrics.pending.set(self._pending_known)
         return 0.0 if progressed else wait
 
     def _attempt(self, adapter: Adapter, job: dict, key: str, lanes: dict[str, "_Lane"],
@@ -618,11 +648,32 @@ class FuseService:
         return True
 
     def _tick_loop(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        backoff = _Backoff(self.backoff_s, self.backoff_max_s)
+        wait = self.tick_s
+        while not self._stop.wait(wait):
             try:
                 self.tick()
-            except Exception:  # pragma: no cover - retried next tick
-                log.exception("tick failed")
+                backoff.reset()
+                wait = self.tick_s
+            except Exception as e:  # retried after a pause that grows while the store is unreachable
+                wait = max(self.tick_s, backoff.next())
+                if not isinstance(e, (Unavailable, StoreError)):  # the store's: logged once per outage
+                    log.exception("tick failed")
+
+
+class _Backoff:
+    """The pause of a loop after a failed pass: ``base`` seconds, doubling on every failure in a
+    row up to ``cap``; :meth:`reset` after a pass that succeeded."""
+
+    def __init__(self, base: float, cap: float):
+        self.base, self.cap, self.delay = base, max(base, cap), 0.0
+
+    def next(self) -> float:
+        self.delay = self.base if not self.delay else min(self.delay * 2, self.cap)
+        return self.delay
+
+    def reset(self) -> None:
+        self.delay = 0.0
 
 
 class _Lane:
