@@ -37,6 +37,18 @@ that state: whichever replica ticks first after they are due releases, once. An 
 claimer died is taken over when its lease ends, so a call may be made twice (at-least-once, the
 gateway is idempotent per ``decision_id``), a decision never.
 
+Reconciler (every ``reconcile_s``, 0: never): for each adapter that can report the target's own
+state (``observe``, :class:`fusebox.fuse.actions.Observable`), every level tripped (the breaker's
+state, which ``/state`` and ``fusebox_fuse_level`` show) that the adapter wants and that has no
+action pending for its scope is compared with what the target shows; where they differ (someone
+put the worker back by hand, a call was given up, the gateway restarted) the trip is queued again
+as a new outbox row (idempotency key ``reconcile|<decision id>``), delivered by the dispatcher like
+any other (claimed, retried, audited ``applied``), with an audit row of kind ``reconcile`` and
+``fusebox_fuse_reconciliations_total{adapter}`` counting it. An adapter that cannot report
+(``http``, ``--gateway-url``, vLLM's reset) is named once at start-up: not reconciled. Each
+replica reconciles; two that queue the same trip make one more call, which the adapters'
+holds make harmless.
+
 Test-only: the environment variable ``FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S`` makes the dispatcher
 sleep that many seconds after claiming a row and before calling its adapter, so that a test can
 kill a replica in between. Never set it in a deployment.
@@ -61,7 +73,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fusebox import conventions as C
 
-from .actions import Adapter
+from .actions import ActionError, Adapter
 from .breaker import MAX_SCOPES, Breaker, Decision, OverrideError
 from .logsafe import install
 from .payload import Notification
@@ -129,6 +141,9 @@ class _Metrics:
                                        "Unix time of the last notification from each Alertmanager (its externalURL).",
                                        [C.ALERTMANAGER_LABEL], registry=r)
         self.scopes = Gauge(M["scopes"], "Scopes held, by their highest tripped level (0: none).", ["level"], registry=r)
+        self.reconciliations = Counter(M["reconciliations"].removesuffix("_total"),
+                                       "Trips queued again because the target's own state differed (reconciler).",
+                                       ["adapter"], registry=r)
         self.level_dropped = Gauge(M["level_series_dropped"],
                                    "Scopes held without a fusebox_fuse_level series (over the cap; the least severe).",
                                    registry=r)
@@ -215,13 +230,15 @@ class FuseService:
         max_level_series: scopes with a ``fusebox_fuse_level`` series, the most severe first.
         lease_s: how long a claimed outbox row is this replica's, seconds; another replica takes it
             over after that (it must exceed an adapter call's timeout).
+        reconcile_s: seconds between two passes of the reconciler (:meth:`reconcile`); 0: none.
         replica: this replica's name in the outbox's ``claimed_by`` (default host:pid:random).
     """
 
     def __init__(self, rules: FuseRules, store: Store, adapters: Sequence[Adapter], *, hold_s: float = 300.0,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, tick_s: float = 1.0,
                  clock: Callable[[], float] = time.time, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
-                 lease_s: float = 30.0, replica: Optional[str] = None, max_level_series: int = MAX_LEVEL_SERIES):
+                 lease_s: float = 30.0, replica: Optional[str] = None, max_level_series: int = MAX_LEVEL_SERIES,
+                 reconcile_s: float = 0.0):
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
@@ -237,6 +254,7 @@ class FuseService:
         self.metrics = _Metrics()
         self.metrics.dry_run.set(1 if dry_run else 0)
         self.lease_s = lease_s
+        self.reconcile_s = reconcile_s
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._test_hang = float(os.environ.get(TEST_HANG_ENV) or 0)
         self.breaker = Breaker(rules, hold_s, max_scopes=max_scopes)
@@ -271,8 +289,17 @@ class FuseService:
             orphans = {}
         for a, n in sorted(orphans.items()):
             log.warning("%d pending action(s) for adapter %r, not configured in this run: kept, not applied", n, a)
-        targets = [(lambda n=n: self._dispatch_loop(n), f"fuse-dispatch-{n}") for n in self.adapters]
-        for target, name in [*targets, (self._tick_loop, "fuse-tick")]:
+        targets: list[tuple[Callable[..., None], str]] = [
+            (lambda n=n: self._dispatch_loop(n), f"fuse-dispatch-{n}") for n in self.adapters]
+        targets.append((self._tick_loop, "fuse-tick"))
+        if self.reconcile_s > 0:
+            for aname, adapter in self.adapters.items():
+                if not hasattr(adapter, "observe"):
+                    log.info("adapter %s cannot report the target's state: not reconciled", self.labels[aname])
+                else:
+                    self.metrics.reconciliations.labels(self.labels[aname])
+            targets.append((self._reconcile_loop, "fuse-reconcile"))
+        for target, name in targets:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -372,6 +399,57 @@ class FuseService:
                  extra={"scope": _key(scope), "action": self.rules.levels.get(level), "fuse_level": level,
                         "state": mode, "source": "override"})
         return out
+
+    def reconcile(self) -> int:
+        """One pass of the reconciler (see the module's doc): returns how many trips were queued
+        again. An adapter whose target cannot be read is left for the next pass (logged at debug:
+        its own calls say it is down). Raises StoreError."""
+        with self._lock:
+            with contextlib.suppress(StoreError):
+                self._refresh()
+            tripped = [(dict(sc["labels"]), lvl) for sc in self.breaker.scopes.values()
+                       for lvl, st in sc["levels"].items() if st.tripped]
+        queued = 0
+        for name, adapter in self.adapters.items():
+            observe = getattr(adapter, "observe", None)
+            if observe is None or not tripped:
+                continue
+            busy = {_key(r["payload"].get("scope") or {}) for r in self.store.pending(name)}
+            wanted = []
+            for labels, lvl in tripped:
+                p = {"action": self.rules.levels.get(lvl), "level": lvl, "state": "trip", "scope": labels}
+                if p["action"] and _key(labels) not in busy and adapter.wants(p):
+                    wanted.append(p)
+            if not wanted:
+                continue
+            try:
+                seen = observe(wanted)
+            except ActionError as e:
+                log.debug("reconcile %s: the target's state cannot be read: %s", name, e)
+                continue
+            for p, ok in zip(wanted, seen):
+                if not ok:
+                    self._requeue(name, p)
+                    queued += 1
+        return queued
+
+    def _requeue(self, name: str, p: dict) -> None:
+        """Queue the trip ``p`` again for adapter ``name`` (outbox + a ``reconcile`` audit row)."""
+        label, now, did = self.labels[name], self.clock(), uuid.uuid4().hex
+        key = _key(p["scope"])
+        reason = (f"level {p['level']} ({p['action']}) tripped on {key} but not seen on {label}: "
+                  "queued again")
+        p = {**p, "reason": reason, "decision_id": did}
+        self.store.commit(None, [(did, name, p, now, f"reconcile|{did}")], [
+            {"at": now, "kind": "reconcile", "decision_id": did, "scope_key": key, "level": p["level"],
+             "action": p["action"], "source": label, "reason": reason, "detail": {"adapter": name}}])
+        self.metrics.reconciliations.labels(label).inc()
+        log.warning("%s", reason, extra={"decision_id": did, "scope": key, "action": p["action"],
+                                         "fuse_level": p["level"], "state": "trip", "adapter": label})
+        self._wakes[name].set()
+
+    def _reconcile_loop(self) -> None:
+        self._every(self.reconcile_s, self.reconcile, "reconcile")
 
     # ------------------------------------------------------------------ queries
     def state(self, offset: int = 0, limit: Optional[int] = None, *, scope: Optional[dict] = None,
@@ -648,17 +726,22 @@ class FuseService:
         return True
 
     def _tick_loop(self) -> None:
+        self._every(self.tick_s, self.tick, "tick")
+
+    def _every(self, period: float, step: Callable[[], object], what: str) -> None:
+        """Run ``step`` every ``period`` seconds until :meth:`stop`; after a failed step, wait the
+        longer of ``period`` and a backoff that grows while the store is unreachable."""
         backoff = _Backoff(self.backoff_s, self.backoff_max_s)
-        wait = self.tick_s
+        wait = period
         while not self._stop.wait(wait):
             try:
-                self.tick()
+                step()
                 backoff.reset()
-                wait = self.tick_s
-            except Exception as e:  # retried after a pause that grows while the store is unreachable
-                wait = max(self.tick_s, backoff.next())
-                if not isinstance(e, (Unavailable, StoreError)):  # the store's: logged once per outage
-                    log.exception("tick failed")
+                wait = period
+            except Exception as e:
+                wait = max(period, backoff.next())
+                if not isinstance(e, (Unavailable, *self._store_errors)):  # the store's: logged once per outage
+                    log.exception("%s failed", what)
 
 
 class _Backoff:

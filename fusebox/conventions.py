@@ -228,6 +228,8 @@ FUSE_METRICS = {
     "actions_given_up": "fusebox_fuse_actions_given_up_total",  # counter {adapter, reason}: audited as failed
     "oldest_pending_age": "fusebox_fuse_oldest_pending_action_age_seconds",  # gauge: 0 when none pending
     "dispatcher_errors": "fusebox_fuse_dispatcher_errors_total",  # counter {adapter}: loop iterations that raised
+    # counter {adapter}: trips queued again because the target's own state differed (the reconciler)
+    "reconciliations": "fusebox_fuse_reconciliations_total",
     "actions_pending": "fusebox_fuse_actions_pending",  # gauge
     "decision_latency": "fusebox_fuse_decision_latency_seconds",  # histogram: request -> applied
     "request_latency": "fusebox_fuse_webhook_duration_seconds",  # histogram: webhook handling
