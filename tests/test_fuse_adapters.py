@@ -667,3 +667,41 @@ def test_vllm_router_a_worker_added_back_by_hand_is_removed_again_by_the_reconci
         _drained(svc)
         assert svc.service.reconcile() == 0
         assert _reconciled(svc, "router") == 1
+
+
+def test_fuse_serve_reconciles_every_reconcile_seconds(haproxy, tmp_path):
+    """`fusebox fuse serve --reconcile 0.2` (a subprocess) on a spec with HAProxy: a server set ready
+    by hand while its level stays tripped is drained again by the service's own reconcile loop."""
+    from _fuse_support import free_port
+
+    sock, show = haproxy
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    p = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec",
+                          str(write_spec(tmp_path, haproxy_spec(sock))), "--listen", f"127.0.0.1:{port}",
+                          "--state", str(tmp_path / "s.sqlite"), "--token-file", str(token), "--hold", "600",
+                          "--reconcile", "0.2", "--log-level", "warning"],
+                         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "fuse.log", "wb"))
+    try:
+        wait_for(lambda: _answers(url), 30, 0.1, "the fuse")
+        body = payload(alert("GPUMemoryUtilizationHigh", engine="engine-0"))
+        assert httpx.post(url + "/alertmanager", json=body, headers={"Authorization": f"Bearer {TOKEN}"},
+                          timeout=10).status_code == 200
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained")
+        haproxy_cmd(sock, "set server be_llm/engine0 state ready")
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained again by the loop")
+        text = httpx.get(url + "/metrics", timeout=5).text
+    finally:
+        p.terminate()
+        p.wait(10)
+    assert 'fusebox_fuse_reconciliations_total{adapter="lb"} 1.0' in text
+    assert "tripped on" in (tmp_path / "fuse.log").read_text() and "queued again" in (tmp_path / "fuse.log").read_text()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
