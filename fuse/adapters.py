@@ -323,15 +323,19 @@ class HaproxyRuntime:
     def observe(self, payloads) -> list[bool]:
         """:class:`fusebox.fuse.actions.Observable`: ``show servers state <backend>`` (a server is out
         when its admin state has the drain bit, 0x08) for each backend named, and ``show map``
-        for the text-only level; each read once per call."""
+        for the text-only level; each read once per call. Raises ActionError when HAProxy cannot be
+        reached or answers an error (an unknown backend)."""
         servers: dict[str, set[str]] = {}  # backend -> its drained servers
         mapped: Optional[set[str]] = None  # backends with a text-only map entry
 
         def drained(server: str) -> bool:
             backend, _, name = server.partition("/")
             if backend not in servers:
-                rows = [ln.split() for ln in self.command(f"show servers state {backend}").splitlines()[1:]
-                        if ln.strip() and not ln.startswith("#")]
+                lines = self.command(f"show servers state {backend}").splitlines()
+                if not lines or not lines[0].strip().isdigit():  # not the state file format: an error
+                    raise ActionError(f"{self.socket}: show servers state {backend}: {(lines or [''])[0][:200]}",
+                                      summary="HAProxy refused the command")
+                rows = [ln.split() for ln in lines[1:] if ln.strip() and not ln.startswith("#")]
                 servers[backend] = {r[3] for r in rows if len(r) > 6 and r[6].isdigit() and int(r[6]) & 0x08}
             return name in servers[backend]
 
