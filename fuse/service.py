@@ -44,7 +44,9 @@ action pending for its scope is compared with what the target shows; where they 
 put the worker back by hand, a call was given up, the gateway restarted) the trip is queued again
 as a new outbox row (idempotency key ``reconcile|<decision id>``), delivered by the dispatcher like
 any other (claimed, retried, audited ``applied``), with an audit row of kind ``reconcile`` and
-``fusebox_fuse_reconciliations_total{adapter}`` counting it. An adapter that cannot report
+``fusebox_fuse_reconciliations_total{adapter}`` counting it. A release this process gave up
+(audited ``failed``) is compared and queued again the same way until the target shows it or the
+level trips again. An adapter that cannot report
 (``http``, ``--gateway-url``, vLLM's reset) is named once at start-up: not reconciled. Each
 replica reconciles; two that queue the same trip make one more call, which the adapters'
 holds make harmless.
@@ -265,6 +267,10 @@ class FuseService:
         self._store_errors: tuple[type[BaseException], ...] = (StoreError, *store._errors())
         self._pending_known = 0  # the pending actions' count last read
         self._oldest_known: Optional[float] = None  # ``received`` of the oldest pending action last read
+        # the reconciler's releases given up: (adapter, scope key, level) -> the release payload
+        self._unreleased: dict[tuple, dict] = {}
+        failed = store.audit_log(1, kinds=("failed",))
+        self._failed_seen = failed[0]["seq"] if failed else 0  # audit rows older were before this start
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
@@ -409,16 +415,23 @@ class FuseService:
                 self._refresh()
             tripped = [(dict(sc["labels"]), lvl) for sc in self.breaker.scopes.values()
                        for lvl, st in sc["levels"].items() if st.tripped]
+        self._note_given_up_releases()
         queued = 0
         for name, adapter in self.adapters.items():
             observe = getattr(adapter, "observe", None)
-            if observe is None or not tripped:
+            if observe is None:
                 continue
             busy = {_key(r["payload"].get("scope") or {}) for r in self.store.pending(name)}
             wanted = []
             for labels, lvl in tripped:
                 p = {"action": self.rules.levels.get(lvl), "level": lvl, "state": "trip", "scope": labels}
                 if p["action"] and _key(labels) not in busy and adapter.wants(p):
+                    wanted.append(p)
+            held = {(_key(labels), lvl) for labels, lvl in tripped}
+            for lane, p in list(self._unreleased.items()):
+                if lane[0] == name and (lane[1:] in held or lane[1] in busy):
+                    del self._unreleased[lane]  # tripped again, or a newer action queued: theirs now
+                elif lane[0] == name:
                     wanted.append(p)
             if not wanted:
                 continue
@@ -428,16 +441,39 @@ class FuseService:
                 log.debug("reconcile %s: the target's state cannot be read: %s", name, e)
                 continue
             for p, ok in zip(wanted, seen):
-                if not ok:
+                if p["state"] == "release" and ok:
+                    self._unreleased.pop((name, _key(p["scope"]), p["level"]), None)
+                elif not ok:
                     self._requeue(name, p)
                     queued += 1
         return queued
 
+    def _note_given_up_releases(self) -> None:
+        """Releases given up (audited ``failed``) since the last pass, from the audit (newest 1000):
+        kept in ``_unreleased`` until the target shows them or the level trips again. Only those
+        after this process started (``_failed_seen``): an older one may have been superseded by
+        hand."""
+        from .override import UsageError, parse_scope
+
+        rows = [r for r in self.store.audit_log(1000, kinds=("failed",)) if r["seq"] > self._failed_seen]
+        for r in reversed(rows):
+            self._failed_seen = max(self._failed_seen, r["seq"])
+            name = (r.get("detail") or {}).get("adapter")
+            if name not in self.adapters or not str(r.get("reason", "")).startswith("release ") or not r["scope_key"]:
+                continue
+            try:
+                labels = parse_scope(r["scope_key"])
+            except UsageError:
+                continue
+            self._unreleased[(name, r["scope_key"], r["level"])] = {
+                "action": r["action"], "level": r["level"], "state": "release", "scope": labels}
+
     def _requeue(self, name: str, p: dict) -> None:
-        """Queue the trip ``p`` again for adapter ``name`` (outbox + a ``reconcile`` audit row)."""
+        """Queue the trip or release ``p`` again for adapter ``name`` (outbox + a ``reconcile`` audit row)."""
         label, now, did = self.labels[name], self.clock(), uuid.uuid4().hex
         key = _key(p["scope"])
-        reason = (f"level {p['level']} ({p['action']}) tripped on {key} but not seen on {label}: "
+        done = "tripped" if p["state"] == "trip" else "released"
+        reason = (f"level {p['level']} ({p['action']}) {done} on {key} but not seen on {label}: "
                   "queued again")
         p = {**p, "reason": reason, "decision_id": did}
         self.store.commit(None, [(did, name, p, now, f"reconcile|{did}")], [
@@ -445,7 +481,7 @@ class FuseService:
              "action": p["action"], "source": label, "reason": reason, "detail": {"adapter": name}}])
         self.metrics.reconciliations.labels(label).inc()
         log.warning("%s", reason, extra={"decision_id": did, "scope": key, "action": p["action"],
-                                         "fuse_level": p["level"], "state": "trip", "adapter": label})
+                                         "fuse_level": p["level"], "state": p["state"], "adapter": label})
         self._wakes[name].set()
 
     def _reconcile_loop(self) -> None:

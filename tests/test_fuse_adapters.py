@@ -705,3 +705,33 @@ def _answers(url: str) -> bool:
         return httpx.get(url + "/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_haproxy_a_release_given_up_is_applied_by_the_reconciler_once_haproxy_answers(haproxy, tmp_path):
+    """The trip drains engine0; HAProxy's socket is away when the release comes (max_attempts 1:
+    given up, audited failed) while /state says released; the socket back, a reconcile pass makes the
+    server ready; the next pass finds it so and queues nothing."""
+    sock, show = haproxy
+    spec = haproxy_spec(sock)
+    spec["lb"]["max_attempts"] = 1
+    away = sock.with_name("away.sock")
+    with live(tmp_path, spec) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained")
+        _drained(svc)
+        sock.rename(away)
+        try:
+            svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-0")))
+            wait_for(lambda: failed_audit(svc), 10, what="the release given up")
+            assert svc.service.reconcile() == 0  # HAProxy cannot be read: nothing concluded
+        finally:
+            away.rename(sock)
+        assert show() == {"engine0": 8, "engine1": 0}
+        assert svc.state()["levels"] == {}
+        assert svc.service.reconcile() == 1
+        wait_for(lambda: show() == {"engine0": 0, "engine1": 0}, 10, what="engine0 ready by the reconciler")
+        _drained(svc)
+        assert svc.service.reconcile() == 0
+        assert _reconciled(svc, "lb") == 1
+        assert [r["reason"].split(" on ")[0] for r in svc.service.store.audit_log(50) if r["kind"] == "reconcile"] == [
+            "level 1 (freeze_admissions) released"]
