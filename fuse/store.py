@@ -44,7 +44,10 @@ version before deciding, so two replicas never decide the same thing twice. Tabl
   hold under the row's lock (``SELECT ... FOR UPDATE`` on PostgreSQL).
 
 Errors: :class:`StoreError` when the database cannot be written or reached (disk full, locked, the
-server down): a retry may help.
+server down): a retry may help. :attr:`Store.health` (:class:`Health`) follows whether it answers,
+logging one line when it is lost and one when it is back; :meth:`Store.ping`,
+:meth:`Store.probe_write` and :meth:`Store.free_bytes` serve ``/readyz``. SQLite's WAL is
+checkpointed every :data:`WAL_AUTOCHECKPOINT_PAGES` pages and cut back to :data:`WAL_LIMIT_BYTES`.
 """
 
 from __future__ import annotations
