@@ -80,7 +80,7 @@ def test_postgresql_down_one_line_each_way_state_stale_gauge_kept_not_ready(tmp_
     """PostgreSQL stops under a fuse that holds a trip its gateway (down) has not taken: while it is
     down the fuse logs one line (store lost) and no traceback, /state answers 200 from the last state
     it read, marked stale, the oldest-pending gauge keeps ageing (not NaN), /readyz is 503, the
-    webhook 503, and the dispatcher's passes back off (doubling from --retry-backoff to
+    webhook and the status page 503, and the dispatcher's passes back off (doubling from --retry-backoff to
     --retry-max). PostgreSQL starts again: one line (store back), ready, the webhook applies."""
     pg = PgServer()
     pg.start()
@@ -108,6 +108,7 @@ def test_postgresql_down_one_line_each_way_state_stale_gauge_kept_not_ready(tmp_
             ages.append(fuse.metric(M["oldest_pending_age"]))
             time.sleep(0.1)
         webhook = fuse.post(payload(alert("AlignmentLatencyP95High", starts=time.time() - 60, **GPU)))
+        page = fuse.get("/")  # the status page reads the audit: a problem, never a 500
         errors = fuse.metric(M["dispatcher_errors"], 0.0, adapter="gateway") - errors0
         down_s = time.monotonic() - t_down
         outage = fuse.lines()[n0:]
@@ -130,6 +131,7 @@ def test_postgresql_down_one_line_each_way_state_stale_gauge_kept_not_ready(tmp_
     assert set(ready) == {503}
     assert all(not math.isnan(a) and a >= age0 for a in ages) and ages[-1] > ages[0]
     assert webhook == 503
+    assert page.status_code == 503 and "store unreachable" in page.json()["error"]
     # backing off: pauses 0.05, 0.1, 0.2, 0.4, then 0.8 s each (the passes are what the log no longer shows)
     ramp = [BACKOFF * 2 ** i for i in range(int(math.log2(BACKOFF_MAX / BACKOFF)))]
     # (+2: the pass in flight when it stopped, the one in flight when counted; a fixed pause of
