@@ -491,7 +491,7 @@ class FuseService:
     def state(self, offset: int = 0, limit: Optional[int] = None, *, scope: Optional[dict] = None,
               min_level: int = 0) -> dict:
         """``levels``, ``scopes`` (:meth:`Breaker.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
-        ``stale`` (True: the store cannot be reached and all this is what this replica last read),
+        ``stale`` (True: the store could not be read now, and all this is what this replica last read),
         ``store`` (``{"reachable": bool, "unreachable_since": Unix s or None, "error": str or None}``,
         :class:`fusebox.fuse.store.Health`), and ``truncated``: ``{"notifications", "alerts"}`` truncated since start and ``last``, the
         newest ``truncated`` audit row (``{"at", "truncated_alerts", "alerts", "group_key"}``, kept
@@ -502,26 +502,27 @@ class FuseService:
         ``offset``; ``levels`` is of the page's scopes; ``total`` counts the scopes matching,
         ``rows`` their (scope, level) rows, ``tripped`` maps every matching tripped scope to its
         level, ``next_offset`` is where the next page starts (None: the last page)."""
+        read = True
         with self._lock:
             try:
                 self._refresh()
             except StoreError:  # shown as last known (marked stale); the webhook answers 503 meanwhile
-                pass
+                read = False
             page = self.breaker.page(offset, limit, labels=scope, min_level=min_level)
             truncated = dict(self._truncated)
         try:
             self._pending_known = self.store.pending_count()
         except self._store_errors:
-            pass  # the count last read; the answer says it is stale
+            read = False  # the count last read; the answer says it is stale
         end = offset + len(page["scopes"])
         health = self.store.health
-        since = health.down_since
+        since = None if read else (health.down_since or self.clock())
         return {"levels": page["levels"], "scopes": page["scopes"], "total": page["total"], "rows": page["rows"],
                 "tripped": page["tripped"], "offset": offset, "limit": limit,
                 "next_offset": end if end < page["total"] else None, "hold_s": self.hold_s,
                 "dry_run": self.dry_run, "pending_actions": self._pending_known, "truncated": truncated,
-                "stale": since is not None,
-                "store": {"reachable": since is None, "unreachable_since": since, "error": health.error or None}}
+                "stale": not read,
+                "store": {"reachable": read, "unreachable_since": since, "error": None if read else health.error or None}}
 
     # ------------------------------------------------------------------ machinery
     def _take_back(self, version: int, rows: Optional[list], snap: Optional[dict]) -> None:

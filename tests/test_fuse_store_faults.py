@@ -118,6 +118,7 @@ def test_postgresql_down_one_line_each_way_state_stale_gauge_kept_not_ready(tmp_
         wait_for(lambda: any("back after" in ln for ln in fuse.lines()[n1:]), 10, 0.05, "the store-back line")
         after = fuse.lines()[n1:]
         webhook_after = fuse.post(payload(alert("AlignmentLatencyP95High", starts=time.time() - 60, **GPU)))
+        state_after = fuse.get("/state").json()
     finally:
         if fuse is not None:
             fuse.close()
@@ -140,6 +141,8 @@ def test_postgresql_down_one_line_each_way_state_stale_gauge_kept_not_ready(tmp_
     assert [ln for ln in after if "store" in ln and "back after" in ln] != [] and len(
         [ln for ln in after if "lost" in ln or "back after" in ln]) == 1, after
     assert webhook_after == 200
+    assert state_after["stale"] is False and state_after["store"]["reachable"] is True
+    assert state_after["levels"] == {'{cluster="a",hw_id="GPU-1"}': 2}  # the trip made after it came back
 
 
 PAGE = 4096  # bytes: SQLite's default page size
