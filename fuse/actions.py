@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Protocol
+from typing import Iterator, Optional, Protocol, Sequence
 
 import httpcore
 import httpx
@@ -45,7 +45,8 @@ from .logsafe import install
 
 log = install(logging.getLogger("fusebox.fuse"))
 
-__all__ = ["ActionError", "is_permanent", "RETRYABLE_4XX", "Adapter", "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
+__all__ = ["ActionError", "is_permanent", "RETRYABLE_4XX", "Adapter", "Observable",
+           "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
            "CONTROL_PATH", "DeadlineExceeded", "call_deadline", "remaining", "deadline_client"]
 
 CONTROL_PATH = "/v1/control/fuse"
@@ -175,7 +176,10 @@ def deadline_client(timeout_s: float) -> httpx.Client:
 class Adapter(Protocol):
     """``max_attempts``: None retries transient failures until applied; an int gives up after that
     many attempts (read with ``getattr``, so an adapter without it retries until applied).
-    ``label`` (optional, default ``name``): how metrics and the status page name it; no URL."""
+    ``label`` (optional, default ``name``): how metrics and the status page name it; no URL.
+
+    Optional, ``observe(payloads) -> list[bool]`` (:class:`Observable`): what the target itself
+    shows; an adapter without it cannot report, and is not reconciled."""
 
     name: str
     max_attempts: Optional[int]
@@ -183,6 +187,22 @@ class Adapter(Protocol):
     def wants(self, payload: dict) -> bool: ...
 
     def apply(self, payload: dict) -> None: ...
+
+
+class Observable(Protocol):
+    """An adapter that can report the target's own state (the reconciler in
+    :mod:`fusebox.fuse.service` compares it with what the fuse decided, and queues the decision again
+    where they differ).
+
+    ``observe(payloads)``: for each control payload (the shape :meth:`Adapter.apply` takes), True
+    when the target's own state shows it applied -- a trip: every worker it maps to is out of
+    rotation (drained, its map entry set); a release: every such worker is back, unless another
+    (action, scope) still holds it -- else False. One read of the target per call, whatever the
+    number of payloads; a payload whose scope maps to no target is True (nothing to apply).
+    Raises :class:`ActionError` when the target's state cannot be read (no answer: nothing is
+    concluded)."""
+
+    def observe(self, payloads: Sequence[dict]) -> list[bool]: ...
 
 
 def read_token(path: Optional[str] = None, env: Optional[str] = TOKEN_ENV) -> Optional[str]:

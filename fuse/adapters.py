@@ -26,6 +26,11 @@ gateway; label values of the alert never do.
   in :class:`jinja2.sandbox.SandboxedEnvironment`; every value an URL template prints is
   percent-encoded; the URL must reach one of the spec's ``hosts``; headers are read from files.
 
+What the target itself shows (``observe``, :class:`fusebox.fuse.actions.Observable`, for the
+service's reconciler): the SGLang gateway's ``GET /workers``, the vLLM router's ``GET
+/list_workers``, HAProxy's ``show servers state`` and ``show map``. :class:`HttpAction` cannot
+report (an arbitrary API): it is not reconciled.
+
 A worker stays out of rotation while any (action, scope) that took it out is still tripped: the
 adapter keeps these *holds* (and the recorded settings) in the service's store (table
 ``adapter_state``, :mod:`fusebox.fuse.store`) once :meth:`attach`-ed to it (the service does that),
@@ -128,6 +133,13 @@ class _Holds:
         with self._lock:
             self._settings[worker] = settings
 
+    def held(self, worker: str) -> bool:
+        """Whether any (action, scope) holds ``worker`` out now."""
+        if self.store is not None:
+            return bool(self.store.adapter_state(self.adapter).get(worker, {}).get("holds"))
+        with self._lock:
+            return bool(self._holds.get(worker))
+
     def settings(self, worker: str) -> dict:
         """The settings recorded for ``worker`` ({} when none)."""
         if self.store is not None:
@@ -193,6 +205,16 @@ class _Rotation:
     def put_back(self, worker: str) -> None:
         raise NotImplementedError
 
+    def listed(self) -> set[str]:
+        """The worker URLs in the gateway's own rotation (one read). Raises ActionError."""
+        raise NotImplementedError
+
+    def observe(self, payloads) -> list[bool]:
+        """:class:`fusebox.fuse.actions.Observable`: one read of the gateway's worker list."""
+        listed = self.listed()
+        return [all((t.worker_url not in listed) == (p["state"] == "trip" or self.holds.held(t.worker_url))
+                    for t in targets_for(self.spec, p["scope"]) if t.worker_url) for p in payloads]
+
     def _req(self, method: str, path: str, **kw) -> httpx.Response:
         url = self.url + path
         try:
@@ -218,6 +240,8 @@ class SglangGateway(_Rotation):
 
     def worker_urls(self) -> list[str]:
         return [str(w.get("url", "")).rstrip("/") for w in self.workers() if w.get("url")]
+    def listed(self) -> set[str]:
+        return {str(w.get("url", "")).rstrip("/") for w in self.workers()}
 
     def take_out(self, worker: str) -> None:
         for w in self.workers():
@@ -248,6 +272,8 @@ class VllmRouter(_Rotation):
 
     def worker_urls(self) -> list[str]:
         return self.workers()
+    def listed(self) -> set[str]:
+        return set(self.workers())
 
     def take_out(self, worker: str) -> None:
         self._check(self._req("POST", "/remove_worker", params={"url": worker}))
@@ -333,6 +359,43 @@ class HaproxyRuntime:
                 continue
             state = "drain" if self.holds.change(t.server, hold, on) else "ready"
             self._run(f"set server {t.server} state {state}")
+
+    def observe(self, payloads) -> list[bool]:
+        """:class:`fusebox.fuse.actions.Observable`: ``show servers state <backend>`` (a server is out
+        when its admin state has the drain bit, 0x08) for each backend named, and ``show map``
+        for the text-only level; each read once per call. Raises ActionError when HAProxy cannot be
+        reached or answers an error (an unknown backend)."""
+        servers: dict[str, set[str]] = {}  # backend -> its drained servers
+        mapped: Optional[set[str]] = None  # backends with a text-only map entry
+
+        def drained(server: str) -> bool:
+            backend, _, name = server.partition("/")
+            if backend not in servers:
+                lines = self.command(f"show servers state {backend}").splitlines()
+                if not lines or not lines[0].strip().isdigit():  # not the state file format: an error
+                    raise ActionError(f"{self.socket}: show servers state {backend}: {(lines or [''])[0][:200]}",
+                                      summary="HAProxy refused the command")
+                rows = [ln.split() for ln in lines[1:] if ln.strip() and not ln.startswith("#")]
+                servers[backend] = {r[3] for r in rows if len(r) > 6 and r[6].isdigit() and int(r[6]) & 0x08}
+            return name in servers[backend]
+
+        out = []
+        for p in payloads:
+            ok = True
+            for t in targets_for(self.spec, p["scope"]):
+                assert t.server
+                backend = t.server.split("/", 1)[0]
+                if p["level"] == TEXT_ONLY_LEVEL and self.spec.text_only:
+                    if mapped is None:
+                        answer = self.command(f"show map {self.spec.text_only.map}")
+                        mapped = {ln.split()[1] for ln in answer.splitlines() if len(ln.split()) >= 3}
+                    want = p["state"] == "trip" or self.holds.held(f"map {backend}")
+                    ok = ok and (backend in mapped) == want
+                else:
+                    want = p["state"] == "trip" or self.holds.held(t.server)
+                    ok = ok and drained(t.server) == want
+            out.append(ok)
+        return out
 
     def text_only(self, backend: str, on: bool) -> None:
         """Set (``on``) or delete the map entry ``<backend> 1`` of ``text_only.map``; idempotent."""

@@ -16,8 +16,9 @@ GET  /openapi.json          reader    the API description (no /docs, /redoc: no 
 GET  /metrics               none      Prometheus text format (no URL, no answer text)
 GET  /healthz               none      200 "ok" (liveness: the process answers; on the event loop,
                                       which no notification blocks: they run in worker threads)
-GET  /readyz                none      200 ``{"status": "ready"}`` when the store answers a read and an
-                                      adapter is configured (dry-run counts); else 503 with
+GET  /readyz                none      200 ``{"status": "ready"}`` when the store answers a read (and a
+                                      write, when the last one failed) and an adapter is
+                                      configured (dry-run counts); else 503 with
                                       ``{"status": "not ready", "reason": ...}``
 ==========================  ========  =============================================================
 
@@ -53,6 +54,7 @@ from .breaker import OverrideError, ScopeNotFound
 from .override import UsageError, parse_scope
 from .payload import NOT_STORABLE, PayloadError, parse_payload, storable
 from .service import FuseService, Unavailable
+from .store import HEADROOM_BYTES, StoreError
 from .status import (CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, StatusLinks, render_status,
                      state_view, web_url)
 from .tokens import Tokens, TokenFiles, match
@@ -432,8 +434,8 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
 
     @app.get("/readyz", responses={503: {"description": "not ready; the reason says why"}})
     async def readyz():
-        """Readiness: 200 when the store answers a read and at least one adapter is configured (the
-        dry-run adapter counts); 503 ``{"status": "not ready", "reason": ...}`` otherwise. The read
+        """Readiness: 200 when the store answers a read (and a write when its last write failed:
+        a full disk) and at least one adapter is configured (the dry-run adapter counts); 503 ``{"status": "not ready", "reason": ...}`` otherwise. The read
         runs on the store's probe connection, in threads of its own: a notification being handled
         (holding the store's connection and the worker threads) does not delay it."""
         reason = await anyio.to_thread.run_sync(not_ready, service, limiter=probes)
@@ -464,23 +466,37 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
     async def _bad_query(request, exc):
         return _problem(400, exc.message, exc.field)
 
+    @app.exception_handler(StoreError)
+    async def _store_error(request, exc):  # a read the page needs (the audit): 503, never 500
+        return _problem(503, f"store unreachable, retry: {exc}"[:500])
+
     return app
 
 
 def not_ready(service: FuseService) -> str:
-    """Why the service is not ready, or ``""``: the store must answer a read, and at least one
-    adapter must be configured."""
+    """Why the service is not ready, or ``""``: the store must answer a read; a SQLite file's volume
+    must have HEADROOM_BYTES free (a full disk: every webhook answers 503); when the last write
+    failed, the store must write again (:meth:`Store.probe_write`); at least one adapter must be
+    configured."""
     if not service.adapters:
         return "no adapter configured: give --gateway-url (or --dry-run)"
     # a file store (SQLite): the file must still be there, ours to use; a database URL is no file
     path = getattr(service.store, "path", None) if getattr(service.store, "dialect", "") == "sqlite" else None
     if isinstance(path, str) and path != ":memory:" and not os.access(path, os.R_OK | os.W_OK):
         return f"store file {path} is missing or not readable and writable by this process"
+    store = service.store
     try:
-        service.store.ping()  # its own connection: not held up by a change in progress
-    except Exception as e:  # sqlite3.Error, a closed store, a lost connection
-        log.warning("readyz: the store does not answer: %s", e)
+        store.ping()  # its own connection: not held up by a change in progress
+    except Exception as e:  # sqlite3.Error, a closed store, a lost connection (the store logs it once)
         return f"store not reachable: {type(e).__name__}: {e}"[:300]
+    free = store.free_bytes()
+    if free is not None and free < HEADROOM_BYTES:  # a full disk: writes fail (or are about to)
+        return f"store cannot write: {free} bytes free on the volume of {path}, less than {HEADROOM_BYTES}"
+    if store.health.write_failed:  # the last write failed: ready again once one succeeds
+        try:
+            store.probe_write()
+        except Exception as e:
+            return f"store cannot write: {type(e).__name__}: {e}"[:300]
     return ""
 
 

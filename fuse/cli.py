@@ -118,6 +118,10 @@ def register(subparsers) -> None:
     s.add_argument("--retry-max", type=_seconds, default=30.0, help="longest retry delay (default 30 s)")
     s.add_argument("--timeout", type=_seconds, default=5.0, help="a gateway or vLLM call's total deadline, connect to last byte (default 5 s)")
     s.add_argument("--tick", type=_seconds, default=1.0, help="how often hold times are checked (default 1 s)")
+    s.add_argument("--reconcile", type=_seconds, default=30.0,
+                   help="seconds between two comparisons of each tripped level with the gateway's own state "
+                        "(its worker list, HAProxy's server state); a trip it does not show is queued again "
+                        "(default 30; 0: never)")
     s.add_argument("--max-level-series", type=_attempts, default=1000, metavar="N",
                    help="scopes with a fusebox_fuse_level series of their own, the most severe first (default 1000; "
                         "fusebox_fuse_scopes counts them all)")
@@ -199,7 +203,7 @@ def build_service(args, spec=None):
     service = FuseService(FuseRules.from_spec(spec), store, adapters, hold_s=args.hold,
                           backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),
                           tick_s=max(args.tick, 0.01), dry_run=args.dry_run, lease_s=lease,
-                          max_level_series=args.max_level_series)
+                          max_level_series=args.max_level_series, reconcile_s=args.reconcile)
     return service, token
 
 

@@ -11,8 +11,16 @@ lane that is failing (in backoff) does not hold up other scopes. Failures are cl
 :class:`fusebox.fuse.actions.ActionError`: permanent ones (4xx but 408/425/429) are audited as
 ``failed`` at once; transient ones are retried with exponential backoff (``backoff_s`` doubling up
 to ``backoff_max_s``, per lane) until applied, or until the adapter's ``max_attempts`` is spent.
-An exception inside a dispatcher iteration (e.g. the store failing) is logged, counted in
+An exception inside a dispatcher iteration (e.g. the store failing) is counted in
 ``fusebox_fuse_dispatcher_errors_total`` and the loop goes on.
+
+The store unreachable (PostgreSQL down, a full disk): every loop that touches it (each dispatcher,
+the ticker) waits ``backoff_s`` after a failed pass, doubling up to ``backoff_max_s``, until a pass
+succeeds; the store logs one line when it is lost and one when it is back (:class:`Health`), with
+no traceback (a failure that is not the store's is still logged with its traceback). Meanwhile
+``/state`` answers from the last state this replica read, marked ``stale`` (and ``store``:
+``{"reachable": false, "unreachable_since", "error"}``), and the oldest-pending gauge keeps counting
+from the oldest pending action last read (never NaN), so ``FuseboxFuseActionsStuck`` can fire.
 
 Scale: a change persists only the scopes it touched (:meth:`Breaker.changes`), sets the level
 gauge of only those scopes, and looks at no other scope (alerts indexed by fingerprint, timers in a
@@ -36,6 +44,20 @@ token): one whose claim passed to another replica meanwhile is logged and counte
 ``fusebox_fuse_stale_results_total``, never recorded. Leases and, by default, the service's clock
 are the store's (:meth:`Store.clock`: PostgreSQL's server clock). :meth:`FuseService.stop` stops
 taking work, lets the calls under way end and gives this replica's other claims up.
+
+Reconciler (every ``reconcile_s``, 0: never): for each adapter that can report the target's own
+state (``observe``, :class:`fusebox.fuse.actions.Observable`), every level tripped (the breaker's
+state, which ``/state`` and ``fusebox_fuse_level`` show) that the adapter wants and that has no
+action pending for its scope is compared with what the target shows; where they differ (someone
+put the worker back by hand, a call was given up, the gateway restarted) the trip is queued again
+as a new outbox row (idempotency key ``reconcile|<decision id>``), delivered by the dispatcher like
+any other (claimed, retried, audited ``applied``), with an audit row of kind ``reconcile`` and
+``fusebox_fuse_reconciliations_total{adapter}`` counting it. A release this process gave up
+(audited ``failed``) is compared and queued again the same way until the target shows it or the
+level trips again. An adapter that cannot report
+(``http``, ``--gateway-url``, vLLM's reset) is named once at start-up: not reconciled. Each
+replica reconciles; two that queue the same trip make one more call, which the adapters'
+holds make harmless.
 
 Test-only: the environment variable ``FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S`` makes the dispatcher
 wait that many seconds (or until :meth:`FuseService.stop`) after claiming a row and before calling
@@ -61,7 +83,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fusebox import conventions as C
 
-from .actions import Adapter
+from .actions import ActionError, Adapter
 from .applied import RESTORE_ROWS, AppliedLevels
 from .breaker import MAX_SCOPES, Breaker, Decision, OverrideError
 from .logsafe import install
@@ -135,6 +157,9 @@ class _Metrics:
                                        "Unix time of the last notification from each Alertmanager (its externalURL).",
                                        [C.ALERTMANAGER_LABEL], registry=r)
         self.scopes = Gauge(M["scopes"], "Scopes held, by their highest tripped level (0: none).", ["level"], registry=r)
+        self.reconciliations = Counter(M["reconciliations"].removesuffix("_total"),
+                                       "Trips queued again because the target's own state differed (reconciler).",
+                                       ["adapter"], registry=r)
         self.level_dropped = Gauge(M["level_series_dropped"],
                                    "Scopes held without a fusebox_fuse_level series (over the cap; the least severe).",
                                    registry=r)
@@ -238,13 +263,15 @@ class FuseService:
         max_level_series: scopes with a ``fusebox_fuse_level`` series, the most severe first.
         lease_s: how long a claimed outbox row is this replica's, seconds; another replica takes it
             over after that (it must exceed an adapter call's timeout).
+        reconcile_s: seconds between two passes of the reconciler (:meth:`reconcile`); 0: none.
         replica: this replica's name in the outbox's ``claimed_by`` (default host:pid:random).
     """
 
     def __init__(self, rules: FuseRules, store: Store, adapters: Sequence[Adapter], *, hold_s: float = 300.0,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, tick_s: float = 1.0,
                  clock: Optional[Callable[[], float]] = None, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
-                 lease_s: float = 30.0, replica: Optional[str] = None, max_level_series: int = MAX_LEVEL_SERIES):
+                 lease_s: float = 30.0, replica: Optional[str] = None, max_level_series: int = MAX_LEVEL_SERIES,
+                 reconcile_s: float = 0.0):
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
@@ -262,6 +289,7 @@ class FuseService:
         self.metrics.dry_run.set(1 if dry_run else 0)
         self.metrics.zero(list(self.labels.values()))
         self.lease_s = lease_s
+        self.reconcile_s = reconcile_s
         self.replica = replica or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._test_hang = float(os.environ.get(TEST_HANG_ENV) or 0)
         self.breaker = Breaker(rules, hold_s, max_scopes=max_scopes)
@@ -273,6 +301,13 @@ class FuseService:
         self._applied_version = -1  # the store version the records were last rebuilt at
         self._restore_applied()
         self.metrics.unapplied.set_function(self.applied.unapplied)
+        self._store_errors: tuple[type[BaseException], ...] = (StoreError, *store._errors())
+        self._pending_known = 0  # the pending actions' count last read
+        self._oldest_known: Optional[float] = None  # ``received`` of the oldest pending action last read
+        # the reconciler's releases given up: (adapter, scope key, level) -> the release payload
+        self._unreleased: dict[tuple, dict] = {}
+        failed = store.audit_log(1, kinds=("failed",))
+        self._failed_seen = failed[0]["seq"] if failed else 0  # audit rows older were before this start
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
@@ -287,7 +322,8 @@ class FuseService:
         self._in_call_lock = threading.Lock()
         self.metrics.oldest_pending.set_function(self._oldest_pending_age)
         self._sync_gauges()
-        self.metrics.pending.set(self.store.pending_count())
+        self._pending_known = self.store.pending_count()
+        self.metrics.pending.set(self._pending_known)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -300,8 +336,17 @@ class FuseService:
             orphans = {}
         for a, n in sorted(orphans.items()):
             log.warning("%d pending action(s) for adapter %r, not configured in this run: kept, not applied", n, a)
-        targets = [(lambda n=n: self._dispatch_loop(n), f"fuse-dispatch-{n}") for n in self.adapters]
-        for target, name in [*targets, (self._tick_loop, "fuse-tick")]:
+        targets: list[tuple[Callable[..., None], str]] = [
+            (lambda n=n: self._dispatch_loop(n), f"fuse-dispatch-{n}") for n in self.adapters]
+        targets.append((self._tick_loop, "fuse-tick"))
+        if self.reconcile_s > 0:
+            for aname, adapter in self.adapters.items():
+                if not hasattr(adapter, "observe"):
+                    log.info("adapter %s cannot report the target's state: not reconciled", self.labels[aname])
+                else:
+                    self.metrics.reconciliations.labels(self.labels[aname])
+            targets.append((self._reconcile_loop, "fuse-reconcile"))
+        for target, name in targets:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -473,12 +518,95 @@ class FuseService:
                         "state": mode, "source": "override"})
         return out
 
+    def reconcile(self) -> int:
+        """One pass of the reconciler (see the module's doc): returns how many trips were queued
+        again. An adapter whose target cannot be read is left for the next pass (logged at debug:
+        its own calls say it is down). Raises StoreError."""
+        with self._lock:
+            with contextlib.suppress(StoreError):
+                self._refresh()
+            tripped = [(dict(sc["labels"]), lvl) for sc in self.breaker.scopes.values()
+                       for lvl, st in sc["levels"].items() if st.tripped]
+        self._note_given_up_releases()
+        queued = 0
+        for name, adapter in self.adapters.items():
+            observe = getattr(adapter, "observe", None)
+            if observe is None:
+                continue
+            busy = {_key(r["payload"].get("scope") or {}) for r in self.store.pending(name)}
+            wanted = []
+            for labels, lvl in tripped:
+                p = {"action": self.rules.levels.get(lvl), "level": lvl, "state": "trip", "scope": labels}
+                if p["action"] and _key(labels) not in busy and adapter.wants(p):
+                    wanted.append(p)
+            held = {(_key(labels), lvl) for labels, lvl in tripped}
+            for lane, p in list(self._unreleased.items()):
+                if lane[0] == name and (lane[1:] in held or lane[1] in busy):
+                    del self._unreleased[lane]  # tripped again, or a newer action queued: theirs now
+                elif lane[0] == name:
+                    wanted.append(p)
+            if not wanted:
+                continue
+            try:
+                seen = observe(wanted)
+            except ActionError as e:
+                log.debug("reconcile %s: the target's state cannot be read: %s", name, e)
+                continue
+            for p, ok in zip(wanted, seen):
+                if p["state"] == "release" and ok:
+                    self._unreleased.pop((name, _key(p["scope"]), p["level"]), None)
+                elif not ok:
+                    self._requeue(name, p)
+                    queued += 1
+        return queued
+
+    def _note_given_up_releases(self) -> None:
+        """Releases given up (audited ``failed``) since the last pass, from the audit (newest 1000):
+        kept in ``_unreleased`` until the target shows them or the level trips again. Only those
+        after this process started (``_failed_seen``): an older one may have been superseded by
+        hand."""
+        from .override import UsageError, parse_scope
+
+        rows = [r for r in self.store.audit_log(1000, kinds=("failed",)) if r["seq"] > self._failed_seen]
+        for r in reversed(rows):
+            self._failed_seen = max(self._failed_seen, r["seq"])
+            name = (r.get("detail") or {}).get("adapter")
+            if name not in self.adapters or not str(r.get("reason", "")).startswith("release ") or not r["scope_key"]:
+                continue
+            try:
+                labels = parse_scope(r["scope_key"])
+            except UsageError:
+                continue
+            self._unreleased[(name, r["scope_key"], r["level"])] = {
+                "action": r["action"], "level": r["level"], "state": "release", "scope": labels}
+
+    def _requeue(self, name: str, p: dict) -> None:
+        """Queue the trip or release ``p`` again for adapter ``name`` (outbox + a ``reconcile`` audit row)."""
+        label, now, did = self.labels[name], self.clock(), uuid.uuid4().hex
+        key = _key(p["scope"])
+        done = "tripped" if p["state"] == "trip" else "released"
+        reason = (f"level {p['level']} ({p['action']}) {done} on {key} but not seen on {label}: "
+                  "queued again")
+        p = {**p, "reason": reason, "decision_id": did}
+        self.store.commit(None, [(did, name, p, now, f"reconcile|{did}")], [
+            {"at": now, "kind": "reconcile", "decision_id": did, "scope_key": key, "level": p["level"],
+             "action": p["action"], "source": label, "reason": reason, "detail": {"adapter": name}}])
+        self.metrics.reconciliations.labels(label).inc()
+        log.warning("%s", reason, extra={"decision_id": did, "scope": key, "action": p["action"],
+                                         "fuse_level": p["level"], "state": p["state"], "adapter": label})
+        self._wakes[name].set()
+
+    def _reconcile_loop(self) -> None:
+        self._every(self.reconcile_s, self.reconcile, "reconcile")
+
     # ------------------------------------------------------------------ queries
     def state(self, offset: int = 0, limit: Optional[int] = None, *, scope: Optional[dict] = None,
               min_level: int = 0) -> dict:
         """``levels``, ``scopes`` (:meth:`Breaker.view`; each tripped level with ``applied``,
         ``applied_by``, ``pending``, ``not_applied``: :meth:`AppliedLevels.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
-        and ``truncated``: ``{"notifications", "alerts"}`` truncated since start and ``last``, the
+        ``stale`` (True: the store could not be read now, and all this is what this replica last read),
+        ``store`` (``{"reachable": bool, "unreachable_since": Unix s or None, "error": str or None}``,
+        :class:`fusebox.fuse.store.Health`), and ``truncated``: ``{"notifications", "alerts"}`` truncated since start and ``last``, the
         newest ``truncated`` audit row (``{"at", "truncated_alerts", "alerts", "group_key"}``, kept
         across restarts) or None.
 
@@ -487,11 +615,12 @@ class FuseService:
         ``offset``; ``levels`` is of the page's scopes; ``total`` counts the scopes matching,
         ``rows`` their (scope, level) rows, ``tripped`` maps every matching tripped scope to its
         level, ``next_offset`` is where the next page starts (None: the last page)."""
+        read = True
         with self._lock:
             try:
                 self._refresh()
-            except StoreError:  # shown as last known; the webhook answers 503 meanwhile
-                log.warning("store unreachable: /state shows the last state this replica read")
+            except StoreError:  # shown as last known (marked stale); the webhook answers 503 meanwhile
+                read = False
             page = self.breaker.page(offset, limit, labels=scope, min_level=min_level)
             tripped = [(sc["key"], int(lvl), st) for sc in page["scopes"] for lvl, st in sc["levels"].items() if st["tripped"]]
             if any(not self.applied.has(k, lvl) for k, lvl, _ in tripped) and self._applied_version != self._version:
@@ -500,11 +629,19 @@ class FuseService:
             for k, lvl, st in tripped:  # each tripped level: applied or not, by whom, why not
                 st.update(self.applied.view(k, lvl))
             truncated = dict(self._truncated)
+        try:
+            self._pending_known = self.store.pending_count()
+        except self._store_errors:
+            read = False  # the count last read; the answer says it is stale
         end = offset + len(page["scopes"])
+        health = self.store.health
+        since = None if read else (health.down_since or self.clock())
         return {"levels": page["levels"], "scopes": page["scopes"], "total": page["total"], "rows": page["rows"],
                 "tripped": page["tripped"], "offset": offset, "limit": limit,
                 "next_offset": end if end < page["total"] else None, "hold_s": self.hold_s,
-                "dry_run": self.dry_run, "pending_actions": self.store.pending_count(), "truncated": truncated}
+                "dry_run": self.dry_run, "pending_actions": self._pending_known, "truncated": truncated,
+                "stale": not read,
+                "store": {"reachable": read, "unreachable_since": since, "error": None if read else health.error or None}}
 
     # ------------------------------------------------------------------ machinery
     def _restore_applied(self) -> None:
@@ -548,8 +685,8 @@ class FuseService:
                     self._take_back(head.version, head.rows, head.snapshot)
                 self.breaker.begin()
                 yield
-        except StoreError as e:
-            log.error("state not persisted, change dropped: %s", e)
+        except StoreError as e:  # the store logged it (one line per outage)
+            log.debug("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         if self._wrote:
             self._version += 1
@@ -593,8 +730,8 @@ class FuseService:
         changes = self.breaker.changes()
         try:
             self.store.commit(None, rows, audit, changes=changes)
-        except StoreError as e:  # the breaker is set back by _all_or_nothing
-            log.error("state not persisted, change dropped: %s", e)
+        except StoreError as e:  # the breaker is set back by _all_or_nothing; the store logged it
+            log.debug("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         self._wrote = bool(changes)
         for (d, _, _), o, wanted in zip(decisions, out, d_wanted):
@@ -607,7 +744,8 @@ class FuseService:
                      extra={"decision_id": o["decision_id"], "scope": d.scope_key, "action": d.action,
                             "fuse_level": d.level, "state": d.kind, "source": d.source})
         if decisions:
-            self.metrics.pending.set(self.store.pending_count())
+            self._pending_known = self.store.pending_count()
+            self.metrics.pending.set(self._pending_known)
             for w in self._wakes.values():
                 w.set()
         return out
@@ -619,11 +757,14 @@ class FuseService:
             self._series.set(key, sc["labels"] if sc else None, self.breaker.level_of(key))
 
     def _oldest_pending_age(self) -> float:
+        """Seconds since the oldest pending action's request (0: none). The store unreachable: from
+        the oldest one last read, so that a stuck action keeps ageing (never NaN: an alert on NaN
+        never fires)."""
         try:
-            received = self.store.oldest_pending_received(self.adapters)
-        except Exception:  # the store cannot be read: say so rather than 0
-            log.exception("outbox read failed")
-            return float("nan")
+            self._oldest_known = self.store.oldest_pending_received(self.adapters)
+        except self._store_errors:
+            pass
+        received = self._oldest_known
         return 0.0 if received is None else max(0.0, self.clock() - received)
 
     def _dispatch_loop(self, name: str) -> None:
@@ -632,14 +773,17 @@ class FuseService:
         wake = self._wakes[name]
         lanes: dict[str, _Lane] = {}
         unrecorded: dict[int, tuple[float, dict]] = {}
+        backoff = _Backoff(self.backoff_s, self.backoff_max_s)
         while not self._stop.is_set():
             wake.clear()  # a commit during the pass sets it again, so the wait below returns at once
             try:
                 wait = self._dispatch_once(adapter, lanes, unrecorded)
-            except Exception:  # the store failing, a bug: count, log, go on after a pause
+                backoff.reset()
+            except Exception as e:  # the store failing, a bug: count, go on after a pause that grows
                 self.metrics.dispatcher_errors.labels(self.labels[name]).inc()
-                log.exception("dispatcher %s: iteration failed; retrying in %.2fs", name, self.backoff_s)
-                wait = self.backoff_s
+                wait = backoff.next()
+                if not isinstance(e, self._store_errors):  # the store's are logged once per outage
+                    log.exception("dispatcher %s: iteration failed; retrying in %.2fs", name, wait)
             if wait > 0:
                 wake.wait(timeout=wait)
 
@@ -698,7 +842,8 @@ class FuseService:
                 progressed = True
             else:
                 wait = min(wait, max(0.0, lanes[k].due - time.monotonic()))
-        self.metrics.pending.set(self.store.pending_count())
+        self._pending_known = self.store.pending_count()
+        self.metrics.pending.set(self._pending_known)
         return 0.0 if progressed else wait
 
     def _attempt(self, adapter: Adapter, job: dict, key: str, lanes: dict[str, "_Lane"],
@@ -795,11 +940,37 @@ class FuseService:
         return recorded
 
     def _tick_loop(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        self._every(self.tick_s, self.tick, "tick")
+
+    def _every(self, period: float, step: Callable[[], object], what: str) -> None:
+        """Run ``step`` every ``period`` seconds until :meth:`stop`; after a failed step, wait the
+        longer of ``period`` and a backoff that grows while the store is unreachable."""
+        backoff = _Backoff(self.backoff_s, self.backoff_max_s)
+        wait = period
+        while not self._stop.wait(wait):
             try:
-                self.tick()
-            except Exception:  # pragma: no cover - retried next tick
-                log.exception("tick failed")
+                step()
+                backoff.reset()
+                wait = period
+            except Exception as e:
+                wait = max(period, backoff.next())
+                if not isinstance(e, (Unavailable, *self._store_errors)):  # the store's: logged once per outage
+                    log.exception("%s failed", what)
+
+
+class _Backoff:
+    """The pause of a loop after a failed pass: ``base`` seconds, doubling on every failure in a
+    row up to ``cap``; :meth:`reset` after a pass that succeeded."""
+
+    def __init__(self, base: float, cap: float):
+        self.base, self.cap, self.delay = base, max(base, cap), 0.0
+
+    def next(self) -> float:
+        self.delay = self.base if not self.delay else min(self.delay * 2, self.cap)
+        return self.delay
+
+    def reset(self) -> None:
+        self.delay = 0.0
 
 
 class _Job:

@@ -48,7 +48,10 @@ version before deciding, so two replicas never decide the same thing twice. Tabl
   hold under the row's lock (``SELECT ... FOR UPDATE`` on PostgreSQL).
 
 Errors: :class:`StoreError` when the database cannot be written or reached (disk full, locked, the
-server down): a retry may help.
+server down): a retry may help. :attr:`Store.health` (:class:`Health`) follows whether it answers,
+logging one line when it is lost and one when it is back; :meth:`Store.ping`,
+:meth:`Store.probe_write` and :meth:`Store.free_bytes` serve ``/readyz``. SQLite's WAL is
+checkpointed every :data:`WAL_AUTOCHECKPOINT_PAGES` pages and cut back to :data:`WAL_LIMIT_BYTES`.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
-__all__ = ["Store", "PgStore", "StoreError", "Head", "open_store", "SCHEMA_VERSION", "store_label"]
+__all__ = ["Store", "PgStore", "StoreError", "Head", "Health", "open_store", "SCHEMA_VERSION", "store_label",
+           "WAL_AUTOCHECKPOINT_PAGES", "WAL_LIMIT_BYTES", "HEADROOM_BYTES"]
 
 log = logging.getLogger("fusebox.fuse")
 
@@ -75,6 +79,16 @@ SCHEMA_VERSION = 6
 PURGE_EVERY = 1000
 # The PostgreSQL advisory lock key of every change and of the migrations ("fusebox" in ASCII).
 _PG_LOCK = 0x66757365626F78
+
+# SQLite's WAL: checkpointed every WAL_AUTOCHECKPOINT_PAGES pages (SQLite's default, 1000 pages,
+# let it reach 4 MB and fill a 2 MB volume: issue 22), and cut back to WAL_LIMIT_BYTES when it is
+# reset after a checkpoint (PRAGMA journal_size_limit; SQLite's default keeps it at its largest).
+WAL_AUTOCHECKPOINT_PAGES = 64
+WAL_LIMIT_BYTES = 256 * 1024
+# Free space the SQLite file's volume must have for /readyz (Store.free_bytes): more than a
+# notification of a few alerts writes, so that a volume with room for less, where writes fail or
+# are about to, is not called ready (nor ready again between two failed writes).
+HEADROOM_BYTES = 64 * 1024
 
 _COLUMNS = ("seq", "decision_id", "adapter", "payload", "received", "attempts", "claimed_by", "lease_until")
 
@@ -179,9 +193,61 @@ def _create_private(path: str) -> None:
             log.warning("%s is readable by group or others (mode %04o); chmod 600 it", path, mode)
 
 
+def _bound_wal(db: sqlite3.Connection) -> sqlite3.Connection:
+    """Bound the WAL that writes on ``db`` make (the settings are per connection)."""
+    db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+    db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+    return db
+
+
 class StoreError(RuntimeError):
     """The database could not be written or reached (disk full, locked, read-only, the server
     down): a retry may help."""
+
+
+class Health:
+    """Whether the database answers, as the store's own calls see it: one log line when it is lost
+    (ERROR, with the error) and one when it is back (WARNING, with how long it was lost and how many
+    calls failed meanwhile), nothing in between (issue 22: 6,600 lines a minute while PostgreSQL was
+    down). Thread-safe.
+
+    Attributes:
+        down_since: Unix seconds of the first failure of this outage; None while the store answers.
+        error: the first failure's text (no password).
+        write_failed: the last write failed and none succeeded since (a full disk fails writes while
+            reads still answer; only a successful write clears it: :meth:`Store.probe_write`).
+        failures: calls failed in this outage.
+    """
+
+    def __init__(self, label: str):
+        self.label = label
+        self.down_since: Optional[float] = None
+        self.error = ""
+        self.write_failed = False
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def failed(self, e: BaseException, write: bool) -> None:
+        """A call (a write when ``write``) failed with ``e``."""
+        with self._lock:
+            self.failures += 1
+            self.write_failed = self.write_failed or write
+            if self.down_since is not None:
+                return
+            self.down_since, self.error = _now(), f"{type(e).__name__}: {e}".strip()[:500]
+        log.error("store %s lost (%s failed): %s -- webhooks answer 503, /readyz is false, loops back off; "
+                  "one line when it is back", self.label, "a write" if write else "a read", self.error)
+
+    def ok(self, write: bool) -> None:
+        """A call (a write when ``write``) succeeded. A read does not end an outage a write began."""
+        if self.down_since is None or (self.write_failed and not write):
+            return
+        with self._lock:
+            if self.down_since is None or (self.write_failed and not write):
+                return
+            took, n = _now() - self.down_since, self.failures
+            self.down_since, self.error, self.write_failed, self.failures = None, "", False, 0
+        log.warning("store %s back after %.1fs (%d failed call(s) meanwhile)", self.label, took, n)
 
 
 @dataclass(frozen=True)
@@ -257,6 +323,7 @@ class Store:
         self._probe: Any = None  # ping()'s own connection
         self._probe_lock = threading.Lock()
         self._closed = False
+        self.health = Health(store_label(self.url))
         self._connect()
         self._migrate()
 
@@ -265,6 +332,7 @@ class Store:
         self._db: Any = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=5.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        _bound_wal(self._db)
 
     def _errors(self) -> tuple[type[BaseException], ...]:
         return (sqlite3.Error,)
@@ -333,17 +401,49 @@ class Store:
                 return
             try:
                 self._probe.execute("SELECT count(*) FROM outbox WHERE status='pending'").fetchall()
-            except self._errors():
-                if not self._closed:
-                    with contextlib.suppress(Exception):
-                        self._probe.close()
-                    self._probe = None
+            except self._errors() as e:
+                self._probe_lost(e, write=False)
                 raise
+        self.health.ok(write=False)
+
+    def probe_write(self) -> None:
+        """Whether the store can write now (a full disk fails writes while reads answer):
+        ``meta.write_probe`` (the time) written and committed on the probe connection. Success ends
+        an outage a failed write began (:attr:`health`). Raises what the database raises."""
+        sql = ("INSERT INTO meta (key, value) VALUES ('write_probe', ?) "
+               "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+        with self._probe_lock:
+            if self._probe is None and not self._closed:
+                self._probe = self._connect_probe()
+            try:
+                if self._probe is None:  # an in-memory database: its one connection
+                    self.commit(None, ())
+                else:
+                    self._probe.execute(self._q(sql), (f"{_now():.3f}",))
+            except self._errors() as e:
+                self._probe_lost(e, write=True)
+                raise
+        self.health.ok(write=True)
+
+    def free_bytes(self) -> Optional[int]:
+        """Bytes free (to this process) on the volume of the SQLite file; None for a database
+        without a file of ours (in memory, PostgreSQL: its disk is the server's)."""
+        if self.dialect != "sqlite" or self.path == ":memory:":
+            return None
+        st = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+        return st.f_bavail * st.f_frsize
+
+    def _probe_lost(self, e: BaseException, write: bool) -> None:
+        self.health.failed(e, write=write)
+        if not self._closed:
+            with contextlib.suppress(Exception):
+                self._probe.close()
+            self._probe = None
 
     def _connect_probe(self) -> Any:
         if self.path == ":memory:":
             return None
-        return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=1.0)
+        return _bound_wal(sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=1.0))
 
     def schema_version(self) -> int:
         with self._lock:
@@ -373,8 +473,10 @@ class Store:
                 yield
                 self._run("COMMIT")
                 done = True
+                self.health.ok(write=True)
             except self._errors() as e:
                 self._lost()
+                self.health.failed(e, write=True)
                 raise StoreError(f"{store_label(self.url)}: {e}".strip()) from e
             finally:
                 if not done:
@@ -424,10 +526,11 @@ class Store:
         """How many times the breaker state was written (0: never). Raises StoreError."""
         with self._lock:
             try:
-                return self._version()
+                v = self._version()
+                self.health.ok(write=False)
+                return v
             except self._errors() as e:
-                self._lost()
-                raise StoreError(f"{store_label(self.url)}: {e}") from e
+                raise self._read_error(e) from e
 
     # ----------------------------------------------------------------- writes
     def commit(self, snapshot: Optional[dict], outbox: Iterable[tuple] = (), audit: Iterable[dict] = (), *,
@@ -631,10 +734,17 @@ class Store:
             if self._in_change or self.dialect == "sqlite":
                 return self._rows(sql, args)
             try:
-                return self._rows(sql, args)
+                rows = self._rows(sql, args)
             except self._errors() as e:
-                self._lost()
-                raise StoreError(f"{store_label(self.url)}: {e}") from e
+                raise self._read_error(e) from e
+        self.health.ok(write=False)
+        return rows
+
+    def _read_error(self, e: BaseException) -> StoreError:
+        """A read failed with ``e``: the connection is dropped if lost, :attr:`health` told."""
+        self._lost()
+        self.health.failed(e, write=False)
+        return StoreError(f"{store_label(self.url)}: {e}")
 
     def snapshot(self) -> Optional[dict]:
         """The breaker's whole state as :meth:`Breaker.snapshot` gives it; None when never written."""
@@ -644,8 +754,7 @@ class Store:
             try:
                 return self._snapshot()
             except self._errors() as e:
-                self._lost()
-                raise StoreError(f"{store_label(self.url)}: {e}") from e
+                raise self._read_error(e) from e
 
     def _snapshot(self) -> Optional[dict]:
         if not self._version():
@@ -677,8 +786,7 @@ class Store:
                     return v, None, self._snapshot()
                 return v, self._rows_since(known, v), None
             except self._errors() as e:
-                self._lost()
-                raise StoreError(f"{store_label(self.url)}: {e}") from e
+                raise self._read_error(e) from e
 
     def state_rows(self) -> int:
         """How many rows hold the breaker's state (removed ones included until purged)."""
@@ -756,6 +864,7 @@ class PgStore(Store):
         self._probe: Any = None
         self._probe_lock = threading.Lock()
         self._closed = False
+        self.health = Health(self.path)
         self._db = None
         self._offset, self._offset_at = 0.0, local_clock()
         self._offset_busy = threading.Event()

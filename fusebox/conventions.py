@@ -233,6 +233,8 @@ FUSE_METRICS = {
     # counter {adapter}: results of a call not recorded because the claim had passed to another
     # replica meanwhile (its fencing token moved on; that replica's result counts)
     "stale_results": "fusebox_fuse_stale_results_total",
+    # counter {adapter}: trips queued again because the target's own state differed (the reconciler)
+    "reconciliations": "fusebox_fuse_reconciliations_total",
     "actions_pending": "fusebox_fuse_actions_pending",  # gauge
     "decision_latency": "fusebox_fuse_decision_latency_seconds",  # histogram: request -> applied
     "request_latency": "fusebox_fuse_webhook_duration_seconds",  # histogram: webhook handling

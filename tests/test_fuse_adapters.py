@@ -129,18 +129,22 @@ def test_sglang_hostile_label_values_are_refused_and_never_reach_the_gateway(sgl
     assert {u: w["id"] for u, w in sglang_workers(sglang.url).items()} == {u: w["id"] for u, w in before.items()}
 
 
-def test_vllm_router_trip_and_release_change_its_own_worker_list(engines, tmp_path):
+@pytest.fixture
+def router(engines, tmp_path):
+    """The vLLM router in front of ``engines``; the fuse's spec takes engine-1 out on a level-1 trip."""
     gw = vllm_router([e.url for e in engines], tmp_path / "vllm.log")
-    try:
-        spec = {"router": {"kind": "vllm_router", "url": gw.url, "actions": ["freeze_admissions"],
-                           "targets": [{"match": {"engine": "engine-1"}, "worker_url": engines[1].url}]}}
-        with live(tmp_path, spec) as svc:
-            svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-1")))
-            wait_for(lambda: vllm_workers(gw.url) == [engines[0].url], 10, what="engine-1 removed")
-            svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-1")))
-            wait_for(lambda: sorted(vllm_workers(gw.url)) == sorted(e.url for e in engines), 15, what="engine-1 back")
-    finally:
-        gw.stop()
+    yield gw, {"router": {"kind": "vllm_router", "url": gw.url, "actions": ["freeze_admissions"],
+                          "targets": [{"match": {"engine": "engine-1"}, "worker_url": engines[1].url}]}}
+    gw.stop()
+
+
+def test_vllm_router_trip_and_release_change_its_own_worker_list(router, engines, tmp_path):
+    gw, spec = router
+    with live(tmp_path, spec) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-1")))
+        wait_for(lambda: vllm_workers(gw.url) == [engines[0].url], 10, what="engine-1 removed")
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-1")))
+        wait_for(lambda: sorted(vllm_workers(gw.url)) == sorted(e.url for e in engines), 15, what="engine-1 back")
 
 
 class Capture:
@@ -338,6 +342,19 @@ def haproxy(tmp_path):
     proc.wait(10)
 
 
+def haproxy_cmd(sock: Path, line: str) -> str:
+    """Send one runtime-API command to HAProxy's socket (as a person would), return its answer."""
+    import socket as so
+
+    with so.socket(so.AF_UNIX) as s:
+        s.connect(str(sock))
+        s.sendall(line.encode() + b"\n")
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out.decode()
+
+
 def haproxy_spec(sock) -> dict:
     return {"lb": {"kind": "haproxy", "socket": str(sock), "actions": ["freeze_admissions", "kv_cache_eviction"],
                    "targets": [{"match": {"engine": "engine-0"}, "server": "be_llm/engine0"},
@@ -405,7 +422,6 @@ def text_only_spec(sock, map_path) -> dict:
 def haproxy_text_only(tmp_path):
     """Real haproxy: a frontend holding the GENERATED snippet, backends be_llm (multimodal) and
     be_llm_text, each a stand-in answering its name; yields (spec dict, front URL, show_map, show_servers)."""
-    import socket as so
     import time
 
     from _fuse_support import free_port
@@ -432,13 +448,7 @@ def haproxy_text_only(tmp_path):
     assert sock.exists(), proc.stderr.read().decode() if proc.poll() is not None else "no stats socket"
 
     def ask(cmd: str) -> list[list[str]]:
-        with so.socket(so.AF_UNIX) as s:
-            s.connect(str(sock))
-            s.sendall(cmd.encode() + b"\n")
-            out = b""
-            while chunk := s.recv(65536):
-                out += chunk
-        return [ln.split() for ln in out.decode().splitlines() if ln and not ln.startswith("#")]
+        return [ln.split() for ln in haproxy_cmd(sock, cmd).splitlines() if ln and not ln.startswith("#")]
 
     def show_map() -> dict[str, str]:
         """HAProxy's own `show map <file>`: key -> value (rows are `<ref> <key> <value>`)."""
@@ -564,3 +574,164 @@ def test_haproxy_replicas_sharing_a_postgresql_store_share_their_holds(haproxy, 
             st.close()
     finally:
         server.close()
+
+
+# --- the reconciler: what the fuse decided against the gateway's own state --------------------
+
+def _reconciled(svc: LiveService, label: str) -> float:
+    text = httpx.get(svc.url + "/metrics", timeout=5).text
+    want = f'fusebox_fuse_reconciliations_total{{adapter="{label}"}} '
+    return float(next((ln.split()[-1] for ln in text.splitlines() if ln.startswith(want)), "0"))
+
+
+def _drained(svc: LiveService) -> None:
+    wait_for(lambda: svc.service.store.pending_count() == 0, 15, what="the outbox drained")
+
+
+def test_sglang_a_worker_put_back_by_hand_is_taken_out_again_by_the_reconciler(sglang, engines, tmp_path):
+    """The trip takes engine-0 out; someone adds it back through the gateway's own API; the fuse
+    (still tripped) sees it there on its next reconcile pass, queues the trip again (audited, counted)
+    and the gateway's list loses it again. A pass that finds the gateway as decided queues nothing."""
+    e0, e1 = engines[0].url, engines[1].url
+    with live(tmp_path, sglang_spec(sglang, engines)) as svc:
+        assert svc.service.reconcile() == 0  # nothing tripped
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        wait_for(lambda: e0 not in sglang_workers(sglang.url), 10, what="engine-0 out")
+        _drained(svc)
+        assert svc.service.reconcile() == 0  # as decided
+        assert httpx.post(f"{sglang.url}/workers", json={"url": e0}, timeout=5).status_code == 202
+        wait_for(lambda: e0 in sglang_workers(sglang.url), 10, what="engine-0 put back by hand")
+        assert svc.service.reconcile() == 1
+        wait_for(lambda: e0 not in sglang_workers(sglang.url), 10, what="engine-0 out again")
+        _drained(svc)
+        assert e1 in sglang_workers(sglang.url)
+        assert svc.service.reconcile() == 0
+        rows = svc.service.store.audit_log(50)
+        assert [r["kind"] for r in rows if r["kind"] == "reconcile"] == ["reconcile"]
+        assert sum(r["kind"] == "applied" and r["source"] == "sglang" for r in rows) == 2
+        assert _reconciled(svc, "sglang") == 1
+
+
+def test_haproxy_a_trip_given_up_is_applied_by_the_reconciler_once_haproxy_answers(haproxy, tmp_path):
+    """HAProxy's socket is away when the trip comes (max_attempts 1: given up, audited failed) while
+    /state says tripped; the socket back, a reconcile pass drains the server. Someone setting it
+    ready by hand is drained again by the next pass."""
+    sock, show = haproxy
+    spec = haproxy_spec(sock)
+    spec["lb"]["max_attempts"] = 1
+    away = sock.with_name("away.sock")
+    with live(tmp_path, spec) as svc:
+        sock.rename(away)
+        try:
+            svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+            wait_for(lambda: failed_audit(svc), 10, what="the trip given up")
+            assert svc.service.reconcile() == 0  # HAProxy cannot be read: nothing concluded
+        finally:
+            away.rename(sock)
+        assert show() == {"engine0": 0, "engine1": 0}
+        assert svc.state()["levels"] == {'{engine="engine-0"}': 1}
+        assert svc.service.reconcile() == 1
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained by the reconciler")
+        _drained(svc)
+        assert svc.service.reconcile() == 0
+        haproxy_cmd(sock, "set server be_llm/engine0 state ready")
+        assert show() == {"engine0": 0, "engine1": 0}
+        assert svc.service.reconcile() == 1
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained again")
+        assert _reconciled(svc, "lb") == 2
+
+
+def test_an_adapter_that_cannot_report_is_not_reconciled(capture, tmp_path):
+    """The generic http action has no observe: a reconcile pass calls nothing and queues nothing."""
+    with live(tmp_path, http_spec(capture, tmp_path)) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        _drained(svc)
+        assert [c[0] for c in capture.calls] == ["POST"]
+        assert not hasattr(svc.service.adapters["http:dynamo"], "observe")
+        assert svc.service.reconcile() == 0
+        assert [c[0] for c in capture.calls] == ["POST"]
+
+
+def test_vllm_router_a_worker_added_back_by_hand_is_removed_again_by_the_reconciler(router, engines, tmp_path):
+    gw, spec = router
+    with live(tmp_path, spec) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-1")))
+        wait_for(lambda: vllm_workers(gw.url) == [engines[0].url], 10, what="engine-1 removed")
+        _drained(svc)
+        assert svc.service.reconcile() == 0
+        r = httpx.post(f"{gw.url}/add_worker", params={"url": engines[1].url}, timeout=5)
+        assert r.status_code == 200, r.text
+        wait_for(lambda: engines[1].url in vllm_workers(gw.url), 10, what="engine-1 added back by hand")
+        assert svc.service.reconcile() == 1
+        wait_for(lambda: vllm_workers(gw.url) == [engines[0].url], 10, what="engine-1 removed again")
+        _drained(svc)
+        assert svc.service.reconcile() == 0
+        assert _reconciled(svc, "router") == 1
+
+
+def test_fuse_serve_reconciles_every_reconcile_seconds(haproxy, tmp_path):
+    """`fusebox fuse serve --reconcile 0.2` (a subprocess) on a spec with HAProxy: a server set ready
+    by hand while its level stays tripped is drained again by the service's own reconcile loop."""
+    from _fuse_support import free_port
+
+    sock, show = haproxy
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    p = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec",
+                          str(write_spec(tmp_path, haproxy_spec(sock))), "--listen", f"127.0.0.1:{port}",
+                          "--state", str(tmp_path / "s.sqlite"), "--token-file", str(token), "--hold", "600",
+                          "--reconcile", "0.2", "--log-level", "warning"],
+                         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "fuse.log", "wb"))
+    try:
+        wait_for(lambda: _answers(url), 30, 0.1, "the fuse")
+        body = payload(alert("GPUMemoryUtilizationHigh", engine="engine-0"))
+        assert httpx.post(url + "/alertmanager", json=body, headers={"Authorization": f"Bearer {TOKEN}"},
+                          timeout=10).status_code == 200
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained")
+        haproxy_cmd(sock, "set server be_llm/engine0 state ready")
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained again by the loop")
+        text = httpx.get(url + "/metrics", timeout=5).text
+    finally:
+        p.terminate()
+        p.wait(10)
+    assert 'fusebox_fuse_reconciliations_total{adapter="lb"} 1.0' in text
+    assert "tripped on" in (tmp_path / "fuse.log").read_text() and "queued again" in (tmp_path / "fuse.log").read_text()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_haproxy_a_release_given_up_is_applied_by_the_reconciler_once_haproxy_answers(haproxy, tmp_path):
+    """The trip drains engine0; HAProxy's socket is away when the release comes (max_attempts 1:
+    given up, audited failed) while /state says released; the socket back, a reconcile pass makes the
+    server ready; the next pass finds it so and queues nothing."""
+    sock, show = haproxy
+    spec = haproxy_spec(sock)
+    spec["lb"]["max_attempts"] = 1
+    away = sock.with_name("away.sock")
+    with live(tmp_path, spec) as svc:
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained")
+        _drained(svc)
+        sock.rename(away)
+        try:
+            svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", engine="engine-0")))
+            wait_for(lambda: failed_audit(svc), 10, what="the release given up")
+            assert svc.service.reconcile() == 0  # HAProxy cannot be read: nothing concluded
+        finally:
+            away.rename(sock)
+        assert show() == {"engine0": 8, "engine1": 0}
+        assert svc.state()["levels"] == {}
+        assert svc.service.reconcile() == 1
+        wait_for(lambda: show() == {"engine0": 0, "engine1": 0}, 10, what="engine0 ready by the reconciler")
+        _drained(svc)
+        assert svc.service.reconcile() == 0
+        assert _reconciled(svc, "lb") == 1
+        assert [r["reason"].split(" on ")[0] for r in svc.service.store.audit_log(50) if r["kind"] == "reconcile"] == [
+            "level 1 (freeze_admissions) released"]
