@@ -51,7 +51,7 @@ from starlette.exceptions import HTTPException
 
 from .breaker import OverrideError, ScopeNotFound
 from .override import UsageError, parse_scope
-from .payload import NOT_STORABLE, PayloadError, parse_payload, storable
+from .payload import MAX_LABEL_VALUE, NOT_STORABLE, PayloadError, parse_payload, storable
 from .service import FuseService, Unavailable
 from .status import (CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, StatusLinks, render_status,
                      state_view, web_url)
@@ -64,9 +64,6 @@ __all__ = ["create_app", "render_status", "MAX_BODY_BYTES", "MAX_LABEL_VALUE", "
 
 # Alertmanager caps a notification at max_alerts (0 = all); 1 MiB holds thousands of alerts.
 MAX_BODY_BYTES = 1 << 20
-# Longest label value accepted (alerts and override scopes). Host names are at most 253 characters
-# (RFC 1035), GPU UUIDs 40; the cap bounds what one alert can make the state and the page hold.
-MAX_LABEL_VALUE = 256
 # Alertmanager's fingerprints are 16 hex digits.
 MAX_FINGERPRINT = 64
 # /state's page: scopes per answer by default and at most (the default holds every scope of a
@@ -93,7 +90,9 @@ class Alert(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     status: Optional[Literal["firing", "resolved"]] = Field(None, description="absent: derived from endsAt")
-    labels: dict[Text, LabelValue] = Field(description=f"strings; values at most {MAX_LABEL_VALUE} characters")
+    # not capped here: an alert over the cap is refused alone (payload.Refused), the others are used
+    labels: dict[Text, Text] = Field(description=f"strings; an alert with a name or value over {MAX_LABEL_VALUE} "
+                                                 "characters is refused alone (the others are used)")
     annotations: dict[str, str] = {}
     startsAt: str = Field(description="RFC 3339")
     endsAt: Optional[str] = Field(None, description="RFC 3339; Go's zero time or absent: no end known")

@@ -40,6 +40,7 @@ without the answer's text, which stays in the audit row's ``detail`` (``error``,
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -72,6 +73,10 @@ MAX_ALERTMANAGERS = 16
 # Scopes with a fusebox_fuse_level series of their own, the most severe first (issue 22: 10,000
 # scopes made /metrics 13.6 MB); fusebox_fuse_scopes{level} counts every scope.
 MAX_LEVEL_SERIES = 1000
+# Episodes (fingerprint, startsAt, result) of refused alerts already audited, kept per replica, the
+# oldest forgotten first: a refused alert is audited (and logged) once per episode, not on every
+# re-notification (issue 22: 10 re-notifications of 4,000 refused alerts made 40,000 rows).
+MAX_REFUSED_EPISODES = 100_000
 
 
 TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
@@ -239,6 +244,7 @@ class FuseService:
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
+        self._episodes: collections.OrderedDict = collections.OrderedDict()  # refused episodes audited
         self._senders: set[str] = set()  # externalURLs with a last-notification series
         self._senders_lock = threading.Lock()
         self._wakes = {name: threading.Event() for name in self.adapters}
@@ -290,29 +296,46 @@ class FuseService:
         with self._lock, self._all_or_nothing(), self._change():
             now = self.clock()
             decisions, outcomes = self.breaker.on_notification(note, now)
-            refused = [o for o in outcomes if o.result in _REFUSED]
-            audit = [{"at": now, "kind": "ignored", "source": "alert", "reason": o.reason[:1000],
-                      "detail": {"result": o.result, "fingerprint": o.fingerprint[:64]}} for o in refused]
+            refused = self._first_of_episode(
+                [*((o.fingerprint, a.starts_at, o.result, o.reason) for a, o in zip(note.alerts, outcomes)
+                   if o.result in _REFUSED),
+                 *((r.fingerprint, r.starts_at, r.result, r.reason) for r in note.refused)])
+            audit = [{"at": now, "kind": "ignored", "source": "alert", "reason": reason[:1000],
+                      "detail": {"result": result, "fingerprint": fp[:64], "starts_at": starts}}
+                     for fp, starts, result, reason in refused]
             if cut:
                 audit.append(_truncated_row(note, now))
             changed = (bool(decisions) or bool(refused) or bool(cut) or self.breaker.dirty()
                        or any(o.result in _CHANGED for o in outcomes))
             ids = self._commit(decisions, received, changed, audit, {"truncated_alerts": cut} if cut else {})
+            self._episodes.update((e[:3], None) for e in refused)  # committed: audited
+            while len(self._episodes) > MAX_REFUSED_EPISODES:
+                self._episodes.popitem(last=False)
             if cut:
                 self.metrics.truncated.inc(cut)
                 self._truncated = {"notifications": self._truncated["notifications"] + 1,
                                    "alerts": self._truncated["alerts"] + cut, "last": _truncated_view(audit[-1])}
-        for o in refused:
-            log.warning("%s", o.reason)
+        for e in refused:
+            log.warning("%s", e[3])
         if cut:
             log.warning("%s", audit[-1]["reason"])
         counts: dict[str, int] = {}
-        for o in outcomes:
+        for name, result in [*((o.alertname, o.result) for o in outcomes), *((r.alertname, r.result) for r in note.refused)]:
             # the heartbeat is counted, never audited (it asks for no fuse, so nothing is committed)
-            result = "heartbeat" if o.alertname == C.HEARTBEAT_ALERT else o.result
+            result = "heartbeat" if name == C.HEARTBEAT_ALERT else result
             counts[result] = counts.get(result, 0) + 1
             self.metrics.alerts.labels(result).inc()
         return {"decisions": ids, "alerts": counts}
+
+    def _first_of_episode(self, refused: list[tuple]) -> list[tuple]:
+        """The refusals ``(fingerprint, startsAt, result, reason)`` whose episode (the first three)
+        this replica has not audited yet, each once."""
+        out, seen = [], set()
+        for e in refused:
+            if e[:3] not in self._episodes and e[:3] not in seen:
+                seen.add(e[:3])
+                out.append(e)
+        return out
 
     def _record_sender(self, external_url: str, received: float) -> None:
         """Set the last-notification gauge of the Alertmanager at ``external_url``; past
