@@ -126,6 +126,14 @@ class _Metrics:
                                        "Unix time of the last notification from each Alertmanager (its externalURL).",
                                        [C.ALERTMANAGER_LABEL], registry=r)
         self.scopes = Gauge(M["scopes"], "Scopes held, by their highest tripped level (0: none).", ["level"], registry=r)
+        self.auth_failures = Counter(M["auth_failures"].removesuffix("_total"),
+                                     "Requests refused 401: no token, or not one of the route's role.", ["role"],
+                                     registry=r)
+        self.auth_limited = Counter(M["auth_rate_limited"].removesuffix("_total"),
+                                    "Requests refused 429: their client failed to authenticate too often.", ["role"],
+                                    registry=r)
+        for role in ("webhook", "override", "read"):  # at 0 from the start
+            self.auth_failures.labels(role), self.auth_limited.labels(role)
         self.level_dropped = Gauge(M["level_series_dropped"],
                                    "Scopes held without a fusebox_fuse_level series (over the cap; the least severe).",
                                    registry=r)

@@ -233,6 +233,8 @@ FUSE_METRICS = {
     "request_latency": "fusebox_fuse_webhook_duration_seconds",  # histogram: webhook handling
     "last_notification": "fusebox_fuse_last_notification_timestamp_seconds",  # gauge {alertmanager}: externalURL of the sender
     "dry_run": "fusebox_fuse_dry_run",  # gauge: 1 when the service calls nothing (--dry-run)
+    "auth_failures": "fusebox_fuse_auth_failures_total",  # counter {role}: requests with no or a wrong token
+    "auth_rate_limited": "fusebox_fuse_auth_rate_limited_total",  # counter {role}: answered 429 (too many failures)
     # per adapter (its label: the spec's fuse.adapters name, ``gateway``, ``vllm:<engine>``)
     "adapter_calls": "fusebox_fuse_adapter_calls_total",  # counter {adapter, outcome}: outcome ok|error
     "adapter_call_duration": "fusebox_fuse_adapter_call_duration_seconds",  # histogram {adapter}: one apply()
