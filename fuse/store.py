@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
+from .logsafe import redact_url, redact_urls
+
 __all__ = ["Store", "PgStore", "StoreError", "Head", "open_store", "SCHEMA_VERSION", "store_label"]
 
 log = logging.getLogger("fusebox.fuse")
@@ -179,22 +181,13 @@ class Head:
 
 
 def store_label(url: str) -> str:
-    """``url`` without its password, for logs, errors, ``/readyz`` and the start-up line: the
-    password of the userinfo part (``postgresql://user:PASSWORD@host/db``) and a ``password``
-    query parameter (libpq accepts ``?password=``) are left out; a libpq key/value string
-    (``host=... password=...``) loses its ``password`` pair."""
+    """``url`` without its password, for logs, errors, ``/readyz`` and the start-up line: a URL as
+    :func:`fusebox.fuse.logsafe.redact_url` (``postgresql://user:PASSWORD@host/db`` -> ``user@host``,
+    ``?password=`` -> ``?password=***``); a libpq key/value string (``host=... password=...``) has
+    its ``password`` value hidden."""
     if "://" not in url:
         return re.sub(r"(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", "password=***", url) if "=" in url else url
-    scheme, rest = url.split("://", 1)
-    rest, qmark, query = rest.partition("?")
-    if "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":", 1)[0]
-        rest = f"{user}@{host}" if user else host
-    if qmark:
-        kept = [p for p in query.split("&") if p.split("=", 1)[0].lower() != "password"]
-        query = "&".join(kept)
-    return f"{scheme}://{rest}" + (f"?{query}" if query else "")
+    return redact_url(url)
 
 
 def open_store(url: str) -> "Store":
@@ -474,11 +467,13 @@ class Store:
         self._run("DELETE FROM meta WHERE key='breaker'")
 
     def _audit_rows(self, rows: Iterable[dict]) -> None:
-        cols = ("at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason")
+        """Insert audit rows; URL credentials in the reason and the detail are left out (redact_urls)."""
+        cols = ("at", "kind", "decision_id", "scope_key", "level", "action", "source")
         self._many(
             "INSERT INTO audit (at, kind, decision_id, scope_key, level, action, source, reason, detail) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(*(r.get(c) for c in cols), json.dumps(r.get("detail", {}), separators=(",", ":"))) for r in rows])
+            [(*(r.get(c) for c in cols), _redacted(r.get("reason")),
+              redact_urls(json.dumps(r.get("detail", {}), separators=(",", ":")))) for r in rows])
 
     def audit(self, row: dict) -> None:
         self.commit(None, (), [row])
@@ -773,6 +768,10 @@ class PgStore(Store):
 
         return psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
                                application_name="fusebox-fuse-probe")
+
+
+def _redacted(text: Optional[str]) -> Optional[str]:
+    return redact_urls(text) if isinstance(text, str) else text
 
 
 def _now() -> float:
