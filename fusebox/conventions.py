@@ -326,6 +326,9 @@ OTEL_SELF = {
     "scrape_errors": ("fusebox.collector.scrape.errors", "{error}", "counter"),
     # engine /metrics scrapes refused at a limit: reason body_too_large, decompressed_too_large, deadline
     "scrape_refused": ("fusebox.collector.scrape.refused", "{scrape}", "counter"),
+    # sample lines of an engine's /metrics dropped before parsing: reason label_too_long (a label
+    # set over --max-label-chars), series_limit (past --max-series); the rest of the scrape is used
+    "scrape_dropped": ("fusebox.collector.scrape.dropped", "{series}", "counter"),
     # KV collector rounds whose output is incomplete, per engine and reason: no_gpu (no --gpu, so
     # no hw_id and the GPU-memory signal cannot subtract the free KV pool), no_capacity (the
     # engine's /metrics gives no pool size, so no bytes at all, or usage without a limit)

@@ -353,3 +353,35 @@ def test_redact_url_strips_userinfo_only():
     assert redact_url("https://tok@[::1]:8443/metrics") == "https://[::1]:8443/metrics"
     assert redact_url("http://h/metrics") == "http://h/metrics"
     assert redact_url("/var/run/metrics.txt") == "/var/run/metrics.txt"
+
+
+# ------------------------------------------------------------------------- issue 22: series and label caps
+def _dropped(text: str) -> dict:
+    """{(endpoint, reason): count} of fusebox_collector_scrape_dropped_total."""
+    return {(dict(k)["endpoint"], dict(k)["reason"]): v
+            for k, v in _samples(text, "fusebox_collector_scrape_dropped_total").items()}
+
+
+def test_a_15_mib_label_is_dropped_and_counted_in_bounded_memory_and_the_rest_is_used(serve):
+    huge = b'vllm:gpu_cache_usage_perc{model_name="' + b"m" * (15 * MIB) + b'"} 0.5\n'
+    s = serve(_body(VLLM_OLD.read_bytes() + huge))
+    r = _collect_kv_measured("--endpoint", s.url, "--timeout", "20")
+    assert r["rc"] == 0, r["err"]
+    assert r["maxrss_kib"] < CEILING_KIB, f"peak RSS {r['maxrss_kib']} KiB"
+    assert _dropped(r["out"]) == {(s.url, "label_too_long"): 1}
+    assert list(_samples(r["out"], "fusebox_kv_cache_limit_bytes").values()) == [OPT_POOL]  # the rest is used
+
+
+def test_sample_lines_past_max_series_are_dropped_and_counted(serve, capsys):
+    dump = VLLM_OLD.read_bytes()
+    samples = sum(1 for line in dump.decode().splitlines() if line.strip() and not line.startswith("#"))
+    s = serve(_body(dump))
+    rc, out, err = _kv_once(capsys, "--endpoint", s.url)
+    assert rc == 0, err
+    assert _dropped(out) == {}
+    rc, out, _ = _kv_once(capsys, "--endpoint", s.url, "--max-series", "5")
+    assert _dropped(out) == {(s.url, "series_limit"): samples - 5}
+    rc, out, err = _kv_once(capsys, "--endpoint", s.url, "--max-label-chars", "10")
+    long_labels = sum(1 for line in dump.decode().splitlines() if not line.startswith("#") and "{" in line
+                      and line.rindex("}") - line.index("{") - 1 > 10)
+    assert long_labels > 0 and _dropped(out) == {(s.url, "label_too_long"): long_labels}
