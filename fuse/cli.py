@@ -140,6 +140,10 @@ def register(subparsers) -> None:
 
     register_override(sub)
 
+    from .audit import register as register_audit
+
+    register_audit(sub)
+
     g = sub.add_parser("gateway", help="reference gateway: accept POST /v1/control/fuse and log it as JSON lines")
     g.add_argument("--listen", type=_hostport, default=DEFAULT_GATEWAY_LISTEN,
                    help=f"HOST:PORT (default {DEFAULT_GATEWAY_LISTEN})")

@@ -35,7 +35,11 @@ version before deciding, so two replicas never decide the same thing twice. Tabl
   calls the adapter (:meth:`Store.claim`: ``claimed_by``, ``lease_until`` in Unix seconds); others
   leave it alone until the lease ends, then take it over (its claimer died).
 * ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``: append-only
-  (triggers reject UPDATE and DELETE; on PostgreSQL TRUNCATE too).
+  (triggers reject UPDATE and DELETE; on PostgreSQL TRUNCATE too). Retention
+  (:meth:`Store.prune_audit`, ``fusebox fuse audit prune``): rows leave it only after their export,
+  through a prune recorded in the append-only ``audit_prune(seq, at, through_seq, row_count, sha256,
+  export)`` and in a ``pruned`` audit row; from the first prune on, the delete trigger lets a row go
+  only when a recorded prune covers its ``seq``.
 * ``adapter_state(adapter, worker, holds, settings)``: what the spec's adapters keep between calls
   (:mod:`fusebox.fuse.adapters`), shared by every replica: per adapter (``<kind>:<name>``) and
   worker (a worker URL, an HAProxy ``<backend>/<server>`` or ``map <backend>``), ``holds`` = the
@@ -664,6 +668,75 @@ class Store:
         return out
 
 
+    # ----------------------------------------------------------------- audit retention
+    _AUDIT_COLUMNS = ("seq", "at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason", "detail")
+
+    def audit_through(self, before: float) -> int:
+        """The highest audit ``seq`` of a row older than ``before`` (Unix seconds); 0 when none."""
+        return int(self._read("SELECT COALESCE(MAX(seq), 0) FROM audit WHERE at < ?", (before,))[0][0])
+
+    def audit_rows(self, through: int, batch: int = 1000) -> Iterator[dict]:
+        """Audit rows with ``seq`` <= ``through``, oldest first, read ``batch`` at a time: dicts as
+        :meth:`audit_log` gives them."""
+        after = 0
+        while True:
+            rows = self._read(f"SELECT {', '.join(self._AUDIT_COLUMNS)} FROM audit WHERE seq > ? AND seq <= ? "
+                              "ORDER BY seq LIMIT ?", (after, through, batch))
+            for r in rows:
+                d = dict(zip(self._AUDIT_COLUMNS, r))
+                d["detail"] = json.loads(d["detail"])
+                yield d
+            if len(rows) < batch:
+                return
+            after = rows[-1][0]
+
+    def prune_audit(self, through: int, rows: int, sha256: str, export: str, at: float) -> int:
+        """Delete the audit rows with ``seq`` <= ``through``, which an export holds (``rows`` of
+        them, the file's ``sha256``, its name ``export``). In one transaction: a row of the
+        append-only table ``audit_prune`` records the prune, the audit gets a ``pruned`` row saying
+        the same, and only then may the rows go: the audit's delete trigger lets a row be deleted
+        only when its ``seq`` is at or below a recorded prune's ``through_seq`` (UPDATE, and on
+        PostgreSQL TRUNCATE, stay refused). Returns the rows deleted.
+
+        Raises:
+            StoreError: the database refused; nothing was deleted.
+            ValueError: the audit holds a different number of rows up to ``through`` than the
+                export (a prune meanwhile): nothing was deleted.
+        """
+        with self._transaction():
+            self._allow_recorded_prunes()
+            have = int(self._rows("SELECT COUNT(*) FROM audit WHERE seq <= ?", (through,))[0][0])
+            if have != rows:
+                raise ValueError(f"the audit holds {have} rows up to seq {through}, the export {rows}: "
+                                 "nothing deleted -- export again")
+            self._run("INSERT INTO audit_prune (at, through_seq, row_count, sha256, export) VALUES (?, ?, ?, ?, ?)",
+                      (at, through, rows, sha256, export))
+            self._audit_rows([{"at": at, "kind": "pruned", "source": "retention",
+                               "reason": f"{rows} audit rows up to seq {through} pruned after their export to {export}",
+                               "detail": {"through_seq": through, "rows": rows, "sha256": sha256, "export": export}}])
+            return self._run("DELETE FROM audit WHERE seq <= ?", (through,))
+
+    _PRUNE_DDL = [
+        """CREATE TABLE IF NOT EXISTS audit_prune (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, through_seq INTEGER NOT NULL, row_count INTEGER NOT NULL,
+  sha256 TEXT NOT NULL, export TEXT NOT NULL)""",
+        """CREATE TRIGGER IF NOT EXISTS audit_prune_no_change BEFORE UPDATE ON audit_prune
+  BEGIN SELECT RAISE(ABORT, 'the audit prune log is append-only'); END""",
+        """CREATE TRIGGER IF NOT EXISTS audit_prune_no_delete BEFORE DELETE ON audit_prune
+  BEGIN SELECT RAISE(ABORT, 'the audit prune log is append-only'); END""",
+        "DROP TRIGGER IF EXISTS audit_no_delete",
+        """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+  WHEN OLD.seq > (SELECT COALESCE(MAX(through_seq), 0) FROM audit_prune)
+  BEGIN SELECT RAISE(ABORT, 'the audit log is append-only: rows leave it only through a recorded prune'); END""",
+    ]
+
+    def _allow_recorded_prunes(self) -> None:
+        """Create ``audit_prune`` and make the audit's delete trigger let through the rows a recorded
+        prune covers (idempotent; in the caller's transaction)."""
+        for sql in self._PRUNE_DDL:
+            self._run(sql)
+
+
 class PgStore(Store):
     """PostgreSQL store (psycopg 3): any number of replicas share it. One connection per store,
     opened again after the server went away (every call meanwhile raises StoreError: the webhook
@@ -768,6 +841,26 @@ class PgStore(Store):
 
         return psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
                                application_name="fusebox-fuse-probe")
+
+    _PRUNE_DDL = [
+        """CREATE TABLE IF NOT EXISTS audit_prune (
+  seq BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, through_seq BIGINT NOT NULL, row_count BIGINT NOT NULL,
+  sha256 TEXT NOT NULL, export TEXT NOT NULL)""",
+        # one function for every trigger of both tables: only a DELETE of audit rows a recorded
+        # prune covers passes; UPDATE, TRUNCATE and any change of audit_prune raise
+        """CREATE OR REPLACE FUNCTION fusebox_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'audit'
+       AND OLD.seq <= (SELECT COALESCE(MAX(through_seq), 0) FROM audit_prune) THEN
+      RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'the audit log is append-only: rows leave it only through a recorded prune';
+  END $$""",
+        """CREATE OR REPLACE TRIGGER audit_prune_no_change BEFORE UPDATE OR DELETE ON audit_prune
+  FOR EACH ROW EXECUTE FUNCTION fusebox_audit_append_only()""",
+        """CREATE OR REPLACE TRIGGER audit_prune_no_truncate BEFORE TRUNCATE ON audit_prune
+  FOR EACH STATEMENT EXECUTE FUNCTION fusebox_audit_append_only()""",
+    ]
 
 
 def _redacted(text: Optional[str]) -> Optional[str]:
