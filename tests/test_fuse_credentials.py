@@ -26,7 +26,7 @@ API_KEY = "sk-worker-" + secrets.token_hex(12)
 WORKER = "http://127.0.0.1:1"  # never called: the gateway stand-in only lists it
 
 
-class EchoGateway:
+class EchoGateway(ThreadingHTTPServer):
     """An SGLang-gateway-like ``/workers`` API (``sglang=True``: lists one worker with an
     ``api_key``, DELETE takes it out) that answers every POST 400 with the body it was sent and the
     request line (query included) in the text."""
@@ -60,13 +60,9 @@ class EchoGateway:
                 gw.requests.append(("POST", self.path))
                 self._send(400, b"invalid request " + self.path.encode() + b": " + body)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(("127.0.0.1", 0), H)
+        self.port = self.server_address[1]
+        threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
 @pytest.fixture
@@ -74,7 +70,8 @@ def gateways():
     gws = EchoGateway(sglang=True), EchoGateway(sglang=False)
     yield gws
     for g in gws:
-        g.stop()
+        g.shutdown()
+        g.server_close()
 
 
 def test_no_url_credential_nor_echoed_body_reaches_the_start_up_line_the_log_or_the_audit(tmp_path, gateways):
