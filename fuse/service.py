@@ -77,6 +77,8 @@ MAX_LEVEL_SERIES = 1000
 # oldest forgotten first: a refused alert is audited (and logged) once per episode, not on every
 # re-notification (issue 22: 10 re-notifications of 4,000 refused alerts made 40,000 rows).
 MAX_REFUSED_EPISODES = 100_000
+# Refused episodes read back from the audit at start (the newest ones).
+EPISODES_READ_BACK = 10_000
 
 
 TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
@@ -252,7 +254,13 @@ class FuseService:
         last = store.audit_log(1, kinds=("truncated",))
         self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
-        self._episodes: collections.OrderedDict = collections.OrderedDict()  # refused episodes audited
+        # refused episodes audited, oldest first; the newest ones of the audit read back at start, so a
+        # restart does not audit them again
+        self._episodes: collections.OrderedDict = collections.OrderedDict()
+        for row in reversed(store.audit_log(EPISODES_READ_BACK, kinds=("ignored",))):
+            d = row["detail"]
+            if isinstance(d, dict) and "starts_at" in d:
+                self._episodes[(d.get("fingerprint"), d["starts_at"], d.get("result"))] = None
         self._senders: set[str] = set()  # externalURLs with a last-notification series
         self._senders_lock = threading.Lock()
         self._wakes = {name: threading.Event() for name in self.adapters}

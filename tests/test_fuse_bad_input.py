@@ -218,3 +218,14 @@ def test_a_refused_alert_is_audited_once_per_episode_not_per_re_notification(cli
     assert _alerts_total(svc, "untrusted") == 200 and _alerts_total(svc, "label_too_long") == 200  # counted each time
     assert client.post("/alertmanager", json=note(T0 + 600), headers=WEBHOOK).status_code == 200
     assert len(svc.store.audit_log(1000, kinds=("ignored",))) == 80
+
+
+def test_a_restarted_service_does_not_audit_a_refused_episode_again(tmp_path):
+    rules = FuseRules.from_spec(load_spec(SPEC))
+    long = alert("GPUMemoryUtilizationHigh", starts=T0, cluster="a", hw_id="G" + "x" * 300)
+    for _ in range(2):  # the same notification before and after a restart
+        svc = FuseService(rules, Store(tmp_path / "fuse.sqlite"), [DryRun()], hold_s=60, dry_run=True)
+        assert svc.handle(parse_payload(payload(long), T0))["alerts"] == {"label_too_long": 1}
+        rows = svc.store.audit_log(100, kinds=("ignored",))
+        svc.store.close()
+        assert len(rows) == 1, rows
