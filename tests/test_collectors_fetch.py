@@ -385,3 +385,14 @@ def test_sample_lines_past_max_series_are_dropped_and_counted(serve, capsys):
     long_labels = sum(1 for line in dump.decode().splitlines() if not line.startswith("#") and "{" in line
                       and line.rindex("}") - line.index("{") - 1 > 10)
     assert long_labels > 0 and _dropped(out) == {(s.url, "label_too_long"): long_labels}
+
+
+def test_a_15_mib_label_in_a_histogram_leaves_the_latency_fallback_working_in_bounded_memory(serve):
+    line = b'vllm:e2e_request_latency_seconds_bucket{le="0.5",model_name="' + b"m" * (15 * MIB) + b'"} 3\n'
+    s = serve(_body(VLLM_OLD.read_bytes() + line))
+    cmd = [sys.executable, "-c", _WRAPPER, sys.executable, "-m", "fusebox.cli", "collect", "latency", "--once",
+           "--endpoint", s.url, "--engine-id", "e1", "--timeout", "20", "--spec", str(ROOT / "fusebox.yaml")]
+    r = json.loads(subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120).stdout)
+    assert r["rc"] == 0, r["err"][-500:]
+    assert r["maxrss_kib"] < CEILING_KIB, f"peak RSS {r['maxrss_kib']} KiB"
+    assert "mmmm" not in r["err"] and "fusebox_alignment_duration_seconds_count" in r["out"]
