@@ -66,6 +66,10 @@ def _fetch_options(p: argparse.ArgumentParser) -> None:
                    help="refuse an answer over SIZE bytes on the wire, e.g. 16MiB, 50MB (default 16MiB)")
     p.add_argument("--max-decompressed-bytes", type=_size, default="16MiB", metavar="SIZE",
                    help="refuse an answer whose text (after gzip) is over SIZE (default 16MiB)")
+    p.add_argument("--max-series", type=_count, default=50_000, metavar="N",
+                   help="sample lines of an answer used at most; the rest are dropped and counted (default 50000)")
+    p.add_argument("--max-label-chars", type=_count, default=4096, metavar="N",
+                   help="drop (and count) a sample whose label set is over N characters (default 4096)")
     p.add_argument("--credentials-file", metavar="PATH", default=None,
                    help="file holding a bearer token or user:password, read at every scrape (chmod 600); "
                         "preferred to user:password@ in the URL, which is sent but never shown")
@@ -76,7 +80,14 @@ def _fetcher(args):
     from .fetch import Credentials, Fetcher, FetchLimits
 
     creds = Credentials(args.credentials_file, log=log_stderr) if args.credentials_file else None
-    return Fetcher(FetchLimits(args.max_body_bytes, args.max_decompressed_bytes), creds)
+    return Fetcher(FetchLimits(args.max_body_bytes, args.max_decompressed_bytes, args.max_series,
+                               args.max_label_chars), creds)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1, e.g. 1000")
+    return int(text)
 
 
 def register(subparsers) -> None:
@@ -276,6 +287,7 @@ def cmd_kv(args) -> int:
         pipe.set_readings(col.collect())
         pipe.set_errors(col.error_readings())
         pipe.set_refused(col.refused_readings())
+        pipe.set_dropped(col.dropped_readings())
         pipe.set_incomplete(col.incomplete_readings())
 
     if args.once:
@@ -308,6 +320,7 @@ def cmd_latency(args) -> int:
         fb.poll()
         pipe.set_errors(fb.error_readings())
         pipe.set_refused(fb.refused_readings())
+        pipe.set_dropped(fb.dropped_readings())
 
     def one_round() -> None:
         poll()

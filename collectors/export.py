@@ -294,7 +294,8 @@ class Pipeline:
             create(name, callbacks=[make_cb(key)], unit=unit, description=_DESCRIPTIONS.get(key, ""))
         # self-metrics: dropped export batches and endpoint errors
         self._self_counts: dict[tuple[str, tuple], float] = {}
-        for skey in ("export_dropped", "scrape_errors", "scrape_refused", "kv_incomplete", "gpu_errors"):
+        for skey in ("export_dropped", "scrape_errors", "scrape_refused", "scrape_dropped", "kv_incomplete",
+                     "gpu_errors"):
             name, unit, _kind = C.OTEL_SELF[skey]
             self.meter.create_observable_counter(name, callbacks=[self._self_cb(skey)], unit=unit,
                                                  description=_DESCRIPTIONS.get(skey, ""))
@@ -322,6 +323,11 @@ class Pipeline:
         """Refused-scrape counts by endpoint and reason, e.g. :meth:`KvCollector.refused_readings`."""
         for attrs, n in items:
             self._self_counts[("scrape_refused", tuple(sorted(attrs.items())))] = n
+
+    def set_dropped(self, items: Iterable[tuple[dict, int]]) -> None:
+        """Sample lines dropped at a cap by endpoint and reason, e.g. :meth:`KvCollector.dropped_readings`."""
+        for attrs, n in items:
+            self._self_counts[("scrape_dropped", tuple(sorted(attrs.items())))] = n
 
     def set_incomplete(self, items: Iterable[tuple[dict, int]]) -> None:
         """Incomplete KV rounds by engine and reason, e.g. :meth:`KvCollector.incomplete_readings`."""
@@ -383,6 +389,8 @@ _DESCRIPTIONS = {
     "export_dropped": "OTLP export batches dropped (queue full or retries exhausted)",
     "scrape_errors": "Engine /metrics fetches that failed, by endpoint and reason",
     "scrape_refused": "Engine /metrics fetches refused at a cap or the deadline, by endpoint and reason",
+    "scrape_dropped": "Sample lines of engine /metrics dropped before parsing (label_too_long, series_limit), "
+                      "by endpoint and reason",
     "kv_incomplete": "KV rounds with incomplete output, by engine and reason (no_gpu: no hw_id; no_capacity: no pool size)",
     "gpu_errors": "GPU collection rounds that failed for a device (NVML error), by GPU and reason",
 }

@@ -16,6 +16,12 @@ A refusal raises :class:`ScrapeRefused` with a ``reason`` (:data:`REFUSAL_REASON
 other failure raises :class:`ScrapeFailed` (reason ``down``, ``credentials`` or
 ``malformed``). Caller-side counting lives in the collectors (``fusebox.collector.scrape.
 refused`` / ``.errors``).
+
+An answer within the byte caps is then bounded in what it can make the parser hold
+(:func:`bound_series`, called by :func:`scrape`): a sample line with a label set over
+``max_label_chars`` characters (a 15 MiB label made prometheus-client's parser take 817 MB) and
+the sample lines past ``max_series`` are dropped before parsing, each counted by reason
+(:data:`DROP_REASONS`, ``fusebox.collector.scrape.dropped``); the rest of the answer is used.
 """
 
 from __future__ import annotations
@@ -40,7 +46,15 @@ MIB = 1 << 20
 DEFAULT_MAX_BODY_BYTES = 16 * MIB
 DEFAULT_MAX_DECOMPRESSED_BYTES = 16 * MIB
 DEFAULT_TIMEOUT_S = 2.0
+# A vLLM /metrics holds a few hundred series, a multi-LoRA one a few thousand; label values are
+# model names and paths (well under 300 characters).
+DEFAULT_MAX_SERIES = 50_000
+DEFAULT_MAX_LABEL_CHARS = 4096
+# A sample line may hold this much besides its label set (name, value, timestamp).
+_LINE_SLACK = 512
 _CHUNK = 64 * 1024
+# why a sample line is dropped (fusebox.collector.scrape.dropped)
+DROP_REASONS = ("label_too_long", "series_limit")
 
 REFUSAL_REASONS = ("body_too_large", "decompressed_too_large", "deadline")
 # scrape-error reason counted for each refusal reason (fusebox.collector.scrape.errors)
@@ -98,11 +112,14 @@ def redact_url(endpoint: str) -> str:
 
 @dataclass(frozen=True)
 class FetchLimits:
-    """Caps of one scrape, bytes. ``max_body_bytes`` counts the body as sent (compressed or
-    not); ``max_decompressed_bytes`` the text after gzip/deflate decoding."""
+    """Caps of one scrape. ``max_body_bytes`` counts the body as sent (compressed or not),
+    ``max_decompressed_bytes`` the text after gzip/deflate decoding (bytes); ``max_series`` and
+    ``max_label_chars`` bound what the parser is given (:func:`bound_series`)."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    max_series: int = DEFAULT_MAX_SERIES  # sample lines used per scrape
+    max_label_chars: int = DEFAULT_MAX_LABEL_CHARS  # characters of a sample's label set ({...})
 
 
 class Credentials:
@@ -306,17 +323,66 @@ class Fetcher:
 default_fetcher = Fetcher()
 
 
-def scrape(fetch: Callable[[str, float], str], endpoint: str, timeout_s: float, errors, refused
+def counted_readings(counts) -> list[tuple[dict, int]]:
+    """``({endpoint, reason}, count)`` per key ``(endpoint, reason)`` of a ``Counter``, sorted: what
+    the pipeline's ``set_*`` self-metric setters take."""
+    from fusebox import conventions as C
+
+    a = C.ATTR
+    return [({a["endpoint"]: ep, a["reason"]: reason}, n) for (ep, reason), n in sorted(counts.items())]
+
+
+def bound_series(text: str, limits: FetchLimits) -> tuple[str, dict[str, int]]:
+    """``text`` without the sample lines over the caps, and ``{reason: lines dropped}``.
+
+    A sample line whose label set (``{`` to the last ``}``) is over ``limits.max_label_chars``
+    characters is dropped (``label_too_long``), and so is every sample line after the first
+    ``limits.max_series`` (``series_limit``); comment lines that long are dropped uncounted. An
+    over-long line is skipped without being copied.
+    """
+    out: list[str] = []
+    dropped = dict.fromkeys(DROP_REASONS, 0)
+    longest = limits.max_label_chars + _LINE_SLACK
+    series, pos, n = 0, 0, len(text)
+    while pos < n:
+        end = text.find("\n", pos)
+        end = n if end < 0 else end
+        comment = text.startswith("#", pos)
+        if end - pos > longest:
+            dropped["label_too_long"] += not comment
+        elif end > pos:
+            line = text[pos:end]
+            opened = line.find("{")
+            if not comment and opened >= 0 and line.rfind("}") - opened - 1 > limits.max_label_chars:
+                dropped["label_too_long"] += 1
+            elif comment or not line.strip():
+                out.append(line)
+            elif series >= limits.max_series:
+                dropped["series_limit"] += 1
+            else:
+                series += 1
+                out.append(line)
+        pos = end + 1
+    return "\n".join(out) + "\n", {k: v for k, v in dropped.items() if v}
+
+
+def scrape(fetch: Callable[[str, float], str], endpoint: str, timeout_s: float, errors, refused, dropped=None
            ) -> tuple[str | None, str, str]:
     """One counted scrape: ``(text, "ok", "")`` or ``(None, error reason, message)``.
 
-    ``errors`` and ``refused`` are ``Counter`` s keyed ``(endpoint without userinfo, reason)``;
-    a refusal counts in both (its error reason is :data:`ERROR_REASON`). Exceptions of an
-    injected ``fetch`` count as ``timeout`` (a ``*Timeout*`` class) or ``down``. Nothing raises.
+    ``errors``, ``refused`` and ``dropped`` are ``Counter`` s keyed ``(endpoint without userinfo,
+    reason)``; a refusal counts in both of the first (its error reason is :data:`ERROR_REASON`);
+    ``dropped`` counts the sample lines :func:`bound_series` left out (with the limits of
+    ``fetch.limits``, else the defaults). Exceptions of an injected ``fetch`` count as ``timeout``
+    (a ``*Timeout*`` class) or ``down``. Nothing raises.
     """
     label = redact_url(endpoint)
     try:
-        return fetch(endpoint, timeout_s), "ok", ""
+        text, cut = bound_series(fetch(endpoint, timeout_s), getattr(fetch, "limits", None) or FetchLimits())
+        for reason, n in cut.items():
+            if dropped is not None:
+                dropped[(label, reason)] += n
+        return text, "ok", ""
     except ScrapeRefused as e:
         refused[(label, e.reason)] += 1
         reason, detail = ERROR_REASON[e.reason], str(e)

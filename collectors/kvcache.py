@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 from fusebox import conventions as C
 
 from ._model import Reading
-from .fetch import DEFAULT_TIMEOUT_S, default_fetcher, redact_url, scrape
+from .fetch import DEFAULT_TIMEOUT_S, counted_readings, default_fetcher, redact_url, scrape
 
 A = C.ATTR
 
@@ -365,6 +365,7 @@ class KvCollector:
         self.log = log
         self.errors: Counter = Counter()  # (endpoint without userinfo, reason) -> count
         self.refused: Counter = Counter()  # (endpoint without userinfo, refusal reason) -> count
+        self.dropped: Counter = Counter()  # (endpoint without userinfo, drop reason) -> sample lines
         self._last_state: dict[str, str] = {}
         self.notes: set[str] = set()
         self.incomplete: Counter = Counter()  # (engine, reason) -> rounds
@@ -390,7 +391,7 @@ class KvCollector:
         """Fetch and parse every endpoint; merge engines by identity with max."""
         merged: dict[tuple, EngineKv] = {}
         for raw in self.endpoints:
-            text, state, detail = scrape(self.fetch, raw, self.timeout_s, self.errors, self.refused)
+            text, state, detail = scrape(self.fetch, raw, self.timeout_s, self.errors, self.refused, self.dropped)
             ep = redact_url(raw)  # labels and messages never carry userinfo
             if text is None:
                 self._report(ep, state, detail)
@@ -496,6 +497,10 @@ class KvCollector:
         """``({endpoint, reason}, count)`` per failed-scrape reason (scrape errors)."""
         for (ep, reason), n in sorted(self.errors.items()):
             yield {A["endpoint"]: ep, A["reason"]: reason}, n
+
+    def dropped_readings(self) -> Iterable[tuple[dict, int]]:
+        """``({endpoint, reason}, count)`` of sample lines dropped at a cap (:func:`fetch.bound_series`)."""
+        return counted_readings(self.dropped)
 
     def refused_readings(self) -> Iterable[tuple[dict, int]]:
         """``({endpoint, reason}, count)`` per refusal reason (a cap or the deadline)."""

@@ -197,6 +197,7 @@ class EngineHistogramFallback:
         self.problem = ""  # why the last poll failed ("" when it did not)
         self.scrape_errors: Counter = Counter()
         self.refused: Counter = Counter()
+        self.dropped: Counter = Counter()  # (endpoint, reason) -> sample lines dropped at a cap
         self._state = "ok"
 
     def _report(self, state: str, detail: str = "") -> None:
@@ -212,6 +213,12 @@ class EngineHistogramFallback:
         """``({endpoint, reason}, count)`` per failed-scrape reason."""
         for (ep, reason), n in sorted(self.scrape_errors.items()):
             yield {A["endpoint"]: ep, A["reason"]: reason}, n
+
+    def dropped_readings(self):
+        """``({endpoint, reason}, count)`` of sample lines dropped at a cap (:func:`fetch.bound_series`)."""
+        from .fetch import counted_readings
+
+        return counted_readings(self.dropped)
 
     def refused_readings(self):
         """``({endpoint, reason}, count)`` per refusal reason (a cap or the deadline)."""
@@ -266,7 +273,8 @@ class EngineHistogramFallback:
         from .fetch import redact_url, scrape
         from .kvcache import MalformedMetrics
 
-        text, state, detail = scrape(self.fetch, self.endpoint, self.timeout_s, self.scrape_errors, self.refused)
+        text, state, detail = scrape(self.fetch, self.endpoint, self.timeout_s, self.scrape_errors, self.refused,
+                                     self.dropped)
         if text is None:
             self.errors += 1
             self._report(state, detail)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import logging
 import os
 import threading
@@ -41,7 +42,7 @@ from typing import Iterator, Optional, Protocol, Sequence
 import httpcore
 import httpx
 
-from .logsafe import install
+from .logsafe import HIDDEN, SECRET_PARAMS, install, redact_url, redact_urls
 
 log = install(logging.getLogger("fusebox.fuse"))
 
@@ -65,10 +66,49 @@ class ActionError(RuntimeError):
     """
 
     def __init__(self, message: str, status: Optional[int] = None, summary: Optional[str] = None):
-        super().__init__(message)
+        super().__init__(redact_urls(message))  # no URL credential reaches the log or the audit
         self.status = status
         self.permanent = is_permanent(status)
         self.summary = summary or (f"HTTP {status}" if status is not None else "no answer")
+
+
+# Shortest string of a request body hidden in an answer that echoes it (shorter ones -- "trip",
+# a level -- say nothing); a value under a secret-looking key is hidden whatever its length.
+ECHO_MIN = 6
+
+
+def answer_text(r: httpx.Response, limit: int = 200) -> str:
+    """The answer's text for an error message, at most ``limit`` characters, with every string the
+    request's JSON body sent (or the whole body, when not JSON) replaced by ``***``: a gateway that
+    echoes the body in its error (a worker's ``api_key``) does not put it in the log or the audit."""
+    text = r.text[:limit + 4096]
+    try:
+        sent = r.request.content
+    except (httpx.RequestNotRead, RuntimeError):
+        sent = b""
+    values: list[str] = []
+    try:
+        _strings(json.loads(sent), values, secret=False) if sent else None
+    except ValueError:
+        values.append(sent.decode("utf-8", "replace"))
+    for v in sorted(set(values), key=len, reverse=True):
+        text = text.replace(v, HIDDEN)
+    return text[:limit]
+
+
+def _strings(doc, out: list[str], secret: bool) -> None:
+    """The strings of a JSON document worth hiding: those of at least ECHO_MIN characters, and any
+    under a key of :data:`SECRET_PARAMS`."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            _strings(v, out, secret or str(k).lower().replace("-", "_") in SECRET_PARAMS)
+    elif isinstance(doc, list):
+        for v in doc:
+            _strings(v, out, secret)
+    elif isinstance(doc, (str, int, float)) and not isinstance(doc, bool):
+        text = str(doc)
+        if text and (secret or (isinstance(doc, str) and len(text) >= ECHO_MIN)):
+            out.append(text)
 
 
 def is_permanent(status: Optional[int]) -> bool:
@@ -249,7 +289,7 @@ class HttpGateway:
         except httpx.HTTPError as e:
             raise ActionError(f"{self.url}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
         if not 200 <= r.status_code < 300:
-            raise ActionError(f"{self.url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
+            raise ActionError(f"{self.url}: HTTP {r.status_code} {answer_text(r)}", r.status_code)
 
 
 class VllmResetPrefixCache:
@@ -269,7 +309,8 @@ class VllmResetPrefixCache:
         self.url = base_url.rstrip("/") + "/reset_prefix_cache"
         self.engine = engine
         self.action = action
-        self.name = f"vllm:{engine or '*'}:{base_url.rstrip('/')}"  # the outbox key: stable across restarts
+        # the outbox key: stable across restarts; no credential of the URL (it reaches the audit and the logs)
+        self.name = f"vllm:{engine or '*'}:{redact_url(base_url.rstrip('/'))}"
         self.label = f"vllm:{engine or '*'}"  # for metrics and the status page: no URL
         self.timeout_s = timeout_s  # one call in total (call_deadline)
         self._client = deadline_client(timeout_s)

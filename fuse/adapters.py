@@ -52,7 +52,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 
-from .actions import ActionError, call_deadline, deadline_client, remaining
+from .actions import ActionError, answer_text, call_deadline, deadline_client, remaining
 from .discovery import GpuWorkers
 from .logsafe import install
 from .rules import scope_key
@@ -224,7 +224,7 @@ class _Rotation:
 
     def _check(self, r: httpx.Response, ok: tuple[int, ...] = ()) -> None:
         if not (200 <= r.status_code < 300 or r.status_code in ok):
-            raise ActionError(f"{r.request.method} {r.request.url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
+            raise ActionError(f"{r.request.method} {r.request.url}: HTTP {r.status_code} {answer_text(r)}", r.status_code)
 
 
 class SglangGateway(_Rotation):
@@ -491,7 +491,7 @@ class HttpAction:
         except httpx.HTTPError as e:
             raise _call_error(url, e) from None
         if not 200 <= r.status_code < 300:
-            raise ActionError(f"{method} {url}: HTTP {r.status_code} {r.text[:200]}", r.status_code)
+            raise ActionError(f"{method} {url}: HTTP {r.status_code} {answer_text(r)}", r.status_code)
 
 
 def build_adapters(specs, prometheus_url: Optional[str] = None) -> list:

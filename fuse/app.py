@@ -3,7 +3,9 @@
 ==========================  ========  =============================================================
 Route                       Token     Answers
 ==========================  ========  =============================================================
-POST /alertmanager          webhook   200 applied or ignored; 400 malformed; 401; 413 too large;
+POST /alertmanager          webhook   200 applied or ignored (an alert with a label over 256
+                                      characters refused alone); 400 malformed; 401; 413 too large;
+                                      429 too many failed authentications (Retry-After);
                                       503 state not persisted (Alertmanager retries 5xx only)
 POST /override              a person  200 with the decisions; 400 bad override; 401; 409 the scope
                                       is not exactly a known one (lists the candidates); 413; 503
@@ -27,16 +29,21 @@ override tokens, whose name the audit records; *reader* is the read token when o
 else the webhook token, and any person's token. ``Authorization: Bearer <token>``, the scheme in
 any case (RFC 7235), each token compared in constant time. A missing or wrong token is answered 401
 whatever the body holds (nothing of it is used); a body over the limit is 413 before the token is
-looked at.
+looked at. Failed authentications are counted per role; a client address with ``AUTH_FAILURES``
+of them in ``AUTH_WINDOW_S`` seconds is answered 429 (``Retry-After``) on every route that needs a
+token, without its token being looked at.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, which name
 # dependencies local to create_app.
 
+import collections
 import json
 import logging
+import math
 import os
 import re
+import threading
 import time
 from typing import Annotated, Any, Literal, Optional, Union
 from urllib.parse import urlencode
@@ -52,7 +59,7 @@ from starlette.exceptions import HTTPException
 
 from .breaker import OverrideError, ScopeNotFound
 from .override import UsageError, parse_scope
-from .payload import NOT_STORABLE, PayloadError, parse_payload, storable
+from .payload import MAX_LABEL_VALUE, NOT_STORABLE, PayloadError, parse_payload, storable
 from .service import FuseService, Unavailable
 from .store import HEADROOM_BYTES, StoreError
 from .status import (CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, StatusLinks, render_status,
@@ -66,9 +73,6 @@ __all__ = ["create_app", "render_status", "MAX_BODY_BYTES", "MAX_LABEL_VALUE", "
 
 # Alertmanager caps a notification at max_alerts (0 = all); 1 MiB holds thousands of alerts.
 MAX_BODY_BYTES = 1 << 20
-# Longest label value accepted (alerts and override scopes). Host names are at most 253 characters
-# (RFC 1035), GPU UUIDs 40; the cap bounds what one alert can make the state and the page hold.
-MAX_LABEL_VALUE = 256
 # Alertmanager's fingerprints are 16 hex digits.
 MAX_FINGERPRINT = 64
 # /state's page: scopes per answer by default and at most (the default holds every scope of a
@@ -76,6 +80,11 @@ MAX_FINGERPRINT = 64
 STATE_LIMIT = 1000
 STATE_LIMIT_MAX = 10_000
 STATUS_SCOPES = 100
+# Failed authentications a client (its address) may make in AUTH_WINDOW_S seconds before it is
+# answered 429; clients remembered at most (the least recent forgotten).
+AUTH_FAILURES = 20
+AUTH_WINDOW_S = 60.0
+AUTH_CLIENTS = 10_000
 # Worker threads for /readyz's store read, apart from those notifications wait in.
 PROBE_THREADS = 4
 def _storable(text: str) -> str:
@@ -95,7 +104,9 @@ class Alert(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     status: Optional[Literal["firing", "resolved"]] = Field(None, description="absent: derived from endsAt")
-    labels: dict[Text, LabelValue] = Field(description=f"strings; values at most {MAX_LABEL_VALUE} characters")
+    # not capped here: an alert over the cap is refused alone (payload.Refused), the others are used
+    labels: dict[Text, Text] = Field(description=f"strings; an alert with a name or value over {MAX_LABEL_VALUE} "
+                                                 "characters is refused alone (the others are used)")
     annotations: dict[str, str] = {}
     startsAt: str = Field(description="RFC 3339")
     endsAt: Optional[str] = Field(None, description="RFC 3339; Go's zero time or absent: no end known")
@@ -195,6 +206,42 @@ class _BadQuery(Exception):
         self.message, self.field = message, field
 
 
+class _Limited(Exception):
+    """Too many failed authentications from the client (HTTP 429); ``retry_after``: whole seconds."""
+
+    def __init__(self, retry_after: int):
+        self.retry_after = retry_after
+
+
+class _AuthLimiter:
+    """Failed authentications per client address, in a sliding window of ``window_s`` seconds
+    (monotonic clock); at most ``max_clients`` clients remembered, the least recent forgotten."""
+
+    def __init__(self, max_failures: int, window_s: float, max_clients: int = AUTH_CLIENTS):
+        self.max_failures, self.window_s, self.max_clients = max_failures, window_s, max_clients
+        self._failures: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def wait(self, client: str) -> int:
+        """Whole seconds the client must wait (0: none)."""
+        now = time.monotonic()
+        with self._lock:
+            q = self._failures.get(client)
+            while q and q[0] <= now - self.window_s:
+                q.popleft()
+            if not q or len(q) < self.max_failures:
+                return 0
+            return max(1, math.ceil(q[0] + self.window_s - now))
+
+    def failed(self, client: str) -> None:
+        with self._lock:
+            q = self._failures.pop(client, None) or collections.deque(maxlen=self.max_failures)
+            q.append(time.monotonic())
+            self._failures[client] = q
+            while len(self._failures) > self.max_clients:
+                self._failures.popitem(last=False)
+
+
 _DENIED = "missing or wrong token"
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
@@ -239,13 +286,17 @@ class _BodyLimit:
 
 
 def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_body: int = MAX_BODY_BYTES,
-               links: Optional[StatusLinks] = None) -> FastAPI:
+               links: Optional[StatusLinks] = None, auth_failures: int = AUTH_FAILURES,
+               auth_window_s: float = AUTH_WINDOW_S) -> FastAPI:
     """The ASGI app.
 
     Args:
         tokens: :class:`Tokens` (fixed), :class:`TokenFiles` (read again when the files change), or a
             string: the webhook token alone (no one may override).
         max_body: largest request body, bytes (413 above).
+        auth_failures, auth_window_s: a client (its address) that failed to authenticate
+            ``auth_failures`` times within ``auth_window_s`` seconds is answered 429, with
+            ``Retry-After`` in seconds, until the oldest of those failures is that old.
         links: where the status page links to (runbooks, dashboard, Alertmanager); None: no links
             but Alertmanager's, from the notifications' ``externalURL``.
 
@@ -271,28 +322,42 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
     basic = HTTPBasic(auto_error=False, realm="fusebox fuse",
                       description="for browsers, read routes only: any user name, a reader token as password")
 
-    def readers(t: Tokens) -> dict[str, str]:
-        # "(read)" and "(webhook)" cannot be people's names (tokens.read_people_file)
-        return {**t.people, ("(read)" if t.read else "(webhook)"): t.read or t.webhook}
-
     def presented(creds: Optional[HTTPAuthorizationCredentials]) -> Optional[str]:
         return creds.credentials.strip(" ") if creds else None
 
-    def webhook_token(creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)]) -> str:
-        if match(presented(creds), {"webhook": source.current().webhook}) is None:
+    limiter = _AuthLimiter(auth_failures, auth_window_s)
+
+    def check(request: Request, role: str, tokens: dict[str, str], given: Optional[str]) -> Optional[str]:
+        """The name in ``tokens`` whose token is ``given``, else None (counted, and charged to the
+        client). Raises _Limited, before looking at the token, while the client is over its failures."""
+        client = request.client.host if request.client else "-"
+        wait = limiter.wait(client)
+        if wait:
+            metrics.auth_limited.labels(role).inc()
+            raise _Limited(wait)
+        name = match(given, tokens)
+        if name is None:
+            metrics.auth_failures.labels(role).inc()
+            limiter.failed(client)
+        return name
+
+    def webhook_token(request: Request,
+                      creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)]) -> str:
+        if check(request, "webhook", {"webhook": source.current().webhook}, presented(creds)) is None:
             raise _Denied()
         return "webhook"
 
-    def person_token(creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)]) -> str:
-        name = match(presented(creds), source.current().people)
+    def person_token(request: Request,
+                     creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)]) -> str:
+        name = check(request, "override", source.current().people, presented(creds))
         if name is None:
             raise _Denied()
         return name
 
-    def reader_token(creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)],
+    def reader_token(request: Request, creds: Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)],
                      login: Annotated[Optional[HTTPBasicCredentials], Security(basic)]) -> str:
         given = login.password if login else presented(creds)
-        name = match(given, readers(source.current()))
+        name = check(request, "read", source.current().readers(), given)
         if name is None:
             raise _Denied(basic=True)
         return name
@@ -300,18 +365,27 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
     roles = {"/alertmanager": webhook_token, "/override": person_token}
 
     def authorized(request: Request) -> bool:
-        """For a request refused before its dependencies ran (a body that is not JSON): the role's token?"""
+        """For a request refused before its dependencies ran (a body that is not JSON): the role's
+        token? Raises _Limited as the dependencies do."""
         dep = roles.get(request.url.path)
         if dep is None:
             return True
         scheme, _, cred = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
+        ok = scheme.lower() == "bearer"
         try:
-            dep(HTTPAuthorizationCredentials(scheme=scheme, credentials=cred.strip(" ") or "-"))
+            dep(request, HTTPAuthorizationCredentials(scheme="Bearer", credentials=cred.strip(" ") if ok else ""))
         except _Denied:
             return False
         return True
+
+    def limited(request: Request, exc: "_Limited") -> JSONResponse:
+        count(request.url.path, "http_429")
+        return _problem(429, f"too many failed authentications from this client; retry after {exc.retry_after} s",
+                        headers={"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(_Limited)
+    async def _limited(request, exc):
+        return limited(request, exc)
 
     def denied(request: Request, exc: Optional[_Denied] = None) -> JSONResponse:
         count(request.url.path, "http_401")
@@ -326,8 +400,11 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request, exc):  # FastAPI says 422; Alertmanager and we say 400
-        if not authorized(request):
-            return denied(request)
+        try:
+            if not authorized(request):
+                return denied(request)
+        except _Limited as e:
+            return limited(request, e)
         count(request.url.path, "http_400")
         return _validation_problem(exc)
 
@@ -335,8 +412,11 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
     async def _http_error(request, exc):  # FastAPI's own: a body it could not parse (nested too deeply)
         if exc.status_code == 401:
             return denied(request, _Denied(basic=True))
-        if exc.status_code == 400 and not authorized(request):
-            return denied(request)
+        try:
+            if exc.status_code == 400 and not authorized(request):
+                return denied(request)
+        except _Limited as e:
+            return limited(request, e)
         if exc.status_code == 400:
             count(request.url.path, "http_400")
             return _problem(400, "body is not usable JSON (nested too deeply, or not UTF-8)", "body")

@@ -129,6 +129,11 @@ def register(subparsers) -> None:
                    help="vLLM server to POST /reset_prefix_cache on a KV-eviction trip (repeatable)")
     s.add_argument("--vllm-max-attempts", type=_attempts, default=5, metavar="N",
                    help="best effort: attempts of each vLLM reset before it is audited as failed (default 5)")
+    s.add_argument("--max-connections", type=_attempts, default=1000, metavar="N",
+                   help="client connections kept at most (fewer when the open-file limit is lower); one more closes "
+                        "the oldest idle one (default 1000)")
+    s.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                   help="a connection that has not sent a request's headers whole within it is closed (default 10 s)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="text (default) or json: one JSON object per line (time, level, logger, message, and "
@@ -141,6 +146,10 @@ def register(subparsers) -> None:
     from .override import register as register_override
 
     register_override(sub)
+
+    from .audit import register as register_audit
+
+    register_audit(sub)
 
     g = sub.add_parser("gateway", help="reference gateway: accept POST /v1/control/fuse and log it as JSON lines")
     g.add_argument("--listen", type=_hostport, default=DEFAULT_GATEWAY_LISTEN,
@@ -239,7 +248,10 @@ def _open_store(args):
 
 
 def startup_line(args, service) -> str:
-    """One line for stderr at start: where it listens, what it calls, its state file and hold time."""
+    """One line for stderr at start: where it listens, what it calls (URLs without credentials), its
+    state file and hold time."""
+    from .logsafe import redact_urls
+
     host, port = args.listen
     where = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     if service.dry_run:
@@ -256,8 +268,8 @@ def startup_line(args, service) -> str:
         vllm = [a.url for a in adapters if isinstance(a, VllmResetPrefixCache)]
         if vllm:
             calls += "; vLLM " + ", ".join(vllm)
-    return (f"fusebox fuse serve: listening on {where}; {calls}; state {args.state}; "
-            f"hold {service.hold_s:g}s")
+    return redact_urls(f"fusebox fuse serve: listening on {where}; {calls}; state {args.state}; "
+                       f"hold {service.hold_s:g}s")
 
 
 def serve(args) -> int:
@@ -281,6 +293,7 @@ def serve(args) -> int:
     import uvicorn
 
     from .app import create_app
+    from .server import server_options
     from .status import StatusLinks
     from .tokens import permission_warnings
 
@@ -300,7 +313,8 @@ def serve(args) -> int:
     from uvicorn.config import LOGGING_CONFIG
 
     server = _server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                    log_config=None if args.log_format == "json" else LOGGING_CONFIG))
+                                    log_config=None if args.log_format == "json" else LOGGING_CONFIG,
+                                    **server_options(args.max_connections, args.header_timeout)))
 
     def _graceful(signum, _frame):
         # SIGTERM (a rolling update, a scale-down) or SIGINT: stop taking work at once; the server

@@ -1,4 +1,5 @@
 """Logging of ``fusebox fuse serve``: text (the default) or one JSON object per line (``--log-format json``).
+Every line has the credentials of its URLs left out (:class:`fusebox.fuse.logsafe.RedactUrls`).
 
 A JSON line holds ``time`` (UTC ISO-8601, milliseconds), ``level`` (``info``, ``warning``...),
 ``logger``, ``message`` and, when the record carries them (``extra=``), the structured fields of
@@ -14,6 +15,8 @@ import logging
 import sys
 from datetime import datetime, timezone
 from typing import Any, Optional
+
+from .logsafe import RedactUrls
 
 __all__ = ["FIELDS", "JsonFormatter", "setup", "TEXT_FORMAT", "json_line"]
 
@@ -50,6 +53,7 @@ def setup(level: str = "info", fmt: str = "text", stream=None) -> None:
     to ``stream`` (default stderr). Replaces handlers set before (a second call reconfigures)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.addFilter(RedactUrls())  # no URL credential in any line, whichever library logged it
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

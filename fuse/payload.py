@@ -6,7 +6,10 @@ payloads differ: version 0 and 3 have no ``fingerprint``; some alerts carry no `
 (then it is derived from ``endsAt``, as Alertmanager itself does); ``version`` and
 ``groupKey`` may be integers. Unknown fields are ignored. What cannot be used (no alerts list,
 an alert without labels or without ``startsAt``) raises :class:`PayloadError`, which the HTTP
-layer turns into a 400 that changes nothing.
+layer turns into a 400 that changes nothing. An alert with a label name or value over
+:data:`MAX_LABEL_VALUE` characters costs only itself: it is set apart in
+:attr:`Notification.refused` (never trips or releases anything) and the rest of the notification
+is used (Alertmanager does not retry a 4xx, so one bad alert must not silence the others).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 __all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "load_json", "fingerprint", "parse_time",
-           "storable", "NOT_STORABLE"]
+           "storable", "NOT_STORABLE", "MAX_LABEL_VALUE", "Refused"]
 
 # Alertmanager's model.SeparatorByte and FNV-1a 64 (prometheus/common model/signature.go).
 _SEP = b"\xff"
@@ -27,6 +30,10 @@ _ZERO_YEAR = 1  # Go's zero time, "0001-01-01T00:00:00Z": "no end known"
 # The externalURL is a label value of the fuse's last-notification gauge: bounded, so a sender
 # cannot grow /metrics without limit (one series per distinct value).
 MAX_EXTERNAL_URL = 512
+# Longest label name or value of an alert (and of an override scope), characters. Host names are at
+# most 253 characters (RFC 1035), GPU UUIDs 40; the cap bounds what one alert can make the state and
+# the page hold. An alert over it is refused alone (:class:`Refused`).
+MAX_LABEL_VALUE = 256
 
 
 class PayloadError(ValueError):
@@ -49,6 +56,19 @@ class AlertEvent:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """An alert refused alone (it changes nothing): ``result`` names why (``label_too_long``),
+    ``reason`` says it for the audit and the log (the label's name, cut, and its length: never the
+    value). ``starts_at`` is Unix seconds: with ``fingerprint`` it names the alert's episode."""
+
+    fingerprint: str
+    alertname: str
+    starts_at: float
+    result: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Notification:
     version: str
     status: str
@@ -57,6 +77,7 @@ class Notification:
     truncated_alerts: int
     alerts: tuple[AlertEvent, ...]
     external_url: str = ""  # the sending Alertmanager's externalURL ("" when the payload has none)
+    refused: tuple[Refused, ...] = ()  # alerts refused alone (not in ``alerts``)
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -188,7 +209,7 @@ def parse_payload(body: bytes | str | dict, now: float) -> Notification:
     truncated = data.get("truncatedAlerts", 0) or 0
     if not isinstance(truncated, int) or isinstance(truncated, bool) or truncated < 0:
         raise PayloadError("'truncatedAlerts' must be a non-negative integer")
-    out = []
+    out, refused = [], []
     for i, a in enumerate(alerts_raw):
         where = f"alerts[{i}]"
         if not isinstance(a, dict):
@@ -211,6 +232,11 @@ def parse_payload(body: bytes | str | dict, now: float) -> Notification:
             raise PayloadError(f"{where}.fingerprint: {NOT_STORABLE}")
         if not isinstance(fp, str) or not fp:
             fp = fingerprint(labels)
+        too_long = _too_long(labels)
+        if too_long:
+            refused.append(Refused(fp[:64], labels["alertname"][:MAX_LABEL_VALUE], starts, "label_too_long",
+                                   f"{where} ({fp[:64]}) refused: {too_long}"))
+            continue
         out.append(AlertEvent(status, labels, fp, starts, ends))
     group_key, receiver = str(data.get("groupKey", "")), str(data.get("receiver") or "")
     external_url = str(data.get("externalURL") or "")[:MAX_EXTERNAL_URL]
@@ -220,5 +246,16 @@ def parse_payload(body: bytes | str | dict, now: float) -> Notification:
     return Notification(
         version=str(data.get("version", "")), status=str(group_status or ""),
         group_key=group_key, receiver=receiver,
-        truncated_alerts=truncated, alerts=tuple(out), external_url=external_url,
+        truncated_alerts=truncated, alerts=tuple(out), external_url=external_url, refused=tuple(refused),
     )
+
+
+def _too_long(labels: dict[str, str]) -> str:
+    """What is over :data:`MAX_LABEL_VALUE` in ``labels`` (its name cut to 64 characters, and the
+    length: never the value), or ``""``."""
+    for k, v in labels.items():
+        if len(k) > MAX_LABEL_VALUE:
+            return f"a label name of {len(k)} characters ({k[:64]!r}...), over {MAX_LABEL_VALUE}"
+        if len(v) > MAX_LABEL_VALUE:
+            return f"label {k[:64]!r} has a value of {len(v)} characters, over {MAX_LABEL_VALUE}"
+    return ""

@@ -70,6 +70,7 @@ without the answer's text, which stays in the audit row's ``detail`` (``error``,
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -105,6 +106,12 @@ MAX_ALERTMANAGERS = 16
 MAX_LEVEL_SERIES = 1000
 # Notifications applied in one store transaction at most (group commit, FuseService.handle).
 MAX_BATCH = 64
+# Episodes (fingerprint, startsAt, result) of refused alerts already audited, kept per replica, the
+# oldest forgotten first: a refused alert is audited (and logged) once per episode, not on every
+# re-notification (issue 22: 10 re-notifications of 4,000 refused alerts made 40,000 rows).
+MAX_REFUSED_EPISODES = 100_000
+# Refused episodes read back from the audit at start (the newest ones).
+EPISODES_READ_BACK = 10_000
 
 
 TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
@@ -160,6 +167,14 @@ class _Metrics:
         self.reconciliations = Counter(M["reconciliations"].removesuffix("_total"),
                                        "Trips queued again because the target's own state differed (reconciler).",
                                        ["adapter"], registry=r)
+        self.auth_failures = Counter(M["auth_failures"].removesuffix("_total"),
+                                     "Requests refused 401: no token, or not one of the route's role.", ["role"],
+                                     registry=r)
+        self.auth_limited = Counter(M["auth_rate_limited"].removesuffix("_total"),
+                                    "Requests refused 429: their client failed to authenticate too often.", ["role"],
+                                    registry=r)
+        for role in ("webhook", "override", "read"):  # at 0 from the start
+            self.auth_failures.labels(role), self.auth_limited.labels(role)
         self.level_dropped = Gauge(M["level_series_dropped"],
                                    "Scopes held without a fusebox_fuse_level series (over the cap; the least severe).",
                                    registry=r)
@@ -313,6 +328,13 @@ class FuseService:
         self._lock = threading.Lock()
         self._queue: list[_Job] = []  # notifications waiting for the lock (group commit)
         self._queue_lock = threading.Lock()
+        # refused episodes audited, oldest first; the newest ones of the audit read back at start, so a
+        # restart does not audit them again
+        self._episodes: collections.OrderedDict = collections.OrderedDict()
+        for row in reversed(store.audit_log(EPISODES_READ_BACK, kinds=("ignored",))):
+            d = row["detail"]
+            if isinstance(d, dict) and "starts_at" in d:
+                self._episodes[(d.get("fingerprint"), d["starts_at"], d.get("result"))] = None
         self._senders: set[str] = set()  # externalURLs with a last-notification series
         self._senders_lock = threading.Lock()
         self._wakes = {name: threading.Event() for name in self.adapters}
@@ -437,12 +459,18 @@ class FuseService:
         with self._all_or_nothing(), self._change():
             now = self.clock()
             changed = False
+            fresh: dict = {}  # episodes first refused in this batch, audited by this commit
             for j in batch:
                 note, cut = j.note, j.note.truncated_alerts
                 decisions, outcomes = self.breaker.on_notification(note, now)
-                refused = [o for o in outcomes if o.result in _REFUSED]
-                audit += [{"at": now, "kind": "ignored", "source": "alert", "reason": o.reason[:1000],
-                           "detail": {"result": o.result, "fingerprint": o.fingerprint[:64]}} for o in refused]
+                refused = [e for e in self._first_of_episode(
+                    [*((o.fingerprint, a.starts_at, o.result, o.reason) for a, o in zip(note.alerts, outcomes)
+                       if o.result in _REFUSED),
+                     *((r.fingerprint, r.starts_at, r.result, r.reason) for r in note.refused)]) if e[:3] not in fresh]
+                fresh.update((e[:3], None) for e in refused)
+                audit += [{"at": now, "kind": "ignored", "source": "alert", "reason": reason[:1000],
+                           "detail": {"result": result, "fingerprint": fp[:64], "starts_at": starts}}
+                          for fp, starts, result, reason in refused]
                 trunc = _truncated_row(note, now) if cut else None
                 if trunc is not None:
                     audit.append(trunc)
@@ -452,10 +480,13 @@ class FuseService:
                 pending += [(d, j.received, detail) for d in decisions]
                 per_job.append((len(decisions), outcomes, refused, trunc))
             ids = self._commit(pending, changed or self.breaker.dirty(), audit)
+        self._episodes.update(fresh)  # committed: audited
+        while len(self._episodes) > MAX_REFUSED_EPISODES:
+            self._episodes.popitem(last=False)
         at = 0
         for j, (n, outcomes, refused, trunc) in zip(batch, per_job):
-            for o in refused:
-                log.warning("%s", o.reason)
+            for e in refused:
+                log.warning("%s", e[3])
             if trunc is not None:
                 self.metrics.truncated.inc(j.note.truncated_alerts)
                 self._truncated = {"notifications": self._truncated["notifications"] + 1,
@@ -463,13 +494,24 @@ class FuseService:
                                    "last": _truncated_view(trunc)}
                 log.warning("%s", trunc["reason"])
             counts: dict[str, int] = {}
-            for o in outcomes:
+            for name, result in [*((o.alertname, o.result) for o in outcomes),
+                                 *((r.alertname, r.result) for r in j.note.refused)]:
                 # the heartbeat is counted, never audited (it asks for no fuse, so nothing is committed)
-                result = "heartbeat" if o.alertname == C.HEARTBEAT_ALERT else o.result
+                result = "heartbeat" if name == C.HEARTBEAT_ALERT else result
                 counts[result] = counts.get(result, 0) + 1
                 self.metrics.alerts.labels(result).inc()
             j.result = {"decisions": ids[at:at + n], "alerts": counts}
             at += n
+
+    def _first_of_episode(self, refused: list[tuple]) -> list[tuple]:
+        """The refusals ``(fingerprint, startsAt, result, reason)`` whose episode (the first three)
+        this replica has not audited yet, each once."""
+        out, seen = [], set()
+        for e in refused:
+            if e[:3] not in self._episodes and e[:3] not in seen:
+                seen.add(e[:3])
+                out.append(e)
+        return out
 
     def _record_sender(self, external_url: str, received: float) -> None:
         """Set the last-notification gauge of the Alertmanager at ``external_url``; past

@@ -39,7 +39,11 @@ version before deciding, so two replicas never decide the same thing twice. Tabl
   replica whose call outlived its lease cannot record it over the one that took the row over.
   Leases are on the database's clock with PostgreSQL (:meth:`Store.now`), the host's with SQLite.
 * ``audit(seq, at, kind, decision_id, scope_key, level, action, source, reason, detail)``: append-only
-  (triggers reject UPDATE and DELETE; on PostgreSQL TRUNCATE too).
+  (triggers reject UPDATE and DELETE; on PostgreSQL TRUNCATE too). Retention
+  (:meth:`Store.prune_audit`, ``fusebox fuse audit prune``): rows leave it only after their export,
+  through a prune recorded in the append-only ``audit_prune(seq, at, through_seq, row_count, sha256,
+  export)`` and in a ``pruned`` audit row; from the first prune on, the delete trigger lets a row go
+  only when a recorded prune covers its ``seq``.
 * ``adapter_state(adapter, worker, holds, settings)``: what the spec's adapters keep between calls
   (:mod:`fusebox.fuse.adapters`), shared by every replica: per adapter (``<kind>:<name>``) and
   worker (a worker URL, an HAProxy ``<backend>/<server>`` or ``map <backend>``), ``holds`` = the
@@ -67,6 +71,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
+
+from .logsafe import redact_url, redact_urls
 
 __all__ = ["Store", "PgStore", "StoreError", "Head", "Health", "open_store", "SCHEMA_VERSION", "store_label",
            "WAL_AUTOCHECKPOINT_PAGES", "WAL_LIMIT_BYTES", "HEADROOM_BYTES"]
@@ -263,22 +269,13 @@ class Head:
 
 
 def store_label(url: str) -> str:
-    """``url`` without its password, for logs, errors, ``/readyz`` and the start-up line: the
-    password of the userinfo part (``postgresql://user:PASSWORD@host/db``) and a ``password``
-    query parameter (libpq accepts ``?password=``) are left out; a libpq key/value string
-    (``host=... password=...``) loses its ``password`` pair."""
+    """``url`` without its password, for logs, errors, ``/readyz`` and the start-up line: a URL as
+    :func:`fusebox.fuse.logsafe.redact_url` (``postgresql://user:PASSWORD@host/db`` -> ``user@host``,
+    ``?password=`` -> ``?password=***``); a libpq key/value string (``host=... password=...``) has
+    its ``password`` value hidden."""
     if "://" not in url:
         return re.sub(r"(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|\S*)", "password=***", url) if "=" in url else url
-    scheme, rest = url.split("://", 1)
-    rest, qmark, query = rest.partition("?")
-    if "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":", 1)[0]
-        rest = f"{user}@{host}" if user else host
-    if qmark:
-        kept = [p for p in query.split("&") if p.split("=", 1)[0].lower() != "password"]
-        query = "&".join(kept)
-    return f"{scheme}://{rest}" + (f"?{query}" if query else "")
+    return redact_url(url)
 
 
 def open_store(url: str) -> "Store":
@@ -595,11 +592,13 @@ class Store:
         self._run("DELETE FROM meta WHERE key='breaker'")
 
     def _audit_rows(self, rows: Iterable[dict]) -> None:
-        cols = ("at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason")
+        """Insert audit rows; URL credentials in the reason and the detail are left out (redact_urls)."""
+        cols = ("at", "kind", "decision_id", "scope_key", "level", "action", "source")
         self._many(
             "INSERT INTO audit (at, kind, decision_id, scope_key, level, action, source, reason, detail) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(*(r.get(c) for c in cols), json.dumps(r.get("detail", {}), separators=(",", ":"))) for r in rows])
+            [(*(r.get(c) for c in cols), _redacted(r.get("reason")),
+              redact_urls(json.dumps(r.get("detail", {}), separators=(",", ":")))) for r in rows])
 
     def audit(self, row: dict) -> None:
         self.commit(None, (), [row])
@@ -844,6 +843,75 @@ class Store:
         return out
 
 
+    # ----------------------------------------------------------------- audit retention
+    _AUDIT_COLUMNS = ("seq", "at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason", "detail")
+
+    def audit_through(self, before: float) -> int:
+        """The highest audit ``seq`` of a row older than ``before`` (Unix seconds); 0 when none."""
+        return int(self._read("SELECT COALESCE(MAX(seq), 0) FROM audit WHERE at < ?", (before,))[0][0])
+
+    def audit_rows(self, through: int, batch: int = 1000) -> Iterator[dict]:
+        """Audit rows with ``seq`` <= ``through``, oldest first, read ``batch`` at a time: dicts as
+        :meth:`audit_log` gives them."""
+        after = 0
+        while True:
+            rows = self._read(f"SELECT {', '.join(self._AUDIT_COLUMNS)} FROM audit WHERE seq > ? AND seq <= ? "
+                              "ORDER BY seq LIMIT ?", (after, through, batch))
+            for r in rows:
+                d = dict(zip(self._AUDIT_COLUMNS, r))
+                d["detail"] = json.loads(d["detail"])
+                yield d
+            if len(rows) < batch:
+                return
+            after = rows[-1][0]
+
+    def prune_audit(self, through: int, rows: int, sha256: str, export: str, at: float) -> int:
+        """Delete the audit rows with ``seq`` <= ``through``, which an export holds (``rows`` of
+        them, the file's ``sha256``, its name ``export``). In one transaction: a row of the
+        append-only table ``audit_prune`` records the prune, the audit gets a ``pruned`` row saying
+        the same, and only then may the rows go: the audit's delete trigger lets a row be deleted
+        only when its ``seq`` is at or below a recorded prune's ``through_seq`` (UPDATE, and on
+        PostgreSQL TRUNCATE, stay refused). Returns the rows deleted.
+
+        Raises:
+            StoreError: the database refused; nothing was deleted.
+            ValueError: the audit holds a different number of rows up to ``through`` than the
+                export (a prune meanwhile): nothing was deleted.
+        """
+        with self._transaction():
+            self._allow_recorded_prunes()
+            have = int(self._rows("SELECT COUNT(*) FROM audit WHERE seq <= ?", (through,))[0][0])
+            if have != rows:
+                raise ValueError(f"the audit holds {have} rows up to seq {through}, the export {rows}: "
+                                 "nothing deleted -- export again")
+            self._run("INSERT INTO audit_prune (at, through_seq, row_count, sha256, export) VALUES (?, ?, ?, ?, ?)",
+                      (at, through, rows, sha256, export))
+            self._audit_rows([{"at": at, "kind": "pruned", "source": "retention",
+                               "reason": f"{rows} audit rows up to seq {through} pruned after their export to {export}",
+                               "detail": {"through_seq": through, "rows": rows, "sha256": sha256, "export": export}}])
+            return self._run("DELETE FROM audit WHERE seq <= ?", (through,))
+
+    _PRUNE_DDL = [
+        """CREATE TABLE IF NOT EXISTS audit_prune (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, through_seq INTEGER NOT NULL, row_count INTEGER NOT NULL,
+  sha256 TEXT NOT NULL, export TEXT NOT NULL)""",
+        """CREATE TRIGGER IF NOT EXISTS audit_prune_no_change BEFORE UPDATE ON audit_prune
+  BEGIN SELECT RAISE(ABORT, 'the audit prune log is append-only'); END""",
+        """CREATE TRIGGER IF NOT EXISTS audit_prune_no_delete BEFORE DELETE ON audit_prune
+  BEGIN SELECT RAISE(ABORT, 'the audit prune log is append-only'); END""",
+        "DROP TRIGGER IF EXISTS audit_no_delete",
+        """CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+  WHEN OLD.seq > (SELECT COALESCE(MAX(through_seq), 0) FROM audit_prune)
+  BEGIN SELECT RAISE(ABORT, 'the audit log is append-only: rows leave it only through a recorded prune'); END""",
+    ]
+
+    def _allow_recorded_prunes(self) -> None:
+        """Create ``audit_prune`` and make the audit's delete trigger let through the rows a recorded
+        prune covers (idempotent; in the caller's transaction)."""
+        for sql in self._PRUNE_DDL:
+            self._run(sql)
+
+
 class PgStore(Store):
     """PostgreSQL store (psycopg 3): any number of replicas share it. One connection per store,
     opened again after the server went away (every call meanwhile raises StoreError: the webhook
@@ -993,6 +1061,30 @@ class PgStore(Store):
 
         return psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
                                application_name="fusebox-fuse-probe")
+
+    _PRUNE_DDL = [
+        """CREATE TABLE IF NOT EXISTS audit_prune (
+  seq BIGSERIAL PRIMARY KEY, at DOUBLE PRECISION NOT NULL, through_seq BIGINT NOT NULL, row_count BIGINT NOT NULL,
+  sha256 TEXT NOT NULL, export TEXT NOT NULL)""",
+        # one function for every trigger of both tables: only a DELETE of audit rows a recorded
+        # prune covers passes; UPDATE, TRUNCATE and any change of audit_prune raise
+        """CREATE OR REPLACE FUNCTION fusebox_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN
+    IF TG_OP = 'DELETE' AND TG_TABLE_NAME = 'audit'
+       AND OLD.seq <= (SELECT COALESCE(MAX(through_seq), 0) FROM audit_prune) THEN
+      RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'the audit log is append-only: rows leave it only through a recorded prune';
+  END $$""",
+        """CREATE OR REPLACE TRIGGER audit_prune_no_change BEFORE UPDATE OR DELETE ON audit_prune
+  FOR EACH ROW EXECUTE FUNCTION fusebox_audit_append_only()""",
+        """CREATE OR REPLACE TRIGGER audit_prune_no_truncate BEFORE TRUNCATE ON audit_prune
+  FOR EACH STATEMENT EXECUTE FUNCTION fusebox_audit_append_only()""",
+    ]
+
+
+def _redacted(text: Optional[str]) -> Optional[str]:
+    return redact_urls(text) if isinstance(text, str) else text
 
 
 def _now() -> float:

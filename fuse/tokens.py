@@ -19,8 +19,21 @@ File formats:
   webhook or read token is refused, so the roles stay apart.
 
 :class:`TokenFiles` reads them again when one changes (size, mtime or inode) and on
-:meth:`TokenFiles.reload` (SIGHUP); a file that became unreadable or malformed keeps the last good
-tokens, with an error in the log.
+:meth:`TokenFiles.reload` (SIGHUP). Each token is at least :data:`MIN_TOKEN_LENGTH` (32)
+characters (``head -c 32 /dev/urandom | base64`` makes 44). A file is read whole, and only when it
+did not change while being read (its size, mtime and inode the same before and after); then:
+
+* a token removed from the people or read file is revoked (fail closed), and so are all of that
+  role's tokens when its file is missing, empty or holds only comments (no one may override; no
+  read token reads: the webhook token does not take its place);
+* a file that cannot be read whole (unreadable, changed while read) or is malformed (a token
+  under 32 characters, a line that is not ``NAME TOKEN``...) keeps the last good tokens, with an
+  error in the log: a file rewritten in two steps never makes a partial token live. The webhook
+  file keeps its last good token when missing or empty too (Alertmanager would otherwise be
+  locked out).
+
+Write token files atomically (a new file renamed over the old, as Kubernetes does for a Secret
+volume): a file rewritten in place may be read between two writes.
 """
 
 from __future__ import annotations
@@ -39,14 +52,22 @@ from .logsafe import install
 
 log = install(logging.getLogger("fusebox.fuse"))
 
-__all__ = ["Tokens", "TokenFiles", "read_token_file", "read_people_file", "permission_warnings", "match"]
+__all__ = ["Tokens", "TokenFiles", "read_token_file", "read_people_file", "permission_warnings", "match",
+           "MIN_TOKEN_LENGTH", "NoTokens"]
+
+# Shortest token accepted from a file, characters (32 random bytes in base64 are 44).
+MIN_TOKEN_LENGTH = 32
+_HOW = "make one with: head -c 32 /dev/urandom | base64"
+# Reads of a file that changed while being read, before giving up (the last good tokens stay).
+_READ_TRIES = 3
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}$")
 
 
 @dataclass(frozen=True)
 class Tokens:
-    """The tokens in force. ``people``: name -> token; ``read``: None when not configured.
+    """The tokens in force. ``people``: name -> token; ``read``: None when not configured (the
+    webhook token reads) or, with ``no_read``, when its file has none left (no read token reads).
 
     Raises ValueError when a token is empty or one token serves two roles.
     """
@@ -54,6 +75,14 @@ class Tokens:
     webhook: str
     people: dict = field(default_factory=dict)
     read: Optional[str] = None
+    no_read: bool = False
+
+    def readers(self) -> dict[str, str]:
+        """name -> token of those who may read: the people, and the read token (``(read)``), else
+        the webhook token (``(webhook)``) unless ``no_read``."""
+        if self.read:
+            return {**self.people, "(read)": self.read}
+        return dict(self.people) if self.no_read else {**self.people, "(webhook)": self.webhook}
 
     def __post_init__(self):
         if not self.webhook:
@@ -86,32 +115,65 @@ def match(presented: Optional[str], tokens: dict[str, str]) -> Optional[str]:
     return found if presented else None
 
 
+class NoTokens(ValueError):
+    """The file is missing, empty or holds only comments: the role it gives has no token."""
+
+
+def _read_whole(path: str | os.PathLike) -> str:
+    """The file's text, read whole while it did not change (size, mtime, inode the same before and
+    after the read). Raises FileNotFoundError -> :class:`NoTokens`; OSError: unreadable, or it kept
+    changing while read."""
+    for _ in range(_READ_TRIES):
+        try:
+            before = _stamp(path, missing_raises=True)
+            data = Path(path).read_bytes()
+        except FileNotFoundError:
+            raise NoTokens(f"{path}: no such file") from None
+        if _stamp(path) == before:
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}: not UTF-8 text") from None
+    raise OSError(f"{path}: changed while being read ({_READ_TRIES} tries); read again on its next change")
+
+
+def _check_length(path, tok: str, where: str = "") -> None:
+    if len(tok) < MIN_TOKEN_LENGTH:
+        raise ValueError(f"{path}: {where}the token is {len(tok)} characters, at least {MIN_TOKEN_LENGTH} are "
+                         f"required ({_HOW})")
+
+
 def read_token_file(path: str | os.PathLike) -> str:
-    """The token in ``path``: the whole file, surrounding whitespace stripped.
+    """The token in ``path``: the whole file (read while it did not change), surrounding
+    whitespace stripped.
 
     Raises:
-        OSError: unreadable. ValueError: empty, more than one line, or whitespace inside the token.
+        NoTokens: missing or empty. OSError: unreadable. ValueError: more than one line,
+            whitespace inside the token, or under :data:`MIN_TOKEN_LENGTH` characters.
     """
-    text = Path(path).read_text(encoding="utf-8").strip()
+    text = _read_whole(path).strip()
     if not text:
-        raise ValueError(f"{path}: empty token file")
+        raise NoTokens(f"{path}: empty token file ({_HOW})")
     if "\n" in text or "\r" in text:
         raise ValueError(f"{path}: a token file holds one line (the token), this one has more")
     if any(c.isspace() for c in text):
         raise ValueError(f"{path}: the token contains whitespace")
+    _check_length(path, text)
     return text
 
 
 def read_people_file(path: str | os.PathLike) -> dict[str, str]:
-    """``{name: token}`` from a file of ``NAME TOKEN`` lines (``#`` comments and blank lines ignored).
+    """``{name: token}`` from a file of ``NAME TOKEN`` lines (``#`` comments and blank lines ignored),
+    read whole while it did not change.
 
     Raises:
-        OSError: unreadable. ValueError: a line that is not two fields, a bad or repeated name, a
-            repeated token, or no token at all; the message names the line.
+        NoTokens: missing, or no token at all. OSError: unreadable. ValueError: a line that is not
+            two fields, a bad or repeated name, a repeated token, or a token under
+            :data:`MIN_TOKEN_LENGTH` characters; the message names the file and the line.
     """
     out: dict[str, str] = {}
     seen: dict[str, str] = {}
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_read_whole(path).splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -125,9 +187,10 @@ def read_people_file(path: str | os.PathLike) -> dict[str, str]:
             raise ValueError(f"{path}: line {n}: {name} appears twice")
         if tok in seen:
             raise ValueError(f"{path}: line {n}: the same token as {seen[tok]}; give each person their own")
+        _check_length(path, tok, f"line {n}: ")
         out[name], seen[tok] = tok, name
     if not out:
-        raise ValueError(f"{path}: no token (expected NAME TOKEN lines)")
+        raise NoTokens(f"{path}: no token (expected NAME TOKEN lines)")
     return out
 
 
@@ -151,12 +214,14 @@ def permission_warnings(paths) -> list[str]:
     return out
 
 
-def _stamp(path) -> Optional[tuple]:
+def _stamp(path, missing_raises: bool = False) -> Optional[tuple]:
     try:
         st = os.stat(path)
     except OSError:
+        if missing_raises:
+            raise
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 class TokenFiles:
@@ -180,29 +245,44 @@ class TokenFiles:
     def _all_stamps(self) -> dict:
         return {k: _stamp(p) for k, p in self.paths.items() if p is not None}
 
-    def _load(self) -> Tokens:
+    def _load(self, previous: Optional[Tokens] = None) -> Tokens:
+        """The tokens of the files. With ``previous`` (a reload), a people or read file that is
+        missing or holds no token revokes that role's tokens (logged); at start it is an error."""
         p = self.paths
+
+        def role(kind, reader):
+            try:
+                return reader(p[kind])
+            except NoTokens as e:
+                if previous is None:
+                    raise
+                log.warning("token files: %s: every %s token is revoked", e, "override" if kind == "people" else kind)
+                return None
+
+        read = role("read", read_token_file) if p["read"] is not None else None
         return Tokens(webhook=read_token_file(p["webhook"]),
-                      people=read_people_file(p["people"]) if p["people"] is not None else {},
-                      read=read_token_file(p["read"]) if p["read"] is not None else None)
+                      people=(role("people", read_people_file) or {}) if p["people"] is not None else {},
+                      read=read, no_read=p["read"] is not None and read is None)
 
     def current(self) -> Tokens:
-        """The tokens in force, read again first when a file's size, mtime or inode changed."""
+        """The tokens in force, read again first when a file's size, mtime, ctime or inode changed."""
         if self._all_stamps() != self._stamps:
             self.reload()
         return self._tokens
 
     def reload(self) -> bool:
-        """Read every file again. True when the new tokens are in force; False when a file is
-        unreadable or malformed (logged; the last good tokens stay)."""
+        """Read every file again. True when the new tokens are in force; False when a file cannot
+        be read whole or is malformed (logged; the last good tokens stay)."""
         with self._lock:
             stamps = self._all_stamps()
             try:
-                tokens = self._load()
+                tokens = self._load(self._tokens)
             except (OSError, ValueError) as e:
                 if stamps != self._stamps:
                     log.error("token files not reloaded, the previous tokens stay: %s", e)
-                self._stamps = stamps  # logged once per change, not once per request
+                # logged once per change, not once per request (the stamps are taken before the
+                # read: a file that changed while read differs from them and is read again)
+                self._stamps = stamps
                 return False
             self._stamps, self._tokens = stamps, tokens
         log.info("token files read: webhook, %d override token(s)%s", len(tokens.people),

@@ -240,6 +240,8 @@ FUSE_METRICS = {
     "request_latency": "fusebox_fuse_webhook_duration_seconds",  # histogram: webhook handling
     "last_notification": "fusebox_fuse_last_notification_timestamp_seconds",  # gauge {alertmanager}: externalURL of the sender
     "dry_run": "fusebox_fuse_dry_run",  # gauge: 1 when the service calls nothing (--dry-run)
+    "auth_failures": "fusebox_fuse_auth_failures_total",  # counter {role}: requests with no or a wrong token
+    "auth_rate_limited": "fusebox_fuse_auth_rate_limited_total",  # counter {role}: answered 429 (too many failures)
     # per adapter (its label: the spec's fuse.adapters name, ``gateway``, ``vllm:<engine>``)
     "adapter_calls": "fusebox_fuse_adapter_calls_total",  # counter {adapter, outcome}: outcome ok|error
     "adapter_call_duration": "fusebox_fuse_adapter_call_duration_seconds",  # histogram {adapter}: one apply()
@@ -331,6 +333,9 @@ OTEL_SELF = {
     "scrape_errors": ("fusebox.collector.scrape.errors", "{error}", "counter"),
     # engine /metrics scrapes refused at a limit: reason body_too_large, decompressed_too_large, deadline
     "scrape_refused": ("fusebox.collector.scrape.refused", "{scrape}", "counter"),
+    # sample lines of an engine's /metrics dropped before parsing: reason label_too_long (a label
+    # set over --max-label-chars), series_limit (past --max-series); the rest of the scrape is used
+    "scrape_dropped": ("fusebox.collector.scrape.dropped", "{series}", "counter"),
     # KV collector rounds whose output is incomplete, per engine and reason: no_gpu (no --gpu, so
     # no hw_id and the GPU-memory signal cannot subtract the free KV pool), no_capacity (the
     # engine's /metrics gives no pool size, so no bytes at all, or usage without a limit)

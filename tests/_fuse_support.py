@@ -17,9 +17,9 @@ from fusebox.tooling import free_port  # noqa: F401  (re-exported to the tests)
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "fuse"
 SPEC = ROOT / "fusebox.yaml"
-TOKEN = "s3cret-fuse-token"  # the webhook token (Alertmanager)
+TOKEN = "s3cret-fuse-token-0123456789abcdef"  # the webhook token (Alertmanager); 32+ characters, as files need
 # Override tokens, one per person (--override-tokens: "name token" lines).
-PEOPLE = {"alice": "alice-override-token-0001", "bob": "bob-override-token-0002"}
+PEOPLE = {"alice": "alice-override-token-0001-abcdefgh", "bob": "bob-override-token-0002-abcdefghij"}
 
 # The spec's critical tiers (fusebox.yaml): alertname -> (signal, action, level).
 CRITICAL = {

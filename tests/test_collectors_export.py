@@ -44,6 +44,7 @@ def test_golden_otel_to_prometheus_names():
     assert C.PROM_SELF == {"export_dropped": "fusebox_collector_export_dropped_total",
                            "scrape_errors": "fusebox_collector_scrape_errors_total",
                            "scrape_refused": "fusebox_collector_scrape_refused_total",
+                           "scrape_dropped": "fusebox_collector_scrape_dropped_total",
                            "kv_incomplete": "fusebox_collector_kv_incomplete_total",
                            "gpu_errors": "fusebox_collector_gpu_errors_total"}
 

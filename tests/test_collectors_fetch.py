@@ -353,3 +353,46 @@ def test_redact_url_strips_userinfo_only():
     assert redact_url("https://tok@[::1]:8443/metrics") == "https://[::1]:8443/metrics"
     assert redact_url("http://h/metrics") == "http://h/metrics"
     assert redact_url("/var/run/metrics.txt") == "/var/run/metrics.txt"
+
+
+# ------------------------------------------------------------------------- issue 22: series and label caps
+def _dropped(text: str) -> dict:
+    """{(endpoint, reason): count} of fusebox_collector_scrape_dropped_total."""
+    return {(dict(k)["endpoint"], dict(k)["reason"]): v
+            for k, v in _samples(text, "fusebox_collector_scrape_dropped_total").items()}
+
+
+def test_a_15_mib_label_is_dropped_and_counted_in_bounded_memory_and_the_rest_is_used(serve):
+    huge = b'vllm:gpu_cache_usage_perc{model_name="' + b"m" * (15 * MIB) + b'"} 0.5\n'
+    s = serve(_body(VLLM_OLD.read_bytes() + huge))
+    r = _collect_kv_measured("--endpoint", s.url, "--timeout", "20")
+    assert r["rc"] == 0, r["err"]
+    assert r["maxrss_kib"] < CEILING_KIB, f"peak RSS {r['maxrss_kib']} KiB"
+    assert _dropped(r["out"]) == {(s.url, "label_too_long"): 1}
+    assert list(_samples(r["out"], "fusebox_kv_cache_limit_bytes").values()) == [OPT_POOL]  # the rest is used
+
+
+def test_sample_lines_past_max_series_are_dropped_and_counted(serve, capsys):
+    dump = VLLM_OLD.read_bytes()
+    samples = sum(1 for line in dump.decode().splitlines() if line.strip() and not line.startswith("#"))
+    s = serve(_body(dump))
+    rc, out, err = _kv_once(capsys, "--endpoint", s.url)
+    assert rc == 0, err
+    assert _dropped(out) == {}
+    rc, out, _ = _kv_once(capsys, "--endpoint", s.url, "--max-series", "5")
+    assert _dropped(out) == {(s.url, "series_limit"): samples - 5}
+    rc, out, err = _kv_once(capsys, "--endpoint", s.url, "--max-label-chars", "10")
+    long_labels = sum(1 for line in dump.decode().splitlines() if not line.startswith("#") and "{" in line
+                      and line.rindex("}") - line.index("{") - 1 > 10)
+    assert long_labels > 0 and _dropped(out) == {(s.url, "label_too_long"): long_labels}
+
+
+def test_a_15_mib_label_in_a_histogram_leaves_the_latency_fallback_working_in_bounded_memory(serve):
+    line = b'vllm:e2e_request_latency_seconds_bucket{le="0.5",model_name="' + b"m" * (15 * MIB) + b'"} 3\n'
+    s = serve(_body(VLLM_OLD.read_bytes() + line))
+    cmd = [sys.executable, "-c", _WRAPPER, sys.executable, "-m", "fusebox.cli", "collect", "latency", "--once",
+           "--endpoint", s.url, "--engine-id", "e1", "--timeout", "20", "--spec", str(ROOT / "fusebox.yaml")]
+    r = json.loads(subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120).stdout)
+    assert r["rc"] == 0, r["err"][-500:]
+    assert r["maxrss_kib"] < CEILING_KIB, f"peak RSS {r['maxrss_kib']} KiB"
+    assert "mmmm" not in r["err"] and "fusebox_alignment_duration_seconds_count" in r["out"]

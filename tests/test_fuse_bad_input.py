@@ -172,3 +172,60 @@ def test_a_label_value_that_is_not_a_string_is_400_and_nothing_is_recorded(clien
     assert "string, got " in r.json()["error"]
     assert svc.store.snapshot() is None and svc.store.audit_log() == [] and svc.state()["scopes"] == []
     assert 'fusebox_fuse_notifications_total{outcome="http_400"} 1.0' in client.get("/metrics").text
+
+
+# ------------------------------------------------------------------ one bad alert costs only itself (issue 22)
+def _alerts_total(svc, result: str) -> float:
+    return svc.metrics.registry.get_sample_value("fusebox_fuse_alerts_total", {"result": result}) or 0.0
+
+
+def test_an_alert_with_a_label_over_256_characters_is_refused_alone_and_the_alert_beside_it_trips(client, svc):
+    long_value = "h" * 257  # MAX_LABEL_VALUE + 1
+    bad = alert("KVCacheGrowthRateHigh", starts=T0, cluster="a", host_name=long_value, engine="e0")
+    bad_name = alert("KVCacheGrowthRateHigh", starts=T0, cluster="a", engine="e1")
+    bad_name["labels"]["x" * 300] = "v"
+    good = alert("GPUMemoryUtilizationHigh", starts=T0, **GPU)
+    r = client.post("/alertmanager", json=payload(bad, good, bad_name), headers=WEBHOOK)
+    assert r.status_code == 200, r.text
+    assert r.json()["alerts"] == {"label_too_long": 2, "tripped": 1}
+    assert [d["state"] for d in r.json()["decisions"]] == ["trip"]
+    assert svc.state()["levels"] == {'{cluster="a",hw_id="GPU-1"}': 1}
+    assert _alerts_total(svc, "label_too_long") == 2
+    ignored = svc.store.audit_log(kinds=("ignored",))
+    assert sorted(a["detail"]["fingerprint"] for a in ignored) == sorted([bad["fingerprint"], bad_name["fingerprint"]])
+    assert all(a["detail"]["result"] == "label_too_long" for a in ignored)
+    assert long_value not in json.dumps(ignored)  # the audit names the label and its length, not the value
+    assert any("'host_name'" in a["reason"] and "257 characters" in a["reason"] for a in ignored), ignored
+
+
+def test_a_refused_alert_is_audited_once_per_episode_not_per_re_notification(client, svc):
+    """10 re-notifications of 40 refused alerts (20 untrusted: no fuse labels the spec generates;
+    20 over the label cap): 40 audit rows, then 40 more for a new episode (a new startsAt)."""
+    def note(starts):
+        untrusted = [alert("GPUMemoryUtilizationHigh", starts=starts, cluster="a", hw_id=f"GPU-{i}") for i in range(20)]
+        for a in untrusted:
+            a["labels"]["fuse_action"] = "not_an_action"
+            a["fingerprint"] = ""  # computed from the labels, as Alertmanager does
+        long = [alert("GPUMemoryUtilizationHigh", starts=starts, cluster="a", hw_id=f"G{i}" + "x" * 300)
+                for i in range(20)]
+        return payload(*untrusted, *long)
+
+    for _ in range(10):
+        r = client.post("/alertmanager", json=note(T0), headers=WEBHOOK)
+        assert r.status_code == 200, r.text
+        assert r.json()["alerts"] == {"untrusted": 20, "label_too_long": 20}, r.json()
+    assert len(svc.store.audit_log(1000, kinds=("ignored",))) == 40
+    assert _alerts_total(svc, "untrusted") == 200 and _alerts_total(svc, "label_too_long") == 200  # counted each time
+    assert client.post("/alertmanager", json=note(T0 + 600), headers=WEBHOOK).status_code == 200
+    assert len(svc.store.audit_log(1000, kinds=("ignored",))) == 80
+
+
+def test_a_restarted_service_does_not_audit_a_refused_episode_again(tmp_path):
+    rules = FuseRules.from_spec(load_spec(SPEC))
+    long = alert("GPUMemoryUtilizationHigh", starts=T0, cluster="a", hw_id="G" + "x" * 300)
+    for _ in range(2):  # the same notification before and after a restart
+        svc = FuseService(rules, Store(tmp_path / "fuse.sqlite"), [DryRun()], hold_s=60, dry_run=True)
+        assert svc.handle(parse_payload(payload(long), T0))["alerts"] == {"label_too_long": 1}
+        rows = svc.store.audit_log(100, kinds=("ignored",))
+        svc.store.close()
+        assert len(rows) == 1, rows

@@ -222,3 +222,76 @@ def test_adapter_holds_are_shared_by_replicas_on_postgresql(pg):
     assert len(a.adapter_state("haproxy:lb")["be_llm/engine1"]["holds"]) == 50
     a.close()
     b.close()
+
+
+# ------------------------------------------------------------------ audit retention (issue 22)
+def _raw_sql(url: str, sql: str) -> None:
+    """Run ``sql`` on the store's database outside fusebox, as an operator (or an intruder) would."""
+    if url.startswith("sqlite:///"):
+        c = sqlite3.connect(url.removeprefix("sqlite://"), isolation_level=None)
+        try:
+            c.execute(sql)
+        finally:
+            c.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(sql)
+
+
+def _refused(url: str):
+    import psycopg
+
+    return pytest.raises((sqlite3.Error, psycopg.Error), match="append-only")
+
+
+def _prune(url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fusebox.cli", "fuse", "audit", *args, "--store", url],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_audit_rows_are_pruned_only_after_their_export_and_the_prune_is_recorded(tmp_path, backend, request):
+    import hashlib
+    import json
+
+    url = (f"sqlite:///{tmp_path / 'fuse.sqlite'}" if backend == "sqlite"
+           else request.getfixturevalue("pg").create_db("prune"))
+    s = open_store(url)
+    for i in range(10):  # at 1000 ... 1009
+        s.audit({"at": 1000.0 + i, "kind": "override", "reason": f"r{i}", "detail": {"i": i}})
+    s.close()
+    with _refused(url):
+        _raw_sql(url, "DELETE FROM audit WHERE seq = 1")
+
+    copy = tmp_path / "copy.jsonl"
+    r = _prune(url, "export", "--before", "1003", "--out", str(copy))
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["reason"] for line in copy.read_text().splitlines()] == ["r0", "r1", "r2"]
+
+    out = tmp_path / "audit-before-1005.jsonl"
+    r = _prune(url, "prune", "--before", "1005", "--export", str(out))
+    assert r.returncode == 0, r.stderr
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(e["seq"], e["reason"], e["detail"]) for e in exported] == [(i + 1, f"r{i}", {"i": i}) for i in range(5)]
+    s = open_store(url)
+    try:
+        left = s.audit_log(100)
+        assert [a["reason"] for a in left if a["kind"] == "override"] == [f"r{i}" for i in range(9, 4, -1)]
+        (pruned,) = [a for a in left if a["kind"] == "pruned"]
+        assert pruned["detail"] == {"through_seq": 5, "rows": 5, "export": str(out),
+                                    "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
+    finally:
+        s.close()
+    # what was not pruned stays append-only; the record of the prune too
+    for sql in ("DELETE FROM audit WHERE seq = 6", "UPDATE audit SET reason = 'x' WHERE seq = 7",
+                "DELETE FROM audit_prune", "UPDATE audit_prune SET row_count = 0"):
+        with _refused(url):
+            _raw_sql(url, sql)
+    # an export never overwrites a file; nothing more is deleted
+    r = _prune(url, "prune", "--before", "1008", "--export", str(out))
+    assert r.returncode == 2 and "exists" in r.stderr, r.stderr
+    s = open_store(url)
+    assert len([a for a in s.audit_log(100) if a["kind"] == "override"]) == 5
+    s.close()
