@@ -5,7 +5,8 @@ join (``fuse.adapters.<name>.discover`` in the spec, :class:`fusebox.spec.adapte
 
 1. the pods on each GPU: every series of the attribution metric in Prometheus (dcgm-exporter with
    Kubernetes pod mapping publishes ``DCGM_FI_DEV_FB_USED{UUID, pod, namespace, container}``), GPU
-   id from its ``gpu`` label (the scope's ``hw_id``), pod from its ``pod``/``namespace`` labels;
+   id from its ``gpu`` label (the scope's ``hw_id``; on a MIG instance ``<gpu>/<GPU_I_ID>``, as the
+   rules build it), pod from its ``pod``/``namespace`` labels;
 2. each pod's IP: kube-state-metrics' ``kube_pod_info{namespace, pod, pod_ip}``;
 3. the gateway's OWN worker list: a worker is on the GPU when its URL's host is one of those IPs.
 
@@ -33,6 +34,9 @@ from .actions import ActionError, deadline_client
 __all__ = ["GpuWorkers", "ResolveError", "POD_INFO_METRIC"]
 
 POD_INFO_METRIC = "kube_pod_info"  # kube-state-metrics: {namespace, pod, pod_ip, node, ...}, value 1
+# dcgm-exporter on a MIG instance: the parent GPU's UUID plus the instance's id in this label. The
+# rules' hw_id is then ``UUID/GPU_I_ID`` (fusebox.spec.kinds.base.dcgm_labels); the join keys alike.
+MIG_INSTANCE_LABEL = "GPU_I_ID"
 
 
 class ResolveError(ActionError):
@@ -82,6 +86,8 @@ class GpuWorkers:
         for series in self._query(s.metric):
             m = series.get("metric", {})
             gpu, ns, pod = m.get(s.gpu), m.get(s.namespace), m.get(s.pod)
+            if gpu and m.get(MIG_INSTANCE_LABEL):  # a MIG instance: its own hw_id, as the rules build it
+                gpu = f"{gpu}/{m[MIG_INSTANCE_LABEL]}"
             if gpu and ns and pod:
                 pods.setdefault(gpu, set()).add((m.get("cluster", ""), ns, pod))
         ips: dict[tuple[str, str, str], str] = {}
