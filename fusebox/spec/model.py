@@ -22,7 +22,7 @@ from pydantic_core import ErrorDetails
 
 from fusebox import conventions as C
 
-from . import units
+from . import sourceunits, units
 from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
 from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana,
@@ -624,6 +624,10 @@ class _Normaliser:
             if src.metric is not None and not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", src.metric):
                 self.err(spath + ("metric",), f"{src.metric!r} is not a valid Prometheus metric name",
                          "metric names match [a-zA-Z_:][a-zA-Z0-9_:]*")
+            elif src.metric is not None:  # a unit the kind cannot turn into the signal's: never fires (or always)
+                bad = sourceunits.check(s.kind, src.metric, s.unit, src.scale)
+                if bad:
+                    self.err(spath + ("metric",), *bad)
             if src.scale == 0:  # the rules divide by it
                 self.err(spath + ("scale",), "scale must not be 0", "leave it out for 1, or give the factor to base units")
             sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note)
