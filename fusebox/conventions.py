@@ -149,6 +149,7 @@ DCGM = {
     "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
     "pcie_tx": "DCGM_FI_PROF_PCIE_TX_BYTES",
     "pcie_rx": "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "power": "DCGM_FI_DEV_POWER_USAGE",  # W, gauge (default counters)
 }
 MIB = 1_048_576
 

@@ -305,6 +305,9 @@ class FuseAction:
     description: str
 
 
+ENGINES = ("vllm", "sglang")  # the serving engines' source backends (Spec.engines)
+
+
 @dataclass(frozen=True)
 class Spec:
     """The normalised spec every renderer consumes."""
@@ -346,6 +349,21 @@ class Spec:
         when the spec lists it, else ``global.selector``."""
         return self.selectors.get(backend, self.selector)
     self_monitoring: SelfMonitoring = field(default_factory=SelfMonitoring)
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The serving engines (``vllm``, ``sglang``) the spec names, in that order: a backend of
+        ``global.selectors`` or a signal's selected source. None named: both (the dashboard
+        records then read either engine's metrics, whichever the cluster has)."""
+        named = set(self.selectors) | {s.source.backend for s in self.signals}
+        return tuple(e for e in ENGINES if e in named) or ENGINES
+
+    @property
+    def fusebox_collectors(self) -> bool:
+        """Whether the fusebox collectors' series are expected: ``k8s/`` runs them
+        (``kubernetes.collectors.enabled``), or a signal's selected source reads the ``fusebox``
+        backend (the collectors then run elsewhere, e.g. docker-compose or ``fusebox collect``)."""
+        return self.kubernetes.collectors.enabled or any(s.source.backend == "fusebox" for s in self.signals)
 
     def signal(self, name: str) -> Signal:
         for s in self.signals:

@@ -40,7 +40,10 @@ class Deriv(Kind):
         return [{"record": self.records(sig)["value"], "expr": expr}]
 
     def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
-        """KV-cache bytes and pool usage per engine, for the KV drill-down."""
+        """KV-cache bytes and pool usage per engine, for the KV drill-down: from the fusebox KV
+        collector, so none when the spec expects no collectors (``Spec.fusebox_collectors``)."""
+        if not spec.fusebox_collectors:
+            return []
         d = dashboard_records()
         engine_by = "cluster, host_name, engine, model"
         return [
@@ -76,7 +79,7 @@ class Deriv(Kind):
                                        signal_sel(sig, r["value"]), signal_legend(sig)))
         alerts = tuple(s.alert for s in sigs)
         d = dashboard_records()
-        panels += [
+        panels += [] if not spec.fusebox_collectors else [
             PanelDef("KV-cache bytes per engine", "fusebox.kv_cache.usage: bytes of KV cache in use per engine (summed over its GPUs).",
                      (Query(sel(d["kv_usage"], "engine"), LEGEND["engine"]),), "decbytes", alerts),
             PanelDef("KV pool usage per engine", "KV bytes in use over the pool's bytes (0-1).",

@@ -77,8 +77,8 @@ class Gauge(Kind):
                      (Query(sel(d["energy_per_token"], "host"), LEGEND["host"]),), "joule", (gpu_gauge,)),
             PanelDef("Prefix-cache hit rate",
                      "Prefix-cache hits over queries (vLLM counters, 5m rate), or SGLang's cache_hit_rate gauge; a drop speeds up KV growth.",
-                     (Query(sel(d["prefix_hit_vllm"], "host"), "vLLM {{host_name}} {{model_name}}"),
-                      Query(sel(d["prefix_hit_sglang"], "host"), "SGLang {{host_name}} {{model_name}}")),
+                     tuple(Query(sel(d[f"prefix_hit_{e}"], "host"), f"{label} {{{{host_name}}}} {{{{model_name}}}}")
+                           for e, label in (("vllm", "vLLM"), ("sglang", "SGLang")) if e in spec.engines),
                      "percentunit", (growth,), soft_max=1.0),
         ]
         return DashboardDef("secondary", f"fusebox / {spec.name} / secondary signals",

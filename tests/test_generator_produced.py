@@ -1,0 +1,143 @@
+"""Every metric the generated rules read is published by an exporter the spec names or produced by
+something k8s/ deploys (issue 21, items 1 and "Done when").
+
+The cluster of the issue: dcgm-exporter for GPU memory, vLLM engines scraped by the user's own
+ServiceMonitor, ``kubernetes.collectors.enabled: false``. Published names come from real
+captures (tests/fixtures/generator/SOURCES.md): dcgm-exporter 4.5's default counters CSV (each
+field is one ``DCGM_FI_*`` metric), and the vLLM V1 ``/metrics`` captures. What ``k8s/`` deploys
+is read from the generated manifests: a container running ``fuse`` publishes the fuse service's
+metrics (fusebox.conventions.FUSE_METRICS), one running ``collect NAME`` that collector's. The
+stack the rules run on adds Prometheus' own series (``up``) and Alertmanager's
+(``alertmanager_notifications_failed_total``, from the user's Alertmanager the AlertmanagerConfig
+routes through).
+
+vLLM and SGLang publish no KV bytes and no alignment histogram (docs/metrics.md sections 1-2), so
+such a cluster keeps only the signals that have a dcgm or vLLM source; the KV-growth, alignment
+and PCIe signals need the fusebox collectors, and ``fusebox generate`` says so, naming each.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from fusebox import conventions as C
+from fusebox.generator.deadselectors import SYNTHETIC, dead_selectors, load_captures, load_rules
+from fusebox.spec.promql import vector_selectors
+
+from _support import FIXTURES, SPEC
+
+FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
+GEN = FIXTURES / "generator"
+VLLM_CAPTURES = [GEN / "hardware-aware-router_vllm-v1_qwen1.5-0.5b-chat_idle_2025-11.txt",
+                 GEN / "hardware-aware-router_vllm-v1_tinyllama-1.1b_idle_2025-11.txt"]
+DCGM_CSV = GEN / "default-counters_4.5.3-4.8.2.csv"
+# Signals with neither a dcgm nor a vLLM source in the shipped spec (fusebox collectors only).
+COLLECTOR_ONLY = ("pcie_link_utilization", "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_growth_oom")
+
+
+def dcgm_names() -> set[str]:
+    """The DCGM_FI_* fields of dcgm-exporter 4.5's default counters (first CSV column)."""
+    out = set()
+    for line in DCGM_CSV.read_text().splitlines():
+        field = line.split(",")[0].strip()
+        if field.startswith("DCGM_FI_"):
+            out.add(field)
+    return out
+
+
+def exposition_names(paths: list[Path]) -> set[str]:
+    """Every sample name in Prometheus text-format captures (families' _bucket, _count, _total ...)."""
+    out = set()
+    for p in paths:
+        for fam in text_string_to_metric_families(p.read_text()):
+            out.update(s.name for s in fam.samples)
+    return out
+
+
+def deployed_names(k8s: Path) -> set[str]:
+    """Metrics of what the generated k8s/ manifests run: the fuse service, the fusebox collectors."""
+    out: set[str] = set()
+    for f in sorted(k8s.glob("*.yml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if not doc or doc.get("kind") not in ("Deployment", "DaemonSet"):
+                continue
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                args = c.get("args", [])
+                if args[:1] == ["fuse"]:
+                    out.update(C.FUSE_METRICS.values())
+                    out.update(f"{m}_{s}" for m in C.FUSE_METRICS.values() for s in ("bucket", "count", "sum"))
+                if args[:1] == ["collect"]:
+                    out.add(f"collector:{args[1]}")
+    return out
+
+
+def dcgm_vllm_spec(keep_collector_signals: bool = False) -> str:
+    data = yaml.safe_load(SPEC.read_text())
+    data["global"]["source"] = "dcgm"
+    data["global"]["selectors"] = {"vllm": {}}  # the engines are vLLM (no SGLang)
+    data["kubernetes"]["collectors"]["enabled"] = False
+    if not keep_collector_signals:
+        for name in COLLECTOR_ONLY:
+            data["signals"].pop(name, None)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _generate(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(text)
+    return subprocess.run([*FUSEBOX, "generate", "--spec", str(spec), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+
+
+def rule_reads(rules_file: Path) -> dict[str, set[str]]:
+    """metric name -> the rules reading it, for every selector of every rule that is not a record."""
+    rules = load_rules(rules_file)
+    recorded = {r.name for r in rules if r.record}
+    reads: dict[str, set[str]] = {}
+    for r in rules:
+        for sel in vector_selectors(r.expr):
+            if sel.name not in recorded:
+                reads.setdefault(sel.name, set()).add(r.name)
+    return reads
+
+
+def test_every_metric_the_rules_read_is_published_or_deployed(tmp_path):
+    r = _generate(tmp_path, dcgm_vllm_spec())
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    published = dcgm_names() | exposition_names(VLLM_CAPTURES) | deployed_names(out / "k8s") | set(SYNTHETIC)
+    stack = {C.AM_NOTIFICATIONS_FAILED}  # the user's Alertmanager, which the fuse's route goes through
+    reads = rule_reads(out / "rules/fusebox.rules.yml")
+    assert {m for m in reads if m.startswith("DCGM_FI_")}, "GPU memory reads dcgm-exporter"
+    assert {m for m in reads if m.startswith("vllm:")}, "the dashboard records read vLLM"
+    # The prefix-cache record also reads vLLM's pre-0.9 spelling with `or` (docs/pitfalls.md P4;
+    # renamed in vLLM PR #18354, removed in PR #29330): no capture here has it, a vLLM of 0.9 or
+    # later matches the other side of the `or`. The only names allowed without a capture.
+    compat = {C.VLLM_PREFIX_CACHE_HITS_OLD, C.VLLM_PREFIX_CACHE_QUERIES_OLD}
+    unpublished = {m: sorted(rs) for m, rs in reads.items() if m not in published | stack | compat}
+    assert unpublished == {}
+    # and the vLLM selectors' label matchers match the captures (no le="120" kind of mistake)
+    vllm_caps = load_captures(VLLM_CAPTURES)
+    rep = dead_selectors(load_rules(out / "rules/fusebox.rules.yml"), vllm_caps)
+    assert [d.selector for d in rep.dead if d.selector.startswith("vllm:") and d.selector not in compat] == []
+    # nothing to warn about but the starter spec's runbook URL placeholder
+    assert [ln for ln in r.stderr.splitlines() if "warning:" in ln and "runbook_base_url" not in ln] == []
+
+
+def test_generate_names_each_signal_that_reads_what_nothing_deploys(tmp_path):
+    r = _generate(tmp_path, dcgm_vllm_spec(keep_collector_signals=True))
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
+    for name, metric in (("kv_cache_growth_rate", C.PROM["kv_cache_usage"]),
+                         ("alignment_latency_p95", C.PROM["alignment_duration"] + "_bucket")):
+        [w] = [w for w in warnings if f"signal {name!r} reads" in w]
+        assert metric in w and "nothing k8s/ deploys produces" in w
+    # the mechanical check agrees: those metrics are read, and nothing publishes them
+    reads = rule_reads(tmp_path / "out/rules/fusebox.rules.yml")
+    published = dcgm_names() | exposition_names(VLLM_CAPTURES) | deployed_names(tmp_path / "out/k8s")
+    assert {C.PROM["kv_cache_usage"], C.PROM["alignment_duration"] + "_count"} <= set(reads) - published
