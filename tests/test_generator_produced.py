@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -141,3 +142,61 @@ def test_generate_names_each_signal_that_reads_what_nothing_deploys(tmp_path):
     reads = rule_reads(tmp_path / "out/rules/fusebox.rules.yml")
     published = dcgm_names() | exposition_names(VLLM_CAPTURES) | deployed_names(tmp_path / "out/k8s")
     assert {C.PROM["kv_cache_usage"], C.PROM["alignment_duration"] + "_count"} <= set(reads) - published
+
+
+MIB = 1_048_576
+DCGM_MIG = GEN / "dcgm-exporter_4.5_h100-mig_shape.txt"
+UUID = "GPU-3f9a6c21-7d4e-4b8a-9c2f-5e1d0a7b8c90"
+
+
+def _wait(base: str, expr: str, n: int, timeout: float = 90.0) -> list[dict]:
+    import time
+
+    from _dashboards_support import query
+
+    end = time.monotonic() + timeout
+    while True:
+        got = query(base, expr)
+        if len(got) >= n or time.monotonic() > end:
+            return got
+        time.sleep(0.5)
+
+
+@pytest.mark.tools
+def test_the_rules_on_a_real_prometheus_over_dcgm_and_vllm_captures(tmp_path):
+    """A real Prometheus scrapes dcgm-exporter 4.5's shape (an H100 in two MIG instances) and a
+    vLLM V1 capture, running the generated rules: each GPU record has one series per MIG
+    instance (hw_id UUID/GPU_I_ID), with the values worked out from the MiB fields by hand."""
+    from _dashboards_support import prometheus, serve_text
+
+    r = _generate(tmp_path, dcgm_vllm_spec())
+    assert r.returncode == 0, r.stderr
+    servers = [serve_text(DCGM_MIG.read_bytes()), serve_text(VLLM_CAPTURES[1].read_bytes())]
+    try:
+        jobs = [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"]}]}
+                for job, s in zip(("dcgm-exporter", "vllm"), servers)]
+        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+               "rule_files": [str(tmp_path / "out/rules/fusebox.rules.yml")], "scrape_configs": jobs}
+        with prometheus(tmp_path, cfg) as base:
+            # MIG 3g.40gb (GPU_I_ID 1): USED 33500 + FREE 6500 + RESERVED 192 = 40192 MiB, 1 - 6500/40192
+            # MIG 2g.20gb (GPU_I_ID 5): 5200 + 14800 + 96 = 20096 MiB, 1 - 14800/20096
+            want = {f"{UUID}/1": (1 - 6500 / 40192, 40192), f"{UUID}/5": (1 - 14800 / 20096, 20096)}
+            util = _wait(base, "gpu:fusebox_gpu_memory_utilization:ratio", 2)
+            assert {s["metric"]["hw_id"]: float(s["value"][1]) for s in util} == pytest.approx(
+                {k: v for k, (v, _) in want.items()})
+            assert {s["metric"]["hw_gpu_mig"] for s in util} == {"true"}
+            assert {s["metric"]["host_name"] for s in util} == {"gpu-node-1"}
+            total = _wait(base, "gpu:fusebox_gpu_memory_total:bytes", 2)
+            assert {s["metric"]["hw_id"]: float(s["value"][1]) for s in total} == {k: t * MIB for k, (_, t) in want.items()}
+            bw = _wait(base, "gpu:fusebox_memory_bandwidth_saturation:ratio", 2)
+            assert {s["metric"]["hw_id"]: float(s["value"][1]) for s in bw} == {f"{UUID}/1": 0.613, f"{UUID}/5": 0.048}
+            power = _wait(base, "host:fusebox_gpu_power:watts", 1)
+            assert [(s["metric"].get("host_name"), float(s["value"][1])) for s in power] == [("gpu-node-1", 412.5)]
+            # the idle vLLM capture: tokens per second 0, a sample all the same
+            assert [float(s["value"][1]) for s in _wait(base, "host:fusebox_generation_tokens:rate5m", 1)] == [0.0]
+            # 0.838 >= 78.3 % on instance 1 only: its critical alert is pending (for: 30s) or firing
+            alerts = _wait(base, 'ALERTS{alertname="GPUMemoryUtilizationHigh", severity="critical"}', 1)
+            assert {s["metric"]["hw_id"] for s in alerts} == {f"{UUID}/1"}
+    finally:
+        for s in servers:
+            s.shutdown()

@@ -53,8 +53,16 @@ def by(labels: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
 
 
 def dcgm_labels(expr: str) -> str:
-    """dcgm-exporter's UUID and Hostname (hostname since #655) as fusebox's hw_id and host_name."""
+    """dcgm-exporter's UUID and Hostname (hostname since #655) as fusebox's hw_id and host_name.
+
+    On a MIG instance dcgm-exporter writes the parent GPU's ``UUID`` and the instance in
+    ``GPU_I_ID``: hw_id is then ``UUID/GPU_I_ID`` (``GPU-.../1``), so instances of one GPU stay
+    apart (one series, alert and fuse scope each), and ``hw_gpu_mig`` is ``"true"``. A whole GPU
+    (no ``GPU_I_ID``) keeps its ``UUID`` as hw_id."""
     expr = f'label_replace({expr}, "hw_id", "$1", "UUID", "(.+)")'
+    expr = f'label_join({expr}, "hw_id", "/", "hw_id", "GPU_I_ID")'
+    expr = f'label_replace({expr}, "hw_id", "$1", "hw_id", "(.*)/")'  # a whole GPU: no trailing "/"
+    expr = f'label_replace({expr}, "{C.LABEL["mig"]}", "true", "GPU_I_ID", ".+")'
     expr = f'label_replace({expr}, "host_name", "$1", "Hostname", "(.+)")'
     return f'label_replace({expr}, "host_name", "$1", "hostname", "(.+)")'
 
