@@ -200,3 +200,46 @@ def test_the_rules_on_a_real_prometheus_over_dcgm_and_vllm_captures(tmp_path):
     finally:
         for s in servers:
             s.shutdown()
+
+
+KV_POOL_SIGNAL = """
+kv_pool_usage:
+  alert: VLLMKVPoolUsageHigh
+  description: Share of the vLLM engine's KV-cache blocks in use.
+  kind: gauge
+  unit: ratio
+  level: engine
+  by: [engine, model_name]
+  sources:
+    vllm: {metric: "vllm:kv_cache_usage_perc"}
+  tiers:
+    warning: {threshold: 90%, for: 1m}
+  runbook: {symptom: KV pool nearly full., impact: The engine preempts requests.}
+"""
+
+
+def test_engine_identity_comes_from_the_pod_where_vllms_engine_label_is_an_index(tmp_path):
+    """Two vLLM pods, each with engine="0" as vLLM writes it (the V1 capture's labels, the pod's
+    namespace and pod added by the scrape): two series and two alerts, engine NAMESPACE/POD."""
+    data = yaml.safe_load(dcgm_vllm_spec())
+    data["signals"].update(yaml.safe_load(KV_POOL_SIGNAL))
+    r = _generate(tmp_path, yaml.safe_dump(data, sort_keys=False))
+    assert r.returncode == 0, r.stderr
+    model = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
+    series = [{"series": f'vllm:kv_cache_usage_perc{{engine="0",model_name="{model}",namespace="inference",'
+                         f'pod="{pod}",job="vllm"}}', "values": f"{v}x20"} for pod, v in (("vllm-a", 0.95), ("vllm-b", 0.93))]
+    pods = (("vllm-a", 0.95), ("vllm-b", 0.93))
+    records = {"expr": "engine:fusebox_kv_pool_usage:ratio", "eval_time": "10s", "exp_samples": [
+        {"labels": f'engine:fusebox_kv_pool_usage:ratio{{engine="inference/{pod}",model_name="{model}"}}', "value": v}
+        for pod, v in pods]}
+    # one alert per pod (ALERTS carries the alert's labels; the annotations are not what is tested)
+    alerts = {"expr": 'count by (engine) (ALERTS{alertname="VLLMKVPoolUsageHigh", alertstate="firing"})',
+              "eval_time": "90s", "exp_samples": [{"labels": f'{{engine="inference/{pod}"}}', "value": 1} for pod, _ in pods]}
+    test = {"rule_files": [str(tmp_path / "out/rules/fusebox.rules.yml")], "evaluation_interval": "5s",
+            "tests": [{"interval": "5s", "input_series": series, "promql_expr_test": [records, alerts]}]}
+    path = tmp_path / "engine.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    from _dashboards_support import promtool_binary
+
+    out = subprocess.run([promtool_binary(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr

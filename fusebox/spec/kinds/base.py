@@ -67,6 +67,25 @@ def dcgm_labels(expr: str) -> str:
     return f'label_replace({expr}, "host_name", "$1", "hostname", "(.+)")'
 
 
+POD_ENGINE = "fusebox_pod"  # namespace/pod of an engine's series, while the engine label is rebuilt
+
+
+def engine_labels(expr: str, sig: Any) -> str:
+    """An engine's identity from its pod where the engine's own label is an index.
+
+    vLLM's ``engine`` label (from about 0.10, docs/metrics.md section 1) is the engine's index in
+    its process (``"0"``), so every pod's engine 0 would be one series and one fuse scope. For a
+    signal reading the ``vllm`` or ``sglang`` source and keeping ``engine`` (its level or one of its ``by`` labels),
+    ``engine`` becomes ``NAMESPACE/POD`` wherever the series carries both (a scrape by a
+    ServiceMonitor or PodMonitor); elsewhere it stays as the source wrote it. ``expr`` is an
+    instant vector; the helper label :data:`POD_ENGINE` is dropped by the ``by`` aggregation
+    (a gauge without ``by`` keeps it)."""
+    if sig.source.backend not in (VLLM, SGLANG) or not (sig.level == "engine" or "engine" in sig.by):
+        return expr
+    expr = f'label_join({expr}, "{POD_ENGINE}", "/", "namespace", "pod")'
+    return f'label_replace({expr}, "engine", "$1", "{POD_ENGINE}", "(.+/.+)")'
+
+
 def window_word(seconds: float) -> str:
     """60 -> "1m", 300 -> "5m", 90 -> "1m30s": the window as it appears in rule names."""
     return format_duration(seconds)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from fusebox import conventions as C
 from fusebox.spec.units import format_duration
 
-from .base import (KV_BASE_BYTES, LEGEND, DashboardDef, Err, Kind, PanelDef, Query, Synth, by, dashboard_records,
+from .base import (KV_BASE_BYTES, LEGEND, DashboardDef, Err, Kind, engine_labels, PanelDef, Query, Synth, by, dashboard_records,
                    label_str, segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text, window_word)
 
 
@@ -35,7 +35,7 @@ class Deriv(Kind):
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", f"deriv{window_word(sig.window_s)}")}
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
-        inner = f"deriv({selector(sig.source.metric, spec, backend=sig.source.backend)}[{format_duration(sig.window_s)}])"
+        inner = engine_labels(f"deriv({selector(sig.source.metric, spec, backend=sig.source.backend)}[{format_duration(sig.window_s)}])", sig)
         expr = f"sum by ({by(sig.by)}) ({inner})" if sig.by else inner
         return [{"record": self.records(sig)["value"], "expr": expr}]
 

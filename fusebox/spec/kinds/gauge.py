@@ -11,7 +11,7 @@ from typing import Any, Optional
 from fusebox import conventions as C
 from fusebox.spec.units import format_number
 
-from .base import (LEGEND, TARGET, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, label_str,
+from .base import (LEGEND, TARGET, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, engine_labels, label_str,
                    segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text)
 
 
@@ -28,6 +28,7 @@ class Gauge(Kind):
             expr = f"({expr}) * {format_number(src.scale)}"
         if src.metric and src.metric.startswith("DCGM_"):
             expr = dcgm_labels(expr)
+        expr = engine_labels(expr, sig)
         if sig.by:
             expr = f"max by ({by(sig.by)}) ({expr})"
         elif sig.level == "gpu":
