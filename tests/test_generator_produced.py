@@ -243,3 +243,32 @@ def test_engine_identity_comes_from_the_pod_where_vllms_engine_label_is_an_index
 
     out = subprocess.run([promtool_binary(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_dashboard_query_reads_a_record_or_a_published_metric(tmp_path):
+    """The dashboards of the dcgm + vLLM cluster: every panel query and template variable reads a
+    record the rules make or a metric the exporters publish (no panel bound to be empty for want
+    of a series), and the namespace and pod variables list vLLM's pods."""
+    import json
+    import re
+
+    r = _generate(tmp_path, dcgm_vllm_spec())
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "out"
+    recorded = {rule.name for rule in load_rules(out / "rules/fusebox.rules.yml") if rule.record}
+    published = dcgm_names() | exposition_names(VLLM_CAPTURES) | deployed_names(out / "k8s") | set(SYNTHETIC)
+    exprs: list[tuple[str, str]] = []
+    for f in sorted((out / "dashboards").glob("*.json")):
+        d = json.loads(f.read_text())
+        exprs += [(f.name, t["expr"]) for p in d["panels"] for t in p.get("targets", [])]
+        for v in d["templating"]["list"]:
+            if v["type"] == "query":
+                exprs.append((f.name, re.fullmatch(r"label_values\((.*), \w+\)", v["query"]).group(1)))
+                if v["name"] in ("namespace", "pod"):
+                    assert "vllm:num_requests_running" in v["query"] and "sglang" not in v["query"]
+    read = {}
+    for name, expr in exprs:
+        for sel in vector_selectors(re.sub(r"\$(\w+)", ".*", expr)):
+            read.setdefault(sel.name, name)
+    assert "vllm:num_requests_running" in published
+    assert {m: f for m, f in read.items() if m not in recorded | published} == {}

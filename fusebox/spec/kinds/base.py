@@ -208,6 +208,10 @@ UNITS = {
 # (HOST/SERVICE for the fusebox collectors), not the host.
 VARIABLES = {
     "cluster": (C.LABEL["cluster"], "Cluster"),
+    # The Kubernetes mixins' convention: cluster, namespace, pod. They filter the signals that keep
+    # those labels (aggregated by them); the engines' pods are listed from their own series.
+    "namespace": ("namespace", "Namespace"),
+    "pod": ("pod", "Pod"),
     "instance": (C.LABEL["host"], "Instance (host)"),
     "gpu": (C.LABEL["gpu_id"], "GPU / MIG instance"),
     "engine": (C.LABEL["engine"], "Engine"),
