@@ -262,6 +262,7 @@ K8S: dict[str, Any] = {  # str names, and the port (int)
     "token_secret": "fusebox-fuse-token",  # Secret holding the webhook bearer token (created by the user)
     "token_key": "token",
     "collectors": "fusebox-collectors",  # DaemonSet and PodMonitor of the collectors
+    "engines": "fusebox-engines",  # PodMonitor of the engine pods (kubernetes.engines)
     "spec_configmap": "fusebox-spec",  # ConfigMap holding the spec the fuse service reads (key fusebox.yaml)
     "fuse_state": "fusebox-fuse-state",  # PersistentVolumeClaim of the fuse service's state directory
 }

@@ -106,7 +106,9 @@ def dashboard_records() -> dict[str, str]:
     * ``host_tokens``: generated tokens per second per host, vLLM and SGLang engines each counted
       once, rate over :data:`fusebox.conventions.DASHBOARD_RATE_WINDOW_S`;
     * ``energy_per_token``: ``host_power / host_tokens``, joules per generated token (no sample
-      where no token was generated);
+      where no token was generated). The engines' series need ``cluster`` and ``host_name`` (the
+      node) for this join: the PodMonitor of ``kubernetes.engines`` adds them (docs/kubernetes.md),
+      a monitor of your own needs the same relabelings;
     * ``prefix_hit_vllm``: vLLM prefix-cache hits over queries (counters, either name
       generation), per cluster, host_name, model_name, ratio 0-1 over the rate window;
     * ``prefix_hit_sglang``: SGLang's ``cache_hit_rate`` gauge averaged per cluster, host_name,
