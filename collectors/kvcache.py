@@ -16,7 +16,8 @@ No engine exposes KV bytes. This module derives them:
   from ``vllm:cache_config_info`` (``cache_dtype`` other than ``auto`` overrides the dtype);
 * **SGLang** (``sglang:`` or ``sglang_`` prefix): usage = ``token_usage`` x
   ``max_total_num_tokens`` tokens (when the capacity is missing it is taken as
-  ``num_used_tokens / token_usage`` and reported as derived);
+  ``num_used_tokens / token_usage`` and reported as derived); data-parallel ranks (``dp_rank``)
+  hold separate pools, so their capacities and tokens in use are summed (:func:`sum_dp_ranks`);
 * **TGI**: ``tgi_batch_current_max_tokens`` tokens in use; TGI exposes no capacity, so the
   limit needs ``max_total_tokens`` (its ``--max-batch-total-tokens``).
 
@@ -242,7 +243,8 @@ def engines_from_text(text: str) -> list[EngineKv]:
 
     def eng(kind: str, labels: dict) -> EngineKv:
         model = labels.get("model_name", "")
-        ekey = (kind, model, labels.get("engine", ""))
+        # SGLang's data-parallel ranks hold separate pools: one entry per rank, summed below
+        ekey = (kind, model, labels.get("engine", ""), labels.get("dp_rank", "") if kind == "sglang" else "")
         if ekey not in out:
             out[ekey] = EngineKv(kind, labels.get("engine", ""), model)
         return out[ekey]
@@ -298,8 +300,33 @@ def engines_from_text(text: str) -> list[EngineKv]:
         e.used_tokens = fmax(e.used_tokens, s.value)
         e.source_metric = "tgi_batch_current_max_tokens"
 
+    ranks: dict[tuple, list[EngineKv]] = {}
+    for ekey in [k for k in out if k[3]]:
+        ranks.setdefault(ekey[:3], []).append(out.pop(ekey))
+    for ekey, rs in ranks.items():
+        out[ekey + ("",)] = sum_dp_ranks(rs)
     # drop engines that only had config info and no usage (e.g. a partial dump)
     return [e for e in out.values() if e.usage_fraction is not None or e.used_tokens is not None]
+
+
+def sum_dp_ranks(ranks: list[EngineKv]) -> EngineKv:
+    """One SGLang engine of several data-parallel ranks (label ``dp_rank``), each with its own KV
+    pool: capacity and tokens in use are the ranks' sums (never their max: a max would count one
+    rank's pool), the usage fraction their ratio. A rank's tokens in use are its ``token_usage``
+    x ``max_total_num_tokens`` (or ``num_used_tokens``). Where a rank lacks its capacity, no
+    capacity is summed (the collector then derives or reports it as for one rank)."""
+    first = ranks[0]
+    merged = EngineKv(first.kind, first.key, first.model, source_metric=first.source_metric)
+    used = [r.usage_fraction * r.capacity_tokens if r.usage_fraction is not None and r.capacity_tokens is not None
+            else r.used_tokens for r in ranks]
+    if all(u is not None for u in used):
+        merged.used_tokens = sum(u for u in used if u is not None)
+    caps = [r.capacity_tokens for r in ranks]
+    if all(c is not None for c in caps):
+        merged.capacity_tokens = sum(c for c in caps if c is not None)
+        if merged.used_tokens is not None and merged.capacity_tokens:
+            merged.usage_fraction = merged.used_tokens / merged.capacity_tokens
+    return merged
 
 
 # ------------------------------------------------------------------------- the collector
