@@ -12,7 +12,8 @@ No engine exposes KV bytes. This module derives them:
   not text tokens) and a KV-cache dtype override (``fp8`` -> 1 byte);
 * **vLLM**: usage fraction from ``vllm:kv_cache_usage_perc`` or, before 0.10,
   ``vllm:gpu_cache_usage_perc`` (a fraction 0-1 despite the name; docs/pitfalls.md P4: a dump may
-  carry both, read one, never add them), pool = ``num_gpu_blocks`` x ``block_size`` tokens
+  carry both, read one, never add them), pool = ``kv_cache_size_tokens`` (vLLM >= 0.33, the
+  group-aware capacity its docs prefer) or else ``num_gpu_blocks`` x ``block_size`` tokens
   from ``vllm:cache_config_info`` (``cache_dtype`` other than ``auto`` overrides the dtype);
 * **SGLang** (``sglang:`` or ``sglang_`` prefix): usage = ``token_usage`` x
   ``max_total_num_tokens`` tokens (when the capacity is missing it is taken as
@@ -271,7 +272,12 @@ def engines_from_text(text: str) -> list[EngineKv]:
     cfgs: dict[str, tuple[float, str | None]] = {}
     for s in samples.get(C.VLLM_CACHE_CONFIG, ()):
         try:
-            cap = float(s.labels["num_gpu_blocks"]) * float(s.labels["block_size"])
+            # vLLM >= 0.33: kv_cache_size_tokens, the capacity its docs prefer (group-aware: right
+            # for hybrid models, where num_gpu_blocks x block_size is not); else the blocks.
+            if _number(s.labels.get("kv_cache_size_tokens")):
+                cap = float(s.labels["kv_cache_size_tokens"])
+            else:
+                cap = float(s.labels["num_gpu_blocks"]) * float(s.labels["block_size"])
         except (KeyError, ValueError):
             continue  # "None" before the engine has profiled memory
         prev = cfgs.get(s.labels.get("engine", ""))
@@ -307,6 +313,14 @@ def engines_from_text(text: str) -> list[EngineKv]:
         out[ekey + ("",)] = sum_dp_ranks(rs)
     # drop engines that only had config info and no usage (e.g. a partial dump)
     return [e for e in out.values() if e.usage_fraction is not None or e.used_tokens is not None]
+
+
+def _number(text: str | None) -> bool:
+    """Whether a label value is a finite positive number ("None" before vLLM profiled memory)."""
+    try:
+        return text is not None and 0 < float(text) < math.inf
+    except ValueError:
+        return False
 
 
 def sum_dp_ranks(ranks: list[EngineKv]) -> EngineKv:

@@ -392,3 +392,18 @@ def test_sglang_data_parallel_ranks_are_summed_not_maxed():
     r = {x.key: x.value for x in from_texts(["\n".join(lines) + "\n"]).collect()}
     assert r["kv_cache_usage"] == pytest.approx((0.25 + 0.5) * 430839 * OPT_BPT)
     assert r["kv_cache_limit"] == 2 * 430839 * OPT_BPT
+
+
+def test_vllm_capacity_from_kv_cache_size_tokens_when_exported():
+    """vLLM >= 0.33 adds kv_cache_size_tokens to cache_config_info, the group-aware capacity its
+    docs prefer over num_gpu_blocks x block_size (wrong for hybrid models). The V1 capture's
+    cache_config_info (num_gpu_blocks 2452, block_size 16) with that label added."""
+    text = VLLM_V1.read_text()
+    assert 'num_gpu_blocks="2452"' in text
+    with_size = text.replace("vllm:cache_config_info{", 'vllm:cache_config_info{kv_cache_size_tokens="30000",')
+    r = {x.key: x.value for x in from_texts([with_size]).collect()}
+    assert r["kv_cache_limit"] == 30000 * OPT_BPT
+    # "None" (not profiled yet) or absent: the blocks, as before
+    for t in (text, text.replace("vllm:cache_config_info{", 'vllm:cache_config_info{kv_cache_size_tokens="None",')):
+        r = {x.key: x.value for x in from_texts([t]).collect()}
+        assert r["kv_cache_limit"] == 2452 * 16 * OPT_BPT
