@@ -25,7 +25,7 @@ from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.units import format_duration
 
-from .render_rules import Rules
+from .render_rules import Rules, gpu_power_backend
 from .yamlout import dump_yaml
 
 __all__ = ["render_prometheusrule", "render_collectors", "render_fuse", "render_kustomization", "workload_outputs", "kustomization_output",
@@ -195,12 +195,17 @@ def render_engines_monitor(spec: Spec) -> dict[str, Any]:
     adds what the records joining engine series with GPU series group by (``by (cluster,
     host_name)``: energy per generated token, prefix-cache hit rate): ``host_name`` from the
     node the pod runs on (``__meta_kubernetes_pod_node_name``) and ``cluster``
-    (``kubernetes.collectors.cluster``), as the collectors label the GPUs. A ServiceMonitor of your
-    own needs the same two relabelings, else those records stay empty."""
+    (``kubernetes.collectors.cluster``), as the collectors label the GPUs; no ``cluster`` where GPU
+    power comes from dcgm-exporter, whose series carry none (the join must match on both sides).
+    A ServiceMonitor of your own needs the same relabelings, else those records stay empty."""
     e = spec.kubernetes.engines
     assert e is not None
     name = C.K8S["engines"]
     ns_sel: dict[str, Any] = {"matchNames": list(e.namespaces)} if e.namespaces else {"any": True}
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": C.LABEL["host"], "action": "replace"}]
+    if gpu_power_backend(spec) != "dcgm":  # dcgm-exporter's series carry no cluster label to join with
+        relabel.append({"targetLabel": C.LABEL["cluster"], "replacement": spec.kubernetes.collectors.cluster,
+                        "action": "replace"})
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": object_meta(spec, name, "engines"),
         "spec": {
@@ -208,10 +213,7 @@ def render_engines_monitor(spec: Spec) -> dict[str, Any]:
             "namespaceSelector": ns_sel,
             "podMetricsEndpoints": [{
                 "port": e.port, "path": e.path, "interval": format_duration(spec.scrape_interval_s),
-                "relabelings": [
-                    {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": C.LABEL["host"], "action": "replace"},
-                    {"targetLabel": C.LABEL["cluster"], "replacement": spec.kubernetes.collectors.cluster, "action": "replace"},
-                ],
+                "relabelings": relabel,
             }],
         },
     }

@@ -49,15 +49,20 @@ def _rate_or(names: tuple[str, ...], spec: Spec, w: str, backend: str) -> str:
     return " or ".join(f"rate({selector(n, spec, backend=backend)}[{w}])" for n in names)
 
 
+def gpu_power_backend(spec: Spec) -> str:
+    """Where GPU power per host comes from: the GPU-memory signal's backend (without one: the
+    fusebox collectors where :attr:`Spec.fusebox_collectors` expects them, else dcgm-exporter)."""
+    gpu_memory = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
+    return gpu_memory.source.backend if gpu_memory else (FUSEBOX if spec.fusebox_collectors else DCGM)
+
+
 def _gpu_power(spec: Spec) -> str:
     """GPU power in watts, one series per GPU, from the backend of the GPU-memory signal (without
     one: the collectors where :attr:`Spec.fusebox_collectors` expects them): the fusebox GPU
     collector's ``hw_power_watts``, or dcgm-exporter's
     ``DCGM_FI_DEV_POWER_USAGE`` (W, in its default counters), with hw_id and host_name from its
     labels and one series per GPU whichever exporter pod sent it."""
-    gpu_memory = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
-    backend = gpu_memory.source.backend if gpu_memory else (FUSEBOX if spec.fusebox_collectors else DCGM)
-    if backend != DCGM:
+    if gpu_power_backend(spec) != DCGM:
         return selector(C.PROM["gpu_power"], spec, backend=FUSEBOX)
     return f"max without ({TARGET}) ({dcgm_labels(selector(C.DCGM['power'], spec, backend=DCGM))})"
 

@@ -272,3 +272,52 @@ def test_every_dashboard_query_reads_a_record_or_a_published_metric(tmp_path):
             read.setdefault(sel.name, name)
     assert "vllm:num_requests_running" in published
     assert {m: f for m, f in read.items() if m not in recorded | published} == {}
+
+
+@pytest.mark.tools
+def test_energy_per_token_joins_dcgm_power_and_vllm_tokens_with_the_engines_podmonitors_labels(tmp_path):
+    """With kubernetes.engines the vLLM series get host_name from their node (the PodMonitor's
+    relabeling; emulated here as the scrape's target label, the same result) and, dcgm-exporter's
+    series carrying no cluster, no cluster: energy per generated token joins dcgm's power on the
+    node: J per token x tokens per second = dcgm's 412.5 W."""
+    import re
+    import time
+
+    from _dashboards_support import prometheus, query, serve_text
+
+    data = yaml.safe_load(dcgm_vllm_spec())
+    data["kubernetes"]["engines"] = {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http"}
+    r = _generate(tmp_path, yaml.safe_dump(data, sort_keys=False))
+    assert r.returncode == 0, r.stderr
+    [pm] = [d for d in yaml.safe_load_all((tmp_path / "out/k8s/engines.yml").read_text()) if d]
+    relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert [x["targetLabel"] for x in relabel] == ["host_name"]  # no cluster: dcgm-exporter has none
+    capture = VLLM_CAPTURES[1].read_text()
+    start = time.time()
+
+    def exposition() -> bytes:  # a vLLM generating 100 tokens per second
+        tokens = 100.0 * (time.time() - start)
+        return re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) \S+$", lambda m: f"{m.group(1)} {tokens}",
+                      capture, flags=re.M).encode()
+
+    engine = serve_text(exposition)
+    dcgm = serve_text(DCGM_MIG.read_bytes())
+    try:
+        jobs = [{"job_name": "dcgm-exporter", "static_configs": [{"targets": [f"127.0.0.1:{dcgm.server_address[1]}"]}]},
+                {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{engine.server_address[1]}"],
+                                                         "labels": {"host_name": "gpu-node-1"}}]}]
+        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+               "rule_files": [str(tmp_path / "out/rules/fusebox.rules.yml")], "scrape_configs": jobs}
+        with prometheus(tmp_path, cfg) as base:
+            got = _wait(base, "host:fusebox_energy_per_generated_token:joules_rate5m", 1)
+            assert [s["metric"].get("host_name") for s in got] == ["gpu-node-1"]
+            # Until the 5m window has filled, rate() divides the tokens so far by 300 s (not 100/s
+            # yet); at one instant, J per token x tokens per second is the GPU's 412.5 W.
+            at = float(got[0]["value"][0])
+            [joules] = query(base, "host:fusebox_energy_per_generated_token:joules_rate5m", at)
+            [tokens] = query(base, "host:fusebox_generation_tokens:rate5m", at)
+            assert tokens["metric"].get("host_name") == "gpu-node-1" and float(tokens["value"][1]) > 0
+            assert float(joules["value"][1]) * float(tokens["value"][1]) == pytest.approx(412.5)
+    finally:
+        engine.shutdown()
+        dcgm.shutdown()
