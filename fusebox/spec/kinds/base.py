@@ -78,7 +78,7 @@ def engine_labels(expr: str, sig: Any) -> str:
     signal reading the ``vllm`` or ``sglang`` source and keeping ``engine`` (its level or one of its ``by`` labels),
     ``engine`` becomes ``NAMESPACE/POD`` wherever the series carries both (a scrape by a
     ServiceMonitor or PodMonitor); elsewhere it stays as the source wrote it. ``expr`` is an
-    instant vector; the helper label :data:`POD_ENGINE` is dropped by the ``by`` aggregation
+    instant vector; the temporary label :data:`POD_ENGINE` is dropped by the ``by`` aggregation
     (a gauge without ``by`` keeps it)."""
     if sig.source.backend not in (VLLM, SGLANG) or not (sig.level == "engine" or "engine" in sig.by):
         return expr
