@@ -12,11 +12,13 @@ No engine exposes KV bytes. This module derives them:
   not text tokens) and a KV-cache dtype override (``fp8`` -> 1 byte);
 * **vLLM**: usage fraction from ``vllm:kv_cache_usage_perc`` or, before 0.10,
   ``vllm:gpu_cache_usage_perc`` (a fraction 0-1 despite the name; docs/pitfalls.md P4: a dump may
-  carry both, read one, never add them), pool = ``num_gpu_blocks`` x ``block_size`` tokens
+  carry both, read one, never add them), pool = ``kv_cache_size_tokens`` (vLLM >= 0.33, the
+  group-aware capacity its docs prefer) or else ``num_gpu_blocks`` x ``block_size`` tokens
   from ``vllm:cache_config_info`` (``cache_dtype`` other than ``auto`` overrides the dtype);
 * **SGLang** (``sglang:`` or ``sglang_`` prefix): usage = ``token_usage`` x
   ``max_total_num_tokens`` tokens (when the capacity is missing it is taken as
-  ``num_used_tokens / token_usage`` and reported as derived);
+  ``num_used_tokens / token_usage`` and reported as derived); data-parallel ranks (``dp_rank``)
+  hold separate pools, so their capacities and tokens in use are summed (:func:`sum_dp_ranks`);
 * **TGI**: ``tgi_batch_current_max_tokens`` tokens in use; TGI exposes no capacity, so the
   limit needs ``max_total_tokens`` (its ``--max-batch-total-tokens``).
 
@@ -242,7 +244,8 @@ def engines_from_text(text: str) -> list[EngineKv]:
 
     def eng(kind: str, labels: dict) -> EngineKv:
         model = labels.get("model_name", "")
-        ekey = (kind, model, labels.get("engine", ""))
+        # SGLang's data-parallel ranks hold separate pools: one entry per rank, summed below
+        ekey = (kind, model, labels.get("engine", ""), labels.get("dp_rank", "") if kind == "sglang" else "")
         if ekey not in out:
             out[ekey] = EngineKv(kind, labels.get("engine", ""), model)
         return out[ekey]
@@ -269,7 +272,12 @@ def engines_from_text(text: str) -> list[EngineKv]:
     cfgs: dict[str, tuple[float, str | None]] = {}
     for s in samples.get(C.VLLM_CACHE_CONFIG, ()):
         try:
-            cap = float(s.labels["num_gpu_blocks"]) * float(s.labels["block_size"])
+            # vLLM >= 0.33: kv_cache_size_tokens, the capacity its docs prefer (group-aware: right
+            # for hybrid models, where num_gpu_blocks x block_size is not); else the blocks.
+            if _number(s.labels.get("kv_cache_size_tokens")):
+                cap = float(s.labels["kv_cache_size_tokens"])
+            else:
+                cap = float(s.labels["num_gpu_blocks"]) * float(s.labels["block_size"])
         except (KeyError, ValueError):
             continue  # "None" before the engine has profiled memory
         prev = cfgs.get(s.labels.get("engine", ""))
@@ -298,8 +306,41 @@ def engines_from_text(text: str) -> list[EngineKv]:
         e.used_tokens = fmax(e.used_tokens, s.value)
         e.source_metric = "tgi_batch_current_max_tokens"
 
+    ranks: dict[tuple, list[EngineKv]] = {}
+    for ekey in [k for k in out if k[3]]:
+        ranks.setdefault(ekey[:3], []).append(out.pop(ekey))
+    for ekey, rs in ranks.items():
+        out[ekey + ("",)] = sum_dp_ranks(rs)
     # drop engines that only had config info and no usage (e.g. a partial dump)
     return [e for e in out.values() if e.usage_fraction is not None or e.used_tokens is not None]
+
+
+def _number(text: str | None) -> bool:
+    """Whether a label value is a finite positive number ("None" before vLLM profiled memory)."""
+    try:
+        return text is not None and 0 < float(text) < math.inf
+    except ValueError:
+        return False
+
+
+def sum_dp_ranks(ranks: list[EngineKv]) -> EngineKv:
+    """One SGLang engine of several data-parallel ranks (label ``dp_rank``), each with its own KV
+    pool: capacity and tokens in use are the ranks' sums (never their max: a max would count one
+    rank's pool), the usage fraction their ratio. A rank's tokens in use are its ``token_usage``
+    x ``max_total_num_tokens`` (or ``num_used_tokens``). Where a rank lacks its capacity, no
+    capacity is summed (the collector then derives or reports it as for one rank)."""
+    first = ranks[0]
+    merged = EngineKv(first.kind, first.key, first.model, source_metric=first.source_metric)
+    used = [r.usage_fraction * r.capacity_tokens if r.usage_fraction is not None and r.capacity_tokens is not None
+            else r.used_tokens for r in ranks]
+    if all(u is not None for u in used):
+        merged.used_tokens = sum(u for u in used if u is not None)
+    caps = [r.capacity_tokens for r in ranks]
+    if all(c is not None for c in caps):
+        merged.capacity_tokens = sum(c for c in caps if c is not None)
+        if merged.used_tokens is not None and merged.capacity_tokens:
+            merged.usage_fraction = merged.used_tokens / merged.capacity_tokens
+    return merged
 
 
 # ------------------------------------------------------------------------- the collector

@@ -149,6 +149,7 @@ DCGM = {
     "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
     "pcie_tx": "DCGM_FI_PROF_PCIE_TX_BYTES",
     "pcie_rx": "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "power": "DCGM_FI_DEV_POWER_USAGE",  # W, gauge (default counters)
 }
 MIB = 1_048_576
 
@@ -270,6 +271,7 @@ K8S: dict[str, Any] = {  # str names, and the port (int)
     "token_secret": "fusebox-fuse-token",  # Secret holding the webhook bearer token (created by the user)
     "token_key": "token",
     "collectors": "fusebox-collectors",  # DaemonSet and PodMonitor of the collectors
+    "engines": "fusebox-engines",  # PodMonitor of the engine pods (kubernetes.engines)
     "spec_configmap": "fusebox-spec",  # ConfigMap holding the spec the fuse service reads (key fusebox.yaml)
     "fuse_state": "fusebox-fuse-state",  # PersistentVolumeClaim of the fuse service's state directory
 }

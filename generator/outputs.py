@@ -11,6 +11,7 @@ from fusebox import conventions as C
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_otelcol
 from .engines import MAX_GROUPS_PER_TENANT
+from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import render_rules
@@ -155,6 +156,9 @@ def spec_warnings(spec: Spec) -> list[str]:
     * ``kubernetes.collectors.enabled: false`` while a signal with an enabled tier still reads a
       GPU metric of the ``fusebox`` backend (the collectors' own): nothing exports it, so that
       signal cannot fire and its ``FuseboxSignalAbsent`` fires for good.
+    * a rule reads a metric that nothing ``k8s/`` deploys produces and no exporter the spec names
+      publishes (:func:`.producers.unproduced`; e.g. KV bytes or the alignment histogram while
+      ``kubernetes.collectors.run`` lacks their collector), naming the signal or the rule;
     * ``global.runbook_base_url`` still holds the starter spec's ``your-org`` placeholder: every
       alert's runbook link leads nowhere.
     * a signal aggregated ``by`` namespace that requests a fuse: the operator's default matcher
@@ -167,6 +171,7 @@ def spec_warnings(spec: Spec) -> list[str]:
     from fusebox.spec.kinds.base import FUSEBOX
 
     out = []
+    reading = []
     if not spec.kubernetes.collectors.enabled:
         reading = [s for s in spec.signals if s.tiers and s.level == "gpu" and s.source.backend == FUSEBOX]
         for s in reading:
@@ -174,6 +179,16 @@ def spec_warnings(spec: Spec) -> list[str]:
                        "but kubernetes.collectors.enabled is false: it cannot fire and its "
                        f"{C.ABSENT_ALERT} will fire for good -- give it another source (global.source / its "
                        f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
+    warned = {(f"signal {s.name!r}", s.source.metric) for s in reading}
+    missing: dict[str, tuple[list[str], str]] = {}
+    for reader, metric, how in unproduced(spec, render_rules(spec).groups):
+        if (reader, metric) not in warned:
+            missing.setdefault(reader, ([], how))[0].append(metric)
+    for reader, (metrics, how) in missing.items():
+        out.append(f"{reader} reads {', '.join(metrics)}, which nothing k8s/ deploys produces and no exporter the "
+                   f"spec names publishes: the rules reading {'it' if len(metrics) == 1 else 'them'} stay empty "
+                   f"(an absent alert on {'it' if len(metrics) == 1 else 'them'} fires for good) -- "
+                   + (how or "publish it, or read another source"))
     for s in spec.signals:
         if "namespace" in (s.by or ()) and any(t.fuse for t in s.tiers):
             out.append(f"signal {s.name!r} is aggregated by namespace and requests a fuse: the Prometheus Operator "

@@ -122,6 +122,10 @@ def _overview(spec) -> DashboardDef:
 dashboard_uid = C.dashboard_uid  # re-exported: the UID rule lives with the other names
 
 
+# A gauge every engine pod publishes (docs/metrics.md sections 1-2): the pods the variables list.
+ENGINE_POD_SERIES = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
+
+
 def _templates(spec) -> list:
     from grafanalib.core import Template
 
@@ -134,12 +138,25 @@ def _templates(spec) -> list:
             best[vs[0]] = (vs[1], records(s)["value"])
     gpu_rec = best["gpu"][1] if "gpu" in best else C.PROM["gpu_memory_limit"]
     eng_rec = best["engine"][1] if "engine" in best else C.PROM["kv_cache_usage"]
-    src = {"cluster": gpu_rec, "instance": gpu_rec, "gpu": gpu_rec, "engine": eng_rec, "model": eng_rec}
+    # Namespaces and pods: of a signal kept per pod (by namespace, pod), else of the engines' own
+    # series (what the user's ServiceMonitor scrapes carries both).
+    pod_rec = next((records(s)["value"] for s in spec.signals if {"namespace", "pod"} <= set(s.by)), None)
+    if pod_rec is None:
+        names = [ENGINE_POD_SERIES[e] for e in spec.engines]
+        pod_rec = names[0] if len(names) == 1 else f'__name__=~"{"|".join(names)}"'  # a matcher: see below
+    if "engine" not in best and not spec.fusebox_collectors:  # no engine record, no KV collector: the engines' series
+        eng_rec = pod_rec
+    src = {"cluster": gpu_rec, "namespace": pod_rec, "pod": pod_rec, "instance": gpu_rec, "gpu": gpu_rec,
+           "engine": eng_rec, "model": eng_rec}
+    parents_of = {"cluster": (), "namespace": ("cluster",), "pod": ("cluster", "namespace"), "instance": ("cluster",)}
     out = [Template(name="datasource", label="Data source", query="prometheus", type="datasource")]
     for var, (label, human) in VARIABLES.items():
-        # Each variable's values are narrowed by the ones above it (cluster, then host).
-        parents = [f'{VARIABLES[p][0]}=~"${p}"' for p in {"cluster": (), "instance": ("cluster",)}.get(var, ("cluster", "instance"))]
-        selector = f"{src[var]}{{{', '.join(parents)}}}" if parents else src[var]
+        # Each variable's values are narrowed by the ones above it (cluster, then namespace or host).
+        parents = [f'{VARIABLES[p][0]}=~"${p}"' for p in parents_of.get(var, ("cluster", "instance"))]
+        metric = src[var]
+        if metric.startswith("__name__"):  # several metric names: a name matcher beside the parents
+            metric, parents = "", [metric, *parents]
+        selector = f"{metric}{{{', '.join(parents)}}}" if parents else metric
         out.append(Template(name=var, label=human, query=f"label_values({selector}, {label})",
                             dataSource=dict(DATASOURCE), includeAll=True, multi=True, allValue=".*", default="$__all",
                             refresh=2))

@@ -25,7 +25,7 @@ from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.units import format_duration
 
-from .render_rules import Rules
+from .render_rules import Rules, gpu_power_backend
 from .yamlout import dump_yaml
 
 __all__ = ["render_prometheusrule", "render_collectors", "render_fuse", "render_kustomization", "workload_outputs", "kustomization_output",
@@ -33,6 +33,7 @@ __all__ = ["render_prometheusrule", "render_collectors", "render_fuse", "render_
 
 COLLECTORS_FILE = "k8s/collectors.yml"
 FUSE_FILE = "k8s/fuse.yml"
+ENGINES_FILE = "k8s/engines.yml"
 KUSTOMIZATION_FILE = "k8s/kustomization.yaml"
 SPEC_MOUNT = "/etc/fusebox"  # the spec ConfigMap, as fusebox.yaml
 TOKEN_MOUNT = "/var/run/secrets/fusebox"  # the token Secret, as its key (token)
@@ -189,6 +190,35 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
     return [daemonset, podmonitor]
 
 
+def render_engines_monitor(spec: Spec) -> dict[str, Any]:
+    """The engines' PodMonitor (``kubernetes.engines``): scrapes the engine pods' ``/metrics`` and
+    adds what the records joining engine series with GPU series group by (``by (cluster,
+    host_name)``: energy per generated token, prefix-cache hit rate): ``host_name`` from the
+    node the pod runs on (``__meta_kubernetes_pod_node_name``) and ``cluster``
+    (``kubernetes.collectors.cluster``), as the collectors label the GPUs; no ``cluster`` where GPU
+    power comes from dcgm-exporter, whose series carry none (the join must match on both sides).
+    A ServiceMonitor of your own needs the same relabelings, else those records stay empty."""
+    e = spec.kubernetes.engines
+    assert e is not None
+    name = C.K8S["engines"]
+    ns_sel: dict[str, Any] = {"matchNames": list(e.namespaces)} if e.namespaces else {"any": True}
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": C.LABEL["host"], "action": "replace"}]
+    if gpu_power_backend(spec) != "dcgm":  # dcgm-exporter's series carry no cluster label to join with
+        relabel.append({"targetLabel": C.LABEL["cluster"], "replacement": spec.kubernetes.collectors.cluster,
+                        "action": "replace"})
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": object_meta(spec, name, "engines"),
+        "spec": {
+            "selector": {"matchLabels": dict(e.selector)},
+            "namespaceSelector": ns_sel,
+            "podMetricsEndpoints": [{
+                "port": e.port, "path": e.path, "interval": format_duration(spec.scrape_interval_s),
+                "relabelings": relabel,
+            }],
+        },
+    }
+
+
 def render_fuse(spec: Spec) -> list[dict[str, Any]]:
     """The fuse service: spec ConfigMap, state PVC (SQLite), Deployment, Service, PodDisruptionBudget,
     ServiceMonitor.
@@ -294,13 +324,16 @@ def _documents(header: str, docs: list[dict[str, Any]]) -> str:
 
 
 def workload_outputs(spec: Spec, header: str) -> dict[str, str]:
-    """``{path: text}`` of the workloads' files the spec enables (``k8s/collectors.yml``, ``k8s/fuse.yml``)."""
+    """``{path: text}`` of the workloads' files the spec enables (``k8s/collectors.yml``, ``k8s/fuse.yml``,
+    ``k8s/engines.yml``)."""
     h = f"# {header}\n"
     out = {}
     if spec.kubernetes.collectors.enabled:
         out[COLLECTORS_FILE] = _documents(h, render_collectors(spec))
     if spec.kubernetes.fuse.enabled:
         out[FUSE_FILE] = _documents(h, render_fuse(spec))
+    if spec.kubernetes.engines is not None:
+        out[ENGINES_FILE] = _documents(h, [render_engines_monitor(spec)])
     return out
 
 

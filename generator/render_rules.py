@@ -13,7 +13,7 @@ from typing import Any
 from fusebox import conventions as C
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, records, reports_lost_gpus
-from fusebox.spec.kinds.base import FUSEBOX, SGLANG, TARGET, VLLM, le_regex, selector
+from fusebox.spec.kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_labels, le_regex, selector
 from fusebox.spec.units import format_duration, format_number, humanize
 
 from .engines import shape_groups
@@ -49,6 +49,24 @@ def _rate_or(names: tuple[str, ...], spec: Spec, w: str, backend: str) -> str:
     return " or ".join(f"rate({selector(n, spec, backend=backend)}[{w}])" for n in names)
 
 
+def gpu_power_backend(spec: Spec) -> str:
+    """Where GPU power per host comes from: the GPU-memory signal's backend (without one: the
+    fusebox collectors where :attr:`Spec.fusebox_collectors` expects them, else dcgm-exporter)."""
+    gpu_memory = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
+    return gpu_memory.source.backend if gpu_memory else (FUSEBOX if spec.fusebox_collectors else DCGM)
+
+
+def _gpu_power(spec: Spec) -> str:
+    """GPU power in watts, one series per GPU, from the backend of the GPU-memory signal (without
+    one: the collectors where :attr:`Spec.fusebox_collectors` expects them): the fusebox GPU
+    collector's ``hw_power_watts``, or dcgm-exporter's
+    ``DCGM_FI_DEV_POWER_USAGE`` (W, in its default counters), with hw_id and host_name from its
+    labels and one series per GPU whichever exporter pod sent it."""
+    if gpu_power_backend(spec) != DCGM:
+        return selector(C.PROM["gpu_power"], spec, backend=FUSEBOX)
+    return f"max without ({TARGET}) ({dcgm_labels(selector(C.DCGM['power'], spec, backend=DCGM))})"
+
+
 def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
     """The ``fusebox-dashboard`` group: what the drill-down panels read beyond the signals' records.
 
@@ -66,24 +84,28 @@ def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
         sigs = [s for s in spec.signals if s.kind == kind.name]
         if sigs:
             out += kind.dashboard_records(sigs, spec)
-    sglang_tokens = _rate_or(C.sglang_names(C.SGLANG_GENERATION_TOKENS), spec, w, SGLANG)
+    engines = spec.engines
+    token_parts = []
+    if VLLM in engines:
+        token_parts.append(f'label_replace(rate({selector(C.VLLM_GENERATION_TOKENS, spec, backend=VLLM)}[{w}]), "engine_kind", "vllm", "", "")')
+    if SGLANG in engines:
+        sglang_tokens = _rate_or(C.sglang_names(C.SGLANG_GENERATION_TOKENS), spec, w, SGLANG)
+        token_parts.append(f'label_replace({sglang_tokens}, "engine_kind", "sglang", "", "")')
     out += [
-        {"record": names["host_power"], "expr": f"sum by ({host_by}) ({selector(C.PROM['gpu_power'], spec, backend=FUSEBOX)})"},
+        {"record": names["host_power"], "expr": f"sum by ({host_by}) ({_gpu_power(spec)})"},
         # The engine-kind label keeps a vLLM and an SGLang engine with equal labels apart (`or`
         # would drop the second); within a kind, `or` picks one spelling per engine.
-        {"record": names["host_tokens"], "expr": (
-            f"sum by ({host_by}) (\n"
-            f'  label_replace(rate({selector(C.VLLM_GENERATION_TOKENS, spec, backend=VLLM)}[{w}]), "engine_kind", "vllm", "", "")\n'
-            f'  or label_replace({sglang_tokens}, "engine_kind", "sglang", "", "")\n'
-            f")")},
+        {"record": names["host_tokens"], "expr": "sum by ({}) (\n  {}\n)".format(host_by, "\n  or ".join(token_parts))},
         # W / (tokens/s) = J/token; a host that generated nothing has no sample rather than +Inf.
         {"record": names["energy_per_token"], "expr": f"{names['host_power']} / ({names['host_tokens']} > 0)"},
-        {"record": names["prefix_hit_vllm"], "expr": (
-            f"sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_HITS, C.VLLM_PREFIX_CACHE_HITS_OLD), spec, w, VLLM)})\n"
-            f"  / (sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_QUERIES, C.VLLM_PREFIX_CACHE_QUERIES_OLD), spec, w, VLLM)}) > 0)")},
-        {"record": names["prefix_hit_sglang"], "expr": (
-            f"avg by ({model_by}) ({ ' or '.join(selector(n, spec, backend=SGLANG) for n in C.sglang_names(C.SGLANG_CACHE_HIT_RATE))})")},
     ]
+    if VLLM in engines:
+        out.append({"record": names["prefix_hit_vllm"], "expr": (
+            f"sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_HITS, C.VLLM_PREFIX_CACHE_HITS_OLD), spec, w, VLLM)})\n"
+            f"  / (sum by ({model_by}) ({_rate_or((C.VLLM_PREFIX_CACHE_QUERIES, C.VLLM_PREFIX_CACHE_QUERIES_OLD), spec, w, VLLM)}) > 0)")})
+    if SGLANG in engines:
+        out.append({"record": names["prefix_hit_sglang"], "expr": (
+            f"avg by ({model_by}) ({ ' or '.join(selector(n, spec, backend=SGLANG) for n in C.sglang_names(C.SGLANG_CACHE_HIT_RATE))})")})
     return out
 
 

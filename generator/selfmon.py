@@ -156,7 +156,7 @@ def self_alerts(spec: Spec) -> list[SelfAlert]:
                   f"NVML calls for GPU {{{{ $labels.hw_id }}}} on {{{{ $labels.host_name }}}} failed "
                   f"({{{{ $labels.reason }}}}) within the last {w}: its memory series are missing or stale.",
                   "the GPU collector's NVML calls fail for a GPU"),
-    ]
+    ][:None if spec.fusebox_collectors else -2]  # the collectors' alerts only where they run
 
 
 # FuseboxFuseHeartbeatMissing's three rules, told apart by this label (promtool refuses two rules
@@ -389,6 +389,7 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
               (C.PROM_SELF["scrape_errors"], scrape, A["collector_scrape"]),
               (C.PROM_SELF["scrape_refused"], refused, A["collector_scrape"]),
               (C.PROM_SELF["gpu_errors"], gpu, A["collector_gpu"])]
+    rising = [r for r in rising if r[2] in alerts]  # the collectors' alerts only where they run
     series = [{"series": metric + label_str(labels), "values": _step(n, jump)} for metric, labels, _ in rising]
     series.append({"series": C.AM_NOTIFICATIONS_FAILED + label_str(am_other), "values": _step(n, jump)})
     names = sorted({name for _, _, name in rising})

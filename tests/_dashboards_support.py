@@ -138,9 +138,10 @@ def collector_setup(tmp: Path, options=None, **extra_env: str) -> tuple[Path, Pa
     return binary, cfg, ports, env, tmp / "otelcol.log"
 
 
-def serve_text(body: bytes):
-    """A loopback HTTP server answering every GET with ``body`` as Prometheus text; call
-    ``.shutdown()`` when done. Its port is ``server.server_address[1]``."""
+def serve_text(body):
+    """A loopback HTTP server answering every GET with ``body`` (bytes, or a callable returning
+    them at each request) as Prometheus text; call ``.shutdown()`` when done. Its port is
+    ``server.server_address[1]``."""
     import http.server
     import threading
 
@@ -149,7 +150,7 @@ def serve_text(body: bytes):
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(body() if callable(body) else body)
 
         def log_message(self, *args):
             pass

@@ -370,3 +370,40 @@ def test_no_gpu_is_said_once_and_counted_every_round(capsys):
 def test_complete_output_counts_nothing(capsys):
     rc, out, err = _kv_once(capsys, "--endpoint", str(VLLM_NEW), "--gpu", "GPU-1")
     assert rc == 0 and INCOMPLETE not in out and err == ""
+
+
+def test_sglang_data_parallel_ranks_are_summed_not_maxed():
+    """SGLang under data parallelism (label dp_rank, docs/metrics.md section 2) keeps one KV pool per
+    rank; the tensor-parallel ranks of one dp rank repeat its figures. The capture's shape (model_name,
+    tp_rank) with two dp ranks of two tp ranks each: rank 0 at 0.25 of 430839 tokens, rank 1 at 0.5
+    of 430839 -> 0.75 x 430839 tokens in use of a 2 x 430839 pool (a max would say 0.5 of 430839)."""
+    text = (FIX / "datadog_sglang_metrics_fixture_v0.5.10.post1.txt").read_text()
+    lines = []
+    for ln in text.splitlines():
+        if ln.startswith(("sglang:token_usage{", "sglang:max_total_num_tokens{")):
+            for dp, usage in (("0", "0.25"), ("1", "0.5")):
+                for tp in ("0", "1"):
+                    row = ln.replace('tp_rank="0"', f'tp_rank="{tp}",dp_rank="{dp}"')
+                    if ln.startswith("sglang:token_usage{"):
+                        row = row.rsplit(" ", 1)[0] + " " + usage
+                    lines.append(row)
+        else:
+            lines.append(ln)
+    r = {x.key: x.value for x in from_texts(["\n".join(lines) + "\n"]).collect()}
+    assert r["kv_cache_usage"] == pytest.approx((0.25 + 0.5) * 430839 * OPT_BPT)
+    assert r["kv_cache_limit"] == 2 * 430839 * OPT_BPT
+
+
+def test_vllm_capacity_from_kv_cache_size_tokens_when_exported():
+    """vLLM >= 0.33 adds kv_cache_size_tokens to cache_config_info, the group-aware capacity its
+    docs prefer over num_gpu_blocks x block_size (wrong for hybrid models). The V1 capture's
+    cache_config_info (num_gpu_blocks 2452, block_size 16) with that label added."""
+    text = VLLM_V1.read_text()
+    assert 'num_gpu_blocks="2452"' in text
+    with_size = text.replace("vllm:cache_config_info{", 'vllm:cache_config_info{kv_cache_size_tokens="30000",')
+    r = {x.key: x.value for x in from_texts([with_size]).collect()}
+    assert r["kv_cache_limit"] == 30000 * OPT_BPT
+    # "None" (not profiled yet) or absent: the blocks, as before
+    for t in (text, text.replace("vllm:cache_config_info{", 'vllm:cache_config_info{kv_cache_size_tokens="None",')):
+        r = {x.key: x.value for x in from_texts([t]).collect()}
+        assert r["kv_cache_limit"] == 2452 * 16 * OPT_BPT

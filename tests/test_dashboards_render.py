@@ -194,6 +194,8 @@ def test_template_variables_cover_datasource_cluster_instance_gpu_model(boards):
     names = [v["name"] for v in boards["overview"]["templating"]["list"]]
     assert names[0] == "datasource"
     assert {"cluster", "instance", "gpu", "model", "engine"} <= set(names)
+    # the Kubernetes mixins' convention: cluster, namespace, pod (issue 21), in that order
+    assert names[1:4] == ["cluster", "namespace", "pod"]
     ds = boards["overview"]["templating"]["list"][0]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
 

@@ -292,8 +292,13 @@ def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_
     assert r.returncode == 0, r.stderr
     warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
     # PCIe has no dcgm source in the shipped spec: the only GPU signal still on the collectors
-    assert len(warnings) == 1 and "signal 'pcie_link_utilization' reads fusebox_gpu_pcie_utilization_ratio" in warnings[0]
-    assert "kubernetes.collectors.enabled is false" in warnings[0] and "enabled: false" in warnings[0]
+    [pcie] = [w for w in warnings if "fusebox_gpu_pcie_utilization_ratio" in w]
+    assert "signal 'pcie_link_utilization' reads fusebox_gpu_pcie_utilization_ratio" in pcie
+    assert "kubernetes.collectors.enabled is false" in pcie and "enabled: false" in pcie
+    # the engine-level signals on the collectors are named too (issue 21): KV bytes, alignment histogram
+    assert {w.split("warning: ")[1].split(" reads")[0] for w in warnings if w is not pcie} == {
+        "signal 'gpu_memory_utilization'", "signal 'kv_cache_growth_rate'", "signal 'kv_cache_growth_oom'",
+        "signal 'alignment_latency_p95'"}
     absent = {a["labels"]["metric"] for a in _alerts(tmp_path / "out")[C.ABSENT_ALERT]}
     assert "fusebox_gpu_pcie_utilization_ratio" in absent
 
@@ -302,7 +307,7 @@ def test_a_signal_with_every_tier_disabled_has_no_alert_and_no_absent_alert(tmp_
     text = DCGM_NO_COLLECTORS.replace("overrides: []", "overrides:\n  - alert: GPUPCIeLinkSaturated\n    enabled: false\n")
     r = _generate(tmp_path, text)
     assert r.returncode == 0, r.stderr
-    assert "warning:" not in r.stderr, r.stderr
+    assert "pcie" not in r.stderr, r.stderr
     alerts = _alerts(tmp_path / "out")
     assert "GPUPCIeLinkSaturated" not in alerts
     absent = {a["labels"]["metric"] for a in alerts[C.ABSENT_ALERT]}
@@ -321,4 +326,4 @@ def test_generate_warns_about_the_placeholder_runbook_url(tmp_path):
             "'https://github.com/your-org/monitoring/blob/main/runbooks'") in r.stderr
     r = _generate(tmp_path, DCGM_NO_COLLECTORS.replace("  source: dcgm\n", "  source: fusebox\n", 1)
                   .replace("  collectors:\n    enabled: false\n", "  collectors:\n    enabled: true\n", 1))
-    assert r.returncode == 0 and "warning:" not in r.stderr, r.stderr
+    assert r.returncode == 0 and "runbook_base_url" not in r.stderr, r.stderr

@@ -434,3 +434,35 @@ def test_the_documented_webhook_token_has_no_newline_at_its_end(doc):
     for cmd in cmds:
         out = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True, timeout=30, check=True).stdout
         assert out == out.strip() and len(out) >= 32, (doc, cmd, out)
+
+
+def test_the_engines_podmonitor_adds_host_name_and_cluster_and_validates(tmp_path):
+    """kubernetes.engines (issue 21): a PodMonitor for the engine pods that gives their series the
+    labels the energy-per-token and prefix-cache records group by (cluster, host_name): host_name
+    from the pod's node, cluster as the collectors write it. Valid against the operator's CRD."""
+    block = {**KUBE, "collectors": {"cluster": "prod-a"},
+             "engines": {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http", "namespaces": ["inference"]}}
+    write_outputs(render_all(parse_spec(_with_kubernetes(block), "fusebox.yaml")), tmp_path)
+    _check_all(tmp_path)
+    [(name, doc)] = [(n, d) for n, d in _manifests(tmp_path) if n.startswith("engines.yml")]
+    assert doc["kind"] == "PodMonitor"
+    assert doc["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "vllm"}}
+    assert doc["spec"]["namespaceSelector"] == {"matchNames": ["inference"]}
+    [ep] = doc["spec"]["podMetricsEndpoints"]
+    assert (ep["port"], ep["path"]) == ("http", "/metrics")
+    relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
+    assert relabel["host_name"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    assert relabel["cluster"]["replacement"] == "prod-a"
+    assert "engines.yml" in yaml.safe_load((tmp_path / "k8s/kustomization.yaml").read_text().split("\n", 1)[1])["resources"]
+
+
+def test_an_engines_block_without_a_selector_is_refused_at_its_line():
+    block = {**KUBE, "engines": {"selector": {}, "port": "http"}}
+    text = _with_kubernetes(block)
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "fusebox.yaml")
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.strip() == "engines:")
+    line = next(i for i, ln in enumerate(lines[start:], start + 1) if "selector: {}" in ln)
+    [p] = e.value.problems
+    assert p.line == line and "every pod" in p.what

@@ -215,7 +215,9 @@ def test_the_example_passes_promtool(example_out, which):
 
 
 def test_the_example_is_drawn_on_the_dashboards(example_out):
-    for name, expr in (("overview", "topk(5, pod:fusebox_queue_depth:count)"), ("secondary", "pod:fusebox_queue_depth:count")):
+    # filtered by the namespace and pod variables (the mixins' convention; issue 21), the labels it keeps
+    sel = 'pod:fusebox_queue_depth:count{namespace=~"$namespace", pod=~"$pod"}'
+    for name, expr in (("overview", f"topk(5, {sel})"), ("secondary", sel)):
         d = json.loads((example_out / f"dashboards/fusebox-{name}.json").read_text())
         panel = next(p for p in d["panels"] if p["title"] == "VLLMQueueDepthHigh: queue depth")
         assert panel["fieldConfig"]["defaults"]["unit"] == "short"
@@ -230,8 +232,14 @@ def test_a_pod_level_signal_with_cluster_in_by_is_filtered_by_cluster():
     spec = _spec(_edit(by=["cluster", "namespace", "pod", "model_name"]))
     d = json.loads(render_all(spec)["dashboards/fusebox-overview.json"])
     panel = next(p for p in d["panels"] if p["title"] == "VLLMQueueDepthHigh: queue depth")
-    assert panel["targets"][0]["expr"] == 'topk(5, pod:fusebox_queue_depth:count{cluster=~"$cluster"})'
+    assert panel["targets"][0]["expr"] == ('topk(5, pod:fusebox_queue_depth:count{cluster=~"$cluster", '
+                                           'namespace=~"$namespace", pod=~"$pod"})')
     assert panel["targets"][0]["legendFormat"] == "{{namespace}} {{pod}} {{model_name}}"
+    # the namespace and pod variables list the values of that signal's record, narrowed by cluster
+    tpl = {v["name"]: v["query"] for v in d["templating"]["list"]}
+    assert tpl["namespace"] == 'label_values(pod:fusebox_queue_depth:count{cluster=~"$cluster"}, namespace)'
+    assert tpl["pod"] == ('label_values(pod:fusebox_queue_depth:count{cluster=~"$cluster", '
+                                   'namespace=~"$namespace"}, pod)')
 
 
 # -------------------------------------------------------------- selectors per source backend

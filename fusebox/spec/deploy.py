@@ -110,6 +110,14 @@ class RawFuseWorkload(_Strict):
     prometheus_url: Optional[StrictStr] = None
 
 
+class RawEngines(_Strict):
+    # The engine pods' labels (matchLabels of the generated PodMonitor), e.g. {app.kubernetes.io/name: vllm}.
+    selector: dict[StrictStr, StrictStr]
+    port: StrictStr = "http"  # the name of the engine container's port serving /metrics
+    path: StrictStr = "/metrics"
+    namespaces: list[StrictStr] = []  # where the engine pods run; empty: every namespace
+
+
 class RawKubernetes(_Strict):
     # Namespace and labels of every generated Kubernetes object (PrometheusRule, ConfigMaps,
     # AlertmanagerConfig, workloads), e.g. labels: {release: kube-prometheus-stack} for the
@@ -120,6 +128,9 @@ class RawKubernetes(_Strict):
     image: RawImage = RawImage()
     collectors: RawCollectors = RawCollectors()
     fuse: RawFuseWorkload = RawFuseWorkload()
+    # A PodMonitor for the engines (k8s/engines.yml) that adds host_name (the node) and cluster
+    # to their series; None: your own ServiceMonitor or PodMonitor scrapes them.
+    engines: Optional[RawEngines] = None
 
 
 class RawGrafana(_Strict):
@@ -180,6 +191,17 @@ class FuseWorkload:
 
 
 @dataclass(frozen=True)
+class Engines:
+    """``kubernetes.engines``: the engine pods the generated PodMonitor scrapes (labels, port name,
+    path, namespaces; none: every namespace)."""
+
+    selector: dict[str, str]
+    port: str = "http"
+    path: str = "/metrics"
+    namespaces: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Kubernetes:
     """The ``kubernetes:`` block: namespace and labels of every generated manifest, and the rest."""
 
@@ -192,6 +214,7 @@ class Kubernetes:
     pull_policy: str = "IfNotPresent"
     collectors: Collectors = field(default_factory=Collectors)
     fuse: FuseWorkload = field(default_factory=FuseWorkload)
+    engines: Optional[Engines] = None
 
 
 @dataclass(frozen=True)
@@ -269,7 +292,23 @@ def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err) -> Kubernet
         image=f"{img.repository}:{img.tag}", pull_policy=img.pull_policy,
         collectors=_collectors(k.collectors, spec_name, p + ("collectors",), err),
         fuse=_fuse(k.fuse, p + ("fuse",), err),
+        engines=_engines(k.engines, p + ("engines",), err) if k.engines is not None else None,
     )
+
+
+def _engines(e: RawEngines, p: tuple, err: Err) -> Engines:
+    if not e.selector:
+        err(p + ("selector",), "the engines' selector is empty: the PodMonitor would scrape every pod",
+            "give the engine pods' labels, e.g. {app.kubernetes.io/name: vllm}")
+    _check_labels(e.selector, p + ("selector",), err)
+    if not K8S_LABEL_NAME.match(e.port) or len(e.port) > 15:
+        err(p + ("port",), f"{e.port!r} is not a container port name", "name the engine container's port, e.g. http")
+    if not e.path.startswith("/"):
+        err(p + ("path",), f"{e.path!r} is not a path", "e.g. /metrics")
+    for i, ns in enumerate(e.namespaces):
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", ns):
+            err(p + ("namespaces", i), f"{ns!r} is not a namespace name", "e.g. inference")
+    return Engines(selector=dict(e.selector), port=e.port, path=e.path, namespaces=tuple(e.namespaces))
 
 
 def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err) -> Collectors:

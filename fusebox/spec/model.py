@@ -22,7 +22,7 @@ from pydantic_core import ErrorDetails
 
 from fusebox import conventions as C
 
-from . import units
+from . import sourceunits, units
 from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
 from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana,
@@ -305,6 +305,9 @@ class FuseAction:
     description: str
 
 
+ENGINES = ("vllm", "sglang")  # the serving engines' source backends (Spec.engines)
+
+
 @dataclass(frozen=True)
 class Spec:
     """The normalised spec every renderer consumes."""
@@ -346,6 +349,21 @@ class Spec:
         when the spec lists it, else ``global.selector``."""
         return self.selectors.get(backend, self.selector)
     self_monitoring: SelfMonitoring = field(default_factory=SelfMonitoring)
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The serving engines (``vllm``, ``sglang``) the spec names, in that order: a backend of
+        ``global.selectors`` or a signal's selected source. None named: both (the dashboard
+        records then read either engine's metrics, whichever the cluster has)."""
+        named = set(self.selectors) | {s.source.backend for s in self.signals}
+        return tuple(e for e in ENGINES if e in named) or ENGINES
+
+    @property
+    def fusebox_collectors(self) -> bool:
+        """Whether the fusebox collectors' series are expected: ``k8s/`` runs them
+        (``kubernetes.collectors.enabled``), or a signal's selected source reads the ``fusebox``
+        backend (the collectors then run elsewhere, e.g. docker-compose or ``fusebox collect``)."""
+        return self.kubernetes.collectors.enabled or any(s.source.backend == "fusebox" for s in self.signals)
 
     def signal(self, name: str) -> Signal:
         for s in self.signals:
@@ -624,6 +642,10 @@ class _Normaliser:
             if src.metric is not None and not re.match(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", src.metric):
                 self.err(spath + ("metric",), f"{src.metric!r} is not a valid Prometheus metric name",
                          "metric names match [a-zA-Z_:][a-zA-Z0-9_:]*")
+            elif src.metric is not None:  # a unit the kind cannot turn into the signal's: never fires (or always)
+                bad = sourceunits.check(s.kind, src.metric, s.unit, src.scale)
+                if bad:
+                    self.err(spath + ("metric",), *bad)
             if src.scale == 0:  # the rules divide by it
                 self.err(spath + ("scale",), "scale must not be 0", "leave it out for 1, or give the factor to base units")
             sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note)

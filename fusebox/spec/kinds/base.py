@@ -53,10 +53,37 @@ def by(labels: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
 
 
 def dcgm_labels(expr: str) -> str:
-    """dcgm-exporter's UUID and Hostname (hostname since #655) as fusebox's hw_id and host_name."""
+    """dcgm-exporter's UUID and Hostname (hostname since #655) as fusebox's hw_id and host_name.
+
+    On a MIG instance dcgm-exporter writes the parent GPU's ``UUID`` and the instance in
+    ``GPU_I_ID``: hw_id is then ``UUID/GPU_I_ID`` (``GPU-.../1``), so instances of one GPU stay
+    apart (one series, alert and fuse scope each), and ``hw_gpu_mig`` is ``"true"``. A whole GPU
+    (no ``GPU_I_ID``) keeps its ``UUID`` as hw_id."""
     expr = f'label_replace({expr}, "hw_id", "$1", "UUID", "(.+)")'
+    expr = f'label_join({expr}, "hw_id", "/", "hw_id", "GPU_I_ID")'
+    expr = f'label_replace({expr}, "hw_id", "$1", "hw_id", "(.*)/")'  # a whole GPU: no trailing "/"
+    expr = f'label_replace({expr}, "{C.LABEL["mig"]}", "true", "GPU_I_ID", ".+")'
     expr = f'label_replace({expr}, "host_name", "$1", "Hostname", "(.+)")'
     return f'label_replace({expr}, "host_name", "$1", "hostname", "(.+)")'
+
+
+POD_ENGINE = "fusebox_pod"  # namespace/pod of an engine's series, while the engine label is rebuilt
+
+
+def engine_labels(expr: str, sig: Any) -> str:
+    """An engine's identity from its pod where the engine's own label is an index.
+
+    vLLM's ``engine`` label (from about 0.10, docs/metrics.md section 1) is the engine's index in
+    its process (``"0"``), so every pod's engine 0 would be one series and one fuse scope. For a
+    signal reading the ``vllm`` or ``sglang`` source and keeping ``engine`` (its level or one of its ``by`` labels),
+    ``engine`` becomes ``NAMESPACE/POD`` wherever the series carries both (a scrape by a
+    ServiceMonitor or PodMonitor); elsewhere it stays as the source wrote it. ``expr`` is an
+    instant vector; the temporary label :data:`POD_ENGINE` is dropped by the ``by`` aggregation
+    (a gauge without ``by`` keeps it)."""
+    if sig.source.backend not in (VLLM, SGLANG) or not (sig.level == "engine" or "engine" in sig.by):
+        return expr
+    expr = f'label_join({expr}, "{POD_ENGINE}", "/", "namespace", "pod")'
+    return f'label_replace({expr}, "engine", "$1", "{POD_ENGINE}", "(.+/.+)")'
 
 
 def window_word(seconds: float) -> str:
@@ -79,7 +106,9 @@ def dashboard_records() -> dict[str, str]:
     * ``host_tokens``: generated tokens per second per host, vLLM and SGLang engines each counted
       once, rate over :data:`fusebox.conventions.DASHBOARD_RATE_WINDOW_S`;
     * ``energy_per_token``: ``host_power / host_tokens``, joules per generated token (no sample
-      where no token was generated);
+      where no token was generated). The engines' series need ``cluster`` and ``host_name`` (the
+      node) for this join: the PodMonitor of ``kubernetes.engines`` adds them (docs/kubernetes.md),
+      a monitor of your own needs the same relabelings;
     * ``prefix_hit_vllm``: vLLM prefix-cache hits over queries (counters, either name
       generation), per cluster, host_name, model_name, ratio 0-1 over the rate window;
     * ``prefix_hit_sglang``: SGLang's ``cache_hit_rate`` gauge averaged per cluster, host_name,
@@ -181,6 +210,10 @@ UNITS = {
 # (HOST/SERVICE for the fusebox collectors), not the host.
 VARIABLES = {
     "cluster": (C.LABEL["cluster"], "Cluster"),
+    # The Kubernetes mixins' convention: cluster, namespace, pod. They filter the signals that keep
+    # those labels (aggregated by them); the engines' pods are listed from their own series.
+    "namespace": ("namespace", "Namespace"),
+    "pod": ("pod", "Pod"),
     "instance": (C.LABEL["host"], "Instance (host)"),
     "gpu": (C.LABEL["gpu_id"], "GPU / MIG instance"),
     "engine": (C.LABEL["engine"], "Engine"),

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from fusebox import conventions as C
 from fusebox.spec.units import format_duration
 
-from .base import (KV_BASE_BYTES, LEGEND, DashboardDef, Err, Kind, PanelDef, Query, Synth, by, dashboard_records,
+from .base import (KV_BASE_BYTES, LEGEND, DashboardDef, Err, Kind, engine_labels, PanelDef, Query, Synth, by, dashboard_records,
                    label_str, segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text, window_word)
 
 
@@ -35,12 +35,15 @@ class Deriv(Kind):
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", f"deriv{window_word(sig.window_s)}")}
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
-        inner = f"deriv({selector(sig.source.metric, spec, backend=sig.source.backend)}[{format_duration(sig.window_s)}])"
+        inner = engine_labels(f"deriv({selector(sig.source.metric, spec, backend=sig.source.backend)}[{format_duration(sig.window_s)}])", sig)
         expr = f"sum by ({by(sig.by)}) ({inner})" if sig.by else inner
         return [{"record": self.records(sig)["value"], "expr": expr}]
 
     def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
-        """KV-cache bytes and pool usage per engine, for the KV drill-down."""
+        """KV-cache bytes and pool usage per engine, for the KV drill-down: from the fusebox KV
+        collector, so none when the spec expects no collectors (``Spec.fusebox_collectors``)."""
+        if not spec.fusebox_collectors:
+            return []
         d = dashboard_records()
         engine_by = "cluster, host_name, engine, model"
         return [
@@ -76,7 +79,7 @@ class Deriv(Kind):
                                        signal_sel(sig, r["value"]), signal_legend(sig)))
         alerts = tuple(s.alert for s in sigs)
         d = dashboard_records()
-        panels += [
+        panels += [] if not spec.fusebox_collectors else [
             PanelDef("KV-cache bytes per engine", "fusebox.kv_cache.usage: bytes of KV cache in use per engine (summed over its GPUs).",
                      (Query(sel(d["kv_usage"], "engine"), LEGEND["engine"]),), "decbytes", alerts),
             PanelDef("KV pool usage per engine", "KV bytes in use over the pool's bytes (0-1).",

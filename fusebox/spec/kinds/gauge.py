@@ -11,7 +11,7 @@ from typing import Any, Optional
 from fusebox import conventions as C
 from fusebox.spec.units import format_number
 
-from .base import (LEGEND, TARGET, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, label_str,
+from .base import (LEGEND, TARGET, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, engine_labels, label_str,
                    segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text)
 
 
@@ -28,6 +28,7 @@ class Gauge(Kind):
             expr = f"({expr}) * {format_number(src.scale)}"
         if src.metric and src.metric.startswith("DCGM_"):
             expr = dcgm_labels(expr)
+        expr = engine_labels(expr, sig)
         if sig.by:
             expr = f"max by ({by(sig.by)}) ({expr})"
         elif sig.level == "gpu":
@@ -77,8 +78,8 @@ class Gauge(Kind):
                      (Query(sel(d["energy_per_token"], "host"), LEGEND["host"]),), "joule", (gpu_gauge,)),
             PanelDef("Prefix-cache hit rate",
                      "Prefix-cache hits over queries (vLLM counters, 5m rate), or SGLang's cache_hit_rate gauge; a drop speeds up KV growth.",
-                     (Query(sel(d["prefix_hit_vllm"], "host"), "vLLM {{host_name}} {{model_name}}"),
-                      Query(sel(d["prefix_hit_sglang"], "host"), "SGLang {{host_name}} {{model_name}}")),
+                     tuple(Query(sel(d[f"prefix_hit_{e}"], "host"), f"{label} {{{{host_name}}}} {{{{model_name}}}}")
+                           for e, label in (("vllm", "vLLM"), ("sglang", "SGLang")) if e in spec.engines),
                      "percentunit", (growth,), soft_max=1.0),
         ]
         return DashboardDef("secondary", f"fusebox / {spec.name} / secondary signals",

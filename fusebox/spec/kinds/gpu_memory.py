@@ -78,6 +78,14 @@ class GpuMemory(Kind):
         kv_free = (f"sum by (hw_id) (max without ({SENDER}, {C.LABEL['host']}) ("
                    f"clamp_min({selector(C.PROM['kv_cache_limit'], spec)}"
                    f" - {selector(C.PROM['kv_cache_usage'], spec)}, 0)))")
+        if not spec.fusebox_collectors:
+            # No KV collector publishes pool bytes (vLLM and SGLang export none: docs/metrics.md
+            # sections 1-2), so there is no correction to make and no fusebox_kv_cache_* to read.
+            return [
+                {"record": names["device"], "expr": device},
+                {"record": names["total"], "expr": total_bytes},
+                {"record": names["value"], "expr": names["device"]},
+            ]
         return [
             {"record": names["device"], "expr": device},
             {"record": names["total"], "expr": total_bytes},
@@ -169,9 +177,11 @@ class GpuMemory(Kind):
                      "decbytes", (alert,)),
             PanelDef("Driver-reserved memory", "Memory NVML v2 reports as reserved; part of 'used' for NVML v1 (docs/pitfalls.md P6).",
                      (Query(sel(d["gpu_reserved"], "gpu"), "{{host_name}} {{hw_id}}"),), "decbytes", (alert,)),
-            PanelDef("KV pool free bytes per GPU", "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
-                     (Query(sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)),
         ]
+        if spec.fusebox_collectors:  # the KV collector's pool bytes (no correction without them)
+            panels.append(PanelDef("KV pool free bytes per GPU",
+                                   "Free part of the engines' pre-allocated KV pools: the headroom the effective basis subtracts.",
+                                   (Query(sel(r["kv_free"], "hw_id"), "{{hw_id}}"),), "decbytes", (alert,)))
         return DashboardDef("gpu-memory", f"fusebox / {spec.name} / GPU memory",
                             "GPU memory per GPU and MIG instance, effective vs device basis.", tuple(panels))
 

@@ -17,7 +17,7 @@ from fusebox import conventions as C
 from fusebox import promsim
 from fusebox.spec.units import format_duration, format_number
 
-from .base import (OBS_PER_STEP, DashboardDef, Err, Kind, PanelDef, Query, Synth, by, label_str, le_regex, segments,
+from .base import (OBS_PER_STEP, DashboardDef, Err, Kind, engine_labels, PanelDef, Query, Synth, by, label_str, le_regex, segments,
                    selector, signal_legend, signal_sel, UNITS, window_word)
 
 
@@ -86,8 +86,8 @@ class Quantile(Kind):
         # and absent on VictoriaMetrics; `and` on a positive rate makes it absent on both (P1).
         traffic = f"and on ({by(sig.by)}) ({names['rate']} > 0)"
         out: list[dict[str, Any]] = [
-            {"record": names["bucket_rate"], "expr": f"sum by ({by(sig.by, ('le',))}) (rate({bucket}[{w}]))"},
-            {"record": names["rate"], "expr": f"sum by ({by(sig.by)}) (rate({count}[{w}]))"},
+            {"record": names["bucket_rate"], "expr": f"sum by ({by(sig.by, ('le',))}) ({engine_labels(f'rate({bucket}[{w}])', sig)})"},
+            {"record": names["rate"], "expr": f"sum by ({by(sig.by)}) ({engine_labels(f'rate({count}[{w}])', sig)})"},
             {"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})\n  {traffic}"},
             {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})\n  {traffic}"},
             {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})\n  {traffic}"},

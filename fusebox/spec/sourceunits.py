@@ -1,0 +1,150 @@
+"""What a source's raw metric measures, and whether a signal kind can turn it into the signal's unit.
+
+A metric's unit comes from :data:`KNOWN` (the engines' and dcgm-exporter's metrics whose names do
+not say it: vLLM's ``*_perc`` gauges are fractions 0-1, dcgm-exporter's ``FB_*`` are MiB, its
+utilizations percent 0-100), else from the Prometheus naming convention's suffix (``_bytes``,
+``_seconds``, ``_ratio``, ``_bytes_per_second``, ``_total`` for a counter of things). A metric
+whose unit neither tells is not judged.
+
+Units are grouped by dimension: a fraction (``ratio``, ``percent``), a size (``bytes``,
+``mebibytes``), a time (``seconds``, ``milliseconds``), a byte rate (``bytes_per_second``), a
+number of things (``count``, ``tokens``, ``requests``). A source's ``scale`` converts within a
+dimension (MiB to bytes, percent to ratio), never across: a fraction of a KV pool times a
+constant is not bytes, because each engine's pool differs.
+
+What each kind gives (:func:`check`):
+
+* ``gauge``: the metric's own dimension;
+* ``deriv``: a size gives a byte rate (``bytes_per_second``); a count gives a count per second
+  (accepted for ``unit: count``); a fraction or a time gives nothing a signal unit names;
+* ``quantile``: the histogram's dimension (a time for ``unit: seconds``);
+* ``gpu_memory``: not judged here (its rules are fixed per backend).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from fusebox import conventions as C
+
+# unit -> (dimension, words for people)
+UNITS: dict[str, tuple[str, str]] = {
+    "ratio": ("fraction", "a fraction 0-1"),
+    "percent": ("fraction", "a percentage 0-100"),
+    "bytes": ("size", "a size in bytes"),
+    "mebibytes": ("size", "a size in MiB"),
+    "seconds": ("time", "a time in seconds"),
+    "milliseconds": ("time", "a time in milliseconds"),
+    "bytes_per_second": ("rate", "a byte rate (bytes per second)"),
+    "count": ("count", "a number of things"),
+    "tokens": ("count", "a number of tokens"),
+    "requests": ("count", "a number of requests"),
+    "watts": ("power", "a power in watts"),
+    "millijoules": ("energy", "an energy in mJ"),
+}
+# A signal's unit (fusebox.spec.units.UNITS) -> its dimension.
+SIGNAL_DIMENSION = {"ratio": "fraction", "seconds": "time", "bytes": "size", "bytes_per_second": "rate", "count": "count"}
+
+# Metrics whose name does not say their unit (docs/metrics.md has the sources). A histogram is
+# listed by its family name (without _bucket).
+KNOWN: dict[str, str] = {
+    # vLLM: "_perc" gauges are fractions 0-1 despite the name
+    "vllm:kv_cache_usage_perc": "ratio",
+    "vllm:gpu_cache_usage_perc": "ratio",
+    "vllm:cpu_cache_usage_perc": "ratio",
+    "vllm:num_requests_running": "requests",
+    "vllm:num_requests_waiting": "requests",
+    "vllm:prompt_tokens_total": "tokens",
+    "vllm:generation_tokens_total": "tokens",
+    "vllm:prefix_cache_queries_total": "tokens",
+    "vllm:prefix_cache_hits_total": "tokens",
+    "vllm:num_preemptions_total": "count",
+    # SGLang (either prefix: sglang: and sglang_)
+    "sglang:token_usage": "ratio",
+    "sglang:cache_hit_rate": "ratio",
+    "sglang:swa_token_usage": "ratio",
+    "sglang:num_used_tokens": "tokens",
+    "sglang:max_total_num_tokens": "tokens",
+    "sglang:kv_used_tokens": "tokens",
+    "sglang:kv_available_tokens": "tokens",
+    "sglang:kv_evictable_tokens": "tokens",
+    "sglang:num_running_reqs": "requests",
+    "sglang:num_queue_reqs": "requests",
+    "sglang:gen_throughput": "count",  # tokens per second: not a byte rate
+    # dcgm-exporter: FB in MiB, DEV utilizations in percent, DCP (PROF) ratios 0-1
+    C.DCGM["fb_used"]: "mebibytes",
+    C.DCGM["fb_free"]: "mebibytes",
+    C.DCGM["fb_reserved"]: "mebibytes",
+    "DCGM_FI_DEV_FB_TOTAL": "mebibytes",
+    "DCGM_FI_DEV_FB_USED_PERCENT": "ratio",
+    "DCGM_FI_DEV_GPU_UTIL": "percent",
+    "DCGM_FI_DEV_MEM_COPY_UTIL": "percent",
+    "DCGM_FI_DEV_ENC_UTIL": "percent",
+    "DCGM_FI_DEV_DEC_UTIL": "percent",
+    C.DCGM["dram_active"]: "ratio",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "ratio",
+    "DCGM_FI_PROF_SM_ACTIVE": "ratio",
+    "DCGM_FI_PROF_SM_OCCUPANCY": "ratio",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "ratio",
+    C.DCGM["pcie_tx"]: "bytes_per_second",
+    C.DCGM["pcie_rx"]: "bytes_per_second",
+    "DCGM_FI_DEV_POWER_USAGE": "watts",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "millijoules",
+}
+_SUFFIXES = (("_bytes_per_second", "bytes_per_second"), ("_bytes", "bytes"), ("_seconds", "seconds"),
+             ("_ratio", "ratio"), ("_percent", "percent"), ("_watts", "watts"))
+
+
+def metric_unit(metric: str) -> Optional[str]:
+    """The unit (a key of :data:`UNITS`) of a raw metric or histogram family, or None when
+    neither :data:`KNOWN` nor its name's suffix says it."""
+    for p in C.SGLANG_PREFIXES:  # SGLang writes either prefix
+        if metric.startswith(p):
+            metric = "sglang:" + metric[len(p):]
+    if metric in KNOWN:
+        return KNOWN[metric]
+    for suffix, unit in _SUFFIXES:
+        if metric.endswith(suffix) and unit in UNITS:
+            return unit
+    return None
+
+
+def gives(kind: str, unit: str) -> Optional[str]:
+    """The dimension ``kind`` makes of a metric in ``unit``: None where no signal unit names it."""
+    dim = UNITS[unit][0]
+    if kind == "deriv":
+        return {"size": "rate", "count": "count"}.get(dim)
+    return dim
+
+
+# A unit that is not its dimension's base unit -> the scale to base units.
+TO_BASE = {"percent": 0.01, "mebibytes": 1048576.0, "milliseconds": 0.001}
+
+
+def check(kind: str, metric: str, signal_unit: str, scale: float = 1.0) -> Optional[tuple[str, str]]:
+    """``(what, fix)`` when a ``kind`` signal in ``signal_unit`` cannot be made of ``metric`` read
+    with ``scale``, else None: another dimension (a fraction read as bytes per second), or a
+    non-base unit (percent, MiB, ms) read with no scale on a gauge.
+
+    Only a metric whose unit is known is judged; ``gpu_memory`` sources are never judged."""
+    unit = metric_unit(metric)
+    if kind == "gpu_memory" or unit is None or signal_unit not in SIGNAL_DIMENSION:
+        return None
+    got = gives(kind, unit)
+    want = SIGNAL_DIMENSION[signal_unit]
+    if got == want:
+        if kind == "gauge" and unit in TO_BASE and scale == 1.0:
+            return (f"{metric} is {UNITS[unit][1]}, read with no scale: the {signal_unit} thresholds compare "
+                    f"against {unit}", f"add 'scale: {TO_BASE[unit]:g}' to convert it to {signal_unit}")
+        return None
+    made = f"{kind}({metric})" if kind != "gauge" else metric
+    word = UNITS[unit][1]
+    what = (f"{metric} is {word}; {made} cannot give a value in {signal_unit.replace('_', ' ')}"
+            + (" (a scale does not help: it converts within a unit's kind, and each engine's pool differs)"
+               if UNITS[unit][0] != want and kind != "quantile" else ""))
+    if signal_unit == "bytes_per_second" and UNITS[unit][0] == "fraction":
+        fix = ("read KV bytes: the fusebox KV collector's fusebox_kv_cache_usage_bytes (usage fraction x the "
+               "engine's pool bytes, docs/metrics.md), or give the signal a unit its source can give")
+    else:
+        fix = f"read a metric in {signal_unit.replace('_', ' ')} (or one a scale converts to it), or change the signal's unit"
+    return what, fix
