@@ -34,6 +34,7 @@ from typing import Any, Optional
 from fusebox import conventions as C
 
 from fusebox.spec import Spec
+from fusebox.spec.deploy import object_name
 from fusebox.spec.kinds import lost_gpu_fuses
 from fusebox.spec.units import format_duration
 
@@ -249,7 +250,7 @@ def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
     out: dict[str, Any] = {
         "apiVersion": ALERTMANAGERCONFIG_API,
         "kind": "AlertmanagerConfig",
-        "metadata": object_meta(spec, f"fusebox-{spec.name}", "alertmanager-config", app="fusebox"),
+        "metadata": object_meta(spec, object_name(spec.name), "alertmanager-config", app="fusebox"),
         "spec": {
             "route": {
                 "receiver": none,

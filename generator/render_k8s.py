@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from fusebox import conventions as C
 from fusebox.spec import Spec
+from fusebox.spec.deploy import object_name
 from fusebox.spec.units import format_duration
 
 from .render_rules import Rules, gpu_power_backend
@@ -98,7 +99,7 @@ def render_prometheusrule(spec: Spec, rules: Rules) -> dict[str, Any]:
     """The PrometheusRule: ``{apiVersion, kind, metadata, spec: {groups}}`` (``spec`` last): the
     rules of ``rules``, with the ``namespace`` label of :func:`_operator_labels` on critical,
     fuse-requesting and heartbeat alerts."""
-    meta = object_meta(spec, f"fusebox-{spec.name}", "alert-rules", app="fusebox")
+    meta = object_meta(spec, object_name(spec.name), "alert-rules", app="fusebox")
     meta["labels"]["role"] = "alert-rules"
     keep = _own_namespace_alerts(spec)
     groups = [{**g, "rules": [_operator_labels(spec, r, keep) for r in g.get("rules", [])]} for g in rules.groups]

@@ -15,6 +15,7 @@ every ``k8s/*.yml`` / ``*.yaml`` is globbed, so a manifest added later is covere
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -466,3 +467,44 @@ def test_an_engines_block_without_a_selector_is_refused_at_its_line():
     line = next(i for i, ln in enumerate(lines[start:], start + 1) if "selector: {}" in ln)
     [p] = e.value.problems
     assert p.line == line and "every pod" in p.what
+
+
+# What the API server requires of a PrometheusRule's or an AlertmanagerConfig's metadata.name
+# (k8s.io/apimachinery IsDNS1123Subdomain); fusebox keeps within a DNS-1123 label (63 characters).
+_RFC1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def test_a_metadata_name_with_capitals_and_spaces_names_valid_objects_and_stays_the_label_value(tmp_path):
+    """``name: Multimodal Inference``: the objects are ``fusebox-multimodal-inference`` (the API
+    server refuses capitals and spaces in a name), the alerts' fusebox label, the fuse route's
+    matcher and the collectors' cluster keep the name as written (docs/kubernetes.md)."""
+    text = SPEC.read_text().replace("  name: multimodal-inference\n", "  name: Multimodal Inference\n", 1)
+    assert "Multimodal Inference" in text
+    write_outputs(render_all(parse_spec(text, "fusebox.yaml")), tmp_path)
+    _check_all(tmp_path)
+    docs = _manifests(tmp_path)
+    named = {d["kind"]: d["metadata"]["name"] for _, d in docs if d["kind"] in ("PrometheusRule", "AlertmanagerConfig")}
+    assert named == {"PrometheusRule": "fusebox-multimodal-inference", "AlertmanagerConfig": "fusebox-multimodal-inference"}
+    assert all(_RFC1123_LABEL.fullmatch(d["metadata"]["name"]) for _, d in docs), [d["metadata"]["name"] for _, d in docs]
+    rules = yaml.safe_load((tmp_path / "rules" / "fusebox.rules.yml").read_text())
+    assert {r["labels"]["fusebox"] for g in rules["groups"] for r in g["rules"] if "alert" in r} == {"Multimodal Inference"}
+    (amc,) = [d for _, d in docs if d["kind"] == "AlertmanagerConfig"]
+    assert {"name": "fusebox", "value": "Multimodal Inference", "matchType": "="} in amc["spec"]["route"]["matchers"]
+    (ds,) = [d for _, d in docs if d["kind"] == "DaemonSet"]
+    env = {e["name"]: e.get("value") for c in ds["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+    assert env["FUSEBOX_CLUSTER"] == "Multimodal Inference"
+
+
+@pytest.mark.parametrize("name, what", [
+    ('""', "metadata.name is empty"),
+    ('"  "', "metadata.name is empty"),
+    ('"!!!"', "has no letter a-z or digit to name the Kubernetes objects"),
+])
+def test_an_unusable_metadata_name_is_reported_at_its_own_line(name, what):
+    text = SPEC.read_text().replace("  name: multimodal-inference\n", f"  name: {name}\n", 1)
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "fusebox.yaml")
+    problems = [p for p in e.value.problems if "metadata.name" in p.what or "cluster name" in p.what]
+    assert [p.what for p in problems if what in p.what] and len(problems) == 1, [str(p) for p in e.value.problems]
+    assert text.splitlines()[problems[0].line - 1] == f"  name: {name}"
+    assert problems[0].fix

@@ -32,6 +32,19 @@ _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi
 _IMAGE_REPO = re.compile(r"^([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 COLLECTORS = ("gpu", "kv", "latency")  # `fusebox collect NAME` that may run in the DaemonSet
+_OBJECT_PREFIX = "fusebox-"
+
+
+def object_name(spec_name: str) -> str:
+    """The Kubernetes object name of the PrometheusRule and the AlertmanagerConfig made from
+    ``metadata.name``: ``fusebox-`` and the name in lower case, each run of characters other
+    than ``a-z0-9`` as one ``-``, no ``-`` at either end, at most 63 characters in all (an RFC
+    1123 label, which every object kind accepts): ``"Multimodal Inference"`` ->
+    ``"fusebox-multimodal-inference"``. The name itself stays the ``cluster`` and ``fusebox``
+    label value of the rules, where any text is fine. ``"fusebox-"`` alone when nothing is left
+    (``normalise_kubernetes`` refuses such a name)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", spec_name.lower()).strip("-")
+    return (_OBJECT_PREFIX + slug[:63 - len(_OBJECT_PREFIX)]).rstrip("-") + ("" if slug else "-")
 
 
 class _Strict(BaseModel):
@@ -271,6 +284,9 @@ def _check_port(port: int, path: tuple, err: Err) -> None:
 def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err) -> Kubernetes:
     """Check the ``kubernetes:`` block; ``err(path, what, fix, key=False)`` records each problem."""
     p = ("kubernetes",)
+    if spec_name.strip() and not DNS_LABEL.match(object_name(spec_name)):
+        err(("metadata", "name"), f"metadata.name {spec_name!r} has no letter a-z or digit to name the Kubernetes objects "
+            "(fusebox-<its letters and digits, lowercased>)", "use lowercase letters, digits and '-', e.g. multimodal-inference")
     if not DNS_LABEL.match(k.namespace):
         err(p + ("namespace",), f"{k.namespace!r} is not a Kubernetes namespace name",
             "use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit")
@@ -337,7 +353,7 @@ def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err) -> Collect
     _check_port(c.port, p + ("port",), err)
     _check_port(c.port + max(len(c.run) - 1, 0), p + ("port",), err)
     cluster = spec_name if c.cluster is None else c.cluster
-    if not cluster:
+    if c.cluster is not None and not c.cluster.strip():  # an empty metadata.name is reported at its own line
         err(p + ("cluster",), "the cluster name is empty", "name your cluster, or leave the key out for metadata.name")
     return Collectors(
         enabled=c.enabled, node_selector=dict(c.node_selector),

@@ -557,6 +557,9 @@ class _Normaliser:
         group_waits = {name: self.duration(getattr(f, name), ("fuse", name))
                        for name in ("group_wait", "group_wait_critical", "group_interval", "repeat_interval")}
         self_monitoring = self._self_monitoring(scrape)
+        if not r.metadata.name.strip():
+            self.err(("metadata", "name"), "metadata.name is empty", "name the cluster, e.g. multimodal-inference: it is the "
+                     "cluster label of the rules and the fusebox label Alertmanager routes to the fuse on")
         kube = normalise_kubernetes(r.kubernetes, r.metadata.name, self.err)
         grafana = normalise_grafana(r.grafana, self.err)
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
