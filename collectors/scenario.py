@@ -404,7 +404,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
         ScenarioError: every problem, as ``file:line:col: what -- how to fix it`` lines.
     """
     from fusebox.spec.errors import Problem, SpecError
-    from fusebox.spec.units import parse_duration, parse_quantity
+    from fusebox.spec.units import QuantityError, parse_duration, parse_quantity
     from fusebox.spec.positions import load
 
     p = _scenario_path(path)
@@ -449,8 +449,8 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
             if unit == "seconds" and isinstance(v, (int, float)) and not isinstance(v, bool):
                 return float(v)
             return parse_quantity(v, unit, signed=True)
-        except ValueError as e:
-            bad(where, str(e), f"write e.g. {example}")
+        except QuantityError as e:
+            bad(where, e.what, e.fix or f"write e.g. {example}")
             return 0.0
 
     tick = dur(raw.get("tick", "1s"), ("tick",))

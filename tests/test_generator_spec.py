@@ -182,3 +182,26 @@ def test_quantile_threshold_needs_a_bucket_above_it():
     with pytest.raises(SpecError) as ei:
         parse_spec(text, "bad.yaml")
     assert any("highest bucket bound" in str(p) for p in ei.value.problems)
+
+
+@pytest.mark.parametrize("old, new, what, fix", [
+    # a bare number on a ratio: the hint names the percentage once
+    ("threshold: 78.3%", "threshold: 78.3", "a bare ratio must lie in 0..1 (got 78.3)", "'78.3%'"),
+    ("threshold: 78.3%", 'threshold: "78.3"', "'78.3' is 78.3 as a ratio, outside 0..1", "'78.3%'"),
+    # a bare number on seconds: its unit, once
+    ("threshold: 1.28s", "threshold: 1.28", "a bare number is ambiguous for a seconds threshold", "'1.28s'"),
+    # a decimal comma is refused, never read as a thousands separator (78,3% is not 783%)
+    ("threshold: 78.3%", "threshold: 78,3%", "'78,3%' has a decimal comma", "'78.3%'"),
+    ("threshold: 1.28s", "threshold: 1,28s", "'1,28s' has a decimal comma", "'1.28s'"),
+    ("threshold: 14.7 MB/s", "threshold: 14,7 MB/s", "'14,7 MB/s' has a decimal comma", "'14.7 MB/s'"),
+    ("threshold: 14.7 MB/s", "threshold: 14,700 kB/s", "'14,700 kB/s' has a comma", "'14700 kB/s'"),
+])
+def test_a_threshold_hint_is_said_once(old, new, what, fix):
+    text = BASE.replace(old, new, 1)
+    with pytest.raises(SpecError) as ei:
+        parse_spec(text, "bad.yaml")
+    (p,) = ei.value.problems
+    assert p.line == _line_of(text, new)
+    assert p.what.startswith(what), p.what
+    assert fix in p.fix
+    assert str(p).count(fix) == 1, str(p)

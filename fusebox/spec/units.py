@@ -31,6 +31,17 @@ EXAMPLES = {
 }
 
 
+class QuantityError(ValueError):
+    """A threshold that cannot be read: ``what`` is wrong and, when the text itself suggests it,
+    ``fix`` (how to write it; ``None`` leaves the hint to the caller, which knows the context).
+    ``str()`` is ``"what; fix"``."""
+
+    def __init__(self, what: str, fix: str | None = None) -> None:
+        super().__init__(f"{what}; {fix}" if fix else what)
+        self.what = what
+        self.fix = fix
+
+
 @functools.lru_cache(maxsize=1)
 def _ureg() -> Any:
     """pint's default registry, built once per process.
@@ -61,36 +72,42 @@ def parse_quantity(text: str | int | float, unit: str, *, signed: bool = False) 
     ``signed`` a negative value is accepted too (a scenario's shrinking KV cache, "-40 MB/s").
 
     Raises:
-        ValueError: with a message saying what was expected (also for a bool, a negative value,
-            infinity and NaN).
+        QuantityError: a ValueError saying what was expected (also for a bool, a negative value,
+            infinity, NaN and a comma: "78,3%" is refused, neither a decimal comma nor a thousands
+            separator is guessed), with a ``fix`` where the text suggests one ("write '78.3%'").
     """
     if unit not in UNITS:
         raise ValueError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
     if isinstance(text, bool):
-        raise ValueError("a threshold must be a number or a quantity such as '78.3%'")
+        raise QuantityError("a threshold must be a number or a quantity such as '78.3%'")
     value = _parse_quantity(text, unit)
     # pint reads "inf MB/s", "nan%" and "1e400 MB/s"; PromQL would compare against +Inf or NaN.
     if not math.isfinite(value):
-        raise ValueError(f"{str(text).strip()!r} is not a finite number")
+        raise QuantityError(f"{str(text).strip()!r} is not a finite number")
     # Every unit here measures a size, a share, a latency or a growth rate: a negative threshold
     # is a sign typo ("deriv ... >= -9200000" fires on every shrinking cache too).
     if value < 0 and not signed:
-        raise ValueError(f"{str(text).strip()!r} is negative; a {unit.replace('_', ' ')} threshold is 0 or more")
+        raise QuantityError(f"{str(text).strip()!r} is negative; a {unit.replace('_', ' ')} threshold is 0 or more")
     return value
 
 
 @functools.lru_cache(maxsize=4096)  # specs repeat thresholds; pint takes about 1 ms per parse
 def _parse_quantity(text: str | int | float, unit: str) -> float:
+    if isinstance(text, str) and "," in text:
+        _refuse_comma(text.strip())
     if unit == "count":
         return _parse_count(text)
     if isinstance(text, (int, float)):
         if unit != "ratio":
-            raise ValueError(f"a bare number is ambiguous for a {unit} threshold; write it with its unit, e.g. {EXAMPLES[unit]}")
+            example = f"'{text:g}s'" if unit == "seconds" and math.isfinite(text) else EXAMPLES[unit]
+            raise QuantityError(f"a bare number is ambiguous for a {unit.replace('_', ' ')} threshold",
+                                f"write it with its unit, e.g. {example}")
         value = float(text)
         if not math.isfinite(value):
-            raise ValueError(f"{text!r} is not a finite number")
+            raise QuantityError(f"{text!r} is not a finite number")
         if not 0 <= value <= 1:
-            raise ValueError(f"a bare ratio must lie in 0..1 (got {value}); write a percentage as '{value}%'")
+            raise QuantityError(f"a bare ratio must lie in 0..1 (got {value:g})",
+                                f"write a percentage as '{value:g}%', or a fraction such as 0.783")
         return value
     s = str(text).strip()
     ureg = _ureg()
@@ -99,7 +116,7 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
     try:
         q = ureg.Quantity(s)
     except Exception as e:  # pint raises several error types for junk input
-        raise ValueError(f"cannot read {s!r} as a quantity ({type(e).__name__})") from None
+        raise QuantityError(f"cannot read {s!r} as a quantity ({type(e).__name__})") from None
     target = UNITS[unit]
     try:
         if unit == "ratio":
@@ -107,15 +124,25 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
                 raise DimensionalityError(q.units, "dimensionless")
             value = _tidy(q.to("dimensionless").magnitude)
             if not math.isfinite(value):
-                raise ValueError(f"{s!r} is not a finite number")
+                raise QuantityError(f"{s!r} is not a finite number")
             if not 0 <= value <= 1:
-                hint = f"write '{s}%'" if str(q.units) == "dimensionless" else "a utilization lies in 0%..100%"
-                raise ValueError(f"{s!r} is {value:g} as a ratio, outside 0..1; {hint}")
+                hint = f"write a percentage as '{s}%'" if str(q.units) == "dimensionless" else "a utilization lies in 0%..100%, e.g. '78.3%'"
+                raise QuantityError(f"{s!r} is {value:g} as a ratio, outside 0..1", hint)
             return value
         return _tidy(q.to(target).magnitude)
     except DimensionalityError:
-        raise ValueError(f"wrong unit: {s!r} is not a {unit.replace('_', ' ')} value "
+        raise QuantityError(f"wrong unit: {s!r} is not a {unit.replace('_', ' ')} value "
                          f"(its unit is {format(q.units, '~') or 'none'})") from None
+
+
+def _refuse_comma(s: str) -> None:
+    """Raise for a threshold with a comma: pint drops it ("78,3%" would be 783%, "14,7 MB/s"
+    147 MB/s) and float() refuses it, so neither reading is guessed."""
+    whole, _, frac = s.partition(",")
+    if "," not in frac and not re.match(r"\d{3}(?!\d)", frac):
+        raise QuantityError(f"{s!r} has a decimal comma", f"write a decimal point: '{whole}.{frac}'")
+    raise QuantityError(f"{s!r} has a comma (a thousands separator?)",
+                        f"write the number without it, e.g. '{s.replace(',', '')}', and a decimal point for a fraction")
 
 
 def _parse_count(text: str | int | float) -> float:
@@ -126,7 +153,8 @@ def _parse_count(text: str | int | float) -> float:
     try:
         return float(s.replace("_", ""))
     except ValueError:
-        raise ValueError(f"{s!r} is not a plain number; a count threshold has no unit (requests, items)") from None
+        raise QuantityError(f"{s!r} is not a plain number; a count threshold has no unit (requests, items)",
+                            "write a plain number, e.g. 50") from None
 
 
 _DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
