@@ -203,13 +203,26 @@ def _loop(args, pipe, round_fn) -> int:
     return 0
 
 
+def _spec_unreadable(path: str, what: str, e: Exception) -> None:
+    """Say on stderr why the spec at ``path`` gave no ``what``: a file that is not there names
+    the flag that fixes it (``--spec`` defaults to fusebox.yaml in the current folder)."""
+    if isinstance(e, FileNotFoundError):
+        where = f"{path} in {os.getcwd()}" if not os.path.isabs(path) else path
+        _err(f"no spec at {where}, so no {what} -- pass --spec FILE (your fusebox.yaml; the default is "
+             "fusebox.yaml in the current folder)")
+    elif isinstance(e, OSError):
+        _err(f"cannot read the spec {path}: {e.strerror or e} -- pass --spec FILE naming a readable fusebox.yaml")
+    else:  # SpecError: one file:line:col line per problem
+        _err(f"cannot read the {what} from {path}:\n{e}")
+
+
 def _spec_buckets(path: str):
     from .latency import spec_buckets
 
     try:
         return spec_buckets(path)
     except Exception as e:  # SpecError (file:line:col lines), missing file
-        _err(f"cannot read the latency buckets from {path}:\n{e}")
+        _spec_unreadable(path, "latency buckets", e)
         return None
 
 
@@ -362,7 +375,7 @@ def cmd_scenario(args) -> int:
         try:
             spec = load_spec(args.spec)
         except (OSError, SpecError) as e:
-            _err(f"cannot read the thresholds from {args.spec}:\n{e}")
+            _spec_unreadable(args.spec, "thresholds", e)
             return 2
         crossings = sc.predict(spec)
         if args.timeline == "json":

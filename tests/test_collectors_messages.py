@@ -6,13 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FIX = Path(__file__).resolve().parent / "fixtures"
 
 
-def _fusebox(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def _fusebox(*args: str, timeout: float = 60, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fusebox.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=timeout)
+                          cwd=cwd, timeout=timeout)
 
 
 def test_replay_of_a_non_capture_lists_the_formats_it_reads():
@@ -37,3 +39,18 @@ def test_a_running_collector_says_where_its_data_goes():
         p.kill()
         p.wait(timeout=30)
     assert line.startswith("fusebox collect gpu: every 1s -> OTLP http to http://127.0.0.1:9/"), line
+
+
+@pytest.mark.parametrize("args, what", [
+    (("collect", "latency", "--engine-id", "0", "--once", "--endpoint",
+      str(FIX / "collectors/hardware-aware-router_vllm-v1_tinyllama-1.1b_idle_2025-11.txt")), "latency buckets"),
+    (("collect", "scenario", "--timeline", "text"), "thresholds"),
+])
+def test_a_collector_run_outside_the_repository_without_spec_says_to_pass_it(tmp_path, args, what):
+    """--spec defaults to fusebox.yaml in the current folder; from a folder without one the
+    collector names the missing file and the flag, and exits 2 (not a bare errno line)."""
+    r = _fusebox(*args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert f"no spec at fusebox.yaml in {tmp_path}, so no {what}" in r.stderr, r.stderr
+    assert "pass --spec FILE" in r.stderr and "[Errno" not in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""
