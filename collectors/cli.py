@@ -281,6 +281,26 @@ def cmd_gpu(args) -> int:
 KV_KEYS = ("kv_cache_usage", "kv_cache_limit")
 
 
+def _gpu_memory_bytes(uuids: list[str]) -> float | None:
+    """The total memory of the smallest of the GPUs (or MIG instances) ``uuids``, bytes, from
+    NVML; None without NVML, without ``uuids`` or for a UUID NVML does not know (the KV
+    collector then checks its model config against the largest GPU made)."""
+    if not uuids:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 -- no driver, no library: the check falls back
+        return None
+    try:
+        return float(min(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(u)).total for u in uuids))
+    except Exception:  # noqa: BLE001 -- an unknown UUID, a lost GPU
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def cmd_kv(args) -> int:
     from .export import log_stderr
     from .kvcache import ConfigError, KvCollector, kv_geometry, load_model_config
@@ -289,7 +309,8 @@ def cmd_kv(args) -> int:
         cfg = load_model_config(args.model_config)
         geo = kv_geometry(cfg, args.kv_dtype, source=args.model_config)
         col = KvCollector(args.endpoint, geo, gpus=args.gpu, tp=args.tp, engine_id=args.engine_id, model=args.model,
-                          max_total_tokens=args.max_total_tokens, kv_dtype=args.kv_dtype, timeout_s=args.timeout,
+                          max_total_tokens=args.max_total_tokens, kv_dtype=args.kv_dtype,
+                          gpu_memory_bytes=_gpu_memory_bytes(args.gpu), timeout_s=args.timeout,
                           fetch=_fetcher(args), log=log_stderr)
     except (ConfigError, ValueError) as e:
         _err(str(e))

@@ -391,7 +391,8 @@ _DESCRIPTIONS = {
     "scrape_refused": "Engine /metrics fetches refused at a cap or the deadline, by endpoint and reason",
     "scrape_dropped": "Sample lines of engine /metrics dropped before parsing (label_too_long, series_limit), "
                       "by endpoint and reason",
-    "kv_incomplete": "KV rounds with incomplete output, by engine and reason (no_gpu: no hw_id; no_capacity: no pool size)",
+    "kv_incomplete": "KV rounds with incomplete output, by engine and reason (no_gpu: no hw_id; no_capacity: no pool "
+                     "size; model_config: --model-config not the served model's)",
     "gpu_errors": "GPU collection rounds that failed for a device (NVML error), by GPU and reason",
 }
 

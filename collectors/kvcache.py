@@ -79,6 +79,11 @@ _MODEL_DEFAULTS = {
 }
 
 
+# The most memory one GPU has (bytes): NVIDIA B300 and AMD Instinct MI355X, 288 GB of HBM3e. The
+# KV collector's model-config check compares against it when NVML does not give the GPU's own.
+LARGEST_GPU_MEMORY_BYTES = 288e9
+
+
 class ConfigError(ValueError):
     """A model config from which bytes per token cannot be derived."""
 
@@ -180,6 +185,9 @@ class EngineKv:
     used_tokens: float | None = None
     capacity_tokens: float | None = None
     cache_dtype: str | None = None
+    # vLLM's gpu_memory_utilization (cache_config_info): the share of each GPU's memory the
+    # engine takes for weights, activations and the KV pool together, fraction 0-1
+    memory_fraction: float | None = None
     notes: list[str] = field(default_factory=list)
     source_metric: str = ""
 
@@ -269,7 +277,7 @@ def engines_from_text(text: str) -> list[EngineKv]:
             break
     # cache_config_info carries no model_name; it belongs to the engine core with the same
     # `engine` label (or to every engine of the dump when it has none).
-    cfgs: dict[str, tuple[float, str | None]] = {}
+    cfgs: dict[str, tuple[float, str | None, float | None]] = {}
     for s in samples.get(C.VLLM_CACHE_CONFIG, ()):
         try:
             # vLLM >= 0.33: kv_cache_size_tokens, the capacity its docs prefer (group-aware: right
@@ -282,11 +290,13 @@ def engines_from_text(text: str) -> list[EngineKv]:
             continue  # "None" before the engine has profiled memory
         prev = cfgs.get(s.labels.get("engine", ""))
         if prev is None or cap > prev[0]:
-            cfgs[s.labels.get("engine", "")] = (cap, s.labels.get("cache_dtype"))
+            util = s.labels.get(C.VLLM_MEMORY_SHARE_LABEL)
+            cfgs[s.labels.get("engine", "")] = (cap, s.labels.get("cache_dtype"),
+                                                float(util) if _number(util) and float(util) <= 1 else None)
     for e in [e for e in out.values() if e.kind == "vllm"]:
         cfg = cfgs.get(e.key) or cfgs.get("") or (next(iter(cfgs.values())) if len(cfgs) == 1 else None)
         if cfg:
-            e.capacity_tokens, e.cache_dtype = cfg
+            e.capacity_tokens, e.cache_dtype, e.memory_fraction = cfg
 
     # SGLang, either prefix; tp ranks of one engine carry the same values -> max.
     for prefix in C.SGLANG_PREFIXES:
@@ -363,6 +373,8 @@ class KvCollector:
         model: the ``model`` attribute when the dump has no ``model_name`` label (TGI).
         max_total_tokens: TGI's pool capacity in tokens (it is not exposed).
         kv_dtype: KV dtype override; otherwise vLLM's ``cache_dtype`` or the model dtype.
+        gpu_memory_bytes: total memory of the smallest of ``gpus``, bytes (NVML), for the
+            model-config check (:meth:`_check_model_config`); None: :data:`LARGEST_GPU_MEMORY_BYTES`.
         timeout_s: deadline of one endpoint's whole scrape, seconds.
         fetch: ``fetch(endpoint, timeout_s) -> text``, raising on failure (default: a
             :class:`~fusebox.collectors.fetch.Fetcher` with the default caps); injectable for
@@ -387,6 +399,7 @@ class KvCollector:
         model: str | None = None,
         max_total_tokens: float | None = None,
         kv_dtype: str | None = None,
+        gpu_memory_bytes: float | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         fetch: Callable[[str, float], str] = default_fetcher,
         log: Callable[[str], None] | None = None,
@@ -401,6 +414,7 @@ class KvCollector:
         self.model = model
         self.max_total_tokens = max_total_tokens
         self.kv_dtype = kv_dtype
+        self.gpu_memory_bytes = gpu_memory_bytes
         self.timeout_s = timeout_s
         self.fetch = fetch
         self.log = log
@@ -495,6 +509,7 @@ class KvCollector:
                 engine = f"{engine}/{e.key}"
             base = {A["engine"]: engine, A["model"]: model}
             self._check_complete(e, engine, usage, limit)
+            self._check_model_config(e, engine, limit)
             targets: Sequence[str | None] = self.gpus or [None]
             for gpu in targets:
                 attrs = dict(base)
@@ -528,6 +543,29 @@ class KvCollector:
                              "this engine's free KV pool and reads device memory alone (an engine that pre-allocates "
                              "its pool, as vLLM does, keeps it near the warning) -- pass --gpu GPU-UUID, one per "
                              "tensor-parallel rank (nvidia-smi -L lists them)")
+
+    def _check_model_config(self, e: EngineKv, engine: str, limit: float | None) -> None:
+        """Count and say (reason ``model_config``) when ``--model-config`` plainly is not the
+        model the engine serves: vLLM sizes its pool to fit in ``gpu_memory_utilization`` of each
+        GPU's memory with the weights, so pool bytes / tp / gpu_memory_utilization is a lower
+        bound of each GPU's memory; a bound above the GPU's memory (``gpu_memory_bytes``, else
+        the largest GPU made, :data:`LARGEST_GPU_MEMORY_BYTES`) means the bytes per token are
+        too large (a 7B config for a 1.1B engine: 23x). A config too small is not caught."""
+        if e.kind != "vllm" or not e.memory_fraction or limit is None or not e.capacity_tokens:
+            return
+        per_gpu = limit / self.tp
+        needs = per_gpu / e.memory_fraction
+        gpu = self.gpu_memory_bytes or LARGEST_GPU_MEMORY_BYTES
+        if needs <= gpu:
+            return
+        what = ("the GPU's" if self.gpu_memory_bytes else "the largest GPU's")
+        self._incomplete(
+            engine, "model_config",
+            f"--model-config ({self.geometry.source}: {limit / e.capacity_tokens:.0f} bytes per token) does not "
+            f"match the model the engine serves ({e.model or 'unnamed'}): its pool of {e.capacity_tokens:.0f} tokens "
+            f"would be {per_gpu / 1e9:.1f} GB per GPU, and vLLM's gpu_memory_utilization {e.memory_fraction:g} "
+            f"then needs a GPU of {needs / 1e9:.0f} GB or more, over {what} {gpu / 1e9:.0f} GB, so the KV bytes exported "
+            f"are too large -- pass the config.json of the model the engine serves")
 
     def incomplete_readings(self) -> Iterable[tuple[dict, int]]:
         """``({engine, reason}, rounds)`` per incomplete-output reason (``no_gpu``, ``no_capacity``)."""

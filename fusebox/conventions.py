@@ -125,6 +125,8 @@ PROM = {key: _prom(key) for key in OTEL}
 # Engine metrics (vLLM / SGLang), by version; see docs/metrics.md sections 1 and 2.
 VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # new, old (<0.10)
 VLLM_CACHE_CONFIG = "vllm:cache_config_info"
+# its label: the share of each GPU's memory the engine takes (weights, activations, KV pool), 0-1
+VLLM_MEMORY_SHARE_LABEL = "gpu_memory_utilization"
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter, tokens
 VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # counter, tokens (>= 0.9)
 VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"  # counter, tokens (>= 0.9)
@@ -340,7 +342,8 @@ OTEL_SELF = {
     "scrape_dropped": ("fusebox.collector.scrape.dropped", "{series}", "counter"),
     # KV collector rounds whose output is incomplete, per engine and reason: no_gpu (no --gpu, so
     # no hw_id and the GPU-memory signal cannot subtract the free KV pool), no_capacity (the
-    # engine's /metrics gives no pool size, so no bytes at all, or usage without a limit)
+    # engine's /metrics gives no pool size, so no bytes at all, or usage without a limit),
+    # model_config (vLLM: --model-config makes a pool the GPU cannot hold, so the bytes are too large)
     "kv_incomplete": ("fusebox.collector.kv.incomplete", "{round}", "counter"),
     # GPU collection rounds that failed for a device, per hw.id, hw.gpu.index and reason: the NVML
     # error's name in snake case (NVML_ERROR_GPU_IS_LOST -> gpu_is_lost), "unexpected" for others

@@ -407,3 +407,41 @@ def test_vllm_capacity_from_kv_cache_size_tokens_when_exported():
     for t in (text, text.replace("vllm:cache_config_info{", 'vllm:cache_config_info{kv_cache_size_tokens="None",')):
         r = {x.key: x.value for x in from_texts([t]).collect()}
         assert r["kv_cache_limit"] == 2452 * 16 * OPT_BPT
+
+
+# ------------------------------------------------------------------------- a model config that is not the engine's model
+TINYLLAMA = FIX / "hardware-aware-router_vllm-v1_tinyllama-1.1b_idle_2025-11.txt"  # gpu_memory_utilization 0.2
+TINYLLAMA_GEO = KvGeometry(22, 4, 64, 2)  # 22 layers, 4 KV heads, head 2048 / 32 = 64, bfloat16: 22528 B/token
+
+
+def test_a_model_config_of_another_model_is_said_and_counted(capsys):
+    """llava-1.5-7b's config (llama defaults: 2 x 32 layers x 32 KV heads x 128 x 2 B = 524288 B/token)
+    on a TinyLlama engine (6971 blocks x 16 = 111536 tokens, gpu_memory_utilization 0.2): a pool of
+    58.5 GB that vLLM could only hold on a GPU of 58.5 / 0.2 = 292 GB, more than any GPU's 288 GB."""
+    rc, out, err = _kv_once(capsys, "--endpoint", str(TINYLLAMA), "--gpu", "GPU-1",
+                            "--model-config", str(FIX / "llava-1.5-7b-hf_config.json"))
+    assert rc == 0
+    engine = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
+    assert f'{INCOMPLETE}{{engine="{engine}",host_name="n1",reason="model_config"}} 1.0' in out
+    assert err.count("does not match the model the engine serves") == 1, err
+    pool = 6971 * 16 * 2 * 32 * 32 * 128 * 2
+    assert f"{pool / 1e9:.1f} GB per GPU" in err and f"GPU of {pool / 0.2 / 1e9:.0f} GB or more" in err
+    assert "over the largest GPU's 288 GB" in err and " -- pass the config.json" in err
+
+
+def test_the_engines_own_model_config_counts_no_mismatch():
+    col = KvCollector([str(TINYLLAMA)], TINYLLAMA_GEO, gpus=["GPU-1"], gpu_memory_bytes=24e9)
+    assert {r.key for r in col.collect()} == {"kv_cache_usage", "kv_cache_limit"}
+    assert dict(col.incomplete) == {}  # 111536 x 22528 B = 2.5 GB, / 0.2 = 12.6 GB <= 24 GB
+
+
+def test_a_model_config_is_checked_against_the_gpus_own_memory_when_known():
+    """On a 24 GB GPU (NVML's total), llama-2-13b's 819200 B/token (2 x 40 x 40 x 128 x 2) make the
+    TinyLlama pool 91.4 GB: a 24 GB GPU at 0.2 holds 4.8 GB."""
+    said: list[str] = []
+    col = KvCollector([str(TINYLLAMA)], KvGeometry(40, 40, 128, 2), gpus=["GPU-1"], gpu_memory_bytes=24e9,
+                      log=said.append)
+    col.collect()
+    col.collect()
+    assert dict(col.incomplete) == {("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "model_config"): 2}
+    assert len(said) == 1 and "over the GPU's 24 GB" in said[0]
