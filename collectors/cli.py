@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from fusebox.conventions import ENV
+from fusebox.conventions import ATTR, ENV
 
 _EXPORT_HELP = "OTLP receiver (default http://127.0.0.1:4318 for http, :4317 for grpc)"
 
@@ -282,23 +282,25 @@ KV_KEYS = ("kv_cache_usage", "kv_cache_limit")
 
 
 def _gpu_memory_bytes(uuids: list[str]) -> float | None:
-    """The total memory of the smallest of the GPUs (or MIG instances) ``uuids``, bytes, from
-    NVML; None without NVML, without ``uuids`` or for a UUID NVML does not know (the KV
-    collector then checks its model config against the largest GPU made)."""
+    """The total memory of the smallest of the GPUs ``uuids``, bytes: the GPU collector's
+    ``hw.gpu.memory.limit`` of each (NVML, ``pynvml``); None without NVML, without ``uuids`` or
+    for a UUID NVML does not list (the KV collector then checks its model config against the
+    largest GPU made)."""
     if not uuids:
         return None
+    from .gpu import GpuCollector
+
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 -- no driver, no library: the check falls back
+        col = GpuCollector(pynvml).open()
+    except Exception:  # noqa: BLE001 -- no driver, no library (NoGpuError, ImportError): the check falls back
         return None
     try:
-        return float(min(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(u)).total for u in uuids))
-    except Exception:  # noqa: BLE001 -- an unknown UUID, a lost GPU
-        return None
+        totals = {r.attrs[ATTR["gpu_id"]]: r.value for r in col.collect() if r.key == "gpu_memory_limit"}
     finally:
-        pynvml.nvmlShutdown()
+        col.close()
+    return min(totals[u] for u in uuids) if all(u in totals for u in uuids) else None
 
 
 def cmd_kv(args) -> int:

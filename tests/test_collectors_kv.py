@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -445,3 +446,17 @@ def test_a_model_config_is_checked_against_the_gpus_own_memory_when_known():
     col.collect()
     assert dict(col.incomplete) == {("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "model_config"): 2}
     assert len(said) == 1 and "over the GPU's 24 GB" in said[0]
+
+
+def test_the_cli_checks_the_model_config_against_the_gpus_memory_from_nvml(capsys, monkeypatch):
+    """NVML stood in by a real capture (an RTX 4090: 24564 MiB, nvidia-smi -q -x): the --gpu's
+    total memory, 25.8 GB, is the bound (the llava config's 58.5 GB TinyLlama pool needs 292 GB)."""
+    from fusebox.collectors.replay import SyntheticNvml, load_replay
+
+    capture = FIX / "netdata_rtx-4090-driver-535_nvidia-smi-q-x.xml"
+    monkeypatch.setitem(sys.modules, "pynvml", SyntheticNvml.from_frames(load_replay(capture)))
+    uuid = "GPU-71d1acc2-662d-2166-bf9f-65272d2fc437"  # the capture's <uuid>
+    rc, out, err = _kv_once(capsys, "--endpoint", str(TINYLLAMA), "--gpu", uuid,
+                            "--model-config", str(FIX / "llava-1.5-7b-hf_config.json"))
+    assert rc == 0 and 'reason="model_config"} 1.0' in out
+    assert f"over the GPU's {24564 * 2**20 / 1e9:.0f} GB" in err, err
