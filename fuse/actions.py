@@ -346,6 +346,14 @@ class DryRun:
         return True
 
     def apply(self, payload: dict) -> None:
+        """Log ``dry-run: would STATE ACTION (level N) on SCOPE_KEY: REASON`` (WARNING), with the
+        decision's fields (``decision_id``, ``scope`` as the scope key, ``action``, ``fuse_level``,
+        ``state``, ``adapter``) for ``--log-format json``."""
+        from .rules import scope_key, scope_of
+
         self.seen.append(payload)
+        key = scope_key(scope_of(payload.get("scope") or {}))
         log.warning("dry-run: would %s %s (level %s) on %s: %s", payload["state"], payload["action"],
-                    payload["level"], payload["scope"], payload["reason"])
+                    payload["level"], key, payload["reason"],
+                    extra={"decision_id": payload.get("decision_id"), "scope": key, "action": payload["action"],
+                           "fuse_level": payload["level"], "state": payload["state"], "adapter": self.name})
