@@ -364,3 +364,19 @@ def test_a_prune_with_nothing_that_old_writes_no_export_and_exports_are_private(
         assert r.returncode == 0, r.stderr
         assert stat.S_IMODE(f.stat().st_mode) == 0o600
         assert [json.loads(line)["reason"] for line in f.read_text().splitlines()] == ["r0", "r1"]
+
+
+def test_the_docs_list_every_audit_kind_the_fuse_writes():
+    """docs/fuse.md's list of audit kinds holds every ``"kind": "..."`` the fuse's code writes."""
+    import re
+
+    from _fuse_support import ROOT
+
+    written: set[str] = set()
+    for src in (ROOT / "fuse").glob("*.py"):
+        for m in re.finditer(r'"kind":\s*"(\w+)"(?:\s+if\s+[\w.]+\s+else\s+"(\w+)")?', src.read_text()):
+            written.update(k for k in m.groups() if k)
+    assert {"applied", "dry_run", "override", "pruned"} <= written  # the scan reads the code's forms
+    docs = (ROOT / "docs" / "fuse.md").read_text()
+    listed = docs[docs.index("its kinds are"):docs.index("`applied` rows record")]
+    assert written - set(re.findall(r"`(\w+)`", listed)) == set()
