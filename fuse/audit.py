@@ -45,8 +45,8 @@ def register(sub) -> None:
                        help="rows older than this: RFC 3339, Unix seconds, or <N>d (N days ago)")
         p.add_argument(out, dest="out", required=True, metavar="FILE", help="the JSON-lines file to write (new)")
         p.add_argument("--store", metavar="URL", default=None,
-                       help=f"sqlite:///path/fuse.sqlite or postgresql://...; default: env {C.FUSE_STORE_ENV}, "
-                            "else the default state directory's fuse.sqlite")
+                       help=f"an existing store: sqlite:///path/fuse.sqlite or postgresql://...; default: env "
+                            f"{C.FUSE_STORE_ENV}, else the default state directory's fuse.sqlite")
         p.set_defaults(func=run, prune=name == "prune")
 
 
