@@ -36,7 +36,6 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Iterator, Optional, Protocol, Sequence
 
 import httpcore
@@ -246,11 +245,23 @@ class Observable(Protocol):
 
 
 def read_token(path: Optional[str] = None, env: Optional[str] = TOKEN_ENV) -> Optional[str]:
-    """A bearer token from env var ``env`` (when set) or from the file ``path`` (stripped); None if neither."""
+    """A bearer token from env var ``env`` (when set) or from the file ``path`` (one line, surrounding
+    whitespace stripped, as :func:`fusebox.fuse.tokens.read_token_file` reads it); None if neither.
+    The gateway's token, the one ``fuse serve`` sends and the one ``fuse gateway`` requires: at least
+    :data:`fusebox.fuse.tokens.MIN_TOKEN_LENGTH` (32) characters, as the fuse's own tokens.
+
+    Raises:
+        ValueError: shorter than that, empty, more than one line, or whitespace inside (the message
+            names the file or the env var and how to make one). OSError: the file cannot be read.
+    """
+    from .tokens import check_token_length, read_token_file
+
     if env and os.environ.get(env):
-        return os.environ[env].strip()
+        token = os.environ[env].strip()
+        check_token_length(f"env {env}", token)
+        return token
     if path:
-        return Path(path).read_text(encoding="utf-8").strip()
+        return read_token_file(path)
     return None
 
 
@@ -346,6 +357,14 @@ class DryRun:
         return True
 
     def apply(self, payload: dict) -> None:
+        """Log ``dry-run: would STATE ACTION (level N) on SCOPE_KEY: REASON`` (WARNING), with the
+        decision's fields (``decision_id``, ``scope`` as the scope key, ``action``, ``fuse_level``,
+        ``state``, ``adapter``) for ``--log-format json``."""
+        from .rules import scope_key, scope_of
+
         self.seen.append(payload)
+        key = scope_key(scope_of(payload.get("scope") or {}))
         log.warning("dry-run: would %s %s (level %s) on %s: %s", payload["state"], payload["action"],
-                    payload["level"], payload["scope"], payload["reason"])
+                    payload["level"], key, payload["reason"],
+                    extra={"decision_id": payload.get("decision_id"), "scope": key, "action": payload["action"],
+                           "fuse_level": payload["level"], "state": payload["state"], "adapter": self.name})

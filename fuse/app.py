@@ -152,13 +152,18 @@ class OverrideRequest(BaseModel):
     new_scope: bool = Field(False, description="true to trip a scope that is part of a known one as a scope of its own")
 
 
-def _validation_problem(e: ValidationError | RequestValidationError) -> JSONResponse:
+def _validation_problem(e: ValidationError | RequestValidationError, content_type: Optional[str] = None) -> JSONResponse:
     """A 400 a human can act on: ``{"error": "<field> must be ..., got ...", "field": "<field>"}``.
 
     Only the first problem is told (fix it and resend); pydantic's text and documentation URLs are left out.
+    A body sent with another ``content_type`` than JSON's (FastAPI then hands the model the raw bytes)
+    is told so: ``body must be sent as JSON with Content-Type: application/json ...``.
     """
     err = e.errors()[0]
     kind = err.get("type", "")
+    if isinstance(err.get("input"), bytes) and [x for x in err.get("loc", ()) if x != "body"] == []:
+        return _problem(400, "body must be sent as JSON with Content-Type: application/json (this request's "
+                             f"Content-Type: {(content_type or 'none')[:100]})", "body")
     if kind == "json_invalid":
         return _problem(400, f"body is not JSON: {err.get('ctx', {}).get('error', 'decode error')}", "body")
     loc = [str(x) for x in err.get("loc", ()) if x != "body"]
@@ -406,7 +411,7 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
         except _Limited as e:
             return limited(request, e)
         count(request.url.path, "http_400")
-        return _validation_problem(exc)
+        return _validation_problem(exc, request.headers.get("content-type"))
 
     @app.exception_handler(HTTPException)
     async def _http_error(request, exc):  # FastAPI's own: a body it could not parse (nested too deeply)

@@ -12,8 +12,11 @@
 
 TIME: RFC 3339 (``2026-01-01T00:00:00Z``), Unix seconds, or ``<N>d`` (N days before now). The
 store: ``--store URL`` (``sqlite:///path/fuse.sqlite`` or ``postgresql://...``), else env
-``FUSEBOX_FUSE_STORE``, else the default state directory's ``fuse.sqlite``. Exit status: 0 done
-(also when no row is that old), 1 the store failed (nothing deleted), 2 a usage error.
+``FUSEBOX_FUSE_STORE``, else the default state directory's ``fuse.sqlite``: an existing store
+only (a SQLite file with the fuse's schema, a PostgreSQL database the fuse has migrated); where
+there is none, an error ``no fuse store at PATH`` and nothing is created. Export files are mode
+0600. A prune with no row that old writes no export. Exit status: 0 done (also when no row is that
+old), 1 no store there or the store failed (nothing deleted), 2 a usage error.
 """
 
 from __future__ import annotations
@@ -42,8 +45,8 @@ def register(sub) -> None:
                        help="rows older than this: RFC 3339, Unix seconds, or <N>d (N days ago)")
         p.add_argument(out, dest="out", required=True, metavar="FILE", help="the JSON-lines file to write (new)")
         p.add_argument("--store", metavar="URL", default=None,
-                       help=f"sqlite:///path/fuse.sqlite or postgresql://...; default: env {C.FUSE_STORE_ENV}, "
-                            "else the default state directory's fuse.sqlite")
+                       help=f"an existing store: sqlite:///path/fuse.sqlite or postgresql://...; default: env "
+                            f"{C.FUSE_STORE_ENV}, else the default state directory's fuse.sqlite")
         p.set_defaults(func=run, prune=name == "prune")
 
 
@@ -69,12 +72,15 @@ def parse_before(text: str, now: float) -> float:
 
 def export_rows(rows, path: Path) -> tuple[int, str]:
     """Write ``rows`` (dicts) to ``path`` as JSON lines via ``path.partial``, synced, then renamed;
-    returns (rows written, SHA-256 of the file). Raises FileExistsError when ``path`` exists."""
+    the file mode 0600 (the rows hold override reasons and token names); returns (rows written,
+    SHA-256 of the file). Raises FileExistsError when ``path`` exists."""
     if path.exists():
         raise FileExistsError(f"{path} exists: the export never overwrites one -- choose another file")
     partial = path.with_name(path.name + ".partial")
     digest, n = hashlib.sha256(), 0
-    with open(partial, "wb") as f:
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # whatever the umask, and a .partial left by an earlier run too
+    with os.fdopen(fd, "wb") as f:
         for row in rows:
             line = (json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
             digest.update(line)
@@ -103,28 +109,32 @@ def _store_url(args) -> str:
 
 def run(args) -> int:
     """``fusebox fuse audit export|prune``; see the module's doc for the exit status."""
-    from .store import StoreError, open_store, store_label
+    from .store import NoStoreError, StoreError, open_store, store_label
 
     now = time.time()
+    url = ""
     try:
         before = parse_before(args.before, now)
         url = _store_url(args)
-        store = open_store(url)
+        store = open_store(url, existing=True)
     except ValueError as e:
         print(f"fusebox fuse audit: {e}", file=sys.stderr)
         return 2
+    except NoStoreError as e:
+        print(f"fusebox fuse audit: {e}", file=sys.stderr)
+        return 1
     except (OSError, StoreError) as e:
-        print(f"fusebox fuse audit: store {store_label(str(args.store or ''))}: {e}", file=sys.stderr)
+        print(f"fusebox fuse audit: store {store_label(url)}: {e}", file=sys.stderr)
         return 1
     out = Path(args.out)
     try:
         through = store.audit_through(before)
+        if args.prune and through == 0:
+            print(f"no audit row older than --before: nothing pruned, no export written ({out} not created)")
+            return 0
         n, sha = export_rows(store.audit_rows(through), out)
         if not args.prune:
             print(f"exported {n} audit rows (seq <= {through}) to {out}, sha256 {sha}")
-            return 0
-        if n == 0:
-            print(f"no audit row older than --before: nothing pruned ({out} is empty)")
             return 0
         deleted = store.prune_audit(through, n, sha, str(out), now)
         print(f"exported {n} audit rows (seq <= {through}) to {out}, sha256 {sha}; pruned {deleted}")

@@ -111,7 +111,7 @@ def register(subparsers) -> None:
                                            "http adapter; the spec's fuse.adapters lists the others)")
     s.add_argument("--prometheus-url", help="Prometheus base URL for fuse.adapters.*.discover without its own "
                                              "prometheus (GPU scope -> the workers on that GPU)")
-    s.add_argument("--gateway-token-file", help="token for the gateway (env FUSEBOX_GATEWAY_TOKEN wins)")
+    s.add_argument("--gateway-token-file", help="token for the gateway, at least 32 characters (env FUSEBOX_GATEWAY_TOKEN wins)")
     s.add_argument("--dry-run", action="store_true", help="log each decision, call nothing")
     s.add_argument("--hold", type=_seconds, default=300.0, help="seconds without alerts before a release (default 300)")
     s.add_argument("--retry-backoff", type=_seconds, default=0.5, help="first retry delay, doubling (default 0.5 s)")
@@ -155,7 +155,7 @@ def register(subparsers) -> None:
     g.add_argument("--listen", type=_hostport, default=DEFAULT_GATEWAY_LISTEN,
                    help=f"HOST:PORT (default {DEFAULT_GATEWAY_LISTEN})")
     g.add_argument("--log", required=True, help="JSON-lines file, one line per control call")
-    g.add_argument("--token-file", help="require this bearer token (env FUSEBOX_GATEWAY_TOKEN wins)")
+    g.add_argument("--token-file", help="require this bearer token, at least 32 characters (env FUSEBOX_GATEWAY_TOKEN wins)")
     g.set_defaults(func=gateway)
 
 
@@ -355,7 +355,7 @@ def gateway(args) -> int:
         token = read_token(args.token_file)
         host, port = args.listen
         gw = ReferenceGateway(host, port, args.log, token)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         return _err(str(e))
     print(f"fusebox fuse gateway: listening on {gw.url}, logging to {args.log}", file=sys.stderr, flush=True)
     try:

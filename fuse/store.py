@@ -74,7 +74,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from .logsafe import redact_url, redact_urls
 
-__all__ = ["Store", "PgStore", "StoreError", "Head", "Health", "open_store", "SCHEMA_VERSION", "store_label",
+__all__ = ["Store", "PgStore", "StoreError", "NoStoreError", "Head", "Health", "open_store", "SCHEMA_VERSION", "store_label",
            "WAL_AUTOCHECKPOINT_PAGES", "WAL_LIMIT_BYTES", "HEADROOM_BYTES"]
 
 log = logging.getLogger("fusebox.fuse")
@@ -199,6 +199,14 @@ def _create_private(path: str) -> None:
             log.warning("%s is readable by group or others (mode %04o); chmod 600 it", path, mode)
 
 
+def _private_folder(folder: Path) -> None:
+    """Create ``folder`` (and its parents) when missing, the folder itself mode 0700 whatever the
+    umask, as ``--state-dir`` makes its own: the store beside it is private."""
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+
+
 def _bound_wal(db: sqlite3.Connection) -> sqlite3.Connection:
     """Bound the WAL that writes on ``db`` make (the settings are per connection)."""
     db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
@@ -209,6 +217,11 @@ def _bound_wal(db: sqlite3.Connection) -> sqlite3.Connection:
 class StoreError(RuntimeError):
     """The database could not be written or reached (disk full, locked, read-only, the server
     down): a retry may help."""
+
+
+class NoStoreError(StoreError):
+    """A command that reads an existing store (``fusebox fuse audit``) found none where it was
+    pointed: no SQLite file there, or a database without the fuse's schema. Nothing was created."""
 
 
 class Health:
@@ -278,24 +291,43 @@ def store_label(url: str) -> str:
     return redact_url(url)
 
 
-def open_store(url: str) -> "Store":
+def open_store(url: str, existing: bool = False) -> "Store":
     """The store a ``--store`` URL names: ``sqlite:///abs/path`` (or ``sqlite:////abs/path``),
     ``sqlite://rel/path`` or a plain path
-    (SQLite), ``postgresql://`` / ``postgres://`` (PostgreSQL).
+    (SQLite), ``postgresql://`` / ``postgres://`` (PostgreSQL). ``existing``: open a store that is
+    already there only (its file, its schema), never create one.
 
     Raises:
         ValueError: another scheme.
+        NoStoreError: ``existing`` and no fuse store there (nothing created).
         StoreError: the database cannot be opened or migrated.
     """
     if url.startswith(("postgresql://", "postgres://")):
-        return PgStore(url)
+        return PgStore(url, existing=existing)
     if url.startswith("sqlite://"):
         path = url[len("sqlite://"):]
-        return Store("/" + path.lstrip("/") if path.startswith("/") else path)  # sqlite:////abs as SQLAlchemy writes it too
+        path = "/" + path.lstrip("/") if path.startswith("/") else path  # sqlite:////abs as SQLAlchemy writes it too
+        return Store(path, existing=existing)
     if "://" in url:
         raise ValueError(f"--store {store_label(url)}: unknown scheme -- use sqlite:///path/fuse.sqlite or "
                          "postgresql://user@host:port/db")
-    return Store(url)
+    return Store(url, existing=existing)
+
+
+_NO_STORE_HINT = "-- check --store/--state/--state-dir"
+
+
+def _sqlite_has_schema(path: str) -> bool:
+    """Whether the SQLite file ``path`` (which exists) holds the fuse's schema, read without
+    writing to it (an empty or foreign file stays as it is)."""
+    db = sqlite3.connect(Path(os.path.abspath(path)).as_uri() + "?mode=ro", uri=True)
+    try:
+        return bool(db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'")
+                    .fetchall())
+    except sqlite3.DatabaseError:  # not a database at all
+        return False
+    finally:
+        db.close()
 
 
 class Store:
@@ -309,11 +341,13 @@ class Store:
     _claim_suffix = ""
     _row_lock = ""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, existing: bool = False):
         self.path = str(path)
         self.url = self.path if self.path == ":memory:" else f"sqlite:///{os.path.abspath(self.path)}"
+        if existing and (not os.path.isfile(self.path) or not _sqlite_has_schema(self.path)):
+            raise NoStoreError(f"no fuse store at {self.path} {_NO_STORE_HINT}")
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _private_folder(Path(self.path).parent)
             _create_private(self.path)
         self._lock = threading.RLock()
         self._in_change = False
@@ -923,7 +957,7 @@ class PgStore(Store):
     _claim_suffix = " FOR UPDATE SKIP LOCKED"
     _row_lock = " FOR UPDATE"
 
-    def __init__(self, url: str, connect_timeout_s: float = 3.0):
+    def __init__(self, url: str, connect_timeout_s: float = 3.0, existing: bool = False):
         self.url = url
         self.path = store_label(url)  # what logs and errors may show: no password
         self.connect_timeout_s = connect_timeout_s
@@ -938,6 +972,10 @@ class PgStore(Store):
         self._offset_busy = threading.Event()
         try:
             self._connect()
+            if existing and not self._rows("SELECT to_regclass('schema_version') IS NOT NULL")[0][0]:
+                self._db.close()
+                raise NoStoreError(f"no fuse store at {self.path} (a database without the fuse's schema) "
+                                   f"{_NO_STORE_HINT}")
             self._migrate()
             self._offset_busy.set()
             self._measure_offset()  # before the first clock() a caller reads

@@ -53,7 +53,7 @@ from .logsafe import install
 log = install(logging.getLogger("fusebox.fuse"))
 
 __all__ = ["Tokens", "TokenFiles", "read_token_file", "read_people_file", "permission_warnings", "match",
-           "MIN_TOKEN_LENGTH", "NoTokens"]
+           "MIN_TOKEN_LENGTH", "NoTokens", "check_token_length"]
 
 # Shortest token accepted from a file, characters (32 random bytes in base64 are 44).
 MIN_TOKEN_LENGTH = 32
@@ -137,7 +137,9 @@ def _read_whole(path: str | os.PathLike) -> str:
     raise OSError(f"{path}: changed while being read ({_READ_TRIES} tries); read again on its next change")
 
 
-def _check_length(path, tok: str, where: str = "") -> None:
+def check_token_length(path, tok: str, where: str = "") -> None:
+    """Raise ValueError naming ``path`` (a file, or ``env NAME``) when ``tok`` is under
+    :data:`MIN_TOKEN_LENGTH` characters, with how to make one."""
     if len(tok) < MIN_TOKEN_LENGTH:
         raise ValueError(f"{path}: {where}the token is {len(tok)} characters, at least {MIN_TOKEN_LENGTH} are "
                          f"required ({_HOW})")
@@ -158,7 +160,7 @@ def read_token_file(path: str | os.PathLike) -> str:
         raise ValueError(f"{path}: a token file holds one line (the token), this one has more")
     if any(c.isspace() for c in text):
         raise ValueError(f"{path}: the token contains whitespace")
-    _check_length(path, text)
+    check_token_length(path, text)
     return text
 
 
@@ -187,7 +189,7 @@ def read_people_file(path: str | os.PathLike) -> dict[str, str]:
             raise ValueError(f"{path}: line {n}: {name} appears twice")
         if tok in seen:
             raise ValueError(f"{path}: line {n}: the same token as {seen[tok]}; give each person their own")
-        _check_length(path, tok, f"line {n}: ")
+        check_token_length(path, tok, f"line {n}: ")
         out[name], seen[tok] = tok, name
     if not out:
         raise NoTokens(f"{path}: no token (expected NAME TOKEN lines)")

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "fuse"
 SPEC = ROOT / "fusebox.yaml"
 TOKEN = "s3cret-fuse-token-0123456789abcdef"  # the webhook token (Alertmanager); 32+ characters, as files need
+GW_TOKEN = "gateway-bearer-token-0123456789abcdef"  # the gateway's token; 32+ characters, as the fuse requires
 # Override tokens, one per person (--override-tokens: "name token" lines).
 PEOPLE = {"alice": "alice-override-token-0001-abcdefgh", "bob": "bob-override-token-0002-abcdefghij"}
 
@@ -94,7 +95,7 @@ class LiveService:
         from fusebox.spec import load_spec
 
         if adapters is None:
-            adapters = [DryRun()] if dry_run else [HttpGateway(gateway_url, "gw-token", timeout_s=1.0)]
+            adapters = [DryRun()] if dry_run else [HttpGateway(gateway_url, GW_TOKEN, timeout_s=1.0)]
         self.service = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(state_path), adapters,
                                    hold_s=hold_s, backoff_s=backoff_s, backoff_max_s=backoff_max_s,
                                    tick_s=tick_s, dry_run=dry_run, **({"clock": clock} if clock else {}))

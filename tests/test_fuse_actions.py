@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from _fuse_support import LiveService, alert, payload, wait_for
+from _fuse_support import GW_TOKEN, LiveService, alert, payload, wait_for
 
 from fusebox.fuse.actions import DryRun, HttpGateway, VllmResetPrefixCache
 from fusebox.fuse.gateway import ReferenceGateway, read_log
@@ -92,12 +92,12 @@ def test_bearer_matches(header, ok):
 def test_reference_gateway_accepts_a_lower_case_bearer_scheme(tmp_path):
     from fusebox.fuse.gateway import ReferenceGateway
 
-    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", "tok")
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", GW_TOKEN)
     gw.start()
     try:
         body = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "r", "scope": {},
                 "decision_id": "d1"}
-        r = httpx.post(gw.url + "/v1/control/fuse", json=body, headers={"Authorization": "bearer tok"}, timeout=5)
+        r = httpx.post(gw.url + "/v1/control/fuse", json=body, headers={"Authorization": f"bearer {GW_TOKEN}"}, timeout=5)
         assert r.status_code == 200
     finally:
         gw.stop()
@@ -106,11 +106,11 @@ def test_reference_gateway_accepts_a_lower_case_bearer_scheme(tmp_path):
 def test_reference_gateway_answers_400_to_a_deeply_nested_body(tmp_path):
     from fusebox.fuse.gateway import ReferenceGateway
 
-    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", "tok")
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", GW_TOKEN)
     gw.start()
     try:
         r = httpx.post(gw.url + "/v1/control/fuse", content="[" * 100_000 + "]" * 100_000,
-                       headers={"Authorization": "Bearer tok"}, timeout=5)
+                       headers={"Authorization": f"Bearer {GW_TOKEN}"}, timeout=5)
         assert r.status_code == 400
         assert read_log(tmp_path / "gw.jsonl") == []
     finally:

@@ -229,3 +229,18 @@ def test_a_restarted_service_does_not_audit_a_refused_episode_again(tmp_path):
         rows = svc.store.audit_log(100, kinds=("ignored",))
         svc.store.close()
         assert len(rows) == 1, rows
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
+def test_a_notification_sent_without_the_json_content_type_is_told_to_send_it_as_json(client, svc, content_type):
+    # curl -d sends application/x-www-form-urlencoded unless told otherwise; the body is Alertmanager's JSON
+    body = _raw(payload(alert("GPUMemoryUtilizationHigh", starts=T0, **GPU)))
+    r = client.post("/alertmanager", content=body, headers={**WEBHOOK, "Content-Type": content_type})
+    assert r.status_code == 400
+    assert r.json()["error"] == ("body must be sent as JSON with Content-Type: application/json "
+                                 f"(this request's Content-Type: {content_type})")
+    assert svc.store.audit_log() == []
+    # with the JSON content type, a body that is not JSON is still answered 400 as such
+    r = client.post("/alertmanager", content=b"version=4", headers=WEBHOOK)
+    assert r.status_code == 400 and r.json()["error"].startswith("body is not JSON"), r.text
+    _service_still_works(client, svc)

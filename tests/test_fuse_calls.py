@@ -14,7 +14,7 @@ import time
 
 import pytest
 import yaml
-from _fuse_support import SPEC, TOKEN, wait_for
+from _fuse_support import GW_TOKEN, SPEC, TOKEN, wait_for
 from _slow_peers import BYTES, GAP, TrickleHttp, TrickleSocket
 
 from fusebox.fuse.actions import ActionError, HttpGateway, VllmResetPrefixCache
@@ -37,7 +37,7 @@ def _spec_adapter(tmp_path, name: str, a: dict):
 
 TARGET = [{"match": {"engine": "engine-0"}, "worker_url": "http://127.0.0.1:9"}]
 HTTP_ADAPTERS = {
-    "the gateway (--gateway-url)": lambda url, tmp: HttpGateway(url, "gw-token", timeout_s=DEADLINE),
+    "the gateway (--gateway-url)": lambda url, tmp: HttpGateway(url, GW_TOKEN, timeout_s=DEADLINE),
     "vLLM's reset (--vllm-url)": lambda url, tmp: VllmResetPrefixCache(url, timeout_s=DEADLINE),
     "a spec http action": lambda url, tmp: _spec_adapter(tmp, "dyn", {
         "kind": "http", "actions": ["freeze_admissions"], "hosts": [url.removeprefix("http://")], "timeout": "1s",

@@ -147,3 +147,12 @@ def test_state_dir_that_is_a_file_is_a_clear_error(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert f"--state-dir {tmp_path / 'f'}: not a directory -- " in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_folder_state_file_creates_is_0700_as_state_dir_makes_its_own(tmp_path):
+    old = os.umask(0)
+    try:
+        _built_state(_state_args(tmp_path, "--state", str(tmp_path / "x" / "my.db")))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "x").stat().st_mode) == 0o700

@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from _dashboards_support import prometheus, query, serve_text
-from _fuse_support import SPEC, TOKEN, LiveService, alert, payload, wait_for
+from _fuse_support import GW_TOKEN, SPEC, TOKEN, LiveService, alert, payload, wait_for
 from _gateways import StandInEngine, sglang_gateway, sglang_workers
 from test_fuse_adapters import write_spec
 
@@ -285,7 +285,7 @@ def test_applied_survives_a_restart_and_another_replica_reads_it_from_the_store(
         ref.stop()
     assert [r["state"] for r in read_log(tmp_path / "gw.jsonl")] == ["trip"]
     again = FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"),
-                        [HttpGateway(ref.url, "gw-token")], hold_s=60)
+                        [HttpGateway(ref.url, GW_TOKEN)], hold_s=60)
     try:
         (sc,) = [s for s in again.state()["scopes"] if s["key"] == scope_key(gpu(GPU_A))]
         assert (sc["levels"]["1"]["applied"], sc["levels"]["1"]["applied_by"]) == (True, ["gateway"])

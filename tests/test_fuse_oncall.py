@@ -190,17 +190,22 @@ def test_override_cli_as_a_command(served, tmp_path):
     assert "TRIPPED SINCE (UTC)" in r.stdout
 
 
-def test_json_logs_one_object_per_line_with_decision_fields(served):
-    url, tmp, p = served
-    r = httpx.post(url + "/alertmanager", json=payload(alert("GPUMemoryUtilizationHigh", cluster="c9", hw_id="G9")),
-                   headers=HOOK)
+def _gpu_decision(served, **scope) -> tuple[str, list[dict]]:
+    """POST a GPU memory alert on ``scope`` to the served fuse; (its decision_id, every stderr line as
+    JSON once the decision's dry-run call is logged)."""
+    url, tmp, _ = served
+    r = httpx.post(url + "/alertmanager", json=payload(alert("GPUMemoryUtilizationHigh", **scope)), headers=HOOK)
     assert r.status_code == 200
     did = r.json()["decisions"][0]["decision_id"]
     # the served fixture is shared: wait for THIS decision's dry-run call, not an earlier test's
     wait_for(lambda: any(did in line and "not applied (dry-run)" in line for line in (tmp / "stderr.log").read_text().splitlines()),
              10, what="the decision and its dry-run call logged")
     lines = [line for line in (tmp / "stderr.log").read_text().splitlines() if line.strip()]
-    docs = [json.loads(line) for line in lines]  # every line is one JSON object
+    return did, [json.loads(line) for line in lines]  # every line is one JSON object
+
+
+def test_json_logs_one_object_per_line_with_decision_fields(served):
+    did, docs = _gpu_decision(served, cluster="c9", hw_id="G9")
     assert all({"time", "level", "logger", "message"} <= d.keys() for d in docs)
     # the start-up lines are JSON too (the store's migrations come first, then the listening line)
     assert any(d["message"].startswith("fusebox fuse serve: listening on ") for d in docs[:8]), docs[:8]
@@ -211,6 +216,15 @@ def test_json_logs_one_object_per_line_with_decision_fields(served):
     call = next(d for d in mine if d.get("adapter") == "dry-run" and "not applied" in d["message"])
     assert call["attempt"] == 1 and call["scope"] == '{cluster="c9",hw_id="G9"}'
     datetime.strptime(trip["time"], "%Y-%m-%dT%H:%M:%S.%fZ")  # UTC ISO-8601
+
+
+def test_the_dry_run_would_line_carries_the_decision_fields_and_the_scope_key(served):
+    did, docs = _gpu_decision(served, cluster="c8", hw_id="G8")
+    (would,) = [d for d in docs if d["message"].startswith("dry-run: would") and "G8" in d["message"]]
+    key = '{cluster="c8",hw_id="G8"}'  # the scope key as docs/fuse.md "Logs" writes it, labels in scope order
+    assert (would["decision_id"], would["scope"], would["action"], would["fuse_level"], would["state"],
+            would["adapter"]) == (did, key, "freeze_admissions", 1, "trip", "dry-run")
+    assert would["message"].startswith(f"dry-run: would trip freeze_admissions (level 1) on {key}: "), would
 
 
 def test_text_logs_stay_the_default():

@@ -18,7 +18,7 @@ import time
 
 import httpx
 import pytest
-from _fuse_support import PEOPLE, ROOT, SPEC, TOKEN, alert, free_port, payload, wait_for
+from _fuse_support import GW_TOKEN, PEOPLE, ROOT, SPEC, TOKEN, alert, free_port, payload, wait_for
 from fastapi.testclient import TestClient
 
 from fusebox.fuse.actions import DryRun
@@ -213,7 +213,7 @@ def test_gateway_answers_and_internal_urls_stay_off_the_page_and_metrics_but_in_
     from fusebox.fuse.actions import HttpGateway, VllmResetPrefixCache
 
     secret = "db-password=hunter2 at http://10.1.2.3:5432"
-    gw = HttpGateway("http://gateway.internal:8080", "gw-token")
+    gw = HttpGateway("http://gateway.internal:8080", GW_TOKEN)
     gw._client = httpx.Client(transport=httpx.MockTransport(lambda req: httpx.Response(400, text=secret)))
     vllm = VllmResetPrefixCache("http://vllm-0.internal:8000", "e0", max_attempts=1)
     vllm._client = httpx.Client(transport=httpx.MockTransport(lambda req: httpx.Response(500, text=secret)))

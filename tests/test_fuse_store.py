@@ -6,6 +6,7 @@ hold/override timer ended by a replica other than the one that set it, and the a
 from __future__ import annotations
 
 import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -295,3 +296,87 @@ def test_audit_rows_are_pruned_only_after_their_export_and_the_prune_is_recorded
     s = open_store(url)
     assert len([a for a in s.audit_log(100) if a["kind"] == "override"]) == 5
     s.close()
+
+
+def _audit(*args: str, env: dict | None = None, umask: int | None = None) -> subprocess.CompletedProcess:
+    """``fusebox fuse audit ARGS`` as a user runs it (no ``--store`` added)."""
+    import os
+
+    return subprocess.run([sys.executable, "-m", "fusebox.cli", "fuse", "audit", *args], capture_output=True,
+                          text=True, timeout=120, env=env,
+                          preexec_fn=None if umask is None else (lambda: os.umask(umask)))
+
+
+@pytest.mark.parametrize("command,out", [("export", "--out"), ("prune", "--export")])
+def test_audit_on_a_mistyped_store_path_is_an_error_and_creates_nothing(tmp_path, command, out):
+    typo = tmp_path / "some" / "typo" / "fuse.sqlite"
+    r = _audit(command, "--before", "30d", out, str(tmp_path / "x.jsonl"), "--store", f"sqlite:///{typo}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"no fuse store at {typo} -- check --store" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_audit_without_store_and_no_default_store_is_an_error_and_creates_nothing(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "FUSEBOX_FUSE_STORE"}
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "data"))
+    r = _audit("prune", "--before", "30d", "--export", str(tmp_path / "x.jsonl"), env=env)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"no fuse store at {tmp_path / 'data' / 'fusebox' / 'fuse.sqlite'}" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_audit_on_a_file_without_the_fuse_schema_is_an_error_and_leaves_it_as_it_was(tmp_path):
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    r = _audit("prune", "--before", "30d", "--export", str(tmp_path / "x.jsonl"), "--store", f"sqlite:///{empty}")
+    assert r.returncode == 1 and f"no fuse store at {empty}" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.sqlite"] and empty.read_bytes() == b""
+
+
+def test_audit_on_a_postgresql_database_without_the_fuse_schema_is_an_error_and_creates_no_table(pg):
+    import psycopg
+
+    url = pg.create_db("noschema")
+    r = _audit("prune", "--before", "30d", "--export", "/nonexistent/x.jsonl", "--store", url)
+    assert r.returncode == 1 and "no fuse store at" in r.stderr and "without the fuse's schema" in r.stderr, r.stderr
+    with psycopg.connect(url) as c:
+        assert c.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+                         ).fetchone()[0] == 0
+
+
+def test_a_prune_with_nothing_that_old_writes_no_export_and_exports_are_private(tmp_path):
+    import json
+
+    url = f"sqlite:///{tmp_path / 'fuse.sqlite'}"
+    s = open_store(url)
+    for i in range(3):  # at 1000 ... 1002
+        s.audit({"at": 1000.0 + i, "kind": "override", "reason": f"r{i}"})
+    s.close()
+    out = tmp_path / "none.jsonl"
+    r = _audit("prune", "--before", "999", "--export", str(out), "--store", url, umask=0)
+    assert r.returncode == 0 and "nothing pruned" in r.stdout, r.stdout + r.stderr
+    assert not out.exists() and not (tmp_path / "none.jsonl.partial").exists()
+    for command, flag in (("export", "--out"), ("prune", "--export")):
+        f = tmp_path / f"{command}.jsonl"
+        r = _audit(command, "--before", "1002", flag, str(f), "--store", url, umask=0)
+        assert r.returncode == 0, r.stderr
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        assert [json.loads(line)["reason"] for line in f.read_text().splitlines()] == ["r0", "r1"]
+
+
+def test_the_docs_list_every_audit_kind_the_fuse_writes():
+    """docs/fuse.md's list of audit kinds holds every ``"kind": "..."`` the fuse's code writes."""
+    import re
+
+    from _fuse_support import ROOT
+
+    written: set[str] = set()
+    for src in (ROOT / "fuse").glob("*.py"):
+        for m in re.finditer(r'"kind":\s*"(\w+)"(?:\s+if\s+[\w.]+\s+else\s+"(\w+)")?', src.read_text()):
+            written.update(k for k in m.groups() if k)
+    assert {"applied", "dry_run", "override", "pruned"} <= written  # the scan reads the code's forms
+    docs = (ROOT / "docs" / "fuse.md").read_text()
+    listed = docs[docs.index("its kinds are"):docs.index("`applied` rows record")]
+    assert written - set(re.findall(r"`(\w+)`", listed)) == set()

@@ -98,6 +98,68 @@ def test_a_token_under_32_characters_is_refused_at_start_naming_the_file(tmp_pat
     assert "/dev/urandom" in r.stderr  # how to make one
 
 
+GATEWAY_COMMANDS = {
+    "fuse serve --gateway-token-file": ["serve", "--spec", str(SPEC), "--webhook-token-file", "HOOK",
+                                        "--gateway-url", "http://127.0.0.1:9", "--gateway-token-file", "GW"],
+    "fuse gateway --token-file": ["gateway", "--log", "LOG", "--token-file", "GW"],
+}
+
+
+def _gateway_command(tmp_path, which: str, gateway_token: str, env_token: str | None = None):
+    """``fusebox fuse <which>`` with ``gateway_token`` in its gateway token file (and env
+    FUSEBOX_GATEWAY_TOKEN set to ``env_token``): (argv, env)."""
+    import os
+
+    hook, _, _ = _files(tmp_path, PEOPLE)
+    (tmp_path / "gw").write_text(gateway_token + "\n")
+    files = {"HOOK": str(hook), "GW": str(tmp_path / "gw"), "LOG": str(tmp_path / "gw.jsonl")}
+    argv = [sys.executable, "-m", "fusebox.cli", "fuse", *[files.get(a, a) for a in GATEWAY_COMMANDS[which]],
+            "--listen", f"127.0.0.1:{free_port()}"]
+    if which.startswith("fuse serve"):
+        argv += ["--state", str(tmp_path / "s.sqlite")]
+    env = {k: v for k, v in os.environ.items() if k != "FUSEBOX_GATEWAY_TOKEN"}
+    if env_token is not None:
+        env["FUSEBOX_GATEWAY_TOKEN"] = env_token
+    return argv, env
+
+
+@pytest.mark.parametrize("from_env", [False, True], ids=["file", "env FUSEBOX_GATEWAY_TOKEN"])
+@pytest.mark.parametrize("which", GATEWAY_COMMANDS)
+def test_a_gateway_token_under_32_characters_is_refused_at_start_as_the_fuses_own(tmp_path, which, from_env):
+    short = "gw-11-chars"  # the 11-character token a user had working
+    good = secrets.token_urlsafe(32)
+    argv, env = _gateway_command(tmp_path, which, good if from_env else short, short if from_env else None)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, r.stderr
+    where = "env FUSEBOX_GATEWAY_TOKEN" if from_env else str(tmp_path / "gw")
+    assert f"{where}: the token is 11 characters, at least 32 are required" in r.stderr, r.stderr
+    assert "/dev/urandom" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "gw.jsonl").exists()
+
+
+def test_the_reference_gateway_with_a_32_character_token_requires_it(tmp_path):
+    token = "g" * MIN_TOKEN_LENGTH
+    argv, env = _gateway_command(tmp_path, "fuse gateway --token-file", token)
+    url = f"http://127.0.0.1:{argv[-1].rpartition(':')[2]}/v1/control/fuse"
+    body = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "r", "scope": {}, "decision_id": "d1"}
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_for(lambda: _answers(url), 30, 0.1, "fuse gateway")
+        assert httpx.post(url, json=body, headers=bearer(token[:-1]), timeout=10).status_code == 401
+        assert httpx.post(url, json=body, headers=bearer(token), timeout=10).status_code == 200
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+
+
+def _answers(url):
+    try:
+        httpx.get(url, timeout=1)
+        return True
+    except httpx.HTTPError:
+        return False
+
+
 def test_sighup_revokes_a_removed_token_of_the_served_process(tmp_path):
     hook, people, _ = _files(tmp_path, PEOPLE)
     port = free_port()
