@@ -56,14 +56,28 @@ class AppliedLevels:
         unless that is the trip decision of a level still tripped."""
         with self._lock:
             rec = self._recs.get((key, level))
-            if rec is None or rec["decision_id"] != decision_id:
+            if rec is None or (rec["decision_id"] != decision_id and decision_id not in rec.get("again", ())):
                 return
             if adapter in rec["pending"]:
                 rec["pending"].remove(adapter)
-            if applied:
-                rec["applied_by"].append(adapter)
-            else:
+            if applied:  # (again, after a give-up: the reconciler queued it once more) -- no longer "not applied"
+                if adapter not in rec["applied_by"]:
+                    rec["applied_by"].append(adapter)
+                rec["not_applied"] = [n for n in rec["not_applied"] if n["adapter"] != adapter]
+            elif adapter not in rec["applied_by"]:
+                rec["not_applied"] = [n for n in rec["not_applied"] if n["adapter"] != adapter]
                 rec["not_applied"].append({"adapter": adapter, "why": why})
+
+    def requeued(self, key: str, level: int, decision_id: str, adapter: str) -> None:
+        """The reconciler queued the trip of (``key``, ``level``) again for ``adapter`` as
+        ``decision_id``: its outcome counts for that level like the trip's own."""
+        with self._lock:
+            rec = self._recs.get((key, level))
+            if rec is None:
+                return
+            rec.setdefault("again", set()).add(decision_id)
+            if adapter not in rec["pending"] and adapter not in rec["applied_by"]:
+                rec["pending"].append(adapter)
 
     def has(self, key: str, level: int) -> bool:
         """Whether (``key``, ``level``) has a record."""
@@ -95,6 +109,8 @@ class AppliedLevels:
             key, level, did = row.get("scope_key") or "", int(row.get("level") or 0), row.get("decision_id") or ""
             if row["kind"] in ("trip", "release"):
                 self.decided(key, level, row["kind"], did, waiting.get(did, []), row.get("action") or "")
+            elif row["kind"] == "reconcile":
+                self.requeued(key, level, did, row.get("source") or "")
             elif row["kind"] in ("applied", "failed", "dry_run"):
                 with self._lock:
                     rec = self._recs.get((key, level))

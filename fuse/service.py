@@ -634,6 +634,8 @@ class FuseService:
             {"at": now, "kind": "reconcile", "decision_id": did, "scope_key": key, "level": p["level"],
              "action": p["action"], "source": label, "reason": reason, "detail": {"adapter": name}}])
         self.metrics.reconciliations.labels(label).inc()
+        if p["state"] == "trip":  # its outcome counts for the level's applied record (fuse/applied.py)
+            self.applied.requeued(key, int(p["level"]), did, label)
         log.warning("%s", reason, extra={"decision_id": did, "scope": key, "action": p["action"],
                                          "fuse_level": p["level"], "state": p["state"], "adapter": label})
         self._wakes[name].set()
@@ -689,7 +691,8 @@ class FuseService:
     def _restore_applied(self) -> None:
         """Rebuild :attr:`applied` from the audit log and the pending outbox (fuse/applied.py)."""
         version = self._version
-        self.applied.restore(self.store.audit_log(RESTORE_ROWS, kinds=("trip", "release", "applied", "failed", "dry_run")),
+        self.applied.restore(self.store.audit_log(RESTORE_ROWS, kinds=("trip", "release", "reconcile", "applied", "failed",
+                                                                   "dry_run")),
                              [(row["decision_id"], self.labels[a]) for a in self.adapters for row in self.store.pending(a)])
         self._applied_version = version
 

@@ -630,15 +630,26 @@ def test_haproxy_a_trip_given_up_is_applied_by_the_reconciler_once_haproxy_answe
             away.rename(sock)
         assert show() == {"engine0": 0, "engine1": 0}
         assert svc.state()["levels"] == {'{engine="engine-0"}': 1}
+        level = _level_one(svc)  # tripped, and /state says the call was given up: not applied
+        assert (level["applied"], level["applied_by"]) == (False, [])
+        assert [n["adapter"] for n in level["not_applied"]] == ["lb"]  # the adapter's label (the spec's name)
         assert svc.service.reconcile() == 1
         wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained by the reconciler")
         _drained(svc)
+        level = _level_one(svc)  # applied by the reconciler's call: no longer listed as not applied
+        assert (level["applied"], level["applied_by"], level["not_applied"]) == (True, ["lb"], [])
         assert svc.service.reconcile() == 0
         haproxy_cmd(sock, "set server be_llm/engine0 state ready")
         assert show() == {"engine0": 0, "engine1": 0}
         assert svc.service.reconcile() == 1
         wait_for(lambda: show() == {"engine0": 8, "engine1": 0}, 10, what="engine0 drained again")
         assert _reconciled(svc, "lb") == 2
+
+
+def _level_one(svc) -> dict:
+    """Level 1 of the one scope /state holds (with its applied, applied_by, not_applied)."""
+    (scope,) = svc.state()["scopes"]
+    return scope["levels"]["1"]
 
 
 def test_an_adapter_that_cannot_report_is_not_reconciled(capture, tmp_path):
