@@ -13,7 +13,7 @@ import httpx
 import pytest
 from _dashboards_support import prometheus, query, serve_text
 from _fuse_support import GW_TOKEN, SPEC, TOKEN, LiveService, alert, payload, wait_for
-from _gateways import StandInEngine, sglang_gateway, sglang_workers
+from _gateways import StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
 from test_fuse_adapters import write_spec
 
 from fusebox.fuse.adapters import build_adapters
@@ -118,6 +118,30 @@ def test_a_gpu_trip_takes_out_exactly_the_workers_on_that_gpu_and_state_tells_ap
         assert svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", starts=1_700_000_000,
                                       **gpu(GPU_A)))).status_code == 200
         wait_for(lambda: set(sglang_workers(gw.url)) == everyone, 15, what="the workers on GPU A back")
+
+
+def test_a_gpu_trip_takes_the_workers_on_that_gpu_out_of_the_real_vllm_router(cluster, tmp_path):
+    """The same join through the vLLM router (GET /list_workers, POST /remove_worker, /add_worker):
+    GPU A's two engines leave its list, engine-b stays; the release puts exactly them back."""
+    prom, engines, _gw = cluster
+    on_a = {engines["engine-a"].url, engines["engine-c"].url}
+    everyone = {e.url for e in engines.values()}
+    router = vllm_router(sorted(everyone), tmp_path / "vllm-router.log")
+    try:
+        spec = load_spec(write_spec(tmp_path, {"router": {
+            "kind": "vllm_router", "url": router.url, "actions": ["freeze_admissions"], "timeout": "2s",
+            "discover": {"prometheus": prom, "ttl": "30s"}}}))
+        with LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters), hold_s=0.3) as svc:
+            assert svc.post(payload(alert("GPUMemoryUtilizationHigh", starts=1_700_000_000,
+                                          **gpu(GPU_A)))).status_code == 200
+            wait_for(lambda: set(vllm_workers(router.url)) == everyone - on_a, 15, what="the workers on GPU A out")
+            st = wait_for(lambda: (s := level(svc, gpu(GPU_A), "1"))["applied"] and s, 10, what="applied in /state")
+            assert (st["applied_by"], st["pending"], st["not_applied"]) == (["router"], [], [])
+            assert svc.post(payload(alert("GPUMemoryUtilizationHigh", "resolved", starts=1_700_000_000,
+                                          **gpu(GPU_A)))).status_code == 200
+            wait_for(lambda: set(vllm_workers(router.url)) == everyone, 15, what="the workers on GPU A back")
+    finally:
+        router.stop()
 
 
 def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryable_refusal(cluster):
