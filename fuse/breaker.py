@@ -42,7 +42,7 @@ from fusebox.conventions import SCOPE_LABELS
 
 from .rules import FuseRules, Refusal, scope_key, scope_of
 
-__all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound"]
+__all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound", "DEFAULT_HOLD_S"]
 
 # How long a "resolved" is remembered to reject a stale "firing" of the same alert instance.
 TOMBSTONE_S = 24 * 3600.0
@@ -52,6 +52,8 @@ MAX_SCOPES = 10_000
 MAX_TOMBSTONES = 100_000
 # Kinds of the rows :meth:`Breaker.changes` and :meth:`Breaker.apply` exchange with the store.
 SCOPE_ROW, RESOLVED_ROW = "s", "r"
+# Seconds without a holder before a level is released (``fusebox fuse serve --hold``'s default).
+DEFAULT_HOLD_S = 300.0
 
 
 class OverrideError(ValueError):
@@ -141,7 +143,7 @@ class Breaker:
     scopes and tombstones touched since the last :meth:`done`), :meth:`done` ends it.
     """
 
-    def __init__(self, rules: FuseRules, hold_s: float = 300.0, *, max_scopes: int = MAX_SCOPES):
+    def __init__(self, rules: FuseRules, hold_s: float = DEFAULT_HOLD_S, *, max_scopes: int = MAX_SCOPES):
         if hold_s < 0:
             raise ValueError("hold_s must be >= 0")
         if max_scopes < 1:

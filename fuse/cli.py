@@ -13,6 +13,8 @@ from pathlib import Path
 
 from fusebox import conventions as C
 
+from .breaker import DEFAULT_HOLD_S
+
 DEFAULT_LISTEN = "127.0.0.1:9095"
 DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
 STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
@@ -113,7 +115,8 @@ def register(subparsers) -> None:
                                              "prometheus (GPU scope -> the workers on that GPU)")
     s.add_argument("--gateway-token-file", help="token for the gateway, at least 32 characters (env FUSEBOX_GATEWAY_TOKEN wins)")
     s.add_argument("--dry-run", action="store_true", help="log each decision, call nothing")
-    s.add_argument("--hold", type=_seconds, default=300.0, help="seconds without alerts before a release (default 300)")
+    s.add_argument("--hold", type=_seconds, default=DEFAULT_HOLD_S,
+                   help=f"seconds without alerts before a release (default {DEFAULT_HOLD_S:g})")
     s.add_argument("--retry-backoff", type=_seconds, default=0.5, help="first retry delay, doubling (default 0.5 s)")
     s.add_argument("--retry-max", type=_seconds, default=30.0, help="longest retry delay (default 30 s)")
     s.add_argument("--timeout", type=_seconds, default=5.0, help="a gateway or vLLM call's total deadline, connect to last byte (default 5 s)")
