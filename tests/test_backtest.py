@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from _support import ROOT, SPEC
+from _support import ROOT, SPEC, need
 from fusebox.cli import main
-from fusebox.tooling import victoriametrics_tool
+from fusebox.tooling import free_port, victoriametrics_tool
 
 pytestmark = [pytest.mark.tools]
 
@@ -45,13 +48,13 @@ def _write_breach(path: Path, spec, *, above_s: int = 90, before_s: int = 120, a
     seconds)."""
     thr = _tier(_gpu_signal(spec), "critical").threshold
     total = 80 * GIB
-    lines = []
+    lines = ["# TYPE hw_gpu_memory_usage_bytes gauge"]
     for t in range(T0 - before_s, T0 + after_s + 1, step):
         frac = thr + 0.01 if T0 <= t < T0 + above_s else thr - 0.10
         lines.append(f"hw_gpu_memory_usage_bytes{{{LABELS}}} {math.ceil(total * frac)} {t}")
+    lines.append("# TYPE hw_gpu_memory_limit_bytes gauge")
     lines += [f"hw_gpu_memory_limit_bytes{{{LABELS}}} {total} {t}" for t in range(T0 - before_s, T0 + after_s + 1, step)]
-    path.write_text("# TYPE hw_gpu_memory_usage_bytes gauge\n# TYPE hw_gpu_memory_limit_bytes gauge\n" + "\n".join(lines)
-                    + "\n# EOF\n")
+    path.write_text("\n".join(lines) + "\n# EOF\n")
 
 
 def _run(capsys, *args) -> tuple[int, str, str]:
@@ -243,3 +246,48 @@ def test_the_shipped_incident_fires_each_critical_and_trips_each_level_once(caps
         assert tripped[level]["fuse_action"] == tier.fuse and a["alertname"] in tripped[level]["alerts"]
         (rel,) = [f for f in releases if f["level"] == level]
         assert rel["at"] >= max(x["resolved_at"] for x, _ in fired) + 10
+
+
+@pytest.fixture(scope="module")
+def prometheus_with_breach(tmp_path_factory, breach):
+    """A real Prometheus serving the breach recording: its blocks built by
+    `promtool tsdb create-blocks-from openmetrics`, retention long enough to keep them."""
+    promtool, prometheus = need("promtool"), need("prometheus")
+    d = tmp_path_factory.mktemp("prom")
+    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(breach), str(d / "data")], check=True,
+                   capture_output=True)
+    (d / "prometheus.yml").write_text("global: {}\n")
+    port = free_port()
+    proc = subprocess.Popen([prometheus, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if urllib.request.urlopen(f"{url}/-/ready", timeout=1).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_prometheus_url_and_window_gives_what_the_file_gives(capsys, breach, prometheus_with_breach):
+    a = _json(capsys, "--openmetrics", breach, "--spec", SPEC)
+    b = _json(capsys, "--url", prometheus_with_breach, "--start", T0 - 120, "--end", T0 + 240, "--spec", SPEC)
+    assert (a["start"], a["end"]) == (b["start"], b["end"])
+    assert (a["alerts"], a["fuse"]) == (b["alerts"], b["fuse"])
+
+
+def test_a_url_window_without_the_rules_metrics_is_refused(capsys, prometheus_with_breach):
+    rc, out, err = _run(capsys, "--url", prometheus_with_breach, "--start", T0 + 86400, "--end", T0 + 86400 + 600,
+                        "--spec", SPEC)
+    assert rc == 2 and out == "" and "no sample between" in err
+
+
+def test_an_empty_url_window_is_refused(capsys, prometheus_with_breach):
+    rc, out, err = _run(capsys, "--url", prometheus_with_breach, "--start", T0, "--end", T0, "--spec", SPEC)
+    assert rc == 2 and out == "" and "the window is empty" in err

@@ -238,7 +238,7 @@ def read_url(base: str, start_s: float, end_s: float, wanted: set[str], *, timeo
     present = set(_get_json(f"{base}/api/v1/label/__name__/values?{q}", timeout_s).get("data") or [])
     names = sorted(present & wanted)
     rec = Recording(base)
-    window = max(1, math.ceil(end_s - start_s))
+    window = math.ceil(end_s - start_s) + 1  # a range selector is open on the left (Prometheus 3): one more second
     for name in names:
         q = urllib.parse.urlencode({"query": f'{{__name__="{name}"}}[{window}s]', "time": f"{end_s:.3f}"})
         for s in _get_json(f"{base}/api/v1/query?{q}", timeout_s)["data"].get("result", []):
