@@ -291,3 +291,15 @@ def test_a_url_window_without_the_rules_metrics_is_refused(capsys, prometheus_wi
 def test_an_empty_url_window_is_refused(capsys, prometheus_with_breach):
     rc, out, err = _run(capsys, "--url", prometheus_with_breach, "--start", T0, "--end", T0, "--spec", SPEC)
     assert rc == 2 and out == "" and "the window is empty" in err
+
+
+def test_alerts_carry_the_labels_prometheus_gives_them(capsys, spec, breach):
+    """The rule's labels and the expression's, nothing an engine adds of its own (vmalert's
+    ``alertgroup``): the fingerprint the fuse keys on is the one a Prometheus would send."""
+    sig = _gpu_signal(spec)
+    crit = _tier(sig, "critical")
+    doc = _json(capsys, "--openmetrics", breach, "--spec", SPEC)
+    a = _one(doc["alerts"], sig.alert, crit.severity)
+    rule_labels = {"alertname": sig.alert, "severity": crit.severity, "fuse_action": crit.fuse,
+                   "fuse_level": str(spec.actions[crit.fuse].level), "signal": sig.name, "fusebox": spec.name}
+    assert a["labels"] == {**rule_labels, **SCOPE}

@@ -17,6 +17,8 @@ What this module adds to the engines, and why:
   VictoriaMetrics' ``/internal/force_flush`` makes its output searchable before the next.
   A record is thus read at the timestamp it was computed for, as Prometheus reads a record
   evaluated earlier in the same group.
+* **Labels as Prometheus gives them.** ``-disableAlertgroupLabel``: vmalert's own ``alertgroup``
+  label would change the alerts' fingerprints (and match nothing across specs whose groups differ).
 * **keep_firing_for.** vmalert's replay ignores it (app/vmalert/rule/alerting.go, execRange,
   v1.151.0): a firing alert whose expression stops matching is applied Prometheus' rule here:
   it keeps firing until ``keep_firing_for`` has passed since the first evaluation without it,
@@ -242,6 +244,7 @@ def replay(rec: Recording, groups: list[dict], start_s: float, end_s: float, *,
                         [str(vmalert), f"-rule={rules_file}", f"-datasource.url={vm.url}",
                          f"-remoteWrite.url={vm.url}", f"-replay.timeFrom={_rfc3339(start_s)}",
                          f"-replay.timeTo={_rfc3339(end_s)}", "-replay.disableProgressBar", "-replay.rulesDelay=0",
+                         "-disableAlertgroupLabel",
                          f"-httpListenAddr=127.0.0.1:{free_port()}", "-loggerLevel=ERROR"],
                         stdout=out, stderr=subprocess.STDOUT, timeout=600).returncode
                 if rc != 0:
