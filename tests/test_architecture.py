@@ -85,7 +85,7 @@ def test_imports_go_down_the_layers_only(name, is_pkg, path):
 
 def _runtime_constants():
     """(file, line, value) of every string and number constant in runtime code, docstrings left out."""
-    for folder in ("collectors", "fuse", "fusebox/demo"):
+    for folder in ("collectors", "fuse", "fusebox/demo", "fusebox/backtest"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             tree = ast.parse(path.read_text())
             docstrings = {id(n.body[0].value) for n in ast.walk(tree)
