@@ -42,15 +42,16 @@ def _tier(sig, name):
     return t
 
 
-def _write_breach(path: Path, spec, *, above_s: int = 90, before_s: int = 120, after_s: int = 240, step: int = 5) -> None:
+def _write_breach(path: Path, spec, *, above_s: int = 90, before_s: int = 120, after_s: int = 240, step: int = 5,
+                  dip: tuple[int, int] = (0, 0)) -> None:
     """One GPU: memory at (critical threshold - 10 points) until T0, 1 point above the critical
-    threshold from T0 for ``above_s``, then back down; a sample every ``step`` s (OpenMetrics,
-    seconds)."""
+    threshold from T0 for ``above_s`` (but down again from T0 + dip[0] to T0 + dip[1]), then back
+    down; a sample every ``step`` s (OpenMetrics, seconds)."""
     thr = _tier(_gpu_signal(spec), "critical").threshold
     total = 80 * GIB
     lines = ["# TYPE hw_gpu_memory_usage_bytes gauge"]
     for t in range(T0 - before_s, T0 + after_s + 1, step):
-        frac = thr + 0.01 if T0 <= t < T0 + above_s else thr - 0.10
+        frac = thr + 0.01 if T0 <= t < T0 + above_s and not T0 + dip[0] <= t < T0 + dip[1] else thr - 0.10
         lines.append(f"hw_gpu_memory_usage_bytes{{{LABELS}}} {math.ceil(total * frac)} {t}")
     lines.append("# TYPE hw_gpu_memory_limit_bytes gauge")
     lines += [f"hw_gpu_memory_limit_bytes{{{LABELS}}} {total} {t}" for t in range(T0 - before_s, T0 + after_s + 1, step)]
@@ -303,3 +304,58 @@ def test_alerts_carry_the_labels_prometheus_gives_them(capsys, spec, breach):
     rule_labels = {"alertname": sig.alert, "severity": crit.severity, "fuse_action": crit.fuse,
                    "fuse_level": str(spec.actions[crit.fuse].level), "signal": sig.name, "fusebox": spec.name}
     assert a["labels"] == {**rule_labels, **SCOPE}
+
+
+def test_an_alert_that_stops_matching_for_less_than_keep_firing_for_keeps_firing(capsys, spec, tmp_path):
+    """Memory under the threshold for two evaluations (T0 + 90, T0 + 95), back over at T0 + 100:
+    within keep_firing_for, so Prometheus never resolves it (vmalert's replay alone would resolve
+    it and fire it again after `for`): one episode, one trip, resolved keep_firing_for after the
+    last drop (T0 + 150)."""
+    sig = _gpu_signal(spec)
+    crit = _tier(sig, "critical")
+    step = spec.evaluation_interval_s
+    assert crit.keep_firing_for_s > 2 * step  # the dip must fit inside it
+    rec = tmp_path / "dip.om"
+    _write_breach(rec, spec, above_s=150, dip=(90, 100), after_s=300)
+    doc = _json(capsys, "--openmetrics", rec, "--spec", SPEC)
+    eps = [a for a in doc["alerts"] if a["alertname"] == sig.alert and a["severity"] == crit.severity]
+    assert len(eps) == 1
+    assert T0 + crit.for_s <= eps[0]["firing_at"] <= T0 + crit.for_s + step
+    assert T0 + 150 + crit.keep_firing_for_s <= eps[0]["resolved_at"] <= T0 + 150 + crit.keep_firing_for_s + step
+    assert [f["level"] for f in doc["fuse"] if f["action"] == "trip"] == [spec.actions[crit.fuse].level]
+
+
+@pytest.fixture(scope="module")
+def victoriametrics_with_breach(tmp_path_factory, breach):
+    """A real VictoriaMetrics single node holding the breach recording (imported as Prometheus
+    text with millisecond timestamps, then flushed to be searchable)."""
+    from fusebox.backtest.recording import read_openmetrics
+
+    d = tmp_path_factory.mktemp("vm")
+    port = free_port()
+    proc = subprocess.Popen([str(victoriametrics_tool("victoria-metrics")), f"-storageDataPath={d}",
+                             f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if urllib.request.urlopen(f"{url}/health", timeout=1).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        body = read_openmetrics(breach).prometheus_text().encode()
+        urllib.request.urlopen(urllib.request.Request(f"{url}/api/v1/import/prometheus", data=body), timeout=30).read()
+        urllib.request.urlopen(f"{url}/internal/force_flush", timeout=30).read()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_victoriametrics_url_and_window_gives_what_the_file_gives(capsys, breach, victoriametrics_with_breach):
+    a = _json(capsys, "--openmetrics", breach, "--spec", SPEC)
+    b = _json(capsys, "--url", victoriametrics_with_breach, "--start", "2023-11-14T22:13:00Z",
+              "--end", T0 + 240, "--spec", SPEC)
+    assert b["start"] == T0 - 120  # 2023-11-14T22:13:00Z
+    assert (a["start"], a["end"], a["alerts"], a["fuse"]) == (b["start"], b["end"], b["alerts"], b["fuse"])
