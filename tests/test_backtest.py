@@ -9,6 +9,7 @@ the spec's numbers (threshold, ``for``, ``keep_firing_for``, evaluation interval
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -249,6 +250,22 @@ def test_the_shipped_incident_fires_each_critical_and_trips_each_level_once(caps
         assert rel["at"] >= max(x["resolved_at"] for x, _ in fired) + 10
 
 
+@contextlib.contextmanager
+def _serving(proc: subprocess.Popen, url: str, ready: str):
+    """``url`` once ``proc`` answers 200 on ``ready`` (30 s at most); ``proc`` stopped after."""
+    try:
+        for _ in range(300):
+            try:
+                if urllib.request.urlopen(f"{url}{ready}", timeout=1).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def prometheus_with_breach(tmp_path_factory, breach):
     """A real Prometheus serving the breach recording: its blocks built by
@@ -262,18 +279,8 @@ def prometheus_with_breach(tmp_path_factory, breach):
     proc = subprocess.Popen([prometheus, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if urllib.request.urlopen(f"{url}/-/ready", timeout=1).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+    with _serving(proc, f"http://127.0.0.1:{port}", "/-/ready") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_a_prometheus_url_and_window_gives_what_the_file_gives(capsys, breach, prometheus_with_breach):
@@ -336,21 +343,11 @@ def victoriametrics_with_breach(tmp_path_factory, breach):
     proc = subprocess.Popen([str(victoriametrics_tool("victoria-metrics")), f"-storageDataPath={d}",
                              f"-httpListenAddr=127.0.0.1:{port}", "-retentionPeriod=100y"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if urllib.request.urlopen(f"{url}/health", timeout=1).status == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+    with _serving(proc, f"http://127.0.0.1:{port}", "/health") as url:
         body = read_openmetrics(breach).prometheus_text().encode()
         urllib.request.urlopen(urllib.request.Request(f"{url}/api/v1/import/prometheus", data=body), timeout=30).read()
         urllib.request.urlopen(f"{url}/internal/force_flush", timeout=30).read()
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_a_victoriametrics_url_and_window_gives_what_the_file_gives(capsys, breach, victoriametrics_with_breach):
