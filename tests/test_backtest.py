@@ -356,3 +356,21 @@ def test_a_victoriametrics_url_and_window_gives_what_the_file_gives(capsys, brea
               "--end", T0 + 240, "--spec", SPEC)
     assert b["start"] == T0 - 120  # 2023-11-14T22:13:00Z
     assert (a["start"], a["end"], a["alerts"], a["fuse"]) == (b["start"], b["end"], b["alerts"], b["fuse"])
+
+
+def test_compare_shows_an_alert_a_longer_for_never_fires(capsys, spec, breach, tmp_path):
+    """Over the threshold for 90 s: with `for` 100 s the critical never fires, so its firing and
+    resolution and the trip are in the first run only."""
+    sig = _gpu_signal(spec)
+    raw = yaml.safe_load(SPEC.read_text())
+    raw["signals"][sig.name]["tiers"]["critical"]["for"] = "100s"
+    other = tmp_path / "too-long.yaml"
+    other.write_text(yaml.safe_dump(raw, sort_keys=False))
+    doc = _json(capsys, "--openmetrics", breach, "--spec", SPEC, "--compare", other)
+    crit = _tier(sig, "critical")
+    gone = {m["event"] for m in doc["moves"]["alerts"]
+            if m["alertname"] == sig.alert and m["severity"] == crit.severity and m["after"] is None}
+    assert gone == {"firing_at", "resolved_at"}
+    assert [(m["action"], m["after"], m["delta_s"]) for m in doc["moves"]["fuse"]] == [("trip", None, None), ("release", None, None)]
+    rc, out, _ = _run(capsys, "--openmetrics", breach, "--spec", SPEC, "--compare", other)
+    assert rc == 0 and "no longer" in out

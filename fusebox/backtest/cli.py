@@ -206,14 +206,17 @@ def _print(doc: dict) -> None:
             m.add_column(col, overflow="fold")
         for a in doc["moves"]["alerts"]:
             m.add_row(f"{a['alertname']} {a['severity']}", _scope(a["labels"]), a["event"].replace("_at", ""),
-                      _at(a["before"], start), _at(a["after"], start), _delta(a["delta_s"]))
+                      _at(a["before"], start), _at(a["after"], start), _delta(a))
         for e in doc["moves"]["fuse"]:
             m.add_row(f"fuse level {e['level']} {e['fuse_action']}", _scope(e["scope"]), e["action"],
-                      _at(e["before"], start), _at(e["after"], start), _delta(e["delta_s"]))
+                      _at(e["before"], start), _at(e["after"], start), _delta(e))
         con.print(m)
 
 
-def _delta(d: Optional[float]) -> str:
-    if d is None:
-        return "only in one"
+def _delta(move: dict) -> str:
+    if move["after"] is None:
+        return "no longer"
+    if move["before"] is None:
+        return "new"
+    d = move["delta_s"]
     return "=" if d == 0 else f"{d:+g}s"
