@@ -27,7 +27,7 @@ def register(subparsers) -> None:
                     "release (docs/backtest.md).")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--openmetrics", metavar="FILE",
-                     help="recording: OpenMetrics (promtool tsdb dump --format=openmetrics) or concatenated "
+                     help="recording: OpenMetrics (promtool tsdb dump-openmetrics) or concatenated "
                           "/federate answers")
     src.add_argument("--url", metavar="URL", help="a Prometheus or VictoriaMetrics to read the window from "
                                                   "(with --start and --end)")
