@@ -1,0 +1,236 @@
+"""Which tests are `unit` (start no process), and the guard that holds them to it.
+
+The rule, worked out from the test files alone (no list to keep): a test is `unit` unless it is
+marked `tools`, `otelcol` or `process`, or the test function or a fixture it uses (the whole
+fixture closure pytest computes) reaches, in the files under tests/, a process or a port: the
+modules `subprocess`, `socket`, `socketserver`, `http.server`, `multiprocessing`, `uvicorn`,
+`os.fork`/`os.system`/`os.posix_spawn`/..., `asyncio.create_subprocess_*`/`asyncio.start_server`,
+or a helper (function or class, in any tests/*.py file) that does. A new test file is classified
+the same way with no mark.
+
+What the reading cannot see (product code that starts a program, e.g. the `fusebox check` run of
+promtool) the guard catches: while a `unit` test sets up, runs and tears down, starting a process
+(`subprocess.Popen`, `os.fork`, `os.posix_spawn`, `os.system`) or binding, listening on or
+connecting a network socket fails the test, naming what it did. Mark such a test
+`@pytest.mark.process` (a module: `pytestmark = pytest.mark.process`).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+NOT_UNIT_MARKS = ("tools", "otelcol", "process")
+PROCESS_MODULES = ("subprocess", "socket", "socketserver", "http.server", "multiprocessing", "uvicorn")
+PROCESS_CALLS = frozenset(
+    {f"os.{n}" for n in ("fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "spawnv", "spawnl",
+                          "execv", "execvp", "execve", "execl", "execlp")}
+    | {"asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell", "asyncio.start_server"}
+)
+
+Key = tuple[str, str]  # (module name, qualified name), e.g. ("_fuse_support", "LiveService")
+
+
+def _starts_process(dotted: str) -> bool:
+    return dotted in PROCESS_CALLS or any(dotted == m or dotted.startswith(m + ".") for m in PROCESS_MODULES)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+class _Module:
+    """One tests/*.py file: what its names are bound to, and what each top-level def refers to."""
+
+    def __init__(self, name: str, tree: ast.Module) -> None:
+        self.name = name
+        self.bound: dict[str, str] = {}  # local name -> dotted origin ("subprocess", "_support.need")
+        self.defs: dict[str, list[str]] = {}  # qualname -> dotted names it refers to (and its parameters)
+        for node in ast.walk(tree):  # imports anywhere in the file, also inside functions
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    self.bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    self.bound[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.defs[node.name] = self._refs(node)
+            elif isinstance(node, ast.ClassDef):
+                self.defs[node.name] = self._refs(node)  # a helper class: any of its methods counts
+                for sub in node.body:
+                    if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.defs[f"{node.name}.{sub.name}"] = self._refs(sub)
+
+    @staticmethod
+    def _refs(node: ast.AST) -> list[str]:
+        out = []
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.Attribute, ast.Name)):
+                d = _dotted(sub)
+                if d:
+                    out.append(d)
+        return out
+
+    def resolve(self, dotted: str) -> str:
+        """The dotted name with its first part replaced by what it is bound to in this file."""
+        head, _, rest = dotted.partition(".")
+        if head in self.bound:
+            return self.bound[head] + ("." + rest if rest else "")
+        if head in self.defs:
+            return f"{self.name}.{dotted}"
+        return dotted
+
+
+def modules(folder: Path) -> dict[str, _Module]:
+    """The *.py files of one test folder, read (not imported)."""
+    return {p.stem: _Module(p.stem, ast.parse(p.read_text(), filename=str(p))) for p in sorted(folder.glob("*.py"))}
+
+
+@cache
+def process_defs(folder: Path) -> frozenset[Key]:
+    """Every (module, qualname) in ``folder`` that reaches a process or a port, to a fixed point."""
+    return reaching(modules(folder))
+
+
+def reaching(mods: dict[str, _Module]) -> frozenset[Key]:
+    """The defs of ``mods`` that reach a process or a port, directly or through one another."""
+    found: set[Key] = set()
+    changed = True
+    while changed:
+        changed = False
+        for mod in mods.values():
+            for qual, refs in mod.defs.items():
+                if (mod.name, qual) in found:
+                    continue
+                for ref in refs:
+                    origin = mod.resolve(ref)
+                    if _starts_process(origin) or _is_found(origin, mods, found):
+                        found.add((mod.name, qual))
+                        changed = True
+                        break
+    return frozenset(found)
+
+
+def _is_found(origin: str, mods: dict[str, _Module], found: set[Key]) -> bool:
+    parts = origin.split(".")
+    if parts[0] not in mods:
+        return False
+    return any((parts[0], ".".join(parts[1:n])) in found for n in range(2, len(parts) + 1))
+
+
+def is_unit(item) -> bool:
+    """The rule in the module docstring, for one collected pytest item (read in the folder of its file)."""
+    if any(item.get_closest_marker(m) for m in NOT_UNIT_MARKS):
+        return False
+    found = process_defs(Path(item.path).parent)
+    info = getattr(item, "_fixtureinfo", None)
+    funcs = [getattr(item, "function", None)]
+    funcs += [d.func for name in item.fixturenames for d in (info.name2fixturedefs.get(name, ()) if info else ())]
+    return not any((getattr(f, "__module__", ""), getattr(f, "__qualname__", "")) in found for f in funcs)
+
+
+@contextmanager
+def guard(seen: list[str]) -> Iterator[None]:
+    """Record in ``seen`` (and refuse) every process start or network socket use while inside."""
+    patches = []
+
+    def refuse(what: str, shown_arg: int):
+        def blocked(*args, **kwargs):
+            shown = repr(args[shown_arg])[:160] if len(args) > shown_arg else ""
+            seen.append(f"{what}({shown})")
+            raise RuntimeError(f"a unit test may not call {what}: mark the test @pytest.mark.process")
+
+        return blocked
+
+    def patch(owner, attr: str, what: str, only=None):
+        original = getattr(owner, attr)
+        blocked = refuse(what, 0 if owner is os else 1)  # show the argv or address, not `self`
+        if only is None:
+            replacement = blocked
+        else:
+            def replacement(self, *args, **kwargs):
+                if only(self):
+                    return blocked(self, *args, **kwargs)
+                return original(self, *args, **kwargs)
+        setattr(owner, attr, replacement)
+        patches.append((owner, attr, original))
+
+    network = (socket.AF_INET, socket.AF_INET6)
+    patch(subprocess.Popen, "_execute_child", "subprocess.Popen")
+    for name in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp"):
+        if hasattr(os, name):
+            patch(os, name, f"os.{name}")
+    patch(socket.socket, "bind", "socket.bind")
+    patch(socket.socket, "listen", "socket.listen")
+    for name in ("connect", "connect_ex"):
+        patch(socket.socket, name, f"socket.{name}", only=lambda s: s.family in network)
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(patches):
+            setattr(owner, attr, original)
+
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "unit: starts no process and binds no port (given by tests/_unit_rule.py; `make test-unit`)")
+    config.addinivalue_line("markers", "process: starts a process or uses a port where tests/_unit_rule.py cannot see it")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if is_unit(item):
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    return (yield from _guarded(item))
+
+
+def _guarded(item):
+    """Run one phase of ``item``; a `unit` item that started a process or used a port fails, saying what it did."""
+    if not item.get_closest_marker("unit"):
+        return (yield)
+    seen: list[str] = []
+    with guard(seen):
+        try:
+            result = yield
+        except BaseException:
+            if not seen:
+                raise
+    if seen:  # raised here, not above, so that code which swallowed the refusal is caught too
+        raise pytest.fail.Exception(
+            f"{item.nodeid} is `unit` by tests/_unit_rule.py but called {'; '.join(seen)}: "
+            "mark it @pytest.mark.process (or its module: pytestmark = pytest.mark.process)",
+            pytrace=False,
+        ) from None
+    return result

@@ -1,0 +1,130 @@
+"""The `unit` marker: which tests it takes (read from the test files) and the guard that holds them to it."""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import subprocess
+import textwrap
+
+import pytest
+
+from _unit_rule import _Module, guard, reaching
+
+HELPER = """
+import http.server
+
+def serve():
+    return http.server.ThreadingHTTPServer(("127.0.0.1", 0), None)
+
+def pure():
+    return 1
+
+class Server:
+    def start(self):
+        serve()
+"""
+
+TESTS = """
+import subprocess as sp
+from _h import Server, pure
+
+def test_pure():
+    assert pure() == 1
+
+def test_server():
+    Server().start()
+
+def test_imports_inside():
+    import os
+    os.fork()
+
+def test_alias():
+    sp.run(["true"])
+
+def helper():
+    return Server
+
+def test_through_a_local_helper():
+    helper()
+
+def fixture_that_reads(tmp_path):
+    return tmp_path.read_text()
+"""
+
+
+def test_the_rule_follows_helpers_classes_aliases_and_function_level_imports():
+    mods = {"_h": _Module("_h", ast.parse(HELPER)), "t": _Module("t", ast.parse(TESTS))}
+    assert reaching(mods) == {
+        ("_h", "serve"),
+        ("_h", "Server"),
+        ("_h", "Server.start"),
+        ("t", "test_server"),
+        ("t", "test_imports_inside"),
+        ("t", "test_alias"),
+        ("t", "helper"),
+        ("t", "test_through_a_local_helper"),
+    }
+
+
+def test_the_guard_refuses_and_records_each_start_then_puts_everything_back():
+    before = (subprocess.Popen._execute_child, os.fork, os.system, socket.socket.bind, socket.socket.connect)
+    seen: list[str] = []
+    with guard(seen):
+        with pytest.raises(RuntimeError, match="mark the test @pytest.mark.process"):
+            subprocess.run(["true"])
+        with pytest.raises(RuntimeError):
+            os.fork()
+        with pytest.raises(RuntimeError):
+            os.system("true")
+        with socket.socket() as s, pytest.raises(RuntimeError):
+            s.bind(("127.0.0.1", 0))
+        with socket.socket() as s, pytest.raises(RuntimeError):
+            s.connect(("127.0.0.1", 9))
+    assert seen == [
+        "subprocess.Popen(['true'])",
+        "os.fork()",
+        "os.system('true')",
+        "socket.bind(('127.0.0.1', 0))",
+        "socket.connect(('127.0.0.1', 9))",
+    ]
+    after = (subprocess.Popen._execute_child, os.fork, os.system, socket.socket.bind, socket.socket.connect)
+    assert after == before
+
+
+def test_a_unit_test_that_starts_a_process_out_of_sight_fails_and_says_how_to_mark_it(pytester):
+    pytester.makeconftest(
+        "from _unit_rule import (pytest_collection_modifyitems, pytest_configure, pytest_runtest_call,\n"
+        "    pytest_runtest_setup, pytest_runtest_teardown)\n"
+    )
+    pytester.makepyfile(
+        test_inner=textwrap.dedent(
+            """
+            import subprocess
+
+            import pytest
+
+            from fusebox.tooling import free_port  # binds a port: product code the rule does not read
+
+            def test_pure():
+                assert 1 + 1 == 2
+
+            def test_binds_out_of_sight():
+                free_port()
+
+            @pytest.mark.process
+            def test_marked():
+                free_port()
+
+            def test_runs_a_program():
+                subprocess.run(["true"], check=True)
+            """
+        )
+    )
+    result = pytester.runpytest("-m", "unit", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1, deselected=2)
+    result.stdout.fnmatch_lines(
+        ["*test_inner.py::test_binds_out_of_sight is `unit` by tests/_unit_rule.py but called "
+         "socket.bind(('127.0.0.1', 0)): mark it @pytest.mark.process*"]
+    )
