@@ -13,17 +13,10 @@ from pathlib import Path
 
 from fusebox import conventions as C
 
+from .store import STATE_FILE, default_state_dir
+
 DEFAULT_LISTEN = "127.0.0.1:9095"
 DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
-STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
-
-
-def default_state_dir() -> Path:
-    """The user's data directory for fusebox, as the XDG Base Directory spec places it:
-    ``$XDG_DATA_HOME/fusebox`` when that is an absolute path, else ``~/.local/share/fusebox``."""
-    xdg = os.environ.get("XDG_DATA_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
-    return base / "fusebox"
 
 
 def state_path(args: argparse.Namespace) -> Path:

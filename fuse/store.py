@@ -281,6 +281,17 @@ class Head:
     rows: Optional[list] = None
 
 
+STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
+
+
+def default_state_dir() -> Path:
+    """The user's data directory for fusebox, as the XDG Base Directory spec places it:
+    ``$XDG_DATA_HOME/fusebox`` when that is an absolute path, else ``~/.local/share/fusebox``."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "fusebox"
+
+
 def store_label(url: str) -> str:
     """``url`` without its password, for logs, errors, ``/readyz`` and the start-up line: a URL as
     :func:`fusebox.fuse.logsafe.redact_url` (``postgresql://user:PASSWORD@host/db`` -> ``user@host``,
