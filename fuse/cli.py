@@ -13,8 +13,6 @@ from pathlib import Path
 
 from fusebox import conventions as C
 
-from .store import STATE_FILE, default_state_dir
-
 DEFAULT_LISTEN = "127.0.0.1:9095"
 DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
 
@@ -26,6 +24,8 @@ def state_path(args: argparse.Namespace) -> Path:
     Raises:
         OSError: the folder cannot be created, or it is not a folder.
     """
+    from .store import STATE_FILE, default_state_dir
+
     if args.state:
         return Path(args.state)
     folder = Path(args.state_dir) if args.state_dir else default_state_dir()
@@ -69,6 +69,8 @@ def _attempts(text: str) -> int:
 
 
 def register(subparsers) -> None:
+    from .store import STATE_FILE
+
     p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker)",
                               description=__doc__)
     sub = p.add_subparsers(dest="fuse_command", required=True, metavar="SUBCOMMAND")
