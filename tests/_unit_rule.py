@@ -112,27 +112,24 @@ def process_defs(folder: Path) -> frozenset[Key]:
 def reaching(mods: dict[str, _Module]) -> frozenset[Key]:
     """The defs of ``mods`` that reach a process or a port, directly or through one another."""
     found: set[Key] = set()
-    changed = True
-    while changed:
-        changed = False
-        for mod in mods.values():
-            for qual, refs in mod.defs.items():
-                if (mod.name, qual) in found:
-                    continue
-                for ref in refs:
-                    origin = mod.resolve(ref)
-                    if _starts_process(origin) or _is_found(origin, mods, found):
-                        found.add((mod.name, qual))
-                        changed = True
-                        break
+    users: dict[Key, set[Key]] = {}  # a def -> the defs that refer to it
+    for mod in mods.values():
+        for qual, refs in mod.defs.items():
+            key = (mod.name, qual)
+            for origin in {mod.resolve(ref) for ref in set(refs)}:
+                if _starts_process(origin):
+                    found.add(key)
+                parts = origin.split(".")
+                if parts[0] in mods:  # a def of a tests/ file: `_fuse_support.LiveService.start` names two
+                    for n in range(2, len(parts) + 1):
+                        users.setdefault((parts[0], ".".join(parts[1:n])), set()).add(key)
+    todo = list(found)
+    while todo:
+        for user in users.get(todo.pop(), ()):
+            if user not in found:
+                found.add(user)
+                todo.append(user)
     return frozenset(found)
-
-
-def _is_found(origin: str, mods: dict[str, _Module], found: set[Key]) -> bool:
-    parts = origin.split(".")
-    if parts[0] not in mods:
-        return False
-    return any((parts[0], ".".join(parts[1:n])) in found for n in range(2, len(parts) + 1))
 
 
 def is_unit(item) -> bool:
