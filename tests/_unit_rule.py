@@ -9,10 +9,12 @@ or a helper (function or class, in any tests/*.py file) that does. A new test fi
 the same way with no mark.
 
 What the reading cannot see (product code that starts a program, e.g. the `fusebox check` run of
-promtool) the guard catches: while a `unit` test sets up, runs and tears down, starting a process
+promtool) the guard catches: while a `unit` test sets up and runs, starting a process
 (`subprocess.Popen`, `os.fork`, `os.posix_spawn`, `os.system`) or binding, listening on or
-connecting a network socket fails the test, naming what it did. Mark such a test
-`@pytest.mark.process` (a module: `pytestmark = pytest.mark.process`).
+connecting a network socket fails the test, naming what it did: mark such a test
+`@pytest.mark.process` (a module: `pytestmark = pytest.mark.process`). Not checked: what threads
+that were running before the test do (a server another test left), and the teardown (then pytest
+also ends the module's and the session's fixtures, which other tests started).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import ast
 import os
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -145,27 +148,22 @@ def is_unit(item) -> bool:
 
 @contextmanager
 def guard(seen: list[str]) -> Iterator[None]:
-    """Record in ``seen`` (and refuse) every process start or network socket use while inside."""
+    """Record in ``seen`` (and refuse) every process start or network socket use while inside, made
+    by this thread or a thread started inside; threads already running (a server another test left
+    behind) pass, as they are none of the test's doing."""
     patches = []
-
-    def refuse(what: str, shown_arg: int):
-        def blocked(*args, **kwargs):
-            shown = repr(args[shown_arg])[:160] if len(args) > shown_arg else ""
-            seen.append(f"{what}({shown})")
-            raise RuntimeError(f"a unit test may not call {what}: mark the test @pytest.mark.process")
-
-        return blocked
+    earlier = set(threading.enumerate()) - {threading.current_thread()}
 
     def patch(owner, attr: str, what: str, only=None):
         original = getattr(owner, attr)
-        blocked = refuse(what, 0 if owner is os else 1)  # show the argv or address, not `self`
-        if only is None:
-            replacement = blocked
-        else:
-            def replacement(self, *args, **kwargs):
-                if only(self):
-                    return blocked(self, *args, **kwargs)
-                return original(self, *args, **kwargs)
+        shown_arg = 0 if owner is os else 1  # show the argv or address, not `self`
+
+        def replacement(*args, **kwargs):
+            if threading.current_thread() in earlier or (only is not None and not only(args[0])):
+                return original(*args, **kwargs)
+            seen.append(f"{what}({repr(args[shown_arg])[:160] if len(args) > shown_arg else ''})")
+            raise RuntimeError(f"a unit test may not call {what}: mark the test @pytest.mark.process")
+
         setattr(owner, attr, replacement)
         patches.append((owner, attr, original))
 
@@ -183,7 +181,6 @@ def guard(seen: list[str]) -> Iterator[None]:
     finally:
         for owner, attr, original in reversed(patches):
             setattr(owner, attr, original)
-
 
 
 def pytest_configure(config):
@@ -205,11 +202,6 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    return (yield from _guarded(item))
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item):
     return (yield from _guarded(item))
 
 

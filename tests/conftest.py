@@ -11,7 +11,6 @@ from _unit_rule import (  # noqa: F401  (pytest finds hooks by name here)
     pytest_configure,
     pytest_runtest_call,
     pytest_runtest_setup,
-    pytest_runtest_teardown,
 )
 
 pytest_plugins = ("pytester",)

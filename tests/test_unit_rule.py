@@ -93,11 +93,11 @@ def test_the_guard_refuses_and_records_each_start_then_puts_everything_back():
     assert after == before
 
 
+HOOKS = "from _unit_rule import pytest_collection_modifyitems, pytest_configure, pytest_runtest_call, pytest_runtest_setup\n"
+
+
 def test_a_unit_test_that_starts_a_process_out_of_sight_fails_and_says_how_to_mark_it(pytester):
-    pytester.makeconftest(
-        "from _unit_rule import (pytest_collection_modifyitems, pytest_configure, pytest_runtest_call,\n"
-        "    pytest_runtest_setup, pytest_runtest_teardown)\n"
-    )
+    pytester.makeconftest(HOOKS)
     pytester.makepyfile(
         test_inner=textwrap.dedent(
             """
@@ -128,3 +128,44 @@ def test_a_unit_test_that_starts_a_process_out_of_sight_fails_and_says_how_to_ma
         ["*test_inner.py::test_binds_out_of_sight is `unit` by tests/_unit_rule.py but called "
          "socket.bind(('127.0.0.1', 0)): mark it @pytest.mark.process*"]
     )
+
+
+@pytest.mark.process  # the inner run's first test binds ports, in a thread that outlives it
+def test_a_server_thread_another_test_left_running_does_not_fail_a_unit_test(pytester):
+    pytester.makeconftest(HOOKS)
+    pytester.makepyfile(
+        test_inner=textwrap.dedent(
+            """
+            import socket
+            import threading
+            import time
+
+            import pytest
+
+            binds = []
+            threads = []
+            stop = threading.Event()
+
+            def bind_until_stopped():
+                while not stop.is_set():
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", 0))
+                    binds.append(1)
+                    time.sleep(0.001)
+
+            @pytest.mark.process
+            def test_leaves_a_binding_thread_behind():
+                threads.append(threading.Thread(target=bind_until_stopped, daemon=True))
+                threads[0].start()
+
+            def test_unit_while_it_binds():
+                seen = len(binds)
+                while len(binds) < seen + 5 and threads[0].is_alive():  # it binds during this test
+                    time.sleep(0.001)
+                stop.set()
+                assert len(binds) >= seen + 5, "the thread stopped binding"
+            """
+        )
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
