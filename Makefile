@@ -13,7 +13,7 @@ UV_VERSION ?= 0.13.9
 # Tools (Prometheus 3 promtool, the OpenTelemetry Collector, ...: tools/README.md) are built once into this cache.
 export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
 
-.PHONY: help venv lock tools generate check check-generated lint test test-unit test-fast bench bench-scale demo clean
+.PHONY: help venv lock tools generate check check-generated lint test test-fast bench bench-scale demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -57,6 +57,7 @@ lint: venv ## ruff and mypy
 test: lint tools ## lint, then the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector, the k8s/ cluster test)
 	$(BIN)/python -m pytest -q
 
+.PHONY: test-unit
 test-unit: venv ## the inner loop: the tests that start no process and bind no port (35 s of CPU, 48 s on 2 cores at load 3; tests/_unit_rule.py decides, a guard enforces)
 	$(BIN)/python -m pytest -q -m unit
 
