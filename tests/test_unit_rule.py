@@ -91,43 +91,56 @@ def test_the_guard_refuses_and_records_each_start_then_puts_everything_back():
     ]
     after = (subprocess.Popen._execute_child, os.fork, os.system, socket.socket.bind, socket.socket.connect)
     assert after == before
+    seen.clear()
+    with guard(seen, refuse=False):  # outside `-m unit`: recorded, and let through
+        assert subprocess.run(["true"]).returncode == 0
+    assert seen == ["subprocess.Popen(['true'])"]
 
 
 HOOKS = "from _unit_rule import pytest_collection_modifyitems, pytest_configure, pytest_runtest_call, pytest_runtest_setup\n"
 
 
-def test_a_unit_test_that_starts_a_process_out_of_sight_fails_and_says_how_to_mark_it(pytester):
+OUT_OF_SIGHT = textwrap.dedent(
+    """
+    import subprocess
+
+    import pytest
+
+    from fusebox.tooling import free_port  # binds a port: product code the rule does not read
+
+    def test_pure():
+        assert 1 + 1 == 2
+
+    def test_binds_out_of_sight():
+        free_port()
+
+    @pytest.mark.process
+    def test_marked():
+        free_port()
+
+    def test_runs_a_program():
+        subprocess.run(["true"], check=True)
+    """
+)
+SAID = ("*test_inner.py::test_binds_out_of_sight is `unit` by tests/_unit_rule.py but called "
+        "socket.bind(('127.0.0.1', 0)): mark it @pytest.mark.process*")
+
+
+def test_a_unit_test_that_starts_a_process_out_of_sight_fails_under_m_unit_and_says_how_to_mark_it(pytester):
     pytester.makeconftest(HOOKS)
-    pytester.makepyfile(
-        test_inner=textwrap.dedent(
-            """
-            import subprocess
-
-            import pytest
-
-            from fusebox.tooling import free_port  # binds a port: product code the rule does not read
-
-            def test_pure():
-                assert 1 + 1 == 2
-
-            def test_binds_out_of_sight():
-                free_port()
-
-            @pytest.mark.process
-            def test_marked():
-                free_port()
-
-            def test_runs_a_program():
-                subprocess.run(["true"], check=True)
-            """
-        )
-    )
+    pytester.makepyfile(test_inner=OUT_OF_SIGHT)
     result = pytester.runpytest("-m", "unit", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1, deselected=2)
-    result.stdout.fnmatch_lines(
-        ["*test_inner.py::test_binds_out_of_sight is `unit` by tests/_unit_rule.py but called "
-         "socket.bind(('127.0.0.1', 0)): mark it @pytest.mark.process*"]
-    )
+    result.stdout.fnmatch_lines([SAID])
+
+
+@pytest.mark.process  # the inner run binds ports and runs `true`
+def test_the_whole_suite_runs_such_a_test_and_says_the_same_as_a_warning(pytester):
+    pytester.makeconftest(HOOKS)
+    pytester.makepyfile(test_inner=OUT_OF_SIGHT)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, warnings=1)
+    result.stdout.fnmatch_lines([SAID])
 
 
 @pytest.mark.process  # the inner run's first test binds ports, in a thread that outlives it
