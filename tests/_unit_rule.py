@@ -5,7 +5,7 @@ marked `tools`, `otelcol` or `process`, or the test function or a fixture it use
 fixture closure pytest computes) reaches, in the files under tests/, a process or a port: the
 modules `subprocess`, `socket`, `socketserver`, `http.server`, `multiprocessing`, `uvicorn`,
 `os.fork`/`os.system`/`os.posix_spawn`/..., `asyncio.create_subprocess_*`/`asyncio.start_server`,
-or a helper (function or class, in any tests/*.py file) that does. A new test file is classified
+or a function or class of any tests/*.py file that does. A new test file is classified
 the same way with no mark.
 
 What the reading cannot see (product code that starts a program, e.g. the `fusebox check` run of
@@ -78,7 +78,7 @@ class _Module:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.defs[node.name] = self._refs(node)
             elif isinstance(node, ast.ClassDef):
-                self.defs[node.name] = self._refs(node)  # a helper class: any of its methods counts
+                self.defs[node.name] = self._refs(node)  # a class: any of its methods counts
                 for sub in node.body:
                     if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         self.defs[f"{node.name}.{sub.name}"] = self._refs(sub)

@@ -12,7 +12,7 @@ import pytest
 
 from _unit_rule import _Module, guard, reaching
 
-HELPER = """
+SUPPORT = """
 import http.server
 
 def serve():
@@ -43,19 +43,19 @@ def test_imports_inside():
 def test_alias():
     sp.run(["true"])
 
-def helper():
+def local_function():
     return Server
 
-def test_through_a_local_helper():
-    helper()
+def test_through_a_local_function():
+    local_function()
 
 def fixture_that_reads(tmp_path):
     return tmp_path.read_text()
 """
 
 
-def test_the_rule_follows_helpers_classes_aliases_and_function_level_imports():
-    mods = {"_h": _Module("_h", ast.parse(HELPER)), "t": _Module("t", ast.parse(TESTS))}
+def test_the_rule_follows_functions_classes_aliases_and_function_level_imports():
+    mods = {"_h": _Module("_h", ast.parse(SUPPORT)), "t": _Module("t", ast.parse(TESTS))}
     assert reaching(mods) == {
         ("_h", "serve"),
         ("_h", "Server"),
@@ -63,8 +63,8 @@ def test_the_rule_follows_helpers_classes_aliases_and_function_level_imports():
         ("t", "test_server"),
         ("t", "test_imports_inside"),
         ("t", "test_alias"),
-        ("t", "helper"),
-        ("t", "test_through_a_local_helper"),
+        ("t", "local_function"),
+        ("t", "test_through_a_local_function"),
     }
 
 
