@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from fusebox import conventions as C
 
+from ._alignment import alignment_histogram, latency_view
 from ._model import Reading
 
 A = C.ATTR
@@ -265,15 +266,11 @@ class Pipeline:
             readers.append(self.otlp_reader)
         views = []
         if histogram_buckets is not None:
-            from .latency import latency_view
-
             views.append(latency_view(histogram_buckets))
         self.provider = MeterProvider(resource=Resource.create(attrs), metric_readers=readers, views=views)
         self.meter = self.provider.get_meter("fusebox.collectors")
         self.alignment = None
         if histogram_buckets is not None:
-            from .latency import alignment_histogram
-
             self.alignment = alignment_histogram(self.meter)
 
         def make_cb(key: str):

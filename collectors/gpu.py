@@ -121,7 +121,7 @@ class GpuCollector:
         clock: monotonic seconds, used to integrate PCIe throughput into ``hw.gpu.io``.
 
     NVML is initialised once (:meth:`open`) and device handles are cached: re-initialising
-    per poll multiplies its cost (STYLE 6). :meth:`collect` never raises for a device
+    per poll multiplies its cost. :meth:`collect` never raises for a device
     error; it reports the device as down.
 
     Raises:

@@ -6,7 +6,7 @@ Records ``fusebox.alignment.duration`` (seconds, histogram; Prometheus
 :func:`alignment_signal`; default spec ``fusebox.yaml``): every threshold (0.85 s, 1.28 s) is a bucket boundary with neighbours on
 both sides, so ``histogram_quantile`` can neither invent nor hide a breach (docs/pitfalls.md P2).
 The OTel SDK default buckets (0, 5, 10, 25 ...) are shaped for milliseconds and are never
-used: :func:`latency_view` installs ``ExplicitBucketHistogramAggregation(boundaries)``.
+used: :func:`fusebox.collectors._alignment.latency_view` installs ``ExplicitBucketHistogramAggregation(boundaries)``.
 
 Use::
 
@@ -32,9 +32,10 @@ from typing import Any, Callable, Sequence
 from fusebox import conventions as C
 from fusebox.spec import load_spec
 
+from ._alignment import alignment_histogram
+from .export import Pipeline
+
 A = C.ATTR
-HIST_NAME, HIST_UNIT, _ = C.OTEL["alignment_duration"]
-_HISTOGRAMS: dict[int, Any] = {}
 
 
 def alignment_signal(spec: Any) -> Any:
@@ -63,22 +64,6 @@ def spec_buckets(spec_path: str | Path = "fusebox.yaml") -> tuple[float, ...]:
     return tuple(float(b) for b in alignment_signal(load_spec(str(spec_path))).buckets)
 
 
-def latency_view(buckets: Sequence[float]) -> Any:
-    """An OTel SDK ``View`` giving the alignment histogram exactly ``buckets``."""
-    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-
-    return View(instrument_name=HIST_NAME, aggregation=ExplicitBucketHistogramAggregation(boundaries=list(buckets)))
-
-
-def alignment_histogram(meter: Any) -> Any:
-    """The ``fusebox.alignment.duration`` histogram of ``meter`` (created once per meter)."""
-    h = _HISTOGRAMS.get(id(meter))
-    if h is None:
-        h = meter.create_histogram(HIST_NAME, unit=HIST_UNIT, description="Vision-encoder to language-decoder hand-off time, seconds")
-        _HISTOGRAMS[id(meter)] = h
-    return h
-
-
 def install(spec_path: str | Path = "fusebox.yaml", *, buckets: Sequence[float] | None = None,
             otlp_endpoint: str | None = None, host: str | None = None, cluster: str | None = None,
             instance_id: str | None = None):
@@ -88,8 +73,6 @@ def install(spec_path: str | Path = "fusebox.yaml", *, buckets: Sequence[float] 
     ``instance_id`` (``service.instance.id``, the ``instance`` label) defaults to
     ``<host>/fusebox-latency``; give each server process on a host its own."""
     from opentelemetry import metrics
-
-    from .export import Pipeline
 
     pipe = Pipeline("latency", (), histogram_buckets=tuple(buckets or spec_buckets(spec_path)),
                     otlp_endpoint=otlp_endpoint, host=host, cluster=cluster, instance_id=instance_id)

@@ -2,7 +2,7 @@
 
 Public surface: :class:`Breaker` (pure state machine), :class:`FuseRules`, :func:`parse_payload`,
 :class:`FuseService`, :func:`create_app`, the adapters and :class:`ReferenceGateway`.
-Heavy imports (FastAPI) stay in :mod:`fusebox.fuse.app`.
+Heavy imports (FastAPI) stay in :mod:`fusebox.fuse.app` and the ``http_*`` modules it wires.
 """
 
 from .breaker import Breaker, Decision, Outcome, OverrideError, ScopeNotFound

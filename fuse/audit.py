@@ -102,7 +102,7 @@ def _store_url(args) -> str:
         return args.store
     if os.environ.get(C.FUSE_STORE_ENV):
         return os.environ[C.FUSE_STORE_ENV]
-    from .cli import STATE_FILE, default_state_dir
+    from .store import STATE_FILE, default_state_dir
 
     return f"sqlite:///{default_state_dir() / STATE_FILE}"
 

@@ -7,7 +7,7 @@ the same whether the breaker holds one scope or 10,000: alerts are indexed by fi
 resolved alert finds its holder without looking at every scope), hold times and override expiries
 sit in a heap (a tick looks only at what is due), tombstones in order of when they were seen.
 
-Rules (issue 5, STYLE.md section 8):
+Rules:
 
 * Per scope (the SCOPE_LABELS present in the alert) and per level (the spec's action levels,
   1 freeze admissions, 2 text-only fallback, 3 KV-cache eviction), a level is tripped while at
@@ -46,8 +46,8 @@ __all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound", "
 
 # How long a "resolved" is remembered to reject a stale "firing" of the same alert instance.
 TOMBSTONE_S = 24 * 3600.0
-# Bounds on what alerts can make the breaker keep (issue 14: an authenticated sender must not be
-# able to grow the state, the snapshot and the status page without end).
+# Bounds on what alerts can make the breaker keep: an authenticated sender must not be able to
+# grow the state, the snapshot and the status page without end.
 MAX_SCOPES = 10_000
 MAX_TOMBSTONES = 100_000
 # Kinds of the rows :meth:`Breaker.changes` and :meth:`Breaker.apply` exchange with the store.

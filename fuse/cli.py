@@ -17,15 +17,6 @@ from .breaker import DEFAULT_HOLD_S
 
 DEFAULT_LISTEN = "127.0.0.1:9095"
 DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
-STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
-
-
-def default_state_dir() -> Path:
-    """The user's data directory for fusebox, as the XDG Base Directory spec places it:
-    ``$XDG_DATA_HOME/fusebox`` when that is an absolute path, else ``~/.local/share/fusebox``."""
-    xdg = os.environ.get("XDG_DATA_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
-    return base / "fusebox"
 
 
 def state_path(args: argparse.Namespace) -> Path:
@@ -35,6 +26,8 @@ def state_path(args: argparse.Namespace) -> Path:
     Raises:
         OSError: the folder cannot be created, or it is not a folder.
     """
+    from .store import STATE_FILE, default_state_dir
+
     if args.state:
         return Path(args.state)
     folder = Path(args.state_dir) if args.state_dir else default_state_dir()
@@ -78,6 +71,8 @@ def _attempts(text: str) -> int:
 
 
 def register(subparsers) -> None:
+    from .store import STATE_FILE
+
     p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker)",
                               description=__doc__)
     sub = p.add_subparsers(dest="fuse_command", required=True, metavar="SUBCOMMAND")

@@ -6,7 +6,7 @@ without those labels (a hand-written rule, a relabelled route) is resolved throu
 ``alertname`` + ``severity``. The spec is authoritative for the level of an action: a
 ``fuse_level`` label that disagrees with it is ignored.
 
-Only what the spec generates is trusted (issue 14): a ``fuse_action`` label counts only on an alert
+Only what the spec generates is trusted (a sender holding the webhook token is not): a ``fuse_action`` label counts only on an alert
 whose (``alertname``, action) pair is one of the spec's tiers, or ``FuseboxGPUDown`` with the action
 of a GPU-level signal (a lost GPU holds the fuse it had); any other alert that asks for a fuse
 is refused with a reason (audited by the service). ``FuseboxHeartbeat`` (always firing, routed to

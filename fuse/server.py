@@ -2,7 +2,7 @@
 
 uvicorn alone keeps every connection a client opens, for as long as it stays silent: 1,100 idle
 connections (a slowloris) used up the process's file descriptors, stopped the webhook and wrote
-59 MB of "Too many open files" in 25 s (issue 22). :class:`GuardedH11Protocol` therefore
+59 MB of "Too many open files" in 25 s. :class:`GuardedH11Protocol` therefore
 
 * gives a connection ``header_timeout_s`` seconds to send a request's headers whole (from when it
   is accepted, or from the end of its last response): a client trickling bytes, or sending none,

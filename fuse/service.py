@@ -101,14 +101,14 @@ _REFUSED = {"untrusted", "no_scope", "scope_limit"}  # audited as kind "ignored"
 # Distinct Alertmanagers (externalURL) with a last-notification series of their own; an HA pair
 # or a few clusters' worth, far below what would burden /metrics.
 MAX_ALERTMANAGERS = 16
-# Scopes with a fusebox_fuse_level series of their own, the most severe first (issue 22: 10,000
+# Scopes with a fusebox_fuse_level series of their own, the most severe first (10,000
 # scopes made /metrics 13.6 MB); fusebox_fuse_scopes{level} counts every scope.
 MAX_LEVEL_SERIES = 1000
 # Notifications applied in one store transaction at most (group commit, FuseService.handle).
 MAX_BATCH = 64
 # Episodes (fingerprint, startsAt, result) of refused alerts already audited, kept per replica, the
 # oldest forgotten first: a refused alert is audited (and logged) once per episode, not on every
-# re-notification (issue 22: 10 re-notifications of 4,000 refused alerts made 40,000 rows).
+# re-notification (10 re-notifications of 4,000 refused alerts made 40,000 rows).
 MAX_REFUSED_EPISODES = 100_000
 # Refused episodes read back from the audit at start (the newest ones).
 EPISODES_READ_BACK = 10_000

@@ -87,7 +87,7 @@ PURGE_EVERY = 1000
 _PG_LOCK = 0x66757365626F78
 
 # SQLite's WAL: checkpointed every WAL_AUTOCHECKPOINT_PAGES pages (SQLite's default, 1000 pages,
-# let it reach 4 MB and fill a 2 MB volume: issue 22), and cut back to WAL_LIMIT_BYTES when it is
+# let it reach 4 MB and fill a 2 MB volume), and cut back to WAL_LIMIT_BYTES when it is
 # reset after a checkpoint (PRAGMA journal_size_limit; SQLite's default keeps it at its largest).
 WAL_AUTOCHECKPOINT_PAGES = 64
 WAL_LIMIT_BYTES = 256 * 1024
@@ -127,13 +127,13 @@ _SQLITE = {
     4: ["""CREATE TABLE adapter_state (
   adapter TEXT NOT NULL, worker TEXT NOT NULL, holds TEXT NOT NULL DEFAULT '[]', settings TEXT NOT NULL DEFAULT '{}',
   PRIMARY KEY (adapter, worker))"""],
-    # the breaker's state per scope and per resolved fingerprint, written per change (issue 22)
+    # the breaker's state per scope and per resolved fingerprint, written per change
     5: ["""CREATE TABLE breaker_state (
   kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT, version INTEGER NOT NULL, PRIMARY KEY (kind, key))""",
         "CREATE INDEX breaker_state_version ON breaker_state (version)",
         "INSERT INTO meta (key, value) VALUES ('state_horizon', '0') ON CONFLICT (key) DO NOTHING",
         "split_snapshot"],
-    # the fencing token of a claim (issue 22: a stale claimer recorded a second "applied")
+    # the fencing token of a claim (a stale claimer had recorded a second "applied")
     6: ["ALTER TABLE outbox ADD COLUMN claim_gen INTEGER NOT NULL DEFAULT 0"],
 }
 _PG = {
@@ -166,13 +166,13 @@ _PG = {
     4: ["""CREATE TABLE adapter_state (
   adapter TEXT NOT NULL, worker TEXT NOT NULL, holds TEXT NOT NULL DEFAULT '[]', settings TEXT NOT NULL DEFAULT '{}',
   PRIMARY KEY (adapter, worker))"""],
-    # the breaker's state per scope and per resolved fingerprint, written per change (issue 22)
+    # the breaker's state per scope and per resolved fingerprint, written per change
     5: ["""CREATE TABLE breaker_state (
   kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT, version BIGINT NOT NULL, PRIMARY KEY (kind, key))""",
         "CREATE INDEX breaker_state_version ON breaker_state (version)",
         "INSERT INTO meta (key, value) VALUES ('state_horizon', '0') ON CONFLICT (key) DO NOTHING",
         "split_snapshot"],
-    # the fencing token of a claim (issue 22: a stale claimer recorded a second "applied")
+    # the fencing token of a claim (a stale claimer had recorded a second "applied")
     6: ["ALTER TABLE outbox ADD COLUMN claim_gen BIGINT NOT NULL DEFAULT 0"],
 }
 
@@ -227,7 +227,7 @@ class NoStoreError(StoreError):
 class Health:
     """Whether the database answers, as the store's own calls see it: one log line when it is lost
     (ERROR, with the error) and one when it is back (WARNING, with how long it was lost and how many
-    calls failed meanwhile), nothing in between (issue 22: 6,600 lines a minute while PostgreSQL was
+    calls failed meanwhile), nothing in between (not 6,600 lines a minute while PostgreSQL is
     down). Thread-safe.
 
     Attributes:
@@ -279,6 +279,17 @@ class Head:
     version: int
     snapshot: Optional[dict]
     rows: Optional[list] = None
+
+
+STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
+
+
+def default_state_dir() -> Path:
+    """The user's data directory for fusebox, as the XDG Base Directory spec places it:
+    ``$XDG_DATA_HOME/fusebox`` when that is an absolute path, else ``~/.local/share/fusebox``."""
+    xdg = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "fusebox"
 
 
 def store_label(url: str) -> str:

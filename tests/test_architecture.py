@@ -117,3 +117,68 @@ def test_every_package_folder_is_in_the_wheel():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {name for name, is_pkg, _ in MODULES if is_pkg}
     assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def _type_checking_lines(path: Path) -> set[int]:
+    """Lines inside `if TYPE_CHECKING:` blocks: imports there never run, so they make no cycle."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for sub in node.body:
+                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return lines
+
+
+def import_graph() -> dict[str, dict[str, str]]:
+    """module -> {module it imports: "file:line" of the first such import}, over every fusebox
+    module, function-level imports included (`from .x import y` counts as importing `.x`)."""
+    names = {n for n, _, _ in MODULES}
+    graph: dict[str, dict[str, str]] = {}
+    for name, is_pkg, path in MODULES:
+        skip = _type_checking_lines(path)
+        edges = graph.setdefault(name, {})
+        for line, target in _imports(name, is_pkg, path):
+            parts = target.split(".")
+            mod = next((m for k in range(len(parts), 0, -1) if (m := ".".join(parts[:k])) in names), None)
+            if mod and mod != name and line not in skip:
+                edges.setdefault(mod, f"{path.relative_to(ROOT)}:{line}")
+    return graph
+
+
+def cycle_through(start: str, graph: dict[str, dict[str, str]]) -> list[str] | None:
+    """The shortest chain of imports from ``start`` back to ``start`` ("file:line imports module"
+    steps), or None."""
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for mod in frontier:
+            for dep in graph.get(mod, {}):
+                if dep in came_from:
+                    continue
+                came_from[dep] = mod
+                if dep == start:
+                    chain, at = [], start
+                    while True:
+                        src = came_from[at]
+                        chain.append(f"{graph[src][at]} imports {at}")
+                        at = src
+                        if at == start:
+                            return chain[::-1]
+                nxt.append(dep)
+        frontier = nxt
+    return None
+
+
+def test_cycle_through_finds_a_function_level_cycle_and_names_each_import():
+    graph = {"p.a": {"p.b": "a.py:3"}, "p.b": {"p.c": "b.py:9"}, "p.c": {"p.a": "c.py:40", "p.d": "c.py:41"}, "p.d": {}}
+    assert cycle_through("p.a", graph) == ["a.py:3 imports p.b", "b.py:9 imports p.c", "c.py:40 imports p.a"]
+    assert cycle_through("p.d", graph) is None
+
+
+def test_no_import_cycle_inside_a_package():
+    """No import cycle among fusebox's modules, counting function-level imports (a cycle hidden in
+    a function still ties the two modules' designs together) but not `if TYPE_CHECKING:` ones."""
+    graph = import_graph()
+    cycles = {frozenset(s.rsplit(" ", 1)[1] for s in c): c for m in graph if (c := cycle_through(m, graph))}
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles.values())

@@ -137,6 +137,7 @@ def test_otlp_http_protobuf_reaches_a_receiver_with_names_attributes_and_buckets
     assert tuple(hist.explicit_bounds) == BUCKETS and hist.count == 6
 
 
+@pytest.mark.process
 def test_a_dead_receiver_fills_the_bounded_queue_and_drops_are_counted_without_blocking():
     exporter = otlp_exporter(f"http://127.0.0.1:{free_port()}", timeout_s=0.2)
     p = _pipe(exporter=exporter, max_queue=2, max_attempts=1)
@@ -154,6 +155,7 @@ def test_a_dead_receiver_fills_the_bounded_queue_and_drops_are_counted_without_b
     p.shutdown()
 
 
+@pytest.mark.process
 def test_metrics_endpoint_serves_the_same_names():
     p = _pipe()
     _fill(p)
@@ -168,6 +170,7 @@ def test_metrics_endpoint_serves_the_same_names():
     assert "hw_gpu_io_bytes_total" in body and 'fusebox_alignment_duration_seconds_bucket' in body
 
 
+@pytest.mark.process
 def test_once_text_and_metrics_endpoint_are_one_rendering():
     # one renderer (prometheus-client's generate_latest) for --once and /metrics
     p = _pipe()

@@ -114,6 +114,7 @@ def test_a_run_missing_or_adding_an_event_fails_and_says_what(shipped, scenario,
     assert any(says in p for p in problems), problems
 
 
+@pytest.mark.process
 def test_a_child_that_dies_early_is_named_with_its_status_and_log(tmp_path):
     from fusebox.demo.supervisor import ChildDied, Supervisor
 
@@ -130,6 +131,7 @@ def test_a_child_that_dies_early_is_named_with_its_status_and_log(tmp_path):
         sup.stop_all()
 
 
+@pytest.mark.process
 def test_stop_all_ends_each_child_and_its_grandchildren_by_process_group(tmp_path):
     from fusebox.demo.supervisor import Supervisor
 
@@ -273,6 +275,7 @@ def test_fuse_state_events_shorten_the_gpu_uuid(monkeypatch, shipped, tmp_path):
 
 
 # --- the rule engines (fusebox.demo.engines) --------------------------------------------------------
+@pytest.mark.process
 def test_victoriametrics_scrapes_exactly_what_prometheus_scrapes(shipped, tmp_path):
     """-promscrape.config gets the demo Prometheus' global scrape_interval and scrape_configs and
     nothing else (VictoriaMetrics' strict parsing refuses rule_files and alerting)."""
@@ -290,6 +293,7 @@ def test_victoriametrics_scrapes_exactly_what_prometheus_scrapes(shipped, tmp_pa
     assert got["global"] == {"scrape_interval": prom["global"]["scrape_interval"]}
 
 
+@pytest.mark.process
 def test_vmalert_and_its_node_agree_on_the_delay_and_vmalert_adds_no_label(demo_spec, tmp_path):
     from fusebox.demo.engines import make_engine
     from fusebox.demo.stack import Ports
@@ -312,6 +316,7 @@ def test_vmalert_and_its_node_agree_on_the_delay_and_vmalert_adds_no_label(demo_
         assert node["-storageDataPath"].endswith(f"victoriametrics-{i + 1}")
 
 
+@pytest.mark.process
 def test_engines_refuse_what_they_cannot_run():
     from fusebox.demo.engines import make_engine
     from fusebox.demo.stack import Ports

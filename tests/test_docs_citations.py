@@ -22,6 +22,10 @@ _BEFORE = re.compile(r"\b(P\d+)\b[\w ]{0,20}? of docs/pitfalls\.md")
 # "docs/metrics.md section 5", "docs/metrics.md sections 1 and 2"
 _METRICS = re.compile(r"metrics\.md sections? (\d+(?:(?:, | and )\d+)*)")
 _STALE = re.compile(r"PITFALLS (P\d|\.md)|PITFALLS\.md|METRICS\.md")
+# a style guide and an issue tracker that are not part of the repository ("STYLE.md section 8",
+# "STYLE 6", "(issue 14)"); an upstream project's issue is cited with its number sign ("vLLM issue #25377")
+_OUTSIDE = re.compile(r"\bSTYLE(\.md| \d)|\b[Ii]ssue \d")
+PRODUCT = ("fusebox", "generator", "collectors", "fuse", "docs", "README.md", "Makefile")
 
 
 def pitfall_citations(text: str) -> set[str]:
@@ -83,6 +87,17 @@ def test_nothing_cites_the_files_outside_the_repository():
     stale = [f"{path.relative_to(ROOT)}:{i}" for path, text in SOURCES.items()
              for i, line in enumerate(text.splitlines(), 1) if _STALE.search(line)]
     assert stale == []
+
+
+def test_the_product_and_its_docs_cite_no_style_guide_or_issue_from_outside_the_repository():
+    """What a comment or a doc gives as its reason is in the repository: the reason itself, not a
+    pointer to a tracker or a style guide a reader of the repository cannot open."""
+    assert _OUTSIDE.search("Rules (issue 5, STYLE.md section 8):") and _OUTSIDE.search("its cost (STYLE 6)")
+    assert not _OUTSIDE.search("(vLLM issue #25377)")
+    found = [f"{path.relative_to(ROOT)}:{i}: {line.strip()}" for path, text in SOURCES.items()
+             if path.relative_to(ROOT).parts[0] in PRODUCT
+             for i, line in enumerate(text.splitlines(), 1) if _OUTSIDE.search(line)]
+    assert found == []
 
 
 def test_the_scanner_reads_every_citation_form():

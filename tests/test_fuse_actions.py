@@ -89,6 +89,7 @@ def test_bearer_matches(header, ok):
     assert bearer_matches(header, "tok") is ok
 
 
+@pytest.mark.process
 def test_reference_gateway_accepts_a_lower_case_bearer_scheme(tmp_path):
     from fusebox.fuse.gateway import ReferenceGateway
 
@@ -103,6 +104,7 @@ def test_reference_gateway_accepts_a_lower_case_bearer_scheme(tmp_path):
         gw.stop()
 
 
+@pytest.mark.process
 def test_reference_gateway_answers_400_to_a_deeply_nested_body(tmp_path):
     from fusebox.fuse.gateway import ReferenceGateway
 

@@ -142,6 +142,7 @@ def test_a_stale_claimer_cannot_record_its_result_over_the_replica_that_took_the
         b.close()
 
 
+@pytest.mark.process
 def test_the_service_counts_a_result_it_could_not_record(tmp_path):
     """A service whose claim was taken over while its (real) gateway call was under way: the call
     returns, the result is not recorded, ``fusebox_fuse_stale_results_total`` counts it, and the

@@ -93,6 +93,7 @@ def gateway_calls(stub):
 
 
 # ------------------------------------------------------------------ the reviewer's reproduction
+@pytest.mark.process
 def test_a_dead_vllm_url_does_not_delay_the_gateway_call_for_another_gpu(tmp_path):
     """Level-3 trip on e0 with its vLLM engine down, then a level-1 trip on another GPU: the gateway
     gets both trips at once while the vLLM reset is still being retried."""
@@ -268,6 +269,7 @@ def test_a_429_from_the_gateway_is_retried_until_accepted(tmp_path):
     assert sample(svc, M["actions_given_up"], adapter="gateway", reason="permanent") == 0
 
 
+@pytest.mark.process
 def test_a_gateway_down_then_up_gets_exactly_one_call_per_decision(tmp_path):
     port = free_port()
     svc = make_service(tmp_path, [HttpGateway(f"http://127.0.0.1:{port}", timeout_s=1)], hold_s=0.05)
@@ -340,6 +342,7 @@ def test_store_errors_inside_the_dispatcher_are_counted_and_the_loop_goes_on(tmp
     assert len(svc.store.audit_log(kinds=("applied",))) == 2
 
 
+@pytest.mark.process
 def test_the_oldest_pending_age_gauge_follows_the_clock_and_is_0_when_drained(tmp_path):
     now = [1_800_000_000.0]
     svc = make_service(tmp_path, [HttpGateway(f"http://127.0.0.1:{free_port()}")], clock=lambda: now[0])

@@ -1,0 +1,214 @@
+"""The fuse API's routes (the table in :mod:`fusebox.fuse.app`), on one :data:`router`.
+
+Each route reaches the service through ``app.state`` (:data:`~fusebox.fuse.http_deps.Service`) and
+its token through a dependency of :mod:`fusebox.fuse.http_deps`; refusals raise what
+:mod:`fusebox.fuse.http_handlers` answers. Notifications and overrides run in worker threads: the
+event loop (``/healthz``) never waits for the store.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations.
+
+import os
+import time
+from typing import Annotated, Any, Optional
+from urllib.parse import urlencode
+
+import anyio
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .breaker import OverrideError, ScopeNotFound
+from .http_deps import Service, person_token, reader_token, webhook_token
+from .http_errors import BadQuery, encodable, problem
+from .http_models import OverrideRequest, WebhookPayload
+from .override import UsageError, parse_scope
+from .payload import PayloadError, parse_payload
+from .service import FuseService, Unavailable
+from .store import HEADROOM_BYTES
+from .status import CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, render_status, state_view, web_url
+
+# /state's page: scopes per answer by default and at most (the default holds every scope of a
+# small fleet, so readers that do not page see them all); the status page's default.
+STATE_LIMIT = 1000
+STATE_LIMIT_MAX = 10_000
+STATUS_SCOPES = 100
+# Worker threads for /readyz's store read, apart from those notifications wait in.
+PROBE_THREADS = 4
+
+router = APIRouter()
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "malformed"}, 401: {"description": "no or wrong token"},
+    413: {"description": "too large"}, 503: {"description": "state not persisted; retry"}}
+
+
+@router.post("/alertmanager", responses=RESPONSES)
+async def alertmanager(request: Request, service: Service, body: WebhookPayload,
+                       _: Annotated[str, Depends(webhook_token)]):
+    """Alertmanager webhook receiver (payload version 4)."""
+    t0 = time.perf_counter()
+    received = service.clock()
+    metrics = service.metrics
+    state = request.app.state
+    state.alertmanager_url = web_url(body.externalURL) or state.alertmanager_url
+
+    def work():  # in a worker thread: the event loop (/healthz) never waits for a notification
+        try:
+            note = parse_payload(body.model_dump(), received)
+        except (PayloadError, ValueError) as e:
+            return e
+        return service.handle(note, received)
+
+    try:
+        result = await anyio.to_thread.run_sync(work)
+    except Unavailable as e:
+        metrics.notifications.labels("http_503").inc()
+        return problem(503, f"state not persisted, retry: {e}")
+    if isinstance(result, Exception):  # the payload did not parse
+        metrics.notifications.labels("http_400").inc()
+        return problem(400, str(result)[:500])
+    metrics.notifications.labels("applied" if result["decisions"] else "ignored").inc()
+    metrics.request.observe(time.perf_counter() - t0)
+    return {"status": "ok", **result}
+
+
+@router.post("/override", responses={**RESPONSES, 409: {"description": "the scope is not exactly a known one; "
+                                                                       "lists candidates"}})
+async def override(service: Service, req: OverrideRequest, who: Annotated[str, Depends(person_token)]):
+    """Force-trip or force-release a level of a scope for a while, with a reason (audited with
+    the name of the token used)."""
+    def work():
+        return service.override(req.scope, req.level, req.mode, req.reason, req.expires_in_s, fleet=req.fleet,
+                                new_scope=req.new_scope, by=who)
+
+    try:
+        decisions = await anyio.to_thread.run_sync(work)
+    except ScopeNotFound as e:  # 409: the request is well formed but names no scope exactly
+        return JSONResponse({"status": "error", "error": str(e), "field": e.field, "scopes": e.scopes},
+                            status_code=409)
+    except OverrideError as e:
+        return problem(400, str(e), e.field)
+    except Unavailable as e:
+        return problem(503, f"state not persisted, retry: {e}")
+    return {"status": "ok", "decisions": decisions}
+
+
+def page_query(limit: Optional[int], offset: int, scope: Optional[str], level: int) -> dict:
+    """The keyword arguments of :meth:`FuseService.state` for one page. Raises BadQuery (400) for a
+    ``scope`` filter that names no labels."""
+    labels = None
+    if scope:
+        try:
+            labels = parse_scope(scope)
+        except UsageError as e:
+            raise BadQuery(str(e), "scope") from None
+    return {"offset": offset, "limit": limit, "scope": labels, "min_level": level}
+
+
+Limit = Annotated[int, Query(ge=1, le=STATE_LIMIT_MAX, description="scopes per page")]
+Offset = Annotated[int, Query(ge=0, description="scopes to skip (key order)")]
+ScopeFilter = Annotated[Optional[str], Query(max_length=2000, description=(
+    "only scopes with these labels: cluster=a,engine=e0 or a scope key {cluster=\"a\"}"))]
+LevelFilter = Annotated[int, Query(ge=0, le=99, description="only scopes tripped at this level or higher")]
+
+
+@router.get("/state", responses={400: {"description": "bad query"}, 401: {"description": "no or wrong token"}})
+def state(service: Service, _: Annotated[str, Depends(reader_token)], limit: Limit = STATE_LIMIT, offset: Offset = 0,
+          scope: ScopeFilter = None, level: LevelFilter = 0):
+    """``levels``: scope key -> highest tripped level of the page's scopes (absent: none);
+    ``scopes``: details, in key order, ``limit`` from ``offset``; ``total`` scopes match the
+    filters (``scope``: labels they include, ``level``: tripped at least), ``tripped`` maps
+    every one tripped to its level, ``next_offset`` starts the next page (null: none). Times
+    are Unix seconds with an ISO-8601 twin (``tripped_at`` and ``tripped_at_iso``...)."""
+    return state_view(service.state(**page_query(limit, offset, scope, level)), service.clock())
+
+
+@router.get("/openapi.json", include_in_schema=False)
+def openapi(request: Request, _: Annotated[str, Depends(reader_token)]):
+    return request.app.openapi()
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def prometheus_metrics(service: Service):
+    return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/healthz", response_class=PlainTextResponse)
+async def healthz():
+    """Liveness: the process answers (it says nothing of the store or the adapters: /readyz).
+    On the event loop: no worker thread to wait for."""
+    return "ok"
+
+
+@router.get("/readyz", responses={503: {"description": "not ready; the reason says why"}})
+async def readyz(request: Request, service: Service):
+    """Readiness: 200 when the store answers a read (and a write when its last write failed:
+    a full disk) and at least one adapter is configured (the dry-run adapter counts); 503 ``{"status": "not ready", "reason": ...}`` otherwise. The read
+    runs on the store's probe connection, in threads of its own: a notification being handled
+    (holding the store's connection and the worker threads) does not delay it."""
+    reason = await anyio.to_thread.run_sync(not_ready, service, limiter=request.app.state.probes)
+    if reason:
+        return JSONResponse({"status": "not ready", "reason": encodable(reason)}, status_code=503)
+    return {"status": "ready", "adapters": sorted(service.labels.values()), "dry_run": service.dry_run}
+
+
+@router.get("/", response_class=HTMLResponse, responses={400: {"description": "bad query"},
+                                                         401: {"description": "no or wrong token"}})
+def status_page(request: Request, service: Service, _: Annotated[str, Depends(reader_token)], limit: Limit = STATUS_SCOPES,
+                offset: Offset = 0, scope: ScopeFilter = None, level: LevelFilter = 0):
+    """Read-only status: per scope and level, since when, the alerts holding it (with links),
+    the adapter calls made and pending, last decisions, the last truncated notification. A page
+    of ``limit`` scopes from ``offset``, filtered as ``GET /state``."""
+    st = service.state(**page_query(limit, offset, scope, level))
+    keep = {k: v for k, v in (("limit", limit), ("scope", scope), ("level", level)) if v}
+    pages = {}
+    if offset > 0:
+        pages["prev"] = "?" + urlencode({**keep, "offset": max(0, offset - limit)})
+    if st["next_offset"] is not None:
+        pages["next"] = "?" + urlencode({**keep, "offset": st["next_offset"]})
+    return render_status(st, service.store.audit_log(STATUS_DECISIONS), now=service.clock(),
+                         calls=service.store.audit_log(STATUS_CALL_ROWS, kinds=CALL_KINDS),
+                         pending=pending_calls(service), links=request.app.state.links,
+                         alertmanager=request.app.state.alertmanager_url, pages=pages)
+
+
+def not_ready(service: FuseService) -> str:
+    """Why the service is not ready, or ``""``: the store must answer a read; a SQLite file's volume
+    must have HEADROOM_BYTES free (a full disk: every webhook answers 503); when the last write
+    failed, the store must write again (:meth:`Store.probe_write`); at least one adapter must be
+    configured."""
+    if not service.adapters:
+        return "no adapter configured: give --gateway-url (or --dry-run)"
+    # a file store (SQLite): the file must still be there, ours to use; a database URL is no file
+    path = getattr(service.store, "path", None) if getattr(service.store, "dialect", "") == "sqlite" else None
+    if isinstance(path, str) and path != ":memory:" and not os.access(path, os.R_OK | os.W_OK):
+        return f"store file {path} is missing or not readable and writable by this process"
+    store = service.store
+    try:
+        store.ping()  # its own connection: not held up by a change in progress
+    except Exception as e:  # sqlite3.Error, a closed store, a lost connection (the store logs it once)
+        return f"store not reachable: {type(e).__name__}: {e}"[:300]
+    free = store.free_bytes()
+    if free is not None and free < HEADROOM_BYTES:  # a full disk: writes fail (or are about to)
+        return f"store cannot write: {free} bytes free on the volume of {path}, less than {HEADROOM_BYTES}"
+    if store.health.write_failed:  # the last write failed: ready again once one succeeds
+        try:
+            store.probe_write()
+        except Exception as e:
+            return f"store cannot write: {type(e).__name__}: {e}"[:300]
+    return ""
+
+
+def pending_calls(service: FuseService) -> list[dict]:
+    """Outbox rows not yet applied, for the status page: ``{"scope_key", "level", "state",
+    "adapter" (its label, no URL), "attempts"}``."""
+    from .rules import scope_key, scope_of
+
+    out = []
+    for name, label in service.labels.items():
+        for row in service.store.pending(name)[:STATUS_ROWS]:
+            p = row["payload"]
+            out.append({"scope_key": scope_key(scope_of(p.get("scope") or {})), "level": p.get("level"),
+                        "state": p.get("state"), "adapter": label, "attempts": row["attempts"]})
+    return out
