@@ -73,6 +73,10 @@ class RawSource(_Strict):
     scale: Number = 1.0
     expr: Optional[str] = None
     note: Optional[str] = None
+    # time_to_full only (fusebox/spec/kinds/time_to_full.py): the pool's size, or its free part,
+    # as a raw metric in the unit of ``metric``; neither when ``metric`` is a fraction 0-1 of it.
+    capacity: Optional[str] = None
+    free: Optional[str] = None
 
 
 class RawDiagnosis(_Strict):
@@ -96,7 +100,8 @@ class RawSignal(_Strict):
     description: str = Field(description="What the signal measures, for people (alerts, runbooks, dashboards).")
     kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
         description="How the value is computed: gauge (as read), deriv (growth per second), quantile (from a histogram), "
-                    "gpu_memory (device-memory ratio with the KV-pool correction).")
+                    "gpu_memory (device-memory ratio with the KV-pool correction), time_to_full (seconds until a pool "
+                    "is full at its current growth; direction: below).")
     unit: Literal[tuple(units.UNITS)] = Field(  # type: ignore[valid-type]
         description="The value's unit: ratio (0-1; thresholds '78.3%'), seconds ('1.28s'), bytes ('2 GB'), "
                     "bytes_per_second ('14.7 MB/s') or count (a plain number: 50).")
@@ -252,6 +257,8 @@ class Source:
     scale: float
     expr: Optional[str]
     note: Optional[str]
+    capacity: Optional[str] = None  # time_to_full: the pool's size metric (same unit as metric)
+    free: Optional[str] = None  # time_to_full: the pool's free part (same unit as metric)
 
 
 @dataclass(frozen=True)
@@ -639,6 +646,9 @@ class _Normaliser:
         sources: dict[str, Source] = {}
         for backend, src in s.sources.items():
             spath = path + ("sources", backend)
+            if (src.capacity is not None or src.free is not None) and not getattr(kind, "takes_pool", False):
+                self.err(spath, f"'capacity' and 'free' belong to time_to_full signals, not to a {s.kind} signal",
+                         "remove them, or make the signal 'kind: time_to_full'")
             kind.check_source(backend, src, spath, self.err)
             if src.expr is not None:
                 self._check_promql(src.expr, spath + ("expr",))
@@ -651,7 +661,7 @@ class _Normaliser:
                     self.err(spath + ("metric",), *bad)
             if src.scale == 0:  # the rules divide by it
                 self.err(spath + ("scale",), "scale must not be 0", "leave it out for 1, or give the factor to base units")
-            sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note)
+            sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note, src.capacity, src.free)
         by = tuple(s.by) if s.by is not None else ()
         for lb in by:
             if not _LABEL.match(lb):
