@@ -25,6 +25,7 @@ from fusebox import conventions as C
 from . import sourceunits, units
 from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
+from .budget import Budget, RawBudget, normalise_budget
 from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana,
                      normalise_kubernetes, normalise_otelcol)
 from .errors import Problem, SpecError
@@ -230,6 +231,7 @@ class RawSpec(_Strict):
     kubernetes: RawKubernetes = RawKubernetes()
     grafana: RawGrafana = RawGrafana()
     otelcol: RawOtelcol = RawOtelcol()
+    budget: RawBudget = RawBudget()
     signals: dict[str, RawSignal]
     overrides: list[RawOverride] = []
 
@@ -350,6 +352,7 @@ class Spec:
     selectors: dict[str, dict[str, str]] = field(default_factory=dict)  # global.selectors, per backend
     source: str = "fusebox"  # global.source
     rule_engine: str = "prometheus"  # global.rule_engine: one of RULE_ENGINES
+    budget: Budget = field(default_factory=Budget)  # budget: sizes `fusebox budget` reads (spec/budget.py)
 
     def selector_for(self, backend: str) -> dict[str, str]:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
@@ -571,6 +574,7 @@ class _Normaliser:
         grafana = normalise_grafana(r.grafana, self.err)
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
         adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
+        budget = normalise_budget(r.budget, self.err)
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -586,6 +590,7 @@ class _Normaliser:
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
             kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
+            budget=budget,
         )
 
     def _self_monitoring(self, scrape_s: float) -> SelfMonitoring:
