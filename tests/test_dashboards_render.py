@@ -33,7 +33,7 @@ EXPECTED = {
     "GPUPCIeLinkSaturated": ("percentunit", [0.95]),
     # lower bounds (direction: below): lines ascending, critical first; red below it, green above the warning
     "KVCacheTimeToFullLow": ("s", [60.0, 300.0]),
-    "GPUMemoryTimeToFullLow": ("s", [120.0, 600.0]),
+    "GPUMemoryTimeToFullLow": ("s", [45.0, 300.0]),
 }
 LOWER_BOUNDS = {"KVCacheTimeToFullLow", "GPUMemoryTimeToFullLow"}
 

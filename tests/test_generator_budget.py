@@ -77,7 +77,7 @@ def test_the_shipped_spec_is_within_budget(tmp_path):
     expect = {
         # time to full: the threshold is the time left
         ("KVCacheTimeToFullLow", "critical"): (_floor(15), 60.0),
-        ("GPUMemoryTimeToFullLow", "critical"): (_floor(30), 120.0),
+        ("GPUMemoryTimeToFullLow", "critical"): (_floor(10), 45.0),
         # KV growth: the pool's free tenth at the tier's rate
         ("KVCacheGrowthRateHigh", "critical"): (_floor(30), FREE / 14.7e6),
         ("KVCacheGrowthOOMImminent", "critical"): (_floor(0), FREE / (8.7e9 / 60)),

@@ -60,7 +60,7 @@ def test_the_shipped_spec_has_time_to_full_tiers_for_kv_and_gpu_memory():
     assert (kv.kind, kv.unit, kv.direction, kv.level) == ("time_to_full", "seconds", "below", "engine")
     assert (gpu.kind, gpu.unit, gpu.direction, gpu.level) == ("time_to_full", "seconds", "below", "gpu")
     assert {t.name: (t.threshold, t.fuse) for t in kv.tiers} == {"warning": (300.0, None), "critical": (60.0, "kv_cache_eviction")}
-    assert {t.name: (t.threshold, t.fuse) for t in gpu.tiers} == {"warning": (600.0, None), "critical": (120.0, "freeze_admissions")}
+    assert {t.name: (t.threshold, t.fuse) for t in gpu.tiers} == {"warning": (300.0, None), "critical": (45.0, "freeze_admissions")}
     assert (kv.source.metric, kv.source.capacity) == ("fusebox_kv_cache_usage_bytes", "fusebox_kv_cache_limit_bytes")
     assert (gpu.sources["dcgm"].metric, gpu.sources["dcgm"].free) == ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
 
