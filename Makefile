@@ -13,7 +13,7 @@ UV_VERSION ?= 0.13.9
 # Tools (Prometheus 3 promtool, the OpenTelemetry Collector, ...: tools/README.md) are built once into this cache.
 export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
 
-.PHONY: help venv lock tools generate check check-generated lint test test-fast bench bench-scale demo clean
+.PHONY: help venv lock tools generate check budget check-generated lint test test-fast bench bench-scale demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -43,8 +43,11 @@ generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into O
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT)
 	cp fusebox.yaml fusebox/data/fusebox.yaml
 
-check: tools ## run promtool/vmalert/amtool checks and the generated tests (promtool 2 and 3, vmalert-tool) on the outputs
+check: tools ## the reaction budget, then promtool/vmalert/amtool checks and the generated tests (promtool 2 and 3, vmalert-tool)
 	$(BIN)/fusebox check --spec $(SPEC) --out $(OUT)
+
+budget: venv ## each fuse tier's detection floor against the time its resource has left (docs/budget.md)
+	$(BIN)/fusebox budget --spec $(SPEC)
 
 check-generated: venv ## fail when committed outputs drift from the spec, or the starter spec (fusebox init) from fusebox.yaml
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT) --check

@@ -114,7 +114,8 @@ def register(subparsers) -> None:
                    help=f"seconds without alerts before a release (default {DEFAULT_HOLD_S:g})")
     s.add_argument("--retry-backoff", type=_seconds, default=0.5, help="first retry delay, doubling (default 0.5 s)")
     s.add_argument("--retry-max", type=_seconds, default=30.0, help="longest retry delay (default 30 s)")
-    s.add_argument("--timeout", type=_seconds, default=5.0, help="a gateway or vLLM call's total deadline, connect to last byte (default 5 s)")
+    s.add_argument("--timeout", type=_seconds, default=C.FUSE_CALL_TIMEOUT_S,
+                   help=f"a gateway or vLLM call's total deadline, connect to last byte (default {C.FUSE_CALL_TIMEOUT_S:g} s)")
     s.add_argument("--tick", type=_seconds, default=1.0, help="how often hold times are checked (default 1 s)")
     s.add_argument("--reconcile", type=_seconds, default=30.0,
                    help="seconds between two comparisons of each tripped level with the gateway's own state "

@@ -378,3 +378,6 @@ def dashboard_uid(spec_name: str, name: str) -> str:
 # --state or --state-dir is given (the generated Deployment sets it from a Secret, so that the
 # PostgreSQL password is not in the pod's args).
 FUSE_STORE_ENV = "FUSEBOX_FUSE_STORE"
+# `fusebox fuse serve --timeout`: a gateway or vLLM call's total deadline, seconds, when no spec adapter
+# names its own; `fusebox budget` counts it in every fuse's reaction time (docs/budget.md).
+FUSE_CALL_TIMEOUT_S = 5.0

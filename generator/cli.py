@@ -1,4 +1,4 @@
-"""`fusebox generate` and `fusebox check`."""
+"""`fusebox generate`, `fusebox check` and `fusebox alertmanager`; `fusebox budget` (:mod:`.budget`) is registered here."""
 
 from __future__ import annotations
 
@@ -55,6 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--config", required=True, help="the Alertmanager config to test (e.g. the output of merge)")
     t.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
     t.set_defaults(func=cmd_alertmanager_test)
+
+    from .budget import register as register_budget
+
+    register_budget(sub)
 
 
 def _load(spec_path: str):
@@ -233,5 +237,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     spec = _load(args.spec)
     if spec is None:
         return 2
-    return toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against,
-                                allow_dead=args.allow_dead)
+    from .budget import run_budget
+
+    late = run_budget(spec, summary=True)  # every fuse must act before its resource is full (docs/budget.md)
+    rc = toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against,
+                              allow_dead=args.allow_dead)
+    return rc or late

@@ -204,6 +204,10 @@ def _steps(p: PanelDef) -> tuple:
     """Threshold steps (color, value): base step first (value None), then the spec's tiers."""
     if p.steps is not None:
         return p.steps
+    if p.lower_bound and p.tiers:  # fires below: the most severe tier's colour at the bottom, green above the last line
+        up = sorted(p.tiers, key=lambda t: t.threshold)
+        colors = [_TIER_COLORS.get(t.name, "red") for t in up] + ["green"]
+        return tuple([(colors[0], None)] + [(colors[i + 1], t.threshold) for i, t in enumerate(up)])
     out = [("green", None)]
     for t in p.tiers:  # warning before critical (spec order)
         out.append((_TIER_COLORS.get(t.name, "red"), t.threshold))

@@ -5,6 +5,8 @@ fuse service of a real deployment), scraped every second by Prometheus 2.42 with
 `fusebox generate` writes (rules/fusebox.rules.yml). Values, worked out by hand:
 
 * GPU of docs/pitfalls.md P6: used 62800 MiB of 80000 MiB -> device ratio 0.785;
+* a second GPU filling 100 MiB/s from 40000 MiB of 80000 MiB -> about 400 - t seconds to full (a
+  GPU whose memory does not move has no time to full at all);
 * PCIe at 0.97 (>= 95 %, for 3s) -> GPUPCIeLinkSaturated fires within two evaluations;
 * alignments at 10/s: 10 % at 0.3 s, 10 % at 0.9 s, 80 % at 1.4 s -> share over 0.85 s = 0.9,
   share over 1.28 s = 0.8, P95 inside the (1.28, 1.5] bucket;
@@ -41,6 +43,7 @@ MIB = 1_048_576
 BUCKETS = ("0.05", "0.1", "0.25", "0.5", "0.75", "0.85", "1.0", "1.28", "1.5", "2.0", "2.5", "5.0", "10.0", "+Inf")
 HOST = 'cluster="lab-a", host_name="gpu-node-1"'
 GPU = HOST + ', hw_id="GPU-8f1c2a5e"'
+FILLING = HOST + ', hw_id="GPU-4d2e9b71"'
 ENGINE = HOST + ', hw_id="GPU-8f1c2a5e", engine="vllm-0", model="llava-1.5-7b"'
 
 
@@ -53,6 +56,8 @@ def exposition(t: float) -> str:
     lines = [
         f"{P['gpu_memory_usage']}{{{GPU}}} {62_800 * MIB}",
         f"{P['gpu_memory_limit']}{{{GPU}}} {80_000 * MIB}",
+        f"{P['gpu_memory_usage']}{{{FILLING}}} {int((40_000 + 100 * t) * MIB)}",
+        f"{P['gpu_memory_limit']}{{{FILLING}}} {80_000 * MIB}",
         f"{P['gpu_memory_reserved']}{{{GPU}}} {600 * MIB}",
         f"{P['gpu_memory_bandwidth_utilization']}{{{GPU}}} 0.5",
         f"{P['gpu_pcie_utilization']}{{{GPU}}} 0.97",
@@ -139,7 +144,7 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             assert over == {"0.85": pytest.approx(0.9, abs=0.02), "1.28": pytest.approx(0.8, abs=0.02)}
             p95 = float(query(base, "engine:fusebox_alignment_latency_p95:rate5m")[0]["value"][1])
             assert 1.28 < p95 <= 1.5
-            device = float(query(base, "gpu:fusebox_gpu_memory_device_utilization:ratio")[0]["value"][1])
+            device = float(query(base, 'gpu:fusebox_gpu_memory_device_utilization:ratio{hw_id="GPU-8f1c2a5e"}')[0]["value"][1])
             assert device == pytest.approx(0.785)
             growth = float(query(base, "engine:fusebox_kv_cache_growth_rate:deriv1m")[0]["value"][1])
             assert growth == pytest.approx(20e6, rel=0.1)
@@ -149,7 +154,10 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             assert 0.6 <= one(d["energy_per_token"]) <= 36
             assert one(d["prefix_hit_vllm"]) == pytest.approx(0.4, rel=0.02)
             assert one(d["prefix_hit_sglang"]) == pytest.approx(0.35)
-            assert one(d["gpu_used"]) == 62_800 * MIB
+            assert one(d["gpu_used"] + '{hw_id="GPU-8f1c2a5e"}') == 62_800 * MIB
+            # 40000 MiB free at the start, 100 MiB/s: 400 - t seconds, t under two minutes here
+            assert 280 < one('gpu:fusebox_gpu_memory_time_to_full:seconds_deriv1m{hw_id="GPU-4d2e9b71"}') < 400
+            assert query(base, 'gpu:fusebox_gpu_memory_time_to_full:seconds_deriv1m{hw_id="GPU-8f1c2a5e"}') == []
 
 
 def _fuse_jobs() -> dict[str, dict]:

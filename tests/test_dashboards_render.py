@@ -31,7 +31,11 @@ EXPECTED = {
     "GPUMemoryBandwidthSaturated": ("percentunit", [0.92]),
     "KVCacheGrowthOOMImminent": ("Bps", [145_000_000.0]),
     "GPUPCIeLinkSaturated": ("percentunit", [0.95]),
+    # lower bounds (direction: below): lines ascending, critical first; red below it, green above the warning
+    "KVCacheTimeToFullLow": ("s", [60.0, 300.0]),
+    "GPUMemoryTimeToFullLow": ("s", [45.0, 300.0]),
 }
+LOWER_BOUNDS = {"KVCacheTimeToFullLow", "GPUMemoryTimeToFullLow"}
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +59,8 @@ def substitute(expr: str) -> str:
     return re.sub(r"\$(\w+)", ".*", expr)
 
 
-def test_the_overview_and_four_drill_downs_are_rendered(boards):
-    assert sorted(boards) == ["alignment-latency", "gpu-memory", "kv-cache", "overview", "secondary"]
+def test_the_overview_and_five_drill_downs_are_rendered(boards):
+    assert sorted(boards) == ["alignment-latency", "gpu-memory", "kv-cache", "overview", "secondary", "time-to-full"]
 
 
 def test_every_panel_query_parses_as_promql(boards):
@@ -132,7 +136,9 @@ def test_every_threshold_drawn_equals_the_spec_figure(boards):
         unit, values = EXPECTED[alert]
         steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
         # Base step: a number (Grafana's schema requires one; Grafana reads the first step as -Infinity).
-        assert steps[0] == {"color": "green", "value": 0}, p["title"]
+        assert steps[0] == {"color": "red" if alert in LOWER_BOUNDS else "green", "value": 0}, p["title"]
+        if alert in LOWER_BOUNDS:
+            assert [s["color"] for s in steps] == ["red", "orange", "green"], p["title"]
         assert [s["value"] for s in steps[1:]] == pytest.approx(values, rel=1e-12), p["title"]
         assert p["fieldConfig"]["defaults"]["unit"] == unit, p["title"]
         seen.add(alert)
@@ -155,6 +161,8 @@ def test_units_match_values(boards):
             assert unit == "decbytes", p["title"]
         if ":deriv" in exprs:
             assert unit == "Bps", p["title"]
+        if ":seconds_deriv" in exprs:  # time to full
+            assert unit == "s", p["title"]
         if "count_rate" in exprs:
             assert unit == "ops", p["title"]
 

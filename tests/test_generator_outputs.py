@@ -65,9 +65,10 @@ def test_alert_names_labels_and_runbook_links(generated, spec):
     assert crit["expr"] == "engine:fusebox_alignment_latency_p95:rate5m >= 1.28"
     assert crit["labels"]["fuse_action"] == "text_only_fallback" and crit["labels"]["fuse_level"] == "2"
     absent = {a["labels"]["metric"] for a in by[C.ABSENT_ALERT]}
-    # the KV pool metrics only refine GPU memory (device fallback), so the limit has no absent
-    # alert; the usage has one because the KV growth signals read it
+    # the KV pool metrics only refine GPU memory (device fallback); the usage has an absent alert
+    # because the KV growth signals read it, the limit because the KV time to full reads it
     assert absent == {"hw_gpu_memory_usage_bytes", "hw_gpu_memory_limit_bytes", "fusebox_kv_cache_usage_bytes",
+                      "fusebox_kv_cache_limit_bytes",
                       "fusebox_alignment_duration_seconds_bucket",
                       "fusebox_alignment_duration_seconds_count", "fusebox_gpu_memory_bandwidth_utilization_ratio",
                       "fusebox_gpu_pcie_utilization_ratio"}
@@ -298,7 +299,7 @@ def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_
     # the engine-level signals on the collectors are named too (issue 21): KV bytes, alignment histogram
     assert {w.split("warning: ")[1].split(" reads")[0] for w in warnings if w is not pcie} == {
         "signal 'gpu_memory_utilization'", "signal 'kv_cache_growth_rate'", "signal 'kv_cache_growth_oom'",
-        "signal 'alignment_latency_p95'"}
+        "signal 'alignment_latency_p95'", "signal 'kv_cache_time_to_full'"}
     absent = {a["labels"]["metric"] for a in _alerts(tmp_path / "out")[C.ABSENT_ALERT]}
     assert "fusebox_gpu_pcie_utilization_ratio" in absent
 

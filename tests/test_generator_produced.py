@@ -82,6 +82,7 @@ def dcgm_vllm_spec(keep_collector_signals: bool = False) -> str:
     data["global"]["source"] = "dcgm"
     data["global"]["selectors"] = {"vllm": {}}  # the engines are vLLM (no SGLang)
     data["kubernetes"]["collectors"]["enabled"] = False
+    data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"  # the engine's own KV fraction, no collector
     if not keep_collector_signals:
         for name in COLLECTOR_ONLY:
             data["signals"].pop(name, None)

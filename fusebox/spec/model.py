@@ -25,6 +25,7 @@ from fusebox import conventions as C
 from . import sourceunits, units
 from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
+from .budget import Budget, RawBudget, normalise_budget
 from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana,
                      normalise_kubernetes, normalise_otelcol)
 from .errors import Problem, SpecError
@@ -73,6 +74,10 @@ class RawSource(_Strict):
     scale: Number = 1.0
     expr: Optional[str] = None
     note: Optional[str] = None
+    # time_to_full only (fusebox/spec/kinds/time_to_full.py): the pool's size, or its free part,
+    # as a raw metric in the unit of ``metric``; neither when ``metric`` is a fraction 0-1 of it.
+    capacity: Optional[str] = None
+    free: Optional[str] = None
 
 
 class RawDiagnosis(_Strict):
@@ -96,7 +101,8 @@ class RawSignal(_Strict):
     description: str = Field(description="What the signal measures, for people (alerts, runbooks, dashboards).")
     kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
         description="How the value is computed: gauge (as read), deriv (growth per second), quantile (from a histogram), "
-                    "gpu_memory (device-memory ratio with the KV-pool correction).")
+                    "gpu_memory (device-memory ratio with the KV-pool correction), time_to_full (seconds until a pool "
+                    "is full at its current growth; direction: below).")
     unit: Literal[tuple(units.UNITS)] = Field(  # type: ignore[valid-type]
         description="The value's unit: ratio (0-1; thresholds '78.3%'), seconds ('1.28s'), bytes ('2 GB'), "
                     "bytes_per_second ('14.7 MB/s') or count (a plain number: 50).")
@@ -225,6 +231,7 @@ class RawSpec(_Strict):
     kubernetes: RawKubernetes = RawKubernetes()
     grafana: RawGrafana = RawGrafana()
     otelcol: RawOtelcol = RawOtelcol()
+    budget: RawBudget = RawBudget()
     signals: dict[str, RawSignal]
     overrides: list[RawOverride] = []
 
@@ -252,6 +259,8 @@ class Source:
     scale: float
     expr: Optional[str]
     note: Optional[str]
+    capacity: Optional[str] = None  # time_to_full: the pool's size metric (same unit as metric)
+    free: Optional[str] = None  # time_to_full: the pool's free part (same unit as metric)
 
 
 @dataclass(frozen=True)
@@ -343,6 +352,7 @@ class Spec:
     selectors: dict[str, dict[str, str]] = field(default_factory=dict)  # global.selectors, per backend
     source: str = "fusebox"  # global.source
     rule_engine: str = "prometheus"  # global.rule_engine: one of RULE_ENGINES
+    budget: Budget = field(default_factory=Budget)  # budget: sizes `fusebox budget` reads (spec/budget.py)
 
     def selector_for(self, backend: str) -> dict[str, str]:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
@@ -564,6 +574,7 @@ class _Normaliser:
         grafana = normalise_grafana(r.grafana, self.err)
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
         adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
+        budget = normalise_budget(r.budget, self.err)
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -579,6 +590,7 @@ class _Normaliser:
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
             kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
+            budget=budget,
         )
 
     def _self_monitoring(self, scrape_s: float) -> SelfMonitoring:
@@ -639,6 +651,9 @@ class _Normaliser:
         sources: dict[str, Source] = {}
         for backend, src in s.sources.items():
             spath = path + ("sources", backend)
+            if (src.capacity is not None or src.free is not None) and not getattr(kind, "takes_pool", False):
+                self.err(spath, f"'capacity' and 'free' belong to time_to_full signals, not to a {s.kind} signal",
+                         "remove them, or make the signal 'kind: time_to_full'")
             kind.check_source(backend, src, spath, self.err)
             if src.expr is not None:
                 self._check_promql(src.expr, spath + ("expr",))
@@ -651,7 +666,7 @@ class _Normaliser:
                     self.err(spath + ("metric",), *bad)
             if src.scale == 0:  # the rules divide by it
                 self.err(spath + ("scale",), "scale must not be 0", "leave it out for 1, or give the factor to base units")
-            sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note)
+            sources[backend] = Source(backend, src.metric, src.scale, src.expr, src.note, src.capacity, src.free)
         by = tuple(s.by) if s.by is not None else ()
         for lb in by:
             if not _LABEL.match(lb):

@@ -18,7 +18,11 @@ What each kind gives (:func:`check`):
 * ``deriv``: a size gives a byte rate (``bytes_per_second``); a count gives a count per second
   (accepted for ``unit: count``); a fraction or a time gives nothing a signal unit names;
 * ``quantile``: the histogram's dimension (a time for ``unit: seconds``);
-* ``gpu_memory``: not judged here (its rules are fixed per backend).
+* ``gpu_memory``: not judged here (its rules are fixed per backend);
+* ``time_to_full``: headroom over growth, (capacity - used) / deriv(used), is a time whatever the
+  pool's unit: a size (bytes, MiB), a count (tokens) or a fraction 0-1 gives seconds, and
+  :func:`check_pool` asks that the pool's ``capacity`` (or ``free``) metric is in the unit of the
+  ``metric`` in use, and that a fraction has neither (its capacity is 1).
 """
 
 from __future__ import annotations
@@ -114,6 +118,8 @@ def gives(kind: str, unit: str) -> Optional[str]:
     dim = UNITS[unit][0]
     if kind == "deriv":
         return {"size": "rate", "count": "count"}.get(dim)
+    if kind == "time_to_full":  # (capacity - used) / deriv(used): the pool's unit cancels out
+        return "time" if dim in ("size", "count", "fraction") else None
     return dim
 
 
@@ -137,7 +143,7 @@ def check(kind: str, metric: str, signal_unit: str, scale: float = 1.0) -> Optio
             return (f"{metric} is {UNITS[unit][1]}, read with no scale: the {signal_unit} thresholds compare "
                     f"against {unit}", f"add 'scale: {TO_BASE[unit]:g}' to convert it to {signal_unit}")
         return None
-    made = f"{kind}({metric})" if kind != "gauge" else metric
+    made = {"gauge": metric, "time_to_full": f"(capacity - {metric}) / deriv({metric})"}.get(kind, f"{kind}({metric})")
     word = UNITS[unit][1]
     what = (f"{metric} is {word}; {made} cannot give a value in {signal_unit.replace('_', ' ')}"
             + (" (a scale does not help: it converts within a unit's kind, and each engine's pool differs)"
@@ -148,3 +154,37 @@ def check(kind: str, metric: str, signal_unit: str, scale: float = 1.0) -> Optio
     else:
         fix = f"read a metric in {signal_unit.replace('_', ' ')} (or one a scale converts to it), or change the signal's unit"
     return what, fix
+
+
+def check_pool(metric: str, capacity: Optional[str], free: Optional[str]) -> Optional[tuple[str, str, str]]:
+    """``(field, what, fix)`` when a ``time_to_full`` source's pool metrics cannot be read with
+    ``metric`` (the amount in use), else None. ``field`` is the source key at fault
+    (``capacity``, ``free`` or ``metric``).
+
+    * at most one of ``capacity`` (the pool's size) and ``free`` (its free part);
+    * a fraction 0-1 (vLLM's ``kv_cache_usage_perc``, SGLang's ``token_usage``) takes neither: its
+      capacity is 1;
+    * a size or count takes one of them, in the same unit as ``metric`` (bytes with bytes, MiB
+      with MiB, tokens with tokens): the division cancels the unit only then.
+
+    Metrics of unknown unit are not compared (as :func:`check`)."""
+    if capacity is not None and free is not None:
+        return ("free", "give the pool as 'capacity' (its size) or as 'free' (its free part), not both",
+                "remove one of them")
+    used = metric_unit(metric)
+    other, field = (capacity, "capacity") if capacity is not None else (free, "free")
+    if used is not None and UNITS[used][0] == "fraction":
+        if other is not None:
+            return (field, f"{metric} is {UNITS[used][1]} of the pool: its capacity is 1, so '{field}' means nothing",
+                    f"remove '{field}' (the headroom is 1 - {metric})")
+        return None
+    if other is None:
+        return ("metric", f"{metric} is {UNITS[used][1] if used else 'an amount in use'}: time to full needs the pool's size",
+                "add 'capacity: METRIC' (the pool's size, e.g. fusebox_kv_cache_limit_bytes) or 'free: METRIC' "
+                "(its free part, e.g. DCGM_FI_DEV_FB_FREE), in the unit of 'metric'")
+    unit = metric_unit(other)
+    if used is not None and unit is not None and unit != used:
+        return (field, f"{other} is {UNITS[unit][1]} but {metric} is {UNITS[used][1]}: their difference over the "
+                       "growth is no time",
+                f"read a '{field}' metric in the unit of {metric} ({used})")
+    return None

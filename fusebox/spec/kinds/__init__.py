@@ -1,4 +1,4 @@
-"""Signal kinds: one module each (gauge, gpu_memory, deriv, quantile), registered here.
+"""Signal kinds: one module each (gauge, gpu_memory, deriv, time_to_full, quantile), registered here.
 
 The order of :data:`KINDS` is the order of the kinds' drill-down dashboards and dashboard records.
 To add a kind: write a module with a :class:`~.base.Kind` subclass and its ``KIND`` instance,
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import deriv, gauge, gpu_memory, quantile
+from . import deriv, gauge, gpu_memory, quantile, time_to_full
 from .base import DashboardDef, Kind, PanelDef, Query, Synth, dashboard_records
 
-KINDS: dict[str, Kind] = {k.name: k for k in (gpu_memory.KIND, deriv.KIND, quantile.KIND, gauge.KIND)}
+KINDS: dict[str, Kind] = {k.name: k for k in (gpu_memory.KIND, deriv.KIND, time_to_full.KIND, quantile.KIND, gauge.KIND)}
 
 __all__ = ["KINDS", "Kind", "kind_of", "records", "dashboard_records", "DashboardDef", "PanelDef", "Query", "Synth",
            "reports_lost_gpus", "lost_gpu_fuses"]

@@ -285,6 +285,7 @@ class PanelDef:
     width: int = 12
     soft_max: Optional[float] = None
     no_value: str = "no data"  # what a stat panel says when the query returns nothing
+    lower_bound: bool = False  # the tiers fire below their thresholds (direction: below): red at the bottom
 
 
 @dataclass(frozen=True)
@@ -302,6 +303,7 @@ def signal_panel(sig: Any, title: str, description: str, expr: str, legend: str,
         title=title, description=description, queries=(Query(expr, legend),),
         unit=unit or UNITS[sig.unit], alerts=(sig.alert,), tiers=sig.tiers if tiers else (),
         width=width, soft_max=1.0 if (unit or UNITS[sig.unit]) == "percentunit" else None,
+        lower_bound=sig.direction == "below",
     )
 
 

@@ -1,0 +1,243 @@
+"""`fusebox budget`: for every tier that requests a fuse, how long after its signal crosses the
+threshold the fuse can act (the detection floor), against how long the resource has left at that
+threshold (docs/budget.md has each term and where its number comes from).
+
+Floor terms, seconds, all read from the spec or from what the generator renders:
+
+* ``scrape``: ``global.scrape_interval`` (the sample showing the crossing is up to one scrape late);
+* ``eval``: the ``interval`` of the rendered rule group holding the tier's alerting rule (else
+  ``global.evaluation_interval``);
+* ``records``: how stale the records the alert reads from *other* groups can be, one of their
+  group's intervals per cross-group hop on the worst path (:func:`cross_group_s`; 0 when the
+  alert's records are all in its own group, as the generator renders them today);
+* ``for``: the tier's ``for``;
+* ``lag``: on ``global.rule_engine: victoriametrics``, one group interval per same-group record the
+  alert reads through (:func:`.render_vmalert_tests.alert_lags`); 0 on the other engines;
+* ``group_wait``: the ``group_wait`` of the rendered Alertmanager route that takes the alert to the
+  fuse (``fuse.group_wait_critical``: that route matches ``fuse_action``, whatever the severity);
+* ``fuse``: :data:`FUSE_DECISION_S`, the fuse's measured decision time;
+* ``adapter``: the longest ``timeout`` of the spec adapters applying the tier's action, else the
+  fuse's default ``--timeout`` (:data:`fusebox.conventions.FUSE_CALL_TIMEOUT_S`).
+
+Time left at the threshold, by kind: ``time_to_full`` its threshold; a byte growth (``deriv`` in
+bytes per second) the KV pool's free bytes at ``budget.kv_fill`` over the threshold; ``gpu_memory``
+the headroom from the threshold to full on ``budget.gpu_memory`` bytes at ``budget.gpu_growth``;
+anything else (a latency, a gauge) exhausts no resource at a known rate: "n/a".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from fusebox import conventions as C
+from fusebox.spec import Signal, Spec, Tier
+from fusebox.spec.units import format_number, humanize, parse_duration
+
+from .engines import records_read
+from .render_alertmanager import routing
+from .render_rules import render_rules
+from .render_vmalert_tests import alert_lags
+
+__all__ = ["FUSE_DECISION_S", "Row", "budget_rows", "cross_group_s", "register", "cmd_budget", "run_budget"]
+
+# The fuse's decision time: notification received -> gateway call made, p99, the worst of the four
+# store runs `python bench/bench_fuse.py` measured (docs/fuse.md, "Benchmarks": PostgreSQL, two
+# replicas, run 2: 103.7 ms), rounded up to the millisecond.
+FUSE_DECISION_S = 0.104
+
+
+@dataclass
+class Row:
+    """One fuse tier: its floor (``terms`` sum to ``floor_s``), the time left (None: n/a, ``basis``
+    says why), ``margin_s`` = time left - floor, ``ok`` False when the fuse acts after full."""
+
+    signal: str
+    alert: str
+    tier: str
+    severity: str
+    fuse: str
+    fuse_level: int
+    group: str
+    terms: dict[str, float]
+    floor_s: float
+    time_left_s: Optional[float]
+    basis: str
+    margin_s: Optional[float] = None
+    ok: bool = True
+    threshold: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _alert_group(groups: list[dict[str, Any]], sig: Signal, tier: Tier) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rendered group holding the tier's alerting rule (alert name, severity and action match), and the rule."""
+    for g in groups:
+        for r in g["rules"]:
+            labels = r.get("labels") or {}
+            if (r.get("alert") == sig.alert and labels.get(C.LABEL["severity"]) == tier.severity
+                    and labels.get(C.LABEL["fuse_action"]) == tier.fuse):
+                return g, r
+    raise LookupError(f"no rendered rule for {sig.alert} {tier.name}")  # the renderer makes one per tier
+
+
+def cross_group_s(groups: list[dict[str, Any]], group: str, expr: str, default_interval: float) -> float:
+    """How stale the records ``expr`` reads can be, seconds: each record recorded in another group
+    than ``group`` may be up to one of that group's intervals old when read, and so on down its
+    chain (the worst path). 0 when every record read is of ``group`` itself, or none is read."""
+    owner: dict[str, tuple[str, float, str]] = {}
+    for g in groups:
+        interval = parse_duration(g["interval"]) if g.get("interval") else default_interval
+        for r in g["rules"]:
+            if "record" in r:
+                owner[r["record"]] = (g["name"], interval, r["expr"])
+    memo: dict[tuple[str, str], float] = {}
+
+    def stale(where: str, text: str, depth: int) -> float:
+        if (where, text) in memo:
+            return memo[(where, text)]
+        if depth > len(owner):  # a cycle: the renderer never makes one (engines.chain_depths refuses it)
+            raise ValueError(f"recording rules read each other in a cycle in group {where}")
+        worst = 0.0
+        for name in records_read(text, set(owner)):
+            g, interval, rexpr = owner[name]
+            worst = max(worst, (interval if g != where else 0.0) + stale(g, rexpr, depth + 1))
+        memo[(where, text)] = worst
+        return worst
+
+    return stale(group, expr, 0)
+
+
+def _kv_growth(spec: Spec) -> Optional[float]:
+    """The lowest critical threshold of the byte-growth signals (bytes per second), or None."""
+    rates = [t.threshold for s in spec.signals if s.kind == "deriv" and s.unit == "bytes_per_second"
+             for t in s.tiers if t.name == "critical"]
+    return min(rates) if rates else None
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f} GB"
+
+
+def _time_left(spec: Spec, sig: Signal, tier: Tier) -> tuple[Optional[float], str]:
+    b = spec.budget
+    if sig.kind == "time_to_full":
+        return tier.threshold, f"the tier's threshold ({tier.threshold_text})"
+    if sig.kind == "deriv" and sig.unit == "bytes_per_second":
+        free = b.kv_pool_bytes * (1 - b.kv_fill)
+        return free / tier.threshold, (f"KV pool {_gb(b.kv_pool_bytes)} at {format_number(b.kv_fill * 100)}% full: "
+                                       f"{_gb(free)} free / {humanize(tier.threshold, 'bytes_per_second')}")
+    if sig.kind == "gpu_memory":
+        growth = b.gpu_growth_bps or _kv_growth(spec)
+        if not growth:
+            return None, "n/a: no growth to fill the GPU at (set budget.gpu_growth)"
+        head = b.gpu_memory_bytes * (1 - tier.threshold)
+        return head / growth, (f"GPU {_gb(b.gpu_memory_bytes)} from {humanize(tier.threshold, 'ratio')} to full: "
+                               f"{_gb(head)} / {humanize(growth, 'bytes_per_second')}")
+    if sig.kind == "quantile":
+        return None, f"n/a: a latency ({sig.unit}) exhausts no resource"
+    return None, f"n/a: a {sig.kind} in {sig.unit.replace('_', ' ')} has no pool that fills at a known rate"
+
+
+def budget_rows(spec: Spec) -> list[Row]:
+    """One :class:`Row` per enabled tier with a ``fuse``, in spec order."""
+    groups = render_rules(spec).groups
+    lags = alert_lags(groups) if spec.rule_engine == "victoriametrics" else {}
+    group_wait = parse_duration(routing(spec).group_wait_critical)
+    rows = []
+    for sig in spec.signals:
+        for tier in sig.tiers:
+            if not tier.fuse:
+                continue
+            g, rule = _alert_group(groups, sig, tier)
+            interval = parse_duration(g["interval"]) if g.get("interval") else spec.evaluation_interval_s
+            timeouts = [a.timeout_s for a in spec.adapters if tier.fuse in a.actions]
+            terms = {
+                "scrape": spec.scrape_interval_s,
+                "eval": interval,
+                "records": cross_group_s(groups, g["name"], rule["expr"], spec.evaluation_interval_s),
+                "for": tier.for_s,
+                "lag": lags.get(sig.alert, {}).get(g["name"], 0) * interval,
+                "group_wait": group_wait,
+                "fuse": FUSE_DECISION_S,
+                "adapter": max(timeouts) if timeouts else C.FUSE_CALL_TIMEOUT_S,
+            }
+            floor = round(sum(terms.values()), 6)
+            left, basis = _time_left(spec, sig, tier)
+            row = Row(sig.name, sig.alert, tier.name, tier.severity, tier.fuse, tier.fuse_level, g["name"], terms, floor,
+                      left, basis, threshold=tier.threshold_text)
+            if left is not None:
+                row.margin_s = round(left - floor, 6)
+                row.ok = floor <= left
+            rows.append(row)
+    return rows
+
+
+def _s(x: float) -> str:
+    return f"{x:.3f}".rstrip("0").rstrip(".") + " s"
+
+
+def _terms_text(r: Row) -> str:
+    return " + ".join(f"{format_number(v)} {k}" for k, v in r.terms.items())
+
+
+def _print_table(spec: Spec, rows: list[Row]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"fusebox budget: {spec.name} ({spec.rule_engine})", show_lines=True)
+    for col in ("tier", "floor (s)", "time left", "margin"):
+        t.add_column(col)
+    for r in rows:
+        left = "n/a" if r.time_left_s is None else _s(r.time_left_s)
+        margin = "" if r.margin_s is None else (_s(r.margin_s) if r.ok else f"LATE by {_s(-r.margin_s)}")
+        t.add_row(f"{r.alert} {r.tier} {r.threshold}\n{r.fuse} (level {r.fuse_level})",
+                  f"{_s(r.floor_s)} = {_terms_text(r)}", f"{left}\n{r.basis}", margin)
+    Console(width=160).print(t)
+
+
+def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> int:
+    """Print the budget of ``spec`` (the table, ``as_json`` one JSON document, ``summary`` one
+    line); 0 when every fuse acts before its resource is full, else 1 (each late tier named on
+    standard error with its floor and time left)."""
+    rows = budget_rows(spec)
+    late = [r for r in rows if not r.ok]
+    if summary:
+        timed = [r for r in rows if r.margin_s is not None]
+        tight = min(timed, key=lambda r: r.margin_s or 0.0, default=None)
+        print(f"{'ok  ' if not late else 'FAIL'} fusebox budget: {len(rows)} fuse tier(s), {len(timed) - len(late)} in time, "
+              f"{len(late)} late, {len(rows) - len(timed)} n/a"
+              + (f"; tightest {tight.alert} {tight.tier}: {_s(tight.floor_s)} against {_s(tight.time_left_s or 0.0)}" if tight else ""))
+    elif as_json:
+        print(json.dumps({"spec": spec.name, "rule_engine": spec.rule_engine, "ok": not late,
+                          "fuse_decision_s": FUSE_DECISION_S, "tiers": [asdict(r) for r in rows]}, indent=2))
+    else:
+        _print_table(spec, rows)
+    for r in late:
+        print(f"fusebox budget: {r.alert} {r.tier} ({r.fuse}) is late: the fuse acts {_s(r.floor_s)} after {r.signal} "
+              f"crosses {r.threshold}, but the resource is full {_s(r.time_left_s or 0.0)} after "
+              f"({_terms_text(r)}) -- lower the tier's `for` or move its threshold earlier", file=sys.stderr)
+    return 1 if late else 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("budget", help="reaction budget: each fuse tier's detection floor against the time its resource has left",
+                       description="For every tier that requests a fuse: scrape + evaluation interval + for + rule-engine "
+                       "lag + Alertmanager group_wait + the fuse's decision time + the adapter timeout, against the time the "
+                       "resource has left at the tier's threshold (docs/budget.md). Exit status: 0 every fuse acts in time, "
+                       "1 a fuse would act after its resource is full, 2 bad input.")
+    b.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
+    b.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    b.set_defaults(func=cmd_budget)
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    from .cli import _load
+
+    spec = _load(args.spec)
+    if spec is None:
+        return 2
+    return run_budget(spec, as_json=args.json)
+

@@ -1,0 +1,197 @@
+"""`fusebox budget` (issue 25, item 2): for every fuse tier, the detection floor (scrape +
+evaluation interval + for + rule-engine lag + group_wait + the fuse's decision time + the adapter
+timeout) against the time the resource has left at the tier's threshold.
+
+Every expected number is worked out here from the shipped spec's figures (read from its YAML):
+scrape and evaluation 5 s, group_wait_critical 5 s, the fuse's 103.7 ms p99 decision time
+(docs/fuse.md's bench table, rounded up to 0.104 s), the fuse's default --timeout of 5 s, and the
+budget section's 52 GiB pool at 90 % full on an 81,559 MiB GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fusebox.spec import parse_spec
+from fusebox.spec.errors import SpecError
+
+from _support import SPEC
+
+FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
+RAW = yaml.safe_load(SPEC.read_text())
+SIGNALS = RAW["signals"]
+
+# The shipped spec's figures, checked against its YAML so a spec change shows here first.
+SCRAPE, EVAL, GROUP_WAIT = 5.0, 5.0, 5.0
+DECISION, ADAPTER = 0.104, 5.0
+POOL = 52 * 2**30  # budget.kv_pool: 52 GiB
+FREE = POOL * (1 - 0.90)  # budget.kv_fill: 90 %
+GPU = 81559 * 2**20  # budget.gpu_memory: 81559 MiB
+KV_CRITICAL_GROWTH = 14.7e6  # kv_cache_growth_rate critical: 14.7 MB/s
+
+
+def test_the_figures_are_the_shipped_specs():
+    g, f, b = RAW["global"], RAW["fuse"], RAW["budget"]
+    assert (g["scrape_interval"], g["evaluation_interval"], f["group_wait_critical"]) == ("5s", "5s", "5s")
+    assert (b["kv_pool"], b["kv_fill"], b["gpu_memory"]) == ("52 GiB", "90%", "81559 MiB")
+    assert SIGNALS["kv_cache_growth_rate"]["tiers"]["critical"]["threshold"] == "14.7 MB/s"
+    assert "adapters" not in f  # the fuse's default --timeout applies
+
+
+def _floor(for_s: float, lag: float = 0.0, adapter: float = ADAPTER) -> float:
+    return SCRAPE + EVAL + for_s + lag + GROUP_WAIT + DECISION + adapter
+
+
+def _budget(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess:
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(text)
+    return subprocess.run([*FUSEBOX, "budget", "--spec", str(spec), *args], capture_output=True, text=True, timeout=120)
+
+
+def _rows(r: subprocess.CompletedProcess) -> dict[tuple[str, str], dict]:
+    doc = json.loads(r.stdout)
+    return {(t["alert"], t["tier"]): t for t in doc["tiers"]}
+
+
+def _with(**tiers: dict) -> str:
+    """The shipped spec with tier fields replaced: signal__tier={field: value}."""
+    data = yaml.safe_load(SPEC.read_text())
+    for key, fields in tiers.items():
+        sig, tier = key.split("__")
+        data["signals"][sig]["tiers"][tier].update(fields)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def test_the_shipped_spec_is_within_budget(tmp_path):
+    r = _budget(tmp_path, SPEC.read_text(), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = _rows(r)
+    # one row per tier that requests a fuse, and only those
+    fused = {(s["alert"], name) for s in SIGNALS.values() for name, t in s["tiers"].items() if t.get("fuse")}
+    assert set(rows) == fused
+    expect = {
+        # time to full: the threshold is the time left
+        ("KVCacheTimeToFullLow", "critical"): (_floor(15), 60.0),
+        ("GPUMemoryTimeToFullLow", "critical"): (_floor(10), 45.0),
+        # KV growth: the pool's free tenth at the tier's rate
+        ("KVCacheGrowthRateHigh", "critical"): (_floor(30), FREE / 14.7e6),
+        ("KVCacheGrowthOOMImminent", "critical"): (_floor(0), FREE / (8.7e9 / 60)),
+        # GPU memory: from 78.3 % to full at the KV critical growth
+        ("GPUMemoryUtilizationHigh", "critical"): (_floor(30), GPU * (1 - 0.783) / KV_CRITICAL_GROWTH),
+    }
+    for key, (floor, left) in expect.items():
+        row = rows[key]
+        assert row["floor_s"] == pytest.approx(floor), key
+        assert sum(row["terms"].values()) == pytest.approx(floor), key
+        assert row["time_left_s"] == pytest.approx(left), key
+        assert row["margin_s"] == pytest.approx(left - floor), key
+        assert row["ok"] is True
+    # no resource to exhaust: n/a with the reason
+    for key in (("AlignmentLatencyP95High", "critical"), ("GPUMemoryBandwidthSaturated", "critical")):
+        assert rows[key]["time_left_s"] is None and rows[key]["basis"].startswith("n/a: "), rows[key]
+    # 20.104 s against 38.5 s: the tightest growth tier
+    assert rows[("KVCacheGrowthOOMImminent", "critical")]["margin_s"] == pytest.approx(FREE / (8.7e9 / 60) - 20.104)
+
+
+def test_the_table_shows_every_fuse_tier_with_both_numbers(tmp_path):
+    r = _budget(tmp_path, SPEC.read_text())
+    assert r.returncode == 0, r.stderr
+    assert "KVCacheTimeToFullLow critical 60s" in r.stdout
+    assert "35.104 s = 5 scrape + 5 eval" in r.stdout and "0.104 fuse" in r.stdout and "24.896 s" in r.stdout
+    assert "n/a: a latency" in r.stdout
+
+
+def test_a_kv_critical_for_that_makes_the_fuse_late_fails_naming_the_tier_and_both_numbers(tmp_path):
+    # for 45s: 5 + 5 + 45 + 0 + 5 + 0.104 + 5 = 65.104 s, after the pool is full at 60 s
+    r = _budget(tmp_path, _with(kv_cache_time_to_full__critical={"for": "45s"}))
+    assert r.returncode == 1
+    assert "KVCacheTimeToFullLow critical (kv_cache_eviction) is late" in r.stderr
+    assert f"{_floor(45):.3f} s" in r.stderr and "full 60 s after" in r.stderr
+    # and only that tier
+    assert r.stderr.count(" is late") == 1
+
+
+def test_a_late_growth_tier_fails_against_the_pools_free_bytes(tmp_path):
+    # for 20s: 40.104 s, but 5.58 GB free at 145 MB/s is 38.5 s
+    r = _budget(tmp_path, _with(kv_cache_growth_oom__critical={"for": "20s"}), "--json")
+    assert r.returncode == 1
+    row = _rows(r)[("KVCacheGrowthOOMImminent", "critical")]
+    assert row["ok"] is False and row["margin_s"] == pytest.approx(FREE / (8.7e9 / 60) - _floor(20))
+    assert "KVCacheGrowthOOMImminent critical" in r.stderr
+
+
+def test_vmalert_adds_one_interval_per_same_group_record_the_alert_reads(tmp_path):
+    text = SPEC.read_text().replace("  rule_engine: prometheus\n", "  rule_engine: victoriametrics\n", 1)
+    rows = _rows(_budget(tmp_path, text, "--json"))
+    # KVCacheTimeToFullLow reads its one record (depth 1); GPUMemoryUtilizationHigh reads the
+    # effective ratio, which reads the device ratio and the KV free bytes of its group (depth 2)
+    assert rows[("KVCacheTimeToFullLow", "critical")]["terms"]["lag"] == 1 * EVAL
+    assert rows[("GPUMemoryUtilizationHigh", "critical")]["terms"]["lag"] == 2 * EVAL
+    assert rows[("KVCacheTimeToFullLow", "critical")]["floor_s"] == pytest.approx(_floor(15, lag=EVAL))
+
+
+def test_an_adapters_timeout_replaces_the_default_for_its_actions(tmp_path):
+    data = yaml.safe_load(SPEC.read_text())
+    data["fuse"]["adapters"] = {"router": {"kind": "vllm_router", "url": "http://127.0.0.1:8001", "actions": ["kv_cache_eviction"],
+                                           "timeout": "12s", "targets": [{"match": {"engine": "engine-0"},
+                                                                          "worker_url": "http://10.0.0.5:8000"}]}}
+    rows = _rows(_budget(tmp_path, yaml.safe_dump(data, sort_keys=False), "--json"))
+    assert rows[("KVCacheTimeToFullLow", "critical")]["terms"]["adapter"] == 12.0
+    assert rows[("GPUMemoryTimeToFullLow", "critical")]["terms"]["adapter"] == ADAPTER  # freeze: not this adapter's
+
+
+def test_records_from_slower_groups_add_their_interval():
+    """A record moved to a slower group (say 30s) is up to 30 s old when the alert reads it; a
+    record that reads another group's record adds that group's interval too (the worst path)."""
+    from fusebox.generator.budget import cross_group_s
+
+    groups = [
+        {"name": "slow", "interval": "30s", "rules": [{"record": "a:x:sum", "expr": "sum(x)"}]},
+        {"name": "slower", "interval": "1m", "rules": [{"record": "b:y:sum", "expr": "sum(y)"}]},
+        {"name": "mid", "interval": "10s", "rules": [{"record": "c:z:ratio", "expr": "b:y:sum / 2"}]},
+        {"name": "alerts", "interval": "5s", "rules": [
+            {"record": "d:w:max", "expr": "max(w)"},
+            {"alert": "A", "expr": "a:x:sum > 1 and c:z:ratio > 1 and d:w:max > 1"}]},
+    ]
+    expr = groups[-1]["rules"][1]["expr"]
+    # a:x:sum 30 s; c:z:ratio 10 s + b:y:sum 60 s = 70 s (the worst); d:w:max is its own group's: 0
+    assert cross_group_s(groups, "alerts", expr, 5.0) == 70.0
+    assert cross_group_s(groups, "alerts", "d:w:max > 1", 5.0) == 0.0
+    assert cross_group_s(groups, "alerts", "up == 0", 5.0) == 0.0
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("kv_fill", "100%", "out of range"),
+    ("kv_pool", "lots", "bytes"),
+    ("gpu_memory", "-1 GB", "negative"),
+    ("gpu_memory", "0 GB", "out of range"),
+])
+def test_a_bad_budget_section_is_refused_at_its_line(tmp_path, key, value, words):
+    data = yaml.safe_load(SPEC.read_text())
+    data["budget"][key] = value
+    text = yaml.safe_dump(data, sort_keys=False)
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "fusebox.yaml")
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if ln.strip().startswith(f"{key}:") and i > text[:text.index("budget:")].count("\n"))
+    assert any(p.line == line and words in str(p) for p in e.value.problems), [str(p) for p in e.value.problems]
+    r = _budget(tmp_path, text)
+    assert r.returncode == 2 and f":{line}:" in r.stderr
+
+
+@pytest.mark.tools
+def test_fusebox_check_fails_when_the_budget_does(tmp_path):
+    from fusebox.generator.outputs import render_all
+    from fusebox.generator.writer import write_outputs
+
+    text = _with(kv_cache_time_to_full__critical={"for": "45s"})
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(text)
+    write_outputs(render_all(parse_spec(text, str(spec))), tmp_path)
+    r = subprocess.run([*FUSEBOX, "check", "--spec", str(spec), "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "KVCacheTimeToFullLow critical (kv_cache_eviction) is late" in r.stderr
