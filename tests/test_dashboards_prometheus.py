@@ -141,7 +141,7 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             assert 1.28 < p95 <= 1.5
             device = float(query(base, "gpu:fusebox_gpu_memory_device_utilization:ratio")[0]["value"][1])
             assert device == pytest.approx(0.785)
-            growth = float(query(base, "engine:fusebox_kv_cache_growth_rate:deriv1m")[0]["value"][1])
+            growth = float(query(base, "engine:fusebox_kv_cache_usage_bytes:deriv1m")[0]["value"][1])
             assert growth == pytest.approx(20e6, rel=0.1)
             d = dashboard_records()
             one = lambda rec: float(query(base, rec)[0]["value"][1])  # noqa: E731
