@@ -7,6 +7,7 @@ expectations of the generated tests recorded before the change (fixtures/generat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -147,3 +148,46 @@ def test_two_deriv_signals_over_one_gauge_with_different_by_are_a_spec_error_at_
     assert "kv_cache_growth_oom and kv_cache_growth_rate read one metric over one window" in msg and "compute it differently" in msg
     assert re.search(r"fusebox.yaml:(\d+)", msg) and line < int(re.search(r"fusebox.yaml:(\d+)", msg)[1]), msg
 
+
+# ------------------------------------------------------------------------------ sharding
+def _hashmod(value: str, modulus: int) -> int:
+    """Prometheus' relabel action hashmod: the MD5 of the value, its low 8 bytes as an unsigned
+    big-endian integer, modulo ``modulus`` (model/relabel, relabel.go)."""
+    return int.from_bytes(hashlib.md5(value.encode()).digest()[8:], "big") % modulus
+
+
+def _shard(target: dict[str, str], relabelings: list[dict], shards: int) -> int | None:
+    """The shard that keeps ``target`` (its discovered labels) under Prometheus Operator ``shards``:
+    the monitor's relabelings (replace actions), then the operator's own (promcfg.go,
+    appendShardingRelabelingWithLabel): ``__tmp_hash`` from ``__address__`` unless already set,
+    hashmod by ``shards``; None when ``__tmp_disable_sharding`` is set (every shard keeps it)."""
+    labels = dict(target)
+    for r in relabelings:
+        assert r.get("action", "replace") == "replace"
+        value = ";".join(labels.get(s, "") for s in r.get("sourceLabels", [])) if "sourceLabels" in r else r.get("replacement", "")
+        if value:
+            labels[r["targetLabel"]] = value
+    if labels.get("__tmp_disable_sharding"):
+        return None
+    return _hashmod(labels.get("__tmp_hash") or labels["__address__"], shards)
+
+
+def test_shards_keep_a_gpus_collector_and_its_engines_on_one_shard_and_the_fuse_on_every_one():
+    from fusebox.generator.render_k8s import render_collectors, render_engines_monitor, render_fuse
+
+    data = yaml.safe_load(SPEC.read_text())
+    data["kubernetes"]["engines"] = {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http"}
+    spec = parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml")
+    collectors = next(m for m in render_collectors(spec) if m["kind"] == "PodMonitor")["spec"]["podMetricsEndpoints"]
+    engines = render_engines_monitor(spec)["spec"]["podMetricsEndpoints"]
+    fuse = next(m for m in render_fuse(spec) if m["kind"] == "ServiceMonitor")["spec"]["endpoints"]
+    shards = 4
+    # node-0007's collector pod and two engine pods (their own pod IPs), as discovered
+    pods = [("10.42.7.3:9464", collectors), ("10.42.7.21:8000", engines), ("10.42.7.22:8000", engines)]
+    by_address = {_hashmod(addr, shards) for addr, _ in pods}
+    assert len(by_address) > 1, "these addresses would not be split by the default sharding: pick others"
+    for node in ("node-0007", "node-0100", "gpu-a100-12"):
+        kept = {_shard({"__address__": addr, "__meta_kubernetes_pod_node_name": node}, ep[0].get("relabelings", []), shards)
+                for addr, ep in pods}
+        assert len(kept) == 1 and None not in kept, (node, kept)
+    assert _shard({"__address__": "10.42.1.9:9095"}, fuse[0]["relabelings"], shards) is None
