@@ -117,8 +117,11 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
         with prometheus(tmp_path, cfg) as base:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
+                # and the slow groups (global.slow_evaluation_interval, 30s) have run once: the
+                # quantile panels' records, the static GPU total
                 if query(base, 'ALERTS{alertstate="firing", alertname="GPUPCIeLinkSaturated"}') and \
-                        query(base, "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m"):
+                        query(base, "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m") and \
+                        query(base, "engine:fusebox_alignment_latency_p95:rate5m") and query(base, "gpu:fusebox_gpu_memory_total:bytes"):
                     break
                 time.sleep(1)
             time.sleep(6)  # one more rule evaluation (groups run every 5s)
