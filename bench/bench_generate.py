@@ -91,7 +91,12 @@ def shipped_text() -> str:
 
 
 def make_spec(n: int, path: Path) -> None:
-    """A spec of ``n`` signals: the baseline spec's signals repeated, each with its own name and alert."""
+    """A spec of ``n`` signals: the baseline spec's signals repeated, each with its own name and alert.
+
+    Each deriv copy gets its own window (60 s + its index): today two deriv signals over one
+    gauge and window share one record and one rule group, and hundreds of copies in one group
+    would be one chain over the 20 rules a group may hold (``ChainTooLong``); with their own
+    windows the copies stay independent signals, on both revisions alike."""
     base = yaml.safe_load(shipped_text())
     templates = list(base["signals"].items())
     signals = {}
@@ -99,6 +104,8 @@ def make_spec(n: int, path: Path) -> None:
         name, sig = templates[i % len(templates)]
         sig = json.loads(json.dumps(sig))
         sig["alert"] = f"{sig['alert']}N{i}"
+        if sig.get("kind") == "deriv":
+            sig["window"] = f"{60 + i}s"
         signals[f"{name}_{i}"] = sig
     base["signals"] = signals
     path.write_text(yaml.safe_dump(base, sort_keys=False))
