@@ -214,7 +214,8 @@ class Quantile(Kind):
             panels.append(PanelDef(
                 f"{sig.alert}: P50 / P{q} / P99 per engine",
                 f"{sig.description} Lines at {', '.join(f'{t.name} {t.threshold_text}' for t in sig.tiers)}; "
-                f"the alert reads P{q}. A gap means no traffic (no sample: docs/pitfalls.md P1).",
+                f"The alert reads the share over each threshold's bucket (next panel), the same condition as P{q} at or over it; "
+                f"these lines are recorded every slow evaluation interval. A gap means no traffic (no sample: docs/pitfalls.md P1).",
                 (Query(signal_sel(sig, r["p50"]), "P50 " + lg),
                  Query(signal_sel(sig, r["value"]), f"P{q} " + lg),
                  Query(signal_sel(sig, r["p99"]), "P99 " + lg)),
@@ -222,8 +223,8 @@ class Quantile(Kind):
             ))
             panels.append(PanelDef(
                 "Share of observations over each threshold",
-                "Fraction of observations slower than each tier's threshold (label le), over the rule window. "
-                f"Above {1 - sig.quantile:g} at a threshold means P{q} is above it.",
+                "Fraction of observations slower than each tier's threshold (label le), over the rule window: what the alert reads. "
+                f"At or above {1 - sig.quantile:g} at a threshold means P{q} is at or above it.",
                 (Query(signal_sel(sig, r["over_threshold"]), "> {{le}}s " + lg),),
                 "percentunit", (sig.alert,), soft_max=1.0,
             ))
