@@ -82,7 +82,7 @@ print(json.dumps({"signals": len(spec.signals), "files": len(out), "bytes": sum(
 
 # The baseline's own fusebox.yaml, `git show 5db6eb6:fusebox.yaml`, kept in the tree so that a
 # clone without that history still runs the current side on the same spec.
-BASELINE_SPEC = ROOT / "bench" / "baseline-5db6eb6.yaml"
+BASELINE_SPEC = ROOT / "bench" / "fixtures" / "baseline-5db6eb6.yaml"
 
 
 def shipped_text() -> str:

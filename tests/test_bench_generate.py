@@ -14,7 +14,7 @@ from _support import ROOT
 
 BENCH = ROOT / "bench" / "bench_generate.py"
 BASELINE = "5db6eb6"
-PINNED = ROOT / "bench" / f"baseline-{BASELINE}.yaml"
+PINNED = ROOT / "bench" / "fixtures" / f"baseline-{BASELINE}.yaml"
 ROW = re.compile(r"^(shipped|10 signals|today's spec)\s+(\d+)\s+(\d+)\s+[\d.]+ \|\s+([\d.]+)\s+[\d.]+ \|.*\|\s+(\S+)\s+(\S+) \|")
 
 
