@@ -4,6 +4,18 @@ dashboards through recording rules vs raw series.
     python bench/bench_scale.py                      # 10,000 GPUs (1,250 nodes x 8), 2,500 engines, 1 h
     python bench/bench_scale.py --quick              # 512 GPUs, 128 engines, 15 min: a smoke run
     python bench/bench_scale.py [--gpus N] [--engines M] [--hours H] [--eval-seconds S] [--baseline-seconds B] [--repeat R]
+    python bench/bench_scale.py --cost --gpus N --engines M [--before REV] [--phase-seconds S]
+
+``--cost`` measures the rules' cost rather than queueing, on one Prometheus only (no
+VictoriaMetrics, no dashboards): the fleet scraped at the spec's scrape interval, 7 minutes of
+history backfilled at that step so every rate window has turned over before anything is measured;
+the rules of ``--before`` (default: where this branch left main, ``git show REV:rules/...``,
+renamed ``before/...``, ``before:RECORD``, ``BeforeALERT`` so nothing collides) and today's, each
+alone and then both side by side. It prints per group the evaluation wall time, the PromQL time of
+its rules run one query at a time while only its side's rules run (query stats: evalTotalTime, least of 3: CPU without waiting),
+both per evaluation and per second, and prometheus_rule_group_iterations_missed_total; the ratios
+after/before; and per phase Prometheus' process CPU and the machine's idle cores, with SATURATED
+where under one core was idle (then wall times include queueing).
 
 1. A synthetic fleet (fusebox's raw metric names, conventions.PROM; the labels of
    bench_dashboards.py) is a closed-form function of time, so the history and the live feed are one
@@ -210,8 +222,8 @@ def exposition(fams: list[Family], t: float) -> bytes:
 class Exporter:
     """The fleet's current values on a loopback port (one body per 10 s step, shared by the scrapers)."""
 
-    def __init__(self, fams: list[Family]):
-        self.fams, self.lock, self.cache = fams, threading.Lock(), (0.0, b"")
+    def __init__(self, fams: list[Family], step: float = SCRAPE_S):
+        self.fams, self.lock, self.cache, self.step = fams, threading.Lock(), (0.0, b""), step
         self.render_s: list[float] = []  # wall time of each render, seconds
         outer = self
 
@@ -232,7 +244,7 @@ class Exporter:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def body(self) -> bytes:
-        step = time.time() // SCRAPE_S * SCRAPE_S
+        step = time.time() // self.step * self.step
         with self.lock:
             if self.cache[0] != step:
                 t0 = time.perf_counter()
@@ -245,9 +257,9 @@ class Exporter:
         self.server.server_close()
 
 
-def scrape_config(port: int) -> str:
-    return (f"global: {{scrape_interval: {SCRAPE_S}s}}\n"
-            f"scrape_configs:\n- job_name: fleet\n  honor_labels: true\n  scrape_timeout: {SCRAPE_S}s\n"
+def scrape_config(port: int, interval: float = SCRAPE_S) -> str:
+    return (f"global: {{scrape_interval: {interval:g}s}}\n"
+            f"scrape_configs:\n- job_name: fleet\n  honor_labels: true\n  scrape_timeout: {interval:g}s\n"
             f"  static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
 
 
@@ -489,6 +501,200 @@ def rule_errors(base: str) -> list[str]:
             for r in g.get("rules", []) if r.get("lastError")]
 
 
+# ----------------------------------------------------------------- --cost: rule cost, not queueing
+MISSED = "prometheus_rule_group_iterations_missed_total"
+BEFORE_FALLBACK = "5130cd6"  # main where the rule-cost branch started (issue 23)
+
+
+def branch_point() -> str:
+    """The commit this branch left main at (``git merge-base HEAD main``), else :data:`BEFORE_FALLBACK`."""
+    r = subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], capture_output=True, text=True)
+    return r.stdout.strip()[:12] if r.returncode == 0 and r.stdout.strip() else BEFORE_FALLBACK
+
+
+def rules_at(rev: str) -> str:
+    """``rules/fusebox.rules.yml`` as committed at ``rev`` (git show). Raises SystemExit without it."""
+    r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{RULE_FILE}"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"git show {rev}:{RULE_FILE} failed (a clone without that history?): {r.stderr.strip()}")
+    return r.stdout
+
+
+def side_by_side(before: str, after: str) -> tuple[list[dict], list[dict]]:
+    """The groups of two rule files, renamed so both can run in one Prometheus: ``before/NAME`` and
+    ``after/NAME`` groups; the before file's records ``before:NAME`` (and every reference to them)
+    and its alerts ``BeforeNAME``, so no series of one is written by the other."""
+    b = yaml.safe_load(before)["groups"]
+    names = sorted({r["record"] for g in b for r in g["rules"] if "record" in r}, key=len, reverse=True)
+    ref = re.compile(r"(?<![a-zA-Z0-9_:])(" + "|".join(map(re.escape, names)) + r")(?![a-zA-Z0-9_:])")
+    for g in b:
+        g["name"] = "before/" + g["name"]
+        for r in g["rules"]:
+            r["expr"] = ref.sub(lambda m: "before:" + m[1], r["expr"])
+            if "record" in r:
+                r["record"] = "before:" + r["record"]
+            if "alert" in r:
+                r["alert"] = "Before" + r["alert"]
+    a = yaml.safe_load(after)["groups"]
+    for g in a:
+        g["name"] = "after/" + g["name"]
+    return b, a
+
+
+def _interval_s(g: dict) -> float:
+    return dict(rule_groups(yaml.safe_dump({"groups": [g]})))[g["name"]]
+
+
+def promql_seconds(base: str, groups: list[dict], tries: int = 3) -> dict[str, float]:
+    """Each group's PromQL time for one evaluation: its rules' expressions run one at a time as
+    instant queries with stats=all, the least of ``tries`` of Prometheus' own evalTotalTime (plus
+    queryPreparationTime) per rule, added up. One query at a time on an engine with an idle core:
+    this is the rules' CPU, without the waiting that a group's wall time includes."""
+    out = {}
+    for g in groups:
+        total = 0.0
+        for r in g["rules"]:
+            best = math.inf
+            for _ in range(tries):
+                body = bd._get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': r['expr'], 'stats': 'all'})}", timeout=120)
+                t = body.get("data", {}).get("stats", {}).get("timings", {})
+                best = min(best, t.get("evalTotalTime", 0.0) + t.get("queryPreparationTime", 0.0))
+            total += best
+        out[g["name"]] = total
+    return out
+
+
+def _missed(base: str) -> dict[str, float]:
+    """prometheus_rule_group_iterations_missed_total per group name (the file part dropped)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as resp:  # noqa: S310 - loopback only
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for m in re.finditer(rf'^{MISSED}{{rule_group="[^";]*;([^"]*)"}} (\S+)$', text, re.M):
+        out[m[1]] = out.get(m[1], 0.0) + float(m[2])
+    return out
+
+
+def _load_rules(prom: bd.Prom, tmp: Path, config: str, groups: list[dict]) -> None:
+    rules = tmp / "cost-rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    (tmp / "prometheus.yml").write_text(config + (f"rule_files: ['{rules}']\n" if groups else ""))
+    urllib.request.urlopen(urllib.request.Request(prom.base + "/-/reload", method="POST"), timeout=120).read()  # noqa: S310
+
+
+def _saturation(u: Usage) -> tuple[float | None, str]:
+    """(idle cores over the window, "" or "SATURATED": under one idle core, the engine queues)."""
+    if u.machine_busy is None:
+        return None, ""
+    idle = (os.cpu_count() or 1) - u.machine_busy / u.wall
+    return idle, "" if idle >= 1.0 else "SATURATED"
+
+
+def cost_main(args: argparse.Namespace) -> int:
+    """Rule cost of today's rules beside those of ``--before`` (default: the branch point) on one
+    Prometheus, scraping at the spec's interval, after the rate windows have turned over."""
+    spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
+    scrape = spec.scrape_interval_s
+    before_rev = args.before or branch_point()
+    before, after = side_by_side(rules_at(before_rev), render_all(spec)[RULE_FILE])
+    fams = fleet(args.gpus, args.engines)
+    window = 300 + 120  # the longest rule window (5m) and 2 minutes: every window full of samples
+    tmp = Path(tempfile.mkdtemp(prefix="fusebox-bench-cost-"))
+    clock = [time.perf_counter()] * 2
+    print(f"cost: {args.gpus:,} GPUs, {args.engines:,} engines: {series_count(fams):,} raw series scraped every {scrape:g}s"
+          f" (the spec's); before = rules of {before_rev} ({len(before)} groups), after = today's ({len(after)} groups);"
+          f" cpus {os.cpu_count()}; load {_load()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+    exporter = Exporter(fams, step=scrape)
+    config = scrape_config(exporter.port, scrape)
+    prom = None
+    try:
+        end = int(time.time() // scrape * scrape)
+        ts = [end - window + i * int(scrape) for i in range(int(window // scrape) + 1)]
+        _, om_files = write_history(fams, ts, tmp / "raw.om", tmp / "raw.jsonl")
+        (tmp / "raw.jsonl").unlink()
+        data = tmp / "prom"
+        data.mkdir()
+        for om in om_files:
+            bd.backfill(om, tmp / "blocks")
+            om.unlink()
+        _move_blocks(tmp / "blocks", data)
+        _phase(f"history: {window // 60} min at {scrape:g}s steps, backfilled", clock)
+        prom = bd.Prom(data, tmp, config, ("--web.enable-lifecycle",))
+        # the gap between the history's end and the first scrapes must leave every deriv[1m] window
+        time.sleep(max(0.0, end + 70 - time.time()))
+        _, base_use = measure([prom.base], "prometheus_rule_group_duration_seconds_sum", None, args.phase_seconds)
+        phases = {}
+        promql: dict[str, float] = {}
+        errors: list[str] = []
+        for side, groups in (("before", before), ("after", after), ("both", before + after)):
+            _load_rules(prom, tmp, config, groups)
+            time.sleep(args.warmup_seconds)
+            missed0 = _missed(prom.base)
+            times, use = measure([prom.base], "prometheus_rule_group_duration_seconds_sum", prom.base, args.phase_seconds)
+            missed = {k: v - missed0.get(k, 0.0) for k, v in _missed(prom.base).items()}
+            phases[side] = (times, use, missed)
+            if side != "both":  # each side's queries while only its own rules run (their records exist)
+                promql.update(promql_seconds(prom.base, groups))
+                errors += rule_errors(prom.base)
+            _phase(f"{side}: rules evaluated live" + ("" if side == "both" else ", then its PromQL time per group"), clock)
+        _load_rules(prom, tmp, config, [])
+    finally:
+        exporter.stop()
+        if prom is not None:
+            prom.stop()
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return report_cost(before, after, base_use, phases, promql, errors)
+
+
+def report_cost(before: list[dict], after: list[dict], base_use: Usage, phases: dict, promql: dict[str, float],
+                errors: list[str]) -> int:
+    """Print the side-by-side table and the ratios; return 0."""
+    both_times, both_use, missed = phases["both"]
+    print("\nrule groups, both files in one Prometheus; wall: the group's evaluation time (median of the evaluations seen,"
+          " share of its interval); PromQL: its rules one query at a time (query stats, least of 3, while only its own"
+          " side's rules ran), per evaluation and per second (per evaluation / interval); missed:"
+          " prometheus_rule_group_iterations_missed_total over the window")
+    print(f"{'group':52s} {'interval':>8s} {'wall ms':>8s} {'wall %':>7s} {'PromQL ms':>9s} {'PromQL %':>8s} {'ms/s':>7s} {'missed':>6s}")
+    per_side: dict[str, list[float]] = {}
+    for g in before + after:
+        iv, name = _interval_s(g), g["name"]
+        t = both_times.get(name, [])
+        wall = statistics.median(t) if t else math.nan
+        q = promql.get(name, math.nan)
+        m = missed.get(name, 0.0)
+        side = name.split("/", 1)[0]
+        acc = per_side.setdefault(side, [0.0, 0.0, 0.0])
+        acc[0] += q / iv
+        acc[1] += (wall / iv) if t else 0.0
+        acc[2] += m
+        flag = "MISSED" if m else ("over 10 %" if max(wall, q) / iv >= TARGET_SHARE else "")
+        print(f"{name:52s} {iv:7g}s {wall * 1e3:8.1f} {wall / iv * 100:6.2f}% {q * 1e3:9.1f} {q / iv * 100:7.2f}% {q / iv * 1e3:7.1f}"
+              f" {m:6.0f}  {flag}")
+    b, a = per_side.get("before", [math.nan] * 3), per_side.get("after", [math.nan] * 3)
+    print(f"\nPromQL seconds per second of rules (query stats): before {b[0]:.3f}, after {a[0]:.3f}: after/before {a[0] / b[0]:.2f}x")
+    print(f"group wall seconds per second (both loaded): before {b[1]:.3f}, after {a[1]:.3f}: after/before {a[1] / b[1]:.2f}x")
+    print(f"iterations missed in the window: before {b[2]:.0f}, after {a[2]:.0f}")
+    print("\nProcess CPU of Prometheus per phase (process_cpu_seconds_total), scraping included; rules' CPU = phase - scraping only:")
+    base_rate = base_use.engine_cpu / base_use.wall
+    rule_cpu = {}
+    for side, u in [("scraping only", base_use)] + [(k, v[1]) for k, v in phases.items()]:
+        rate = u.engine_cpu / u.wall
+        idle, sat = _saturation(u)
+        rules = rate - base_rate if side != "scraping only" else 0.0
+        rule_cpu[side] = rules
+        print(f"  {side:14s} {u.wall:5.0f}s window: Prometheus {rate * 100:5.1f} % of a core, rules {rules * 100:5.1f} %;"
+              f" groups' wall added up {u.group_wall / u.wall * 100:5.1f} % of a core; machine idle"
+              f" {'n/a' if idle is None else f'{idle:.2f} cores'}; load {' '.join(f'{x:.2f}' for x in u.load[1])} {sat}")
+    if rule_cpu.get("before", 0) > 0:
+        print(f"rule CPU after/before (process CPU, phases one after another): {rule_cpu['after'] / rule_cpu['before']:.2f}x")
+    for e in errors[:5]:
+        print(f"  rule error: {e[:200]}")
+    sat_any = any(_saturation(u)[1] for u in [base_use] + [v[1] for v in phases.values()])
+    print("SATURATED: under one idle core in a phase: wall times include queueing" if sat_any else
+          "every phase had at least one idle core")
+    return 0
+
+
 # ------------------------------------------------------------------------------------ main
 def _phase(name: str, t0: list[float]) -> None:
     now = time.perf_counter()
@@ -508,7 +714,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of each panel query (the raw ones take tens of seconds at 10,000 GPUs)")
     ap.add_argument("--quick", action="store_true", help="512 GPUs, 128 engines, 15 min of history, 30 s of evaluations")
     ap.add_argument("--keep", action="store_true", help="keep the temporary data")
+    ap.add_argument("--cost", action="store_true", help="rule cost only: the rules of --before and today's side by side in one "
+                    "Prometheus (no VictoriaMetrics, no dashboards)")
+    ap.add_argument("--before", help="with --cost: the revision whose rules are the 'before' (default: the branch point from main)")
+    ap.add_argument("--phase-seconds", type=float, default=40.0, help="with --cost: each measured phase")
+    ap.add_argument("--warmup-seconds", type=float, default=15.0, help="with --cost: after each rule load, before measuring")
     args = ap.parse_args(argv)
+    if args.cost:
+        return cost_main(args)
     if args.quick:
         args.gpus, args.engines, args.hours, args.eval_seconds = 512, 128, 0.25, 30.0
     for tool in ("prometheus", "promtool"):

@@ -185,10 +185,19 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
             "selector": {"matchLabels": _selector(name)},
             # honorLabels: the collectors' own labels (host_name, cluster, hw_id ...) are the rules' labels
             "podMetricsEndpoints": [{"port": f"metrics-{collector}", "path": "/metrics", "interval": interval,
-                                     "honorLabels": True} for collector in c.run],
+                                     "honorLabels": True, "relabelings": [dict(SHARD_BY_NODE)]} for collector in c.run],
         },
     }
     return [daemonset, podmonitor]
+
+
+# Prometheus Operator `shards`: each shard keeps the targets whose hashmod of `__tmp_hash` (by
+# default the target's `__address__`) is its own number. The rules join a GPU's series with its
+# engines' (KV pools on hw_id, power and tokens on host_name), all from pods on one node: hashing
+# the node keeps them on one shard (docs/engines.md, "Sharding"). Without shards it changes nothing.
+SHARD_BY_NODE = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "__tmp_hash", "action": "replace"}
+# Targets every shard scrapes: the fuse (one per cluster; its self-monitoring alerts run on every shard).
+SHARD_EVERYWHERE = {"targetLabel": "__tmp_disable_sharding", "replacement": "true", "action": "replace"}
 
 
 def render_engines_monitor(spec: Spec) -> dict[str, Any]:
@@ -203,7 +212,8 @@ def render_engines_monitor(spec: Spec) -> dict[str, Any]:
     assert e is not None
     name = C.K8S["engines"]
     ns_sel: dict[str, Any] = {"matchNames": list(e.namespaces)} if e.namespaces else {"any": True}
-    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": C.LABEL["host"], "action": "replace"}]
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": C.LABEL["host"], "action": "replace"},
+               dict(SHARD_BY_NODE)]
     if gpu_power_backend(spec) != "dcgm":  # dcgm-exporter's series carry no cluster label to join with
         relabel.append({"targetLabel": C.LABEL["cluster"], "replacement": spec.kubernetes.collectors.cluster,
                         "action": "replace"})
@@ -309,7 +319,7 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
             "selector": {"matchLabels": _selector(name)},
             # honorLabels: the fuse's level series carry the alert's scope labels (hw_id, engine ...)
             "endpoints": [{"port": "http", "path": "/metrics", "interval": format_duration(spec.scrape_interval_s),
-                           "honorLabels": True}],
+                           "honorLabels": True, "relabelings": [dict(SHARD_EVERYWHERE)]}],
         },
     }
     return [configmap, *([] if pg else [pvc]), deployment, service, pdb, servicemonitor]

@@ -2,7 +2,14 @@
 
 One rule group per signal, recording rules first: rules in a group run in order, so the
 alert reads this evaluation's recorded value, not the previous one (groups run
-independently and would add one evaluation interval of delay).
+independently and would add one evaluation interval of delay). Signals whose records are the
+same rule (two deriv signals over one gauge and window) share one group, so that record is
+computed once and both alerts still read this evaluation's value.
+
+Groups at ``global.evaluation_interval`` hold what alerts read. What no alert's timing depends
+on runs at ``global.slow_evaluation_interval`` (30 s by default): ``fusebox-<signal>-panels``
+(records only panels read, :meth:`Kind.panel_rules`), ``fusebox-static`` (static inputs,
+:meth:`Kind.slow_rules`), ``fusebox-dashboard`` and ``fusebox-absent``.
 """
 
 from __future__ import annotations
@@ -12,9 +19,9 @@ from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec import Signal, Spec, Tier
-from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, records, reports_lost_gpus
+from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, reports_lost_gpus
 from fusebox.spec.kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_labels, le_regex, selector
-from fusebox.spec.units import format_duration, format_number, humanize
+from fusebox.spec.units import format_duration, humanize
 
 from .engines import shape_groups
 from .selfmon import GROUP as SELF_GROUP, self_rules
@@ -190,12 +197,7 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
 
 
 def _alert(sig: Signal, tier: Tier, spec: Spec) -> dict[str, Any]:
-    names = records(sig)
-    op = ">=" if sig.direction == "above" else "<="
-    rule: dict[str, Any] = {
-        "alert": sig.alert,
-        "expr": f"{names['value']} {op} {format_number(tier.threshold)}",
-    }
+    rule: dict[str, Any] = {"alert": sig.alert, "expr": kind_of(sig).alert_expr(sig, tier)}
     if tier.for_s:
         rule["for"] = format_duration(tier.for_s)
     if tier.keep_firing_for_s:
@@ -222,12 +224,34 @@ def absent_annotations(metric: str, signals: list[str], spec: Spec) -> dict[str,
     }
 
 
+def _shared_group(name: str, own: list[dict[str, Any]], recorded: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The group of an earlier signal that already records every one of ``own``'s records (same
+    name, same rule), or None.
+
+    Raises:
+        ValueError: a record of ``own`` is recorded earlier with a different rule.
+    """
+    homes = []
+    for r in (r for r in own if "record" in r):
+        hit = recorded.get(r["record"])
+        if hit and next(x for x in hit[1]["rules"] if x.get("record") == r["record"]) != r:
+            raise ValueError(f"signals {hit[0]} and {name} both record {r['record']} with different expressions: "
+                             "give them the same source, window and by, or different windows")
+        homes.append(hit[1] if hit else None)
+    if homes and all(h is homes[0] for h in homes):
+        return homes[0]
+    return None
+
+
 def render_rules(spec: Spec) -> Rules:
     """Build the rule groups for ``spec``.
 
     Returns:
         Rules with one group per signal (recording rules, then one alerting rule per enabled
-        tier, all under the signal's single alert name), a ``fusebox-dashboard`` group of
+        tier, all under the signal's single alert name; a signal whose records are all already
+        another's, same name and expression, adds its alerts to that signal's group), its
+        ``fusebox-<signal>-panels`` group where the kind has panel-only records, a
+        ``fusebox-static`` group of static inputs (:meth:`Kind.slow_rules`), a ``fusebox-dashboard`` group of
         records the dashboards read (:func:`fusebox.spec.kinds.dashboard_records`) and a
         ``fusebox-absent`` group (one alert per metric an enabled tier's signal reads: a
         signal with every tier disabled keeps its records and adds none), ``fusebox-health``
@@ -235,21 +259,46 @@ def render_rules(spec: Spec) -> Rules:
         the collectors). Shaped for ``global.rule_engine`` (:func:`.engines.shape_groups`): a
         group over 20 rules (Mimir's default limit) is split into ``NAME-1``, ``NAME-2``, ... with
         each recording chain whole; for Thanos every group carries ``partial_response_strategy``.
+        The panels, static, dashboard and absent groups run at ``global.slow_evaluation_interval``.
+
+    Raises:
+        ValueError: two signals record one name with different expressions (say two deriv
+            signals over one gauge and window with different ``by``).
     """
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
     raw_backends: dict[str, str] = {}
     interval = format_duration(spec.evaluation_interval_s)
+    slow = format_duration(spec.slow_evaluation_interval_s)
+    recorded: dict[str, tuple[str, dict[str, Any]]] = {}  # record name -> (signal, its group)
+    panels: list[dict[str, Any]] = []
+    static: list[dict[str, Any]] = []
     for sig in spec.signals:
-        rules = kind_of(sig).rules(sig, spec) + [_alert(sig, t, spec) for t in sig.tiers]
-        groups.append({"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": rules})
+        kind = kind_of(sig)
+        own = kind.rules(sig, spec)
+        alerts = [_alert(sig, t, spec) for t in sig.tiers]
+        home = _shared_group(sig.name, own, recorded)
+        if home is not None:
+            home["rules"].extend(alerts)  # its records are another signal's: one group, one evaluation
+        else:
+            group = {"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": own + alerts}
+            groups.append(group)
+            for r in own:
+                if "record" in r:
+                    recorded.setdefault(r["record"], (sig.name, group))
+        if kind.panel_rules(sig, spec):
+            panels.append({"name": f"{GROUP_PREFIX}-{sig.name}-panels", "interval": slow, "rules": kind.panel_rules(sig, spec)})
+        static += [r for r in kind.slow_rules(sig, spec) if r not in static]
         # A signal whose tiers are all disabled keeps its records (the dashboards draw it) but
         # makes no absent alert: nothing of it can fire, so its metric's absence loses nothing.
         for m in (signal_raw_metrics(sig) if sig.tiers else ()):
             raw_metrics.setdefault(m, []).append(sig.name)
             raw_backends.setdefault(m, sig.source.backend)
+    groups += panels
+    if static:
+        groups.append({"name": f"{GROUP_PREFIX}-static", "interval": slow, "rules": static})
     # Dashboard records: read by panels only, so their metrics never join raw_metrics (no absent alerts).
-    groups.append({"name": f"{GROUP_PREFIX}-dashboard", "interval": interval, "rules": _dashboard_records(spec)})
+    groups.append({"name": f"{GROUP_PREFIX}-dashboard", "interval": slow, "rules": _dashboard_records(spec)})
     if spec.absent_enabled and raw_metrics:
         absent_rules = []
         for m in sorted(raw_metrics):
@@ -259,7 +308,7 @@ def render_rules(spec: Spec) -> Rules:
             rule["labels"] = absent_labels(m, raw_metrics[m], spec)
             rule["annotations"] = absent_annotations(m, raw_metrics[m], spec)
             absent_rules.append(rule)
-        groups.append({"name": f"{GROUP_PREFIX}-absent", "interval": interval, "rules": absent_rules})
+        groups.append({"name": f"{GROUP_PREFIX}-absent", "interval": slow, "rules": absent_rules})
     if gpu_down_enabled(spec):
         groups.append({"name": f"{GROUP_PREFIX}-health", "interval": interval, "rules": gpu_down_rules(spec)})
     own = self_rules(spec)

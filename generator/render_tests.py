@@ -2,7 +2,8 @@
 
 For every enabled tier of every signal: a value just above the threshold (alert pending on
 the near side of ``for``, firing on the far side, still firing within ``keep_firing_for``
-after the value falls, resolved after it), a value just below (never fires), and for
+after the value falls, resolved after it), a value just below (never fires), for kinds with
+``edge_tested`` a value exactly at it (fires once ``for`` has passed), and for
 quantile signals zero traffic (no quantile sample, no alert, no absent alert for its metrics:
 docs/pitfalls.md P1). One group with no data at all checks that only the absent alert fires.
 
@@ -40,6 +41,8 @@ def _target_value(synth: Synth, tier: Tier, target: str) -> float:
         lo = min(x.threshold for x in s.tiers)
         hi = max(x.threshold for x in s.tiers)
         return lo * 0.5 if s.direction == "above" else min(hi * 1.5, 1.0) if s.unit == "ratio" else hi * 1.5
+    if target == "at":
+        return t
     beyond = target == "above"
     if s.direction == "below":
         beyond = not beyond
@@ -136,7 +139,7 @@ def _tier_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     t_drop = n_a * I
     groups = []
     for tier in sig.tiers:
-        for target in ("above", "below"):
+        for target in ("above", "below") + (("at",) if kind.edge_tested else ()):
             v = _target_value(synth, tier, target)
             safe = _target_value(synth, tier, "safe")
             phases = [(n_a, v), (n_b, safe)]
@@ -152,14 +155,17 @@ def _tier_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                     times[0] = -1
                 if K < 2 * I:
                     times[2] = -1
+            elif target == "at":
+                times = [F + first_true + I]
+                why = [f"{tier.name}: a value exactly at {tier.threshold_text} fires once `for` has passed"]
             else:
                 times = [t_drop - I]
                 why = [f"{tier.name}: a value just inside {tier.threshold_text} never fires this tier"]
             checks = _checks(sig, spec, synth, v_exact, times, t_drop, why)
             if not checks:
                 continue
-            side = target if sig.direction == "above" else {"above": "below", "below": "above"}[target]
-            title = (f"{sig.alert} {tier.name}: {sig.name} just {side} {tier.threshold_text} "
+            side = target if sig.direction == "above" else {"above": "below", "below": "above", "at": "at"}[target]
+            title = (f"{sig.alert} {tier.name}: {sig.name} {'exactly' if target == 'at' else 'just'} {side} {tier.threshold_text} "
                      f"(signal {format_number(v_exact)})")
             groups.append((title, {"interval": format_duration(I), "input_series": kind.series(synth, phases),
                                    "alert_rule_test": checks}))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import re
 import sys
 
 import yaml
@@ -113,3 +114,30 @@ def test_metric_sums_add_a_name_over_its_label_sets_and_only_that_name():
             "process_cpu_seconds_total 12.5\n")
     got = bench_scale.sum_metrics(text, ("vmalert_iteration_duration_seconds_sum", "process_cpu_seconds_total", "absent"))
     assert got == {"vmalert_iteration_duration_seconds_sum": 1.75, "process_cpu_seconds_total": 12.5, "absent": 0.0}
+
+
+def test_cost_mode_runs_both_rule_files_in_one_prometheus_without_a_shared_series():
+    """--cost loads the branch point's rules beside today's: every record and alert name of the
+    'before' side is renamed (and every reference to its records), so neither side writes or reads
+    the other's series, and each side keeps its groups, rules and intervals."""
+    from fusebox.generator.outputs import RULE_FILE, render_all
+    from fusebox.spec import load_spec
+
+    before_text = bench_scale.rules_at(bench_scale.BEFORE_FALLBACK)
+    after_text = render_all(load_spec(ROOT / "fusebox.yaml"))[RULE_FILE]
+    before, after = bench_scale.side_by_side(before_text, after_text)
+    raw_b, raw_a = yaml.safe_load(before_text)["groups"], yaml.safe_load(after_text)["groups"]
+    assert [g["name"] for g in before] == ["before/" + g["name"] for g in raw_b]
+    assert [g["name"] for g in after] == ["after/" + g["name"] for g in raw_a]
+    assert [len(g["rules"]) for g in before] == [len(g["rules"]) for g in raw_b]
+    assert [g.get("interval") for g in before + after] == [g.get("interval") for g in raw_b + raw_a]
+    names_b = {r.get("record") or r.get("alert") for g in before for r in g["rules"]}
+    names_a = {r.get("record") or r.get("alert") for g in after for r in g["rules"]}
+    assert not names_b & names_a
+    recorded_a = {r["record"] for g in after for r in g["rules"] if "record" in r}
+    for g in before:
+        for r in g["rules"]:
+            assert not any(re.search(rf"(?<![a-zA-Z0-9_:]){re.escape(n)}(?![a-zA-Z0-9_:])", r["expr"]) for n in recorded_a), r["expr"]
+    # the before P95 alert still reads its (renamed) quantile record
+    p95 = [r["expr"] for g in before for r in g["rules"] if r.get("alert") == "BeforeAlignmentLatencyP95High"]
+    assert p95 and all(e.startswith("before:engine:fusebox_alignment_latency_p95:rate5m >= ") for e in p95)

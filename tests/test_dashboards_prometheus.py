@@ -122,8 +122,11 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
         with prometheus(tmp_path, cfg) as base:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
+                # and the slow groups (global.slow_evaluation_interval, 30s) have run once: the
+                # quantile panels' records, the static GPU total
                 if query(base, 'ALERTS{alertstate="firing", alertname="GPUPCIeLinkSaturated"}') and \
-                        query(base, "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m"):
+                        query(base, "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m") and \
+                        query(base, "engine:fusebox_alignment_latency_p95:rate5m") and query(base, "gpu:fusebox_gpu_memory_total:bytes"):
                     break
                 time.sleep(1)
             time.sleep(6)  # one more rule evaluation (groups run every 5s)
@@ -146,7 +149,7 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             assert 1.28 < p95 <= 1.5
             device = float(query(base, 'gpu:fusebox_gpu_memory_device_utilization:ratio{hw_id="GPU-8f1c2a5e"}')[0]["value"][1])
             assert device == pytest.approx(0.785)
-            growth = float(query(base, "engine:fusebox_kv_cache_growth_rate:deriv1m")[0]["value"][1])
+            growth = float(query(base, "engine:fusebox_kv_cache_usage_bytes:deriv1m")[0]["value"][1])
             assert growth == pytest.approx(20e6, rel=0.1)
             d = dashboard_records()
             one = lambda rec: float(query(base, rec)[0]["value"][1])  # noqa: E731

@@ -39,6 +39,8 @@ def shipped():
 
 def test_the_demo_spec_shortens_intervals_and_fors_but_keeps_thresholds_and_windows(demo_spec, shipped):
     assert demo_spec.scrape_interval_s == 1 and demo_spec.evaluation_interval_s == 1
+    # the watcher's values (a quantile's in its panels group) at the demo's pace, not the shipped 30 s
+    assert shipped.slow_evaluation_interval_s == 30 and demo_spec.slow_evaluation_interval_s == 1
     assert demo_spec.group_wait_critical_s == 1 and demo_spec.group_interval_s == 5
     assert demo_spec.webhook_url == "http://127.0.0.1:5/alertmanager" and demo_spec.credentials_file == "/tmp/x.token"
     for name, warn_t, crit_t, window in (("gpu_memory_utilization", 0.72, 0.783, None),

@@ -91,6 +91,9 @@ def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
     if timing is not None:
         g["scrape_interval"] = timing.scrape_interval
         g["evaluation_interval"] = timing.evaluation_interval
+        # the watcher shows each signal's value record (a quantile's in its panels group): at the
+        # demo's pace, not every 30 s
+        g["slow_evaluation_interval"] = timing.evaluation_interval
         d = raw.setdefault("defaults", {})
         default_for = _seconds(d.get("for", "1m"))
         d["keep_firing_for"] = timing.keep_firing_for

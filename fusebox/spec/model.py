@@ -30,7 +30,7 @@ from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, Ra
                      normalise_kubernetes, normalise_otelcol)
 from .errors import Problem, SpecError
 from .kinds import KINDS
-from .kinds.base import KNOWN_BACKENDS
+from .kinds.base import KNOWN_BACKENDS, SGLANG, VLLM
 from .positions import Positions, load, read_text
 
 API_VERSION = "fusebox/v1"
@@ -199,6 +199,10 @@ class RawGlobal(_Strict):
 
     scrape_interval: Scalar = Field("15s", description="Your Prometheus' scrape interval (a Prometheus duration).")
     evaluation_interval: Scalar = Field("15s", description="Your Prometheus' rule evaluation interval.")
+    slow_evaluation_interval: Scalar = Field(
+        "30s", description="Interval of the rule groups no alert's timing depends on: the absent alerts, the records only panels "
+                           "read (quantile lines, copies of raw series) and the static GPU totals. Never shorter than "
+                           "evaluation_interval (the longer of the two is used).")
     runbook_base_url: str = Field(description="Where the generated runbooks are served; each alert's runbook_url is BASE/<Alert>.md.")
     dashboard_base_url: str = Field("", description="Grafana's base URL for dashboard links in alerts; empty leaves them out.")
     selector: dict[str, str] = Field(
@@ -326,6 +330,7 @@ class Spec:
     description: str
     scrape_interval_s: float
     evaluation_interval_s: float
+    slow_evaluation_interval_s: float  # max(global.slow_evaluation_interval, evaluation_interval_s)
     runbook_base_url: str
     dashboard_base_url: str
     selector: dict[str, str]  # global.selector: matchers for every backend without its own
@@ -489,6 +494,23 @@ class _Normaliser:
                 self.err(path, f"malformed duration: {e}", "Prometheus durations are digits with a unit: ms, s, m, h, d, w, y")
             return 0.0
 
+    def _check_shared_record(self, sig: Signal, earlier: list[Signal], path: tuple) -> None:
+        """Signals whose value records share a name (two deriv signals over one gauge and window)
+        share that record and its rule group, so they must compute it alike: the same label
+        matchers (``global.selectors``), engine-label handling (vLLM / SGLang), ``by`` and scale."""
+        g = self.raw.global_
+
+        def identity(s: Signal) -> tuple:
+            b = s.source.backend
+            return tuple(sorted(g.selectors.get(b, g.selector).items())), b in (VLLM, SGLANG), s.by, s.source.scale
+
+        value = KINDS[sig.kind].records(sig)["value"]
+        for other in earlier:
+            if KINDS[other.kind].records(other)["value"] == value and identity(other) != identity(sig):
+                self.err(path + ("by",), f"{sig.name} and {other.name} read one metric over one window, so they share the record "
+                         f"{value}, but compute it differently (source selectors, scale or by)",
+                         f"give {sig.name} the same source and by as {other.name}, or a different window")
+
     def run(self) -> Spec:
         r = self.raw
         g = r.global_
@@ -498,6 +520,9 @@ class _Normaliser:
             self.err(("global", "scrape_interval"), "scrape_interval must be positive", "e.g. '15s'")
         if evaluation <= 0:  # the rule group interval and the promtool test step
             self.err(("global", "evaluation_interval"), "evaluation_interval must be positive", "e.g. '15s'")
+        slow = self.duration(g.slow_evaluation_interval, ("global", "slow_evaluation_interval"))
+        if slow <= 0:
+            self.err(("global", "slow_evaluation_interval"), "slow_evaluation_interval must be positive", "e.g. '30s'")
         for k, v in list(g.selector.items()) + list(g.labels.items()):
             if not _LABEL.match(k):
                 self.err(("global",), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
@@ -556,6 +581,7 @@ class _Normaliser:
             alerts_seen[raw_sig.alert] = name
             sig = self._signal(name, raw_sig, path, def_for, def_kff, actions, overrides.get(raw_sig.alert, {}), scrape)
             if sig:
+                self._check_shared_record(sig, signals, path)
                 signals.append(sig)
         for alert, per_tier in overrides.items():
             if alert not in alerts_seen:
@@ -579,7 +605,7 @@ class _Normaliser:
             raise SpecError(self.problems)
         return Spec(
             file=self.pos.file, name=r.metadata.name, description=r.metadata.description,
-            scrape_interval_s=scrape, evaluation_interval_s=evaluation,
+            scrape_interval_s=scrape, evaluation_interval_s=evaluation, slow_evaluation_interval_s=max(slow, evaluation),
             runbook_base_url=g.runbook_base_url, dashboard_base_url=g.dashboard_base_url,
             selector=dict(g.selector), labels=dict(g.labels),
             absent_enabled=d.absent.enabled, absent_for_s=absent_for, absent_severity=d.absent.severity,

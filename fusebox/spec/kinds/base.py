@@ -320,7 +320,7 @@ class Kind:
 
     Spec side (called while the spec loads, before any Signal exists):
       ``check_source``, ``check_window``, ``check_fields``, ``check_threshold``.
-    Rules: ``records``, ``raw_metrics``, ``rules``, ``dashboard_records``.
+    Rules: ``records``, ``raw_metrics``, ``rules``, ``alert_expr``, ``panel_rules``, ``dashboard_records``.
     Tests: ``window``, ``first_true``, ``exact``, ``series``, ``result_labels``, ``extra_tests``.
     Panels: ``dashboard`` (one drill-down for all signals of the kind), ``variable_source``.
     """
@@ -332,6 +332,9 @@ class Kind:
     growth_only: ClassVar[bool] = False
     # Reads a raw metric (the gauge for deriv, the histogram family for quantile), never an expr.
     metric_only: ClassVar[bool] = False
+    # Whether the generated tests also drive the value to exactly each threshold (it must fire:
+    # ``>=``); for kinds whose alert condition is not the value record's own comparison.
+    edge_tested: ClassVar[bool] = False
     # Template variables fed by this kind's value record: (scope, preference; lower wins).
     variable_source: ClassVar[Optional[tuple[str, int]]] = None
 
@@ -361,15 +364,34 @@ class Kind:
         raise NotImplementedError
 
     def raw_metrics(self, sig: Any) -> list[str]:
-        """The raw metric names the active source reads (each gets an absent alert)."""
+        """The raw metric names whose absence blinds the signal's alerts (each gets an absent alert)."""
         src = sig.source
         if src.metric:
             return [src.metric]
         return metrics_in_expr(src.expr or "")
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
-        """The signal's recording rules, in evaluation order (the alert comes after them)."""
+        """The signal's recording rules the alert reads, in evaluation order (the alert comes
+        after them, in the same group, at ``global.evaluation_interval``)."""
         raise NotImplementedError
+
+    def alert_expr(self, sig: Any, tier: Any) -> str:
+        """The alerting rule's condition for ``tier`` (threshold in base units): the ``value``
+        record against the threshold, ``>=`` above or ``<=`` below."""
+        op = ">=" if sig.direction == "above" else "<="
+        return f"{self.records(sig)['value']} {op} {format_number(tier.threshold)}"
+
+    def panel_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        """Records only panels read, no alert (e.g. a quantile's P50/P99 lines): the generator puts
+        them in the signal's own group at ``global.slow_evaluation_interval``
+        (``fusebox-<signal>-panels``). They may read the records of :meth:`rules`."""
+        return []
+
+    def slow_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        """Records of static inputs the alert's records read (e.g. a GPU's total memory): the
+        generator puts them in the ``fusebox-static`` group at ``global.slow_evaluation_interval``.
+        A value that has not been recorded yet must leave the alert's record well defined."""
+        return []
 
     def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
         """The labels the value record (and so the alert) keeps: its ``by`` labels when it is

@@ -32,7 +32,10 @@ class Deriv(Kind):
 
     # -- rules -------------------------------------------------------------------------
     def records(self, sig: Any) -> dict[str, str]:
-        return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", f"deriv{window_word(sig.window_s)}")}
+        """``value``: the gauge's slope over the window, named after the gauge, not the signal
+        (``engine:fusebox_kv_cache_usage_bytes:deriv1m``), so two signals over one gauge and window
+        (KV growth and KV OOM) share one record and one group: it is computed once."""
+        return {"value": C.record_name(sig.level, sig.source.metric, f"deriv{window_word(sig.window_s)}")}
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
         inner = engine_labels(f"deriv({selector(sig.source.metric, spec, backend=sig.source.backend)}[{format_duration(sig.window_s)}])", sig)

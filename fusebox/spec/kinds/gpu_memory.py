@@ -56,23 +56,17 @@ class GpuMemory(Kind):
             # dcgm-exporter speaks MiB, and USED + FREE is not the total (docs/pitfalls.md P7):
             # total = USED + FREE + RESERVED; used = total - FREE.
             u, f, r = (selector(C.DCGM[k], spec, backend="dcgm") for k in ("fb_used", "fb_free", "fb_reserved"))
-            total = f"({u} + {f} + {r})"
-            device = dcgm_labels(f"1 - {f} / {total}")
-            total_bytes = dcgm_labels(f"{total} * {C.MIB}")
+            device = dcgm_labels(f"1 - {f} / ({u} + {f} + {r})")
         else:
             # usage = total - free (NVML v2), so driver-reserved memory counts as used (docs/pitfalls.md P6).
             device = f"{selector(usage, spec)} / {selector(limit, spec)}"
-            total_bytes = selector(limit, spec)
         # hw_id is unique cluster-wide: drop the sender's identity (every target label: instance,
         # job and the operator's namespace, pod, container, endpoint, service), so one GPU is
         # one series -- one alert, one fuse scope {cluster, host_name, hw_id} -- whether its
         # exporter restarted (the Collector keeps the old process's series for a while; a
         # rescheduled dcgm-exporter has a new address) or two exporters report it; and the KV
-        # join on hw_id below meets one total per GPU.
+        # join on hw_id below meets one total per GPU (the total: :meth:`slow_rules`).
         device = f"max without ({TARGET}) ({device})"
-        # The join key alone: two series of one GPU (say under an old and a new host_name after a
-        # collector pod moved) must not make the one-to-one join below fail for every GPU.
-        total_bytes = f"max by (hw_id) ({total_bytes})"
         # One value per pool (engine share on a GPU) whoever reported it, then summed per GPU, so a
         # rescheduled KV collector's lingering series are not counted twice.
         kv_free = (f"sum by (hw_id) (max without ({SENDER}, {C.LABEL['host']}) ("
@@ -83,22 +77,37 @@ class GpuMemory(Kind):
             # sections 1-2), so there is no correction to make and no fusebox_kv_cache_* to read.
             return [
                 {"record": names["device"], "expr": device},
-                {"record": names["total"], "expr": total_bytes},
                 {"record": names["value"], "expr": names["device"]},
             ]
         return [
             {"record": names["device"], "expr": device},
-            {"record": names["total"], "expr": total_bytes},
             # Free bytes of the KV pools engines pre-allocated on each GPU (vLLM takes ~90%).
             {"record": names["kv_free"], "expr": kv_free},
             # Effective utilization: device memory minus the KV pool's free part where a pool is
-            # known on the GPU; device memory alone elsewhere (`or` keeps the unmatched GPUs).
+            # known on the GPU; device memory alone elsewhere (`or` keeps the unmatched GPUs, and a
+            # GPU whose total the slow group has not recorded yet: device memory is the higher reading).
             {"record": names["value"], "expr": (
                 f"{names['device']}\n"
                 f"  - on (hw_id) group_left ()\n"
                 f"    ({names['kv_free']} / on (hw_id) {names['total']})\n"
                 f"or\n{names['device']}")},
         ]
+
+    def slow_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        """The total memory per GPU (bytes, label hw_id): it does not change while the GPU is
+        there, so it is recorded at the slow interval. The dashboards read it too."""
+        return [{"record": self.records(sig)["total"], "expr": self._total(sig, spec)}]
+
+    @staticmethod
+    def _total(sig: Any, spec: Any) -> str:
+        if sig.source.backend == "dcgm":
+            u, f, r = (selector(C.DCGM[k], spec, backend="dcgm") for k in ("fb_used", "fb_free", "fb_reserved"))
+            total_bytes = dcgm_labels(f"({u} + {f} + {r}) * {C.MIB}")
+        else:
+            total_bytes = selector(C.PROM["gpu_memory_limit"], spec)
+        # The join key alone: two series of one GPU (say under an old and a new host_name after a
+        # collector pod moved) must not make the one-to-one join in the value record fail for every GPU.
+        return f"max by (hw_id) ({total_bytes})"
 
     def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
         """Device memory used and driver-reserved per GPU, whichever backend the first signal reads."""

@@ -1,11 +1,19 @@
 """Kind ``quantile``: a quantile of a classic histogram, ``histogram_quantile`` over summed bucket rates.
 
 Example: P95 cross-modal alignment latency (seed: warning 0.85 s, critical 1.28 s). Every
-threshold must be a bucket bound: between bounds a quantile is only interpolated, and the exact
-share-over-threshold record beside it (P95 >= T exactly when more than 5 % of observations are
-slower than T) needs the bound. Zero traffic gives no quantile sample at all, never an alert
+threshold must be a bucket bound: between bounds a quantile is only interpolated. Because it is
+one, the alert reads the share of observations slower than the threshold, from the threshold's
+bucket and the count alone (2 series per engine per tier instead of every bucket):
+``Pq >= T`` exactly when ``share over T >= 1 - q``. ``histogram_quantile`` finds the first bucket
+whose cumulative count reaches ``q * count``; ``Pq > T`` when the bucket at ``T`` holds fewer, and
+at exactly ``q * count`` it interpolates to the bucket's upper bound, ``Pq == T``, where the share is
+``1 - q`` up to float rounding, which the alert allows for (:data:`SHARE_EPSILON`): both fire (the
+generated tests drive each threshold exactly). The quantile records (P50,
+Pq, P99 over every bucket) feed only panels and run in the signal's slow group.
+Zero traffic gives no quantile sample at all, never an alert
 (docs/pitfalls.md P1): ``histogram_quantile`` alone would give NaN on Prometheus and nothing on
-VictoriaMetrics (MetricsQL drops NaN), so the records keep only series with traffic, the same on both.
+VictoriaMetrics (MetricsQL drops NaN), so the records keep only series with traffic, the same on both;
+the share divides by a positive count rate, so it has no sample either.
 """
 
 from __future__ import annotations
@@ -21,6 +29,10 @@ from .base import (OBS_PER_STEP, DashboardDef, Err, Kind, engine_labels, PanelDe
                    selector, signal_legend, signal_sel, UNITS, window_word)
 
 
+# Rounding allowance of the share comparison (:meth:`Quantile.alert_expr`).
+SHARE_EPSILON = 1e-12
+
+
 class Quantile(Kind):
     name = "quantile"
     # rate() needs two samples in its window; four or more is safer.
@@ -28,6 +40,9 @@ class Quantile(Kind):
     metric_only = True
     growth_only = True
     variable_source = ("engine", 0)
+    # The alert reads the share over the threshold's bucket: the generated tests also drive the
+    # quantile to exactly each threshold (Pq == T fires, as the share == 1 - q does).
+    edge_tested = True
 
     # -- spec --------------------------------------------------------------------------
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
@@ -58,7 +73,7 @@ class Quantile(Kind):
 
     # -- rules -------------------------------------------------------------------------
     def records(self, sig: Any) -> dict[str, str]:
-        """``value`` (the quantile), ``p50``, ``p99``, ``rate`` (observations/s), ``bucket_rate``
+        """``value`` (the quantile; panels only, the alert reads ``over_threshold``), ``p50``, ``p99``, ``rate`` (observations/s), ``bucket_rate``
         (summed bucket rates), ``over_threshold`` (share of observations above each threshold, label ``le``)."""
         w = window_word(sig.window_s)
         hist, lvl = sig.source.metric, sig.level
@@ -75,40 +90,63 @@ class Quantile(Kind):
         return tuple(sig.by)  # summed by them: none at all without by
 
     def raw_metrics(self, sig: Any) -> list[str]:
-        return [f"{sig.source.metric}_bucket", f"{sig.source.metric}_count"]
+        # `_count` alone: the buckets are exported with it, so its absence says the same as an
+        # absent() over every bucket series, at a fraction of the cost.
+        return [f"{sig.source.metric}_count"]
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        """The count rate and, per tier, the share of observations over its threshold: the
+        threshold's bucket and the count, never the other buckets."""
         names = self.records(sig)
         w = format_duration(sig.window_s)
-        bucket = selector(f"{sig.source.metric}_bucket", spec, backend=sig.source.backend)
         count = selector(f"{sig.source.metric}_count", spec, backend=sig.source.backend)
-        # Only where observations arrived: with zero traffic histogram_quantile is NaN on Prometheus
-        # and absent on VictoriaMetrics; `and` on a positive rate makes it absent on both (P1).
-        traffic = f"and on ({by(sig.by)}) ({names['rate']} > 0)"
         out: list[dict[str, Any]] = [
-            {"record": names["bucket_rate"], "expr": f"sum by ({by(sig.by, ('le',))}) ({engine_labels(f'rate({bucket}[{w}])', sig)})"},
             {"record": names["rate"], "expr": f"sum by ({by(sig.by)}) ({engine_labels(f'rate({count}[{w}])', sig)})"},
-            {"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})\n  {traffic}"},
-            {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})\n  {traffic}"},
-            {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})\n  {traffic}"},
         ]
-        # The exact form beside the interpolated quantile: the share of observations above each
-        # threshold. P95 >= T exactly when this share >= 0.05, because T is a bucket bound.
+        # The share of observations above each threshold. Pq >= T exactly when this share >= 1 - q,
+        # because T is a bucket bound (module docstring); the alert reads it.
         for t in sig.tiers:
+            bucket = selector(f"{sig.source.metric}_bucket", spec, regex={"le": le_regex(t.threshold)}, backend=sig.source.backend)
             out.append({
                 "record": names["over_threshold"],
-                "expr": (f"1 - sum by ({by(sig.by)}) ({names['bucket_rate']}{{le=~\"{le_regex(t.threshold)}\"}})\n"
+                "expr": (f"1 - sum by ({by(sig.by)}) ({engine_labels(f'rate({bucket}[{w}])', sig)})\n"
                          f"  / ({names['rate']} > 0)"),  # no traffic: no sample, as the quantile
                 "labels": {"le": format_number(t.threshold)},
             })
         return out
 
+    def alert_expr(self, sig: Any, tier: Any) -> str:
+        """The tier's share record (without its ``le`` label, so the alert's labels are the
+        quantile's) at or over ``1 - q``, less :data:`SHARE_EPSILON`: the same condition as
+        ``Pq >= threshold``. At exactly ``q * count`` in the threshold's bucket histogram_quantile
+        returns the bound (fires) while ``1 - bucket / count`` may round one ulp under ``1 - q``
+        (0.04999999999999993 at 1.28 s in the generated edge test); the epsilon absorbs that
+        rounding and is far under one observation in a window (a share of 1e-12)."""
+        share = f"{self.records(sig)['over_threshold']}{{le=\"{format_number(tier.threshold)}\"}}"
+        return f"max without (le) ({share}) >= {format_number(round(1 - sig.quantile, 12))} - {SHARE_EPSILON:g}"
+
+    def panel_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        """Every bucket's rate and P50 / Pq / P99 over them, for the quantile panel."""
+        names = self.records(sig)
+        w = format_duration(sig.window_s)
+        bucket = selector(f"{sig.source.metric}_bucket", spec, backend=sig.source.backend)
+        # Only where observations arrived: with zero traffic histogram_quantile is NaN on Prometheus
+        # and absent on VictoriaMetrics; `and` on a positive rate makes it absent on both (P1).
+        traffic = f"and on ({by(sig.by)}) ({names['rate']} > 0)"
+        return [
+            {"record": names["bucket_rate"], "expr": f"sum by ({by(sig.by, ('le',))}) ({engine_labels(f'rate({bucket}[{w}])', sig)})"},
+            {"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})\n  {traffic}"},
+            {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})\n  {traffic}"},
+            {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})\n  {traffic}"},
+        ]
+
     # -- generated tests -----------------------------------------------------------------
     def distribution(self, synth: Synth, v: float) -> list[float]:
         """Per-step cumulative counts per bucket (+Inf last) whose quantile lies near ``v``.
 
-        v is a threshold * (1 +/- DELTA), or "safe"/idle. Just above a bound T: 94% of
-        observations at or below T, so the 95th lies in the next bucket; just below: 96%.
+        v is a threshold * (1 +/- DELTA), the threshold itself, or "safe"/idle. Just above a
+        bound T: 94% of observations at or below T, so the 95th lies in the next bucket; just
+        below: 96%; at T: exactly 95%, so the quantile is T and the share over T exactly 5%.
         """
         sig = synth.sig
         bounds = list(sig.buckets)
@@ -119,7 +157,7 @@ class Quantile(Kind):
         i = bounds.index(t)
         if v < min(x.threshold for x in sig.tiers) * 0.9:  # safe: everything in the first bucket
             return [OBS_PER_STEP] * (len(bounds) + 1)
-        share_above = (1 - sig.quantile) + (0.01 if v > t else -0.01)
+        share_above = (1 - sig.quantile) + (0.01 if v > t else -0.01 if v < t else 0.0)
         at_or_below = round(OBS_PER_STEP * (1 - share_above))
         return [0.0] * i + [at_or_below] * (1) + [OBS_PER_STEP] * (len(bounds) - i)
 
@@ -176,7 +214,8 @@ class Quantile(Kind):
             panels.append(PanelDef(
                 f"{sig.alert}: P50 / P{q} / P99 per engine",
                 f"{sig.description} Lines at {', '.join(f'{t.name} {t.threshold_text}' for t in sig.tiers)}; "
-                f"the alert reads P{q}. A gap means no traffic (no sample: docs/pitfalls.md P1).",
+                f"The alert reads the share over each threshold's bucket (next panel), the same condition as P{q} at or over it; "
+                f"these lines are recorded every slow evaluation interval. A gap means no traffic (no sample: docs/pitfalls.md P1).",
                 (Query(signal_sel(sig, r["p50"]), "P50 " + lg),
                  Query(signal_sel(sig, r["value"]), f"P{q} " + lg),
                  Query(signal_sel(sig, r["p99"]), "P99 " + lg)),
@@ -184,8 +223,8 @@ class Quantile(Kind):
             ))
             panels.append(PanelDef(
                 "Share of observations over each threshold",
-                "Fraction of observations slower than each tier's threshold (label le), over the rule window. "
-                f"Above {1 - sig.quantile:g} at a threshold means P{q} is above it.",
+                "Fraction of observations slower than each tier's threshold (label le), over the rule window: what the alert reads. "
+                f"At or above {1 - sig.quantile:g} at a threshold means P{q} is at or above it.",
                 (Query(signal_sel(sig, r["over_threshold"]), "> {{le}}s " + lg),),
                 "percentunit", (sig.alert,), soft_max=1.0,
             ))

@@ -1,0 +1,193 @@
+"""Rule cost cuts that keep detection (issue 23): the generated tests expect every alert at the
+same evaluation as before them, the alerts read only what their own group records, and what no
+alert's timing depends on runs at ``global.slow_evaluation_interval``.
+
+Expected values come from the spec (thresholds, intervals, buckets) and from the alert
+expectations of the generated tests recorded before the change (fixtures/generator/)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+
+import pytest
+import yaml
+
+from _support import FIXTURES, SPEC
+
+from fusebox.generator.outputs import render_all
+from fusebox.generator.render_rules import render_rules
+from fusebox.spec import parse_spec
+from fusebox.spec.errors import SpecError
+from fusebox.spec.units import parse_duration
+
+BEFORE = json.loads((FIXTURES / "generator" / "alert_firing_before.json").read_text())
+FILES = {"promtool": "rules/fusebox.rules.test.yml", "vmalert-tool": "rules/fusebox.rules.vmalert.test.yml"}
+RECORD_REF = re.compile(r"\b[a-z_]+:[a-zA-Z0-9_]+:[a-zA-Z0-9_]+\b")
+
+
+@pytest.fixture(scope="module")
+def outputs(spec):
+    return render_all(spec)
+
+
+@pytest.fixture(scope="module")
+def groups(outputs):
+    return yaml.safe_load(outputs["rules/fusebox.rules.yml"])["groups"]
+
+
+def _key(row: dict) -> str:
+    return json.dumps([row["alertname"], row["eval_time"], sorted(json.dumps(x, sort_keys=True) for x in row["exp_labels"])])
+
+
+@pytest.mark.parametrize("tool", sorted(FILES))
+def test_every_alert_fires_at_the_same_evaluation_as_before(outputs, tool):
+    after = Counter()
+    for t in yaml.safe_load(outputs[FILES[tool]])["tests"]:
+        for a in t.get("alert_rule_test", []):
+            after[_key({"alertname": a["alertname"], "eval_time": a["eval_time"],
+                        "exp_labels": [e.get("exp_labels", {}) for e in a["exp_alerts"]]})] += 1
+    # the one intended difference: no absent alert over bucket series (the _count's says the same)
+    before = Counter(_key({**r, "exp_labels": [x for x in r["exp_labels"] if not x.get("metric", "").endswith("_bucket")]})
+                     for r in BEFORE[tool])
+    assert len(BEFORE[tool]) == 82
+    missing = before - after
+    assert not missing, f"{tool}: alert expectations of before the change no longer generated: {list(missing)}"
+
+
+def test_no_absent_over_bucket_series_and_one_over_the_histograms_count(spec, groups):
+    absent = [r["expr"] for g in groups if g["name"].startswith("fusebox-absent") for r in g["rules"]]
+    assert not [e for e in absent if "_bucket" in e]
+    for sig in (s for s in spec.signals if s.kind == "quantile"):
+        assert f"absent({sig.source.metric}_count)" in absent
+
+
+def test_kv_growth_and_oom_alerts_share_one_deriv_record_in_one_group(spec, groups):
+    kv = [s for s in spec.signals if s.kind == "deriv"]
+    assert len({(s.source.metric, s.window_s) for s in kv}) == 1 and len(kv) == 2  # the shipped spec's two KV signals
+    derivs = [r for g in groups for r in g["rules"] if "deriv(" in r.get("expr", "")]
+    assert len(derivs) == 1
+    home = next(g for g in groups if derivs[0] in g["rules"])
+    alerts = {r["alert"] for r in home["rules"] if "alert" in r}
+    assert alerts == {s.alert for s in kv}
+    assert parse_duration(home["interval"]) == spec.evaluation_interval_s
+
+
+def test_every_alert_reads_only_records_of_its_own_group(groups):
+    """Rules in a group run in order: an alert reading another group's record would see it one
+    evaluation late (or 30 s late from a slow group)."""
+    for g in groups:
+        own = {r["record"] for r in g["rules"] if "record" in r}
+        for r in g["rules"]:
+            if "alert" in r:
+                assert set(RECORD_REF.findall(r["expr"])) <= own, (g["name"], r["expr"])
+
+
+def test_slow_groups_hold_no_signal_alert_and_run_at_the_slow_interval(spec, groups):
+    assert spec.slow_evaluation_interval_s == 30.0  # fusebox.yaml
+    slow = {g["name"]: g for g in groups if parse_duration(g["interval"]) == spec.slow_evaluation_interval_s}
+    assert {"fusebox-absent", "fusebox-dashboard", "fusebox-static"} <= set(slow)
+    signal_alerts = {s.alert for s in spec.signals}
+    for name, g in slow.items():
+        assert not signal_alerts & {r.get("alert") for r in g["rules"]}, name
+    # P50 / P95 / P99 (every bucket, histogram_quantile) only in the quantile's panels group
+    for sig in (s for s in spec.signals if s.kind == "quantile"):
+        assert f"fusebox-{sig.name}-panels" in slow
+    quantiles = [g["name"] for g in groups for r in g["rules"] if "histogram_quantile" in r.get("expr", "")]
+    assert quantiles and all(n in slow for n in quantiles)
+    # the static GPU total
+    totals = [g["name"] for g in groups for r in g["rules"] if r.get("record") == "gpu:fusebox_gpu_memory_total:bytes"]
+    assert totals == ["fusebox-static"]
+
+
+def test_quantile_alerts_read_only_the_threshold_buckets_at_the_evaluation_interval(spec, groups):
+    for sig in (s for s in spec.signals if s.kind == "quantile"):
+        g = next(g for g in groups if g["name"] == f"fusebox-{sig.name}")
+        assert parse_duration(g["interval"]) == spec.evaluation_interval_s
+        bucket_selectors = [m for r in g["rules"] for m in re.findall(rf"{sig.source.metric}_bucket\{{([^}}]*)\}}", r.get("expr", ""))]
+        thresholds = {t.threshold for t in sig.tiers}
+        assert len(bucket_selectors) == len(thresholds) == 2  # 2 of the 14 buckets (13 bounds and +Inf)
+        assert len(sig.buckets) + 1 == 14
+        read = {float(re.search(r'le=~"([0-9.\\]+)"', m)[1].replace("\\\\", "")) for m in bucket_selectors}
+        assert read == thresholds
+        # each tier's alert: the share over its threshold against 1 - q
+        exprs = [r["expr"] for r in g["rules"] if r.get("alert") == sig.alert]
+        for t in sig.tiers:
+            assert any(f'le="{t.threshold:g}"' in e and f">= {1 - sig.quantile:.2f} - 1e-12" in e for e in exprs), exprs
+
+
+def _spec_text(**global_: str) -> str:
+    data = yaml.safe_load(SPEC.read_text())
+    data["global"].update(global_)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def test_slow_interval_is_never_shorter_than_the_evaluation_interval():
+    spec = parse_spec(_spec_text(slow_evaluation_interval="1s"), "fusebox.yaml")
+    assert spec.slow_evaluation_interval_s == spec.evaluation_interval_s == 5.0
+    groups = render_rules(spec).groups
+    assert {parse_duration(g["interval"]) for g in groups} == {5.0}
+
+
+def test_slow_interval_must_be_a_positive_duration():
+    with pytest.raises(SpecError) as e:
+        parse_spec(_spec_text(slow_evaluation_interval="0s"), "fusebox.yaml")
+    assert "slow_evaluation_interval must be positive" in str(e.value)
+
+
+def test_two_deriv_signals_over_one_gauge_with_different_by_are_a_spec_error_at_the_later_ones_line():
+    data = yaml.safe_load(SPEC.read_text())
+    data["signals"]["kv_cache_growth_oom"]["by"] = ["cluster", "host_name", "engine"]
+    text = yaml.safe_dump(data, sort_keys=False)
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "fusebox.yaml")
+    line = next(i for i, x in enumerate(text.splitlines(), 1) if x.startswith("  kv_cache_growth_oom:"))
+    msg = str(e.value)
+    assert "kv_cache_growth_oom and kv_cache_growth_rate read one metric over one window" in msg and "compute it differently" in msg
+    assert re.search(r"fusebox.yaml:(\d+)", msg) and line < int(re.search(r"fusebox.yaml:(\d+)", msg)[1]), msg
+
+
+# ------------------------------------------------------------------------------ sharding
+def _hashmod(value: str, modulus: int) -> int:
+    """Prometheus' relabel action hashmod: the MD5 of the value, its low 8 bytes as an unsigned
+    big-endian integer, modulo ``modulus`` (model/relabel, relabel.go)."""
+    return int.from_bytes(hashlib.md5(value.encode()).digest()[8:], "big") % modulus
+
+
+def _shard(target: dict[str, str], relabelings: list[dict], shards: int) -> int | None:
+    """The shard that keeps ``target`` (its discovered labels) under Prometheus Operator ``shards``:
+    the monitor's relabelings (replace actions), then the operator's own (promcfg.go,
+    appendShardingRelabelingWithLabel): ``__tmp_hash`` from ``__address__`` unless already set,
+    hashmod by ``shards``; None when ``__tmp_disable_sharding`` is set (every shard keeps it)."""
+    labels = dict(target)
+    for r in relabelings:
+        assert r.get("action", "replace") == "replace"
+        value = ";".join(labels.get(s, "") for s in r.get("sourceLabels", [])) if "sourceLabels" in r else r.get("replacement", "")
+        if value:
+            labels[r["targetLabel"]] = value
+    if labels.get("__tmp_disable_sharding"):
+        return None
+    return _hashmod(labels.get("__tmp_hash") or labels["__address__"], shards)
+
+
+def test_shards_keep_a_gpus_collector_and_its_engines_on_one_shard_and_the_fuse_on_every_one():
+    from fusebox.generator.render_k8s import render_collectors, render_engines_monitor, render_fuse
+
+    data = yaml.safe_load(SPEC.read_text())
+    data["kubernetes"]["engines"] = {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http"}
+    spec = parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml")
+    collectors = next(m for m in render_collectors(spec) if m["kind"] == "PodMonitor")["spec"]["podMetricsEndpoints"]
+    engines = render_engines_monitor(spec)["spec"]["podMetricsEndpoints"]
+    fuse = next(m for m in render_fuse(spec) if m["kind"] == "ServiceMonitor")["spec"]["endpoints"]
+    shards = 4
+    # node-0007's collector pod and two engine pods (their own pod IPs), as discovered
+    pods = [("10.42.7.3:9464", collectors), ("10.42.7.21:8000", engines), ("10.42.7.22:8000", engines)]
+    by_address = {_hashmod(addr, shards) for addr, _ in pods}
+    assert len(by_address) > 1, "these addresses would not be split by the default sharding: pick others"
+    for node in ("node-0007", "node-0100", "gpu-a100-12"):
+        kept = {_shard({"__address__": addr, "__meta_kubernetes_pod_node_name": node}, ep[0].get("relabelings", []), shards)
+                for addr, ep in pods}
+        assert len(kept) == 1 and None not in kept, (node, kept)
+    assert _shard({"__address__": "10.42.1.9:9095"}, fuse[0]["relabelings"], shards) is None
