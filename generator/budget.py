@@ -27,7 +27,6 @@ anything else (a latency, a gauge) exhausts no resource at a known rate: "n/a".
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -39,10 +38,10 @@ from fusebox.spec.units import format_number, humanize, parse_duration
 
 from .engines import records_read
 from .render_alertmanager import routing
-from .render_rules import render_rules
+from .render_rules import STATIC_GROUP, render_rules
 from .render_vmalert_tests import alert_lags
 
-__all__ = ["FUSE_DECISION_S", "Row", "budget_rows", "cross_group_s", "register", "cmd_budget", "run_budget"]
+__all__ = ["FUSE_DECISION_S", "Row", "budget_rows", "cross_group_s", "run_budget"]
 
 # The fuse's decision time: notification received -> gateway call made, p99, the worst of the four
 # store runs `python bench/bench_fuse.py` measured (docs/fuse.md, "Benchmarks": PostgreSQL, two
@@ -86,7 +85,8 @@ def _alert_group(groups: list[dict[str, Any]], sig: Signal, tier: Tier) -> tuple
 def cross_group_s(groups: list[dict[str, Any]], group: str, expr: str, default_interval: float) -> float:
     """How stale the records ``expr`` reads can be, seconds: each record recorded in another group
     than ``group`` may be up to one of that group's intervals old when read, and so on down its
-    chain (the worst path). 0 when every record read is of ``group`` itself, or none is read."""
+    chain (the worst path). 0 when every record read is of ``group`` itself, or none is read;
+    records of the static-inputs group (``STATIC_GROUP``) count 0: their value does not change."""
     owner: dict[str, tuple[str, float, str]] = {}
     for g in groups:
         interval = parse_duration(g["interval"]) if g.get("interval") else default_interval
@@ -103,6 +103,8 @@ def cross_group_s(groups: list[dict[str, Any]], group: str, expr: str, default_i
         worst = 0.0
         for name in records_read(text, set(owner)):
             g, interval, rexpr = owner[name]
+            if g == STATIC_GROUP:  # a value that does not change (a GPU's memory size): never stale
+                continue
             worst = max(worst, (interval if g != where else 0.0) + stale(g, rexpr, depth + 1))
         memo[(where, text)] = worst
         return worst
@@ -220,24 +222,3 @@ def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> i
               f"crosses {r.threshold}, but the resource is full {_s(r.time_left_s or 0.0)} after "
               f"({_terms_text(r)}) -- lower the tier's `for` or move its threshold earlier", file=sys.stderr)
     return 1 if late else 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("budget", help="reaction budget: each fuse tier's detection floor against the time its resource has left",
-                       description="For every tier that requests a fuse: scrape + evaluation interval + for + rule-engine "
-                       "lag + Alertmanager group_wait + the fuse's decision time + the adapter timeout, against the time the "
-                       "resource has left at the tier's threshold (docs/budget.md). Exit status: 0 every fuse acts in time, "
-                       "1 a fuse would act after its resource is full, 2 bad input.")
-    b.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
-    b.add_argument("--json", action="store_true", help="one JSON document instead of the table")
-    b.set_defaults(func=cmd_budget)
-
-
-def cmd_budget(args: argparse.Namespace) -> int:
-    from .cli import _load
-
-    spec = _load(args.spec)
-    if spec is None:
-        return 2
-    return run_budget(spec, as_json=args.json)
-

@@ -1,4 +1,4 @@
-"""`fusebox generate`, `fusebox check` and `fusebox alertmanager`; `fusebox budget` (:mod:`.budget`) is registered here."""
+"""`fusebox generate`, `fusebox check` and `fusebox alertmanager`; and `fusebox budget` (the computation in :mod:`.budget`)."""
 
 from __future__ import annotations
 
@@ -56,9 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
     t.set_defaults(func=cmd_alertmanager_test)
 
-    from .budget import register as register_budget
-
-    register_budget(sub)
+    _register_budget(sub)
 
 
 def _load(spec_path: str):
@@ -243,3 +241,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     rc = toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against,
                               allow_dead=args.allow_dead)
     return rc or late
+
+
+def _register_budget(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("budget", help="reaction budget: each fuse tier's detection floor against the time its resource has left",
+                       description="For every tier that requests a fuse: scrape + evaluation interval + for + rule-engine "
+                       "lag + Alertmanager group_wait + the fuse's decision time + the adapter timeout, against the time the "
+                       "resource has left at the tier's threshold (docs/budget.md). Exit status: 0 every fuse acts in time, "
+                       "1 a fuse would act after its resource is full, 2 bad input.")
+    b.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
+    b.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    b.set_defaults(func=cmd_budget)
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    from .budget import run_budget
+
+    spec = _load(args.spec)
+    if spec is None:
+        return 2
+    return run_budget(spec, as_json=args.json)

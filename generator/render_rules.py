@@ -30,6 +30,9 @@ __all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics"
            "alert_where"]
 
 GROUP_PREFIX = "fusebox"
+# static inputs (a GPU's memory size): their records never change, so reading them from a slower
+# group delays no alert (generator/budget.py counts no staleness for them)
+STATIC_GROUP = f"{GROUP_PREFIX}-static"
 
 
 @dataclass
@@ -296,7 +299,7 @@ def render_rules(spec: Spec) -> Rules:
             raw_backends.setdefault(m, sig.source.backend)
     groups += panels
     if static:
-        groups.append({"name": f"{GROUP_PREFIX}-static", "interval": slow, "rules": static})
+        groups.append({"name": STATIC_GROUP, "interval": slow, "rules": static})
     # Dashboard records: read by panels only, so their metrics never join raw_metrics (no absent alerts).
     groups.append({"name": f"{GROUP_PREFIX}-dashboard", "interval": slow, "rules": _dashboard_records(spec)})
     if spec.absent_enabled and raw_metrics:
