@@ -13,7 +13,7 @@ UV_VERSION ?= 0.13.9
 # Tools (Prometheus 3 promtool, the OpenTelemetry Collector, ...: tools/README.md) are built once into this cache.
 export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
 
-.PHONY: help venv lock tools generate check budget check-generated lint test test-fast bench bench-scale demo clean
+.PHONY: help venv lock tools generate check budget backtest check-generated lint test test-fast bench bench-scale demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -48,6 +48,9 @@ check: tools ## the reaction budget, then promtool/vmalert/amtool checks and the
 
 budget: venv ## each fuse tier's detection floor against the time its resource has left (docs/budget.md)
 	$(BIN)/fusebox budget --spec $(SPEC)
+
+backtest: tools ## the spec's rules and fuse replayed over the shipped incident, examples/incidents/breach.om (docs/backtest.md)
+	$(BIN)/fusebox backtest --openmetrics examples/incidents/breach.om --spec $(SPEC)
 
 check-generated: venv ## fail when committed outputs drift from the spec, or the starter spec (fusebox init) from fusebox.yaml
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT) --check

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from fusebox import conventions as C
@@ -68,7 +68,7 @@ class Row:
     margin_s: Optional[float] = None
     ok: bool = True
     threshold: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    direction: str = "above"  # the signal's: which way "earlier" moves its threshold
 
 
 def _alert_group(groups: list[dict[str, Any]], sig: Signal, tier: Tier) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -169,7 +169,8 @@ def budget_rows(spec: Spec) -> list[Row]:
             floor = round(sum(terms.values()), 6)
             left, basis = _time_left(spec, sig, tier)
             row = Row(sig.name, sig.alert, tier.name, tier.severity, tier.fuse, tier.fuse_level, g["name"], terms, floor,
-                      left, basis, threshold=tier.threshold_text)
+                      left if left is None else round(left, 6), basis, threshold=tier.threshold_text,
+                      direction=sig.direction)
             if left is not None:
                 row.margin_s = round(left - floor, 6)
                 row.ok = floor <= left
@@ -220,5 +221,6 @@ def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> i
     for r in late:
         print(f"fusebox budget: {r.alert} {r.tier} ({r.fuse}) is late: the fuse acts {_s(r.floor_s)} after {r.signal} "
               f"crosses {r.threshold}, but the resource is full {_s(r.time_left_s or 0.0)} after "
-              f"({_terms_text(r)}) -- lower the tier's `for` or move its threshold earlier", file=sys.stderr)
+              f"({_terms_text(r)}) -- lower the tier's `for` or {'raise' if r.direction == 'below' else 'lower'} its "
+              f"threshold (so it fires earlier)", file=sys.stderr)
     return 1 if late else 0

@@ -245,8 +245,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _register_budget(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("budget", help="reaction budget: each fuse tier's detection floor against the time its resource has left",
-                       description="For every tier that requests a fuse: scrape + evaluation interval + for + rule-engine "
-                       "lag + Alertmanager group_wait + the fuse's decision time + the adapter timeout, against the time the "
+                       description="For every tier that requests a fuse: scrape + evaluation interval + the staleness of records "
+                       "read from slower groups + for + rule-engine lag + Alertmanager group_wait + the fuse's decision "
+                       "time + the adapter timeout, against the time the "
                        "resource has left at the tier's threshold (docs/budget.md). Exit status: 0 every fuse acts in time, "
                        "1 a fuse would act after its resource is full, 2 bad input.")
     b.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")

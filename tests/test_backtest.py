@@ -178,6 +178,39 @@ def test_a_window_shorter_than_one_evaluation_is_refused(capsys, tmp_path):
     assert rc == 2 and out == "" and "less than one evaluation interval" in err
 
 
+def test_a_window_that_straddles_an_evaluation_boundary_but_is_shorter_than_one_is_refused(capsys, spec, tmp_path):
+    """Three samples 5 s apart around a boundary of the slowest group's grid (30 s): 5 s of window
+    after rounding up to the grid, still less than one evaluation of that group."""
+    step = spec.slow_evaluation_interval_s
+    b = (T0 // int(step) + 1) * int(step)
+    short = tmp_path / "straddle.om"
+    short.write_text("".join(f"hw_gpu_memory_usage_bytes{{{LABELS}}} 1 {t}\nhw_gpu_memory_limit_bytes{{{LABELS}}} 2 {t}\n"
+                             for t in (b - 5, b, b + 5)) + "# EOF\n")
+    rc, out, err = _run(capsys, "--openmetrics", short, "--spec", SPEC)
+    assert rc == 2 and out == "" and "spans 5 s" in err and f"({step:g} s)" in err
+
+
+def test_a_folder_given_as_the_recording_is_refused_without_a_traceback(capsys, tmp_path):
+    rc, out, err = _run(capsys, "--openmetrics", tmp_path, "--spec", SPEC)
+    assert rc == 2 and out == "" and str(tmp_path) in err and "Traceback" not in err
+
+
+def test_without_spec_it_reads_fusebox_yaml_of_the_current_folder_as_generate_does(capsys, spec, breach, tmp_path,
+                                                                                  monkeypatch):
+    """A folder whose fusebox.yaml holds the GPU critical for 100 s (the breach is over it 90 s):
+    the critical never fires there, so the backtest read that file and not the shipped spec."""
+    sig = _gpu_signal(spec)
+    raw = yaml.safe_load(SPEC.read_text())
+    raw["signals"][sig.name]["tiers"]["critical"]["for"] = "100s"
+    (tmp_path / "fusebox.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    monkeypatch.chdir(tmp_path)
+    doc = _json(capsys, "--openmetrics", breach)
+    assert doc["spec"] == "fusebox.yaml"
+    crit = _tier(sig, "critical")
+    assert [a for a in doc["alerts"] if a["alertname"] == sig.alert and a["severity"] == crit.severity
+            and a["firing_at"] is not None] == []
+
+
 def test_federate_text_with_millisecond_stamps_gives_the_same_events(capsys, spec, breach, tmp_path):
     """/federate answers (Prometheus text, milliseconds, no # EOF), concatenated with a repeated
     sample, backtest exactly as the OpenMetrics form of the same samples."""

@@ -112,6 +112,8 @@ def test_a_kv_critical_for_that_makes_the_fuse_late_fails_naming_the_tier_and_bo
     assert r.returncode == 1
     assert "KVCacheTimeToFullLow critical (kv_cache_eviction) is late" in r.stderr
     assert f"{_floor(45):.3f} s" in r.stderr and "full 60 s after" in r.stderr
+    # a lower bound fires earlier with a higher threshold (more seconds left)
+    assert "raise its threshold" in r.stderr
     # and only that tier
     assert r.stderr.count(" is late") == 1
 
@@ -195,3 +197,13 @@ def test_fusebox_check_fails_when_the_budget_does(tmp_path):
     r = subprocess.run([*FUSEBOX, "check", "--spec", str(spec), "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "KVCacheTimeToFullLow critical (kv_cache_eviction) is late" in r.stderr
+
+
+def test_an_empty_budget_section_takes_the_defaults(tmp_path):
+    """`budget:` with every key commented out (YAML null) is the defaults, the same figures the
+    shipped spec writes out (52 GiB at 90 %: the KV critical's time left is FREE / 14.7 MB/s)."""
+    raw = dict(RAW, budget=None)
+    r = _budget(tmp_path, yaml.safe_dump(raw, sort_keys=False), "--json")
+    assert r.returncode == 0, r.stderr
+    row = _rows(r)[(SIGNALS["kv_cache_growth_rate"]["alert"], "critical")]
+    assert row["time_left_s"] == pytest.approx(FREE / KV_CRITICAL_GROWTH, abs=1e-3)

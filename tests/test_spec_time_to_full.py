@@ -119,6 +119,8 @@ def test_the_direction_must_be_written_below():
     text = _spec_with(KV, direction="above")
     [p] = [p for p in _problems(text) if "BELOW" in p.what]
     assert p.line == _line_of(text, KV, "direction: above")
+    # and no advice on the tiers' order for an upper bound (it would reverse them)
+    assert not [p for p in _problems(text) if "upper bound" in p.what], [str(p) for p in _problems(text)]
 
 
 def test_a_time_to_full_signal_is_in_seconds_with_positive_thresholds():

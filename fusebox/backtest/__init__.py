@@ -62,7 +62,7 @@ def window(rec: Recording, groups: list[dict], start: Optional[float] = None,
     lo = first / 1000.0 if start is None else start
     lo = -(-lo // step) * step
     hi = float(last // 1000) if end is None else float(int(end))
-    if hi <= lo:
+    if hi - lo < step:
         raise RecordingError(f"{rec.source}: the window spans {max(0.0, hi - lo):g} s from its first evaluation, less "
                              f"than one evaluation interval ({step:g} s) -- record (or ask for) a longer window")
     return lo, hi

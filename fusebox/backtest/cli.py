@@ -11,6 +11,7 @@ import json
 import sys
 from datetime import datetime, timezone
 from importlib import resources
+from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["register", "moves"]
@@ -33,7 +34,9 @@ def register(subparsers) -> None:
                                                   "(with --start and --end)")
     p.add_argument("--start", metavar="T", help="with --url: window start, Unix seconds or RFC 3339")
     p.add_argument("--end", metavar="T", help="with --url: window end, Unix seconds or RFC 3339")
-    p.add_argument("--spec", default=None, help="spec file (default: the shipped fusebox.yaml)")
+    p.add_argument("--spec", default=None,
+                   help="spec file (default: fusebox.yaml in the current folder, as the other commands read it; "
+                        "the shipped one where there is none)")
     p.add_argument("--compare", metavar="OTHER_SPEC", help="also backtest OTHER_SPEC and show how each event moves")
     p.add_argument("--hold", type=float, default=None, metavar="S",
                    help="the fuse's release hold time, seconds (default: fusebox fuse serve's, 300)")
@@ -73,7 +76,8 @@ def cmd_backtest(args) -> int:
         return 2
     specs = []
     with resources.as_file(resources.files("fusebox").joinpath("data", "fusebox.yaml")) as shipped:
-        for path in [args.spec or str(shipped)] + ([args.compare] if args.compare else []):
+        default = "fusebox.yaml" if Path("fusebox.yaml").is_file() else str(shipped)
+        for path in [args.spec or default] + ([args.compare] if args.compare else []):
             specs.append(path)
         try:
             start = end = None
@@ -96,6 +100,9 @@ def cmd_backtest(args) -> int:
             return 2
         except FileNotFoundError as e:
             _err(f"{e.filename}: no such file -- pass --spec PATH")
+            return 2
+        except (IsADirectoryError, PermissionError) as e:
+            _err(f"{e.filename}: cannot read it ({type(e).__name__}) -- pass a readable file")
             return 2
         except ToolMissing as e:
             _err(str(e))
@@ -176,7 +183,10 @@ def _at(t: Optional[float], start: float) -> str:
 def _scope(labels: dict) -> str:
     from fusebox.conventions import SCOPE_LABELS
 
-    return ",".join(f"{k}={labels[k]}" for k in SCOPE_LABELS if labels.get(k)) or "-"
+    scope = [f"{k}={labels[k]}" for k in SCOPE_LABELS if labels.get(k)]
+    if labels.get("metric"):  # an absent alert: the metric is what tells one from another
+        scope.append(f"metric={labels['metric']}")
+    return ",".join(scope) or "-"
 
 
 def _print(doc: dict) -> None:
@@ -204,13 +214,21 @@ def _print(doc: dict) -> None:
         m = Table(title=f"{doc['spec']} -> {doc['compare']['spec']}")
         for col in ("what", "scope", "event", "before", "after", "moved"):
             m.add_column(col, overflow="fold")
+        same = 0  # the table lists what moved; --json holds every event
         for a in doc["moves"]["alerts"]:
+            if _delta(a) == "=":
+                same += 1
+                continue
             m.add_row(f"{a['alertname']} {a['severity']}", _scope(a["labels"]), a["event"].replace("_at", ""),
                       _at(a["before"], start), _at(a["after"], start), _delta(a))
         for e in doc["moves"]["fuse"]:
+            if _delta(e) == "=":
+                same += 1
+                continue
             m.add_row(f"fuse level {e['level']} {e['fuse_action']}", _scope(e["scope"]), e["action"],
                       _at(e["before"], start), _at(e["after"], start), _delta(e))
-        con.print(m)
+        con.print(m if m.row_count else "no event moved")
+        con.print(f"{same} event(s) unchanged")
 
 
 def _delta(move: dict) -> str:

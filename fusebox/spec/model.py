@@ -17,7 +17,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, StrictBool, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, StrictBool, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
 from fusebox import conventions as C
@@ -238,6 +238,18 @@ class RawSpec(_Strict):
     budget: RawBudget = RawBudget()
     signals: dict[str, RawSignal]
     overrides: list[RawOverride] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections_take_their_defaults(cls, data: Any) -> Any:
+        """A section written with every key commented out (``budget:`` alone, YAML null) is the
+        section's defaults, as if it were left out."""
+        if isinstance(data, dict):
+            return {k: ({} if v is None and k in _DEFAULTED_SECTIONS else v) for k, v in data.items()}
+        return data
+
+
+_DEFAULTED_SECTIONS = ("defaults", "kubernetes", "grafana", "otelcol", "budget")
 
 
 # ----------------------------------------------------------------------- normalised model
@@ -771,7 +783,8 @@ class _Normaliser:
             ))
         tiers.sort(key=lambda t: TIER_ORDER.index(t.name))
         by_name = {t.name: t for t in tiers}
-        if "warning" in by_name and "critical" in by_name:
+        wrong_direction = kind.required_direction is not None and s.direction != kind.required_direction
+        if "warning" in by_name and "critical" in by_name and not wrong_direction:
             wt, ct = by_name["warning"], by_name["critical"]
             if s.direction == "above" and wt.threshold >= ct.threshold:
                 self.err(ct.path + ("threshold",), f"warning threshold ({wt.threshold_text}) is not below critical ({ct.threshold_text}) for an upper bound",

@@ -330,6 +330,9 @@ class Kind:
     window_min_scrapes: ClassVar[Optional[int]] = None
     # Alerts on growth only (direction: below is refused).
     growth_only: ClassVar[bool] = False
+    # The one direction the kind's tiers fire in (time to full: below), checked by check_fields;
+    # None: either. Under another direction the tier order is not judged (its advice would be wrong).
+    required_direction: ClassVar[Optional[str]] = None
     # Reads a raw metric (the gauge for deriv, the histogram family for quantile), never an expr.
     metric_only: ClassVar[bool] = False
     # Whether the generated tests also drive the value to exactly each threshold (it must fire:

@@ -55,6 +55,7 @@ class TimeToFull(Kind):
     window_min_scrapes = 4
     metric_only = True
     takes_pool = True  # the sources' 'capacity' / 'free' (refused on every other kind)
+    required_direction = "below"  # fires when the time left is at or below the threshold
 
     # -- spec --------------------------------------------------------------------------
     def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
