@@ -207,9 +207,11 @@ def test_generate_warns_of_levels_no_adapter_applies_and_gpu_scopes_no_target_ca
     # the spec's tiers request levels 1, 2, 3; this adapter lists level 1 only
     unapplied = sorted(w.split("'")[1] for w in warnings if w.startswith("fuse action"))
     assert unapplied == ["kv_cache_eviction", "text_only_fallback"]
-    # both GPU-level signals with freeze_admissions: scoped by {cluster, host_name, hw_id}, targets match engine
+    # the three GPU-level signals with freeze_admissions (GPU memory, its time to full, memory
+    # bandwidth): scoped by {cluster, host_name, hw_id}, the targets match engine
     scoped = [w for w in warnings if w.startswith("fuse.adapters.sglang")]
-    assert sorted(w.split("'")[1] for w in scoped) == ["gpu_memory_utilization", "memory_bandwidth_saturation"]
+    assert sorted(w.split("'")[1] for w in scoped) == ["gpu_memory_time_to_full", "gpu_memory_utilization",
+                                                        "memory_bandwidth_saturation"]
     assert all("{cluster, host_name, hw_id}" in w and "add discover:" in w for w in scoped)
     discovered = adapter_warnings(load_spec(write_spec(tmp_path, _sglang(discover={"prometheus": "http://p:9090"}))))
     assert not [w for w in discovered if w.startswith("fuse.adapters.sglang")]
