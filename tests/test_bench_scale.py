@@ -10,6 +10,7 @@ import math
 import re
 import sys
 
+import pytest
 import yaml
 
 from _support import ROOT
@@ -116,6 +117,7 @@ def test_metric_sums_add_a_name_over_its_label_sets_and_only_that_name():
     assert got == {"vmalert_iteration_duration_seconds_sum": 1.75, "process_cpu_seconds_total": 12.5, "absent": 0.0}
 
 
+@pytest.mark.process  # git show (the branch point's rules)
 def test_cost_mode_runs_both_rule_files_in_one_prometheus_without_a_shared_series():
     """--cost loads the branch point's rules beside today's: every record and alert name of the
     'before' side is renamed (and every reference to its records), so neither side writes or reads

@@ -360,6 +360,34 @@ def test_the_watcher_reads_active_alerts_and_fails_over_to_the_next_replica(monk
         w._poll_engine()
 
 
+def test_the_watcher_merges_the_replicas_alerts_as_alertmanager_does(monkeypatch, shipped, tmp_path):
+    """HA replicas evaluate their own node's data, so one can fire an evaluation before the other;
+    Alertmanager (so the fuse) acts on the first notification, and the watcher must see the alert
+    firing from that moment, whichever replica the queries read first."""
+    from fusebox.demo import watch
+
+    class Engine:
+        query_urls = ["http://vm1:1", "http://vm2:2"]
+        alerts_urls = ["http://va1:3", "http://va2:4"]
+
+    firing = {"KVCacheGrowthRateHigh": "va2"}  # replica 2 is an evaluation ahead
+
+    def fake(url, token=None):
+        if "/api/v1/alerts" in url:
+            state = "firing" if firing.get("KVCacheGrowthRateHigh", "-") in url or "both" in firing else "pending"
+            return {"status": "success", "data": {"alerts": [
+                {"state": state, "labels": {"alertname": "KVCacheGrowthRateHigh", "severity": "critical", "engine": ENGINE}}]}}
+        return {"status": "success", "data": {"resultType": "vector", "result": []}}
+
+    monkeypatch.setattr(watch, "http_json", fake)
+    w = watch.Watcher({}, shipped, tmp_path / "gw.jsonl", engine=Engine())
+    assert [(e.what, e.detail["alertname"]) for e in w._poll_engine()] == [("firing", "KVCacheGrowthRateHigh")]
+    firing["both"] = "1"
+    assert w._poll_engine() == []  # replica 1 catching up changes nothing
+    firing.clear()
+    assert [e.what for e in w._poll_engine()] == ["pending"]
+
+
 def test_demo_refuses_replicas_without_victoriametrics(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--replicas", "2", "--spec",
                         str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w")], capture_output=True, text=True)

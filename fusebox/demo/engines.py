@@ -95,7 +95,7 @@ class Engine:
 
     ``query_urls``: Prometheus-compatible query API bases (``/api/v1/query``), in failover
     order; ``alerts_urls``: bases whose ``/api/v1/alerts`` lists the rule engine's active alerts
-    (Prometheus' and vmalert's share that shape), same order; ``ui_urls``: what a person opens.
+    (Prometheus' and vmalert's share that shape), every live one read and merged; ``ui_urls``: what a person opens.
     """
 
     name = ""

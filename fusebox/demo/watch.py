@@ -2,7 +2,7 @@
 
 Sources: the rule engine's HTTP API (each signal's recording rule from the Prometheus-compatible
 ``/api/v1/query``; the active alerts from ``/api/v1/alerts``, which Prometheus and vmalert both
-serve: the evaluator's own state, not the ``ALERTS`` series that VictoriaMetrics only sees
+serve, every live replica's together (what Alertmanager merges): the evaluator's own state, not the ``ALERTS`` series that VictoriaMetrics only sees
 after vmalert's remote write and its own ingestion delay), Alertmanager's
 ``/api/v2/alerts`` (what it holds, inhibited or not), the fuse service's ``GET /state`` and its
 ``/metrics`` (when each Alertmanager last notified it: the heartbeat's feed), the
@@ -71,8 +71,8 @@ class Watcher:
     def __init__(self, urls: dict[str, str], spec, gateway_log: Path, fuse_token: Optional[str] = None,
                  worker_names: Optional[dict[str, str]] = None, engine=None):
         self.urls = urls
-        # the rule engine (.engines.Engine): its query_urls and alerts_urls, each in failover
-        # order and read at every poll (a replica stopped mid-run drops out); None: Prometheus
+        # the rule engine (.engines.Engine): its query_urls in failover order, its alerts_urls
+        # all merged, read at every poll (a replica stopped mid-run drops out); None: Prometheus
         # at urls["prometheus"]
         self.engine = engine
         self.worker_names = dict(worker_names or {})  # SGLang worker URL -> what it stands for
@@ -134,12 +134,13 @@ class Watcher:
             return [self.urls["prometheus"]]
         return list(getattr(self.engine, kind))
 
-    def _get(self, kind: str, path: str) -> dict:
-        """GET ``path`` from the first of the engine's ``kind`` bases that answers (failover)."""
+    def _answers(self, kind: str, path: str, *, first: bool):
+        """``data`` of GET ``path`` from the engine's ``kind`` bases that answer, in order: only the
+        first one (``first``: failover) or every one. OSError when none answers; ValueError when
+        one answers with an error."""
         bases = self._bases(kind)
-        if not bases:
-            raise OSError("no rule engine replica left")
-        err: Optional[OSError] = None
+        err: OSError = OSError("no rule engine replica left")
+        answered = False
         for base in bases:
             try:
                 body = http_json(f"{base}{path}")
@@ -148,9 +149,22 @@ class Watcher:
                 continue
             if body.get("status") != "success":
                 raise ValueError(f"{base}: {body}")
-            return body["data"]
-        assert err is not None
-        raise err
+            answered = True
+            yield body["data"]
+            if first:
+                return
+        if not answered:
+            raise err
+
+    def _get(self, kind: str, path: str) -> dict:
+        """GET ``path`` from the first of the engine's ``kind`` bases that answers (failover)."""
+        return next(self._answers(kind, path, first=True))
+
+    def _all_alerts(self) -> list[dict]:
+        """The active alerts of every live rule-engine replica, together: replicas evaluate their
+        own copy of the data, so one can fire an evaluation before the other, and Alertmanager (so
+        the fuse) acts on whichever notifies first. OSError only when no replica answers."""
+        return [a for data in self._answers("alerts_urls", "/api/v1/alerts", first=False) for a in data["alerts"]]
 
     def _query(self, expr: str) -> list[dict]:
         return self._get("query_urls", "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))["result"]
@@ -162,7 +176,7 @@ class Watcher:
             rows = self._query(rec)
             self.values[sig.name] = sorted((_entity(r["metric"]), float(r["value"][1])) for r in rows)
         seen: dict[tuple[str, str, str], str] = {}
-        for a in self._get("alerts_urls", "/api/v1/alerts")["alerts"]:
+        for a in self._all_alerts():
             state = a.get("state", "")
             if state not in ("pending", "firing"):  # vmalert also lists "inactive" (resolved) ones
                 continue
