@@ -59,8 +59,8 @@ class _NullOtlp:
     """Encodes each batch to OTLP protobuf (the real serialization cost) and drops it."""
 
     def __init__(self):
-        from opentelemetry.sdk.metrics.export import AggregationTemporality
         from opentelemetry.sdk.metrics import Counter, Histogram, ObservableCounter, ObservableGauge, ObservableUpDownCounter, UpDownCounter
+        from opentelemetry.sdk.metrics.export import AggregationTemporality
 
         self._preferred_temporality = {k: AggregationTemporality.CUMULATIVE for k in (
             Counter, UpDownCounter, Histogram, ObservableCounter, ObservableUpDownCounter, ObservableGauge)}

@@ -78,14 +78,14 @@ def write_history(path: Path, gpus: int, engines: int, start: int, end: int) -> 
             f.write(f"# TYPE {name} unknown\n")
             for labels, values in series:
                 lab = _labels(labels)
-                for t, v in zip(ts, values):
+                for t, v in zip(ts, values, strict=False):
                     f.write(f"{name}{lab} {v} {t}\n")
                     n += 1
 
         total = 80_000 * MIB
         phase = [rng.random() * 6.28 for _ in range(gpus)]
         used = [[int(total * (0.6 + 0.15 * math.sin(phase[i] + k / 90))) for k in range(len(ts))] for i in range(gpus)]
-        family(P["gpu_memory_usage"], zip(gpu_labels, used))
+        family(P["gpu_memory_usage"], zip(gpu_labels, used, strict=False))
         family(P["gpu_memory_limit"], ((l, [total] * len(ts)) for l in gpu_labels))
         family(P["gpu_memory_reserved"], ((l, [600 * MIB] * len(ts)) for l in gpu_labels))
         for key in ("gpu_memory_bandwidth_utilization", "gpu_pcie_utilization"):
@@ -100,11 +100,11 @@ def write_history(path: Path, gpus: int, engines: int, start: int, end: int) -> 
         # Alignment histogram: ~20 observations/s per engine, lognormal around 0.6 s.
         h = P["alignment_duration"]
         counts = []
-        for e in range(len(eng_labels)):
+        for _engine in range(len(eng_labels)):
             cum = [0] * len(BUCKETS)
             total_s = 0.0
             rows = []
-            for k in range(len(ts)):
+            for _t in range(len(ts)):
                 for _ in range(20 * SCRAPE_S // 10):
                     x = rng.lognormvariate(math.log(0.6), 0.45)
                     total_s += x * 10
@@ -117,13 +117,13 @@ def write_history(path: Path, gpus: int, engines: int, start: int, end: int) -> 
         for e, l in enumerate(eng_labels):
             for b, le in enumerate(BUCKETS):
                 lab = _labels(dict(l, le=le))
-                for t, (cum, _) in zip(ts, counts[e]):
+                for t, (cum, _) in zip(ts, counts[e], strict=False):
                     f.write(f"{h}_bucket{lab} {cum[b]} {t}\n")
                     n += 1
             lab = _labels(l)
-            for t, (cum, s) in zip(ts, counts[e]):
+            for t, (cum, _s) in zip(ts, counts[e], strict=False):
                 f.write(f"{h}_count{lab} {cum[-1]} {t}\n")
-            for t, (cum, s) in zip(ts, counts[e]):
+            for t, (_cum, s) in zip(ts, counts[e], strict=False):
                 f.write(f"{h}_sum{lab} {s} {t}\n")
             n += 2 * len(ts)
         host_model = [dict(cluster=l["cluster"], host_name=l["host_name"], model_name=l["model"], engine=l["engine"])
@@ -172,7 +172,7 @@ class Prom:
                 return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise SystemExit(f"prometheus exited: see {tmp / 'prometheus.log'}")
+                    raise SystemExit(f"prometheus exited: see {tmp / 'prometheus.log'}") from None
                 time.sleep(0.2)
         raise SystemExit("prometheus not ready")
 
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     rec_samples = 0
     try:
         with open(rec_om, "w") as f:
-            for name, raw in records.items():
+            for name in records:
                 # Records read earlier records, already backfilled? No: expand them to raw instead.
                 result, _ = prom.range(expand(name, records), rec_start, end, SCRAPE_S)
                 f.write(f"# TYPE {name} unknown\n")
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     q_start, q_end = rec_start, end
     rows = []
     try:
-        for label, expr in queries:  # warm-up: touch every block once
+        for _label, expr in queries:  # warm-up: touch every block once
             prom.range(expr, q_start, q_end, args.step)
         for label, expr in queries:
             raw = expand(expr, records)

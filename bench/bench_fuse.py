@@ -35,6 +35,7 @@ Usage: python bench/bench_fuse.py [--notifications 3000] [--concurrency 8] [--no
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -42,7 +43,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,9 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for  # noqa: E402
-from _pg_support import PgServer  # noqa: E402
-
 from _gateways import StandInEngine, sglang_gateway, vllm_router  # noqa: E402
+from _pg_support import PgServer  # noqa: E402
 
 from fusebox.fuse import Breaker, FuseRules, parse_payload  # noqa: E402
 from fusebox.fuse.gateway import ReferenceGateway, read_log  # noqa: E402
@@ -235,7 +234,7 @@ def _adapter_row(tmp: Path, spec: Path, extra: list[str], trips: int) -> tuple[l
             r = c.post(url + "/alertmanager", json=payload(alert("GPUMemoryUtilizationHigh", starts=t0, engine=f"e{i}")))
             did = r.json()["decisions"][0]["decision_id"]
 
-            def applied():
+            def applied(did=did):
                 return next((a for a in store.audit_log(5, kinds=("applied", "failed")) if a["decision_id"] == did), None)
 
             row = wait_for(applied, 30, 0.0005, "adapter call applied")
@@ -308,7 +307,7 @@ def bench_adapters(trips: int) -> int:
     ref_p99 = pct(rows["reference gateway"][0], .99)
     print(f"notification -> adapter call applied, {trips} trips one at a time (loopback):")
     for name, (e2e, call) in rows.items():
-        added = [a - b for a, b in zip(e2e, call)]
+        added = [a - b for a, b in zip(e2e, call, strict=False)]
         print(f"  {name:18s} p50 {statistics.median(e2e) * 1e3:6.1f} ms  p99 {pct(e2e, .99) * 1e3:6.1f} ms"
               f"  | the call itself p50 {statistics.median(call) * 1e3:6.1f} ms p99 {pct(call, .99) * 1e3:6.1f} ms"
               f"  | fuse adds p50 {statistics.median(added) * 1e3:5.1f} ms p99 {pct(added, .99) * 1e3:5.1f} ms"

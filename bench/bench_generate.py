@@ -207,7 +207,7 @@ def main() -> None:
 
     print(f"{'spec':<13} {'signals':>7} {'files':>5} {'MiB out':>7} | {'cli s':>6} {'peak MiB':>8} | {'import':>6} {'load':>6} "
           f"{'render':>6} {'write':>6} | {'baseline cli s':>14} {'speed-up':>8} | {'target':>6}")
-    for label, (cli_s, peak), old_cli, r, old in rows:
+    for label, (cli_s, peak), old_cli, r, _old in rows:
         base = f"{old_cli[0]:>14.2f} {old_cli[0] / cli_s:>7.1f}x" if old_cli else f"{'-':>14} {'-':>8}"
         tgt = TARGET.get(label)
         met = "" if tgt is None else ("met" if cli_s < tgt else "not met")

@@ -84,9 +84,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
@@ -95,6 +95,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import bench_dashboards as bd  # noqa: E402
+
 from fusebox import conventions as C  # noqa: E402
 from fusebox.generator.outputs import RULE_FILE, render_all  # noqa: E402
 from fusebox.spec import load_spec  # noqa: E402
@@ -198,11 +199,11 @@ def write_history(fams: list[Family], ts: list[int], om: Path, jsonl: Path) -> t
             for fam in fams:
                 for f in files.values():
                     f.write(f"# TYPE {fam.name} unknown\n")
-                for i, (lab, prefix) in enumerate(zip(fam.labels, fam.prefixes)):
+                for i, (lab, prefix) in enumerate(zip(fam.labels, fam.prefixes, strict=False)):
                     vals = [fam.value(i, t) for t in ts]
                     k = 0
                     for w, wts in windows.items():
-                        files[w].write("".join(f"{prefix}{v} {t}\n" for v, t in zip(vals[k:k + len(wts)], wts)))
+                        files[w].write("".join(f"{prefix}{v} {t}\n" for v, t in zip(vals[k:k + len(wts)], wts, strict=False)))
                         k += len(wts)
                     metric = json.dumps(dict(lab, __name__=fam.name), separators=(",", ":"))
                     j.write(f'{{"metric":{metric},"values":[{",".join(map(str, vals))}],"timestamps":[{stamps}]}}\n')
@@ -271,7 +272,7 @@ def _wait(url: str, proc: subprocess.Popen, log: Path, what: str) -> None:
             return
         except OSError:
             if proc.poll() is not None:
-                raise SystemExit(f"{what} exited: see {log}")
+                raise SystemExit(f"{what} exited: see {log}") from None
             time.sleep(0.2)
     raise SystemExit(f"{what} not ready: see {log}")
 
@@ -374,7 +375,7 @@ def record_levels(rule_text: str) -> list[list[dict]]:
 def _unix(rfc3339: str) -> float:
     """'2026-12-02T01:12:10.440891333Z' -> unix seconds (fractions to the microsecond)."""
     main, _, frac = rfc3339.rstrip("Z").partition(".")
-    return datetime.datetime.fromisoformat(main).replace(tzinfo=datetime.timezone.utc).timestamp() + float(f"0.{frac or 0}"[:8])
+    return datetime.datetime.fromisoformat(main).replace(tzinfo=datetime.UTC).timestamp() + float(f"0.{frac or 0}"[:8])
 
 
 def group_eval_seconds(group: dict) -> float | None:

@@ -8,7 +8,8 @@ not import each other.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from fusebox import conventions as C
 

@@ -340,7 +340,8 @@ def cmd_kv(args) -> int:
 
 def cmd_latency(args) -> int:
     from .fetch import redact_url
-    from .latency import FALLBACK_SOURCES as LAT_SOURCES, EngineHistogramFallback
+    from .latency import FALLBACK_SOURCES as LAT_SOURCES
+    from .latency import EngineHistogramFallback
 
     buckets = _spec_buckets(args.spec)
     if buckets is None:

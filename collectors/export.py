@@ -24,7 +24,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from fusebox import conventions as C
 
@@ -430,7 +431,7 @@ def iter_families(metrics_data: Any) -> Iterable[tuple[str, str, str, list[tuple
                     labels = {**res, **{_label(k): str(v) for k, v in (p.attributes or {}).items()}}
                     if kind == "histogram":
                         cum = 0
-                        for bound, count in zip(list(p.explicit_bounds) + [math.inf], p.bucket_counts):
+                        for bound, count in zip(list(p.explicit_bounds) + [math.inf], p.bucket_counts, strict=False):
                             cum += count
                             samples.append((name + "_bucket", {**labels, "le": _fmt(bound)}, float(cum)))
                         samples.append((name + "_sum", labels, float(p.sum)))

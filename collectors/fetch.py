@@ -35,9 +35,9 @@ import ssl
 import stat
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 MIB = 1 << 20

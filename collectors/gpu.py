@@ -39,8 +39,9 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from fusebox import conventions as C
 
@@ -138,7 +139,7 @@ class GpuCollector:
         self.error_counts: Counter = Counter()  # (hw.id, hw.gpu.index, reason) -> failed rounds
 
     # -- setup -------------------------------------------------------------------------
-    def open(self) -> "GpuCollector":
+    def open(self) -> GpuCollector:
         if self._opened:
             return self
         nv = self.nvml
@@ -172,7 +173,7 @@ class GpuCollector:
                 pass
             self._opened = False
 
-    def __enter__(self) -> "GpuCollector":
+    def __enter__(self) -> GpuCollector:
         return self.open()
 
     def __exit__(self, *exc: Any) -> None:

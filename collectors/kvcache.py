@@ -42,9 +42,10 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from fusebox import conventions as C
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec import load_spec
@@ -101,7 +102,7 @@ class alignment_timer:
         self.elapsed: float | None = None
         self._t0 = 0.0
 
-    def __enter__(self) -> "alignment_timer":
+    def __enter__(self) -> alignment_timer:
         self._t0 = self.clock()
         return self
 

@@ -24,9 +24,9 @@ import csv
 import io
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pynvml  # pure Python; it loads libnvidia-ml only in nvmlInit
 
@@ -55,7 +55,7 @@ class DeviceState:
     pcie_width_max: int | None = None
     tx_kbps: float | None = None  # KB/s, as NVML reports
     rx_kbps: float | None = None
-    mig: tuple["DeviceState", ...] = ()
+    mig: tuple[DeviceState, ...] = ()
     lost: bool = False
 
 
@@ -182,7 +182,7 @@ def parse_query_gpu_csv(text: str, source: str = "<csv>") -> list[list[DeviceSta
     for lineno, raw in enumerate(rows[1:], start=2):
         if not raw or all(not c.strip() for c in raw):
             continue
-        row = {h: v.strip() for h, v in zip(header, raw)}
+        row = {h: v.strip() for h, v in zip(header, raw, strict=False)}
         total = _mib(row.get("memory.total"))
         free = _mib(row.get("memory.free"))
         used = _mib(row.get("memory.used"))
@@ -377,7 +377,7 @@ class SyntheticNvml:
 
     # -- frame-driven constructors
     @classmethod
-    def from_frames(cls, frames: list[list[DeviceState]]) -> "SyntheticNvml":
+    def from_frames(cls, frames: list[list[DeviceState]]) -> SyntheticNvml:
         """Replays ``frames`` in order, one per :meth:`advance`, looping at the end."""
         pos = [0]
         nv = cls(lambda: frames[pos[0] % len(frames)])

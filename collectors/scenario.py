@@ -34,10 +34,11 @@ least squares over the window, ``histogram_quantile`` over bucket increases).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from fusebox import conventions as C
 from fusebox import promsim
@@ -333,7 +334,7 @@ class Scenario:
         above_since = None
         fired = False
         thr, for_s, kff = tier.threshold, tier.for_s, tier.keep_firing_for_s
-        for t, v in zip(times, values):
+        for t, v in zip(times, values, strict=False):
             # as the generated alert compares (`expr >= threshold`); NaN (no traffic) never
             # breaches (docs/pitfalls.md P1)
             is_above = promsim.breaches(v, thr, sig.direction)
@@ -371,14 +372,14 @@ class Scenario:
         out = []
         for i in range(len(times)):
             j = max(0, i - back)
-            inc = [a - b for a, b in zip(cum[i], cum[j])]
+            inc = [a - b for a, b in zip(cum[i], cum[j], strict=False)]
             out.append(promsim.histogram_quantile(q, list(buckets), inc))
         return out
 
 
 def _deriv_series(times: list[float], values: list[float], window: float) -> list[float]:
     """Prometheus 3's ``deriv(x[window])`` at each time: the slope of the samples in (t - window, t]."""
-    return [promsim.deriv([(tt, v) for tt, v in zip(times[: i + 1], values[: i + 1]) if tt > t - window])
+    return [promsim.deriv([(tt, v) for tt, v in zip(times[: i + 1], values[: i + 1], strict=False) if tt > t - window])
             for i, t in enumerate(times)]
 
 
@@ -404,8 +405,8 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
         ScenarioError: every problem, as ``file:line:col: what -- how to fix it`` lines.
     """
     from fusebox.spec.errors import Problem, SpecError
-    from fusebox.spec.units import QuantityError, parse_duration, parse_quantity
     from fusebox.spec.positions import load
+    from fusebox.spec.units import QuantityError, parse_duration, parse_quantity
 
     p = _scenario_path(path)
     try:

@@ -36,7 +36,8 @@ import logging
 import os
 import threading
 import time
-from typing import Iterator, Optional, Protocol, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import httpcore
 import httpx
@@ -64,7 +65,7 @@ class ActionError(RuntimeError):
     answer text (``HTTP 404``, ``ConnectError``), for the status page; the message has both.
     """
 
-    def __init__(self, message: str, status: Optional[int] = None, summary: Optional[str] = None):
+    def __init__(self, message: str, status: int | None = None, summary: str | None = None):
         super().__init__(redact_urls(message))  # no URL credential reaches the log or the audit
         self.status = status
         self.permanent = is_permanent(status)
@@ -110,7 +111,7 @@ def _strings(doc, out: list[str], secret: bool) -> None:
             out.append(text)
 
 
-def is_permanent(status: Optional[int]) -> bool:
+def is_permanent(status: int | None) -> bool:
     """Whether an HTTP ``status`` means the same request will never succeed: 4xx except 408/425/429.
 
     None (no answer: refused, reset, timeout) and 5xx are transient."""
@@ -128,7 +129,7 @@ _deadline = threading.local()
 
 
 @contextlib.contextmanager
-def call_deadline(seconds: Optional[float]) -> Iterator[None]:
+def call_deadline(seconds: float | None) -> Iterator[None]:
     """Within it, this thread's calls end ``seconds`` from now at the latest (None: no deadline; an
     outer, earlier deadline stays)."""
     prev = getattr(_deadline, "cur", None)  # (monotonic end, seconds) of the deadline in force
@@ -140,7 +141,7 @@ def call_deadline(seconds: Optional[float]) -> Iterator[None]:
         _deadline.cur = prev
 
 
-def remaining(cap: Optional[float] = None) -> Optional[float]:
+def remaining(cap: float | None = None) -> float | None:
     """Seconds left of this thread's deadline, at most ``cap`` (None without deadline: ``cap``).
 
     Raises:
@@ -155,7 +156,7 @@ def remaining(cap: Optional[float] = None) -> Optional[float]:
     return left if cap is None else min(cap, left)
 
 
-def _left(timeout: Optional[float]) -> Optional[float]:
+def _left(timeout: float | None) -> float | None:
     """:func:`remaining` as httpcore's timeout: a passed deadline is a timeout of httpcore's kind."""
     try:
         return remaining(timeout)
@@ -169,10 +170,10 @@ class _DeadlineStream(httpcore.NetworkStream):
     def __init__(self, inner: httpcore.NetworkStream):
         self._inner = inner
 
-    def read(self, max_bytes: int, timeout: Optional[float] = None) -> bytes:
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         return self._inner.read(max_bytes, _left(timeout))
 
-    def write(self, buffer: bytes, timeout: Optional[float] = None) -> None:
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self._inner.write(buffer, _left(timeout))
 
     def close(self) -> None:
@@ -221,7 +222,7 @@ class Adapter(Protocol):
     shows; an adapter without it cannot report, and is not reconciled."""
 
     name: str
-    max_attempts: Optional[int]
+    max_attempts: int | None
 
     def wants(self, payload: dict) -> bool: ...
 
@@ -244,7 +245,7 @@ class Observable(Protocol):
     def observe(self, payloads: Sequence[dict]) -> list[bool]: ...
 
 
-def read_token(path: Optional[str] = None, env: Optional[str] = TOKEN_ENV) -> Optional[str]:
+def read_token(path: str | None = None, env: str | None = TOKEN_ENV) -> str | None:
     """A bearer token from env var ``env`` (when set) or from the file ``path`` (one line, surrounding
     whitespace stripped, as :func:`fusebox.fuse.tokens.read_token_file` reads it); None if neither.
     The gateway's token, the one ``fuse serve`` sends and the one ``fuse gateway`` requires: at least
@@ -265,7 +266,7 @@ def read_token(path: Optional[str] = None, env: Optional[str] = TOKEN_ENV) -> Op
     return None
 
 
-def bearer_matches(header: Optional[str], token: str) -> bool:
+def bearer_matches(header: str | None, token: str) -> bool:
     """Whether an ``Authorization`` header value carries ``token`` with the Bearer scheme.
 
     The scheme is case-insensitive (RFC 7235 section 2.1: ``bearer``, ``BEARER`` are fine) and may be
@@ -281,10 +282,10 @@ def bearer_matches(header: Optional[str], token: str) -> bool:
 class HttpGateway:
     """The generic control call: ``POST <url>/v1/control/fuse`` (timeout in seconds)."""
 
-    def __init__(self, url: str, token: Optional[str] = None, timeout_s: float = 5.0):
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 5.0):
         self.url = url.rstrip("/") + CONTROL_PATH
         self.name = "gateway"
-        self.max_attempts: Optional[int] = None  # "a gateway that is down is retried until it accepts"
+        self.max_attempts: int | None = None  # "a gateway that is down is retried until it accepts"
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout_s = timeout_s  # one call in total (call_deadline)
         self._client = deadline_client(timeout_s)
@@ -312,11 +313,11 @@ class VllmResetPrefixCache:
     answer is 404, a permanent failure (one attempt).
     """
 
-    def __init__(self, base_url: str, engine: Optional[str] = None, action: str = "kv_cache_eviction",
+    def __init__(self, base_url: str, engine: str | None = None, action: str = "kv_cache_eviction",
                  timeout_s: float = 5.0, max_attempts: int = 5):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        self.max_attempts: Optional[int] = max_attempts
+        self.max_attempts: int | None = max_attempts
         self.url = base_url.rstrip("/") + "/reset_prefix_cache"
         self.engine = engine
         self.action = action
@@ -348,7 +349,7 @@ class DryRun:
     """Logs what would be done; never fails."""
 
     name = "dry-run"
-    max_attempts: Optional[int] = None
+    max_attempts: int | None = None
 
     def __init__(self):
         self.seen: list[dict] = []

@@ -43,14 +43,14 @@ import logging
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
 from jinja2.sandbox import SandboxedEnvironment
 
-from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
+from fusebox.spec.adapters import Adapter as AdapterSpec
 
 from .actions import ActionError, answer_text, call_deadline, deadline_client, remaining
 from .discovery import GpuWorkers
@@ -117,7 +117,7 @@ class _Holds:
             self._holds[worker] = cur
             return bool(cur)
 
-    def held_by(self, hold: Optional[str]) -> list[str]:
+    def held_by(self, hold: str | None) -> list[str]:
         """The workers ``hold`` holds (None: any hold), sorted. Raises StoreError."""
         if self.store is not None:
             held = {w: st["holds"] for w, st in self.store.adapter_state(self.adapter).items()}
@@ -157,7 +157,7 @@ class _Rotation:
         self.spec = spec
         self.name = f"{self.kind}:{spec.name}"
         self.label = spec.name
-        self.max_attempts: Optional[int] = spec.max_attempts
+        self.max_attempts: int | None = spec.max_attempts
         self.url = spec.url or ""
         self.timeout_s = spec.timeout_s  # one apply() in total, every request of it (call_deadline)
         self._client = deadline_client(spec.timeout_s)
@@ -306,7 +306,7 @@ class HaproxyRuntime:
         self.spec = spec
         self.name = f"haproxy:{spec.name}"
         self.label = spec.name
-        self.max_attempts: Optional[int] = spec.max_attempts
+        self.max_attempts: int | None = spec.max_attempts
         self.socket = spec.socket or ""
         self.timeout_s = spec.timeout_s  # one apply() in total, every command of it (call_deadline)
         self.holds = _Holds(self.name)
@@ -366,7 +366,7 @@ class HaproxyRuntime:
         for the text-only level; each read once per call. Raises ActionError when HAProxy cannot be
         reached or answers an error (an unknown backend)."""
         servers: dict[str, set[str]] = {}  # backend -> its drained servers
-        mapped: Optional[set[str]] = None  # backends with a text-only map entry
+        mapped: set[str] | None = None  # backends with a text-only map entry
 
         def drained(server: str) -> bool:
             backend, _, name = server.partition("/")
@@ -435,7 +435,7 @@ class HttpAction:
         self.spec = spec
         self.name = f"http:{spec.name}"
         self.label = spec.name
-        self.max_attempts: Optional[int] = spec.max_attempts
+        self.max_attempts: int | None = spec.max_attempts
         self._url_env = SandboxedEnvironment(finalize=_url_value, autoescape=False)
         self._body_env = SandboxedEnvironment(autoescape=False)
         self.headers = {k: Path(p).read_text(encoding="utf-8").strip() for k, p in spec.headers_files.items()}
@@ -494,7 +494,7 @@ class HttpAction:
             raise ActionError(f"{method} {url}: HTTP {r.status_code} {answer_text(r)}", r.status_code)
 
 
-def build_adapters(specs, prometheus_url: Optional[str] = None) -> list:
+def build_adapters(specs, prometheus_url: str | None = None) -> list:
     """One adapter per ``spec.adapters`` entry, in order; those that keep holds have ``attach(store)``
     (:class:`fusebox.fuse.service.FuseService` calls it). ``prometheus_url``: where a ``discover``
     without its own ``prometheus`` reads (``--prometheus-url``). Raises OSError (a headers file),

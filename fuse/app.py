@@ -40,7 +40,6 @@ error answers in :mod:`~fusebox.fuse.http_errors` and their handlers in
 ``app.state``.
 """
 
-from typing import Optional
 
 import anyio
 from fastapi import FastAPI
@@ -102,7 +101,7 @@ class _BodyLimit:
 
 
 def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_body: int = MAX_BODY_BYTES,
-               links: Optional[StatusLinks] = None, auth_failures: int = AUTH_FAILURES,
+               links: StatusLinks | None = None, auth_failures: int = AUTH_FAILURES,
                auth_window_s: float = AUTH_WINDOW_S) -> FastAPI:
     """The ASGI app.
 

@@ -24,7 +24,7 @@ older than those rows) says so rather than claim it was applied.
 from __future__ import annotations
 
 import threading
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 __all__ = ["AppliedLevels", "RESTORE_ROWS", "NO_RECORD"]
 
@@ -99,7 +99,7 @@ class AppliedLevels:
             return sum(1 for rec in self._recs.values() if not rec["applied_by"])
 
     def restore(self, audit_newest_first: Iterable[dict], pending: Iterable[tuple[str, str]],
-                labels: Optional[dict[str, str]] = None) -> None:
+                labels: dict[str, str] | None = None) -> None:
         """Rebuild from audit rows (newest first, as :meth:`Store.audit_log` gives them) and the
         outbox's pending ``(decision_id, adapter label)`` pairs."""
         waiting: dict[str, list[str]] = {}

@@ -34,12 +34,12 @@ from __future__ import annotations
 import copy
 import heapq
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Iterator, Optional
 
-from .payload import NOT_STORABLE, AlertEvent, Notification, storable
 from fusebox.conventions import SCOPE_LABELS
 
+from .payload import NOT_STORABLE, AlertEvent, Notification, storable
 from .rules import FuseRules, Refusal, scope_key, scope_of
 
 __all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound", "DEFAULT_HOLD_S"]
@@ -62,7 +62,7 @@ class OverrideError(ValueError):
     ``field``: the request field at fault (``level``, ``mode``, ``expires_in_s``, ``scope``...).
     """
 
-    def __init__(self, message: str, field: Optional[str] = None):
+    def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
         self.field = field
 
@@ -99,7 +99,7 @@ class Decision:
     source: str
     at: float
     alerts: tuple = ()
-    episode: Optional[float] = None
+    episode: float | None = None
 
     @property
     def key(self) -> str:
@@ -130,9 +130,9 @@ class Outcome:
 class _Level:
     tripped: bool = False
     holders: dict = field(default_factory=dict)  # fingerprint -> {"start": s, "alert": name}
-    release_at: Optional[float] = None
-    tripped_at: Optional[float] = None
-    override: Optional[dict] = None  # {"mode": "trip"|"release", "until": t, "reason": str}
+    release_at: float | None = None
+    tripped_at: float | None = None
+    override: dict | None = None  # {"mode": "trip"|"release", "until": t, "reason": str}
 
 
 class Breaker:
@@ -159,8 +159,8 @@ class Breaker:
         self._idle: OrderedDict[str, None] = OrderedDict()  # scopes that may be idle, least recently changed first
         self._dirty: set[str] = set()  # scopes touched since done(): persisted by the next commit
         self._dirty_fps: set[str] = set()  # tombstones touched since done()
-        self._undo: Optional[dict[str, Optional[dict]]] = None  # scope key -> as it was at begin()
-        self._undo_fps: dict[str, Optional[list]] = {}
+        self._undo: dict[str, dict | None] | None = None  # scope key -> as it was at begin()
+        self._undo_fps: dict[str, list | None] = {}
         self._changed_levels: set[str] = set()  # scopes whose level may have changed (the service's gauges)
 
     # ------------------------------------------------------------------ inputs
@@ -210,7 +210,7 @@ class Breaker:
             del self.resolved[fp]
         return out
 
-    def next_due(self) -> Optional[float]:
+    def next_due(self) -> float | None:
         """When the next hold time or override ends (Unix s), None when none runs."""
         while self._timers:
             at, key, lvl = self._timers[0]
@@ -268,7 +268,7 @@ class Breaker:
         sc = self.scopes.get(key)
         return max((lvl for lvl, st in sc["levels"].items() if st.tripped), default=0) if sc else 0
 
-    def levels(self, now: Optional[float] = None) -> dict[str, int]:
+    def levels(self, now: float | None = None) -> dict[str, int]:
         """scope key -> highest tripped level (scopes with nothing tripped are left out)."""
         out = {}
         for key in self.scopes:
@@ -297,7 +297,7 @@ class Breaker:
         tripped = [int(k) for k, v in levels.items() if v["tripped"]]
         return {"key": key, "labels": dict(sc["labels"]), "level": max(tripped, default=0), "levels": levels}
 
-    def page(self, offset: int = 0, limit: Optional[int] = None, *, labels: Optional[dict] = None,
+    def page(self, offset: int = 0, limit: int | None = None, *, labels: dict | None = None,
              min_level: int = 0) -> dict:
         """The scopes whose labels include ``labels`` and whose highest tripped level is at least
         ``min_level``, in key order, from ``offset``, at most ``limit`` (None: all).
@@ -331,7 +331,7 @@ class Breaker:
             "resolved": {fp: list(v) for fp, v in self.resolved.items()},
         }
 
-    def restore(self, snap: Optional[dict]) -> None:
+    def restore(self, snap: dict | None) -> None:
         """Take back a :meth:`snapshot` (the state as a whole). The breaker keeps its own copy:
         changing it later never changes ``snap``."""
         self.scopes, self.resolved = {}, OrderedDict()
@@ -346,7 +346,7 @@ class Breaker:
         for fp, v in sorted(snap.get("resolved", {}).items(), key=lambda kv: kv[1][1]):
             self.resolved[fp] = list(v)
 
-    def apply(self, rows: Iterable[tuple[str, str, Optional[object]]]) -> None:
+    def apply(self, rows: Iterable[tuple[str, str, object | None]]) -> None:
         """Take back rows another writer (a replica) committed: ``(kind, key, value)``, kind
         :data:`SCOPE_ROW` (value: the scope, as :meth:`changes` gives it) or :data:`RESOLVED_ROW`
         (a tombstone ``[startsAt, seen]``); value None: gone. Only those scopes change; the
@@ -367,10 +367,10 @@ class Breaker:
         """Whether anything changed that is not persisted yet."""
         return bool(self._dirty or self._dirty_fps)
 
-    def changes(self) -> list[tuple[str, str, Optional[object]]]:
+    def changes(self) -> list[tuple[str, str, object | None]]:
         """The rows to persist: ``(kind, key, value)`` of every scope and tombstone touched since
         the last :meth:`done` (value None: gone). JSON-able; no other scope is looked at."""
-        out: list[tuple[str, str, Optional[object]]] = [
+        out: list[tuple[str, str, object | None]] = [
             (SCOPE_ROW, k, self._row(k) if k in self.scopes else None) for k in sorted(self._dirty)]
         out += [(RESOLVED_ROW, fp, self.resolved.get(fp)) for fp in sorted(self._dirty_fps)]
         return out
@@ -399,7 +399,7 @@ class Breaker:
         sc = self.scopes[key]
         return {"labels": sc["labels"], "levels": {str(lvl): asdict(st) for lvl, st in sc["levels"].items()}}
 
-    def _put(self, key: str, sc: Optional[dict]) -> None:
+    def _put(self, key: str, sc: dict | None) -> None:
         """Replace scope ``key`` by ``sc`` (a :meth:`_row`, or the stored form of one with
         ``_Level`` values; None: drop it), keeping the indexes (holders, timers, idle) right."""
         old = self.scopes.pop(key, None)
@@ -423,7 +423,7 @@ class Breaker:
                 self._held.setdefault(fp, {})[(key, lvl)] = None
             self._arm(key, lvl, st)
 
-    def _copy(self, key: str) -> Optional[dict]:
+    def _copy(self, key: str) -> dict | None:
         sc = self.scopes.get(key)
         if sc is None:
             return None
@@ -504,7 +504,7 @@ class Breaker:
             raise ScopeNotFound(f"{key} is part of {listed}; repeat with {'that' if len(containing) == 1 else 'one'} exact scope, or say "
                                 f'"new_scope": true to trip {key} as a scope of its own', containing)
 
-    def _find_holder(self, fp: str) -> Optional[tuple[str, int, _Level]]:
+    def _find_holder(self, fp: str) -> tuple[str, int, _Level] | None:
         """Where alert ``fp`` holds a level: one dictionary look-up, whatever the scopes held."""
         for key, lvl in self._held.get(fp, {}):
             st = self.scopes[key]["levels"][lvl]
@@ -512,7 +512,7 @@ class Breaker:
                 return key, lvl, st
         return None
 
-    def _on_alert(self, a: AlertEvent, now: float) -> tuple[Optional[Decision], Outcome]:
+    def _on_alert(self, a: AlertEvent, now: float) -> tuple[Decision | None, Outcome]:
         name = a.labels.get("alertname", "")
         target = self.rules.verdict(a.labels)
         if target is None:
@@ -577,7 +577,7 @@ class Breaker:
             return st.override["mode"] == "trip"
         return bool(st.holders) or (st.release_at is not None and now < st.release_at)
 
-    def _settle(self, key: str, level: int, now: float, source: str, reason: str) -> Optional[Decision]:
+    def _settle(self, key: str, level: int, now: float, source: str, reason: str) -> Decision | None:
         sc = self.scopes[key]
         st = sc["levels"][level]
         want = self._desired(st, now)
@@ -616,7 +616,7 @@ def _check_scope(scope: dict, fleet: bool) -> None:
                             "or say \"fleet\": true", "scope")
 
 
-def replay(rules: FuseRules, hold_s: float, steps: Iterable[tuple[float, Optional[Notification]]]) -> list[Decision]:
+def replay(rules: FuseRules, hold_s: float, steps: Iterable[tuple[float, Notification | None]]) -> list[Decision]:
     """Feed ``(now, Notification | None)`` steps (None = a tick) and collect every decision.
 
     A helper for tests and the benchmark: the whole breaker behaviour as a pure function.

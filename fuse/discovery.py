@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 import httpx
@@ -61,7 +61,7 @@ class GpuWorkers:
         self.clock = clock
         self._client = deadline_client(timeout_s)  # inside the adapter call's deadline (call_deadline)
         self._lock = threading.Lock()
-        self._at: Optional[float] = None
+        self._at: float | None = None
         self._pods: dict[str, set[tuple[str, str, str]]] = {}  # gpu id -> {(cluster, namespace, pod)}
         self._ips: dict[tuple[str, str, str], str] = {}  # (cluster, namespace, pod) -> pod IP
         self.queries = 0  # Prometheus queries made (the cache's effect, for tests)

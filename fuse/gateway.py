@@ -16,7 +16,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Optional
 
 from .actions import CONTROL_PATH, bearer_matches
 from .payload import load_json
@@ -44,7 +43,7 @@ def read_log(path: str | Path) -> list[dict]:
 class ReferenceGateway:
     """Run with :meth:`start` (background thread) or :meth:`serve_forever`; ``port`` 0 picks one."""
 
-    def __init__(self, host: str, port: int, log_path: str | Path, token: Optional[str] = None):
+    def __init__(self, host: str, port: int, log_path: str | Path, token: str | None = None):
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.token = token
@@ -107,7 +106,7 @@ class ReferenceGateway:
         bound_host, self.port = self.server.server_address[:2]
         assert isinstance(bound_host, str)  # an AF_INET/AF_INET6 server; the stub also allows bytes
         self.host = bound_host
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -117,7 +116,7 @@ class ReferenceGateway:
         self.applied[rec["decision_id"]] = rec
         self.state[f"{scope_key(rec['scope'])} {rec['action']}"] = rec["state"]
 
-    def start(self) -> "ReferenceGateway":
+    def start(self) -> ReferenceGateway:
         self._thread = threading.Thread(target=self.server.serve_forever, name="ref-gateway", daemon=True)
         self._thread.start()
         return self

@@ -14,7 +14,7 @@ import collections
 import math
 import threading
 import time
-from typing import Annotated, Optional
+from typing import Annotated
 
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
@@ -62,7 +62,7 @@ class AuthLimiter:
 bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <token> (scheme in any case)")
 basic = HTTPBasic(auto_error=False, realm="fusebox fuse",
                   description="for browsers, read routes only: any user name, a reader token as password")
-Bearer = Annotated[Optional[HTTPAuthorizationCredentials], Security(bearer)]
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]
 
 
 def service_of(request: Request) -> FuseService:
@@ -73,11 +73,11 @@ def service_of(request: Request) -> FuseService:
 Service = Annotated[FuseService, Depends(service_of)]
 
 
-def _presented(creds: Optional[HTTPAuthorizationCredentials]) -> Optional[str]:
+def _presented(creds: HTTPAuthorizationCredentials | None) -> str | None:
     return creds.credentials.strip(" ") if creds else None
 
 
-def _check(request: Request, role: str, tokens: dict[str, str], given: Optional[str]) -> Optional[str]:
+def _check(request: Request, role: str, tokens: dict[str, str], given: str | None) -> str | None:
     """The name in ``tokens`` whose token is ``given``, else None (counted, and charged to the
     client). Raises Limited, before looking at the token, while the client is over its failures."""
     state = request.app.state
@@ -109,7 +109,7 @@ def person_token(request: Request, creds: Bearer) -> str:
     return name
 
 
-def reader_token(request: Request, creds: Bearer, login: Annotated[Optional[HTTPBasicCredentials], Security(basic)]) -> str:
+def reader_token(request: Request, creds: Bearer, login: Annotated[HTTPBasicCredentials | None, Security(basic)]) -> str:
     """A reader's token (``GET /state``, the status page, ``/openapi.json``): Bearer, or Basic with
     the token as password so that a browser can ask for it."""
     given = login.password if login else _presented(creds)

@@ -7,7 +7,6 @@ answers are in :mod:`fusebox.fuse.http_handlers`.
 
 import json
 import re
-from typing import Optional
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -23,7 +22,7 @@ def count(metrics, path: str, outcome: str) -> None:
         metrics.notifications.labels(outcome).inc()
 
 
-def validation_problem(e: ValidationError | RequestValidationError, content_type: Optional[str] = None) -> JSONResponse:
+def validation_problem(e: ValidationError | RequestValidationError, content_type: str | None = None) -> JSONResponse:
     """A 400 a human can act on: ``{"error": "<field> must be ..., got ...", "field": "<field>"}``.
 
     Only the first problem is told (fix it and resend); pydantic's text and documentation URLs are left out.
@@ -56,7 +55,7 @@ def validation_problem(e: ValidationError | RequestValidationError, content_type
     return problem(400, msg, field)
 
 
-def problem(code: int, msg: str, field: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
+def problem(code: int, msg: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
     """The error answer ``{"status": "error", "error": msg, "field": field}`` with HTTP ``code``.
 
     The answer must encode whatever the request held: a lone surrogate quoted back is escaped.

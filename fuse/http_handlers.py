@@ -17,7 +17,6 @@ StoreError                 503   a read a page needs (the audit) failed: never 5
 (``http_401``...).
 """
 
-from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,7 +39,7 @@ def limited(request: Request, exc: Limited) -> JSONResponse:
                    headers={"Retry-After": str(exc.retry_after)})
 
 
-def denied(request: Request, exc: Optional[Denied] = None) -> JSONResponse:
+def denied(request: Request, exc: Denied | None = None) -> JSONResponse:
     """401, with a Bearer challenge (and a Basic one when ``exc.basic``)."""
     _count(request, "http_401")
     r = problem(401, DENIED, headers=CHALLENGE)

@@ -6,7 +6,7 @@ at :data:`fusebox.fuse.payload.MAX_LABEL_VALUE` characters.
 
 # No `from __future__ import annotations`: FastAPI and pydantic read these annotations.
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
@@ -32,15 +32,15 @@ class Alert(BaseModel):
     """One alert of a webhook notification (Alertmanager's ``template.Alert``)."""
 
     model_config = ConfigDict(extra="allow")
-    status: Optional[Literal["firing", "resolved"]] = Field(None, description="absent: derived from endsAt")
+    status: Literal["firing", "resolved"] | None = Field(None, description="absent: derived from endsAt")
     # not capped here: an alert over the cap is refused alone (payload.Refused), the others are used
     labels: dict[Text, Text] = Field(description=f"strings; an alert with a name or value over {MAX_LABEL_VALUE} "
                                                  "characters is refused alone (the others are used)")
     annotations: dict[str, str] = {}
     startsAt: str = Field(description="RFC 3339")
-    endsAt: Optional[str] = Field(None, description="RFC 3339; Go's zero time or absent: no end known")
-    generatorURL: Optional[str] = None
-    fingerprint: Optional[Annotated[Text, StringConstraints(max_length=MAX_FINGERPRINT)]] = Field(
+    endsAt: str | None = Field(None, description="RFC 3339; Go's zero time or absent: no end known")
+    generatorURL: str | None = None
+    fingerprint: Annotated[Text, StringConstraints(max_length=MAX_FINGERPRINT)] | None = Field(
         None, description="absent: computed from the labels as Alertmanager does")
 
 
@@ -48,15 +48,15 @@ class WebhookPayload(BaseModel):
     """Alertmanager webhook payload, version 4 (older versions are accepted too)."""
 
     model_config = ConfigDict(extra="allow")
-    version: Optional[Union[str, int]] = "4"
-    groupKey: Optional[Union[str, int]] = None
+    version: str | int | None = "4"
+    groupKey: str | int | None = None
     truncatedAlerts: int = Field(0, ge=0)
-    status: Optional[Literal["firing", "resolved"]] = None
-    receiver: Optional[str] = None
+    status: Literal["firing", "resolved"] | None = None
+    receiver: str | None = None
     groupLabels: dict[str, str] = {}
     commonLabels: dict[str, str] = {}
     commonAnnotations: dict[str, str] = {}
-    externalURL: Optional[str] = None
+    externalURL: str | None = None
     alerts: list[Alert]
 
 

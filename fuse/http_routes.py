@@ -10,7 +10,7 @@ event loop (``/healthz``) never waits for the store.
 
 import os
 import time
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import anyio
@@ -25,8 +25,8 @@ from .http_models import OverrideRequest, WebhookPayload
 from .override import UsageError, parse_scope
 from .payload import PayloadError, parse_payload
 from .service import FuseService, Unavailable
-from .store import HEADROOM_BYTES
 from .status import CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, render_status, state_view, web_url
+from .store import HEADROOM_BYTES
 
 # /state's page: scopes per answer by default and at most (the default holds every scope of a
 # small fleet, so readers that do not page see them all); the status page's default.
@@ -94,7 +94,7 @@ async def override(service: Service, req: OverrideRequest, who: Annotated[str, D
     return {"status": "ok", "decisions": decisions}
 
 
-def page_query(limit: Optional[int], offset: int, scope: Optional[str], level: int) -> dict:
+def page_query(limit: int | None, offset: int, scope: str | None, level: int) -> dict:
     """The keyword arguments of :meth:`FuseService.state` for one page. Raises BadQuery (400) for a
     ``scope`` filter that names no labels."""
     labels = None
@@ -108,7 +108,7 @@ def page_query(limit: Optional[int], offset: int, scope: Optional[str], level: i
 
 Limit = Annotated[int, Query(ge=1, le=STATE_LIMIT_MAX, description="scopes per page")]
 Offset = Annotated[int, Query(ge=0, description="scopes to skip (key order)")]
-ScopeFilter = Annotated[Optional[str], Query(max_length=2000, description=(
+ScopeFilter = Annotated[str | None, Query(max_length=2000, description=(
     "only scopes with these labels: cluster=a,engine=e0 or a scope key {cluster=\"a\"}"))]
 LevelFilter = Annotated[int, Query(ge=0, le=99, description="only scopes tripped at this level or higher")]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 from .logsafe import RedactUrls
 
@@ -26,10 +26,10 @@ FIELDS = ("decision_id", "scope", "action", "fuse_level", "state", "source", "ad
 
 
 def _time(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def json_line(level: str, logger: str, message: str, t: Optional[float] = None, **fields: Any) -> str:
+def json_line(level: str, logger: str, message: str, t: float | None = None, **fields: Any) -> str:
     """One JSON log line (no newline) with the fields :class:`JsonFormatter` writes."""
     import time
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional
 from urllib.parse import urlencode
 
 import httpx
@@ -169,7 +168,7 @@ def _token(args) -> str:
     return tok
 
 
-def _request(method: str, url: str, token: str, timeout: float, body: Optional[dict] = None) -> dict:
+def _request(method: str, url: str, token: str, timeout: float, body: dict | None = None) -> dict:
     try:
         r = httpx.request(method, url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
     except httpx.ConnectError as e:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "load_json", "fingerprint", "parse_time",
@@ -113,7 +113,7 @@ def parse_time(value: Any, where: str) -> float | None:
     if t.year <= _ZERO_YEAR:
         return None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
+        t = t.replace(tzinfo=UTC)
     return t.timestamp()
 
 

@@ -16,8 +16,8 @@ empty scope, i.e. the whole fleet: refused unless the spec says ``fuse.allow_fle
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
 
 from fusebox import conventions as C
 from fusebox.spec.kinds import lost_gpu_fuses
@@ -71,7 +71,7 @@ class FuseRules:
     """
 
     def __init__(self, actions: Mapping[str, int], by_alert: Mapping[tuple[str, str], str], *,
-                 allow_fleet_wide: bool = False, trusted: Optional[Iterable[tuple[str, str]]] = None):
+                 allow_fleet_wide: bool = False, trusted: Iterable[tuple[str, str]] | None = None):
         self.actions = dict(actions)  # name -> level
         self.by_alert = dict(by_alert)  # (alertname, severity) -> action name
         self.levels = {lvl: name for name, lvl in self.actions.items()}
@@ -81,7 +81,7 @@ class FuseRules:
         self.allow_fleet_wide = allow_fleet_wide
 
     @classmethod
-    def from_spec(cls, spec) -> "FuseRules":
+    def from_spec(cls, spec) -> FuseRules:
         """From a :class:`fusebox.spec.Spec`: spec.actions, each tier's ``fuse``,
         ``fuse.allow_fleet_wide_alerts``, and the trusted pairs: (alert, ``fuse_action``) of every
         tier that requests a fuse, and (``FuseboxGPUDown``, action) for each action of
@@ -100,7 +100,7 @@ class FuseRules:
         return cls(actions, by_alert, allow_fleet_wide=bool(getattr(spec, "allow_fleet_wide_alerts", False)),
                    trusted=trusted)
 
-    def target(self, labels: Mapping[str, str]) -> Optional[Target]:
+    def target(self, labels: Mapping[str, str]) -> Target | None:
         """The fuse an alert asks for and may trip, or None (see :meth:`verdict`)."""
         t = self.verdict(labels)
         return t if isinstance(t, Target) else None

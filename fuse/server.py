@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import resource
-from typing import Any, Optional
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -71,7 +71,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         idle = _idle(self.server_state)
-        self._header_timer: Optional[Any] = None
+        self._header_timer: Any | None = None
         self._wait_for_head(idle)
         # one over the cap: the oldest idle one goes (one per new connection: those closing are
         # still counted until their socket is closed, a loop iteration later)
@@ -91,7 +91,7 @@ class GuardedH11Protocol(H11Protocol):
         if not self.transport.is_closing():
             self._wait_for_head(_idle(self.server_state))
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         _idle(self.server_state).pop(self, None)
         super().connection_lost(exc)

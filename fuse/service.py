@@ -78,7 +78,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -201,7 +201,7 @@ class _LevelSeries:
     cap is reached, swaps one shown scope for a more severe hidden one). ``fusebox_fuse_scopes``
     counts every scope by level; ``fusebox_fuse_level_series_dropped`` those without a series."""
 
-    def __init__(self, metrics: "_Metrics", cap: int, levels):
+    def __init__(self, metrics: _Metrics, cap: int, levels):
         self.m, self.cap = metrics, cap
         self.level: dict[str, int] = {}  # every scope -> its highest tripped level
         self.labels: dict[str, tuple] = {}  # every scope -> its gauge label values
@@ -212,7 +212,7 @@ class _LevelSeries:
             self.m.scopes.labels(str(lvl)).set(0)
         self.m.level_dropped.set(0)
 
-    def set(self, key: str, labels: Optional[dict], level: int) -> None:
+    def set(self, key: str, labels: dict | None, level: int) -> None:
         """Scope ``key`` now has ``level`` (labels None: it is gone)."""
         old = self.level.pop(key, None)
         shown = False
@@ -284,8 +284,8 @@ class FuseService:
 
     def __init__(self, rules: FuseRules, store: Store, adapters: Sequence[Adapter], *, hold_s: float = 300.0,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, tick_s: float = 1.0,
-                 clock: Optional[Callable[[], float]] = None, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
-                 lease_s: float = 30.0, replica: Optional[str] = None, max_level_series: int = MAX_LEVEL_SERIES,
+                 clock: Callable[[], float] | None = None, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
+                 lease_s: float = 30.0, replica: str | None = None, max_level_series: int = MAX_LEVEL_SERIES,
                  reconcile_s: float = 0.0):
         self.rules = rules
         self.store = store
@@ -318,7 +318,7 @@ class FuseService:
         self.metrics.unapplied.set_function(self.applied.unapplied)
         self._store_errors: tuple[type[BaseException], ...] = (StoreError, *store._errors())
         self._pending_known = 0  # the pending actions' count last read
-        self._oldest_known: Optional[float] = None  # ``received`` of the oldest pending action last read
+        self._oldest_known: float | None = None  # ``received`` of the oldest pending action last read
         # the reconciler's releases given up: (adapter, scope key, level) -> the release payload
         self._unreleased: dict[tuple, dict] = {}
         failed = store.audit_log(1, kinds=("failed",))
@@ -400,7 +400,7 @@ class FuseService:
             log.info("released %d claimed action(s) of %s for another replica", n, self.replica)
 
     # ------------------------------------------------------------------ inputs
-    def handle(self, note: Notification, received: Optional[float] = None) -> dict:
+    def handle(self, note: Notification, received: float | None = None) -> dict:
         """Apply a parsed notification. Returns ``{"decisions": [...], "alerts": {result: n}}``.
 
         Group commit: notifications that arrive while another one is being committed wait for the
@@ -432,7 +432,7 @@ class FuseService:
         assert job.result is not None
         return job.result
 
-    def _run_batch(self, batch: list["_Job"]) -> None:
+    def _run_batch(self, batch: list[_Job]) -> None:
         """Apply ``batch`` in one change (under ``self._lock``); on a failure other than the store's,
         apply each of several alone. Sets every job's ``result`` or ``error``."""
         try:
@@ -450,10 +450,10 @@ class FuseService:
             for j in batch:
                 j.finished = True
 
-    def _apply(self, batch: list["_Job"]) -> None:
+    def _apply(self, batch: list[_Job]) -> None:
         """One change for every notification of ``batch``: the breaker decides each in turn, then
         one commit writes the scopes they touched, their outbox and audit rows."""
-        pending: list[tuple[Decision, float, Optional[dict]]] = []
+        pending: list[tuple[Decision, float, dict | None]] = []
         audit: list[dict] = []
         per_job = []
         with self._all_or_nothing(), self._change():
@@ -464,7 +464,7 @@ class FuseService:
                 note, cut = j.note, j.note.truncated_alerts
                 decisions, outcomes = self.breaker.on_notification(note, now)
                 refused = [e for e in self._first_of_episode(
-                    [*((o.fingerprint, a.starts_at, o.result, o.reason) for a, o in zip(note.alerts, outcomes)
+                    [*((o.fingerprint, a.starts_at, o.result, o.reason) for a, o in zip(note.alerts, outcomes, strict=False)
                        if o.result in _REFUSED),
                      *((r.fingerprint, r.starts_at, r.result, r.reason) for r in note.refused)]) if e[:3] not in fresh]
                 fresh.update((e[:3], None) for e in refused)
@@ -484,7 +484,7 @@ class FuseService:
         while len(self._episodes) > MAX_REFUSED_EPISODES:
             self._episodes.popitem(last=False)
         at = 0
-        for j, (n, outcomes, refused, trunc) in zip(batch, per_job):
+        for j, (n, outcomes, refused, trunc) in zip(batch, per_job, strict=False):
             for e in refused:
                 log.warning("%s", e[3])
             if trunc is not None:
@@ -540,7 +540,7 @@ class FuseService:
             return self._commit([(d, now, None) for d in decisions], bool(decisions) or self.breaker.dirty())
 
     def override(self, scope: dict, level: int, mode: str, reason: str, duration_s: float, *,
-                 fleet: bool = False, new_scope: bool = False, by: Optional[str] = None) -> list[dict]:
+                 fleet: bool = False, new_scope: bool = False, by: str | None = None) -> list[dict]:
         """Force a level of a scope (:meth:`Breaker.override`); audited, with ``by`` (the name of
         the token that asked, never its value) in the audit row's ``detail.token``.
 
@@ -594,7 +594,7 @@ class FuseService:
             except ActionError as e:
                 log.debug("reconcile %s: the target's state cannot be read: %s", name, e)
                 continue
-            for p, ok in zip(wanted, seen):
+            for p, ok in zip(wanted, seen, strict=False):
                 if p["state"] == "release" and ok:
                     self._unreleased.pop((name, _key(p["scope"]), p["level"]), None)
                 elif not ok:
@@ -644,7 +644,7 @@ class FuseService:
         self._every(self.reconcile_s, self.reconcile, "reconcile")
 
     # ------------------------------------------------------------------ queries
-    def state(self, offset: int = 0, limit: Optional[int] = None, *, scope: Optional[dict] = None,
+    def state(self, offset: int = 0, limit: int | None = None, *, scope: dict | None = None,
               min_level: int = 0) -> dict:
         """``levels``, ``scopes`` (:meth:`Breaker.view`; each tripped level with ``applied``,
         ``applied_by``, ``pending``, ``not_applied``: :meth:`AppliedLevels.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
@@ -696,7 +696,7 @@ class FuseService:
                              [(row["decision_id"], self.labels[a]) for a in self.adapters for row in self.store.pending(a)])
         self._applied_version = version
 
-    def _take_back(self, version: int, rows: Optional[list], snap: Optional[dict]) -> None:
+    def _take_back(self, version: int, rows: list | None, snap: dict | None) -> None:
         """Take back what another replica committed: ``rows`` (only what changed), else the whole
         ``snap``; the gauges of the scopes it changed follow."""
         if rows is None:
@@ -751,7 +751,7 @@ class FuseService:
             self._sync_gauges()
             raise
 
-    def _commit(self, decisions: list[tuple[Decision, float, Optional[dict]]], changed: bool,
+    def _commit(self, decisions: list[tuple[Decision, float, dict | None]], changed: bool,
                 extra_audit=()) -> list[dict]:
         """Persist the scopes the change touched, one outbox row per decision and adapter that wants
         it, and the audit rows (``extra_audit``, then one per decision). ``decisions``: ``(decision,
@@ -779,7 +779,7 @@ class FuseService:
             log.debug("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         self._wrote = bool(changes)
-        for (d, _, _), o, wanted in zip(decisions, out, d_wanted):
+        for (d, _, _), o, wanted in zip(decisions, out, d_wanted, strict=False):
             self.applied.decided(d.scope_key, d.level, d.kind, str(o["decision_id"]), wanted, d.action)
             if d.kind == "trip" and not wanted:
                 log.warning("level %d (%s) tripped on %s, but no adapter applies it: not applied", d.level, d.action,
@@ -832,7 +832,7 @@ class FuseService:
             if wait > 0:
                 wake.wait(timeout=wait)
 
-    def _dispatch_once(self, adapter: Adapter, lanes: dict[str, "_Lane"],
+    def _dispatch_once(self, adapter: Adapter, lanes: dict[str, _Lane],
                        unrecorded: dict[int, tuple[float, dict]]) -> float:
         """One pass over the lanes (scopes) of ``adapter``: claim each lane's oldest pending row whose
         backoff has passed and that no other replica holds a lease on, and attempt those claimed.
@@ -891,7 +891,7 @@ class FuseService:
         self.metrics.pending.set(self._pending_known)
         return 0.0 if progressed else wait
 
-    def _attempt(self, adapter: Adapter, job: dict, key: str, lanes: dict[str, "_Lane"],
+    def _attempt(self, adapter: Adapter, job: dict, key: str, lanes: dict[str, _Lane],
                  unrecorded: dict[int, tuple[float, dict]]) -> bool:
         """Apply one outbox row. True when it left the outbox (applied, or given up and audited as
         ``failed``); False when it is to be retried (``lanes[key]`` holds when)."""
@@ -1025,8 +1025,8 @@ class _Job:
 
     def __init__(self, note: Notification, received: float):
         self.note, self.received = note, received
-        self.result: Optional[dict] = None
-        self.error: Optional[BaseException] = None
+        self.result: dict | None = None
+        self.error: BaseException | None = None
         self.finished = False
 
 

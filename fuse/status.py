@@ -13,11 +13,12 @@ notification (Alertmanager sends it in every one). Only ``http`` and ``https`` U
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from fusebox import conventions as C
@@ -45,11 +46,11 @@ STATUS_CALL_ROWS = 500
 _GRAFANA_VAR = {label: var for var, (label, _title) in VARIABLES.items()}
 
 
-def iso(t: Optional[float]) -> Optional[str]:
+def iso(t: float | None) -> str | None:
     """Unix seconds as UTC ISO-8601 to the second (``2026-12-01T03:04:05Z``); None stays None."""
     if t is None or not math.isfinite(t):
         return None
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def for_text(seconds: float) -> str:
@@ -66,7 +67,7 @@ def for_text(seconds: float) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
-def web_url(text: Optional[str]) -> str:
+def web_url(text: str | None) -> str:
     """``text`` when it is an absolute http(s) URL with a host (trailing ``/`` removed), else ``""``:
     nothing else (``javascript:``, a relative path) ever becomes a link."""
     if not text:
@@ -91,12 +92,12 @@ class StatusLinks:
             last notification is used.
     """
 
-    runbook: Optional[Callable[[str], str]] = None
+    runbook: Callable[[str], str] | None = None
     dashboard: str = ""
     alertmanager: str = ""
 
     @classmethod
-    def from_spec(cls, spec, alertmanager: str = "") -> "StatusLinks":
+    def from_spec(cls, spec, alertmanager: str = "") -> StatusLinks:
         """From a loaded spec: its runbook URLs and, when ``global.dashboard_base_url`` is set, the
         overview dashboard (the UID the generator gives it)."""
         base = web_url(spec.dashboard_base_url)
@@ -115,7 +116,7 @@ class StatusLinks:
         matchers = f'{{alertname="{_matcher_value(alert)}"' + ("," + key[1:] if labels else "}")
         return f"{base}/#/alerts?silenced=true&inhibited=true&filter={quote(matchers, safe='')}"
 
-    def dashboard_href(self, labels: dict, since: Optional[float]) -> str:
+    def dashboard_href(self, labels: dict, since: float | None) -> str:
         """The overview dashboard with the scope's variables set, from 15 min before ``since``."""
         if not self.dashboard:
             return ""
@@ -134,7 +135,7 @@ def _clip(text, n: int = STATUS_CELL_CHARS) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _when(t: Optional[float], now: float, prefix: str = "for") -> dict:
+def _when(t: float | None, now: float, prefix: str = "for") -> dict:
     """``{"iso", "ago"}`` of a time: ``ago`` is "for 12 min" (or "in 4 min" for a future time)."""
     if t is None:
         return {"iso": "", "ago": ""}
@@ -184,7 +185,7 @@ def _call(row: dict) -> dict:
             "reason": _clip(row.get("reason")) if kind == "failed" else ""}
 
 
-def _applied(st: dict) -> Optional[dict]:
+def _applied(st: dict) -> dict | None:
     """What a tripped level's ``applied`` fields (:meth:`FuseService.state`) say, for the page:
     ``{"css": yes|no, "text", "why": [...]}``; None when the state has none."""
     if "applied" not in st:
@@ -198,8 +199,8 @@ def _applied(st: dict) -> Optional[dict]:
 
 
 def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequence[dict] = (),
-                  pending: Sequence[dict] = (), links: Optional[StatusLinks] = None, alertmanager: str = "",
-                  pages: Optional[dict] = None) -> str:
+                  pending: Sequence[dict] = (), links: StatusLinks | None = None, alertmanager: str = "",
+                  pages: dict | None = None) -> str:
     """The status page as one HTML string.
 
     Args:

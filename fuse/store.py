@@ -68,9 +68,10 @@ import re
 import sqlite3
 import stat
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any
 
 from .logsafe import redact_url, redact_urls
 
@@ -240,7 +241,7 @@ class Health:
 
     def __init__(self, label: str):
         self.label = label
-        self.down_since: Optional[float] = None
+        self.down_since: float | None = None
         self.error = ""
         self.write_failed = False
         self.failures = 0
@@ -277,8 +278,8 @@ class Head:
     when ``version`` is the caller's."""
 
     version: int
-    snapshot: Optional[dict]
-    rows: Optional[list] = None
+    snapshot: dict | None
+    rows: list | None = None
 
 
 STATE_FILE = "fuse.sqlite"  # the SQLite file inside --state-dir (its -wal and -shm files sit beside it)
@@ -302,7 +303,7 @@ def store_label(url: str) -> str:
     return redact_url(url)
 
 
-def open_store(url: str, existing: bool = False) -> "Store":
+def open_store(url: str, existing: bool = False) -> Store:
     """The store a ``--store`` URL names: ``sqlite:///abs/path`` (or ``sqlite:////abs/path``),
     ``sqlite://rel/path`` or a plain path
     (SQLite), ``postgresql://`` / ``postgres://`` (PostgreSQL). ``existing``: open a store that is
@@ -467,7 +468,7 @@ class Store:
                 raise
         self.health.ok(write=True)
 
-    def free_bytes(self) -> Optional[int]:
+    def free_bytes(self) -> int | None:
         """Bytes free (to this process) on the volume of the SQLite file; None for a database
         without a file of ours (in memory, PostgreSQL: its disk is the server's)."""
         if self.dialect != "sqlite" or self.path == ":memory:":
@@ -533,7 +534,7 @@ class Store:
             log.warning("%s: rollback failed", store_label(self.url), exc_info=True)
 
     @contextlib.contextmanager
-    def change(self, known_version: Optional[int] = None) -> Iterator[Head]:
+    def change(self, known_version: int | None = None) -> Iterator[Head]:
         """An exclusive transaction for one change of the breaker: yields the :class:`Head` read under
         the lock (its snapshot only when ``version`` differs from ``known_version``); :meth:`commit`
         calls inside it join it; it commits on leaving, rolls back on an exception.
@@ -575,8 +576,8 @@ class Store:
                 raise self._read_error(e) from e
 
     # ----------------------------------------------------------------- writes
-    def commit(self, snapshot: Optional[dict], outbox: Iterable[tuple] = (), audit: Iterable[dict] = (), *,
-               changes: Optional[Sequence[tuple]] = None) -> None:
+    def commit(self, snapshot: dict | None, outbox: Iterable[tuple] = (), audit: Iterable[dict] = (), *,
+               changes: Sequence[tuple] | None = None) -> None:
         """Write the breaker's state (its version goes up by one), outbox rows ``(decision_id,
         adapter, payload, received[, idem_key])`` and audit rows in one transaction (or in the
         :meth:`change` around it). A row whose ``(idem_key, adapter)`` is already queued is left out.
@@ -648,7 +649,7 @@ class Store:
     def audit(self, row: dict) -> None:
         self.commit(None, (), [row])
 
-    def _finish(self, sql: str, args: tuple, audit: Optional[dict], claim: Optional[tuple[str, int]]) -> bool:
+    def _finish(self, sql: str, args: tuple, audit: dict | None, claim: tuple[str, int] | None) -> bool:
         """Run ``sql`` (an UPDATE of one pending outbox row, ``seq`` its last argument) and, when it
         changed the row, write ``audit``; with ``claim`` = (owner, token) only while ``owner`` holds
         the row's latest claim. Whether it did (False: nothing written)."""
@@ -674,11 +675,11 @@ class Store:
         """The lease clock inside :meth:`claim`'s transaction."""
         return local_clock()
 
-    def claim(self, seqs: Iterable[int], owner: str, now: Optional[float] = None, lease_s: float = 30.0) -> list[int]:
+    def claim(self, seqs: Iterable[int], owner: str, now: float | None = None, lease_s: float = 30.0) -> list[int]:
         """:meth:`claim_fenced`, the rows only."""
         return list(self.claim_fenced(seqs, owner, lease_s, now))
 
-    def claim_fenced(self, seqs: Iterable[int], owner: str, lease_s: float, now: Optional[float] = None) -> dict[int, int]:
+    def claim_fenced(self, seqs: Iterable[int], owner: str, lease_s: float, now: float | None = None) -> dict[int, int]:
         """Claim the outbox rows ``seqs`` that are pending and not leased to another replica (no lease,
         an ended one, or ``owner``'s own) for ``lease_s`` seconds from ``now`` (Unix s; None: the
         store's clock, :meth:`now`, read in the same transaction). Returns ``{seq: fencing token}``
@@ -694,15 +695,14 @@ class Store:
             if now is None:
                 now = self._claim_now()
             got = [r[0] for r in self._rows(
-                "SELECT seq FROM outbox WHERE seq IN (%s) AND status='pending' "
-                "AND (lease_until IS NULL OR lease_until <= ? OR claimed_by = ?) ORDER BY seq%s"
-                % (",".join("?" * len(seqs)), self._claim_suffix), (*seqs, now, owner))]
+                "SELECT seq FROM outbox WHERE seq IN ({}) AND status='pending' "
+                "AND (lease_until IS NULL OR lease_until <= ? OR claimed_by = ?) ORDER BY seq{}".format(",".join("?" * len(seqs)), self._claim_suffix),
+                (*seqs, now, owner))]
             if not got:
                 return {}
             marks = ",".join("?" * len(got))
-            self._run("UPDATE outbox SET claimed_by = ?, lease_until = ?, claim_gen = claim_gen + 1 WHERE seq IN (%s)"
-                      % marks, (owner, now + lease_s, *got))
-            return dict(self._rows("SELECT seq, claim_gen FROM outbox WHERE seq IN (%s)" % marks, got))
+            self._run(f"UPDATE outbox SET claimed_by = ?, lease_until = ?, claim_gen = claim_gen + 1 WHERE seq IN ({marks})", (owner, now + lease_s, *got))
+            return dict(self._rows(f"SELECT seq, claim_gen FROM outbox WHERE seq IN ({marks})", got))
 
     def release_claims(self, owner: str, keep: Iterable[int] = ()) -> int:
         """Give up the claims ``owner`` holds on pending rows (but those in ``keep``: a call still under
@@ -712,11 +712,11 @@ class Store:
         sql = ("UPDATE outbox SET claimed_by = NULL, lease_until = NULL, claim_gen = claim_gen + 1 "
                "WHERE status='pending' AND claimed_by = ?")
         if keep:
-            sql += " AND seq NOT IN (%s)" % ",".join("?" * len(keep))
+            sql += " AND seq NOT IN ({})".format(",".join("?" * len(keep)))
         with self._transaction(exclusive=False):
             return self._run(sql, (owner, *keep))
 
-    def mark_applied(self, seq: int, at: float, audit: dict, claim: Optional[tuple[str, int]] = None) -> bool:
+    def mark_applied(self, seq: int, at: float, audit: dict, claim: tuple[str, int] | None = None) -> bool:
         """Pending outbox row ``seq`` applied at ``at`` (Unix s), with its audit row, in one
         transaction; with ``claim`` = (owner, fencing token, :meth:`claim_fenced`) only while that
         claim is the row's latest. Returns whether it was recorded (False: the row is no longer
@@ -727,7 +727,7 @@ class Store:
         return self._finish("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1, lease_until=NULL "
                             "WHERE seq=? AND status='pending'", (at, seq), audit, claim)
 
-    def mark_given_up(self, seq: int, error: str, audit: dict, claim: Optional[tuple[str, int]] = None) -> bool:
+    def mark_given_up(self, seq: int, error: str, audit: dict, claim: tuple[str, int] | None = None) -> bool:
         """Pending outbox row ``seq`` will not be retried (status ``failed``), with its audit row;
         ``claim`` and the result as :meth:`mark_applied`.
 
@@ -735,8 +735,8 @@ class Store:
         return self._finish("UPDATE outbox SET status='failed', attempts=attempts+1, last_error=?, lease_until=NULL "
                             "WHERE seq=? AND status='pending'", (error[:500], seq), audit, claim)
 
-    def mark_failed(self, seq: int, error: str, retry_at: Optional[float] = None,
-                    claim: Optional[tuple[str, int]] = None) -> bool:
+    def mark_failed(self, seq: int, error: str, retry_at: float | None = None,
+                    claim: tuple[str, int] | None = None) -> bool:
         """One more failed attempt of row ``seq`` (still pending); with ``retry_at`` (Unix s, the
         store's clock) its lease is kept until then, so no replica retries it before the backoff;
         ``claim`` and the result as :meth:`mark_applied`. Raises StoreError."""
@@ -790,7 +790,7 @@ class Store:
         self.health.failed(e, write=False)
         return StoreError(f"{store_label(self.url)}: {e}")
 
-    def snapshot(self) -> Optional[dict]:
+    def snapshot(self) -> dict | None:
         """The breaker's whole state as :meth:`Breaker.snapshot` gives it; None when never written."""
         with self._lock:
             if self._in_change or self.dialect == "sqlite":
@@ -800,7 +800,7 @@ class Store:
             except self._errors() as e:
                 raise self._read_error(e) from e
 
-    def _snapshot(self) -> Optional[dict]:
+    def _snapshot(self) -> dict | None:
         if not self._version():
             return None
         snap: dict = {"version": 1, "scopes": {}, "resolved": {}}
@@ -817,7 +817,7 @@ class Store:
             "SELECT kind, key, value FROM breaker_state WHERE version > ? AND version <= ? ORDER BY version",
             (known, upto))]
 
-    def changes_since(self, known: int) -> tuple[int, Optional[list], Optional[dict]]:
+    def changes_since(self, known: int) -> tuple[int, list | None, dict | None]:
         """What changed since version ``known``: ``(version, rows, snapshot)``, rows ``(kind, key,
         value)`` (value None: gone), or, when ``known`` is older than the purged rows, the whole
         ``snapshot`` (rows None). Reads only the rows written since. Raises StoreError."""
@@ -840,9 +840,8 @@ class Store:
         """The pending rows of ``adapter``, oldest first: ``{"seq", "decision_id", "adapter", "payload",
         "received", "attempts", "claimed_by", "lease_until"}``. Raises StoreError or sqlite3.Error when
         the database cannot be read."""
-        rows = self._read("SELECT %s FROM outbox WHERE status='pending' AND adapter=? ORDER BY seq"
-                          % ", ".join(_COLUMNS), (adapter,))
-        out = [dict(zip(_COLUMNS, r)) for r in rows]
+        rows = self._read("SELECT {} FROM outbox WHERE status='pending' AND adapter=? ORDER BY seq".format(", ".join(_COLUMNS)), (adapter,))
+        out = [dict(zip(_COLUMNS, r, strict=False)) for r in rows]
         for d in out:
             d["payload"] = json.loads(d["payload"])
         return out
@@ -851,14 +850,14 @@ class Store:
         """``{adapter: number of pending rows}``."""
         return dict(self._read("SELECT adapter, count(*) FROM outbox WHERE status='pending' GROUP BY adapter"))
 
-    def oldest_pending_received(self, adapters: Optional[Iterable[str]] = None) -> Optional[float]:
+    def oldest_pending_received(self, adapters: Iterable[str] | None = None) -> float | None:
         """``received`` (Unix s) of the oldest pending row (of ``adapters`` when given); None if none."""
         q, args = "SELECT min(received) FROM outbox WHERE status='pending'", []
         if adapters is not None:
             args = list(adapters)
             if not args:
                 return None
-            q += " AND adapter IN (%s)" % ",".join("?" * len(args))
+            q += " AND adapter IN ({})".format(",".join("?" * len(args)))
         return self._read(q, args)[0][0]
 
     def pending_count(self) -> int:
@@ -866,15 +865,15 @@ class Store:
 
     def outbox(self) -> list[dict]:
         cols = ("seq", "decision_id", "adapter", "status", "attempts", "last_error", "claimed_by", "idem_key")
-        rows = self._read("SELECT %s FROM outbox ORDER BY seq" % ", ".join(cols))
-        return [dict(zip(cols, r)) for r in rows]
+        rows = self._read("SELECT {} FROM outbox ORDER BY seq".format(", ".join(cols)))
+        return [dict(zip(cols, r, strict=False)) for r in rows]
 
-    def audit_log(self, limit: int = 50, kinds: Optional[tuple[str, ...]] = None) -> list[dict]:
+    def audit_log(self, limit: int = 50, kinds: tuple[str, ...] | None = None) -> list[dict]:
         """The newest ``limit`` audit rows, newest first."""
         q = "SELECT seq, at, kind, decision_id, scope_key, level, action, source, reason, detail FROM audit"
         args: list = []
         if kinds:
-            q += " WHERE kind IN (%s)" % ",".join("?" * len(kinds))
+            q += " WHERE kind IN ({})".format(",".join("?" * len(kinds)))
             args.extend(kinds)
         q += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
@@ -882,7 +881,7 @@ class Store:
         cols = ("seq", "at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason", "detail")
         out = []
         for r in rows:
-            d = dict(zip(cols, r))
+            d = dict(zip(cols, r, strict=False))
             d["detail"] = json.loads(d["detail"])
             out.append(d)
         return out
@@ -903,7 +902,7 @@ class Store:
             rows = self._read(f"SELECT {', '.join(self._AUDIT_COLUMNS)} FROM audit WHERE seq > ? AND seq <= ? "
                               "ORDER BY seq LIMIT ?", (after, through, batch))
             for r in rows:
-                d = dict(zip(self._AUDIT_COLUMNS, r))
+                d = dict(zip(self._AUDIT_COLUMNS, r, strict=False))
                 d["detail"] = json.loads(d["detail"])
                 yield d
             if len(rows) < batch:
@@ -1132,7 +1131,7 @@ class PgStore(Store):
     ]
 
 
-def _redacted(text: Optional[str]) -> Optional[str]:
+def _redacted(text: str | None) -> str | None:
     return redact_urls(text) if isinstance(text, str) else text
 
 

@@ -46,7 +46,6 @@ import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from .logsafe import install
 
@@ -74,7 +73,7 @@ class Tokens:
 
     webhook: str
     people: dict = field(default_factory=dict)
-    read: Optional[str] = None
+    read: str | None = None
     no_read: bool = False
 
     def readers(self) -> dict[str, str]:
@@ -97,11 +96,11 @@ class Tokens:
         if self.read is not None and (not self.read or self.read == self.webhook):
             raise ValueError("the read token must be non-empty and differ from the webhook token")
 
-    def current(self) -> "Tokens":
+    def current(self) -> Tokens:
         return self
 
 
-def match(presented: Optional[str], tokens: dict[str, str]) -> Optional[str]:
+def match(presented: str | None, tokens: dict[str, str]) -> str | None:
     """The name in ``tokens`` (name -> token) whose token equals ``presented``, else None.
 
     Every token is compared, each in constant time (:func:`hmac.compare_digest`), so the time taken
@@ -216,7 +215,7 @@ def permission_warnings(paths) -> list[str]:
     return out
 
 
-def _stamp(path, missing_raises: bool = False) -> Optional[tuple]:
+def _stamp(path, missing_raises: bool = False) -> tuple | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -247,7 +246,7 @@ class TokenFiles:
     def _all_stamps(self) -> dict:
         return {k: _stamp(p) for k, p in self.paths.items() if p is not None}
 
-    def _load(self, previous: Optional[Tokens] = None) -> Tokens:
+    def _load(self, previous: Tokens | None = None) -> Tokens:
         """The tokens of the files. With ``previous`` (a reload), a people or read file that is
         missing or holds no token revokes that role's tokens (logged); at start it is an error."""
         p = self.paths

@@ -11,7 +11,7 @@ A leaf module: standard library only.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["histogram_quantile", "deriv", "breaches"]
 

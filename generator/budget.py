@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec import Signal, Spec, Tier
@@ -63,9 +63,9 @@ class Row:
     group: str
     terms: dict[str, float]
     floor_s: float
-    time_left_s: Optional[float]
+    time_left_s: float | None
     basis: str
-    margin_s: Optional[float] = None
+    margin_s: float | None = None
     ok: bool = True
     threshold: str = ""
     direction: str = "above"  # the signal's: which way "earlier" moves its threshold
@@ -112,7 +112,7 @@ def cross_group_s(groups: list[dict[str, Any]], group: str, expr: str, default_i
     return stale(group, expr, 0)
 
 
-def _kv_growth(spec: Spec) -> Optional[float]:
+def _kv_growth(spec: Spec) -> float | None:
     """The lowest critical threshold of the byte-growth signals (bytes per second), or None."""
     rates = [t.threshold for s in spec.signals if s.kind == "deriv" and s.unit == "bytes_per_second"
              for t in s.tiers if t.name == "critical"]
@@ -123,7 +123,7 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.2f} GB"
 
 
-def _time_left(spec: Spec, sig: Signal, tier: Tier) -> tuple[Optional[float], str]:
+def _time_left(spec: Spec, sig: Signal, tier: Tier) -> tuple[float | None, str]:
     b = spec.budget
     if sig.kind == "time_to_full":
         return tier.threshold, f"the tier's threshold ({tier.threshold_text})"

@@ -60,8 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(spec_path: str):
-    from fusebox.spec.errors import SpecError
     from fusebox.spec import load_spec
+    from fusebox.spec.errors import SpecError
 
     try:
         return load_spec(spec_path)

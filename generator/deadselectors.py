@@ -29,12 +29,14 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
 from fusebox.spec.errors import SpecError
-from fusebox.spec.positions import Positions, load as load_yaml, read_text
+from fusebox.spec.positions import Positions, read_text
+from fusebox.spec.positions import load as load_yaml
 from fusebox.spec.promql import vector_selectors
 
 # Series Prometheus makes itself: never in a target's /metrics.
@@ -301,7 +303,7 @@ def parse_selector(text: str) -> Any:
     return node
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def prometheus_regex(pattern: str) -> re.Pattern[str]:
     """Python regex for a PromQL label regex: fully anchored like Prometheus (``^(?:re)$``),
     ``.`` matching newlines too (Prometheus 3), RE2's ``[[:class:]]`` and ``\\z`` translated.

@@ -8,6 +8,8 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from fusebox import conventions as C
+from fusebox.spec import Spec
+from fusebox.spec.units import format_duration
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_otelcol
 from .engines import MAX_GROUPS_PER_TENANT
@@ -18,9 +20,6 @@ from .render_rules import render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
 from .render_vmalert_tests import lag_note, vmalert_tests
-from fusebox.spec import Spec
-from fusebox.spec.units import format_duration
-
 from .yamlout import dump_yaml
 
 RULE_FILE = "rules/fusebox.rules.yml"
@@ -79,7 +78,7 @@ def _alert_tests_text(cases: list[dict[str, Any]], cache: dict[tuple[int, ...], 
                                                  for c in cases]))[1:]
     assert len(heads) == len(cases)
     out = ["  alert_rule_test:\n"]
-    for head, c in zip(heads, cases):
+    for head, c in zip(heads, cases, strict=False):
         exp = c.get("exp_alerts", [])
         out.append(_indent(head, "  ") + ("    exp_alerts: []\n" if not exp else
                                           "    exp_alerts:\n" + _cached(cache, exp, "    ")))

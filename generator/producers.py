@@ -23,7 +23,6 @@ A signal with every tier disabled is not reported: it keeps its records, but not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from fusebox import conventions as C
 from fusebox.spec import Spec
@@ -87,11 +86,11 @@ def producers(spec: Spec) -> list[Producer]:
     return out
 
 
-def producer_of(metric: str, spec: Spec) -> Optional[Producer]:
+def producer_of(metric: str, spec: Spec) -> Producer | None:
     return next((p for p in producers(spec) if p.publishes(metric)), None)
 
 
-def _collector_for(metric: str) -> Optional[str]:
+def _collector_for(metric: str) -> str | None:
     return next((name for name, pre in COLLECTOR_PREFIXES.items() if metric.startswith(pre)), None)
 
 

@@ -29,17 +29,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from fusebox import conventions as C
-
 from fusebox.spec import Spec
 from fusebox.spec.deploy import object_name
 from fusebox.spec.kinds import lost_gpu_fuses
 from fusebox.spec.units import format_duration
 
-from .render_rules import absent_labels, alert_labels, gpu_down_enabled, gpu_down_labels, signal_raw_metrics
 from .render_k8s import object_meta
+from .render_rules import absent_labels, alert_labels, gpu_down_enabled, gpu_down_labels, signal_raw_metrics
 from .selfmon import self_alerts, self_labels
 
 __all__ = ["Matcher", "Routing", "routing", "render_alertmanager", "render_fragment", "render_alertmanagerconfig",
@@ -87,7 +86,7 @@ class Routing:
     inhibit_source: list[Matcher]  # empty: no inhibit rule (the spec has no warning tier to mute)
     inhibit_target: list[Matcher]
     inhibit_equal: list[str]
-    heartbeat: Optional[Matcher] = None  # None: self-monitoring off, no heartbeat route
+    heartbeat: Matcher | None = None  # None: self-monitoring off, no heartbeat route
     heartbeat_interval: str = "1m"
 
     @property

@@ -28,15 +28,14 @@ spec's MB are SI). Every panel links to the runbook of the alert it shows
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import PurePath
-from typing import Iterable, Optional
 
 import orjson
 
 from fusebox import conventions as C
 from fusebox.spec.kinds import KINDS, records
-from fusebox.spec.kinds.base import (UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel,
-                                     tier_text)
+from fusebox.spec.kinds.base import UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -164,8 +163,7 @@ def _templates(spec) -> list:
 
 
 def _grafanalib_dashboard(spec, d: DashboardDef):
-    from grafanalib.core import (Annotations, Dashboard, GridPos, Stat, Target, Templating, Threshold,
-                                 TimeSeries)
+    from grafanalib.core import Annotations, Dashboard, GridPos, Stat, Target, Templating, Threshold, TimeSeries
 
     panels = []
     x = y = 0
@@ -341,7 +339,7 @@ def _to_json_data(obj):
     return obj.to_json_data()
 
 
-def dashboards(spec, header: Optional[str] = None) -> dict[str, dict]:
+def dashboards(spec, header: str | None = None) -> dict[str, dict]:
     """Every dashboard as a JSON-ready dict, keyed by its name (``overview``, ``gpu-memory``, ...)."""
     header = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
     out: dict[str, dict] = {}
@@ -356,19 +354,19 @@ def dashboard_text(d: dict) -> str:
     return orjson.dumps(d, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
 
 
-def dashboard_texts(spec, header: Optional[str] = None) -> dict[str, str]:
+def dashboard_texts(spec, header: str | None = None) -> dict[str, str]:
     """Every dashboard's file text (:func:`dashboard_text`), keyed by its name."""
     return {name: dashboard_text(d) for name, d in dashboards(spec, header).items()}
 
 
-def render_dashboards(spec, header: Optional[str] = None, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
+def render_dashboards(spec, header: str | None = None, boards: dict[str, str] | None = None) -> dict[str, str]:
     """``{"dashboards/fusebox-<name>.json": json_text}``. Deterministic (sorted keys)."""
     if boards is None:
         boards = dashboard_texts(spec, header)
     return {f"{OUT_DIR}/fusebox-{name}.json": text for name, text in boards.items()}
 
 
-def outputs(spec, header: str, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
+def outputs(spec, header: str, boards: dict[str, str] | None = None) -> dict[str, str]:
     """The writer's entry point (generator/outputs.py)."""
     return render_dashboards(spec, header, boards)
 

@@ -20,11 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Optional
-
 
 from fusebox import conventions as C
-
 from fusebox.spec.units import format_duration
 
 from .render_dashboards import dashboard_texts
@@ -60,7 +57,7 @@ class ProvisioningOptions:
     folder_annotation: str = "grafana_folder"
 
     @classmethod
-    def from_spec(cls, spec) -> "ProvisioningOptions":
+    def from_spec(cls, spec) -> ProvisioningOptions:
         """The spec's ``grafana:`` block and the sidecar settings of its ``kubernetes:`` block."""
         g, k = spec.grafana, spec.kubernetes
         return cls(prometheus_url=g.prometheus_url, dashboards_path=g.dashboards_path, folder=g.folder,
@@ -82,13 +79,13 @@ def _yaml(header: str, obj) -> str:
     return header + dump_yaml(obj, sort_keys=True)
 
 
-def outputs(spec, header: str, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
+def outputs(spec, header: str, boards: dict[str, str] | None = None) -> dict[str, str]:
     """The writer's entry point (generator/outputs.py): the spec's options."""
     return render_grafana_provisioning(spec, ProvisioningOptions.from_spec(spec), header=header, boards=boards)
 
 
 def render_grafana_provisioning(spec, options: ProvisioningOptions = ProvisioningOptions(),
-                                header: Optional[str] = None, boards: Optional[dict[str, str]] = None) -> dict[str, str]:
+                                header: str | None = None, boards: dict[str, str] | None = None) -> dict[str, str]:
     """The provisioning files and the ConfigMaps. Deterministic (sorted keys).
 
     ``boards``: the dashboards' JSON text by name (:func:`~.render_dashboards.dashboard_texts`),

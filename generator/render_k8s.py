@@ -19,7 +19,8 @@ Names: :data:`fusebox.conventions.K8S`. Details and the reasons: docs/kubernetes
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec import Spec

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Optional
-
 
 from fusebox import conventions as C
 from fusebox.spec.units import format_duration
@@ -69,15 +67,15 @@ class OtelcolOptions:
             the container's or host's memory).
     """
 
-    remote_write_url: Optional[str] = None
+    remote_write_url: str | None = None
     debug: bool = False
     scrape_targets: tuple[str, ...] = field(default_factory=tuple)
-    scrape_interval_s: Optional[float] = None
+    scrape_interval_s: float | None = None
     memory_limit_percentage: int = 80
     memory_spike_percentage: int = 20
 
     @classmethod
-    def from_spec(cls, spec) -> "OtelcolOptions":
+    def from_spec(cls, spec) -> OtelcolOptions:
         """The spec's ``otelcol:`` block (fusebox.yaml), every attribute above."""
         o = spec.otelcol
         return cls(remote_write_url=o.remote_write_url, debug=o.debug, scrape_targets=tuple(o.scrape_targets),
@@ -160,7 +158,7 @@ def outputs(spec, header: str) -> dict[str, str]:
     return render_otelcol(spec, OtelcolOptions.from_spec(spec), header=header)
 
 
-def render_otelcol(spec, options: OtelcolOptions = OtelcolOptions(), header: Optional[str] = None) -> dict[str, str]:
+def render_otelcol(spec, options: OtelcolOptions = OtelcolOptions(), header: str | None = None) -> dict[str, str]:
     """``{"otel/otelcol.yaml": text}``: the config with a generated-file header. Deterministic."""
     header = "# " + (header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)) + "\n"
     notes = (

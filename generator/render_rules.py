@@ -24,7 +24,8 @@ from fusebox.spec.kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_la
 from fusebox.spec.units import format_duration, humanize
 
 from .engines import shape_groups
-from .selfmon import GROUP as SELF_GROUP, self_rules
+from .selfmon import GROUP as SELF_GROUP
+from .selfmon import self_rules
 
 __all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "marker_labels", "alert_labels", "alert_annotations",
            "alert_where"]

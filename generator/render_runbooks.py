@@ -7,12 +7,12 @@ from pathlib import PurePath
 import jinja2
 
 from fusebox import conventions as C
+from fusebox.spec import Spec
 from fusebox.spec.kinds import lost_gpu_fuses, records
+from fusebox.spec.units import format_duration, format_number, humanize
 
 from .render_rules import Rules
 from .selfmon import runbook_facts
-from fusebox.spec import Spec
-from fusebox.spec.units import format_duration, format_number, humanize
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("fusebox.generator", "templates"),
                           keep_trailing_newline=True, trim_blocks=False, autoescape=False)

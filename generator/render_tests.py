@@ -20,16 +20,25 @@ import re
 from typing import Any
 
 from fusebox import conventions as C
-
 from fusebox import promsim
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.kinds import kind_of, lost_gpu_fuses
 from fusebox.spec.kinds.base import DELTA, FUSEBOX, GPU_LABELS, Synth, label_str, segments
 from fusebox.spec.units import format_duration, format_number, parse_duration
 
-from .render_rules import (GPU_DOWN_FOR_S, Rules, absent_annotations, absent_labels, alert_annotations, alert_labels,
-                           gpu_down_annotations, gpu_down_enabled, gpu_down_labels)
+from .render_rules import (
+    GPU_DOWN_FOR_S,
+    Rules,
+    absent_annotations,
+    absent_labels,
+    alert_annotations,
+    alert_labels,
+    gpu_down_annotations,
+    gpu_down_enabled,
+    gpu_down_labels,
+)
 from .selfmon import self_tests
+
 
 def _target_value(synth: Synth, tier: Tier, target: str) -> float:
     """The value a test group drives the signal to: just beyond or just inside ``tier``, or safe."""
@@ -114,7 +123,7 @@ def _alert_case(sig: Signal, spec: Spec, synth: Synth, tiers_firing: list[Tier])
 def _checks(sig, spec, synth, value_exact, times, t_drop, comments) -> list[dict[str, Any]]:
     exp = _Expect(sig, synth)
     out = []
-    for t, why in zip(times, comments):
+    for t, why in zip(times, comments, strict=False):
         if t < 0:
             continue
         states = {tier.name: exp.state(tier, value_exact, t, t_drop) for tier in sig.tiers}

@@ -65,7 +65,7 @@ def _depths(groups: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], int
     for g in groups:
         rules = g["rules"]
         depths = chain_depths(rules) if any("record" in r for r in rules) else [0] * len(rules)
-        out += [(g["name"], r, d) for r, d in zip(rules, depths)]
+        out += [(g["name"], r, d) for r, d in zip(rules, depths, strict=False)]
     return out
 
 

@@ -24,9 +24,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 import yaml
 
@@ -54,7 +55,7 @@ class ToolResult:
     output: str
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version(binary: str) -> tuple[int, ...]:
     try:
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)

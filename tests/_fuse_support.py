@@ -6,7 +6,7 @@ import os
 import shutil
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -31,7 +31,7 @@ CRITICAL = {
 
 
 def iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
 
 
 def alert(name: str, status: str = "firing", starts: float = 1_700_000_000.0, *, severity: str = "critical",

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import httpx
-
 from _fuse_support import free_port, wait_for
 from _support import need
 

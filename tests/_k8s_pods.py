@@ -32,8 +32,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import httpx
 
@@ -90,8 +91,8 @@ class Pod:
 
     def __init__(self, deployment: Mapping[str, Any], root: Path, *, secrets: Mapping[str, Mapping[str, str | bytes]],
                  configmaps: Mapping[str, Mapping[str, str]], name: str, node: str = "node-a",
-                 ip: Optional[str] = None, container: Optional[str] = None,
-                 entrypoint: Optional[list[str]] = None):
+                 ip: str | None = None, container: str | None = None,
+                 entrypoint: list[str] | None = None):
         self.spec = deployment["spec"]["template"]["spec"]
         self.labels = dict(deployment["spec"]["template"].get("metadata", {}).get("labels") or {})
         cs = self.spec["containers"]
@@ -106,7 +107,7 @@ class Pod:
         self.home.mkdir(exist_ok=True)
         self.log = self.root / "container.log"
         self.mounts = self._volumes()
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         # containerPort -> the port it gets on the pod's address (the same unless taken, host_port)
         self.host_ports = {p["containerPort"]: host_port(self.ip, p["containerPort"])
                            for c in self.spec["containers"] for p in c.get("ports", [])}
@@ -186,7 +187,7 @@ class Pod:
                 args[i] = str(self.host_ports.get(int(args[i]), int(args[i])))
         return [*cmd, *args]
 
-    def start(self) -> "Pod":
+    def start(self) -> Pod:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(self.argv(), env=self.env(), cwd=str(self.home), stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -209,7 +210,7 @@ class Pod:
         except httpx.HTTPError:
             return False
 
-    def wait_ready(self, timeout: float = 60.0, period: Optional[float] = None) -> float:
+    def wait_ready(self, timeout: float = 60.0, period: float | None = None) -> float:
         """Poll the readiness probe (every ``periodSeconds``, or ``period``) until it passes; the
         seconds it took. Raises AssertionError with the container's log when it does not."""
         spec = self.container["readinessProbe"]
@@ -227,7 +228,7 @@ class Pod:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
-    def stop(self, grace: Optional[float] = None) -> Optional[int]:
+    def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM, then SIGKILL after ``terminationGracePeriodSeconds`` (default 30) as the kubelet does."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None

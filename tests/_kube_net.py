@@ -25,9 +25,10 @@ import http.client
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Optional
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from _k8s_pods import host_port, pod_ip
@@ -80,7 +81,7 @@ class RunningPod:
         return m
 
     @staticmethod
-    def container_meta(c: dict[str, Any], port: Optional[dict[str, Any]]) -> dict[str, str]:
+    def container_meta(c: dict[str, Any], port: dict[str, Any] | None) -> dict[str, str]:
         m = {"__meta_kubernetes_pod_container_name": c["name"], "__meta_kubernetes_pod_container_image": c.get("image", ""),
              "__meta_kubernetes_pod_container_init": "false"}
         if port is not None:
@@ -89,7 +90,7 @@ class RunningPod:
                       "__meta_kubernetes_pod_container_port_protocol": port.get("protocol", "TCP")})
         return m
 
-    def port(self, ref: Any) -> Optional[tuple[dict[str, Any], dict[str, Any]]]:
+    def port(self, ref: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """(container, port) of a named or numbered container port."""
         for c in self.containers:
             for p in c.get("ports", []):
@@ -102,7 +103,7 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
-def pod_targets(pods: list[RunningPod], namespaces: Optional[list[str]]) -> list[dict[str, Any]]:
+def pod_targets(pods: list[RunningPod], namespaces: list[str] | None) -> list[dict[str, Any]]:
     """``role: pod``: one target per container port of every pod (a container without ports: one
     target on the pod IP alone)."""
     out = []
@@ -118,7 +119,7 @@ def pod_targets(pods: list[RunningPod], namespaces: Optional[list[str]]) -> list
 
 
 def endpoints_targets(services: list[dict[str, Any]], pods: list[RunningPod],
-                      namespaces: Optional[list[str]]) -> list[dict[str, Any]]:
+                      namespaces: list[str] | None) -> list[dict[str, Any]]:
     """``role: endpoints``: the Endpoints the endpoints controller keeps for each Service with a
     selector (ready and not-ready pod addresses, one port per Service port), labelled as
     Prometheus' endpoints SD labels them."""
@@ -212,12 +213,12 @@ class ServiceProxy:
     ready backend (round robin), as kube-proxy forwards a connection to a ready endpoint. It keeps
     what it forwarded (method, path, body) in ``seen``: the traffic the Service carried."""
 
-    def __init__(self, name: str, port: int, backends: Callable[[], list[str]], ip: Optional[str] = None):
+    def __init__(self, name: str, port: int, backends: Callable[[], list[str]], ip: str | None = None):
         self.name, self.service_port = name, port
         self.ip = ip or pod_ip()
         self.port = host_port(self.ip, port)  # the Service's port, unless taken on every address
         self.backends = backends  # -> ["ip:port", ...] of the ready endpoints, asked per request
-        self.seen: list[tuple[str, str, bytes, Optional[str]]] = []  # method, path, body, backend
+        self.seen: list[tuple[str, str, bytes, str | None]] = []  # method, path, body, backend
         self._next = 0
         self._lock = threading.Lock()
         proxy = self

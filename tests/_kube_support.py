@@ -25,12 +25,12 @@ import signal
 import ssl
 import subprocess
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 import httpx
 import yaml
-
 from _support import missing, need
 
 from fusebox.tooling import free_port, tools_dir
@@ -63,7 +63,7 @@ def kube_tools() -> dict[str, Any]:
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str, step: float = 0.25,
-               alive: Optional[Callable[[], None]] = None, why: Optional[Callable[[], str]] = None) -> Any:
+               alive: Callable[[], None] | None = None, why: Callable[[], str] | None = None) -> Any:
     """``pred()``'s first truthy value, polled every ``step`` s; AssertionError after ``timeout``
     (with ``why()``'s text: a log tail). ``alive()`` is called each round and may raise (a process
     that died)."""
@@ -82,8 +82,8 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, step: float =
 class Proc:
     """A child process in its own process group, its output in ``log``."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, env: Optional[dict[str, str]] = None,
-                 cwd: Optional[Path] = None):
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None):
         self.name, self.argv, self.log = name, argv, log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -121,10 +121,10 @@ class ControlPlane:
         self.kubeconfig = self.root / "kubeconfig"
         self.ca = self.root / "serving.crt"
         self.client: Any = None  # kubernetes.dynamic.DynamicClient once started
-        self.operator: Optional[Proc] = None
+        self.operator: Proc | None = None
 
     # ------------------------------------------------------------------ processes
-    def _start(self, name: str, argv: list[str], env: Optional[dict[str, str]] = None) -> Proc:
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         p = Proc(name, argv, self.root / f"{name}.log", env=env)
         self.procs.append(p)
         return p
@@ -134,7 +134,7 @@ class ControlPlane:
         if r.returncode:
             raise RuntimeError(f"openssl {' '.join(args[:2])}: {r.stderr}")
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         r, t = self.root, self.tools
         etcd = self._start("etcd", [
             t["etcd"], "--name", "test", "--data-dir", str(r / "etcd"),
@@ -241,7 +241,7 @@ class ControlPlane:
     def resource(self, api_version: str, kind: str) -> Any:
         return self.client.resources.get(api_version=api_version, kind=kind)
 
-    def apply(self, doc: dict[str, Any], text: Optional[str] = None) -> dict[str, Any]:
+    def apply(self, doc: dict[str, Any], text: str | None = None) -> dict[str, Any]:
         """Server-side apply ``doc`` (sent as ``text`` when given, else as JSON, which is YAML too);
         the object as the API server stored it (a dict). Raises the client's ApiException when the
         server refuses it (an unknown field included: Strict)."""
@@ -252,7 +252,7 @@ class ControlPlane:
                                             force_conflicts=True, query_params=[("fieldValidation", "Strict")])
         return out.to_dict()
 
-    def get(self, api_version: str, kind: str, name: str, namespace: Optional[str] = None) -> Optional[dict[str, Any]]:
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         from kubernetes.dynamic.exceptions import NotFoundError
 
@@ -261,7 +261,7 @@ class ControlPlane:
         except NotFoundError:
             return None
 
-    def list(self, api_version: str, kind: str, namespace: Optional[str] = None) -> list[dict[str, Any]]:
+    def list(self, api_version: str, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
         return [i.to_dict() for i in self.client.get(self.resource(api_version, kind), namespace=namespace).items]
 
 
@@ -289,7 +289,7 @@ def gunzip_text(data: bytes) -> str:
     return gzip.decompress(data).decode()
 
 
-def secret_doc(name: str, namespace: str, data: dict[str, str], labels: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def secret_doc(name: str, namespace: str, data: dict[str, str], labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A Secret with ``stringData`` (what ``kubectl create secret generic --from-literal`` makes)."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if labels:

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 from _support import need
 
@@ -98,7 +97,7 @@ class PgServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def pg_server(fsync: bool = False) -> Optional[PgServer]:
+def pg_server(fsync: bool = False) -> PgServer | None:
     s = PgServer(fsync)
     s.start()
     return s

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from _support import SPEC
+
 # the `unit` marker and its guard: the rule and the hooks live in _unit_rule.py
-from _unit_rule import (  # noqa: F401  (pytest finds hooks by name here)
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_runtest_call,
-    pytest_runtest_setup,
-)
+from _unit_rule import pytest_collection_modifyitems, pytest_configure, pytest_runtest_call, pytest_runtest_setup  # noqa: F401  (pytest finds hooks by name here)
 
 pytest_plugins = ("pytester",)
 

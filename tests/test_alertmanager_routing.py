@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support import FIXTURES, ROOT, SPEC, need
 
 from fusebox.generator.render_rules import render_rules
 from fusebox.spec import SpecError, parse_spec
-
-from _support import FIXTURES, ROOT, SPEC, need
 
 AM_FIXTURES = FIXTURES / "alertmanager"
 KPS = AM_FIXTURES / "kube-prometheus-stack.yml"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from _support import ROOT, SPEC, need
+
 from fusebox.cli import main
 from fusebox.tooling import free_port, victoriametrics_tool
 

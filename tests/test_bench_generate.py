@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import yaml
-
 from _support import ROOT
 
 BENCH = ROOT / "bench" / "bench_generate.py"

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import yaml
-
 from _support import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))

@@ -14,15 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fusebox.collectors.kvcache import (
-    ConfigError,
-    KvCollector,
-    KvGeometry,
-    MalformedMetrics,
-    engines_from_text,
-    kv_geometry,
-    load_model_config,
-)
+from fusebox.collectors.kvcache import ConfigError, KvCollector, KvGeometry, MalformedMetrics, engines_from_text, kv_geometry, load_model_config
 
 FIX = Path(__file__).parent / "fixtures" / "collectors"
 OPT_BPT = 2 * 12 * 12 * (768 // 12) * 2  # opt-125m: 12 layers, 12 heads (MHA), head 64, float16 = 36864

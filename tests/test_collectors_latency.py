@@ -106,7 +106,7 @@ def _dp_page(per_engine):
     """vLLM >= 0.10 text for data-parallel engine cores: {engine: (<=0.5, <=1.0, +Inf)} cumulative."""
     out = "# TYPE vllm:time_to_first_token_seconds histogram\n"
     for eng, counts in per_engine.items():
-        for le, c in zip(("0.5", "1.0", "+Inf"), counts):
+        for le, c in zip(("0.5", "1.0", "+Inf"), counts, strict=False):
             out += f'vllm:time_to_first_token_seconds_bucket{{engine="{eng}",le="{le}",model_name="m"}} {c}\n'
         out += f'vllm:time_to_first_token_seconds_count{{engine="{eng}",model_name="m"}} {counts[-1]}\n'
         out += f'vllm:time_to_first_token_seconds_sum{{engine="{eng}",model_name="m"}} 1\n'

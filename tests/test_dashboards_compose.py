@@ -12,7 +12,6 @@ import re
 import jsonschema
 import pytest
 import yaml
-
 from _dashboards_support import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"

@@ -29,13 +29,13 @@ import threading
 import time
 
 import pytest
-
 from _dashboards_support import ROOT, prometheus, query, query_range, serve_text
+
 from fusebox import conventions as C
-from fusebox.spec.kinds import dashboard_records
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.spec import load_spec
+from fusebox.spec.kinds import dashboard_records
 
 pytestmark = pytest.mark.tools
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import yaml
-
 from _dashboards_support import ROOT
+
 from fusebox.generator.outputs import render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.generator.render_grafana_provisioning import ProvisioningOptions, render_grafana_provisioning

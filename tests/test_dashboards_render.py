@@ -16,9 +16,9 @@ import promql_parser
 import pytest
 
 from fusebox import conventions as C
-from fusebox.spec.kinds import dashboard_records, records
 from fusebox.generator.render_dashboards import dashboards, render_dashboards
 from fusebox.spec import load_spec, parse_spec
+from fusebox.spec.kinds import dashboard_records, records
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOK_BASE = "https://github.com/your-org/monitoring/blob/main/runbooks"
@@ -65,7 +65,7 @@ def test_the_overview_and_five_drill_downs_are_rendered(boards):
 
 def test_every_panel_query_parses_as_promql(boards):
     n = 0
-    for name, p in _panels(boards):
+    for _name, p in _panels(boards):
         for t in p["targets"]:
             promql_parser.parse(substitute(t["expr"]))
             n += 1
@@ -182,7 +182,7 @@ def test_every_panel_links_to_the_runbook_of_its_alert(boards, spec):
 
 def test_grafanalib_faults_are_fixed_for_current_grafana(boards):
     ds = {"type": "prometheus", "uid": "${datasource}"}
-    for name, d in boards.items():
+    for _name, d in boards.items():
         assert d["schemaVersion"] == 41, "schemaVersion 12 is grafanalib's; Grafana 12 writes 41 (corpus: SGLang, vLLM production-stack)"
         text = json.dumps(d)
         assert '"null"' not in text, "first threshold step must be a number, not the string \"null\""

@@ -21,8 +21,8 @@ import json
 import jsonschema
 import pytest
 import yaml
-
 from _dashboards_support import ROOT
+
 from fusebox.generator.render_dashboards import SCHEMA_VERSION, dashboards
 from fusebox.spec import load_spec
 

@@ -7,7 +7,6 @@ about 4 minutes.
 from __future__ import annotations
 
 import pytest
-
 from _demo_support import (
     assert_every_process_gone,
     assert_gateway_log_holds_each_level_tripped_once_then_released_once,

@@ -10,7 +10,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-
 from _fuse_support import GW_TOKEN, LiveService, alert, payload, wait_for
 
 from fusebox.fuse.actions import DryRun, HttpGateway, VllmResetPrefixCache

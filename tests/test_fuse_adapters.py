@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
 from _fuse_support import SPEC, TOKEN, LiveService, alert, payload, wait_for
 from _gateways import StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -98,7 +98,7 @@ def test_real_alertmanager_trips_each_level_once_and_releases_after_recovery(tmp
         with LiveService(tmp_path / "s.sqlite", gw.url, hold_s=0.5) as svc:
             am = alertmanager(svc.url)
             labels = _labels()
-            start = datetime.now(timezone.utc) - timedelta(seconds=5)
+            start = datetime.now(UTC) - timedelta(seconds=5)
             body = [{"labels": lb, "startsAt": _rfc3339(start)} for lb in labels]
             assert httpx.post(am + "/api/v2/alerts", json=body, timeout=5).status_code == 200
             wait_for(lambda: len(read_log(tmp_path / "gw.jsonl")) >= 3, 15, 0.1, "three trips")
@@ -111,7 +111,7 @@ def test_real_alertmanager_trips_each_level_once_and_releases_after_recovery(tmp
             held = {a for sc in state["scopes"] for lv in sc["levels"].values() for a in lv["alerts"]}
             assert held == {f"{lb['alertname']}/{fingerprint(lb)}" for lb in labels if "fuse_action" in lb}
 
-            end = datetime.now(timezone.utc)
+            end = datetime.now(UTC)
             body = [{"labels": lb, "startsAt": _rfc3339(start), "endsAt": _rfc3339(end)} for lb in labels]
             assert httpx.post(am + "/api/v2/alerts", json=body, timeout=5).status_code == 200
             wait_for(lambda: len(read_log(tmp_path / "gw.jsonl")) >= 6, 15, 0.1, "three releases")
@@ -135,7 +135,7 @@ def test_real_alertmanager_without_the_right_token_changes_nothing(tmp_path, ale
             am = alertmanager(svc.url)
             (tmp_path / "am-token").write_text("not-the-token\n")  # Alertmanager re-reads it per request
             lb = _labels()[0]
-            body = [{"labels": lb, "startsAt": _rfc3339(datetime.now(timezone.utc))}]
+            body = [{"labels": lb, "startsAt": _rfc3339(datetime.now(UTC))}]
             assert httpx.post(am + "/api/v2/alerts", json=body, timeout=5).status_code == 200
             wait_for(lambda: 'outcome="http_401"' in httpx.get(svc.url + "/metrics").text, 15, 0.1, "a 401")
             assert svc.state()["levels"] == {}
@@ -210,7 +210,7 @@ def test_generated_routing_sends_only_fusebox_fuse_tiers_to_the_fuse(tmp_path, a
     try:
         with LiveService(tmp_path / "s.sqlite", gw.url, hold_s=0.5) as svc:
             am = alertmanager(svc.url, config)
-            start = datetime.now(timezone.utc) - timedelta(seconds=5)
+            start = datetime.now(UTC) - timedelta(seconds=5)
             body = [{"labels": lb, "startsAt": _rfc3339(start)} for lb in labels]
             assert httpx.post(am + "/api/v2/alerts", json=body, timeout=5).status_code == 200
             wait_for(lambda: len(people.got) >= 5 and read_log(tmp_path / "gw.jsonl"), 15, 0.1, "the people and the fuse told")

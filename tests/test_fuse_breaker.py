@@ -124,7 +124,7 @@ def test_flapping_slower_than_the_hold_time_trips_once_per_cycle():
         for s in range(11, 150):
             b.tick(t + s)
     assert len(trip_times) == 4
-    assert all(b2 - a2 >= HOLD for a2, b2 in zip(trip_times, trip_times[1:]))
+    assert all(b2 - a2 >= HOLD for a2, b2 in zip(trip_times, trip_times[1:], strict=False))
 
 
 def test_snapshot_restores_holders_and_rejects_a_retrip():

@@ -194,11 +194,12 @@ def test_a_batch_of_claims_is_renewed_before_a_call_its_lease_would_not_cover(tm
     one the first call used up."""
     import sqlite3
 
+    from _fuse_support import alert, payload
+
     from fusebox.fuse.payload import parse_payload
     from fusebox.fuse.rules import FuseRules
     from fusebox.fuse.service import FuseService
     from fusebox.fuse.store import Store
-    from _fuse_support import alert, payload
 
     path = tmp_path / "fuse.sqlite"
     covered: list[bool] = []

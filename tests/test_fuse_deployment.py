@@ -20,7 +20,6 @@ import httpx
 import psycopg
 import pytest
 import yaml
-
 from _fuse_support import alert, payload, wait_for
 from _k8s_pods import Pod
 from _pg_support import PgServer

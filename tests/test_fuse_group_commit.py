@@ -63,7 +63,7 @@ def test_waiting_notifications_are_committed_in_one_transaction_and_each_gets_it
     gpus = [f"GPU-{i}" for i in range(5)]
     answers = _concurrently(svc, [_note(g) for g in gpus])
     assert store.changes - before == 1  # five notifications, one transaction
-    for g, a in zip(gpus, answers):
+    for g, a in zip(gpus, answers, strict=False):
         assert not isinstance(a, Exception), a
         # GPUMemoryUtilizationHigh trips level 1 (freeze_admissions) of its own GPU, once
         assert [(d["scope"]["hw_id"], d["level"], d["state"]) for d in a["decisions"]] == [(g, 1, "trip")]

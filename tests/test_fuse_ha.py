@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -226,11 +226,11 @@ def test_one_incident_through_two_clustered_alertmanagers_and_two_replicas(clust
     the same way and trips nothing."""
     a, b = cluster.replica("a"), cluster.replica("b")
     cluster.alertmanagers({"am1": [a, b], "am2": [a, b]})
-    start = datetime.now(timezone.utc) - timedelta(seconds=5)
+    start = datetime.now(UTC) - timedelta(seconds=5)
     cluster.post_alerts([LABELS, HEARTBEAT], start)
     _settled(cluster, 1)
     assert cluster.calls() == [("trip", 1)]
-    cluster.post_alerts([LABELS], start, datetime.now(timezone.utc))
+    cluster.post_alerts([LABELS], start, datetime.now(UTC))
     _settled(cluster, 2, HOLD + 0.5)
     assert cluster.calls() == [("trip", 1), ("release", 1)]
     assert len(cluster.decisions()) == 2 and not any(r["duplicate"] for r in read_log(cluster.gw_log))
@@ -264,10 +264,10 @@ def test_replica_a_killed_between_trip_and_release_b_releases_once(cluster):
     (SIGKILL) before it ends: B releases, once, from the hold time stored in the database."""
     a, b = cluster.replica("a"), cluster.replica("b")
     cluster.alertmanagers({"am1": [a], "am2": [b]})
-    start = datetime.now(timezone.utc) - timedelta(seconds=5)
+    start = datetime.now(UTC) - timedelta(seconds=5)
     cluster.post_alerts([LABELS], start)
     _settled(cluster, 1, 0.5)
-    cluster.post_alerts([LABELS], start, datetime.now(timezone.utc))
+    cluster.post_alerts([LABELS], start, datetime.now(UTC))
     wait_for(lambda: '"release_at":null' not in cluster.db("SELECT value FROM breaker_state WHERE kind='s'")[0][0],
              10, 0.02, "the hold started")
     cluster.kill("a")
@@ -300,14 +300,14 @@ def test_postgresql_restarted_mid_incident_replicas_answer_503_nothing_lost_or_d
     (Alertmanager retries); PostgreSQL starts again: the release is made once."""
     a, b = cluster.replica("a"), cluster.replica("b")
     cluster.alertmanagers({"am1": [a, b], "am2": [a, b]})
-    start = datetime.now(timezone.utc) - timedelta(seconds=5)
+    start = datetime.now(UTC) - timedelta(seconds=5)
     cluster.post_alerts([LABELS], start)
     _settled(cluster, 1, 0.5)
     cluster.pg.stop()
     try:
         resolved = payload(alert("GPUMemoryUtilizationHigh", "resolved", starts=start.timestamp(), **GPU))
         assert (_post(a, resolved), _post(b, resolved)) == (503, 503)
-        cluster.post_alerts([LABELS], start, datetime.now(timezone.utc))
+        cluster.post_alerts([LABELS], start, datetime.now(UTC))
         wait_for(lambda: sum(_metric(u, C.FUSE_METRICS["notifications"], outcome="http_503") for u in (a, b)) >= 3,
                  10, 0.1, "Alertmanager's notification answered 503")
         time.sleep(1.0)
@@ -325,7 +325,7 @@ def test_one_alertmanager_peer_killed_the_other_keeps_notifying_one_trip(cluster
     cluster.alertmanagers({"am1": [a, b], "am2": [a, b]})
     cluster.ams["am1"].send_signal(signal.SIGKILL)
     cluster.ams["am1"].wait(10)
-    start = datetime.now(timezone.utc) - timedelta(seconds=5)
+    start = datetime.now(UTC) - timedelta(seconds=5)
     cluster.post_alerts([LABELS, HEARTBEAT], start, only={"am2"})
     _settled(cluster, 1, 1.5)
     assert cluster.calls() == [("trip", 1)]

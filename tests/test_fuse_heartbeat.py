@@ -8,11 +8,12 @@ externalURL: the fuse's gauge must carry exactly that URL.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 from _fuse_support import LiveService, alert, payload, wait_for
+from _support import SPEC
 from prometheus_client.parser import text_string_to_metric_families
 from test_fuse_alertmanager import _People, _rfc3339, alertmanager  # noqa: F401  (the fixture)
 
@@ -20,8 +21,6 @@ from fusebox.fuse.gateway import ReferenceGateway, read_log
 from fusebox.fuse.rules import FuseRules
 from fusebox.generator.render_rules import render_rules
 from fusebox.spec import load_spec, parse_spec
-
-from _support import SPEC
 
 LAST = "fusebox_fuse_last_notification_timestamp_seconds"  # docs/self-monitoring.md
 
@@ -103,7 +102,7 @@ def test_a_real_alertmanager_sends_the_heartbeat_to_the_fuse_only_and_health_ale
     try:
         with LiveService(tmp_path / "s.sqlite", gw.url, hold_s=0.5) as svc:
             am = alertmanager(svc.url, config, (f"--web.external-url={external}",))
-            start = datetime.now(timezone.utc) - timedelta(seconds=5)
+            start = datetime.now(UTC) - timedelta(seconds=5)
             body = [{"labels": lb, "startsAt": _rfc3339(start)} for lb in labels]
             assert httpx.post(am + "/api/v2/alerts", json=body, timeout=5).status_code == 200
 

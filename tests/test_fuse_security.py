@@ -26,7 +26,6 @@ from fusebox.fuse.app import create_app
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store
-
 from fusebox.spec import load_spec, parse_spec
 
 HOOK = {"Authorization": f"Bearer {TOKEN}"}

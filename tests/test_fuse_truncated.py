@@ -7,11 +7,11 @@ from __future__ import annotations
 import html
 import re
 import subprocess
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from _fuse_support import LiveService, PEOPLE, TOKEN, alert, dry_run_service, free_port, need_tool, payload, wait_for
+from _fuse_support import PEOPLE, TOKEN, LiveService, alert, dry_run_service, free_port, need_tool, payload, wait_for
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
@@ -131,7 +131,7 @@ def test_a_real_alertmanager_with_max_alerts_2_and_5_alerts_sends_truncated_aler
                     return False
 
             wait_for(ready, 20, 0.1, "alertmanager ready")
-            start = (datetime.now(timezone.utc) - timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
+            start = (datetime.now(UTC) - timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
             labels = [{"alertname": "GPUMemoryUtilizationHigh", "severity": "critical",
                        "signal": "gpu_memory_utilization", "fuse_action": "freeze_admissions", "fuse_level": "1",
                        "replica": f"r{i}", **GPU} for i in range(5)]

@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import yaml
-
 from _support import FIXTURES, ROOT
 
 RULE = FIXTURES / "generator/vllm_examples_k8s-monitoring_prometheusrule.yaml"

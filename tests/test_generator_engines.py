@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support import ROOT, SPEC, need, promtools
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 from fusebox.spec import SpecError, parse_spec
 from fusebox.spec.units import parse_duration
 from fusebox.tooling import ToolMissing, thanos_tool, victoriametrics_tool
-
-from _support import ROOT, SPEC, need, promtools
 
 VM_TESTS = "fusebox.rules.vmalert.test.yml"
 # Grafana Mimir's default ruler limits: -ruler.max-rules-per-rule-group and
@@ -141,7 +140,7 @@ def test_vmalert_tests_are_the_promtool_cases_shifted_by_each_alerts_lag(generat
     assert titles(text) == titles((generated / "rules/fusebox.rules.test.yml").read_text())
     interval = parse_duration(prom["evaluation_interval"])
     group_of = {r["alert"]: g["name"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
-    for vg, pg in zip(vm["tests"], prom["tests"]):
+    for vg, pg in zip(vm["tests"], prom["tests"], strict=False):
         assert "promql_expr_test" not in vg
         assert len(vg.get("metricsql_expr_test", [])) == len(pg.get("promql_expr_test", []))
         want = [(c["alertname"], parse_duration(c["eval_time"]) + lags[c["alertname"]] * interval)

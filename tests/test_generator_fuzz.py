@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from _support import SPEC
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fusebox.cli import main
-
-from _support import SPEC
 
 BASE = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
 

@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from _support import ROOT, SPEC
 
 from fusebox.cli import main
 from fusebox.spec import SpecError, parse_spec
 from fusebox.spec.units import parse_duration
-
-from _support import ROOT, SPEC
 
 BASE = SPEC.read_text(encoding="utf-8")
 

@@ -7,14 +7,13 @@ import sys
 
 import promql_parser
 import yaml
+from _support import FIXTURES, ROOT, SPEC
 
 from fusebox import conventions as C
-from fusebox.spec.kinds import dashboard_records
-from fusebox.generator.outputs import render_all
 from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
+from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import drift, write_outputs
-
-from _support import FIXTURES, ROOT, SPEC
+from fusebox.spec.kinds import dashboard_records
 
 
 def test_every_file_has_the_generated_header(spec):
@@ -106,8 +105,8 @@ def test_dashboard_group_records_what_the_panels_read(generated, spec):
 def test_dashboard_gpu_bytes_follow_the_dcgm_backend():
     text = SPEC.read_text().replace("    level: gpu\n    sources:\n      fusebox:\n        note: hw_gpu",
                                     "    level: gpu\n    source: dcgm\n    sources:\n      fusebox:\n        note: hw_gpu", 1)
-    from fusebox.spec import parse_spec
     from fusebox.generator.render_rules import render_rules
+    from fusebox.spec import parse_spec
 
     rules = render_rules(parse_spec(text, "fusebox.yaml"))
     group = next(g for g in rules.groups if g["name"] == "fusebox-dashboard")

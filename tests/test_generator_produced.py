@@ -24,13 +24,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support import FIXTURES, SPEC
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox import conventions as C
 from fusebox.generator.deadselectors import SYNTHETIC, dead_selectors, load_captures, load_rules
 from fusebox.spec.promql import vector_selectors
-
-from _support import FIXTURES, SPEC
 
 FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
 GEN = FIXTURES / "generator"
@@ -175,7 +174,7 @@ def test_the_rules_on_a_real_prometheus_over_dcgm_and_vllm_captures(tmp_path):
     servers = [serve_text(DCGM_MIG.read_bytes()), serve_text(VLLM_CAPTURES[1].read_bytes())]
     try:
         jobs = [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{s.server_address[1]}"]}]}
-                for job, s in zip(("dcgm-exporter", "vllm"), servers)]
+                for job, s in zip(("dcgm-exporter", "vllm"), servers, strict=False)]
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                "rule_files": [str(tmp_path / "out/rules/fusebox.rules.yml")], "scrape_configs": jobs}
         with prometheus(tmp_path, cfg) as base:

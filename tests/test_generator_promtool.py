@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support import FIXTURES, ROOT, SPEC, need, promtools
 
-from fusebox.spec import parse_spec
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
-
-from _support import FIXTURES, ROOT, SPEC, need, promtools
+from fusebox.spec import parse_spec
 
 pytestmark = pytest.mark.tools
 HAND = Path(__file__).parent / "promtool"

@@ -6,11 +6,10 @@ import subprocess
 import sys
 
 import pytest
+from _support import ROOT, SPEC
 
 from fusebox.spec import SpecError, parse_spec
 from fusebox.spec.units import parse_duration, parse_quantity
-
-from _support import ROOT, SPEC
 
 BASE = SPEC.read_text(encoding="utf-8")
 

@@ -74,13 +74,12 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 import yaml
-
 from _gateways import StandInEngine, sglang_gateway, sglang_workers
 from _k8s_pods import Pod, expand
 from _kube_net import ReadinessProber, RunningPod, ServiceProxy, map_service_urls, static_sd
@@ -136,7 +135,7 @@ class Run:
     calls: list[dict] = field(default_factory=list)  # the reference gateway's log
     am_snapshots: list[tuple[float, list[dict]]] = field(default_factory=list)
     foreign: list[dict] = field(default_factory=list)  # the foreign alert as Alertmanager reports it
-    proxied: list[tuple[str, str, bytes, Optional[str]]] = field(default_factory=list)  # what the fuse Service carried
+    proxied: list[tuple[str, str, bytes, str | None]] = field(default_factory=list)  # what the fuse Service carried
     pod_ips: dict[str, str] = field(default_factory=dict)  # fuse pod -> its IP
     alertmanagers: list[str] = field(default_factory=list)  # Prometheus' discovered Alertmanagers
     am_address: str = ""  # the Alertmanager pod's IP:port
@@ -146,7 +145,7 @@ class Run:
     logs: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     token: str = ""
-    error: Optional[str] = None
+    error: str | None = None
 
 
 # ------------------------------------------------------------------------------ the spec
@@ -357,7 +356,7 @@ def run(tmp_path_factory) -> Run:
         res.timings["applied_s"] = time.monotonic() - t_start
 
         # 5. what the operator renders ------------------------------------------------------
-        def rendered_prometheus() -> Optional[dict]:
+        def rendered_prometheus() -> dict | None:
             s = cp.get("v1", "Secret", f"prometheus-{PROMETHEUS}", NS)
             if not s or "prometheus.yaml.gz" not in (s.get("data") or {}):
                 return None
@@ -378,7 +377,7 @@ def run(tmp_path_factory) -> Run:
         res.rulefiles = wait_until(rulefiles, 60, "the rule-file ConfigMap", step=0.5, alive=cp.check,
                                    why=cp.operator_log)
 
-        def rendered_alertmanager() -> Optional[dict]:
+        def rendered_alertmanager() -> dict | None:
             s = cp.get("v1", "Secret", f"alertmanager-{ALERTMANAGER}-generated", NS)
             if not s or "alertmanager.yaml.gz" not in (s.get("data") or {}):
                 return None
@@ -473,7 +472,7 @@ def run(tmp_path_factory) -> Run:
         # the scenario's end (its player exits then): every release is due well before
         deadline = time.monotonic() + SC.duration_s - 5
         full = frozenset(res.worker_urls.values())
-        done_at: Optional[float] = None
+        done_at: float | None = None
         try:
             while time.monotonic() < deadline:
                 for p in [*pods, am_pod, prom_pod, coll]:

@@ -25,14 +25,13 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from _support import ROOT, SPEC, need
 
 from fusebox import conventions as C
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 from fusebox.spec import SpecError, parse_spec
 from fusebox.tooling import tools_dir
-
-from _support import ROOT, SPEC, need
 
 KUBERNETES_VERSION = "1.32.0"  # one that kubernetes-validate ships (its kubernetes-json-schema folder)
 OPERATOR_VERSION = "v0.85.0"  # tools/build-operator-crds.sh

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 import yaml
-
 from _dashboards_support import ROOT, free_port, otelcol_binary
+
 from fusebox.generator.render_otelcol import OtelcolOptions, otelcol_config, render_otelcol
 from fusebox.spec import load_spec
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from _dashboards_support import ROOT, collector_setup, process, prometheus, query, serve_text, wait_http
 
-from _dashboards_support import collector_setup, process, prometheus, query, serve_text, wait_http
 from fusebox import conventions as C
-from _dashboards_support import ROOT
 
 pytestmark = [pytest.mark.otelcol, pytest.mark.tools]
 
@@ -55,7 +54,7 @@ def _push(endpoint: str) -> None:
     for key, v in values.items():
         otel_name, otel_unit, kind = C.OTEL[key]
         attrs = ENGINE if key.startswith("kv_") else GPU
-        cb = (lambda v, attrs: lambda _opts: [Observation(v, attrs)])(v, attrs)
+        cb = (lambda v, attrs: lambda _opts: [Observation(v, attrs)])(v, attrs)  # noqa: B023 - bound by the outer lambda
         if kind == "gauge":
             meter.create_observable_gauge(otel_name, [cb], unit=otel_unit)
         else:

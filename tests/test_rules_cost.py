@@ -14,7 +14,6 @@ from collections import Counter
 
 import pytest
 import yaml
-
 from _support import FIXTURES, SPEC
 
 from fusebox.generator.outputs import render_all

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from _support import SPEC
 
 from fusebox.generator.render_alertmanager import render_alertmanager
 from fusebox.generator.render_rules import render_rules
 from fusebox.spec import SpecError, parse_spec
-
-from _support import SPEC
 
 ANCHOR = "  allow_fleet_wide_alerts: false\n"
 

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support import FIXTURES, ROOT, SPEC, promtools
 
-from fusebox.generator.outputs import render_all
 from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
+from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
 from fusebox.spec.units import humanize, parse_quantity
-
-from _support import FIXTURES, ROOT, SPEC, promtools
 
 DOC = ROOT / "docs/spec.md"
 DCGM_CAPTURE = FIXTURES / "generator/datadog_dcgm_metrics_fixture_t4_mixed.txt"

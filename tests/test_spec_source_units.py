@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support import SPEC
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
-
-from _support import SPEC
 
 FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
 

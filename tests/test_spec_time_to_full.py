@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _support import SPEC, need, promtools
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
 from fusebox.tooling import ToolMissing, victoriametrics_tool
-
-from _support import SPEC, need, promtools
 
 KV, GPU = "kv_cache_time_to_full", "gpu_memory_time_to_full"
 

@@ -9,7 +9,6 @@ import subprocess
 import textwrap
 
 import pytest
-
 from _unit_rule import _Module, guard, reaching
 
 SUPPORT = """

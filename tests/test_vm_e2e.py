@@ -23,7 +23,6 @@ import concurrent.futures
 import time
 
 import pytest
-
 from _demo_support import (
     EXPECTED,
     assert_every_process_gone,

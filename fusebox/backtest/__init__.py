@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .fuse import FuseEvent, run_fuse
 from .recording import Recording, RecordingError, metric_names_in
@@ -49,8 +49,8 @@ def rule_groups(spec) -> list[dict]:
     return out
 
 
-def window(rec: Recording, groups: list[dict], start: Optional[float] = None,
-           end: Optional[float] = None) -> tuple[float, float]:
+def window(rec: Recording, groups: list[dict], start: float | None = None,
+           end: float | None = None) -> tuple[float, float]:
     """The replayed range, Unix s: from ``start`` (default: the first sample) rounded up to a whole
     multiple of the longest group interval (an evaluation grid every group shares), to ``end``
     (default: the last sample), whole seconds.
@@ -68,8 +68,8 @@ def window(rec: Recording, groups: list[dict], start: Optional[float] = None,
     return lo, hi
 
 
-def backtest(spec_path: str | Path, rec: Recording, *, hold_s: float, start: Optional[float] = None,
-             end: Optional[float] = None, display: Optional[str] = None) -> Result:
+def backtest(spec_path: str | Path, rec: Recording, *, hold_s: float, start: float | None = None,
+             end: float | None = None, display: str | None = None) -> Result:
     """Replay ``spec_path``'s rules over ``rec`` and feed the fuse's breaker.
 
     ``start``/``end`` (Unix s) default to the recording's span (:func:`window`).

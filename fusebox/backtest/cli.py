@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["register", "moves"]
 
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_backtest)
 
 
-def _time(text: Optional[str], flag: str) -> float:
+def _time(text: str | None, flag: str) -> float:
     if not text:
         raise ValueError(f"{flag} is required with --url (Unix seconds or RFC 3339, e.g. 2026-01-02T15:04:05Z)")
     try:
@@ -55,7 +55,7 @@ def _time(text: Optional[str], flag: str) -> float:
         t = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ValueError(f"{flag} {text!r} is neither Unix seconds nor RFC 3339 (2026-01-02T15:04:05Z)") from None
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 def _err(msg: str) -> None:
@@ -135,7 +135,7 @@ def moves(before, after) -> dict[str, list[dict]]:
     n-th. Returns ``{"alerts": [{alertname, severity, labels, event, before, after, delta_s}],
     "fuse": [{scope, level, action, before, after, delta_s}]}``; ``delta_s`` is None when the event
     happens in one run only (``before`` or ``after`` None)."""
-    def pair(xs: list[dict], ys: list[dict], key) -> list[tuple[Optional[dict], Optional[dict]]]:
+    def pair(xs: list[dict], ys: list[dict], key) -> list[tuple[dict | None, dict | None]]:
         seen: dict[tuple, list[dict]] = {}
         order: list[tuple] = []
         for x in xs + ys:
@@ -173,10 +173,10 @@ def moves(before, after) -> dict[str, list[dict]]:
     return res
 
 
-def _at(t: Optional[float], start: float) -> str:
+def _at(t: float | None, start: float) -> str:
     if t is None:
         return "-"
-    stamp = datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S")
+    stamp = datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S")
     return f"{stamp} (+{t - start:g}s)"
 
 
@@ -195,8 +195,8 @@ def _print(doc: dict) -> None:
 
     con = Console(width=None if sys.stdout.isatty() else 200)  # a pipe or a file: whole names on one line
     start = doc["start"]
-    window = (f"{datetime.fromtimestamp(start, timezone.utc).isoformat()} to "
-              f"{datetime.fromtimestamp(doc['end'], timezone.utc).isoformat()} ({doc['end'] - start:g} s)")
+    window = (f"{datetime.fromtimestamp(start, UTC).isoformat()} to "
+              f"{datetime.fromtimestamp(doc['end'], UTC).isoformat()} ({doc['end'] - start:g} s)")
     con.print(f"backtest of {doc['spec']} over {window}; fuse hold {doc['hold_s']:g} s")
     t = Table(title="alerts")
     for col in ("alert", "severity", "scope", "pending", "firing", "resolved"):

@@ -110,7 +110,7 @@ def run_fuse(spec, eps: list[AlertEpisode], hold_s: float) -> list[FuseEvent]:
             if g.changed:
                 advance(now)
                 note = Notification("4", "firing" if any(a.status == "firing" for a in g.alerts.values()) else "resolved",
-                                    "{}:" + str(dict(zip(group_by, g.key))), r.fuse_receiver, 0,
+                                    "{}:" + str(dict(zip(group_by, g.key, strict=False))), r.fuse_receiver, 0,
                                     tuple(g.alerts[fp] for fp in sorted(g.alerts)))
                 decisions, _ = breaker.on_notification(note, now)
                 out.extend(_events(decisions))

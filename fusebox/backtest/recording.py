@@ -29,9 +29,9 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 __all__ = ["RecordingError", "Recording", "read_openmetrics", "read_url", "metric_names_in", "MAX_FILE_BYTES"]
 

@@ -37,9 +37,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -78,9 +78,9 @@ class AlertEpisode:
     alertname: str
     severity: str
     labels: dict[str, str]
-    pending_at: Optional[float]
-    firing_at: Optional[float]
-    resolved_at: Optional[float]
+    pending_at: float | None
+    firing_at: float | None
+    resolved_at: float | None
     last_seen: float = field(default=0.0, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,7 +146,7 @@ def stages(groups: list[dict]) -> list[list[dict]]:
     return out
 
 
-def _http(url: str, data: Optional[bytes] = None, timeout_s: float = 60.0) -> bytes:
+def _http(url: str, data: bytes | None = None, timeout_s: float = 60.0) -> bytes:
     req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (loopback, our own process)
         return bytes(resp.read())
@@ -160,9 +160,9 @@ class _VictoriaMetrics:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / "victoria-metrics.log"
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "_VictoriaMetrics":
+    def __enter__(self) -> _VictoriaMetrics:
         binary = victoriametrics_tool("victoria-metrics")
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
@@ -215,11 +215,11 @@ def _tail(path: Path, n: int = 15) -> str:
 
 
 def _rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def replay(rec: Recording, groups: list[dict], start_s: float, end_s: float, *,
-           workdir: Optional[Path] = None) -> list[dict]:
+           workdir: Path | None = None) -> list[dict]:
     """Import ``rec`` into a fresh VictoriaMetrics, replay ``groups`` stage by stage with
     ``vmalert -replay`` over ``[start_s, end_s]`` (Unix seconds, whole seconds), and return the
     ``ALERTS`` series as ``/api/v1/export`` gives them (``{"metric", "values", "timestamps"}``,
@@ -279,7 +279,7 @@ def episodes(series: list[dict], timings: dict[tuple[str, str], RuleTiming], sta
         if tm is None or tm.interval_s <= 0:
             continue
         last_eval = start_s + ((end_s - start_s) // tm.interval_s) * tm.interval_s
-        cur: Optional[AlertEpisode] = None
+        cur: AlertEpisode | None = None
         eps = 1e-6
         for ts in sorted(states):
             st = states[ts]

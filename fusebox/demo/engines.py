@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -84,8 +85,8 @@ class StartContext:
     """What an engine needs from the stack to start: the supervisor, the readiness wait
     (``ready(child, url)``: raises ChildDied / TimeoutError) and the work directory."""
 
-    sup: "Supervisor"
-    ready: Callable[["Child", str], None]
+    sup: Supervisor
+    ready: Callable[[Child, str], None]
     workdir: Path
 
 
@@ -119,7 +120,7 @@ class Engine:
         """Start the engine's processes under ``ctx.sup`` and wait until each is ready."""
         raise NotImplementedError
 
-    def stop_replica(self, sup: "Supervisor", index: int) -> list["Child"]:
+    def stop_replica(self, sup: Supervisor, index: int) -> list[Child]:
         """Stop replica ``index`` (all of its processes) for good; returns what it stopped."""
         raise ValueError(f"the {self.name} engine has no replicas to stop")
 
@@ -183,7 +184,7 @@ class VictoriaMetricsEngine(Engine):
         if not 1 <= replicas <= len(ports.victoriametrics):
             raise ValueError(f"replicas must be 1..{len(ports.victoriametrics)} (ports picked for that many)")
         super().__init__(ports, replicas)
-        self.children: list[list["Child"]] = [[] for _ in range(replicas)]
+        self.children: list[list[Child]] = [[] for _ in range(replicas)]
         self.stopped: set[int] = set()
 
     @classmethod
@@ -246,7 +247,7 @@ class VictoriaMetricsEngine(Engine):
             self.children[i].append(va)
             ctx.ready(va, f"{self.vmalert_url(i)}/health")
 
-    def stop_replica(self, sup: "Supervisor", index: int) -> list["Child"]:
+    def stop_replica(self, sup: Supervisor, index: int) -> list[Child]:
         if self.replicas < 2:
             raise ValueError("stopping the only VictoriaMetrics node would stop the demo; run with replicas >= 2")
         if index in self.stopped or not 0 <= index < self.replicas:
@@ -291,7 +292,7 @@ def engine_class(name: str) -> type[Engine]:
     return classes[name]
 
 
-def make_engine(name: str, ports, replicas: int = 1, tools: Optional[dict[str, str]] = None) -> Engine:
+def make_engine(name: str, ports, replicas: int = 1, tools: dict[str, str] | None = None) -> Engine:
     """The engine called ``name`` (one of :data:`ENGINES`) on ``ports``.
 
     Raises:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 from .check import verify
 from .stack import Stack, StackOptions
@@ -26,19 +26,19 @@ class RunResult:
     ok: bool
     problems: list[str]
     events: list[Event]
-    scenario_t0: Optional[float]
+    scenario_t0: float | None
     spec: object
     scenario: object
     speed: float
     workdir: Path
     urls: dict = field(default_factory=dict)
-    error: Optional[str] = None
+    error: str | None = None
     wall_s: float = 0.0
 
 
-def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
-        stop_when: Optional[Callable[[Watcher], bool]] = None, poll_s: float = 0.5,
-        max_wall_s: Optional[float] = None, on_poll: Optional[Callable[[Stack, Watcher], None]] = None) -> RunResult:
+def run(opts: StackOptions, *, once: bool, view: DemoView | None = None,
+        stop_when: Callable[[Watcher], bool] | None = None, poll_s: float = 0.5,
+        max_wall_s: float | None = None, on_poll: Callable[[Stack, Watcher], None] | None = None) -> RunResult:
     """Run the demo.
 
     Args:
@@ -60,7 +60,7 @@ def run(opts: StackOptions, *, once: bool, view: Optional[DemoView] = None,
     sc = load_scenario(opts.scenario)
     view.scenario_name, view.scenario_len, view.speed = sc.name, sc.duration_s, opts.speed
     stack = Stack(opts, say=view.say)
-    watcher: Optional[Watcher] = None
+    watcher: Watcher | None = None
     error = None
     try:
         view.say(f"demo: generating from {opts.spec} into {stack.workdir}")

@@ -12,7 +12,6 @@ for the user's cluster) applies.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import yaml
 
@@ -52,8 +51,8 @@ def _seconds(text) -> float:
 
 
 def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
-                   timing: Optional[Timing] = FAST, source: str = "fusebox.yaml",
-                   adapters: Optional[dict] = None) -> str:
+                   timing: Timing | None = FAST, source: str = "fusebox.yaml",
+                   adapters: dict | None = None) -> str:
     """The demo spec (YAML text) derived from ``base_text`` (the user's spec).
 
     Args:

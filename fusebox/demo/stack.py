@@ -22,9 +22,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
 from fusebox.tooling import ToolMissing, free_port, tools_dir
@@ -60,7 +61,7 @@ class Ports:
     vmalert: tuple[int, ...] = field(default=())
 
     @classmethod
-    def pick(cls, replicas: int = 1) -> "Ports":
+    def pick(cls, replicas: int = 1) -> Ports:
         """Distinct free loopback ports: one per :data:`PORT_NAMES`, and ``replicas`` each for
         VictoriaMetrics and vmalert."""
         ports: list[int] = []
@@ -69,7 +70,7 @@ class Ports:
             if p not in ports:
                 ports.append(p)
         n = len(PORT_NAMES)
-        return cls(**dict(zip(PORT_NAMES, ports[:n])), victoriametrics=tuple(ports[n:n + replicas]),
+        return cls(**dict(zip(PORT_NAMES, ports[:n], strict=False)), victoriametrics=tuple(ports[n:n + replicas]),
                    vmalert=tuple(ports[n + replicas:]))
 
 
@@ -82,7 +83,7 @@ def find_tools(engine: str = "prometheus") -> dict[str, str]:
         ValueError: an unknown engine.
     """
     eng_found, eng_missing = engine_class(engine).find_tools()
-    found: dict[str, Optional[str]] = {
+    found: dict[str, str | None] = {
         "alertmanager": os.environ.get("FUSEBOX_ALERTMANAGER") or shutil.which("prometheus-alertmanager")
         or shutil.which("alertmanager"),
     }
@@ -121,11 +122,11 @@ class StackOptions:
 
     workdir: Path
     spec: Path = Path("fusebox.yaml")
-    scenario: Optional[str] = None
+    scenario: str | None = None
     speed: float = 1.25
-    timing: Optional[Timing] = FAST
+    timing: Timing | None = FAST
     hold_s: float = 10.0
-    grafana_url: Optional[str] = None
+    grafana_url: str | None = None
     gateway: str = "sglang"  # "sglang": the real SGLang Model Gateway too; "reference": the reference gateway alone
     engine: str = "prometheus"
     replicas: int = 1
@@ -148,9 +149,9 @@ class Stack:
         self.token_path = self.workdir / "fuse.token"
         self.gateway_log = self.workdir / "gateway.jsonl"
         self.out = self.workdir / "generated"
-        self.scenario_child: Optional[Child] = None
+        self.scenario_child: Child | None = None
         self.scenario_runs = 0
-        self.spec: Optional[Spec] = None  # set by prepare()
+        self.spec: Spec | None = None  # set by prepare()
         self.engines: list = []  # stand-in engines (StandInEngine), one per scenario GPU
         self.worker_names: dict[str, str] = {}  # stand-in URL -> what it stands for
 
@@ -271,7 +272,7 @@ class Stack:
         self.say("demo: stopping replica " + str(index + 1) + ": "
                  + ", ".join(f"{c.name} (pid {c.pid})" for c in gone))
 
-    def start_scenario(self, on_line: Optional[Callable[[float, str], None]] = None) -> Child:
+    def start_scenario(self, on_line: Callable[[float, str], None] | None = None) -> Child:
         """Start (or restart) the scenario player; it exits 0 at the scenario's end."""
         if self.scenario_child is not None:
             self.sup.children.remove(self.scenario_child)
@@ -314,7 +315,7 @@ def http_text(url: str, timeout: float = 2.0) -> str:
         return r.read().decode("utf-8", "replace")
 
 
-def http_json(url: str, timeout: float = 2.0, token: Optional[str] = None):
+def http_json(url: str, timeout: float = 2.0, token: str | None = None):
     """GET ``url`` and decode its JSON; ``token``: sent as ``Authorization: Bearer``."""
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 -- loopback

@@ -12,9 +12,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 __all__ = ["Child", "ChildDied", "Supervisor"]
 
@@ -22,7 +22,7 @@ __all__ = ["Child", "ChildDied", "Supervisor"]
 class ChildDied(RuntimeError):
     """A child exited while it was meant to run; ``str()`` names it, its status and log file."""
 
-    def __init__(self, child: "Child"):
+    def __init__(self, child: Child):
         self.child = child
         tail = child.log_tail(12)
         super().__init__(
@@ -58,8 +58,8 @@ class Supervisor:
         self.children: list[Child] = []
         self.say = say
 
-    def start(self, name: str, args: Sequence[str], *, env: Optional[dict] = None, cwd: Optional[Path] = None,
-              may_exit: bool = False, on_line: Optional[Callable[[float, str], None]] = None) -> Child:
+    def start(self, name: str, args: Sequence[str], *, env: dict | None = None, cwd: Path | None = None,
+              may_exit: bool = False, on_line: Callable[[float, str], None] | None = None) -> Child:
         """Start ``args`` with stdout+stderr to ``<log_dir>/<name>.log``.
 
         ``on_line(wall_time, line)``: follow the child's output line by line (a reader thread

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
 from fusebox.spec.units import format_duration
@@ -35,7 +35,7 @@ def short_scope(scope: dict[str, str]) -> tuple[str, str]:
     return f"{what} {short(scope[what])}", where
 
 
-def fuse_rows(levels: dict[str, int], calls: list[dict], t0: Optional[float] = None) -> list[tuple[str, str, int, str]]:
+def fuse_rows(levels: dict[str, int], calls: list[dict], t0: float | None = None) -> list[tuple[str, str, int, str]]:
     """One row per fuse scope: (what, where, level now, gateway calls on that scope).
 
     ``levels``: the fuse service's ``/state`` levels (scope key -> level; absent = 0);
@@ -106,7 +106,7 @@ def feed_line(last: dict[str, float], now: float, interval: str) -> str:
 
 
 class DemoView:
-    def __init__(self, console=None, *, live: Optional[bool] = None, title: str = "fusebox demo"):
+    def __init__(self, console=None, *, live: bool | None = None, title: str = "fusebox demo"):
         from rich.console import Console
 
         self.console = console or Console()
@@ -114,10 +114,10 @@ class DemoView:
         self.title = title
         self.urls: dict[str, str] = {}
         self.engine = "Prometheus"  # the rule engine's name, in the tables' titles
-        self._live: Optional[Live] = None
-        self._watcher: Optional[Watcher] = None
+        self._live: Live | None = None
+        self._watcher: Watcher | None = None
         self._recent: list[str] = []
-        self.t0: Optional[float] = None
+        self.t0: float | None = None
         self.scenario_name = ""
         self.scenario_len = 0.0
         self.speed = 1.0
@@ -147,7 +147,7 @@ class DemoView:
             self._live.stop()
             self._live = None
 
-    def _t0(self) -> Optional[float]:
+    def _t0(self) -> float | None:
         """Wall time of scenario t=0 (else of the view's start): the origin of event times."""
         return self._watcher.scenario_t0 if self._watcher and self._watcher.scenario_t0 else self.t0
 

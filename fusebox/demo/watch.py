@@ -19,7 +19,6 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -68,15 +67,15 @@ class Watcher:
     """Poll with :meth:`poll` (returns the new events); read :attr:`values`, :attr:`alerts`,
     :attr:`fuses`, :attr:`phase`, :attr:`events`."""
 
-    def __init__(self, urls: dict[str, str], spec, gateway_log: Path, fuse_token: Optional[str] = None,
-                 worker_names: Optional[dict[str, str]] = None, engine=None):
+    def __init__(self, urls: dict[str, str], spec, gateway_log: Path, fuse_token: str | None = None,
+                 worker_names: dict[str, str] | None = None, engine=None):
         self.urls = urls
         # the rule engine (.engines.Engine): its query_urls in failover order, its alerts_urls
         # all merged, read at every poll (a replica stopped mid-run drops out); None: Prometheus
         # at urls["prometheus"]
         self.engine = engine
         self.worker_names = dict(worker_names or {})  # SGLang worker URL -> what it stands for
-        self.workers: Optional[list[str]] = None  # the SGLang Model Gateway's own worker list (GET /workers)
+        self.workers: list[str] | None = None  # the SGLang Model Gateway's own worker list (GET /workers)
         self.fuse_token = fuse_token  # the fuse service's /state needs a reader token
         self.spec = spec
         self.gateway_log = Path(gateway_log)
@@ -91,9 +90,9 @@ class Watcher:
         # Alertmanager externalURL -> Unix time of its last notification to the fuse (fuse /metrics)
         self.last_notification: dict[str, float] = {}
         self.gateway_calls: list[dict] = []
-        self.phase: Optional[str] = None
+        self.phase: str | None = None
         self.phase_t: float = 0.0
-        self.scenario_t0: Optional[float] = None  # wall time of scenario t=0 (latest run)
+        self.scenario_t0: float | None = None  # wall time of scenario t=0 (latest run)
         self.errors: dict[str, str] = {}
         self._gw_offset = 0
 

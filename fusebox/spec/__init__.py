@@ -11,8 +11,7 @@ demo all read the spec through this package (see docs/architecture.md).
 """
 
 from .errors import Problem, SpecError
-from .model import (API_VERSION, FuseAction, Kubernetes, Runbook, Signal, Source, Spec, Tier, load_spec,
-                    parse_spec)
+from .model import API_VERSION, FuseAction, Kubernetes, Runbook, Signal, Source, Spec, Tier, load_spec, parse_spec
 
 __all__ = ["Problem", "SpecError", "Signal", "Source", "Spec", "Tier", "FuseAction", "Runbook", "Kubernetes", "load_spec", "parse_spec",
            "API_VERSION"]

@@ -36,8 +36,9 @@ kind cannot apply is one of them (the fuse service exits 2 naming that line).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from jinja2 import TemplateSyntaxError
@@ -58,8 +59,8 @@ class _Strict(BaseModel):
 
 class RawTarget(_Strict):
     match: dict[str, str]
-    worker_url: Optional[str] = None
-    server: Optional[str] = None
+    worker_url: str | None = None
+    server: str | None = None
     vars: dict[str, str] = {}
 
 
@@ -83,25 +84,25 @@ class RawAttribution(_Strict):
 
 
 class RawDiscover(_Strict):
-    prometheus: Optional[str] = None  # None: the fuse's --prometheus-url (kubernetes.fuse.prometheus_url)
+    prometheus: str | None = None  # None: the fuse's --prometheus-url (kubernetes.fuse.prometheus_url)
     ttl: Any = "30s"
     attribution: RawAttribution = RawAttribution()
 
 
 class RawAdapter(_Strict):
     kind: Literal[KINDS]  # type: ignore[valid-type]
-    url: Optional[str] = None
-    socket: Optional[str] = None
+    url: str | None = None
+    socket: str | None = None
     actions: list[str]
     timeout: Any = "5s"
-    max_attempts: Optional[int] = None
+    max_attempts: int | None = None
     targets: list[RawTarget] = []
     hosts: list[str] = []
     headers_files: dict[str, str] = {}
-    trip: Optional[RawRequest] = None
-    release: Optional[RawRequest] = None
-    text_only: Optional[RawTextOnly] = None
-    discover: Optional[RawDiscover] = None
+    trip: RawRequest | None = None
+    release: RawRequest | None = None
+    text_only: RawTextOnly | None = None
+    discover: RawDiscover | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class Discover:
     ``DCGM_FI_DEV_FB_USED{UUID, pod, namespace}``); pod IPs come from kube-state-metrics'
     ``kube_pod_info{namespace, pod, pod_ip}``."""
 
-    prometheus: Optional[str]
+    prometheus: str | None
     ttl_s: float
     metric: str
     gpu: str
@@ -145,9 +146,9 @@ class Target:
     """One scope -> target row: ``match`` (scope labels, the spec's values), ``worker_url``, ``vars``."""
 
     match: dict[str, str]
-    worker_url: Optional[str] = None
+    worker_url: str | None = None
     vars: dict[str, str] = field(default_factory=dict)
-    server: Optional[str] = None  # haproxy: "<backend>/<server>"
+    server: str | None = None  # haproxy: "<backend>/<server>"
 
 
 @dataclass(frozen=True)
@@ -165,18 +166,18 @@ class Adapter:
 
     name: str
     kind: str
-    url: Optional[str]
+    url: str | None
     actions: tuple[str, ...]
     timeout_s: float
-    max_attempts: Optional[int]
+    max_attempts: int | None
     targets: tuple[Target, ...]
     hosts: tuple[str, ...] = ()
     headers_files: dict[str, str] = field(default_factory=dict)
-    trip: Optional[Request] = None
-    release: Optional[Request] = None
-    socket: Optional[str] = None  # haproxy: the runtime API's UNIX socket
-    text_only: Optional[TextOnly] = None  # haproxy: level 2 through a map
-    discover: Optional[Discover] = None  # sglang_gateway, vllm_router: GPU scopes -> workers
+    trip: Request | None = None
+    release: Request | None = None
+    socket: str | None = None  # haproxy: the runtime API's UNIX socket
+    text_only: TextOnly | None = None  # haproxy: level 2 through a map
+    discover: Discover | None = None  # sglang_gateway, vllm_router: GPU scopes -> workers
 
 
 # HAProxy proxy and server names: letters, digits, '-', '_', '.' and ':' (its cfgparse rule);
@@ -286,7 +287,7 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
 
 
 def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[Any, tuple], float],
-                    err: Callable[..., None]) -> Optional[Discover]:
+                    err: Callable[..., None]) -> Discover | None:
     """``discover``: only on the kinds in :data:`DISCOVER_KINDS`, an http(s) Prometheus URL, a TTL
     within :data:`DISCOVER_TTL_RANGE_S`, Prometheus metric and label names."""
     d = a.discover

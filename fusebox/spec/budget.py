@@ -19,8 +19,9 @@ language decoder of the test corpus on an H100 80GB:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Optional, Union
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
@@ -30,7 +31,7 @@ Err = Callable[..., None]
 DEFAULT_KV_POOL = "52 GiB"
 DEFAULT_KV_FILL = "90%"
 DEFAULT_GPU_MEMORY = "81559 MiB"
-Scalar = Annotated[Union[str, int, float], BeforeValidator(units.reject_bool)]
+Scalar = Annotated[str | int | float, BeforeValidator(units.reject_bool)]
 
 
 class RawBudget(BaseModel):
@@ -41,7 +42,7 @@ class RawBudget(BaseModel):
     kv_pool: Scalar = DEFAULT_KV_POOL
     kv_fill: Scalar = DEFAULT_KV_FILL
     gpu_memory: Scalar = DEFAULT_GPU_MEMORY
-    gpu_growth: Optional[Scalar] = None
+    gpu_growth: Scalar | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Budget:
     kv_pool_bytes: float = 55_834_574_848.0  # 52 GiB
     kv_fill: float = 0.9
     gpu_memory_bytes: float = 85_520_809_984.0  # 81559 MiB
-    gpu_growth_bps: Optional[float] = None
+    gpu_growth_bps: float | None = None
 
 
 def normalise_budget(raw: RawBudget, err: Err) -> Budget:

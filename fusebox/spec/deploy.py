@@ -15,8 +15,9 @@ can be copied from a manifest; the block's own keys are snake_case like the rest
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -66,11 +67,11 @@ class RawGrafanaSidecar(_Strict):
 
 
 class RawToleration(_Strict):
-    key: Optional[StrictStr] = None
+    key: StrictStr | None = None
     operator: Literal["Exists", "Equal"] = "Exists"
-    value: Optional[StrictStr] = None
-    effect: Optional[Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
-    tolerationSeconds: Optional[StrictInt] = None
+    value: StrictStr | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: StrictInt | None = None
 
 
 def _quantity_text(v: Any) -> Any:
@@ -97,7 +98,7 @@ class RawCollectors(_Strict):
     # collector name -> extra `fusebox collect NAME` arguments; each runs as one container
     run: dict[StrictStr, list[StrictStr]] = {"gpu": []}
     port: StrictInt = 9410  # the first collector's /metrics port; the next ones take port + 1, + 2 ...
-    cluster: Optional[StrictStr] = None  # the `cluster` label; default: the spec's metadata.name
+    cluster: StrictStr | None = None  # the `cluster` label; default: the spec's metadata.name
 
 
 class RawSecretRef(_Strict):
@@ -110,17 +111,17 @@ class RawFuseWorkload(_Strict):
     # More than one replica needs the PostgreSQL store (SQLite has one writer): store_secret names
     # the Secret key holding its postgresql:// URL (env FUSEBOX_FUSE_STORE, not in the pod's args).
     replicas: StrictInt = 1
-    store_secret: Optional[RawSecretRef] = None
+    store_secret: RawSecretRef | None = None
     resources: RawResources = RawResources(requests={"cpu": "50m", "memory": "128Mi"}, limits={"cpu": "1", "memory": "512Mi"})
     # The SQLite state (breaker state, outbox, audit) on a PersistentVolumeClaim of this size.
     state_size: Quantity = "1Gi"
-    storage_class: Optional[StrictStr] = None  # None: the cluster's default StorageClass
+    storage_class: StrictStr | None = None  # None: the cluster's default StorageClass
     # PodDisruptionBudget: how many of the one replica a drain may evict (0 blocks `kubectl drain`).
     max_unavailable: StrictInt = 1
     args: list[StrictStr] = ["--dry-run"]  # more `fusebox fuse serve` arguments (--gateway-url URL ...)
     # --prometheus-url for fuse.adapters.*.discover, e.g. kube-prometheus-stack's Service
     # http://<release>-kube-prometheus-prometheus.<namespace>:9090
-    prometheus_url: Optional[StrictStr] = None
+    prometheus_url: StrictStr | None = None
 
 
 class RawEngines(_Strict):
@@ -143,7 +144,7 @@ class RawKubernetes(_Strict):
     fuse: RawFuseWorkload = RawFuseWorkload()
     # A PodMonitor for the engines (k8s/engines.yml) that adds host_name (the node) and cluster
     # to their series; None: your own ServiceMonitor or PodMonitor scrapes them.
-    engines: Optional[RawEngines] = None
+    engines: RawEngines | None = None
 
 
 class RawGrafana(_Strict):
@@ -153,10 +154,10 @@ class RawGrafana(_Strict):
 
 
 class RawOtelcol(_Strict):
-    remote_write_url: Optional[StrictStr] = None
+    remote_write_url: StrictStr | None = None
     debug: StrictBool = False
     scrape_targets: list[StrictStr] = []
-    scrape_interval: Optional[Any] = None  # a duration; None: global.scrape_interval
+    scrape_interval: Any | None = None  # a duration; None: global.scrape_interval
     memory_limit_percentage: Annotated[StrictInt, Field(ge=1, le=100)] = 80
     memory_spike_percentage: Annotated[StrictInt, Field(ge=1, le=100)] = 20
 
@@ -194,13 +195,13 @@ class FuseWorkload:
 
     enabled: bool = True
     replicas: int = 1
-    store_secret: Optional[tuple[str, str]] = None
+    store_secret: tuple[str, str] | None = None
     resources: Resources = Resources({"cpu": "50m", "memory": "128Mi"}, {"cpu": "1", "memory": "512Mi"})
     state_size: str = "1Gi"
-    storage_class: Optional[str] = None
+    storage_class: str | None = None
     max_unavailable: int = 1
     args: tuple[str, ...] = ("--dry-run",)
-    prometheus_url: Optional[str] = None  # the Deployment's --prometheus-url (GPU-to-worker discovery)
+    prometheus_url: str | None = None  # the Deployment's --prometheus-url (GPU-to-worker discovery)
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ class Kubernetes:
     pull_policy: str = "IfNotPresent"
     collectors: Collectors = field(default_factory=Collectors)
     fuse: FuseWorkload = field(default_factory=FuseWorkload)
-    engines: Optional[Engines] = None
+    engines: Engines | None = None
 
 
 @dataclass(frozen=True)
@@ -243,10 +244,10 @@ class Grafana:
 class Otelcol:
     """The ``otelcol:`` block. ``scrape_interval_s`` None: the spec's scrape interval."""
 
-    remote_write_url: Optional[str] = None
+    remote_write_url: str | None = None
     debug: bool = False
     scrape_targets: tuple[str, ...] = ()
-    scrape_interval_s: Optional[float] = None
+    scrape_interval_s: float | None = None
     memory_limit_percentage: int = 80
     memory_spike_percentage: int = 20
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, StrictBool, ValidationError, model_validator
 from pydantic_core import ErrorDetails
@@ -26,8 +26,7 @@ from . import sourceunits, units
 from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
 from .budget import Budget, RawBudget, normalise_budget
-from .deploy import (Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana,
-                     normalise_kubernetes, normalise_otelcol)
+from .deploy import Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana, normalise_kubernetes, normalise_otelcol
 from .errors import Problem, SpecError
 from .kinds import KINDS
 from .kinds.base import KNOWN_BACKENDS, SGLANG, VLLM
@@ -51,7 +50,7 @@ class _Strict(BaseModel):
 
 
 # Number-like fields refuse YAML booleans (threshold: yes would be 1) and, for floats, inf and NaN.
-Scalar = Annotated[Union[str, int, float], BeforeValidator(units.reject_bool)]
+Scalar = Annotated[str | int | float, BeforeValidator(units.reject_bool)]
 Number = Annotated[FiniteFloat, BeforeValidator(units.reject_bool)]
 Integer = Annotated[int, BeforeValidator(units.reject_bool)]
 
@@ -60,24 +59,24 @@ class RawTier(_Strict):
     """One alert tier: the threshold in the signal's unit and how long it must hold."""
 
     threshold: Scalar
-    for_: Optional[Scalar] = Field(None, alias="for")
-    keep_firing_for: Optional[Scalar] = None
-    severity: Optional[str] = None
-    fuse: Optional[str] = None
+    for_: Scalar | None = Field(None, alias="for")
+    keep_firing_for: Scalar | None = None
+    severity: str | None = None
+    fuse: str | None = None
     enabled: bool = True
 
 
 class RawSource(_Strict):
     """One backend of a signal: a raw metric (with an optional scale to base units) or a PromQL expression."""
 
-    metric: Optional[str] = None
+    metric: str | None = None
     scale: Number = 1.0
-    expr: Optional[str] = None
-    note: Optional[str] = None
+    expr: str | None = None
+    note: str | None = None
     # time_to_full only (fusebox/spec/kinds/time_to_full.py): the pool's size, or its free part,
     # as a raw metric in the unit of ``metric``; neither when ``metric`` is a fraction 0-1 of it.
-    capacity: Optional[str] = None
-    free: Optional[str] = None
+    capacity: str | None = None
+    free: str | None = None
 
 
 class RawDiagnosis(_Strict):
@@ -111,13 +110,13 @@ class RawSignal(_Strict):
                            "(pod, model_name, namespace, ...), which must then be one of 'by'. It prefixes the "
                            "recording rules' names (LEVEL:fusebox_NAME:OPS).")
     direction: Literal["above", "below"] = Field("above", description="Alert when the value is at or above (or below) the threshold.")
-    by: Optional[list[str]] = Field(None, description="Labels the value is aggregated by; one alert per combination. "
+    by: list[str] | None = Field(None, description="Labels the value is aggregated by; one alert per combination. "
                                                       "The alert's summary and description name them.")
-    window: Optional[Scalar] = Field(None, description="Range of deriv and quantile signals, a Prometheus duration ('5m').")
-    quantile: Optional[Number] = Field(None, description="For quantile signals: the quantile, 0-1 (0.95).")
-    buckets: Optional[list[Number]] = Field(None, description="For quantile signals: the histogram's bucket bounds, "
+    window: Scalar | None = Field(None, description="Range of deriv and quantile signals, a Prometheus duration ('5m').")
+    quantile: Number | None = Field(None, description="For quantile signals: the quantile, 0-1 (0.95).")
+    buckets: list[Number] | None = Field(None, description="For quantile signals: the histogram's bucket bounds, "
                                                               "in the signal's unit; every threshold must be one.")
-    source: Optional[str] = Field(None, description="The key of 'sources' the rules read. Default: global.source when "
+    source: str | None = Field(None, description="The key of 'sources' the rules read. Default: global.source when "
                                                     "the signal lists it, else the first source listed.")
     sources: dict[str, RawSource] = Field(description="Where the value comes from, per backend (fusebox, dcgm, vllm, sglang, "
                                                       "or a name of yours); global.selectors is keyed the same way.")
@@ -130,13 +129,13 @@ class RawOverride(_Strict):
     """A change to one alert (one tier, or both when tier is left out) without forking its signal."""
 
     alert: str
-    tier: Optional[str] = None
-    threshold: Optional[Scalar] = None
-    for_: Optional[Scalar] = Field(None, alias="for")
-    keep_firing_for: Optional[Scalar] = None
-    severity: Optional[str] = None
-    enabled: Optional[bool] = None
-    source: Optional[str] = None
+    tier: str | None = None
+    threshold: Scalar | None = None
+    for_: Scalar | None = Field(None, alias="for")
+    keep_firing_for: Scalar | None = None
+    severity: str | None = None
+    enabled: bool | None = None
+    source: str | None = None
 
 
 class RawAction(_Strict):
@@ -263,7 +262,7 @@ class Tier:
     for_s: float
     keep_firing_for_s: float
     severity: str
-    fuse: Optional[str]  # action name from fuse.actions, or None
+    fuse: str | None  # action name from fuse.actions, or None
     fuse_level: int  # 0 when no fuse
     path: tuple  # YAML path, for error reports
 
@@ -271,12 +270,12 @@ class Tier:
 @dataclass(frozen=True)
 class Source:
     backend: str
-    metric: Optional[str]
+    metric: str | None
     scale: float
-    expr: Optional[str]
-    note: Optional[str]
-    capacity: Optional[str] = None  # time_to_full: the pool's size metric (same unit as metric)
-    free: Optional[str] = None  # time_to_full: the pool's free part (same unit as metric)
+    expr: str | None
+    note: str | None
+    capacity: str | None = None  # time_to_full: the pool's size metric (same unit as metric)
+    free: str | None = None  # time_to_full: the pool's free part (same unit as metric)
 
 
 @dataclass(frozen=True)
@@ -300,7 +299,7 @@ class Signal:
     direction: str
     by: tuple[str, ...]
     window_s: float
-    quantile: Optional[float]
+    quantile: float | None
     buckets: tuple[float, ...]
     source: Source
     sources: dict[str, Source]
@@ -535,7 +534,7 @@ class _Normaliser:
         slow = self.duration(g.slow_evaluation_interval, ("global", "slow_evaluation_interval"))
         if slow <= 0:
             self.err(("global", "slow_evaluation_interval"), "slow_evaluation_interval must be positive", "e.g. '30s'")
-        for k, v in list(g.selector.items()) + list(g.labels.items()):
+        for k, _v in list(g.selector.items()) + list(g.labels.items()):
             if not _LABEL.match(k):
                 self.err(("global",), f"invalid label name {k!r}", "label names match [a-zA-Z_][a-zA-Z0-9_]*")
         if C.LABEL["marker"] in g.labels:  # Alertmanager routes to the fuse on it: fusebox alone sets it
@@ -672,7 +671,7 @@ class _Normaliser:
             out[o.alert][key] = (o, i)
         return out
 
-    def _signal(self, name, s: RawSignal, path, def_for, def_kff, actions, ovr, scrape) -> Optional[Signal]:
+    def _signal(self, name, s: RawSignal, path, def_for, def_kff, actions, ovr, scrape) -> Signal | None:
         n_before = len(self.problems)
         # an override's source, else the signal's own, else global.source when listed, else the first listed
         source_name = s.source or (self.raw.global_.source if self.raw.global_.source in s.sources else next(iter(s.sources), ""))
@@ -744,7 +743,7 @@ class _Normaliser:
                 continue
             o = ovr.get(tname, (None, None))[0]
             w = whole[0] if whole else None
-            def pick(attr, default):
+            def pick(attr, default, o=o, w=w):
                 for src in (o, w):
                     v = getattr(src, attr) if src is not None else None
                     if v is not None:
@@ -762,7 +761,7 @@ class _Normaliser:
                 self.err(tp, f"a threshold of {str(threshold_raw).strip()!r} on an upper bound fires whenever the signal exists",
                          f"give the level it should fire at, e.g. {units.EXAMPLES[s.unit]}")
                 continue
-            def where(attr, name):  # the place the value came from: an override, the tier or the defaults
+            def where(attr, name, tname=tname, tpath=tpath, t=t):  # where the value came from: an override, the tier, the defaults
                 for src, idx in (ovr.get(tname, (None, None)), whole or (None, None)):
                     if src is not None and getattr(src, attr) is not None:
                         return ("overrides", idx, name)

@@ -27,8 +27,6 @@ What each kind gives (:func:`check`):
 
 from __future__ import annotations
 
-from typing import Optional
-
 from fusebox import conventions as C
 
 # unit -> (dimension, words for people)
@@ -99,7 +97,7 @@ _SUFFIXES = (("_bytes_per_second", "bytes_per_second"), ("_bytes", "bytes"), ("_
              ("_ratio", "ratio"), ("_percent", "percent"), ("_watts", "watts"))
 
 
-def metric_unit(metric: str) -> Optional[str]:
+def metric_unit(metric: str) -> str | None:
     """The unit (a key of :data:`UNITS`) of a raw metric or histogram family, or None when
     neither :data:`KNOWN` nor its name's suffix says it."""
     for p in C.SGLANG_PREFIXES:  # SGLang writes either prefix
@@ -113,7 +111,7 @@ def metric_unit(metric: str) -> Optional[str]:
     return None
 
 
-def gives(kind: str, unit: str) -> Optional[str]:
+def gives(kind: str, unit: str) -> str | None:
     """The dimension ``kind`` makes of a metric in ``unit``: None where no signal unit names it."""
     dim = UNITS[unit][0]
     if kind == "deriv":
@@ -127,7 +125,7 @@ def gives(kind: str, unit: str) -> Optional[str]:
 TO_BASE = {"percent": 0.01, "mebibytes": 1048576.0, "milliseconds": 0.001}
 
 
-def check(kind: str, metric: str, signal_unit: str, scale: float = 1.0) -> Optional[tuple[str, str]]:
+def check(kind: str, metric: str, signal_unit: str, scale: float = 1.0) -> tuple[str, str] | None:
     """``(what, fix)`` when a ``kind`` signal in ``signal_unit`` cannot be made of ``metric`` read
     with ``scale``, else None: another dimension (a fraction read as bytes per second), or a
     non-base unit (percent, MiB, ms) read with no scale on a gauge.
@@ -156,7 +154,7 @@ def check(kind: str, metric: str, signal_unit: str, scale: float = 1.0) -> Optio
     return what, fix
 
 
-def check_pool(metric: str, capacity: Optional[str], free: Optional[str]) -> Optional[tuple[str, str, str]]:
+def check_pool(metric: str, capacity: str | None, free: str | None) -> tuple[str, str, str] | None:
     """``(field, what, fix)`` when a ``time_to_full`` source's pool metrics cannot be read with
     ``metric`` (the amount in use), else None. ``field`` is the source key at fault
     (``capacity``, ``free`` or ``metric``).

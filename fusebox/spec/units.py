@@ -180,7 +180,7 @@ def parse_duration(text: str | int) -> float:
         if s == "0":
             return 0.0
         raise ValueError(f"{s!r} is not a Prometheus duration (e.g. '30s', '5m', '1h30m')")
-    ms = sum(int(g) * f for g, f in zip(m.groups(), _DUR_MS) if g)
+    ms = sum(int(g) * f for g, f in zip(m.groups(), _DUR_MS, strict=False) if g)
     if ms * 1_000_000 > MAX_DURATION_NS:
         raise ValueError(f"{s!r} is out of range: Prometheus durations end at 106751d23h47m16s854ms, about 292 years")
     return ms / 1000
@@ -192,7 +192,7 @@ def format_duration(seconds: float) -> str:
     if ms == 0:
         return "0s"
     out = ""
-    for unit, f in zip(("y", "w", "d", "h", "m", "s", "ms"), _DUR_MS):
+    for unit, f in zip(("y", "w", "d", "h", "m", "s", "ms"), _DUR_MS, strict=False):
         if unit in ("y", "w"):
             continue
         n, ms = divmod(ms, f)

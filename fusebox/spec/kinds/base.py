@@ -13,8 +13,9 @@ into grafanalib objects. Rules are plain dicts, as in a Prometheus rule file.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from typing import Any, ClassVar
 
 from fusebox import conventions as C
 from fusebox.spec.promql import metrics_in_expr
@@ -179,7 +180,7 @@ class Synth:
     labels: dict[str, str]
 
     @classmethod
-    def of(cls, sig: Any, spec: Any) -> "Synth":
+    def of(cls, sig: Any, spec: Any) -> Synth:
         """gpu and host signals get :data:`GPU_LABELS`, engine signals :data:`ENGINE_LABELS`; a
         signal of any other level (pod, model_name, ...) gets its ``by`` labels, valued as a
         Kubernetes scrape of the source would (:data:`SYNTH_VALUES`), plus ``instance`` and ``job``.
@@ -281,9 +282,9 @@ class PanelDef:
     tiers: tuple = ()  # spec Tier objects drawn as threshold lines
     kind: str = "timeseries"  # timeseries | stat
     mappings: tuple = ()
-    steps: Optional[tuple] = None  # explicit (color, value) steps for stat panels
+    steps: tuple | None = None  # explicit (color, value) steps for stat panels
     width: int = 12
-    soft_max: Optional[float] = None
+    soft_max: float | None = None
     no_value: str = "no data"  # what a stat panel says when the query returns nothing
     lower_bound: bool = False  # the tiers fire below their thresholds (direction: below): red at the bottom
 
@@ -298,7 +299,7 @@ class DashboardDef:
 
 
 def signal_panel(sig: Any, title: str, description: str, expr: str, legend: str,
-                 *, tiers: bool = True, width: int = 12, unit: Optional[str] = None) -> PanelDef:
+                 *, tiers: bool = True, width: int = 12, unit: str | None = None) -> PanelDef:
     return PanelDef(
         title=title, description=description, queries=(Query(expr, legend),),
         unit=unit or UNITS[sig.unit], alerts=(sig.alert,), tiers=sig.tiers if tiers else (),
@@ -327,19 +328,19 @@ class Kind:
 
     name: ClassVar[str] = ""
     # Window: None = the kind takes none; else the least number of scrape intervals it needs.
-    window_min_scrapes: ClassVar[Optional[int]] = None
+    window_min_scrapes: ClassVar[int | None] = None
     # Alerts on growth only (direction: below is refused).
     growth_only: ClassVar[bool] = False
     # The one direction the kind's tiers fire in (time to full: below), checked by check_fields;
     # None: either. Under another direction the tier order is not judged (its advice would be wrong).
-    required_direction: ClassVar[Optional[str]] = None
+    required_direction: ClassVar[str | None] = None
     # Reads a raw metric (the gauge for deriv, the histogram family for quantile), never an expr.
     metric_only: ClassVar[bool] = False
     # Whether the generated tests also drive the value to exactly each threshold (it must fire:
     # ``>=``); for kinds whose alert condition is not the value record's own comparison.
     edge_tested: ClassVar[bool] = False
     # Template variables fed by this kind's value record: (scope, preference; lower wins).
-    variable_source: ClassVar[Optional[tuple[str, int]]] = None
+    variable_source: ClassVar[tuple[str, int] | None] = None
 
     # -- spec --------------------------------------------------------------------------
     def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
@@ -396,7 +397,7 @@ class Kind:
         A value that has not been recorded yet must leave the alert's record well defined."""
         return []
 
-    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+    def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
         """The labels the value record (and so the alert) keeps: its ``by`` labels when it is
         aggregated by them, or None when it keeps those of its source's series (then the level's
         usual ones are assumed: hw_id, host_name for gpu; engine, model, host_name for engine)."""
@@ -439,5 +440,5 @@ class Kind:
         return []
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
         return None

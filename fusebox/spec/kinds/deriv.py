@@ -7,13 +7,33 @@ read every fall as a counter reset and invent growth (docs/pitfalls.md P3).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec.units import format_duration
 
-from .base import (KV_BASE_BYTES, LEGEND, DashboardDef, Err, Kind, engine_labels, PanelDef, Query, Synth, by, dashboard_records,
-                   label_str, segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text, window_word)
+from .base import (
+    KV_BASE_BYTES,
+    LEGEND,
+    DashboardDef,
+    Err,
+    Kind,
+    PanelDef,
+    Query,
+    Synth,
+    by,
+    dashboard_records,
+    engine_labels,
+    label_str,
+    segments,
+    sel,
+    selector,
+    signal_legend,
+    signal_panel,
+    signal_sel,
+    tier_text,
+    window_word,
+)
 
 
 class Deriv(Kind):
@@ -71,7 +91,7 @@ class Deriv(Kind):
         return {k: v for k, v in synth.labels.items() if k in synth.sig.by}
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
         if not sigs:
             return None
         panels: list[PanelDef] = []

@@ -6,13 +6,32 @@ per GPU (or per ``by`` labels) whoever sent it, so every GPU-level alert scopes 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec.units import format_number
 
-from .base import (LEGEND, TARGET, DashboardDef, Kind, PanelDef, Query, Synth, by, dashboard_records, dcgm_labels, engine_labels, label_str,
-                   segments, sel, selector, signal_legend, signal_panel, signal_sel, tier_text)
+from .base import (
+    LEGEND,
+    TARGET,
+    DashboardDef,
+    Kind,
+    PanelDef,
+    Query,
+    Synth,
+    by,
+    dashboard_records,
+    dcgm_labels,
+    engine_labels,
+    label_str,
+    segments,
+    sel,
+    selector,
+    signal_legend,
+    signal_panel,
+    signal_sel,
+    tier_text,
+)
 
 
 class Gauge(Kind):
@@ -57,7 +76,7 @@ class Gauge(Kind):
         return dict(synth.labels)
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
         """Always made: beside the gauges it shows energy per token and prefix-cache hit rate."""
         panels: list[PanelDef] = []
         for sig in sigs:

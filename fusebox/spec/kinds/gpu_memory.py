@@ -7,12 +7,31 @@ pre-allocated on that GPU, so vLLM's 90 % reservation does not read as pressure.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from fusebox import conventions as C
 
-from .base import (DCGM_RESERVED_MIB, DCGM_TOTAL_MIB, GPU_LIMIT_BYTES, SENDER, TARGET, DashboardDef, Err, Kind, PanelDef,
-                   Query, Synth, dashboard_records, dcgm_labels, label_str, segments, sel, selector, signal_panel, tier_text)
+from .base import (
+    DCGM_RESERVED_MIB,
+    DCGM_TOTAL_MIB,
+    GPU_LIMIT_BYTES,
+    SENDER,
+    TARGET,
+    DashboardDef,
+    Err,
+    Kind,
+    PanelDef,
+    Query,
+    Synth,
+    dashboard_records,
+    dcgm_labels,
+    label_str,
+    segments,
+    sel,
+    selector,
+    signal_panel,
+    tier_text,
+)
 
 BACKENDS = ("fusebox", "dcgm")
 
@@ -39,7 +58,7 @@ class GpuMemory(Kind):
             "kv_free": C.record_name(lvl, "fusebox_kv_cache_free", "bytes"),
         }
 
-    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+    def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
         return None  # one series per GPU with its source's labels (hw_id, host_name, ...), whatever by says
 
     def raw_metrics(self, sig: Any) -> list[str]:
@@ -164,7 +183,7 @@ class GpuMemory(Kind):
         return {k: v for k, v in synth.labels.items() if k not in C.TARGET_LABELS}
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
         if not sigs:
             return None
         panels: list[PanelDef] = []

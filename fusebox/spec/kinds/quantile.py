@@ -19,15 +19,31 @@ the share divides by a positive count rate, so it has no sample either.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 from fusebox import conventions as C
 from fusebox import promsim
 from fusebox.spec.units import format_duration, format_number
 
-from .base import (OBS_PER_STEP, DashboardDef, Err, Kind, engine_labels, PanelDef, Query, Synth, by, label_str, le_regex, segments,
-                   selector, signal_legend, signal_sel, UNITS, window_word)
-
+from .base import (
+    OBS_PER_STEP,
+    UNITS,
+    DashboardDef,
+    Err,
+    Kind,
+    PanelDef,
+    Query,
+    Synth,
+    by,
+    engine_labels,
+    label_str,
+    le_regex,
+    segments,
+    selector,
+    signal_legend,
+    signal_sel,
+    window_word,
+)
 
 # Rounding allowance of the share comparison (:meth:`Quantile.alert_expr`).
 SHARE_EPSILON = 1e-12
@@ -86,7 +102,7 @@ class Quantile(Kind):
             "over_threshold": C.record_name(lvl, f"fusebox_{sig.name}_over_threshold", f"ratio_rate{w}"),
         }
 
-    def kept_labels(self, sig: Any) -> Optional[tuple[str, ...]]:
+    def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
         return tuple(sig.by)  # summed by them: none at all without by
 
     def raw_metrics(self, sig: Any) -> list[str]:
@@ -203,7 +219,7 @@ class Quantile(Kind):
         })]
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
         if not sigs:
             return None
         panels: list[PanelDef] = []

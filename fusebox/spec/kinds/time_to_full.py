@@ -31,14 +31,31 @@ GPUs is full when its first share is.
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 from fusebox import conventions as C
 from fusebox.spec import sourceunits
 from fusebox.spec.units import format_duration, format_number
 
-from .base import (DashboardDef, Err, Kind, Synth, TARGET, by, dcgm_labels, engine_labels, label_str, segments, selector,
-                   signal_legend, signal_panel, signal_sel, tier_text, window_word, KV_BASE_BYTES)
+from .base import (
+    KV_BASE_BYTES,
+    TARGET,
+    DashboardDef,
+    Err,
+    Kind,
+    Synth,
+    by,
+    dcgm_labels,
+    engine_labels,
+    label_str,
+    segments,
+    selector,
+    signal_legend,
+    signal_panel,
+    signal_sel,
+    tier_text,
+    window_word,
+)
 from .gpu_memory import KIND as GPU_MEMORY
 
 _METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -124,7 +141,7 @@ class TimeToFull(Kind):
         src = sig.source
         return bool(src.capacity or src.free)
 
-    def _unit(self, sig: Any) -> Optional[str]:
+    def _unit(self, sig: Any) -> str | None:
         return sourceunits.metric_unit(sig.source.metric)
 
     def _rate(self, sig: Any) -> float:
@@ -225,7 +242,7 @@ class TimeToFull(Kind):
         return groups
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> Optional[DashboardDef]:
+    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
         """One panel per signal, seconds left per engine or GPU, red below the critical line."""
         panels = tuple(signal_panel(
             s, f"{s.alert}: seconds until full",
