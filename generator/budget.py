@@ -36,10 +36,10 @@ from fusebox import conventions as C
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.units import format_number, humanize, parse_duration
 
-from .engines import records_read
 from .render_alertmanager import routing
 from .render_rules import STATIC_GROUP, render_rules
 from .render_vmalert_tests import alert_lags
+from .rule_engines import records_read
 
 __all__ = ["FUSE_DECISION_S", "Row", "budget_rows", "cross_group_s", "run_budget"]
 
@@ -98,7 +98,7 @@ def cross_group_s(groups: list[dict[str, Any]], group: str, expr: str, default_i
     def stale(where: str, text: str, depth: int) -> float:
         if (where, text) in memo:
             return memo[(where, text)]
-        if depth > len(owner):  # a cycle: the renderer never makes one (engines.chain_depths refuses it)
+        if depth > len(owner):  # a cycle: the renderer never makes one (rule_engines.chain_depths refuses it)
             raise ValueError(f"recording rules read each other in a cycle in group {where}")
         worst = 0.0
         for name in records_read(text, set(owner)):

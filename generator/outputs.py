@@ -12,7 +12,6 @@ from fusebox.spec import Spec
 from fusebox.spec.units import format_duration
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_otelcol
-from .engines import MAX_GROUPS_PER_TENANT
 from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
@@ -20,6 +19,7 @@ from .render_rules import render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
 from .render_vmalert_tests import lag_note, vmalert_tests
+from .rule_engines import MAX_GROUPS_PER_TENANT
 from .yamlout import dump_yaml
 
 RULE_FILE = "rules/fusebox.rules.yml"
@@ -163,7 +163,7 @@ def spec_warnings(spec: Spec) -> list[str]:
     * a signal aggregated ``by`` namespace that requests a fuse: the operator's default matcher
       strategy lets the AlertmanagerConfig route it from ``kubernetes.namespace`` alone.
     * ``global.rule_engine: mimir`` with more rule groups than Mimir's default
-      ``-ruler.max-rule-groups-per-tenant`` (:data:`.engines.MAX_GROUPS_PER_TENANT`): the ruler
+      ``-ruler.max-rule-groups-per-tenant`` (:data:`.rule_engines.MAX_GROUPS_PER_TENANT`): the ruler
       refuses the rest until the tenant's limit is raised.
     * ``fuse.adapters`` that cannot apply what the tiers request (:func:`adapter_warnings`).
     """

@@ -195,7 +195,7 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
 # Prometheus Operator `shards`: each shard keeps the targets whose hashmod of `__tmp_hash` (by
 # default the target's `__address__`) is its own number. The rules join a GPU's series with its
 # engines' (KV pools on hw_id, power and tokens on host_name), all from pods on one node: hashing
-# the node keeps them on one shard (docs/engines.md, "Sharding"). Without shards it changes nothing.
+# the node keeps them on one shard (docs/rule-engines.md, "Sharding"). Without shards it changes nothing.
 SHARD_BY_NODE = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "__tmp_hash", "action": "replace"}
 # Targets every shard scrapes: the fuse (one per cluster; its self-monitoring alerts run on every shard).
 SHARD_EVERYWHERE = {"targetLabel": "__tmp_disable_sharding", "replacement": "true", "action": "replace"}

@@ -23,7 +23,7 @@ from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses
 from fusebox.spec.kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_labels, le_regex, selector
 from fusebox.spec.units import format_duration, humanize
 
-from .engines import shape_groups
+from .rule_engines import shape_groups
 from .selfmon import GROUP as SELF_GROUP
 from .selfmon import self_rules
 
@@ -260,7 +260,7 @@ def render_rules(spec: Spec) -> Rules:
         ``fusebox-absent`` group (one alert per metric an enabled tier's signal reads: a
         signal with every tier disabled keeps its records and adds none), ``fusebox-health``
         (lost GPUs) and ``fusebox-self`` (:mod:`.selfmon`: the fuse, Alertmanager's feed to it,
-        the collectors). Shaped for ``global.rule_engine`` (:func:`.engines.shape_groups`): a
+        the collectors). Shaped for ``global.rule_engine`` (:func:`.rule_engines.shape_groups`): a
         group over 20 rules (Mimir's default limit) is split into ``NAME-1``, ``NAME-2``, ... with
         each recording chain whole; for Thanos every group carries ``partial_response_strategy``.
         The panels, static, dashboard and absent groups run at ``global.slow_evaluation_interval``.

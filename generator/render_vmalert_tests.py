@@ -16,7 +16,7 @@ and source (app/vmalert-tool/unittest):
   comparing such a series with ``time()`` must see the same age on both;
 * times move later by the alert's lag: vmalert stores a recording rule's result after the group's
   evaluation, so a rule reading a record of its own group sees the previous evaluation's value,
-  one interval per level of same-group chain (:func:`.engines.chain_depths`). The lags are
+  one interval per level of same-group chain (:func:`.rule_rule_engines.chain_depths`). The lags are
   computed from the rules and stated in the file's header.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 from fusebox.spec.units import format_duration, format_number, parse_duration
 
-from .engines import chain_depths, records_read
+from .rule_engines import chain_depths, records_read
 
 __all__ = ["alert_lags", "record_lags", "vmalert_tests", "lag_note", "VMALERT_TOOL_EPOCH_S"]
 

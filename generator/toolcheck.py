@@ -36,8 +36,8 @@ from fusebox.spec.kinds import records
 from fusebox.tooling import ToolMissing, thanos_tool, tools_dir, victoriametrics_tool
 
 from . import deadselectors
-from .engines import promtool_text
 from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE, VMALERT_RULE_TEST_FILE
+from .rule_engines import promtool_text
 
 MIN_PROMTOOL = (2, 42)  # keep_firing_for
 MIN_AMTOOL = (0, 25)

@@ -276,14 +276,14 @@ def test_fuse_state_events_shorten_the_gpu_uuid(monkeypatch, shipped, tmp_path):
     assert ev.detail["scope"] == GPU_KEY
 
 
-# --- the rule engines (fusebox.demo.engines) --------------------------------------------------------
+# --- the rule engines (fusebox.demo.rule_engines) --------------------------------------------------------
 @pytest.mark.process
 def test_victoriametrics_scrapes_exactly_what_prometheus_scrapes(shipped, tmp_path):
     """-promscrape.config gets the demo Prometheus' global scrape_interval and scrape_configs and
     nothing else (VictoriaMetrics' strict parsing refuses rule_files and alerting)."""
     import yaml
 
-    from fusebox.demo.engines import make_engine, prometheus_config
+    from fusebox.demo.rule_engines import make_engine, prometheus_config
     from fusebox.demo.stack import Ports
 
     ports = Ports.pick()
@@ -297,7 +297,7 @@ def test_victoriametrics_scrapes_exactly_what_prometheus_scrapes(shipped, tmp_pa
 
 @pytest.mark.process
 def test_vmalert_and_its_node_agree_on_the_delay_and_vmalert_adds_no_label(demo_spec, tmp_path):
-    from fusebox.demo.engines import make_engine
+    from fusebox.demo.rule_engines import make_engine
     from fusebox.demo.stack import Ports
 
     ports = Ports.pick(replicas=2)
@@ -320,7 +320,7 @@ def test_vmalert_and_its_node_agree_on_the_delay_and_vmalert_adds_no_label(demo_
 
 @pytest.mark.process
 def test_engines_refuse_what_they_cannot_run():
-    from fusebox.demo.engines import make_engine
+    from fusebox.demo.rule_engines import make_engine
     from fusebox.demo.stack import Ports
 
     with pytest.raises(ValueError, match="unknown engine 'thanos'"):

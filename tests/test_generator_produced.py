@@ -291,7 +291,7 @@ def test_energy_per_token_joins_dcgm_power_and_vllm_tokens_with_the_engines_podm
     assert r.returncode == 0, r.stderr
     [pm] = [d for d in yaml.safe_load_all((tmp_path / "out/k8s/engines.yml").read_text()) if d]
     relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
-    # no cluster: dcgm-exporter has none (and the node as the shard key, docs/engines.md "Sharding")
+    # no cluster: dcgm-exporter has none (and the node as the shard key, docs/rule-engines.md "Sharding")
     assert [x["targetLabel"] for x in relabel] == ["host_name", "__tmp_hash"]
     capture = VLLM_CAPTURES[1].read_text()
     start = time.time()

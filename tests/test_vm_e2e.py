@@ -7,12 +7,12 @@ Two stacks, each the breach scenario once (what must happen, and why: tests/_dem
 * ``single``: one VictoriaMetrics node and its vmalert (``fusebox demo --engine victoriametrics``);
 * ``ha``: VictoriaMetrics' documented HA topology, two independent nodes each scraping the same
   targets, one vmalert per node, both notifying the one Alertmanager
-  (docs/engines.md#running-on-victoriametrics). Replica 1, the one the demo reads first, loses its node and
+  (docs/rule-engines.md#running-on-victoriametrics). Replica 1, the one the demo reads first, loses its node and
   its vmalert as soon as the first fuse trips, so the remaining trips and every release come
   through replica 2 alone; each level must still trip once and release once.
 
 The VictoriaMetrics cluster (vminsert, vmstorage, vmselect) is not run: the Go module proxy
-does not serve its tags (docs/engines.md, "Running on VictoriaMetrics" says how to check).
+does not serve its tags (docs/rule-engines.md, "Running on VictoriaMetrics" says how to check).
 Each run takes about 4.5 minutes (the breach scenario at x1.25 is 4 of them); the two run side
 by side, so the module takes about as long.
 """

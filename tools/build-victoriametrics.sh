@@ -9,7 +9,7 @@
 #
 # The cluster binaries (vminsert, vmselect, vmstorage) live on VictoriaMetrics' `cluster` branch,
 # tagged vX.Y.Z-cluster; the Go module proxy does not serve those tags, so they are not built here
-# (docs/engines.md says what fusebox tests in their place).
+# (docs/rule-engines.md says what fusebox tests in their place).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/go-verify.sh

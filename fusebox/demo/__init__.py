@@ -3,11 +3,11 @@
 Public surface: :func:`run` (one run, returns a :class:`RunResult`), :class:`StackOptions`,
 :func:`demo_spec_text` and :data:`FAST` (the demo's intervals), :func:`floor_s`,
 :func:`verify` / :func:`expectations` (what a ``--once`` run must show), :data:`ENGINES` (the
-rule engines a run can use, :mod:`.engines`).
+rule engines a run can use, :mod:`.rule_engines`).
 """
 
 from .check import Expectation, expectations, verify
-from .engines import ENGINES
+from .rule_engines import ENGINES
 from .run import RunResult, run
 from .spec import FAST, Timing, demo_spec_text, floor_s
 from .stack import StackOptions, ToolMissing, find_tools

@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .engines import ENGINES
+from .rule_engines import ENGINES
 
 
 def register(subparsers) -> None:

@@ -2,7 +2,7 @@
 
 Order: reference gateway, the SGLang Model Gateway (``sglang-router``) in front of one stand-in
 engine per scenario GPU (unless ``gateway="reference"``), fuse service, Alertmanager,
-OpenTelemetry Collector, the rule engine (:mod:`.engines`: Prometheus, or VictoriaMetrics with
+OpenTelemetry Collector, the rule engine (:mod:`.rule_engines`: Prometheus, or VictoriaMetrics with
 vmalert; each process waited for on its readiness URL), then the scenario player. The fuse
 acts on the SGLang gateway (levels 1 and 3: the worker of the GPU or engine out of rotation)
 and on the reference gateway (every level; level 2, text-only, has no SGLang equivalent).
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from fusebox import conventions as C
 from fusebox.tooling import ToolMissing, free_port, tools_dir
 
-from .engines import Engine, StartContext, engine_class, make_engine, prometheus_config
+from .rule_engines import Engine, StartContext, engine_class, make_engine, prometheus_config
 from .spec import FAST, Timing, demo_spec_text
 from .supervisor import Child, ChildDied, Supervisor
 
@@ -75,7 +75,7 @@ class Ports:
 
 
 def find_tools(engine: str = "prometheus") -> dict[str, str]:
-    """Paths of the rule engine's programs (:mod:`.engines`), Alertmanager and the Collector
+    """Paths of the rule engine's programs (:mod:`.rule_engines`), Alertmanager and the Collector
     built by tools/build-otelcol.sh.
 
     Raises:
@@ -115,7 +115,7 @@ class StackOptions:
         timing: demo durations, or None to keep the spec's own intervals.
         hold_s: the fuse service's release hold time.
         gateway: ``sglang`` (the SGLang Model Gateway in the loop as well) or ``reference``.
-        engine: the rule engine, ``prometheus`` or ``victoriametrics`` (:mod:`.engines`).
+        engine: the rule engine, ``prometheus`` or ``victoriametrics`` (:mod:`.rule_engines`).
         replicas: victoriametrics only: independent VictoriaMetrics + vmalert pairs, each
             scraping the same targets and notifying the same Alertmanager (HA when > 1).
     """

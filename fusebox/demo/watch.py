@@ -70,7 +70,7 @@ class Watcher:
     def __init__(self, urls: dict[str, str], spec, gateway_log: Path, fuse_token: str | None = None,
                  worker_names: dict[str, str] | None = None, engine=None):
         self.urls = urls
-        # the rule engine (.engines.Engine): its query_urls in failover order, its alerts_urls
+        # the rule engine (.rule_engines.Engine): its query_urls in failover order, its alerts_urls
         # all merged, read at every poll (a replica stopped mid-run drops out); None: Prometheus
         # at urls["prometheus"]
         self.engine = engine

@@ -40,7 +40,7 @@ _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # The levels with their own conventions (labels, annotations, dashboard filters); any other
 # level is a label of the signal's `by`.
 STANDARD_LEVELS = ("gpu", "engine", "host")
-# global.rule_engine: what evaluates the rules (docs/engines.md); the first is the default.
+# global.rule_engine: what evaluates the rules (docs/rule-engines.md); the first is the default.
 RULE_ENGINES = ("prometheus", "victoriametrics", "mimir", "thanos")
 
 
@@ -214,7 +214,7 @@ class RawGlobal(_Strict):
     labels: dict[str, str] = Field({}, description="Labels added to every alert, e.g. {team: ml-infra}.")
     rule_engine: Literal[RULE_ENGINES] = Field(  # type: ignore[valid-type]
         "prometheus", description="What evaluates the generated rules: prometheus, victoriametrics (vmalert), mimir (its ruler) "
-                                  "or thanos (Thanos Ruler); docs/engines.md says what changes for each.")
+                                  "or thanos (Thanos Ruler); docs/rule-engines.md says what changes for each.")
 
 
 class RawMetadata(_Strict):

@@ -1,4 +1,4 @@
-"""The rules on other engines than one Prometheus (global.rule_engine, docs/engines.md): the
+"""The rules on other engines than one Prometheus (global.rule_engine, docs/rule-engines.md): the
 generated tests under the real vmalert-tool and vmalert (VictoriaMetrics v1.151.0, built by
 tools/build-victoriametrics.sh), group sizes within Grafana Mimir's default ruler limits with every
 recording chain whole, Thanos' partial_response_strategy, and the spec field itself.
@@ -214,7 +214,7 @@ def test_every_group_is_within_mimirs_limits_and_chains_stay_together(many):
 
 
 def test_a_big_group_splits_with_its_chains_whole():
-    from fusebox.generator.engines import split_groups
+    from fusebox.generator.rule_engines import split_groups
 
     # 3 chains of 8 rules (a record, a record reading it, 6 alerts reading the second) = 24 rules
     rules = []

@@ -14,7 +14,7 @@ identical alerts (https://docs.victoriametrics.com/victoriametrics/single-server
 https://docs.victoriametrics.com/victoriametrics/vmalert/#ha-vmalert). Losing one pair loses
 nothing: the others hold the same data and alerts.
 
-Every flag set here and why: docs/engines.md, "Running on VictoriaMetrics".
+Every flag set here and why: docs/rule-engines.md, "Running on VictoriaMetrics".
 """
 
 from __future__ import annotations
