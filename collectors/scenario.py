@@ -42,6 +42,7 @@ from typing import Any
 
 from fusebox import conventions as C
 from fusebox import promsim
+from fusebox.spec.kinds import kind_of
 
 from .kvcache import KvCollector, KvGeometry
 from .replay import DeviceState, SyntheticNvml
@@ -154,6 +155,16 @@ class Scenario:
     engines: list[ScenarioEngine]
     phases: list[Phase]
     path: str = ""
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]:
+        """The GPUs' UUIDs (``hw_id``), in the file's order."""
+        return tuple(g.uuid for g in self.gpus)
+
+    @property
+    def engine_ids(self) -> tuple[str, ...]:
+        """The engines' ids (``engine``), in the file's order."""
+        return tuple(e.id for e in self.engines)
 
     # -- time ------------------------------------------------------------------------
     @property
@@ -307,19 +318,11 @@ class Scenario:
         for sig in spec.signals:
             if sig.secondary:
                 continue
-            metric = sig.source.metric if sig.source.backend == "fusebox" else None
-            if sig.kind == "gpu_memory":
-                for g in self.gpus:
-                    series[(sig.name, g.uuid)] = [self.effective_memory_ratio(g.uuid, t) for t in times]
-            elif sig.kind == "deriv" and metric == C.PROM["kv_cache_usage"]:
-                for e in self.engines:
-                    kv = [self.kv_used_bytes(e.id, t) for t in times]
-                    series[(sig.name, e.id)] = _deriv_series(times, kv, sig.window_s)
-            elif sig.kind == "quantile" and metric == C.PROM["alignment_duration"]:
-                for e in self.engines:
-                    series[(sig.name, e.id)] = self._quantile_series(e.id, times, sig.quantile, sig.buckets, sig.window_s)
-            else:
+            per_entity = kind_of(sig).scenario_series(sig, self, times)
+            if not per_entity:
                 continue  # not something this scenario models
+            for entity, values in per_entity.items():
+                series[(sig.name, entity)] = values
             signals[sig.name] = sig
         out: list[Crossing] = []
         for (name, entity), values in series.items():
@@ -363,7 +366,7 @@ class Scenario:
                 counts[-1] += 1
         return counts
 
-    def _quantile_series(self, eid: str, times: list[float], q: float, buckets: Sequence[float],
+    def quantile_series(self, eid: str, times: list[float], q: float, buckets: Sequence[float],
                          window: float) -> list[float]:
         """``histogram_quantile(q, increase over window)`` of the engine's hand-offs at each time."""
         cum = [self.cumulative_buckets(eid, t, buckets) for t in times]
@@ -375,12 +378,6 @@ class Scenario:
             inc = [a - b for a, b in zip(cum[i], cum[j], strict=False)]
             out.append(promsim.histogram_quantile(q, list(buckets), inc))
         return out
-
-
-def _deriv_series(times: list[float], values: list[float], window: float) -> list[float]:
-    """Prometheus 3's ``deriv(x[window])`` at each time: the slope of the samples in (t - window, t]."""
-    return [promsim.deriv([(tt, v) for tt, v in zip(times[: i + 1], values[: i + 1], strict=False) if tt > t - window])
-            for i, t in enumerate(times)]
 
 
 # ------------------------------------------------------------------------- loading

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["histogram_quantile", "deriv", "breaches"]
+__all__ = ["histogram_quantile", "deriv", "deriv_series", "breaches"]
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], cum: Sequence[float]) -> float:
@@ -85,6 +85,14 @@ def deriv(points: Sequence[tuple[float, float]]) -> float:
     if sxx == 0:
         return math.nan
     return sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+
+
+def deriv_series(times: Sequence[float], values: Sequence[float], window: float) -> list[float]:
+    """Prometheus 3's ``deriv(x[window])`` evaluated at each of ``times`` over the samples
+    ``(times[i], values[i])``: the slope of those in ``(t - window, t]``, per second (NaN where
+    fewer than two)."""
+    return [deriv([(tt, v) for tt, v in zip(times[: i + 1], values[: i + 1], strict=True) if tt > t - window])
+            for i, t in enumerate(times)]
 
 
 def breaches(value: float, threshold: float, direction: str = "above") -> bool:

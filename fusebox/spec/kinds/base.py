@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from fusebox import conventions as C
 from fusebox.spec.promql import metrics_in_expr
@@ -316,6 +316,24 @@ def tier_text(sig: Any) -> str:
 Err = Callable[..., None]  # err(path, what, fix, *, key=False)
 
 
+class ScenarioModel(Protocol):
+    """What a scenario (:class:`fusebox.collectors.scenario.Scenario`) offers a kind predicting its
+    signal: entity ids, and each modelled quantity at a time ``t`` in seconds from the start."""
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]: ...  # GPU UUIDs (hw_id)
+
+    @property
+    def engine_ids(self) -> tuple[str, ...]: ...  # engine ids (engine)
+
+    def effective_memory_ratio(self, gpu: str, t: float) -> float: ...  # ratio 0-1, the KV-corrected one
+
+    def kv_used_bytes(self, eid: str, t: float) -> float: ...  # bytes
+
+    def quantile_series(self, eid: str, times: list[float], q: float, buckets: Sequence[float],
+                        window: float) -> list[float]: ...  # seconds: histogram_quantile over window
+
+
 class Kind:
     """The interface of a signal kind. Subclasses override what differs from these defaults.
 
@@ -410,6 +428,14 @@ class Kind:
     def reports_lost_gpus(self, sig: Any) -> bool:
         """Whether the signal's source reports a lost GPU as ``fusebox_gpu_up 0``."""
         return False
+
+    # -- scenario player -------------------------------------------------------------------
+    def scenario_series(self, sig: Any, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
+        """The value the signal's record takes at each of ``times`` (seconds from the scenario's
+        start) under ``scenario``, per entity (GPU UUID or engine id), as the generated rules would
+        compute it from what the scenario's collectors publish; empty when the scenario does not
+        model what the signal reads (the player then predicts nothing for it)."""
+        return {}
 
     # -- generated tests -----------------------------------------------------------------
     def testable(self, sig: Any) -> bool:

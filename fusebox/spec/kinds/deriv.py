@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fusebox import conventions as C
+from fusebox import promsim
 from fusebox.spec.units import format_duration
 
 from .base import (
@@ -20,6 +21,7 @@ from .base import (
     Kind,
     PanelDef,
     Query,
+    ScenarioModel,
     Synth,
     by,
     dashboard_records,
@@ -74,6 +76,14 @@ class Deriv(Kind):
             {"record": d["kv_limit"], "expr": f"sum by ({engine_by}) ({selector(C.PROM['kv_cache_limit'], spec)})"},
             {"record": d["kv_ratio"], "expr": f"{d['kv_usage']} / {d['kv_limit']}"},
         ]
+
+    def scenario_series(self, sig: Any, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
+        """``deriv`` of each engine's KV-cache bytes over the signal's window (Prometheus 3's range),
+        when the signal reads the fusebox KV gauge; bytes per second."""
+        if sig.source.backend != "fusebox" or sig.source.metric != C.PROM["kv_cache_usage"]:
+            return {}
+        return {e: promsim.deriv_series(times, [scenario.kv_used_bytes(e, t) for t in times], sig.window_s)
+                for e in scenario.engine_ids}
 
     # -- generated tests -----------------------------------------------------------------
     def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:

@@ -22,6 +22,7 @@ from .base import (
     Kind,
     PanelDef,
     Query,
+    ScenarioModel,
     Synth,
     dashboard_records,
     dcgm_labels,
@@ -145,6 +146,11 @@ class GpuMemory(Kind):
     def reports_lost_gpus(self, sig: Any) -> bool:
         # The fusebox GPU collector reports lost GPUs as fusebox_gpu_up 0 (dcgm-exporter does not).
         return bool(sig.source.backend == "fusebox")
+
+    def scenario_series(self, sig: Any, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
+        """The effective (KV-corrected) device-memory ratio of every GPU of the scenario, whatever
+        the signal's backend: the scenario's GPU collector and the rules agree on it."""
+        return {g: [scenario.effective_memory_ratio(g, t) for t in times] for g in scenario.gpu_ids}
 
     # -- generated tests -----------------------------------------------------------------
     def exact(self, synth: Synth, v: float) -> float:

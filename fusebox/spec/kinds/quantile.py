@@ -33,6 +33,7 @@ from .base import (
     Kind,
     PanelDef,
     Query,
+    ScenarioModel,
     Synth,
     by,
     engine_labels,
@@ -155,6 +156,13 @@ class Quantile(Kind):
             {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})\n  {traffic}"},
             {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})\n  {traffic}"},
         ]
+
+    def scenario_series(self, sig: Any, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
+        """The signal's quantile of each engine's hand-off histogram over its window, when it reads
+        the fusebox alignment histogram; seconds (NaN without traffic)."""
+        if sig.source.backend != "fusebox" or sig.source.metric != C.PROM["alignment_duration"]:
+            return {}
+        return {e: scenario.quantile_series(e, times, sig.quantile, sig.buckets, sig.window_s) for e in scenario.engine_ids}
 
     # -- generated tests -----------------------------------------------------------------
     def distribution(self, synth: Synth, v: float) -> list[float]:
