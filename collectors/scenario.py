@@ -40,6 +40,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from fusebox import conventions as C
 from fusebox import promsim
 from fusebox.spec.kinds import kind_of
@@ -395,6 +397,82 @@ def default_scenario_path() -> Path:
     return _scenario_path(None)
 
 
+# ------------------------------------------------------------------------- the file's shape
+# What a scenario file may hold, checked first (unknown keys, a mapping where a list belongs) with
+# the spec's own error placement (fusebox.spec.validation); load_scenario then checks the meaning.
+Scalar = str | int | float
+PerEntity = dict[str | int, Scalar] | Scalar  # {GPU index/UUID or engine id: value}, or one value for all
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RawPcie(_Shape):
+    gen: int = 5
+    width: int = 16
+
+
+class RawScenarioGpu(_Shape):
+    uuid: str
+    memory: Scalar
+    index: int | None = None
+    name: str = "Synthetic GPU"
+    role: str = ""
+    reserved: Scalar = "0 MiB"
+    pcie: RawPcie | None = None
+    power_idle_w: float = 70
+    power_max_w: float = 700
+
+
+class RawKvGeometry(_Shape):
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "float16"
+
+
+class RawScenarioEngine(_Shape):
+    id: str
+    model: str | None = None
+    gpus: list[str | int] = Field(default_factory=list)
+    kv_geometry: RawKvGeometry
+    block_size: int = 16
+    kv_pool: Scalar = "0 GB"
+    kv_start: Scalar = "0 GB"
+
+
+class RawPhase(_Shape):
+    name: str
+    duration: Scalar
+    description: str = ""
+    gpu_memory: PerEntity | None = None
+    gpu_utilization: PerEntity | None = None
+    memory_bandwidth: PerEntity | None = None
+    kv_growth: PerEntity | None = None
+    alignment_p95: PerEntity | None = None
+    alignment_rate: PerEntity | None = None
+
+
+class RawMetadata(_Shape):
+    name: str | None = None
+    description: str = ""
+
+
+class RawScenario(_Shape):
+    """A scenario file as written (collectors/scenarios/breach.yaml is the reference)."""
+
+    apiVersion: str | None = None  # noqa: N815 - the key as written
+    kind: str
+    metadata: RawMetadata | None = None
+    cluster: str = ""
+    host: str = "fusebox-scenario"
+    tick: Scalar = "1s"
+    gpus: list[RawScenarioGpu] = Field(default_factory=list)
+    engines: list[RawScenarioEngine] = Field(default_factory=list)
+    phases: list[RawPhase] = Field(default_factory=list)
+
+
 def load_scenario(path: str | Path | None = None) -> Scenario:
     """Load and validate a scenario file (or the packaged one by name, default ``breach``).
 
@@ -404,6 +482,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     from fusebox.spec.errors import Problem, SpecError
     from fusebox.spec.positions import load
     from fusebox.spec.units import QuantityError, parse_duration, parse_quantity
+    from fusebox.spec.validation import pydantic_problem
 
     p = _scenario_path(path)
     try:
@@ -421,6 +500,14 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
 
     if not isinstance(raw, dict):
         raise ScenarioError(f"{p}:1:1: a scenario is a mapping -- start from collectors/scenarios/breach.yaml")
+    try:
+        RawScenario.model_validate(raw)
+    except ValidationError as invalid:
+        shape: dict[tuple[int, int], Problem] = {}  # a union's members each object: the first one says it
+        for detail in invalid.errors():
+            pr = pydantic_problem(detail, pos, RawScenario, document="the scenario", reference="collectors/scenarios/breach.yaml")
+            shape.setdefault((pr.line, pr.col), pr)
+        raise ScenarioError("\n".join(str(pr) for pr in shape.values())) from None
     if raw.get("kind") != "FuseboxScenario":
         bad(("kind",), f"kind is {raw.get('kind')!r}", "write 'kind: FuseboxScenario'")
 

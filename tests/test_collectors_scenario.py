@@ -153,3 +153,33 @@ def test_a_bad_scenario_points_at_the_line(tmp_path):
     msg = str(e.value)
     assert f"{bad}:7:" in msg and "unknown GPU 7" in msg
     assert f"{bad}:9:" in msg and "duration" in msg
+
+
+def test_a_misspelt_or_misshapen_scenario_key_is_refused_at_its_line_like_the_specs(tmp_path):
+    """Scenarios are checked as the spec is (a pydantic shape, then the meaning): a misspelt phase
+    key no longer passes silently (the phase would keep the previous KV growth), and a list where
+    a mapping or one value belongs is one error at its line, not one per union member."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "kind: FuseboxScenario\n"
+        "gpus:\n"
+        "  - {uuid: GPU-1, index: 0, memory: 80 GB}\n"
+        "engines:\n"
+        "  - id: e0\n"
+        "    gpus: [0]\n"
+        "    kv_geometry: {layers: 32, kv_heads: 32, head_dim: 128}\n"
+        "    kv_pool: 40 GiB\n"
+        "phases:\n"
+        "  - name: a\n"
+        "    duration: 10s\n"
+        "    kv_grwoth: {e0: 1 MB/s}\n"
+        "  - name: b\n"
+        "    duration: 5s\n"
+        "    gpu_memory: [50%]\n"
+    )
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(bad)
+    lines = str(e.value).splitlines()
+    assert lines[0] == (f"{bad}:12:5: unknown key 'kv_grwoth' in phases.0 -- did you mean 'kv_growth'? "
+                        "remove it or check its spelling against collectors/scenarios/breach.yaml")
+    assert len(lines) == 2 and lines[1].startswith(f"{bad}:15:17: phases.1.gpu_memory: ")

@@ -10,15 +10,12 @@ consume; renderers never see raw YAML.
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat, StrictBool, ValidationError, model_validator
-from pydantic_core import ErrorDetails
 
 from fusebox import conventions as C
 
@@ -31,6 +28,7 @@ from .errors import Problem, SpecError
 from .kinds import KINDS
 from .kinds.base import KNOWN_BACKENDS, SGLANG, VLLM
 from .positions import Positions, load, read_text
+from .validation import pydantic_problem
 
 API_VERSION = "fusebox/v1"
 TIER_ORDER = ("warning", "critical")
@@ -429,60 +427,11 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
     try:
         raw = RawSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError([_pydantic_problem(err, pos) for err in e.errors()]) from None
+        raise SpecError([pydantic_problem(err, pos, RawSpec, aliases=_ALIASES) for err in e.errors()]) from None
     return _Normaliser(raw, data, pos).run()
 
 
 _ALIASES = {"for_": "for", "global_": "global"}
-
-
-def _keys_at(loc: tuple) -> list[str]:
-    """The keys a spec mapping at pydantic's ``loc`` may hold (field names, aliases as written), or
-    none where ``loc`` is not a model (a free-form mapping)."""
-    hint: Any = RawSpec
-    for step in loc:
-        while get_origin(hint) in (Union, UnionType, Annotated):  # Optional[X], Annotated[X, ...]
-            hint = next((a for a in get_args(hint) if a is not type(None)), None)
-        if isinstance(hint, type) and issubclass(hint, BaseModel):
-            f = next((f for n, f in hint.model_fields.items() if step in (n, f.alias)), None)
-            if f is None:
-                return []
-            hint = f.annotation
-        elif get_origin(hint) in (dict, list, tuple):
-            hint = get_args(hint)[-1] if get_args(hint) else None
-        else:
-            return []
-    while get_origin(hint) in (Union, UnionType, Annotated):
-        hint = next((a for a in get_args(hint) if a is not type(None)), None)
-    if not (isinstance(hint, type) and issubclass(hint, BaseModel)):
-        return []
-    return [f.alias or n for n, f in hint.model_fields.items()]
-
-
-def _pydantic_problem(err: ErrorDetails, pos: Positions) -> Problem:
-    raw_loc = err["loc"]
-    if err["type"] == "extra_forbidden":  # the last element is the user's own (wrong) key: keep it
-        loc = tuple(_ALIASES.get(x, x) if isinstance(x, str) else x for x in raw_loc[:-1]) + (raw_loc[-1],)
-    else:
-        loc = tuple(_ALIASES.get(x, x) if isinstance(x, str) else x for x in raw_loc)
-    # pydantic adds the union member's type name to the path; drop such entries.
-    loc = tuple(x for x in loc if not (isinstance(x, str) and x in ("str", "int", "float")))
-    kind = err["type"]
-    name = ".".join(str(x) for x in loc)
-    if kind == "extra_forbidden":
-        near = difflib.get_close_matches(str(loc[-1]), _keys_at(raw_loc[:-1]), n=1)
-        hint = f"did you mean {near[0]!r}? " if near else ""
-        return pos.problem(loc, f"unknown key {loc[-1]!r} in {'.'.join(map(str, loc[:-1])) or 'the spec'}",
-                           f"{hint}remove it or check its spelling against the shipped fusebox.yaml", key=True)
-    if kind == "missing":
-        return pos.problem(loc[:-1], f"missing required key {loc[-1]!r} in {'.'.join(map(str, loc[:-1])) or 'the spec'}",
-                           f"add '{loc[-1]}:' here")
-    if kind in ("literal_error", "enum"):
-        return pos.problem(loc, f"{name}: {err['msg'].lower()}", "use one of the values listed")
-    if kind == "value_error" and " -- " in err["msg"]:  # our own checks (units.reject_bool) say how to fix it
-        what, fix = err["msg"].removeprefix("Value error, ").split(" -- ", 1)
-        return pos.problem(loc, f"{name}: {what}", fix)
-    return pos.problem(loc, f"{name}: {err['msg']}", "see the shipped fusebox.yaml for the expected shape")
 
 
 class _Normaliser:
