@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser(
         "check", help="run promtool/amtool on generated output; find rule selectors that match no series",
-        description="With --spec (the default): promtool check/test rules (every promtool found), vmalert -dryRun and "
+        description="With --spec (the default): the reaction budget (docs/budget.md) and the in-path shedders against "
+        "their fuse (docs/inpath.md), then promtool check/test rules (every promtool found), vmalert -dryRun and "
         "vmalert-tool unittest, thanos tools rules-check (each when built by `make tools`; required when "
         "global.rule_engine names its engine), amtool check-config and route tests on the "
         "generated files, failures named against the spec. With --rules FILE... --against CAPTURE...: any Prometheus "

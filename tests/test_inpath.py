@@ -194,3 +194,20 @@ def test_generate_warns_of_a_shedder_after_its_fuse(tmp_path):
     line = next(x for x in r.stderr.splitlines() if "inpath.shedders.gateway" in x)
     assert line.startswith("fusebox generate: warning:") and "80%" in line and f"{CRITICAL}%" in line
     assert (tmp_path / "out" / "inpath" / "gateway.flags").is_file()
+
+
+@pytest.mark.tools
+def test_fusebox_check_fails_a_shedder_after_its_fuse(tmp_path):
+    """The whole `fusebox check` (its tool checks pass on this spec): exit 1, both numbers named."""
+    from fusebox.generator.writer import write_outputs
+
+    text = _spec(_gw(set={"max_concurrent_requests": 24}))  # 55 % + 12 x 2 % = 79 %
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(text)
+    write_outputs(render_all(parse_spec(text, str(spec))), tmp_path)
+    r = subprocess.run([*FUSEBOX, "check", "--spec", str(spec), "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL fusebox inpath" in r.stdout and "0 failed" in r.stdout  # the in-path finding alone fails it
+    line = next(x for x in r.stderr.splitlines() if "inpath.shedders.gateway" in x)
+    assert "79%" in line and f"{CRITICAL}%" in line
