@@ -156,6 +156,7 @@ def _line_of(text: str, needle: str) -> int:
     ({"set": {"queue_size": -1}}, "queue_size: -1", "whole number"),
     ({"set": {"cb_window": "1500ms"}}, "cb_window: 1500ms", "whole number of seconds"),
     ({"engines": 0}, "engines: 0", "engines 0"),
+    ({"per_request": "1e-320%"}, "per_request: 1e-320%", "a billion requests"),
 ])
 def test_spec_errors_name_the_line(fields, needle, what):
     text = _spec(_gw(**fields))

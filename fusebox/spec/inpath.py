@@ -201,6 +201,10 @@ def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[s
             f"the shedding level {shed_text} ({shed_key}) is not above idle {raw.idle}: no request could be admitted",
             "idle is the signal with no request running; shed above it")
         ok = False
+    if ok and not (levels["shed_at"] - levels["idle"]) / levels["per_request"] < 1e9:
+        err(path + ("per_request",), f"per_request {raw.per_request} is so small that a billion requests would fit "
+            "before the shedding level: no bound", "measure the rise of the signal per running request, e.g. '2%'")
+        ok = False
     if ok and per_engine(levels["shed_at"], levels["idle"], levels["per_request"]) < 1:
         err(path + ("per_request",), f"not one request of {raw.per_request} fits between idle {raw.idle} and the shedding "
             f"level {shed_text} ({shed_key}): the shedder would refuse everything", "check idle and per_request against the "
