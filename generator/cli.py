@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser(
         "check", help="run promtool/amtool on generated output; find rule selectors that match no series",
-        description="With --spec (the default): promtool check/test rules (every promtool found), vmalert -dryRun and "
+        description="With --spec (the default): the reaction budget (docs/budget.md) and the in-path shedders against "
+        "their fuse (docs/inpath.md), then promtool check/test rules (every promtool found), vmalert -dryRun and "
         "vmalert-tool unittest, thanos tools rules-check (each when built by `make tools`; required when "
         "global.rule_engine names its engine), amtool check-config and route tests on the "
         "generated files, failures named against the spec. With --rules FILE... --against CAPTURE...: any Prometheus "
@@ -238,9 +239,24 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .budget import run_budget
 
     late = run_budget(spec, summary=True)  # every fuse must act before its resource is full (docs/budget.md)
+    late = run_inpath_check(spec) or late  # every in-path shedder must act before its fuse (docs/inpath.md)
     rc = toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against,
                               allow_dead=args.allow_dead)
     return rc or late
+
+
+def run_inpath_check(spec) -> int:
+    """``fusebox check``'s in-path line: ``ok``, or ``FAIL`` and each finding of
+    :func:`.render_inpath.inpath_warnings` on standard error; 1 when any, else 0."""
+    from .render_inpath import inpath_warnings
+
+    found = inpath_warnings(spec)
+    n = len(spec.inpath.shedders)
+    print(f"{'ok  ' if not found else 'FAIL'} fusebox inpath: {n} shedder(s), {len(found)} acting after the fuse "
+          "or with a breaker window shorter than the longest generation")
+    for w in found:
+        print(f"fusebox check: {w}", file=sys.stderr)
+    return 1 if found else 0
 
 
 def _register_budget(sub: argparse._SubParsersAction) -> None:

@@ -11,7 +11,7 @@ from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.units import format_duration
 
-from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_otelcol
+from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol
 from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
@@ -145,6 +145,7 @@ def render_all(spec: Spec) -> dict[str, str]:
     out.update(_dashboard_files(spec, header))
     out.update(workload_outputs(spec, header))
     out.update(render_haproxy.outputs(spec, header))
+    out.update(render_inpath.outputs(spec, header))
     out.update(kustomization_output(spec, header, list(out)))  # last: it lists every k8s/ manifest
     return dict(sorted(out.items()))
 
@@ -166,6 +167,8 @@ def spec_warnings(spec: Spec) -> list[str]:
       ``-ruler.max-rule-groups-per-tenant`` (:data:`.rule_engines.MAX_GROUPS_PER_TENANT`): the ruler
       refuses the rest until the tenant's limit is raised.
     * ``fuse.adapters`` that cannot apply what the tiers request (:func:`adapter_warnings`).
+    * an in-path shedder that acts after the fuse, or a gateway breaker window shorter than the
+      longest generation (:func:`.render_inpath.inpath_warnings`; ``fusebox check`` fails on them).
     """
     from fusebox.spec.kinds.base import FUSEBOX
 
@@ -202,6 +205,7 @@ def spec_warnings(spec: Spec) -> list[str]:
                        f"-ruler.max-rule-groups-per-tenant {MAX_GROUPS_PER_TENANT} (ruler_max_rule_groups_per_tenant): "
                        "the ruler refuses the upload -- raise the tenant's limit, or split the spec into tenants")
     out += adapter_warnings(spec)
+    out += render_inpath.inpath_warnings(spec)
     if "your-org" in spec.runbook_base_url:
         out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
                    "runbook link leads nowhere -- set it to where your runbooks/ are served")

@@ -1,6 +1,8 @@
 """The real gateways on loopback for the adapter tests and the bench: the SGLang Model Gateway
-(``python -m sglang_router.launch_router``) and the vLLM router (``vllm-router``), each in front of
-stand-in engines (:class:`fusebox.demo.standin.StandInEngine`).
+(``python -m sglang_router.launch_router``, sglang-router 0.3.2; ``python -m smg.launch_router``,
+smg 1.13, its new name) and the vLLM router (``vllm-router``), each in front of stand-in engines
+(:class:`fusebox.demo.standin.StandInEngine`). Each starts by module, never by the ``smg`` console
+script, which both packages install.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from fusebox.demo.standin import StandInEngine
 
 __all__ = ["StandInEngine", "Gateway", "sglang_gateway", "sglang_workers", "vllm_router", "vllm_workers"]
 
+# The gateways' Python modules: the sglang-router 0.3.2 launcher, and smg 1.13's.
+SGLANG_ROUTER, SMG = "sglang_router", "smg"
+
 
 class Gateway:
     """A gateway process; ``url``; ``stop()`` ends it (and only it)."""
 
     def __init__(self, argv: list[str], url: str, ready_path: str, log: Path):
         self.url = url
+        self.metrics_url = ""  # its Prometheus /metrics, where the caller knows it
         self.log = log
         self._out = log.open("wb")
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -51,18 +57,22 @@ class Gateway:
         self._out.close()
 
 
-def sglang_gateway(workers: list[str], log: Path) -> Gateway:
-    """The SGLang Model Gateway on a free loopback port with ``workers``; ready when all are healthy."""
+def sglang_gateway(workers: list[str], log: Path, extra: list[str] | tuple[str, ...] = (),
+                   package: str = SGLANG_ROUTER) -> Gateway:
+    """The SGLang Model Gateway on a free loopback port with ``workers`` and ``extra`` flags (e.g. a
+    generated inpath/*.flags file's); ``package`` is ``sglang_router`` (0.3.2) or ``smg`` (1.13),
+    started as ``python -m <package>.launch_router``. Ready when all workers are healthy."""
     need(sys.executable)
     try:
-        import sglang_router  # noqa: F401
+        __import__(package)
     except ImportError:
-        need("sglang_router", "install the test extra (requirements/test.lock)")
+        need(package, "install the test extra (requirements/test.lock)")
     port, metrics = free_port(), free_port()
-    argv = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", f"{package}.launch_router", "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics), "--log-level", "warn",
-            "--worker-urls", *workers]
+            *extra, "--worker-urls", *workers]
     gw = Gateway(argv, f"http://127.0.0.1:{port}", "/readiness", log)
+    gw.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
     wait_for(lambda: len(sglang_workers(gw.url)) == len(workers), 30, what="the gateway's workers")
     return gw
 

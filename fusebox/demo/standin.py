@@ -3,7 +3,9 @@
 A stand-in stands where a GPU engine would: it answers what the gateway probes when a worker is
 added and on its health checks (sglang-router 0.3.2 calls ``GET /health``, ``/model_info`` and
 ``/server_info``; vllm-router 0.1.17 ``GET /health``) with 200 and a small JSON body, and records
-every (method, path) it is asked for in ``seen``. It serves no inference.
+every (method, path) it is asked for in ``seen``. It serves no inference. Given a ``hold`` event,
+it answers a POST only once the event is set (60 s at most), counting the POSTs it holds in
+``holding``: a running request, for the tests of the gateway's concurrency bound.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ __all__ = ["StandInEngine"]
 class StandInEngine:
     """An engine on ``host`` (a free port) in a background thread; ``url``; ``stop()``."""
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", hold: threading.Event | None = None):
         self.seen: list[tuple[str, str]] = []
+        self.holding = 0  # POSTs waiting on `hold` now
+        lock = threading.Lock()
         eng = self
 
         class H(BaseHTTPRequestHandler):
@@ -41,6 +45,15 @@ class StandInEngine:
                 self._send({"model_path": "stand-in", "is_generation": True})
 
             def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if hold is not None:
+                    with lock:
+                        eng.holding += 1
+                    try:
+                        hold.wait(60)
+                    finally:
+                        with lock:
+                            eng.holding -= 1
                 self._send({})
 
         self.server = ThreadingHTTPServer((host, 0), H)

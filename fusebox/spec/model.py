@@ -25,6 +25,7 @@ from .adapters import RawAdapter, normalise_adapters
 from .budget import Budget, RawBudget, normalise_budget
 from .deploy import Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana, normalise_kubernetes, normalise_otelcol
 from .errors import Problem, SpecError
+from .inpath import Inpath, RawInpath, normalise_inpath
 from .kinds import KINDS
 from .kinds.base import KNOWN_BACKENDS, SGLANG, VLLM
 from .positions import Positions, load, read_text
@@ -233,6 +234,7 @@ class RawSpec(_Strict):
     grafana: RawGrafana = RawGrafana()
     otelcol: RawOtelcol = RawOtelcol()
     budget: RawBudget = RawBudget()
+    inpath: RawInpath = RawInpath()
     signals: dict[str, RawSignal]
     overrides: list[RawOverride] = []
 
@@ -246,7 +248,7 @@ class RawSpec(_Strict):
         return data
 
 
-_DEFAULTED_SECTIONS = ("defaults", "kubernetes", "grafana", "otelcol", "budget")
+_DEFAULTED_SECTIONS = ("defaults", "kubernetes", "grafana", "otelcol", "budget", "inpath")
 
 
 # ----------------------------------------------------------------------- normalised model
@@ -367,6 +369,7 @@ class Spec:
     source: str = "fusebox"  # global.source
     rule_engine: str = "prometheus"  # global.rule_engine: one of RULE_ENGINES
     budget: Budget = field(default_factory=Budget)  # budget: sizes `fusebox budget` reads (spec/budget.py)
+    inpath: Inpath = field(default_factory=Inpath)  # inpath: the in-path shedders (spec/inpath.py)
 
     def selector_for(self, backend: str) -> dict[str, str]:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
@@ -561,6 +564,7 @@ class _Normaliser:
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
         adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
         budget = normalise_budget(r.budget, self.err)
+        inpath = normalise_inpath(r.inpath, {s.name: s for s in signals}, set(r.signals), self.err)
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -576,7 +580,7 @@ class _Normaliser:
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
             kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
-            budget=budget,
+            budget=budget, inpath=inpath,
         )
 
     def _self_monitoring(self, scrape_s: float) -> SelfMonitoring:
