@@ -306,6 +306,12 @@ def record_name(level: str, metric: str, ops: str) -> str:
     return f"{level}:{metric}:{ops}"
 
 
+# The SGLang Model Gateway's admission counter (smg 1.13 and sglang-router 0.3.2 alike, read from
+# their /metrics): one series per result, "allowed" and "rejected" (429 by the concurrency bound,
+# the rate limit or a full queue). A tier with after_shedding reads it (docs/inpath.md).
+GATEWAY_ADMISSIONS = "smg_http_rate_limit_total"
+GATEWAY_REJECTED = {"result": "rejected"}
+
 # Window of the rates the dashboard records take (engine token and prefix-cache counters).
 DASHBOARD_RATE_WINDOW_S = 300.0
 

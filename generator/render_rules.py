@@ -187,6 +187,8 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
     where = alert_where(sig)
     op = ">=" if sig.direction == "above" else "<="
     action = f" The fuse requests: {spec.actions[tier.fuse].description}" if tier.fuse else ""
+    if tier.after_shedding:
+        action = " The in-path gateways have been refusing requests meanwhile without bringing it back." + action
     short = alert_where_short(sig)
     ann = {
         "summary": f"{sig.alert}: {sig.name} {op} {humanize(tier.threshold, sig.unit)}{' on ' + short if short else ''} ({tier.name})",
@@ -200,8 +202,29 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
     return ann
 
 
+def shedding_window_s(spec: Spec) -> float:
+    """The rate window of :func:`shedding_gate`: a minute, or four scrapes where that is longer."""
+    return max(60.0, 4 * spec.scrape_interval_s)
+
+
+def shedding_gate(spec: Spec) -> str:
+    """The condition a tier with ``after_shedding`` adds to its alert: the in-path gateways are
+    refusing requests now (their admission counter's ``rejected`` series rose within
+    :func:`shedding_window_s`), or no gateway's counter is scraped at all, in which case the tier
+    acts as if it did not wait (it never blocks a fuse on a gateway Prometheus cannot see). Joined
+    ``on ()``: any gateway that Prometheus scrapes counts, whatever its labels."""
+    rejected = ",".join(f'{k}="{v}"' for k, v in C.GATEWAY_REJECTED.items())
+    w = format_duration(shedding_window_s(spec))
+    return (f"(sum(rate({C.GATEWAY_ADMISSIONS}{{{rejected}}}[{w}])) > 0)"
+            f" or on () absent({C.GATEWAY_ADMISSIONS})")
+
+
 def _alert(sig: Signal, tier: Tier, spec: Spec) -> dict[str, Any]:
-    rule: dict[str, Any] = {"alert": sig.alert, "expr": kind_of(sig).alert_expr(sig, tier)}
+    expr = kind_of(sig).alert_expr(sig, tier)
+    if tier.after_shedding:
+        inner = "\n".join("  " + line for line in expr.splitlines())
+        expr = f"(\n{inner}\n)\nand on () (\n  {shedding_gate(spec)}\n)"
+    rule: dict[str, Any] = {"alert": sig.alert, "expr": expr}
     if tier.for_s:
         rule["for"] = format_duration(tier.for_s)
     if tier.keep_firing_for_s:

@@ -181,6 +181,44 @@ def _tier_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     return groups
 
 
+def _shedding_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
+    """For each tier with ``after_shedding``: the value held above its threshold while a gateway
+    is scraped, (a) refusing nothing (the tier waits: never fires; the other tiers as usual) and
+    (b) refusing requests throughout (it fires once its ``for`` has passed). The other groups feed
+    no gateway series, so there the tier acts as if it did not wait (the rule's fail-open branch)."""
+    kind = kind_of(sig)
+    synth = Synth.of(sig, spec)
+    I = synth.interval
+    first_true = kind.first_true(sig, I)
+    exp = _Expect(sig, synth)
+    groups = []
+    for tier in (t for t in sig.tiers if t.after_shedding):
+        v = _target_value(synth, tier, "above")
+        v_exact = kind.exact(synth, v)
+        F = tier.for_s
+        n = int((F + first_true + kind.window(sig) + 6 * I) // I) + 1
+        t_check = F + first_true + I
+        admissions = C.GATEWAY_ADMISSIONS
+        allowed = {"series": f'{admissions}{{result="allowed"}}', "values": f"0+10x{n}"}
+        for shedding in (False, True):
+            rejected = {"series": f"{admissions}{label_str(C.GATEWAY_REJECTED)}", "values": f"0+{5 if shedding else 0}x{n}"}
+            states = {t.name: exp.state(t, v_exact, t_check, n * I + I) for t in sig.tiers}
+            if not shedding:
+                states[tier.name] = "quiet"
+            if None in states.values():
+                continue
+            firing = [t for t in sig.tiers if states[t.name] == "firing"]
+            why = (f"{tier.name}: the gateways refuse requests: fires once `for` ({format_duration(F)}) has passed" if shedding
+                   else f"{tier.name}: waits while the gateways are scraped and refuse nothing")
+            title = (f"{sig.alert} {tier.name} after shedding: {sig.name} above {tier.threshold_text} "
+                     f"(signal {format_number(v_exact)}), the gateways {'refusing requests' if shedding else 'refusing none'}")
+            groups.append((title, {"interval": format_duration(I),
+                                   "input_series": kind.series(synth, [(n, v)]) + [allowed, rejected],
+                                   "alert_rule_test": [{"eval_time": format_duration(t_check), "alertname": sig.alert,
+                                                        "exp_alerts": _alert_case(sig, spec, synth, firing), "_why": why}]}))
+    return groups
+
+
 def _absent_check(spec: Spec, rules: Rules, group: dict[str, Any]) -> dict[str, Any] | None:
     """At the group's last alert check, exactly the absent alerts of the metrics its input lacks.
 
@@ -245,7 +283,7 @@ def render_rule_tests(spec: Spec, rules: Rules, rule_file: str) -> list[tuple[st
             continue
         if not kind_of(sig).testable(sig):
             continue  # e.g. a custom expression: no generic way to synthesise its inputs
-        groups += _tier_groups(sig, spec) + _extra_groups(sig, spec, rules)
+        groups += _tier_groups(sig, spec) + _shedding_groups(sig, spec) + _extra_groups(sig, spec, rules)
     if gpu_down_enabled(spec):
         groups.append(_gpu_down_group(spec))
     groups += self_tests(spec)

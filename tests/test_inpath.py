@@ -211,3 +211,40 @@ def test_fusebox_check_fails_a_shedder_after_its_fuse(tmp_path):
     assert "FAIL fusebox inpath" in r.stdout and "0 failed" in r.stdout  # the in-path finding alone fails it
     line = next(x for x in r.stderr.splitlines() if "inpath.shedders.gateway" in x)
     assert "79%" in line and f"{CRITICAL}%" in line
+
+
+def _waiting(data: dict, *, keep: tuple[str, ...] = ("gateway", "gateway_0_3", "engine")) -> str:
+    """The shipped spec with GPU memory's critical tier set to wait for shedding, and only the
+    shedders named in ``keep``."""
+    data["signals"]["gpu_memory_utilization"]["tiers"]["critical"]["after_shedding"] = True
+    data["inpath"]["shedders"] = {k: v for k, v in data["inpath"]["shedders"].items() if k in keep}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def test_a_waiting_tier_adds_the_gateways_refusals_to_its_alert_and_says_so():
+    """The gate reads the admission counter both gateways publish (smg_http_rate_limit_total,
+    result rejected), over a minute at the shipped 5 s scrape (four scrapes would be 20 s), and
+    fails open where no gateway is scraped; the warning tier and the other signals are unchanged."""
+    spec = parse_spec(_waiting(yaml.safe_load(SPEC.read_text())), "fusebox.yaml")
+    rules = yaml.safe_load(render_all(spec)["rules/fusebox.rules.yml"])
+    gpu = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GPUMemoryUtilizationHigh"]
+    crit = next(r for r in gpu if r["labels"]["severity"] == "critical")
+    warn = next(r for r in gpu if r["labels"]["severity"] == "warning")
+    assert crit["expr"] == ("(\n  gpu:fusebox_gpu_memory_utilization:ratio >= 0.783\n)\nand on () (\n"
+                            '  (sum(rate(smg_http_rate_limit_total{result="rejected"}[1m])) > 0)'
+                            " or on () absent(smg_http_rate_limit_total)\n)")
+    assert crit["for"] == "30s"
+    assert warn["expr"] == "gpu:fusebox_gpu_memory_utilization:ratio >= 0.72"
+    assert "gateways have been refusing requests" in crit["annotations"]["description"]
+    shipped = yaml.safe_load(render_all(parse_spec(SPEC.read_text(), "fusebox.yaml"))["rules/fusebox.rules.yml"])
+    others = lambda rs: [r for g in rs["groups"] for r in g["rules"] if r.get("alert") != "GPUMemoryUtilizationHigh"]  # noqa: E731
+    assert others(rules) == others(shipped)
+
+
+def test_a_waiting_tier_without_a_gateway_on_its_signal_is_refused_at_its_line():
+    text = _waiting(yaml.safe_load(SPEC.read_text()), keep=("engine",))  # a vLLM bound publishes no refusals
+    problems = _problems(text)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"fusebox.yaml:{_line_of(text, 'after_shedding: true')}:")
+    assert "no in-path gateway sheds on signal 'gpu_memory_utilization'" in problems[0]
+    assert "kind: smg or sglang_router" in problems[0]

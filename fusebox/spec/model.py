@@ -25,7 +25,7 @@ from .adapters import RawAdapter, normalise_adapters
 from .budget import Budget, RawBudget, normalise_budget
 from .deploy import Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana, normalise_kubernetes, normalise_otelcol
 from .errors import Problem, SpecError
-from .inpath import Inpath, RawInpath, normalise_inpath
+from .inpath import GATEWAY_KINDS, Inpath, RawInpath, normalise_inpath
 from .kinds import KINDS
 from .kinds.base import KNOWN_BACKENDS, SGLANG, VLLM
 from .positions import Positions, load, read_text
@@ -63,6 +63,9 @@ class RawTier(_Strict):
     severity: str | None = None
     fuse: str | None = None
     enabled: bool = True
+    # Fire only while the signal's in-path gateways are refusing requests too (spec/inpath.py):
+    # the fast path has been trying for the tier's `for` and has not brought the signal back.
+    after_shedding: StrictBool = False
 
 
 class RawSource(_Strict):
@@ -265,6 +268,7 @@ class Tier:
     fuse: str | None  # action name from fuse.actions, or None
     fuse_level: int  # 0 when no fuse
     path: tuple  # YAML path, for error reports
+    after_shedding: bool = False  # fires only while the in-path gateways shed (generator/render_rules.shedding_gate)
 
 
 @dataclass(frozen=True)
@@ -565,6 +569,7 @@ class _Normaliser:
         adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
         budget = normalise_budget(r.budget, self.err)
         inpath = normalise_inpath(r.inpath, {s.name: s for s in signals}, set(r.signals), self.err)
+        self._check_after_shedding(signals, inpath)
         if self.problems:
             raise SpecError(self.problems)
         return Spec(
@@ -582,6 +587,20 @@ class _Normaliser:
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
             budget=budget, inpath=inpath,
         )
+
+    def _check_after_shedding(self, signals: list[Signal], inpath: Inpath) -> None:
+        """A tier with ``after_shedding`` needs a gateway shedder (``smg`` or ``sglang_router``,
+        whose admission counter the rule reads) that sheds on its signal."""
+        for sig in signals:
+            for t in sig.tiers:
+                if not t.after_shedding:
+                    continue
+                gateways = [sh.name for sh in inpath.shedders if sh.signal == sig.name and sh.kind in GATEWAY_KINDS]
+                if not gateways:
+                    self.err(t.path + ("after_shedding",),
+                             f"after_shedding: no in-path gateway sheds on signal {sig.name!r}, so this tier would wait for nothing",
+                             f"add one under inpath.shedders (kind: smg or sglang_router, signal: {sig.name}), "
+                             "or remove after_shedding")
 
     def _self_monitoring(self, scrape_s: float) -> SelfMonitoring:
         """``fuse.self_monitoring``: positive durations, label names, and a silence bound the
@@ -731,7 +750,7 @@ class _Normaliser:
             tiers.append(Tier(
                 name=tname, threshold=threshold, threshold_text=str(threshold_raw), for_s=for_s, keep_firing_for_s=kff,
                 severity=pick("severity", t.severity or tname), fuse=t.fuse,
-                fuse_level=actions[t.fuse].level if t.fuse in actions else 0, path=tpath,
+                fuse_level=actions[t.fuse].level if t.fuse in actions else 0, path=tpath, after_shedding=t.after_shedding,
             ))
         tiers.sort(key=lambda t: TIER_ORDER.index(t.name))
         by_name = {t.name: t for t in tiers}
