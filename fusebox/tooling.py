@@ -9,6 +9,7 @@ all use these, so a changed cache folder or error text changes everywhere at onc
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -34,11 +35,40 @@ class ToolMissing(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (the OS picks it; another process may take it before
-    the caller binds, which on loopback in a test run does not happen in practice)."""
-    with socket.socket() as s:
+    """A TCP port free on ``host`` right now, for a child process to bind.
+
+    Chosen at random below the kernel's ephemeral range (``net.ipv4.ip_local_port_range``, by
+    default 32768-60999), where ``bind(port 0)`` and every outgoing connection draw theirs: a port
+    from that range can be taken by a client socket between this call and the child's bind
+    ("Address already in use"). Never returns the same port twice in one process.
+    """
+    low, high = _EPHEMERAL
+    for _ in range(1000):
+        port = random.randrange(max(1024, low - 12000), low)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    with socket.socket() as s:  # everything below the range is taken: fall back to the OS's pick
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_range()
+_GIVEN: set[int] = set()
 
 
 def victoriametrics_tool(name: str) -> Path:
