@@ -23,7 +23,9 @@ Deadlines: an adapter's ``timeout_s`` bounds one call (one :meth:`apply`) in tot
 :func:`call_deadline` sets it for the thread, and every connect, write and read of a
 :func:`deadline_client` (and of the HAProxy socket) waits at most what is left of it, so a gateway
 that trickles its answer a byte at a time is cut off at the deadline (:class:`DeadlineExceeded`, a
-transient :class:`ActionError`). The service's lease must exceed the longest ``timeout_s``
+transient :class:`ActionError`). Resolving the host's name is bounded too (:func:`resolve`): a
+resolver that does not answer holds ``getaddrinfo`` for its own timeouts, which no socket timeout
+covers (30 s for a ``--timeout 1`` call in the tests). The service's lease must exceed the longest ``timeout_s``
 (``fusebox fuse serve`` checks it at start), so a call never outlives its claim.
 """
 
@@ -31,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -48,7 +52,7 @@ log = install(logging.getLogger("fusebox.fuse"))
 
 __all__ = ["ActionError", "is_permanent", "RETRYABLE_4XX", "Adapter", "Observable",
            "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
-           "CONTROL_PATH", "DeadlineExceeded", "call_deadline", "remaining", "deadline_client"]
+           "CONTROL_PATH", "DeadlineExceeded", "call_deadline", "remaining", "deadline_client", "resolve"]
 
 CONTROL_PATH = "/v1/control/fuse"
 TOKEN_ENV = "FUSEBOX_GATEWAY_TOKEN"
@@ -164,6 +168,45 @@ def _left(timeout: float | None) -> float | None:
         raise httpcore.ReadTimeout(str(e)) from None
 
 
+def resolve(host: str, port: int, timeout: float | None) -> list[str]:
+    """The addresses of ``host`` for a TCP connection to ``port``, in ``getaddrinfo``'s order
+    (duplicates dropped; an IP literal is itself), waited for ``timeout`` seconds at most (None:
+    as long as the resolver takes).
+
+    The system resolver is bounded by no socket timeout: one that does not answer holds
+    ``getaddrinfo`` for its own timeout times its attempts (glibc: 5 s x 2 by default, per name of
+    the search list; resolv.conf(5)). It therefore runs in a daemon thread of its own, left to end
+    when the resolver gives up.
+
+    Raises:
+        httpcore.ConnectTimeout: not resolved within ``timeout`` (its message names the host).
+        httpcore.ConnectError: the name does not resolve (the resolver's own error).
+    """
+    try:
+        ipaddress.ip_address(host)
+        return [host]
+    except ValueError:
+        pass
+    found: dict = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            found["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            found["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"resolve {host}", daemon=True).start()
+    if not done.wait(timeout):
+        raise httpcore.ConnectTimeout(f"{host} was not resolved within the {timeout:g}s left to the call "
+                                      "(its deadline): the resolver did not answer")
+    if "error" in found:
+        raise httpcore.ConnectError(str(found["error"]))
+    return list(dict.fromkeys(str(info[4][0]) for info in found["infos"]))
+
+
 class _DeadlineStream(httpcore.NetworkStream):
     """A connection whose every read and write waits at most what is left of the call's deadline."""
 
@@ -187,13 +230,22 @@ class _DeadlineStream(httpcore.NetworkStream):
 
 
 class _DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's own (blocking sockets), connecting and reading within the call's deadline."""
+    """httpcore's own (blocking sockets), resolving, connecting and reading within the call's deadline:
+    the name is resolved by :func:`resolve`, then each of its addresses is tried in turn (as
+    ``socket.create_connection`` does), each with what is left of the deadline."""
 
     def __init__(self):
         self._inner = httpcore.SyncBackend()
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        return _DeadlineStream(self._inner.connect_tcp(host, port, _left(timeout), local_address, socket_options))
+        failed: Exception | None = None
+        for address in resolve(host, port, _left(timeout)):
+            try:
+                return _DeadlineStream(self._inner.connect_tcp(address, port, _left(timeout), local_address,
+                                                               socket_options))
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as e:
+                failed = e
+        raise failed or httpcore.ConnectError(f"{host}: the resolver gave no address")
 
     def connect_unix_socket(self, path, timeout=None, socket_options=None):
         return _DeadlineStream(self._inner.connect_unix_socket(path, _left(timeout), socket_options))

@@ -82,6 +82,116 @@ def test_haproxy_answering_a_byte_at_a_time_is_cut_off_at_the_calls_deadline(tmp
     assert len(sock.sent) == 1 and sock.sent[0] < 2 * DEADLINE / GAP < BYTES
 
 
+# ------------------------------------------------------------------ a name the resolver never answers
+class _SilentDns:
+    """A DNS server (UDP port 53 of a 127.53.0.x address) that reads every query and answers none:
+    the cluster's resolver down. :attr:`names` are the names it was asked for."""
+
+    def __init__(self):
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for last in range(2, 250):
+            try:
+                self.sock.bind((f"127.53.0.{last}", 53))
+                break
+            except OSError:
+                continue
+        else:
+            pytest.fail("no free 127.53.0.x:53 for the test's DNS server")
+        self.host, self.names = self.sock.getsockname()[0], []
+        self.sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                query = self.sock.recv(512)
+            except OSError:
+                continue
+            i, labels = 12, []  # the question's name follows the 12-byte header, label by label
+            while i < len(query) and query[i]:
+                labels.append(query[i + 1:i + 1 + query[i]].decode(errors="replace"))
+                i += 1 + query[i]
+            self.names.append(".".join(labels))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+# Runs in the child: one gateway call, how long it took and how it ended, as JSON.
+_CALL = r"""
+import json, sys, time
+from fusebox.fuse.actions import ActionError, HttpGateway
+trip = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test", "decision_id": "d1",
+        "scope": {"cluster": "c1", "engine": "engine-0"}}
+t0 = time.monotonic()
+try:
+    HttpGateway(sys.argv[1], timeout_s=float(sys.argv[2])).apply(trip)
+    out = {"error": None}
+except ActionError as e:
+    out = {"error": str(e), "permanent": e.permanent}
+print(json.dumps({**out, "took_s": time.monotonic() - t0}))
+"""
+
+
+def _call_with_resolver(tmp_path, url: str, resolv: str, hosts: str) -> dict:
+    """:data:`_CALL` to ``url`` in a process of its own mount namespace, where /etc/resolv.conf and
+    /etc/hosts are ``resolv`` and ``hosts`` (the host's files are untouched). Needs root (or
+    CAP_SYS_ADMIN), as the full-disk test does."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "resolv.conf").write_text(resolv)
+    (tmp_path / "hosts").write_text(hosts)
+    r = subprocess.run(["unshare", "--mount", "sh", "-c",
+                        'mount --bind "$1" /etc/resolv.conf && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"',
+                        "sh", str(tmp_path / "resolv.conf"), str(tmp_path / "hosts"),
+                        sys.executable, "-c", _CALL, url, str(DEADLINE)], capture_output=True, text=True, timeout=120)
+    if r.returncode and "mount" in r.stderr and not r.stdout:
+        pytest.fail(f"unshare/mount refused ({r.stderr.strip()}): run the test as root, or in a container with "
+                    "CAP_SYS_ADMIN, to give the call a resolver of its own")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_gateway_name_the_resolver_never_answers_is_cut_off_at_the_calls_deadline(tmp_path):
+    """The gateway's URL names a host; the resolver (a DNS server that reads and never answers,
+    given 30 s per query) holds getaddrinfo far past --timeout, which bounds only socket steps. The
+    call fails (transient, retried) at its deadline: not before it (it did wait), nor long after."""
+    dns = _SilentDns()
+    try:
+        out = _call_with_resolver(tmp_path, "http://gateway.fuse.test:9",
+                                  f"nameserver {dns.host}\noptions timeout:30 attempts:1\n", "127.0.0.1 localhost\n")
+    finally:
+        dns.stop()
+    assert "gateway.fuse.test" in dns.names  # the time went to resolving the name
+    assert out["error"] is not None and out["permanent"] is False, out
+    assert "gateway.fuse.test" in out["error"] and "deadline" in out["error"], out
+    assert DEADLINE <= out["took_s"] < DEADLINE + 0.5, out
+
+
+def test_a_gateway_named_in_etc_hosts_is_resolved_and_called(tmp_path):
+    """The same call by name when the name resolves (/etc/hosts): applied, once."""
+    from fusebox.fuse.gateway import ReferenceGateway, read_log
+
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
+    try:
+        port = gw.url.rsplit(":", 1)[1]
+        out = _call_with_resolver(tmp_path, f"http://gateway.fuse.test:{port}", "nameserver 127.53.0.1\n",
+                                  "127.0.0.1 localhost\n127.0.0.1 gateway.fuse.test\n")
+    finally:
+        gw.stop()
+    assert out["error"] is None, out
+    assert [r["decision_id"] for r in read_log(tmp_path / "gw.jsonl")] == ["d1"]
+
+
 def _args(tmp_path, *extra, spec=SPEC):
     import argparse
 
