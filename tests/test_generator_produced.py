@@ -144,6 +144,20 @@ def test_generate_names_each_signal_that_reads_what_nothing_deploys(tmp_path):
     assert {C.PROM["kv_cache_usage"], C.PROM["alignment_duration"] + "_count"} <= set(reads) - published
 
 
+def test_generate_says_what_device_memory_alone_does_on_a_preallocating_engine(tmp_path):
+    """The starter spec runs the GPU collector only: the GPU-memory signal's KV correction has no
+    input, so it reads device memory, which vLLM holds at ~90% (gpu_memory_utilization 0.9) --
+    over the 78.3% critical line. The warning says that, not "stays empty"."""
+    r = _generate(tmp_path, SPEC.read_text())
+    assert r.returncode == 0, r.stderr
+    [w] = [ln for ln in r.stderr.splitlines() if "signal 'gpu_memory_utilization'" in ln]
+    assert "reads device memory alone" in w and "stay empty" not in w
+    assert "critical tier (78.3%, fuse freeze_admissions)" in w and "kubernetes.collectors.run: {kv:" in w
+    for name in ("kv_cache_growth_rate", "alignment_latency_p95"):  # these do stay empty
+        [w] = [ln for ln in r.stderr.splitlines() if f"signal {name!r} reads" in ln]
+        assert "stay empty" in w
+
+
 MIB = 1_048_576
 DCGM_MIG = GEN / "dcgm-exporter_4.5_h100-mig_shape.txt"
 UUID = "GPU-3f9a6c21-7d4e-4b8a-9c2f-5e1d0a7b8c90"
