@@ -4,7 +4,7 @@ pool does not grow; tiers fire when the time left is at or BELOW the threshold.
 
 The spec side (which sources are accepted, which refused, at their line), the generated promtool
 and vmalert-tool cases on the dcgm backend (the shipped spec's own are run by
-test_generator_promtool.py and test_generator_engines.py), and that those cases can fail: a rule
+test_generator_promtool.py and test_generator_rule_engines.py), and that those cases can fail: a rule
 without the growth filter (``> 0``) breaks the steady, shrinking and restart cases. The values a
 pool gives are computed by hand in tests/promtool/time_to_full.test.yml."""
 
