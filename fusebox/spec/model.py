@@ -742,7 +742,7 @@ class _Normaliser:
                 threshold = units.parse_quantity(threshold_raw, s.unit)
             except ValueError as e:
                 what, fix = (e.what, e.fix) if isinstance(e, units.QuantityError) else (str(e), None)
-                self.err(tp, what, fix or f"write the threshold in {s.unit.replace('_', ' ')}, e.g. {units.EXAMPLES[s.unit]}")
+                self.err(tp, what, fix or f"signal {name}'s unit is {s.unit}: write the threshold as e.g. {units.EXAMPLES[s.unit]}")
                 continue
             if threshold == 0 and s.direction == "above":  # "-0 MB/s" too: ">= 0" holds for every sample
                 self.err(tp, f"a threshold of {str(threshold_raw).strip()!r} on an upper bound fires whenever the signal exists",
