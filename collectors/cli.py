@@ -92,7 +92,8 @@ def _count(text: str) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("collect", help="run a collector (gpu, kv, latency, scenario)",
-                              description="Collect GPU, KV-cache or alignment-latency signals and push them as OTLP.")
+                              description="Collect GPU, KV-cache or alignment-latency signals and push them as OTLP "
+                                          "(and/or serve them on /metrics); scenario plays a scenario file through them.")
     sub = p.add_subparsers(dest="collector", required=True, metavar="COLLECTOR")
 
     g = sub.add_parser("gpu", help="GPU memory, utilization, PCIe, power via NVML (or --replay a capture)")

@@ -73,7 +73,8 @@ def _attempts(text: str) -> int:
 def register(subparsers) -> None:
     from .store import STATE_FILE
 
-    p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker)",
+    p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker) and its tools: "
+                                           "serve, override, audit, a reference gateway",
                               description=__doc__)
     sub = p.add_subparsers(dest="fuse_command", required=True, metavar="SUBCOMMAND")
 

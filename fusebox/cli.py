@@ -1,5 +1,5 @@
 """The ``fusebox`` command. It only wires arguments to the library; each area registers its
-own subcommands (generator: generate/check/alertmanager, init/schema; collectors: collect; fuse: fuse; demo; backtest)."""
+own subcommands (generator: generate/check/alertmanager/budget, init/schema; collectors: collect; fuse: fuse; demo; backtest)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 # module -> it defines register(subparsers), and the commands it registers
 _AREAS = {
-    "fusebox.generator.cli": ("generate", "check", "alertmanager"),
+    "fusebox.generator.cli": ("generate", "check", "alertmanager", "budget"),
     "fusebox.generator.spec_cli": ("init", "schema"),
     "fusebox.collectors.cli": ("collect",),
     "fusebox.fuse.cli": ("fuse",),

@@ -9,7 +9,8 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser("generate", help="generate rules, tests, runbooks, Alertmanager/Collector config, dashboards")
+    g = sub.add_parser("generate", help="write the spec's outputs: rules and their tests, runbooks, dashboards, Alertmanager, "
+                                        "Collector and Grafana config, k8s/ manifests, in-path gateway flags")
     g.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
     g.add_argument("--out", default=".", help="output directory (default: .)")
     g.add_argument("--check", action="store_true",
@@ -17,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser(
-        "check", help="run promtool/amtool on generated output; find rule selectors that match no series",
+        "check", help="check the generated files (promtool, amtool, vmalert and thanos when built; the reaction budget and "
+                      "in-path shedders); with --against, rule selectors that match no series",
         description="With --spec (the default): the reaction budget (docs/budget.md) and the in-path shedders against "
         "their fuse (docs/inpath.md), then promtool check/test rules (every promtool found), vmalert -dryRun and "
         "vmalert-tool unittest, thanos tools rules-check (each when built by `make tools`; required when "
@@ -39,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a selector known to match no series, e.g. 'vllm:num_preemptions' (repeatable): not a failure")
     c.set_defaults(func=cmd_check)
 
-    a = sub.add_parser("alertmanager", help="merge fusebox's Alertmanager routing into an existing Alertmanager config")
+    a = sub.add_parser("alertmanager", help="merge: fusebox's route and receivers into your Alertmanager config; "
+                                            "test: amtool route tests on a config holding them")
     asub = a.add_subparsers(dest="alertmanager_command", required=True, metavar="ACTION")
     m = asub.add_parser("merge", help="the base config with fusebox's route first under route.routes, its receivers and "
                                       "inhibit rule added (docs/alertmanager.md)")

@@ -15,8 +15,8 @@ from .rule_engines import ENGINES
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "demo", help="run Prometheus (or VictoriaMetrics), Alertmanager, the Collector, the collectors and the fuse "
-                     "on loopback, live",
+        "demo", help="the whole stack on loopback (Prometheus or VictoriaMetrics, Alertmanager, the Collector, the "
+                     "collectors, the fuse, a gateway) replaying a breach scenario, live",
         description="Start the real stack on free loopback ports (Prometheus, or VictoriaMetrics with vmalert; "
                     "Alertmanager, the OpenTelemetry Collector, the scenario collector, the fuse service and a "
                     "reference gateway), replay a breach and show signals, alerts and fuses live. Ctrl-C stops "
