@@ -57,3 +57,15 @@ def test_generate_names_every_kind_of_output_it_writes():
     assert folders == set(OUTPUT_WORDS), "a new output folder: name it in generate's help and here"
     help_ = _one_liners()["generate"]
     assert [w for w in OUTPUT_WORDS.values() if w not in help_] == [], help_
+
+
+def test_output_into_a_closed_pipe_is_no_traceback():
+    """``fusebox schema | head -1``: the reader leaves before the writer is done; the command ends
+    as a shell reports a writer ended by SIGPIPE (128 + 13), without a traceback."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "schema"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # before the child writes: its first write fails with EPIPE
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141 and err == "", err
