@@ -92,7 +92,8 @@ def _count(text: str) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("collect", help="run a collector (gpu, kv, latency, scenario)",
-                              description="Collect GPU, KV-cache or alignment-latency signals and push them as OTLP.")
+                              description="Collect GPU, KV-cache or alignment-latency signals and push them as OTLP "
+                                          "(and/or serve them on /metrics); scenario plays a scenario file through them.")
     sub = p.add_subparsers(dest="collector", required=True, metavar="COLLECTOR")
 
     g = sub.add_parser("gpu", help="GPU memory, utilization, PCIe, power via NVML (or --replay a capture)")
@@ -204,14 +205,15 @@ def _loop(args, pipe, round_fn) -> int:
 
 
 def _spec_unreadable(path: str, what: str, e: Exception) -> None:
-    """Say on stderr why the spec at ``path`` gave no ``what``: a file that is not there names
-    the flag that fixes it (``--spec`` defaults to fusebox.yaml in the current folder)."""
-    if isinstance(e, FileNotFoundError):
-        where = f"{path} in {os.getcwd()}" if not os.path.isabs(path) else path
-        _err(f"no spec at {where}, so no {what} -- pass --spec FILE (your fusebox.yaml; the default is "
-             "fusebox.yaml in the current folder)")
-    elif isinstance(e, OSError):
-        _err(f"cannot read the spec {path}: {e.strerror or e} -- pass --spec FILE naming a readable fusebox.yaml")
+    """Say on stderr why the spec at ``path`` gave no ``what`` (``fusebox collect: PATH: no such
+    file -- ...``): a file that is not there names the flag that fixes it (``--spec`` defaults to
+    fusebox.yaml in the current folder, which the message names)."""
+    from fusebox.spec.errors import unreadable
+
+    if isinstance(e, (OSError, UnicodeDecodeError)):
+        where = f"; a relative path is looked for in {os.getcwd()}" if not os.path.isabs(path) else ""
+        _err(unreadable(path, e, f"pass --spec FILE, your fusebox.yaml: it gives the {what} (the default is "
+                                 f"fusebox.yaml in the current folder{where})"))
     else:  # SpecError: one file:line:col line per problem
         _err(f"cannot read the {what} from {path}:\n{e}")
 

@@ -303,7 +303,10 @@ def load_replay(path: str | Path, section: str = "load") -> list[list[DeviceStat
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
-        raise ReplayError(f"{p}: cannot read replay file ({e.strerror})") from e
+        from fusebox.spec.errors import unreadable
+
+        raise ReplayError(unreadable(p, e, "pass --replay with a capture file (nvidia-smi -q -x XML or "
+                                           "--query-gpu CSV; docs/collectors.md lists every format)")) from e
     head = text.lstrip()[:200]
     if head.startswith("<?xml") or head.startswith("<nvidia_smi_log"):
         return [parse_smi_xml(text, str(p))]

@@ -392,6 +392,12 @@ def _scenario_path(path: str | Path | None) -> Path:
     return Path(path)
 
 
+def _packaged() -> list[str]:
+    """The names of the packaged scenarios (collectors/scenarios/NAME.yaml)."""
+    folder = resources.files("fusebox.collectors") / "scenarios"
+    return sorted(f.name.removesuffix(".yaml") for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
 def default_scenario_path() -> Path:
     """Path of the packaged default scenario (``collectors/scenarios/breach.yaml``)."""
     return _scenario_path(None)
@@ -479,7 +485,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     Raises:
         ScenarioError: every problem, as ``file:line:col: what -- how to fix it`` lines.
     """
-    from fusebox.spec.errors import Problem, SpecError
+    from fusebox.spec.errors import Problem, SpecError, unreadable
     from fusebox.spec.positions import load
     from fusebox.spec.units import QuantityError, parse_duration, parse_quantity
     from fusebox.spec.validation import pydantic_problem
@@ -488,7 +494,8 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as err:
-        raise ScenarioError(f"{p}:1:1: cannot read the scenario ({err.strerror}) -- check the path") from None
+        raise ScenarioError(unreadable(path if path is not None else p, err,
+                                       f"pass a scenario file, or the name of a packaged one ({', '.join(_packaged())})")) from None
     try:
         raw, pos = load(text, str(p))
     except SpecError as err:

@@ -73,7 +73,8 @@ def _attempts(text: str) -> int:
 def register(subparsers) -> None:
     from .store import STATE_FILE
 
-    p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker)",
+    p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker) and its tools: "
+                                           "serve, override, audit, a reference gateway",
                               description=__doc__)
     sub = p.add_subparsers(dest="fuse_command", required=True, metavar="SUBCOMMAND")
 
@@ -273,13 +274,25 @@ def startup_line(args, service) -> str:
 
 def serve(args) -> int:
     from fusebox.spec import load_spec
-    from fusebox.spec.errors import SpecError
+    from fusebox.spec.errors import SpecError, open_error, unreadable
 
     from .logs import json_line, setup
 
     setup(args.log_level, args.log_format)
     try:
         spec = load_spec(args.spec)
+    except (OSError, UnicodeDecodeError) as e:
+        return _err(unreadable(args.spec, e, "pass --spec with the fusebox spec the rules were generated from"))
+    from .actions import TOKEN_ENV
+
+    for flag, path in (("--webhook-token-file", args.token_file), ("--override-tokens", args.override_tokens),
+                       ("--read-token-file", args.read_token_file), ("--gateway-token-file", args.gateway_token_file)):
+        if flag == "--gateway-token-file" and os.environ.get(TOKEN_ENV):  # the env var wins: the file is not read
+            continue
+        bad = open_error(path) if path else None
+        if bad is not None:
+            return _err(unreadable(path, bad, f"check the path given to {flag}"))
+    try:
         service, tokens = build_service(args, spec)
     except SpecError as e:
         return _err(str(e))

@@ -1,15 +1,16 @@
 """The ``fusebox`` command. It only wires arguments to the library; each area registers its
-own subcommands (generator: generate/check/alertmanager, init/schema; collectors: collect; fuse: fuse; demo; backtest)."""
+own subcommands (generator: generate/check/alertmanager/budget, init/schema; collectors: collect; fuse: fuse; demo; backtest)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # module -> it defines register(subparsers), and the commands it registers
 _AREAS = {
-    "fusebox.generator.cli": ("generate", "check", "alertmanager"),
+    "fusebox.generator.cli": ("generate", "check", "alertmanager", "budget"),
     "fusebox.generator.spec_cli": ("init", "schema"),
     "fusebox.collectors.cli": ("collect",),
     "fusebox.fuse.cli": ("fuse",),
@@ -51,6 +52,19 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_gone() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll says POLLERR on the
+    write end then)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a captured stream), no poll
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -58,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `fusebox schema | head`: the reader left, which is no error to report
+        if not _stdout_gone():  # another pipe or socket of the command's own: a real error
+            raise
+        # Python flushes standard output again at exit, which would fail the same way: point it at
+        # /dev/null first (the Python docs' signal module, "Note on SIGPIPE").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13  # as a shell reports a writer ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser("generate", help="generate rules, tests, runbooks, Alertmanager/Collector config, dashboards")
+    g = sub.add_parser("generate", help="write the spec's outputs: rules and their tests, runbooks, dashboards, Alertmanager, "
+                                        "Collector and Grafana config, k8s/ manifests, in-path gateway flags")
     g.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
     g.add_argument("--out", default=".", help="output directory (default: .)")
     g.add_argument("--check", action="store_true",
@@ -17,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser(
-        "check", help="run promtool/amtool on generated output; find rule selectors that match no series",
+        "check", help="check the generated files (promtool, amtool, vmalert and thanos when built; the reaction budget and "
+                      "in-path shedders); with --against, rule selectors that match no series",
         description="With --spec (the default): the reaction budget (docs/budget.md) and the in-path shedders against "
         "their fuse (docs/inpath.md), then promtool check/test rules (every promtool found), vmalert -dryRun and "
         "vmalert-tool unittest, thanos tools rules-check (each when built by `make tools`; required when "
@@ -39,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a selector known to match no series, e.g. 'vllm:num_preemptions' (repeatable): not a failure")
     c.set_defaults(func=cmd_check)
 
-    a = sub.add_parser("alertmanager", help="merge fusebox's Alertmanager routing into an existing Alertmanager config")
+    a = sub.add_parser("alertmanager", help="merge: fusebox's route and receivers into your Alertmanager config; "
+                                            "test: amtool route tests on a config holding them")
     asub = a.add_subparsers(dest="alertmanager_command", required=True, metavar="ACTION")
     m = asub.add_parser("merge", help="the base config with fusebox's route first under route.routes, its receivers and "
                                       "inhibit rule added (docs/alertmanager.md)")
@@ -60,18 +63,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_budget(sub)
 
 
-def _load(spec_path: str):
+def _load(spec_path: str, command: str):
+    """The spec at ``spec_path``, or None after saying on standard error why not: ``fusebox
+    COMMAND: PATH: no such file -- ...`` for a file that cannot be read, one ``PATH:LINE:COL`` line
+    per problem of a bad spec."""
     from fusebox.spec import load_spec
-    from fusebox.spec.errors import SpecError
+    from fusebox.spec.errors import SpecError, unreadable
 
     try:
         return load_spec(spec_path)
-    except FileNotFoundError:
-        print(f"{spec_path}:1:1: spec file not found -- pass --spec PATH or run from the directory holding fusebox.yaml",
-              file=sys.stderr)
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        print(f"{spec_path}:1:1: cannot read the spec ({type(e).__name__}) -- pass --spec with a readable YAML file",
-              file=sys.stderr)
+    except (OSError, UnicodeDecodeError) as e:
+        fix = ("pass --spec PATH, or run from the directory holding fusebox.yaml (`fusebox init` writes a starter one)"
+               if isinstance(e, FileNotFoundError) else "pass --spec with a readable YAML file")
+        print(f"fusebox {command}: {unreadable(spec_path, e, fix)}", file=sys.stderr)
     except SpecError as e:
         for p in e.problems:
             print(str(p), file=sys.stderr)
@@ -86,7 +90,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # that live until the end, and none of them is cyclic garbage; the cyclic collector would scan
     # them again and again as they grow (a 1,000-signal spec rendered 1.2x slower with it on).
     gc.disable()
-    spec = _load(args.spec)
+    spec = _load(args.spec, "generate")
     if spec is None:
         return 2
     out = Path(args.out)
@@ -120,14 +124,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _read_base(path: str) -> str | None:
+    from fusebox.spec.errors import unreadable
     from fusebox.spec.positions import MAX_SPEC_BYTES
 
     try:
         with open(path, "rb") as f:  # bounded: --base /dev/zero must not hang
             data = f.read(MAX_SPEC_BYTES + 1)
     except OSError as e:
-        print(f"{path}:1:1: cannot read the base config ({e.strerror or type(e).__name__}) -- "
-              "pass --base with the Alertmanager config file your Alertmanager loads", file=sys.stderr)
+        print("fusebox alertmanager merge: "
+              + unreadable(path, e, "pass --base with the Alertmanager config file your Alertmanager loads"), file=sys.stderr)
         return None
     if len(data) > MAX_SPEC_BYTES:
         print(f"{path}:1:1: the base config is over {MAX_SPEC_BYTES >> 20} MiB -- pass the Alertmanager config file",
@@ -160,7 +165,7 @@ def cmd_alertmanager_merge(args: argparse.Namespace) -> int:
     from .writer import WriteError, write_file
     from .yamlout import dump_yaml
 
-    spec = _load(args.spec)
+    spec = _load(args.spec, "alertmanager merge")
     if spec is None:
         return 2
     if args.out and Path(args.out).resolve() == Path(args.base).resolve():
@@ -197,11 +202,15 @@ def cmd_alertmanager_merge(args: argparse.Namespace) -> int:
 def cmd_alertmanager_test(args: argparse.Namespace) -> int:
     from . import toolcheck
 
-    spec = _load(args.spec)
+    spec = _load(args.spec, "alertmanager test")
     if spec is None:
         return 2
     if not Path(args.config).is_file():
-        print(f"{args.config}:1:1: no such file -- pass --config with an Alertmanager config file", file=sys.stderr)
+        from fusebox.spec.errors import unreadable
+
+        e = IsADirectoryError() if Path(args.config).is_dir() else FileNotFoundError()
+        print("fusebox alertmanager test: " + unreadable(args.config, e, "pass --config with an Alertmanager config file"),
+              file=sys.stderr)
         return 2
     try:
         amtool = toolcheck.find_tool("amtool", toolcheck.MIN_AMTOOL)
@@ -233,7 +242,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         return deadselectors.run(args.rules, args.against, args.allow_dead)
     from . import toolcheck
 
-    spec = _load(args.spec)
+    spec = _load(args.spec, "check")
     if spec is None:
         return 2
     from .budget import run_budget
@@ -274,7 +283,7 @@ def _register_budget(sub: argparse._SubParsersAction) -> None:
 def cmd_budget(args: argparse.Namespace) -> int:
     from .budget import run_budget
 
-    spec = _load(args.spec)
+    spec = _load(args.spec, "budget")
     if spec is None:
         return 2
     return run_budget(spec, as_json=args.json)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fusebox.spec.errors import SpecError
+from fusebox.spec.errors import SpecError, unreadable
 from fusebox.spec.positions import Positions, read_text
 from fusebox.spec.positions import load as load_yaml
 from fusebox.spec.promql import vector_selectors
@@ -159,10 +159,9 @@ def load_rules(path: str | Path) -> list[Rule]:
     file = str(path)
     try:
         text = read_text(path, file)
-    except FileNotFoundError:
-        raise InputError(f"{file}:1:1: rule file not found -- check the path given to --rules") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise InputError(f"{file}:1:1: cannot read the rule file ({type(e).__name__}) -- pass a readable YAML file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError("fusebox check: " + unreadable(file, e, "check the path given to --rules" if isinstance(e, FileNotFoundError)
+                                                        else "pass a readable Prometheus rule file (YAML)")) from None
     except SpecError as e:
         raise InputError("\n".join(str(p) for p in e.problems)) from None
     n_lines = len(text.splitlines())
@@ -229,11 +228,9 @@ def load_captures(paths: Iterable[str | Path]) -> Captures:
         file = str(p)
         try:
             text = Path(p).read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            raise InputError(f"{file}:1:1: capture not found -- check the path given to --against") from None
-        except (IsADirectoryError, PermissionError) as e:
-            raise InputError(f"{file}:1:1: cannot read the capture ({type(e).__name__}) -- pass a /metrics dump "
-                             "(curl -s http://HOST:PORT/metrics > FILE)") from None
+        except OSError as e:
+            raise InputError("fusebox check: " + unreadable(file, e, "check the path given to --against: a /metrics dump "
+                                                            "(curl -s http://HOST:PORT/metrics > FILE)")) from None
         try:
             fams = list(text_string_to_metric_families(text))
         except Exception:  # noqa: BLE001 -- prometheus-client's parser raises several classes

@@ -14,7 +14,7 @@ SCHEMA_DIALECT = "http://json-schema.org/draft-07/schema#"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    i = sub.add_parser("init", help="write a commented starter spec (fusebox.yaml) into DIR")
+    i = sub.add_parser("init", help="write a commented starter spec (fusebox.yaml) into DIR (default: .)")
     i.add_argument("dir", nargs="?", default=".", help="folder to write fusebox.yaml into (default: .; created when missing)")
     i.set_defaults(func=cmd_init)
     s = sub.add_parser("schema", help="print the spec's JSON Schema (draft-07), for editors (yaml-language-server) and CI")

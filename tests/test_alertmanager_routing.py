@@ -258,7 +258,7 @@ def test_merge_refuses_a_base_that_is_not_an_alertmanager_config(tmp_path, text,
 
 def test_merge_of_a_missing_base_or_into_a_missing_folder_writes_nothing(tmp_path):
     r = _merge("--base", str(tmp_path / "nope.yml"), "--spec", str(SPEC), "--out", str(tmp_path / "m.yml"))
-    assert r.returncode == 2 and f"{tmp_path / 'nope.yml'}:1:1: cannot read the base config" in r.stderr
+    assert r.returncode == 2 and f"fusebox alertmanager merge: {tmp_path / 'nope.yml'}: no such file -- pass --base" in r.stderr
     r = _merge("--base", str(WITH_PAGER), "--spec", str(SPEC), "--out", str(tmp_path / "no" / "m.yml"))
     assert r.returncode == 2 and ":1:1: cannot write the file" in r.stderr
     assert sorted(os.listdir(tmp_path)) == []

@@ -51,6 +51,6 @@ def test_a_collector_run_outside_the_repository_without_spec_says_to_pass_it(tmp
     collector names the missing file and the flag, and exits 2 (not a bare errno line)."""
     r = _fusebox(*args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
-    assert f"no spec at fusebox.yaml in {tmp_path}, so no {what}" in r.stderr, r.stderr
-    assert "pass --spec FILE" in r.stderr and "[Errno" not in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.startswith("fusebox collect: fusebox.yaml: no such file -- pass --spec FILE"), r.stderr
+    assert f"it gives the {what}" in r.stderr and f"looked for in {tmp_path}" in r.stderr and "[Errno" not in r.stderr and "Traceback" not in r.stderr
     assert r.stdout == ""

@@ -59,7 +59,21 @@ def _time(text: str | None, flag: str) -> float:
 
 
 def _err(msg: str) -> None:
-    print(f"backtest: {msg}", file=sys.stderr)
+    print(f"fusebox backtest: {msg}", file=sys.stderr)
+
+
+def _unreadable_spec(args, specs: list[str]) -> str | None:
+    """Why a spec to backtest cannot be read (``PATH: no such file -- pass --spec ...``), or None:
+    checked before the recording is read and the engines started."""
+    from fusebox.spec.errors import open_error, unreadable
+
+    for path in specs:
+        e = open_error(path)
+        if e is not None:
+            flag = "--compare" if args.compare and path == args.compare and path != args.spec else "--spec"
+            return unreadable(path, e, f"pass {flag} with a fusebox spec file"
+                              + (" (default: fusebox.yaml in the current folder)" if flag == "--spec" else ""))
+    return None
 
 
 def cmd_backtest(args) -> int:
@@ -79,6 +93,10 @@ def cmd_backtest(args) -> int:
         default = "fusebox.yaml" if Path("fusebox.yaml").is_file() else str(shipped)
         for path in [args.spec or default] + ([args.compare] if args.compare else []):
             specs.append(path)
+        bad = _unreadable_spec(args, specs)
+        if bad:
+            _err(bad)
+            return 2
         try:
             start = end = None
             if args.openmetrics:
@@ -97,12 +115,6 @@ def cmd_backtest(args) -> int:
                                 display="fusebox.yaml (shipped)" if path == str(shipped) else path) for path in specs]
         except (SpecError, RecordingError, ValueError) as e:
             _err(str(e))
-            return 2
-        except FileNotFoundError as e:
-            _err(f"{e.filename}: no such file -- pass --spec PATH")
-            return 2
-        except (IsADirectoryError, PermissionError) as e:
-            _err(f"{e.filename}: cannot read it ({type(e).__name__}) -- pass a readable file")
             return 2
         except ToolMissing as e:
             _err(str(e))

@@ -129,16 +129,23 @@ def read_openmetrics(path: str | Path) -> Recording:
             neither a comment nor a sample, a sample has no timestamp or a value/timestamp that is
             not a number, an OpenMetrics timestamp is not Unix seconds, or there is no sample at all.
     """
+    from fusebox.spec.errors import unreadable
+
     p = Path(path)
+    fix = "pass --openmetrics with a recording file (promtool tsdb dump-openmetrics; docs/backtest.md)"
     try:
         size = p.stat().st_size
+        if p.is_dir():
+            raise IsADirectoryError(path)
     except OSError as e:
-        raise RecordingError(f"{path}: cannot read the recording ({e.strerror}) -- pass an existing file") from None
+        raise RecordingError(unreadable(path, e, fix)) from None
     if size > MAX_FILE_BYTES:
         raise RecordingError(f"{path}: {size} bytes, over the {MAX_FILE_BYTES} this reads -- dump a shorter window "
                              "(promtool tsdb dump --min-time/--max-time) or only the rules' metrics (--match)")
     try:
         text = p.read_text(encoding="utf-8")
+    except OSError as e:  # e.g. no read permission
+        raise RecordingError(unreadable(path, e, fix)) from None
     except UnicodeDecodeError as e:
         raise RecordingError(f"{path}: not UTF-8 text (byte {e.start}) -- pass an OpenMetrics or Prometheus text "
                              "file, not a TSDB block or a compressed file") from None

@@ -15,8 +15,8 @@ from .rule_engines import ENGINES
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "demo", help="run Prometheus (or VictoriaMetrics), Alertmanager, the Collector, the collectors and the fuse "
-                     "on loopback, live",
+        "demo", help="the whole stack on loopback (Prometheus or VictoriaMetrics, Alertmanager, the Collector, the "
+                     "collectors, the fuse, a gateway) replaying a breach scenario, live",
         description="Start the real stack on free loopback ports (Prometheus, or VictoriaMetrics with vmalert; "
                     "Alertmanager, the OpenTelemetry Collector, the scenario collector, the fuse service and a "
                     "reference gateway), replay a breach and show signals, alerts and fuses live. Ctrl-C stops "
@@ -51,13 +51,23 @@ def _term(_signum, _frame):
 
 
 def cmd_demo(args) -> int:
+    from fusebox.collectors.scenario import ScenarioError, load_scenario
+    from fusebox.spec.errors import open_error, unreadable
+
     from .run import run
     from .spec import FAST
     from .stack import StackOptions, ToolMissing, find_tools
     from .view import DemoView
 
-    if not Path(args.spec).is_file():
-        print(f"demo: FAILED {args.spec}: no such spec file (run from the repository root or pass --spec)")
+    bad = open_error(args.spec)
+    if bad is not None:
+        print("fusebox demo: " + unreadable(args.spec, bad, "pass --spec with a fusebox spec file, or run from the "
+                                                            "directory holding fusebox.yaml"), file=sys.stderr)
+        return 2
+    try:  # before anything starts: a missing or bad scenario file is bad input (exit 2), not a failed run
+        load_scenario(args.scenario)
+    except ScenarioError as e:
+        print(f"fusebox demo: {e}", file=sys.stderr)
         return 2
     if not 0 < args.speed <= 10:
         print("demo: FAILED --speed must be in (0, 10]")

@@ -29,8 +29,13 @@ DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0
 K8S_LABEL_NAME = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 # resource.Quantity: a decimal with an optional binary (Ki..Ei), decimal (m, k, M..E) or exponent suffix.
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
-# An image repository (registry host[:port]/path), lower-case path components; a tag.
-_IMAGE_REPO = re.compile(r"^([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+# An image reference's repository, [registry/]path (the grammar of distribution/reference, which
+# Docker and containerd parse with): the registry is a host name (any case) with an optional port;
+# the path is components of lower-case letters and digits, joined by '.', '_', '__' or dashes. The
+# first component is the registry only when it holds '.' or ':' or is 'localhost' (Docker's own
+# rule for the default registry); else it is the path's first component, lower case like the rest.
+_IMAGE_REGISTRY = re.compile(r"^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?$")
+_IMAGE_PATH = re.compile(r"^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*$")
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 COLLECTORS = ("gpu", "kv", "latency")  # `fusebox collect NAME` that may run in the DaemonSet
 _OBJECT_PREFIX = "fusebox-"
@@ -282,6 +287,24 @@ def _check_port(port: int, path: tuple, err: Err) -> None:
         err(path, f"port {port} is out of range", "use a port from 1 to 65535")
 
 
+def image_repository_problem(repo: str) -> str | None:
+    """What is wrong with ``repo`` as an image reference's repository (``[registry/]path``, see
+    :data:`_IMAGE_PATH`), or None: a capital letter in the path ("Acme/fusebox": Docker would take
+    ``Acme`` for a registry host), an empty component, a character a repository cannot hold."""
+    first, slash, rest = repo.partition("/")
+    registry = first if slash and (any(c in first for c in ".:") or first == "localhost") else None
+    path = rest if registry is not None else repo
+    if registry is not None and not _IMAGE_REGISTRY.match(registry):
+        return f"{registry!r} is not a registry host[:port]"
+    if _IMAGE_PATH.match(path):
+        return None
+    if _IMAGE_PATH.match(path.lower()):
+        upper = [c for c in path.split("/") if c != c.lower()]
+        return (f"capital letters in {', '.join(map(repr, upper))}; an image repository's path is lower case"
+                + (" (a registry host goes first and holds a '.' or ':', e.g. ghcr.io)" if registry is None and "/" in path else ""))
+    return "its path must be components of a-z, 0-9 joined by '.', '_' or '-', separated by '/'"
+
+
 def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err) -> Kubernetes:
     """Check the ``kubernetes:`` block; ``err(path, what, fix, key=False)`` records each problem."""
     p = ("kubernetes",)
@@ -298,9 +321,10 @@ def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err) -> Kubernet
     if not K8S_LABEL_NAME.match(name) or (prefix and not DNS_SUBDOMAIN.match(prefix)):
         err(p + ("grafana", "folder_annotation"), f"{g.folder_annotation!r} is not a Kubernetes annotation key", _LABEL_FIX)
     img = k.image
-    if not _IMAGE_REPO.match(img.repository):
-        err(p + ("image", "repository"), f"{img.repository!r} is not an image repository",
-            "write [registry/]path in lower case, e.g. ghcr.io/acme/fusebox")
+    bad_repo = image_repository_problem(img.repository)
+    if bad_repo:
+        err(p + ("image", "repository"), f"{img.repository!r} is not an image repository: {bad_repo}",
+            "write [registry/]path with the path in lower case, e.g. ghcr.io/acme/fusebox or acme/fusebox")
     if not _IMAGE_TAG.match(img.tag):
         err(p + ("image", "tag"), f"{img.tag!r} is not an image tag", "use letters, digits, '_', '.', '-' (at most 128)")
     return Kubernetes(

@@ -638,6 +638,9 @@ class _Normaliser:
             key = o.tier or "*"
             if o.tier is not None and o.tier not in TIER_ORDER:
                 self.err(("overrides", i, "tier"), f"unknown tier {o.tier!r}", "use 'warning' or 'critical', or leave it out for both")
+            if o.tier is not None and o.source is not None:  # one source per signal: a tier's would be ignored
+                self.err(("overrides", i, "source"), f"an override's source applies to the whole signal, not to tier {o.tier!r}",
+                         f"move 'source: {o.source}' to an override of {o.alert} without 'tier'")
             if key in out.setdefault(o.alert, {}):
                 self.err(("overrides", i), f"a second override for {o.alert} tier {key}", "merge the two overrides into one")
             out[o.alert][key] = (o, i)
@@ -648,13 +651,19 @@ class _Normaliser:
         # an override's source, else the signal's own, else global.source when listed, else the first listed
         source_name = s.source or (self.raw.global_.source if self.raw.global_.source in s.sources else next(iter(s.sources), ""))
         whole = ovr.get("*")
+        source_path = path + ("source",)
         if whole and whole[0].source:
-            source_name = whole[0].source
+            source_name, source_path = whole[0].source, ("overrides", whole[1], "source")
+        for tname, (_o, idx) in ovr.items():
+            if tname in TIER_ORDER and tname not in s.tiers:  # it would change nothing
+                self.err(("overrides", idx, "tier"), f"override of {s.alert} tier {tname!r}: signal {name} has no {tname} tier",
+                         f"use tier: {' or '.join(t for t in s.tiers if t in TIER_ORDER) or '(none)'}, "
+                         f"or add a {tname} tier under signals.{name}.tiers")
         if not s.sources:
             self.err(path + ("sources",), "a signal needs at least one source",
                      "add e.g. 'sources: {vllm: {metric: vllm:num_requests_waiting}}'")
         elif source_name not in s.sources:
-            self.err(path + ("source",), f"source {source_name!r} is not listed under sources",
+            self.err(source_path, f"source {source_name!r} is not listed under sources",
                      f"use one of: {', '.join(s.sources)}")
         kind = KINDS[s.kind]
         sources: dict[str, Source] = {}
@@ -708,6 +717,7 @@ class _Normaliser:
         buckets = kind.check_fields(s, path, self.err)
 
         tiers: list[Tier] = []
+        threshold_at: dict[str, tuple] = {}  # tier -> where its threshold was written (the tier or an override)
         for tname, t in s.tiers.items():
             tpath = path + ("tiers", tname)
             if tname not in TIER_ORDER:
@@ -721,23 +731,23 @@ class _Normaliser:
                     if v is not None:
                         return v
                 return default
-            threshold_raw = pick("threshold", t.threshold)
-            tp = tpath + ("threshold",) if threshold_raw is t.threshold else ("overrides", (ovr.get(tname) or whole)[1], "threshold")
-            try:
-                threshold = units.parse_quantity(threshold_raw, s.unit)
-            except ValueError as e:
-                what, fix = (e.what, e.fix) if isinstance(e, units.QuantityError) else (str(e), None)
-                self.err(tp, what, fix or f"write the threshold in {s.unit.replace('_', ' ')}, e.g. {units.EXAMPLES[s.unit]}")
-                continue
-            if threshold == 0 and s.direction == "above":  # "-0 MB/s" too: ">= 0" holds for every sample
-                self.err(tp, f"a threshold of {str(threshold_raw).strip()!r} on an upper bound fires whenever the signal exists",
-                         f"give the level it should fire at, e.g. {units.EXAMPLES[s.unit]}")
-                continue
             def where(attr, name, tname=tname, tpath=tpath, t=t):  # where the value came from: an override, the tier, the defaults
                 for src, idx in (ovr.get(tname, (None, None)), whole or (None, None)):
                     if src is not None and getattr(src, attr) is not None:
                         return ("overrides", idx, name)
                 return tpath + (name,) if getattr(t, attr) is not None else ("defaults", name)
+            threshold_raw = pick("threshold", t.threshold)
+            tp = threshold_at[tname] = where("threshold", "threshold")
+            try:
+                threshold = units.parse_quantity(threshold_raw, s.unit)
+            except ValueError as e:
+                what, fix = (e.what, e.fix) if isinstance(e, units.QuantityError) else (str(e), None)
+                self.err(tp, what, fix or f"signal {name}'s unit is {s.unit}: write the threshold as e.g. {units.EXAMPLES[s.unit]}")
+                continue
+            if threshold == 0 and s.direction == "above":  # "-0 MB/s" too: ">= 0" holds for every sample
+                self.err(tp, f"a threshold of {str(threshold_raw).strip()!r} on an upper bound fires whenever the signal exists",
+                         f"give the level it should fire at, e.g. {units.EXAMPLES[s.unit]}")
+                continue
             for_s = self.duration(pick("for_", t.for_ if t.for_ is not None else def_for), where("for_", "for"))
             kff = self.duration(pick("keep_firing_for", t.keep_firing_for if t.keep_firing_for is not None else def_kff),
                                 where("keep_firing_for", "keep_firing_for"))
@@ -757,12 +767,17 @@ class _Normaliser:
         wrong_direction = kind.required_direction is not None and s.direction != kind.required_direction
         if "warning" in by_name and "critical" in by_name and not wrong_direction:
             wt, ct = by_name["warning"], by_name["critical"]
+            wp, cp = threshold_at["warning"], threshold_at["critical"]
+            # at the threshold an override wrote (the critical one's when both were), else the critical tier's
+            at = wp if wp[0] == "overrides" and cp[0] != "overrides" else cp
+            both = " (this override has no 'tier', so it sets both tiers' threshold)" if wp == cp else ""
+            fix_both = "add 'tier: critical' or 'tier: warning' to this override"
             if s.direction == "above" and wt.threshold >= ct.threshold:
-                self.err(ct.path + ("threshold",), f"warning threshold ({wt.threshold_text}) is not below critical ({ct.threshold_text}) for an upper bound",
-                         "lower the warning threshold or raise the critical one")
+                self.err(at, f"warning threshold ({wt.threshold_text}) is not below critical ({ct.threshold_text}) for an upper bound{both}",
+                         fix_both if both else "lower the warning threshold or raise the critical one")
             if s.direction == "below" and wt.threshold <= ct.threshold:
-                self.err(ct.path + ("threshold",), f"warning threshold ({wt.threshold_text}) is not above critical ({ct.threshold_text}) for a lower bound",
-                         "raise the warning threshold or lower the critical one")
+                self.err(at, f"warning threshold ({wt.threshold_text}) is not above critical ({ct.threshold_text}) for a lower bound{both}",
+                         fix_both if both else "raise the warning threshold or lower the critical one")
         if kind.growth_only and s.direction != "above":
             self.err(path + ("direction",), f"a {s.kind} signal alerts on growth only", "remove 'direction: below'")
         for tname in s.runbook.sop:

@@ -107,6 +107,23 @@ def _check_text(text: str, file: str) -> None:
 _STR_TAG = "tag:yaml.org,2002:str"
 
 
+def _tab_problem(text: str, file: str, line: int, col: int) -> Problem | None:
+    """The problem for a YAML syntax error at a TAB (1-based ``line``, ``col``), else None.
+
+    YAML indents with spaces only (YAML 1.2, 6.1 "Indentation Spaces"), and PyYAML separates
+    tokens with spaces only too; its own words ("found character '\\t' that cannot start any
+    token", the C parser's without the character) do not say a tab is the cause."""
+    lines = text.splitlines()
+    row = lines[line - 1] if 0 < line <= len(lines) else ""
+    if row[col - 1:col] != "\t":
+        return None
+    if not row[:col - 1].strip():
+        return Problem(file, line, col, "a tab in the indentation: tabs are not allowed in YAML indentation",
+                       "indent with spaces (e.g. 2 per level, as the shipped fusebox.yaml does; most editors convert tabs to spaces)")
+    return Problem(file, line, col, "a tab between two tokens: YAML (as PyYAML reads it) separates them with spaces only",
+                   "replace the tab with a space")
+
+
 def load(text: str, file: str) -> tuple[Any, Positions]:
     """Parse YAML text; return (data, positions).
 
@@ -121,10 +138,9 @@ def load(text: str, file: str) -> tuple[Any, Positions]:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        raise SpecError(
-            [Problem(file, line, col, f"YAML syntax error: {e.problem or e}",
-                     "fix the indentation or quoting at this place (a value with ':' or '#' needs quotes)")]
-        ) from None
+        raise SpecError([_tab_problem(text, file, line, col) or Problem(
+            file, line, col, f"YAML syntax error: {e.problem or e}",
+            "fix the indentation or quoting at this place (a value with ':' or '#' needs quotes)")]) from None
     except yaml.YAMLError as e:  # a ReaderError has no mark; _check_text catches what it reports
         raise SpecError([Problem(file, 1, 1, f"YAML error: {e}", "start from the shipped fusebox.yaml")]) from None
     if node is None:

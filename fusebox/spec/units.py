@@ -29,6 +29,18 @@ EXAMPLES = {
     "bytes_per_second": "'14.7 MB/s'",
     "count": "50",
 }
+# Each unit as a sentence names it: "'78.3 GB' is bytes (GB), not a ratio".
+UNIT_WORDS = {
+    "ratio": "a ratio",
+    "seconds": "seconds",
+    "bytes": "bytes",
+    "bytes_per_second": "bytes per second",
+    "count": "a count",
+}
+# pint holds information dimensionless (its default_en.txt: ``bit = []``, ``byte = 8 * bit``,
+# ``baud = bit / second``), so it would convert "78.3 GB" to the ratio 6.264e+11 and "78.3%" to
+# 0.098 bytes. These units, with any prefix, are counted apart: one power of them makes bytes.
+_INFORMATION = frozenset({"bit", "byte", "baud"})
 
 
 class QuantityError(ValueError):
@@ -72,9 +84,11 @@ def parse_quantity(text: str | int | float, unit: str, *, signed: bool = False) 
     ``signed`` a negative value is accepted too (a scenario's shrinking KV cache, "-40 MB/s").
 
     Raises:
-        QuantityError: a ValueError saying what was expected (also for a bool, a negative value,
-            infinity, NaN and a comma: "78,3%" is refused, neither a decimal comma nor a thousands
-            separator is guessed), with a ``fix`` where the text suggests one ("write '78.3%'").
+        QuantityError: a ValueError saying what was expected, with a ``fix`` where the text
+            suggests one ("write '78.3%'"). A wrong unit names what the text is ("'78.3 GB' is
+            bytes (GB), not a ratio"); a text without a unit is refused for every unit but ratio
+            ('50' of what?); so are a bool, a negative value, infinity, NaN and a comma ("78,3%":
+            neither a decimal comma nor a thousands separator is guessed).
     """
     if unit not in UNITS:
         raise ValueError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
@@ -117,6 +131,12 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
         q = ureg.Quantity(s)
     except Exception as e:  # pint raises several error types for junk input
         raise QuantityError(f"cannot read {s!r} as a quantity ({type(e).__name__})") from None
+    if unit != "ratio" and not list(q.unit_items()):  # "50" quoted: 50 what? (pint would read 6.25 bytes)
+        example = f"'{s}s'" if unit == "seconds" else EXAMPLES[unit]
+        raise QuantityError(f"{s!r} has no unit, which is ambiguous for a {unit.replace('_', ' ')} threshold",
+                            f"write it with its unit, e.g. {example}")
+    if _information_power(q) != (1 if unit in ("bytes", "bytes_per_second") else 0):
+        raise _wrong_unit(s, q, unit)
     target = UNITS[unit]
     try:
         if unit == "ratio":
@@ -131,8 +151,29 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
             return value
         return _tidy(q.to(target).magnitude)
     except DimensionalityError:
-        raise QuantityError(f"wrong unit: {s!r} is not a {unit.replace('_', ' ')} value "
-                         f"(its unit is {format(q.units, '~') or 'none'})") from None
+        raise _wrong_unit(s, q, unit) from None
+
+
+def _information_power(q: Any) -> int:
+    """The power of bits and bytes in pint quantity ``q``'s units: 1 for "2 GB" and "14.7 MB/s",
+    0 for "78.3%" and "1.28s" (see :data:`_INFORMATION`)."""
+    ureg = _ureg()
+    return sum(exp for name, exp in q.unit_items()
+               if any(base in _INFORMATION for _prefix, base, _suffix in ureg.parse_unit_name(name)))
+
+
+def _wrong_unit(s: str, q: Any, unit: str) -> QuantityError:
+    """The error for ``s`` (read as pint quantity ``q``) given where a ``unit`` value belongs: it
+    names what ``s`` is ("'78.3 GB' is bytes (GB), not a ratio"); the caller, which knows whose
+    unit it is, says how to write it."""
+    symbol = format(q.units, "~")
+    info, dims = _information_power(q), dict(q.dimensionality)
+    is_ = {(1, ()): "bytes", (1, (("[time]", -1),)): "bytes per second", (0, (("[time]", 1),)): "seconds",
+           (0, ()): "a ratio"}.get((info, tuple(sorted(dims.items()))))
+    what = f"wrong unit: {s!r} is {f'{is_} ({symbol})' if is_ else f'in {symbol}'}, not {UNIT_WORDS[unit]}"
+    if unit == "seconds" and dims == {"[length]": 1}:  # "3 m": pint's m is a metre, Prometheus' a minute
+        what += f" ('m' is a metre here: write minutes as '{q.magnitude:g}min')"
+    return QuantityError(what)
 
 
 def _refuse_comma(s: str) -> None:
