@@ -122,7 +122,7 @@ OUT_OF_SIGHT = textwrap.dedent(
     """
 )
 SAID = ("*test_inner.py::test_binds_out_of_sight is `unit` by tests/_unit_rule.py but called "
-        "socket.bind(('127.0.0.1', 0)): mark it @pytest.mark.process*")
+        "socket.bind(('127.0.0.1', *)): mark it @pytest.mark.process*")  # free_port picks the port
 
 
 def test_a_unit_test_that_starts_a_process_out_of_sight_fails_under_m_unit_and_says_how_to_mark_it(pytester):
