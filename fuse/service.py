@@ -290,7 +290,7 @@ class FuseService:
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
-        for a in adapters:  # the spec's adapters keep their holds in the store (fuse/adapters.py)
+        for a in adapters:  # the spec's adapters keep their holds in the store (fuse/adapters/)
             if hasattr(a, "attach"):
                 a.attach(store)
         self.labels = _labels(adapters)
