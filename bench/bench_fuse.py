@@ -57,8 +57,8 @@ from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for  # no
 from _gateways import StandInEngine, sglang_gateway, vllm_router  # noqa: E402
 from _pg_support import PgServer  # noqa: E402
 
+from fusebox.demo.gateway import ReferenceGateway, read_log  # noqa: E402
 from fusebox.fuse import Breaker, FuseRules, parse_payload  # noqa: E402
-from fusebox.fuse.gateway import ReferenceGateway, read_log  # noqa: E402
 from fusebox.fuse.store import Store  # noqa: E402
 from fusebox.spec import load_spec  # noqa: E402
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
+from .rows import AppliedView, AuditRow
+
 __all__ = ["AppliedLevels", "RESTORE_ROWS", "NO_RECORD"]
 
 RESTORE_ROWS = 5000
@@ -84,21 +86,21 @@ class AppliedLevels:
         with self._lock:
             return (key, level) in self._recs
 
-    def view(self, key: str, level: int) -> dict:
+    def view(self, key: str, level: int) -> AppliedView:
         """See the module's doc (a copy)."""
         with self._lock:
             rec = self._recs.get((key, level))
             if rec is None:
                 return {"applied": False, "applied_by": [], "pending": [], "not_applied": [{"adapter": None, "why": NO_RECORD}]}
             return {"applied": bool(rec["applied_by"]), "applied_by": list(rec["applied_by"]),
-                    "pending": list(rec["pending"]), "not_applied": [dict(n) for n in rec["not_applied"]]}
+                    "pending": list(rec["pending"]), "not_applied": [n.copy() for n in rec["not_applied"]]}
 
     def unapplied(self) -> int:
         """Tripped levels that no adapter applied (yet)."""
         with self._lock:
             return sum(1 for rec in self._recs.values() if not rec["applied_by"])
 
-    def restore(self, audit_newest_first: Iterable[dict], pending: Iterable[tuple[str, str]],
+    def restore(self, audit_newest_first: Iterable[AuditRow], pending: Iterable[tuple[str, str]],
                 labels: dict[str, str] | None = None) -> None:
         """Rebuild from audit rows (newest first, as :meth:`Store.audit_log` gives them) and the
         outbox's pending ``(decision_id, adapter label)`` pairs."""
@@ -120,7 +122,7 @@ class AppliedLevels:
                              _why(row))
 
 
-def _why(row: dict) -> str:
+def _why(row: AuditRow) -> str:
     """The live path's text (``refused: <summary>``, ``gave up: <summary>``) from a ``failed`` audit
     row, whose reason ends ``permanent failure: <summary>`` or ``retries exhausted: <summary>``."""
     if row["kind"] == "dry_run":

@@ -26,9 +26,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from fusebox import conventions as C
+
+from .rows import AuditRow
 
 __all__ = ["register", "parse_before", "export_rows"]
 
@@ -70,8 +73,9 @@ def parse_before(text: str, now: float) -> float:
     return value
 
 
-def export_rows(rows, path: Path) -> tuple[int, str]:
-    """Write ``rows`` (dicts) to ``path`` as JSON lines via ``path.partial``, synced, then renamed;
+def export_rows(rows: Iterable[AuditRow], path: Path) -> tuple[int, str]:
+    """Write ``rows`` (:class:`~fusebox.fuse.rows.AuditRow`, as :meth:`Store.audit_rows` reads them)
+    to ``path`` as JSON lines via ``path.partial``, synced, then renamed;
     the file mode 0600 (the rows hold override reasons and token names); returns (rows written,
     SHA-256 of the file). Raises FileExistsError when ``path`` exists."""
     if path.exists():

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from fusebox.conventions import SCOPE_LABELS
 
 from .payload import NOT_STORABLE, AlertEvent, Notification, storable
+from .rows import LevelView, Page, ScopeView
 from .rules import FuseRules, Refusal, scope_key, scope_of
 
 __all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound", "DEFAULT_HOLD_S"]
@@ -277,14 +278,14 @@ class Breaker:
                 out[key] = lvl
         return out
 
-    def view(self) -> list[dict]:
+    def view(self) -> list[ScopeView]:
         """Every known scope with its levels, holders, pending releases and overrides (JSON-able)."""
         return [self.view_of(key) for key in sorted(self.scopes)]
 
-    def view_of(self, key: str) -> dict:
+    def view_of(self, key: str) -> ScopeView:
         """One scope as :meth:`view` shows it."""
         sc = self.scopes[key]
-        levels = {}
+        levels: dict[str, LevelView] = {}
         for lvl, st in sorted(sc["levels"].items()):
             levels[str(lvl)] = {
                 "action": self.rules.levels.get(lvl, ""),
@@ -298,7 +299,7 @@ class Breaker:
         return {"key": key, "labels": dict(sc["labels"]), "level": max(tripped, default=0), "levels": levels}
 
     def page(self, offset: int = 0, limit: int | None = None, *, labels: dict | None = None,
-             min_level: int = 0) -> dict:
+             min_level: int = 0) -> Page:
         """The scopes whose labels include ``labels`` and whose highest tripped level is at least
         ``min_level``, in key order, from ``offset``, at most ``limit`` (None: all).
 

@@ -16,7 +16,6 @@ from fusebox import conventions as C
 from .breaker import DEFAULT_HOLD_S
 
 DEFAULT_LISTEN = "127.0.0.1:9095"
-DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
 
 
 def state_path(args: argparse.Namespace) -> Path:
@@ -70,7 +69,9 @@ def _attempts(text: str) -> int:
     return int(text)
 
 
-def register(subparsers) -> None:
+def register(subparsers) -> argparse._SubParsersAction:
+    """Add ``fuse`` and its subcommands to ``subparsers``; returns the subcommands' action (the
+    top-level CLI adds ``gateway`` to it)."""
     from .store import STATE_FILE
 
     p = subparsers.add_parser("fuse", help="the fuse service (Alertmanager webhook -> tiered circuit breaker) and its tools: "
@@ -151,12 +152,7 @@ def register(subparsers) -> None:
 
     register_audit(sub)
 
-    g = sub.add_parser("gateway", help="reference gateway: accept POST /v1/control/fuse and log it as JSON lines")
-    g.add_argument("--listen", type=_hostport, default=DEFAULT_GATEWAY_LISTEN,
-                   help=f"HOST:PORT (default {DEFAULT_GATEWAY_LISTEN})")
-    g.add_argument("--log", required=True, help="JSON-lines file, one line per control call")
-    g.add_argument("--token-file", help="require this bearer token, at least 32 characters (env FUSEBOX_GATEWAY_TOKEN wins)")
-    g.set_defaults(func=gateway)
+    return sub  # fusebox.cli adds `gateway` (fusebox.demo.gateway, the reference gateway) to it
 
 
 def _err(msg: str) -> int:
@@ -357,21 +353,3 @@ def _server(config):
             yield
 
     return Server(config)
-
-
-def gateway(args) -> int:
-    from .actions import read_token
-    from .gateway import ReferenceGateway
-
-    try:
-        token = read_token(args.token_file)
-        host, port = args.listen
-        gw = ReferenceGateway(host, port, args.log, token)
-    except (OSError, ValueError) as e:
-        return _err(str(e))
-    print(f"fusebox fuse gateway: listening on {gw.url}, logging to {args.log}", file=sys.stderr, flush=True)
-    try:
-        gw.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    return 0

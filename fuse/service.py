@@ -89,6 +89,7 @@ from .applied import RESTORE_ROWS, AppliedLevels
 from .breaker import MAX_SCOPES, Breaker, Decision, OverrideError
 from .logsafe import install
 from .payload import Notification
+from .rows import AuditRecord, AuditRow, FuseState, OutboxRow, TruncatedLast, TruncatedView
 from .rules import FuseRules
 from .store import Store, StoreError
 
@@ -290,7 +291,7 @@ class FuseService:
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
-        for a in adapters:  # the spec's adapters keep their holds in the store (fuse/adapters.py)
+        for a in adapters:  # the spec's adapters keep their holds in the store (fuse/adapters/)
             if hasattr(a, "attach"):
                 a.attach(store)
         self.labels = _labels(adapters)
@@ -324,7 +325,7 @@ class FuseService:
         failed = store.audit_log(1, kinds=("failed",))
         self._failed_seen = failed[0]["seq"] if failed else 0  # audit rows older were before this start
         last = store.audit_log(1, kinds=("truncated",))
-        self._truncated: dict = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
+        self._truncated: TruncatedView = {"notifications": 0, "alerts": 0, "last": _truncated_view(last[0]) if last else None}
         self._lock = threading.Lock()
         self._queue: list[_Job] = []  # notifications waiting for the lock (group commit)
         self._queue_lock = threading.Lock()
@@ -454,7 +455,7 @@ class FuseService:
         """One change for every notification of ``batch``: the breaker decides each in turn, then
         one commit writes the scopes they touched, their outbox and audit rows."""
         pending: list[tuple[Decision, float, dict | None]] = []
-        audit: list[dict] = []
+        audit: list[AuditRecord] = []
         per_job = []
         with self._all_or_nothing(), self._change():
             now = self.clock()
@@ -550,10 +551,10 @@ class FuseService:
             now = self.clock()
             decisions = self.breaker.override(scope, level, mode, reason, duration_s, now, fleet=fleet,
                                                new_scope=new_scope)
-            audit = [{"at": now, "kind": "override", "scope_key": _key(scope), "level": level,
-                      "action": self.rules.levels.get(level), "source": "override", "reason": reason,
-                      "detail": {"mode": mode, "until": now + duration_s, "scope": scope, "fleet": fleet,
-                                 "token": by}}]
+            audit: list[AuditRecord] = [{"at": now, "kind": "override", "scope_key": _key(scope), "level": level,
+                                         "action": self.rules.levels.get(level), "source": "override", "reason": reason,
+                                         "detail": {"mode": mode, "until": now + duration_s, "scope": scope,
+                                                    "fleet": fleet, "token": by}}]
             out = self._commit([(d, now, None) for d in decisions], True, audit)
         log.info("override %s level %d on %s by %s for %gs: %s", mode, level, _key(scope), by, duration_s, reason,
                  extra={"scope": _key(scope), "action": self.rules.levels.get(level), "fuse_level": level,
@@ -645,7 +646,7 @@ class FuseService:
 
     # ------------------------------------------------------------------ queries
     def state(self, offset: int = 0, limit: int | None = None, *, scope: dict | None = None,
-              min_level: int = 0) -> dict:
+              min_level: int = 0) -> FuseState:
         """``levels``, ``scopes`` (:meth:`Breaker.view`; each tripped level with ``applied``,
         ``applied_by``, ``pending``, ``not_applied``: :meth:`AppliedLevels.view`), ``hold_s``, ``dry_run``, ``pending_actions``,
         ``stale`` (True: the store could not be read now, and all this is what this replica last read),
@@ -672,7 +673,7 @@ class FuseService:
                     self._restore_applied()
             for k, lvl, st in tripped:  # each tripped level: applied or not, by whom, why not
                 st.update(self.applied.view(k, lvl))
-            truncated = dict(self._truncated)
+            truncated = self._truncated.copy()
         try:
             self._pending_known = self.store.pending_count()
         except self._store_errors:
@@ -752,14 +753,14 @@ class FuseService:
             raise
 
     def _commit(self, decisions: list[tuple[Decision, float, dict | None]], changed: bool,
-                extra_audit=()) -> list[dict]:
+                extra_audit: Sequence[AuditRecord] = ()) -> list[dict]:
         """Persist the scopes the change touched, one outbox row per decision and adapter that wants
         it, and the audit rows (``extra_audit``, then one per decision). ``decisions``: ``(decision,
         received, note_detail)``, where ``received`` (Unix seconds) is when its input arrived (the
         outbox's age) and ``note_detail`` goes into the decision's audit ``detail``."""
         if not changed:
             return []
-        out, rows, audit = [], [], list(extra_audit)
+        out, rows, audit = [], [], list[AuditRecord](extra_audit)
         d_wanted: list[list[str]] = []
         for d, received, note_detail in decisions:
             did = uuid.uuid4().hex
@@ -817,7 +818,7 @@ class FuseService:
         adapter = self.adapters[name]
         wake = self._wakes[name]
         lanes: dict[str, _Lane] = {}
-        unrecorded: dict[int, tuple[float, dict]] = {}
+        unrecorded: dict[int, tuple[float, AuditRecord]] = {}
         backoff = _Backoff(self.backoff_s, self.backoff_max_s)
         while not self._stop.is_set():
             wake.clear()  # a commit during the pass sets it again, so the wait below returns at once
@@ -833,11 +834,11 @@ class FuseService:
                 wake.wait(timeout=wait)
 
     def _dispatch_once(self, adapter: Adapter, lanes: dict[str, _Lane],
-                       unrecorded: dict[int, tuple[float, dict]]) -> float:
+                       unrecorded: dict[int, tuple[float, AuditRecord]]) -> float:
         """One pass over the lanes (scopes) of ``adapter``: claim each lane's oldest pending row whose
         backoff has passed and that no other replica holds a lease on, and attempt those claimed.
         Returns seconds until the next pass (0: at once, a row left)."""
-        heads: dict[str, dict] = {}
+        heads: dict[str, OutboxRow] = {}
         for row in self.store.pending(adapter.name):
             heads.setdefault(_key(row["payload"].get("scope") or {}), row)
         for k in [k for k, lane in lanes.items() if k not in heads or heads[k]["seq"] != lane.seq]:
@@ -846,14 +847,14 @@ class FuseService:
             del unrecorded[seq]
         wait, progressed = 1.0, False
         wall = self.store.clock()  # the leases' clock (the database server's with PostgreSQL)
-        ready: dict[str, dict] = {}
+        ready: dict[str, OutboxRow] = {}
         for k, job in heads.items():
             lane = lanes.get(k)
             now = time.monotonic()
             if lane is not None and lane.due > now:
                 wait = min(wait, lane.due - now)
             elif job["claimed_by"] not in (None, self.replica) and (job["lease_until"] or 0) > wall:
-                wait = min(wait, job["lease_until"] - wall)  # another replica's: taken over when its lease ends
+                wait = min(wait, (job["lease_until"] or 0) - wall)  # another replica's: taken over when its lease ends
             else:
                 ready[k] = job
         if self._stop.is_set():
@@ -891,8 +892,8 @@ class FuseService:
         self.metrics.pending.set(self._pending_known)
         return 0.0 if progressed else wait
 
-    def _attempt(self, adapter: Adapter, job: dict, key: str, lanes: dict[str, _Lane],
-                 unrecorded: dict[int, tuple[float, dict]]) -> bool:
+    def _attempt(self, adapter: Adapter, job: OutboxRow, key: str, lanes: dict[str, _Lane],
+                 unrecorded: dict[int, tuple[float, AuditRecord]]) -> bool:
         """Apply one outbox row. True when it left the outbox (applied, or given up and audited as
         ``failed``); False when it is to be retried (``lanes[key]`` holds when)."""
         name, p, attempt = adapter.name, job["payload"], job["attempts"] + 1
@@ -950,10 +951,11 @@ class FuseService:
         lanes.pop(key, None)
         now = self.clock()
         # In dry-run the adapter only logged it: the audit says it was not applied, never "applied".
-        audit = {"at": now, "kind": "dry_run" if self.dry_run else "applied", "decision_id": job["decision_id"],
-                 "scope_key": key, "level": p["level"], "action": p["action"], "source": label,
-                 "reason": f"{p['state']} not applied (dry-run)" if self.dry_run else f"{p['state']} applied by {label}",
-                 "detail": {"attempts": attempt, "adapter": name, "call_s": round(took, 6)}}
+        audit: AuditRecord = {
+            "at": now, "kind": "dry_run" if self.dry_run else "applied", "decision_id": job["decision_id"],
+            "scope_key": key, "level": p["level"], "action": p["action"], "source": label,
+            "reason": f"{p['state']} not applied (dry-run)" if self.dry_run else f"{p['state']} applied by {label}",
+            "detail": {"attempts": attempt, "adapter": name, "call_s": round(took, 6)}}
         try:
             recorded = self.store.mark_applied(job["seq"], now, audit, job["claim"])
         except Exception:
@@ -973,7 +975,7 @@ class FuseService:
         with self._in_call_lock:
             self._in_call.discard(seq)
 
-    def _recorded(self, name: str, job: dict, recorded: bool) -> bool:
+    def _recorded(self, name: str, job: OutboxRow, recorded: bool) -> bool:
         """``recorded`` as the store's ``mark_*`` returned it; when False (the row is no longer
         pending, or another replica claimed it since: this call outlived its claim), log it and
         count it in ``fusebox_fuse_stale_results_total``: the other replica's result counts."""
@@ -1052,14 +1054,14 @@ def _labels(adapters) -> dict[str, str]:
     return out
 
 
-def _fields(job: dict, key: str, adapter: str, attempt: int) -> dict:
+def _fields(job: OutboxRow, key: str, adapter: str, attempt: int) -> dict:
     """Structured log fields of an outbox row's attempt (``--log-format json``)."""
     p = job["payload"]
     return {"decision_id": job["decision_id"], "scope": key, "action": p.get("action"), "fuse_level": p.get("level"),
             "state": p.get("state"), "adapter": adapter, "attempt": attempt}
 
 
-def _truncated_row(note: Notification, now: float) -> dict:
+def _truncated_row(note: Notification, now: float) -> AuditRecord:
     """The audit row of a notification Alertmanager truncated (``truncatedAlerts`` > 0)."""
     cut, sent = note.truncated_alerts, len(note.alerts)
     return {"at": now, "kind": "truncated", "source": "alert",
@@ -1070,7 +1072,7 @@ def _truncated_row(note: Notification, now: float) -> dict:
                        "receiver": note.receiver[:200]}}
 
 
-def _truncated_view(row: dict) -> dict:
+def _truncated_view(row: AuditRow | AuditRecord) -> TruncatedLast:
     d = row["detail"]
     return {"at": row["at"], "truncated_alerts": d["truncated_alerts"], "alerts": d["alerts"],
             "group_key": d["group_key"]}

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from fusebox import conventions as C
 from fusebox.spec.kinds.base import VARIABLES
 
+from .rows import AuditRow, FuseState, LevelStateView, LevelView, ScopeStateView, StateView
 from .rules import scope_key
 
 __all__ = ["StatusLinks", "render_status", "state_view", "iso", "for_text", "web_url", "STATUS_ROWS",
@@ -143,27 +144,27 @@ def _when(t: float | None, now: float, prefix: str = "for") -> dict:
     return {"iso": iso(t) or "", "ago": f"{prefix} {for_text(d)}" if d >= 0 else f"in {for_text(-d)}"}
 
 
-def state_view(state: dict, now: float) -> dict:
+def state_view(state: FuseState, now: float) -> StateView:
     """``state`` (:meth:`FuseService.state`) with readable times beside the Unix seconds, for
     ``GET /state``: ``now``/``now_iso``; per scope level ``tripped_at_iso``, ``tripped_for_s``
     (seconds tripped, None when not), ``release_at_iso``, override ``until_iso``; truncated
     ``last.at_iso``. The numbers stay (readers of /state use them). A new dict: ``state`` is not
     changed."""
-    scopes = []
+    scopes: list[ScopeStateView] = []
     for sc in state["scopes"]:
-        levels = {}
+        levels: dict[str, LevelStateView] = {}
         for lvl, st in sc["levels"].items():
             ov = st.get("override")
             levels[lvl] = {**st, "tripped_at_iso": iso(st.get("tripped_at")),
-                           "tripped_for_s": (max(0.0, now - st["tripped_at"])
-                                             if st.get("tripped") and st.get("tripped_at") is not None else None),
+                           "tripped_for_s": (max(0.0, now - at)
+                                             if st.get("tripped") and (at := st.get("tripped_at")) is not None else None),
                            "release_at_iso": iso(st.get("release_at")),
                            "override": {**ov, "until_iso": iso(ov.get("until"))} if ov else ov}
         scopes.append({**sc, "levels": levels})
-    out = {**state, "now": now, "now_iso": iso(now), "scopes": scopes}
+    out: StateView = {**state, "now": now, "now_iso": iso(now), "scopes": scopes}
     cut = state.get("truncated")
-    if cut and cut.get("last"):
-        out["truncated"] = {**cut, "last": {**cut["last"], "at_iso": iso(cut["last"].get("at"))}}
+    if cut and (last := cut.get("last")):
+        out["truncated"] = {**cut, "last": {**last, "at_iso": iso(last.get("at"))}}
     return out
 
 
@@ -176,7 +177,7 @@ def _template():
     return env.from_string(text)
 
 
-def _call(row: dict) -> dict:
+def _call(row: AuditRow) -> dict:
     """One adapter call of the audit log, as the page shows it."""
     kind = row["kind"]
     outcome = {"applied": "applied", "failed": "FAILED", "dry_run": "not applied (dry-run)"}.get(kind, kind)
@@ -185,7 +186,7 @@ def _call(row: dict) -> dict:
             "reason": _clip(row.get("reason")) if kind == "failed" else ""}
 
 
-def _applied(st: dict) -> dict | None:
+def _applied(st: LevelView) -> dict | None:
     """What a tripped level's ``applied`` fields (:meth:`FuseService.state`) say, for the page:
     ``{"css": yes|no, "text", "why": [...]}``; None when the state has none."""
     if "applied" not in st:
@@ -198,7 +199,7 @@ def _applied(st: dict) -> dict | None:
     return {"css": "yes" if st["applied"] else "no", "text": _clip(text), "why": [_clip(w) for w in why]}
 
 
-def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequence[dict] = (),
+def render_status(state: FuseState, audit: Sequence[AuditRow], *, now: float, calls: Sequence[AuditRow] = (),
                   pending: Sequence[dict] = (), links: StatusLinks | None = None, alertmanager: str = "",
                   pages: dict | None = None) -> str:
     """The status page as one HTML string.
@@ -220,7 +221,7 @@ def render_status(state: dict, audit: Sequence[dict], *, now: float, calls: Sequ
     ``STATUS_CELL_CHARS`` characters: the page stays under 1 MB."""
     links = links or StatusLinks()
     am = links.alertmanager or web_url(alertmanager)
-    by_row: dict[tuple[str, int], list[dict]] = {}
+    by_row: dict[tuple[str, int], list[AuditRow]] = {}
     for c in calls:
         by_row.setdefault((c.get("scope_key") or "", int(c.get("level") or 0)), []).append(c)
     waiting: dict[tuple[str, int], list[dict]] = {}

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from .logsafe import redact_url, redact_urls
+from .rows import AuditRecord, AuditRow, OutboxEntry, OutboxRow
 
 __all__ = ["Store", "PgStore", "StoreError", "NoStoreError", "Head", "Health", "open_store", "SCHEMA_VERSION", "store_label",
            "WAL_AUTOCHECKPOINT_PAGES", "WAL_LIMIT_BYTES", "HEADROOM_BYTES"]
@@ -576,7 +577,7 @@ class Store:
                 raise self._read_error(e) from e
 
     # ----------------------------------------------------------------- writes
-    def commit(self, snapshot: dict | None, outbox: Iterable[tuple] = (), audit: Iterable[dict] = (), *,
+    def commit(self, snapshot: dict | None, outbox: Iterable[tuple] = (), audit: Iterable[AuditRecord] = (), *,
                changes: Sequence[tuple] | None = None) -> None:
         """Write the breaker's state (its version goes up by one), outbox rows ``(decision_id,
         adapter, payload, received[, idem_key])`` and audit rows in one transaction (or in the
@@ -637,7 +638,7 @@ class Store:
         self._set_meta("breaker_version", str(v))
         self._run("DELETE FROM meta WHERE key='breaker'")
 
-    def _audit_rows(self, rows: Iterable[dict]) -> None:
+    def _audit_rows(self, rows: Iterable[AuditRecord]) -> None:
         """Insert audit rows; URL credentials in the reason and the detail are left out (redact_urls)."""
         cols = ("at", "kind", "decision_id", "scope_key", "level", "action", "source")
         self._many(
@@ -646,10 +647,10 @@ class Store:
             [(*(r.get(c) for c in cols), _redacted(r.get("reason")),
               redact_urls(json.dumps(r.get("detail", {}), separators=(",", ":")))) for r in rows])
 
-    def audit(self, row: dict) -> None:
+    def audit(self, row: AuditRecord) -> None:
         self.commit(None, (), [row])
 
-    def _finish(self, sql: str, args: tuple, audit: dict | None, claim: tuple[str, int] | None) -> bool:
+    def _finish(self, sql: str, args: tuple, audit: AuditRecord | None, claim: tuple[str, int] | None) -> bool:
         """Run ``sql`` (an UPDATE of one pending outbox row, ``seq`` its last argument) and, when it
         changed the row, write ``audit``; with ``claim`` = (owner, token) only while ``owner`` holds
         the row's latest claim. Whether it did (False: nothing written)."""
@@ -716,7 +717,7 @@ class Store:
         with self._transaction(exclusive=False):
             return self._run(sql, (owner, *keep))
 
-    def mark_applied(self, seq: int, at: float, audit: dict, claim: tuple[str, int] | None = None) -> bool:
+    def mark_applied(self, seq: int, at: float, audit: AuditRecord, claim: tuple[str, int] | None = None) -> bool:
         """Pending outbox row ``seq`` applied at ``at`` (Unix s), with its audit row, in one
         transaction; with ``claim`` = (owner, fencing token, :meth:`claim_fenced`) only while that
         claim is the row's latest. Returns whether it was recorded (False: the row is no longer
@@ -727,7 +728,7 @@ class Store:
         return self._finish("UPDATE outbox SET status='applied', applied_at=?, attempts=attempts+1, lease_until=NULL "
                             "WHERE seq=? AND status='pending'", (at, seq), audit, claim)
 
-    def mark_given_up(self, seq: int, error: str, audit: dict, claim: tuple[str, int] | None = None) -> bool:
+    def mark_given_up(self, seq: int, error: str, audit: AuditRecord, claim: tuple[str, int] | None = None) -> bool:
         """Pending outbox row ``seq`` will not be retried (status ``failed``), with its audit row;
         ``claim`` and the result as :meth:`mark_applied`.
 
@@ -836,15 +837,13 @@ class Store:
         """How many rows hold the breaker's state (removed ones included until purged)."""
         return self._read("SELECT count(*) FROM breaker_state")[0][0]
 
-    def pending(self, adapter: str) -> list[dict]:
+    def pending(self, adapter: str) -> list[OutboxRow]:
         """The pending rows of ``adapter``, oldest first: ``{"seq", "decision_id", "adapter", "payload",
         "received", "attempts", "claimed_by", "lease_until"}``. Raises StoreError or sqlite3.Error when
         the database cannot be read."""
         rows = self._read("SELECT {} FROM outbox WHERE status='pending' AND adapter=? ORDER BY seq".format(", ".join(_COLUMNS)), (adapter,))
-        out = [dict(zip(_COLUMNS, r, strict=False)) for r in rows]
-        for d in out:
-            d["payload"] = json.loads(d["payload"])
-        return out
+        return [{"seq": r[0], "decision_id": r[1], "adapter": r[2], "payload": json.loads(r[3]), "received": r[4],
+                 "attempts": r[5], "claimed_by": r[6], "lease_until": r[7]} for r in rows]
 
     def pending_by_adapter(self) -> dict[str, int]:
         """``{adapter: number of pending rows}``."""
@@ -863,28 +862,23 @@ class Store:
     def pending_count(self) -> int:
         return self._read("SELECT count(*) FROM outbox WHERE status='pending'")[0][0]
 
-    def outbox(self) -> list[dict]:
-        cols = ("seq", "decision_id", "adapter", "status", "attempts", "last_error", "claimed_by", "idem_key")
-        rows = self._read("SELECT {} FROM outbox ORDER BY seq".format(", ".join(cols)))
-        return [dict(zip(cols, r, strict=False)) for r in rows]
+    def outbox(self) -> list[OutboxEntry]:
+        """Every outbox row, oldest first (:class:`~fusebox.fuse.rows.OutboxEntry`: no payload)."""
+        rows = self._read("SELECT seq, decision_id, adapter, status, attempts, last_error, claimed_by, idem_key "
+                          "FROM outbox ORDER BY seq")
+        return [{"seq": r[0], "decision_id": r[1], "adapter": r[2], "status": r[3], "attempts": r[4],
+                 "last_error": r[5], "claimed_by": r[6], "idem_key": r[7]} for r in rows]
 
-    def audit_log(self, limit: int = 50, kinds: tuple[str, ...] | None = None) -> list[dict]:
+    def audit_log(self, limit: int = 50, kinds: tuple[str, ...] | None = None) -> list[AuditRow]:
         """The newest ``limit`` audit rows, newest first."""
-        q = "SELECT seq, at, kind, decision_id, scope_key, level, action, source, reason, detail FROM audit"
+        q = f"SELECT {', '.join(self._AUDIT_COLUMNS)} FROM audit"
         args: list = []
         if kinds:
             q += " WHERE kind IN ({})".format(",".join("?" * len(kinds)))
             args.extend(kinds)
         q += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
-        rows = self._read(q, args)
-        cols = ("seq", "at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason", "detail")
-        out = []
-        for r in rows:
-            d = dict(zip(cols, r, strict=False))
-            d["detail"] = json.loads(d["detail"])
-            out.append(d)
-        return out
+        return [_audit_row(r) for r in self._read(q, args)]
 
 
     # ----------------------------------------------------------------- audit retention
@@ -894,7 +888,7 @@ class Store:
         """The highest audit ``seq`` of a row older than ``before`` (Unix seconds); 0 when none."""
         return int(self._read("SELECT COALESCE(MAX(seq), 0) FROM audit WHERE at < ?", (before,))[0][0])
 
-    def audit_rows(self, through: int, batch: int = 1000) -> Iterator[dict]:
+    def audit_rows(self, through: int, batch: int = 1000) -> Iterator[AuditRow]:
         """Audit rows with ``seq`` <= ``through``, oldest first, read ``batch`` at a time: dicts as
         :meth:`audit_log` gives them."""
         after = 0
@@ -902,9 +896,7 @@ class Store:
             rows = self._read(f"SELECT {', '.join(self._AUDIT_COLUMNS)} FROM audit WHERE seq > ? AND seq <= ? "
                               "ORDER BY seq LIMIT ?", (after, through, batch))
             for r in rows:
-                d = dict(zip(self._AUDIT_COLUMNS, r, strict=False))
-                d["detail"] = json.loads(d["detail"])
-                yield d
+                yield _audit_row(r)
             if len(rows) < batch:
                 return
             after = rows[-1][0]
@@ -1129,6 +1121,12 @@ class PgStore(Store):
         """CREATE OR REPLACE TRIGGER audit_prune_no_truncate BEFORE TRUNCATE ON audit_prune
   FOR EACH STATEMENT EXECUTE FUNCTION fusebox_audit_append_only()""",
     ]
+
+
+def _audit_row(r: Sequence) -> AuditRow:
+    """An audit row read in :attr:`Store._AUDIT_COLUMNS` order, its ``detail`` decoded."""
+    return {"seq": r[0], "at": r[1], "kind": r[2], "decision_id": r[3], "scope_key": r[4], "level": r[5],
+            "action": r[6], "source": r[7], "reason": r[8], "detail": json.loads(r[9])}
 
 
 def _redacted(text: str | None) -> str | None:

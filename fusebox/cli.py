@@ -17,6 +17,12 @@ _AREAS = {
     "fusebox.demo.cli": ("demo",),
     "fusebox.backtest.cli": ("backtest",),
 }
+# subcommands a higher layer adds under an area's command (the area may not import it, docs/architecture.md):
+# area module (its register returns its subcommands' action) -> {module defining register(that action): the
+# subcommands it adds}
+_UNDER = {
+    "fusebox.fuse.cli": {"fusebox.demo.gateway": ("gateway",)},  # `fusebox fuse gateway`: the reference gateway
+}
 
 
 def _areas_for(argv: list[str] | None) -> list[str]:
@@ -29,6 +35,16 @@ def _areas_for(argv: list[str] | None) -> list[str]:
         if first in commands:
             return [name]
     return list(_AREAS)
+
+
+def _under_for(area: str, argv: list[str] | None, own: set[str]) -> list[str]:
+    """The modules of ``_UNDER[area]`` to load: all unless argv names one of the area's ``own``
+    subcommands (``fusebox fuse serve`` does not import the demo; ``fusebox fuse --help`` lists
+    ``gateway``)."""
+    args = sys.argv[1:] if argv is None else argv
+    words = [a for a in args if not a.startswith("-")]
+    sub = words[1] if len(words) > 1 else None
+    return [m for m, subs in _UNDER.get(area, {}).items() if sub is None or sub in subs or sub not in own]
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -48,7 +64,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             if e.name and (name == e.name or name.startswith(e.name + ".")):  # the area is not built yet
                 continue
             raise
-        mod.register(sub)
+        added = mod.register(sub)
+        for under in _under_for(name, argv, set(getattr(added, "choices", {}))):
+            importlib.import_module(under).register(added)
     return parser
 
 

@@ -4,7 +4,7 @@ Pure renderer: ``outputs(spec, header) -> {"haproxy/fusebox.cfg": text}`` when a
 adapter has ``text_only``, else ``{}``; no I/O. The snippet goes inside the user's ``frontend``
 (before its ``use_backend``/``default_backend`` lines): per backend of the adapter's targets, an ACL
 reads the map entry ``<backend> 1`` that the fuse service sets through the runtime API
-(``fuse/adapters.py``: ``set map``/``add map``/``del map``) and sends requests that carry the
+(``fuse/adapters/haproxy.py``: ``set map``/``add map``/``del map``) and sends requests that carry the
 multimodal header to the text-only backend while it is set. Every name comes from the spec (checked
 against HAProxy's name rules when it loads). Tested with Debian's haproxy 2.6.
 """

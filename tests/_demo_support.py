@@ -62,7 +62,7 @@ def first(result, kind, what, **detail):
 
 def gateway_calls(result) -> list[dict]:
     """The reference gateway's own log of the run (each control call it received)."""
-    from fusebox.fuse.gateway import read_log
+    from fusebox.demo.gateway import read_log
 
     return read_log(result.workdir / "gateway.jsonl")
 

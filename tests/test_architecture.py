@@ -182,3 +182,29 @@ def test_no_import_cycle_inside_a_package():
     graph = import_graph()
     cycles = {frozenset(s.rsplit(" ", 1)[1] for s in c): c for m in graph if (c := cycle_through(m, graph))}
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles.values())
+
+
+def _loads_demo(argv: list[str]) -> tuple[bool, list[str]]:
+    """(whether parsing ``fusebox <argv>`` imported fusebox.demo, the fuse command's subcommands),
+    in a fresh interpreter (this one may have imported the demo already)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom fusebox.cli import build_parser\nargv = json.loads(sys.argv[1])\n"
+            "p = build_parser(argv)\nfuse = p._subparsers._group_actions[0].choices['fuse']\n"
+            "subs = sorted(fuse._subparsers._group_actions[0].choices)\n"
+            "print(json.dumps(['fusebox.demo' in sys.modules, subs]))")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, timeout=120, check=True)
+    loaded, subs = json.loads(r.stdout)
+    return loaded, subs
+
+
+def test_the_reference_gateway_is_the_demos_and_fuse_serve_does_not_import_it():
+    """`fusebox fuse gateway` lives in layer 3 (fusebox/demo/gateway.py): the top-level CLI adds it
+    under `fuse` for that subcommand and the help, never for `fuse serve` (docs/architecture.md)."""
+    assert not (ROOT / "fuse" / "gateway.py").exists()
+    serve = ["fuse", "serve", "--spec", "fusebox.yaml", "--token-file", "t"]
+    assert _loads_demo(serve) == (False, ["audit", "override", "serve"])
+    for argv in (["fuse", "gateway", "--log", "g.jsonl"], ["fuse"]):
+        assert _loads_demo(argv) == (True, ["audit", "gateway", "override", "serve"]), argv

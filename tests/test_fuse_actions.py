@@ -12,8 +12,8 @@ import httpx
 import pytest
 from _fuse_support import GW_TOKEN, LiveService, alert, payload, wait_for
 
+from fusebox.demo.gateway import ReferenceGateway, read_log
 from fusebox.fuse.actions import DryRun, HttpGateway, VllmResetPrefixCache
-from fusebox.fuse.gateway import ReferenceGateway, read_log
 
 ENG = {"cluster": "a", "host_name": "h1", "engine": "vllm-0"}
 
@@ -90,7 +90,7 @@ def test_bearer_matches(header, ok):
 
 @pytest.mark.process
 def test_reference_gateway_accepts_a_lower_case_bearer_scheme(tmp_path):
-    from fusebox.fuse.gateway import ReferenceGateway
+    from fusebox.demo.gateway import ReferenceGateway
 
     gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", GW_TOKEN)
     gw.start()
@@ -105,7 +105,7 @@ def test_reference_gateway_accepts_a_lower_case_bearer_scheme(tmp_path):
 
 @pytest.mark.process
 def test_reference_gateway_answers_400_to_a_deeply_nested_body(tmp_path):
-    from fusebox.fuse.gateway import ReferenceGateway
+    from fusebox.demo.gateway import ReferenceGateway
 
     gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", GW_TOKEN)
     gw.start()

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from _fuse_support import CRITICAL, TOKEN, LiveService, free_port, need_tool, wait_for
 
+from fusebox.demo.gateway import ReferenceGateway, read_log
 from fusebox.fuse import fingerprint
-from fusebox.fuse.gateway import ReferenceGateway, read_log
 
 pytestmark = pytest.mark.tools
 

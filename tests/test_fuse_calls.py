@@ -179,7 +179,7 @@ def test_a_gateway_name_the_resolver_never_answers_is_cut_off_at_the_calls_deadl
 
 def test_a_gateway_named_in_etc_hosts_is_resolved_and_called(tmp_path):
     """The same call by name when the name resolves (/etc/hosts): applied, once."""
-    from fusebox.fuse.gateway import ReferenceGateway, read_log
+    from fusebox.demo.gateway import ReferenceGateway, read_log
 
     gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
     try:
@@ -259,7 +259,7 @@ def test_the_service_counts_a_result_it_could_not_record(tmp_path):
     row stays the other replica's."""
     from prometheus_client import generate_latest
 
-    from fusebox.fuse.gateway import ReferenceGateway, read_log
+    from fusebox.demo.gateway import ReferenceGateway, read_log
     from fusebox.fuse.rules import FuseRules
     from fusebox.fuse.service import FuseService
     from fusebox.fuse.store import Store

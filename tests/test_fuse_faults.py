@@ -12,7 +12,7 @@ import time
 import httpx
 from _fuse_support import SPEC, TOKEN, LiveService, alert, free_port, payload, wait_for
 
-from fusebox.fuse.gateway import ReferenceGateway, read_log
+from fusebox.demo.gateway import ReferenceGateway, read_log
 
 GPU = {"cluster": "a", "hw_id": "GPU-1"}
 T0 = time.time() - 60

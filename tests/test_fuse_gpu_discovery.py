@@ -290,8 +290,8 @@ def test_a_gpu_trip_that_only_engine_targets_could_map_is_refused_and_state_does
 
 
 def test_applied_survives_a_restart_and_another_replica_reads_it_from_the_store(tmp_path):
+    from fusebox.demo.gateway import ReferenceGateway, read_log
     from fusebox.fuse.actions import HttpGateway
-    from fusebox.fuse.gateway import ReferenceGateway, read_log
     from fusebox.fuse.rules import FuseRules, scope_key
     from fusebox.fuse.service import FuseService
     from fusebox.fuse.store import Store

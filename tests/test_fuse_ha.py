@@ -25,7 +25,7 @@ from _pg_support import PgServer
 from _slow_peers import TrickleHttp
 
 from fusebox import conventions as C
-from fusebox.fuse.gateway import read_log
+from fusebox.demo.gateway import read_log
 from fusebox.fuse.service import TEST_HANG_ENV
 
 pytestmark = pytest.mark.tools

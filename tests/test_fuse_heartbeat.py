@@ -17,7 +17,7 @@ from _support import SPEC
 from prometheus_client.parser import text_string_to_metric_families
 from test_fuse_alertmanager import _People, _rfc3339, alertmanager  # noqa: F401  (the fixture)
 
-from fusebox.fuse.gateway import ReferenceGateway, read_log
+from fusebox.demo.gateway import ReferenceGateway, read_log
 from fusebox.fuse.rules import FuseRules
 from fusebox.generator.render_rules import render_rules
 from fusebox.spec import load_spec, parse_spec

@@ -12,8 +12,8 @@ import yaml
 from _fuse_support import SPEC, LiveService, alert, iso, payload, wait_for
 
 from fusebox import conventions as C
+from fusebox.demo.gateway import ReferenceGateway, read_log
 from fusebox.fuse import fingerprint
-from fusebox.fuse.gateway import ReferenceGateway, read_log
 from fusebox.fuse.rules import FuseRules, Refusal, Target
 from fusebox.spec import load_spec
 

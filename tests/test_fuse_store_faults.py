@@ -18,7 +18,7 @@ from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for
 from _pg_support import PgServer
 
 from fusebox import conventions as C
-from fusebox.fuse.gateway import ReferenceGateway
+from fusebox.demo.gateway import ReferenceGateway
 from fusebox.fuse.store import WAL_AUTOCHECKPOINT_PAGES, WAL_LIMIT_BYTES
 
 pytestmark = pytest.mark.tools

@@ -15,8 +15,8 @@ from _fuse_support import PEOPLE, TOKEN, LiveService, alert, dry_run_service, fr
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
+from fusebox.demo.gateway import ReferenceGateway, read_log
 from fusebox.fuse.app import create_app
-from fusebox.fuse.gateway import ReferenceGateway, read_log
 from fusebox.fuse.tokens import Tokens
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

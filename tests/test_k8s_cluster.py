@@ -89,8 +89,8 @@ from _support import FIXTURES, ROOT, SPEC, need
 
 from fusebox import conventions as C
 from fusebox.collectors.scenario import load_scenario
+from fusebox.demo.gateway import read_log
 from fusebox.demo.spec import Timing, demo_spec_text
-from fusebox.fuse.gateway import read_log
 from fusebox.tooling import free_port
 
 pytestmark = pytest.mark.tools

@@ -1,5 +1,8 @@
 """A tiny reference inference gateway for tests and the demo: it only records what it is told.
 
+It is the other side of the fuse's ``--gateway-url`` call (``fusebox fuse gateway``; the top-level
+CLI adds that subcommand under ``fuse``, a layer below, which cannot import it: docs/architecture.md).
+
 ``POST /v1/control/fuse`` with ``{"action", "level", "state": "trip"|"release", "reason",
 "scope", "decision_id"}`` appends one JSON line to the log file per request:
 ``{"at", "decision_id", "action", "level", "state", "reason", "scope", "duplicate"}``;
@@ -17,11 +20,13 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from .actions import CONTROL_PATH, bearer_matches
-from .payload import load_json
-from .rules import scope_key
+from fusebox.fuse.actions import CONTROL_PATH, bearer_matches
+from fusebox.fuse.payload import load_json
+from fusebox.fuse.rules import scope_key
 
-__all__ = ["ReferenceGateway", "read_log"]
+__all__ = ["ReferenceGateway", "read_log", "register", "DEFAULT_GATEWAY_LISTEN"]
+
+DEFAULT_GATEWAY_LISTEN = "127.0.0.1:9096"
 
 _FIELDS = {"action": str, "level": int, "state": str, "reason": str, "scope": dict, "decision_id": str}
 
@@ -129,3 +134,38 @@ class ReferenceGateway:
         self.server.server_close()
         if self._thread:
             self._thread.join(timeout=5)
+
+
+def register(fuse_subcommands) -> None:
+    """Add ``gateway`` to the subcommands of ``fusebox fuse`` (what :func:`fusebox.fuse.cli.register`
+    returns; :mod:`fusebox.cli` wires the two)."""
+    from fusebox.fuse.cli import _hostport
+
+    g = fuse_subcommands.add_parser("gateway", help="reference gateway: accept POST /v1/control/fuse and log it as JSON lines")
+    g.add_argument("--listen", type=_hostport, default=DEFAULT_GATEWAY_LISTEN,
+                   help=f"HOST:PORT (default {DEFAULT_GATEWAY_LISTEN})")
+    g.add_argument("--log", required=True, help="JSON-lines file, one line per control call")
+    g.add_argument("--token-file", help="require this bearer token, at least 32 characters (env FUSEBOX_GATEWAY_TOKEN wins)")
+    g.set_defaults(func=gateway)
+
+
+def gateway(args) -> int:
+    """``fusebox fuse gateway``: serve until interrupted; 2 with the reason on stderr when the token
+    file or the address is refused."""
+    import sys
+
+    from fusebox.fuse.actions import read_token
+    from fusebox.fuse.cli import _err
+
+    try:
+        token = read_token(args.token_file)
+        host, port = args.listen
+        gw = ReferenceGateway(host, port, args.log, token)
+    except (OSError, ValueError) as e:
+        return _err(str(e))
+    print(f"fusebox fuse gateway: listening on {gw.url}, logging to {args.log}", file=sys.stderr, flush=True)
+    try:
+        gw.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
