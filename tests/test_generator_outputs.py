@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -298,7 +299,7 @@ def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_
     assert "signal 'pcie_link_utilization' reads fusebox_gpu_pcie_utilization_ratio" in pcie
     assert "kubernetes.collectors.enabled is false" in pcie and "enabled: false" in pcie
     # the engine-level signals on the collectors are named too (issue 21): KV bytes, alignment histogram
-    assert {w.split("warning: ")[1].split(" reads")[0] for w in warnings if w is not pcie} == {
+    assert {re.split(" reads | subtracts ", w.split("warning: ")[1])[0] for w in warnings if w is not pcie} == {
         "signal 'gpu_memory_utilization'", "signal 'kv_cache_growth_rate'", "signal 'kv_cache_growth_oom'",
         "signal 'alignment_latency_p95'", "signal 'kv_cache_time_to_full'"}
     absent = {a["labels"]["metric"] for a in _alerts(tmp_path / "out")[C.ABSENT_ALERT]}
