@@ -28,7 +28,7 @@ from fusebox.spec import Spec
 from fusebox.spec.inpath import GATEWAY_KINDS, Shedder
 from fusebox.spec.kinds import records as signal_records
 from fusebox.spec.kinds.base import DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text, window_word
-from fusebox.spec.units import format_duration
+from fusebox.spec.units import format_duration, format_number
 
 __all__ = ["GROUP", "DASHBOARD", "window_s", "gateways", "records", "rules", "dashboard", "runbook_diagnosis"]
 
@@ -53,7 +53,8 @@ def records(spec: Spec) -> dict[str, str]:
     (``rate1m`` in the name for a minute):
 
     * ``refused``: requests the gateways refused (429: the concurrency bound, the rate limit, a
-      full queue), per second, summed per ``cluster``;
+      full queue) within the window, over the window's seconds (their mean per second), summed per
+      ``cluster``; a gateway's first refusals count too (its counter's series is born with them);
     * ``overload_shed``: requests shed because every worker of the model was overloaded, per
       second, per ``cluster`` and ``stage`` (only where an ``smg`` shedder is named: sglang-router
       0.3.2 does not count them);
@@ -82,7 +83,13 @@ def rules(spec: Spec) -> list[dict[str, Any]]:
         return []
     w = format_duration(window_s(spec))
     rejected = ",".join(f'{k}="{v}"' for k, v in C.GATEWAY_REJECTED.items())
-    out = [{"record": names["refused"], "expr": f"sum by (cluster) (rate({C.GATEWAY_ADMISSIONS}{{{rejected}}}[{w}]))"}]
+    # The rejected series is born at the gateway's first refusal (neither version writes it at 0
+    # before; measured, docs/inpath.md): rate() never sees that first increase, so the record
+    # takes the counter's rise since a window ago, the whole value for a series born within it
+    # (or restarted: a counter under its value a window ago), over the window's seconds.
+    x = f"{C.GATEWAY_ADMISSIONS}{{{rejected}}}"
+    out = [{"record": names["refused"],
+            "expr": f"sum by (cluster) (({x} - {x} offset {w}) >= 0 or {x}) / {format_number(window_s(spec))}"}]
     if "overload_shed" in names:
         out.append({"record": names["overload_shed"], "expr": f"sum by (cluster, stage) (rate({C.GATEWAY_OVERLOAD_SHED}[{w}]))"})
     out += [
