@@ -10,12 +10,19 @@ in all, queue 0. With 16 requests held, each further request is refused at once:
 so the gateway counts 3 rejected, and the refusal record, the refusals within its 1 m window over
 60 s, reads 3 / 60 = 0.05 requests/s. The gateway writes no rejected series before its first
 refusal (checked below), so a plain rate() would miss those 3; the record does not. Both workers'
-breakers stay closed (0, none open), and smg's three overload stages shed nothing (0/s each)."""
+breakers stay closed (0, none open), and smg's three overload stages shed nothing (0/s each).
+
+A second gateway, the same flags with ``--cb-failure-threshold 2`` (the breaker opens at a worker's
+second failure in a row, smg's own --help) and round robin, fronts a stand-in and an engine that
+answers every POST with 500: after its two failures that worker's breaker is open, so the breaker
+record reads 1 for it and 0 for the other, and one worker is open in all."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -127,3 +134,70 @@ def test_the_records_count_the_refusals_a_live_smg_made(tmp_path):
             gw.stop()
         for e in engines:
             e.stop()
+
+
+class _FailingEngine:
+    """An engine the gateway registers (GETs answered as the stand-in does) whose every POST is a 500."""
+
+    def __init__(self):
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, obj: dict):
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                if self.path.startswith("/v1/models"):
+                    return self._send(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+                self._send(200, {"model_path": "stand-in", "is_generation": True})
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._send(500, {"error": "failing engine"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_breaker_records_show_the_worker_a_live_smg_cut_off(tmp_path):
+    rules, names = _rules(tmp_path)
+    good, bad = StandInEngine(), _FailingEngine()
+    gw = None
+    try:
+        flags = [*_flags(), "--cb-failure-threshold", "2", "--policy", "round_robin", "--retry-max-retries", "1"]
+        gw = sglang_gateway([good.url, bad.url], tmp_path / "smg.log", flags, package=SMG)
+        target = gw.metrics_url.removeprefix("http://").removesuffix("/metrics")
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
+                  "scrape_configs": [{"job_name": "smg", "static_configs": [{"targets": [target]}]}]}
+        with prometheus(tmp_path, config) as prom:
+            wait_for(lambda: query(prom, 'up{job="smg"} == 1'), 30, step=0.5, what="Prometheus scraping the gateway")
+            codes = [httpx.post(gw.url + "/generate", json={"text": "hi"}, timeout=30).status_code for _ in range(10)]
+            assert codes.count(500) == 2, codes  # round robin: the failing worker's two failures, then it is cut off
+            page = httpx.get(gw.metrics_url, timeout=5).text
+            assert _samples(page, C.GATEWAY_BREAKER_STATE) == {f'{{worker="{bad.url}"}}': 1.0, f'{{worker="{good.url}"}}': 0.0}
+
+            def open_workers():
+                got = _value(prom, names["breakers_open"])
+                return got if got and list(got.values()) == [1.0] else None
+
+            wait_for(open_workers, 20, step=0.5, what=f"{names['breakers_open']} at 1")
+            workers = {r["metric"]["worker"]: float(r["value"][1]) for r in query(prom, names["breaker_open"])}
+            assert workers == {bad.url: 1.0, good.url: 0.0}
+    finally:
+        if gw is not None:
+            gw.stop()
+        good.stop()
+        bad.stop()
