@@ -19,10 +19,8 @@ record reads 1 for it and 0 for the other, and one worker is open in all."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -136,45 +134,9 @@ def test_the_records_count_the_refusals_a_live_smg_made(tmp_path):
             e.stop()
 
 
-class _FailingEngine:
-    """An engine the gateway registers (GETs answered as the stand-in does) whose every POST is a 500."""
-
-    def __init__(self):
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _send(self, code: int, obj: dict):
-                body = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):  # noqa: N802
-                if self.path.startswith("/v1/models"):
-                    return self._send(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
-                self._send(200, {"model_path": "stand-in", "is_generation": True})
-
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self._send(500, {"error": "failing engine"})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_the_breaker_records_show_the_worker_a_live_smg_cut_off(tmp_path):
     rules, names = _rules(tmp_path)
-    good, bad = StandInEngine(), _FailingEngine()
+    good, bad = StandInEngine(), StandInEngine(fail_posts=True)
     gw = None
     try:
         flags = [*_flags(), "--cb-failure-threshold", "2", "--policy", "round_robin", "--retry-max-retries", "1"]
