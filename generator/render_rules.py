@@ -209,14 +209,11 @@ shedding_window_s = shedding.window_s  # the gate's window is the refusal record
 
 def shedding_gate(spec: Spec) -> str:
     """The condition a tier with ``after_shedding`` adds to its alert: the in-path gateways are
-    refusing requests now (their admission counter's ``rejected`` series rose within
-    :func:`shedding_window_s`), or no gateway's counter is scraped at all, in which case the tier
-    acts as if it did not wait (it never blocks a fuse on a gateway Prometheus cannot see). Joined
-    ``on ()``: any gateway that Prometheus scrapes counts, whatever its labels."""
-    rejected = ",".join(f'{k}="{v}"' for k, v in C.GATEWAY_REJECTED.items())
-    w = format_duration(shedding_window_s(spec))
-    return (f"(sum(rate({C.GATEWAY_ADMISSIONS}{{{rejected}}}[{w}])) > 0)"
-            f" or on () absent({C.GATEWAY_ADMISSIONS})")
+    refusing requests now (a refusal within :func:`shedding_window_s`, a gateway's first ones
+    included: :func:`.shedding.refused_in_window`), or no gateway's counter is scraped at all, in
+    which case the tier acts as if it did not wait (it never blocks a fuse on a gateway Prometheus
+    cannot see). Joined ``on ()``: any gateway that Prometheus scrapes counts, whatever its labels."""
+    return f"(sum({shedding.refused_in_window(spec)}) > 0) or on () absent({C.GATEWAY_ADMISSIONS})"
 
 
 def _alert(sig: Signal, tier: Tier, spec: Spec) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from fusebox.spec.kinds import records as signal_records
 from fusebox.spec.kinds.base import DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text, window_word
 from fusebox.spec.units import format_duration, format_number
 
-__all__ = ["GROUP", "DASHBOARD", "window_s", "gateways", "records", "rules", "dashboard", "runbook_diagnosis"]
+__all__ = ["GROUP", "DASHBOARD", "window_s", "refused_in_window", "gateways", "records", "rules", "dashboard", "runbook_diagnosis"]
 
 GROUP = "fusebox-inpath"
 DASHBOARD = "in-path-shedding"
@@ -46,6 +46,20 @@ def window_s(spec: Spec) -> float:
 def gateways(spec: Spec) -> tuple[Shedder, ...]:
     """The spec's gateway shedders (``smg``, ``sglang_router``), in spec order."""
     return tuple(s for s in spec.inpath.shedders if s.kind in GATEWAY_KINDS)
+
+
+def refused_in_window(spec: Spec) -> str:
+    """Per gateway series, the requests it refused within :func:`window_s` (an instant vector,
+    a count): the rise of ``smg_http_rate_limit_total{result="rejected"}`` since a window ago, or
+    all of it for a series born within the window (or restarted: under its value a window ago).
+
+    Not ``increase()``: the rejected series is born at a gateway's first refusal (neither smg 1.13
+    nor sglang-router 0.3.2 writes it at 0 before; docs/metrics.md section 6), and ``rate()`` /
+    ``increase()`` never count a series' first value, so a burst on a quiet gateway would read 0.
+    The refusal record and the ``after_shedding`` gate both read this."""
+    rejected = ",".join(f'{k}="{v}"' for k, v in C.GATEWAY_REJECTED.items())
+    x = f"{C.GATEWAY_ADMISSIONS}{{{rejected}}}"
+    return f"({x} - {x} offset {format_duration(window_s(spec))}) >= 0 or {x}"
 
 
 def records(spec: Spec) -> dict[str, str]:
@@ -82,14 +96,8 @@ def rules(spec: Spec) -> list[dict[str, Any]]:
     if not names:
         return []
     w = format_duration(window_s(spec))
-    rejected = ",".join(f'{k}="{v}"' for k, v in C.GATEWAY_REJECTED.items())
-    # The rejected series is born at the gateway's first refusal (neither version writes it at 0
-    # before; measured, docs/inpath.md): rate() never sees that first increase, so the record
-    # takes the counter's rise since a window ago, the whole value for a series born within it
-    # (or restarted: a counter under its value a window ago), over the window's seconds.
-    x = f"{C.GATEWAY_ADMISSIONS}{{{rejected}}}"
     out = [{"record": names["refused"],
-            "expr": f"sum by (cluster) (({x} - {x} offset {w}) >= 0 or {x}) / {format_number(window_s(spec))}"}]
+            "expr": f"sum by (cluster) ({refused_in_window(spec)}) / {format_number(window_s(spec))}"}]
     if "overload_shed" in names:
         out.append({"record": names["overload_shed"], "expr": f"sum by (cluster, stage) (rate({C.GATEWAY_OVERLOAD_SHED}[{w}]))"})
     out += [

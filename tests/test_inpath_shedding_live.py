@@ -9,7 +9,8 @@ tier 72 %, idle 55 %, 2 % per running request, 2 engines -> floor((72 - 55) / 2)
 in all, queue 0. With 16 requests held, each further request is refused at once: the test sends 3,
 so the gateway counts 3 rejected, and the refusal record, the refusals within its 1 m window over
 60 s, reads 3 / 60 = 0.05 requests/s. The gateway writes no rejected series before its first
-refusal (checked below), so a plain rate() would miss those 3; the record does not. Both workers'
+refusal (checked below), so a plain rate() would miss those 3; the record does not, nor does the
+after_shedding gate, which reads the same count (3 refused in its minute: open). Both workers'
 breakers stay closed (0, none open), and smg's three overload stages shed nothing (0/s each).
 
 A second gateway, the same flags with ``--cb-failure-threshold 2`` (the breaker opens at a worker's
@@ -33,6 +34,7 @@ from _support import ROOT, SPEC
 from fusebox import conventions as C
 from fusebox.generator import shedding
 from fusebox.generator.outputs import RULE_FILE, render_all
+from fusebox.generator.render_rules import shedding_gate
 from fusebox.spec import load_spec
 
 pytestmark = [pytest.mark.process, pytest.mark.tools]
@@ -115,6 +117,9 @@ def test_the_records_count_the_refusals_a_live_smg_made(tmp_path):
             # a plain rate() over the same minute misses them: the series was born with its 3
             plain = query(prom, f'sum(rate({C.GATEWAY_ADMISSIONS}{{result="rejected"}}[1m]))')
             assert [float(r["value"][1]) for r in plain] in ([], [0.0])
+            # the after_shedding gate reads the same count: open, with the 3 refusals
+            gate = query(prom, shedding_gate(load_spec(SPEC, display_path="fusebox.yaml")))
+            assert [float(r["value"][1]) for r in gate] == [REFUSED]
             # breakers: both workers closed, none open; overload: smg's three stages at 0/s
             wait_for(lambda: _value(prom, names["breakers_open"]), 20, step=0.5, what=names["breakers_open"])
             assert list(_value(prom, names["breakers_open"]).values()) == [0.0]
