@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 import yaml
 from _support import SPEC
 
@@ -16,8 +15,6 @@ from fusebox.generator import shedding
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.spec.model import parse_spec
-
-pytestmark = pytest.mark.unit
 
 RAW = yaml.safe_load(SPEC.read_text())
 REFUSED = "cluster:fusebox_gateway_refused_requests:rate1m"
