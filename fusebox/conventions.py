@@ -311,6 +311,14 @@ def record_name(level: str, metric: str, ops: str) -> str:
 # the rate limit or a full queue). A tier with after_shedding reads it (docs/inpath.md).
 GATEWAY_ADMISSIONS = "smg_http_rate_limit_total"
 GATEWAY_REJECTED = {"result": "rejected"}
+# Its shedding series beside the admission counter (read from both versions' /metrics, docs/metrics.md
+# section 6): requests shed because every worker of the model is overloaded, by stage (selection,
+# dispatch, pd_admission; smg 1.13 only), and each worker's circuit breaker state (a gauge per
+# worker URL: 0 closed, 1 open, 2 half open in smg 1.13's HELP; open reads 1 in sglang-router 0.3.2 too).
+GATEWAY_OVERLOAD_SHED = "smg_worker_overload_shed_total"
+GATEWAY_BREAKER_STATE = "smg_worker_cb_state"
+GATEWAY_BREAKER_OPEN = 1
+GATEWAY_PREFIX = "smg_"  # every series of the gateway's /metrics, both versions
 
 # Window of the rates the dashboard records take (engine token and prefix-cache counters).
 DASHBOARD_RATE_WINDOW_S = 300.0

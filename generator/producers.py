@@ -15,7 +15,9 @@ Producers (:func:`producers`), by metric-name prefix:
   collector of ``kubernetes.collectors.run`` for its own series: ``gpu`` the GPU series
   (``hw_*``, ``fusebox_gpu_*``), ``kv`` ``fusebox_kv_cache_*``, ``latency`` the alignment
   histogram; their ``fusebox_collector_*`` self-metrics wherever :attr:`Spec.fusebox_collectors`
-  expects them (the self-monitoring alerts on them exist only then).
+  expects them (the self-monitoring alerts on them exist only then);
+* the SGLang Model Gateway (``smg_``) when ``inpath.shedders`` names one (``smg``, ``sglang_router``):
+  its refusal, overload and breaker series (generator/shedding.py), scraped on its ``--prometheus-port``.
 
 A signal with every tier disabled is not reported: it keeps its records, but nothing of it fires.
 """
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 from fusebox import conventions as C
 from fusebox.spec import Spec
+from fusebox.spec.inpath import GATEWAY_KINDS
 from fusebox.spec.kinds import kind_of
 from fusebox.spec.kinds.base import DCGM
 from fusebox.spec.promql import vector_selectors
@@ -81,6 +84,8 @@ def producers(spec: Spec) -> list[Producer]:
     if spec.kubernetes.collectors.enabled:
         for name in spec.kubernetes.collectors.run:
             out.append(Producer(f"the fusebox {name} collector (k8s/)", COLLECTOR_PREFIXES.get(name, ())))
+    if any(s.kind in GATEWAY_KINDS for s in spec.inpath.shedders):
+        out.append(Producer("the SGLang Model Gateway (inpath.shedders)", (C.GATEWAY_PREFIX,)))
     if spec.fusebox_collectors:  # their self-metrics come with them, wherever they run
         out.append(Producer("the fusebox collectors", ("fusebox_collector_",)))
     return out

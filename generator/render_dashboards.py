@@ -37,6 +37,8 @@ from fusebox import conventions as C
 from fusebox.spec.kinds import KINDS, records
 from fusebox.spec.kinds.base import UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
 
+from . import shedding
+
 __all__ = [
     "SCHEMA_VERSION",
     "DATASOURCE",
@@ -325,12 +327,16 @@ def _builtin_annotation() -> dict:
 
 
 def _defs(spec) -> list[DashboardDef]:
-    """The overview, then each kind's drill-down in the kinds' order."""
+    """The overview, then each kind's drill-down in the kinds' order, then the in-path shedding
+    board where the spec names a gateway shedder (:func:`.shedding.dashboard`)."""
     out = [_overview(spec)]
     for kind in KINDS.values():
         d = kind.dashboard(spec, [s for s in spec.signals if s.kind == kind.name])
         if d is not None:
             out.append(d)
+    board = shedding.dashboard(spec)
+    if board is not None:
+        out.append(board)
     return out
 
 

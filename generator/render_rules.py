@@ -9,7 +9,8 @@ computed once and both alerts still read this evaluation's value.
 Groups at ``global.evaluation_interval`` hold what alerts read. What no alert's timing depends
 on runs at ``global.slow_evaluation_interval`` (30 s by default): ``fusebox-<signal>-panels``
 (records only panels read, :meth:`Kind.panel_rules`), ``fusebox-static`` (static inputs,
-:meth:`Kind.slow_rules`), ``fusebox-dashboard`` and ``fusebox-absent``.
+:meth:`Kind.slow_rules`), ``fusebox-dashboard``, ``fusebox-inpath`` (the in-path gateways'
+refusals, overload sheds and open breakers, :mod:`.shedding`) and ``fusebox-absent``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses
 from fusebox.spec.kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_labels, le_regex, selector
 from fusebox.spec.units import format_duration, humanize
 
+from . import shedding
 from .rule_engines import shape_groups
 from .selfmon import GROUP as SELF_GROUP
 from .selfmon import self_rules
@@ -202,21 +204,16 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
     return ann
 
 
-def shedding_window_s(spec: Spec) -> float:
-    """The rate window of :func:`shedding_gate`: a minute, or four scrapes where that is longer."""
-    return max(60.0, 4 * spec.scrape_interval_s)
+shedding_window_s = shedding.window_s  # the gate's window is the refusal records' (generator/shedding.py)
 
 
 def shedding_gate(spec: Spec) -> str:
     """The condition a tier with ``after_shedding`` adds to its alert: the in-path gateways are
-    refusing requests now (their admission counter's ``rejected`` series rose within
-    :func:`shedding_window_s`), or no gateway's counter is scraped at all, in which case the tier
-    acts as if it did not wait (it never blocks a fuse on a gateway Prometheus cannot see). Joined
-    ``on ()``: any gateway that Prometheus scrapes counts, whatever its labels."""
-    rejected = ",".join(f'{k}="{v}"' for k, v in C.GATEWAY_REJECTED.items())
-    w = format_duration(shedding_window_s(spec))
-    return (f"(sum(rate({C.GATEWAY_ADMISSIONS}{{{rejected}}}[{w}])) > 0)"
-            f" or on () absent({C.GATEWAY_ADMISSIONS})")
+    refusing requests now (a refusal within :func:`shedding_window_s`, a gateway's first ones
+    included: :func:`.shedding.refused_in_window`), or no gateway's counter is scraped at all, in
+    which case the tier acts as if it did not wait (it never blocks a fuse on a gateway Prometheus
+    cannot see). Joined ``on ()``: any gateway that Prometheus scrapes counts, whatever its labels."""
+    return f"(sum({shedding.refused_in_window(spec)}) > 0) or on () absent({C.GATEWAY_ADMISSIONS})"
 
 
 def _alert(sig: Signal, tier: Tier, spec: Spec) -> dict[str, Any]:
@@ -279,14 +276,15 @@ def render_rules(spec: Spec) -> Rules:
         another's, same name and expression, adds its alerts to that signal's group), its
         ``fusebox-<signal>-panels`` group where the kind has panel-only records, a
         ``fusebox-static`` group of static inputs (:meth:`Kind.slow_rules`), a ``fusebox-dashboard`` group of
-        records the dashboards read (:func:`fusebox.spec.kinds.dashboard_records`) and a
+        records the dashboards read (:func:`fusebox.spec.kinds.dashboard_records`), a
+        ``fusebox-inpath`` group where ``inpath.shedders`` names a gateway (:func:`.shedding.rules`), a
         ``fusebox-absent`` group (one alert per metric an enabled tier's signal reads: a
         signal with every tier disabled keeps its records and adds none), ``fusebox-health``
         (lost GPUs) and ``fusebox-self`` (:mod:`.selfmon`: the fuse, Alertmanager's feed to it,
         the collectors). Shaped for ``global.rule_engine`` (:func:`.rule_engines.shape_groups`): a
         group over 20 rules (Mimir's default limit) is split into ``NAME-1``, ``NAME-2``, ... with
         each recording chain whole; for Thanos every group carries ``partial_response_strategy``.
-        The panels, static, dashboard and absent groups run at ``global.slow_evaluation_interval``.
+        The panels, static, dashboard, inpath and absent groups run at ``global.slow_evaluation_interval``.
 
     Raises:
         ValueError: two signals record one name with different expressions (say two deriv
@@ -326,6 +324,9 @@ def render_rules(spec: Spec) -> Rules:
         groups.append({"name": STATIC_GROUP, "interval": slow, "rules": static})
     # Dashboard records: read by panels only, so their metrics never join raw_metrics (no absent alerts).
     groups.append({"name": f"{GROUP_PREFIX}-dashboard", "interval": slow, "rules": _dashboard_records(spec)})
+    # What the in-path gateways did (generator/shedding.py): panels and runbooks read it, no alert.
+    if shedding.rules(spec):
+        groups.append({"name": shedding.GROUP, "interval": slow, "rules": shedding.rules(spec)})
     if spec.absent_enabled and raw_metrics:
         absent_rules = []
         for m in sorted(raw_metrics):

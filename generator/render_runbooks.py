@@ -11,6 +11,7 @@ from fusebox.spec import Spec
 from fusebox.spec.kinds import lost_gpu_fuses, records
 from fusebox.spec.units import format_duration, format_number, humanize
 
+from . import shedding
 from .render_rules import Rules
 from .selfmon import runbook_facts
 
@@ -35,7 +36,8 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
         } for t in sig.tiers]
         out[f"runbooks/{sig.alert}.md"] = tmpl.render(
             header=header, alert=sig.alert, description=sig.description, tiers=tiers,
-            symptom=sig.runbook.symptom, impact=sig.runbook.impact, diagnosis=sig.runbook.diagnosis,
+            symptom=sig.runbook.symptom, impact=sig.runbook.impact,
+            diagnosis=(*sig.runbook.diagnosis, *shedding.runbook_diagnosis(spec, sig)),
             signal=sig.name, spec_file=PurePath(spec.file).name, source=sig.source.backend,
         )
     from .render_rules import GPU_DOWN_FOR_S, gpu_down_enabled

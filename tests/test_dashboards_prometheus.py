@@ -17,7 +17,11 @@ fuse service of a real deployment), scraped every second by Prometheus 2.42 with
   of tokens by 300 s, so the record reads 0.6 x 300 / k: at least 0.6, at most 36 (k >= 5);
   exact values are in tests/promtool/dashboard_records.test.yml;
 * vLLM prefix cache: 400 hits of 1000 queried tokens per second -> 0.4; SGLang's gauge 0.35;
-* the fuse service at level 2 on one engine scope.
+* the fuse service at level 2 on one engine scope;
+* the gateway refusing 5 requests/s (its rejected series born at the first scrape, so in the
+  test's first minute the record reads the refusals so far over 60 s: above 0, at most 5/s),
+  shedding 2/s at the selection stage (the stage alone above 0), one of two workers' breakers open
+  (1 open).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import pytest
 from _dashboards_support import ROOT, prometheus, query, query_range, serve_text
 
 from fusebox import conventions as C
+from fusebox.generator import shedding
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.spec import load_spec
@@ -70,6 +75,14 @@ def exposition(t: float) -> str:
         f'{C.VLLM_PREFIX_CACHE_HITS}{{{HOST}, model_name="llava-1.5-7b"}} {int(400 * t)}',
         f'{C.SGLANG_CACHE_HIT_RATE}{{{HOST}, model_name="qwen2-vl"}} 0.35',
         f'{C.FUSE_LEVEL_METRIC}{{cluster="lab-a", host_name="gpu-node-1", instance="", hw_id="", engine="vllm-0"}} 2',
+        # the in-path gateway (smg 1.13's series): refusing 5 requests/s, shedding 2/s at selection,
+        # one of its two workers' breakers open
+        f'{C.GATEWAY_ADMISSIONS}{{cluster="lab-a", result="allowed"}} {int(20 * t)}',
+        f'{C.GATEWAY_ADMISSIONS}{{cluster="lab-a", result="rejected"}} {int(5 * t)}',
+        *(f'{C.GATEWAY_OVERLOAD_SHED}{{cluster="lab-a", stage="{stage}"}} {int(2 * t) if stage == "selection" else 0}'
+          for stage in ("selection", "dispatch", "pd_admission")),
+        f'{C.GATEWAY_BREAKER_STATE}{{cluster="lab-a", worker="http://10.0.0.5:30001"}} 1',
+        f'{C.GATEWAY_BREAKER_STATE}{{cluster="lab-a", worker="http://10.0.0.6:30001"}} 0',
     ]
     h = P["alignment_duration"]
     for le in BUCKETS:
@@ -140,6 +153,8 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             empty = []
             n = 0
             for name, d in boards.items():
+                if name == shedding.DASHBOARD:
+                    continue  # its group runs at its own offset: read below, once it has run
                 for p in d["panels"]:
                     for t in p["targets"]:
                         n += 1
@@ -167,6 +182,19 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             # 40000 MiB free at the start, 100 MiB/s: 400 - t seconds, t under two minutes here
             assert 280 < one('gpu:fusebox_gpu_memory_time_to_full:seconds_deriv1m{hw_id="GPU-4d2e9b71"}') < 400
             assert query(base, 'gpu:fusebox_gpu_memory_time_to_full:seconds_deriv1m{hw_id="GPU-8f1c2a5e"}') == []
+            # the in-path shedding board, once the fusebox-inpath group has run
+            shed = shedding.records(spec)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(query(base, r) for r in shed.values()):
+                time.sleep(1)
+            end = time.time()
+            empty = [f"{p['title']} / {t['refId']}: {t['expr']}" for p in boards[shedding.DASHBOARD]["panels"]
+                     for t in p["targets"] if not query_range(base, substitute(t["expr"]), end - 60, end, 5)]
+            assert not empty, "in-path shedding panel queries without data:\n" + "\n".join(empty)
+            assert 0 < one(shed["refused"]) <= 5
+            stages = {r["metric"]["stage"]: float(r["value"][1]) for r in query(base, shed["overload_shed"])}
+            assert stages["selection"] > 0 and (stages["dispatch"], stages["pd_admission"]) == (0, 0), stages
+            assert one(shed["breakers_open"]) == 1
 
 
 def _fuse_jobs() -> dict[str, dict]:

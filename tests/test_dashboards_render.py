@@ -59,8 +59,10 @@ def substitute(expr: str) -> str:
     return re.sub(r"\$(\w+)", ".*", expr)
 
 
-def test_the_overview_and_five_drill_downs_are_rendered(boards):
-    assert sorted(boards) == ["alignment-latency", "gpu-memory", "kv-cache", "overview", "secondary", "time-to-full"]
+def test_the_overview_and_six_drill_downs_are_rendered(boards):
+    # in-path-shedding: the shipped spec's inpath names gateway shedders (smg, sglang_router)
+    assert sorted(boards) == ["alignment-latency", "gpu-memory", "in-path-shedding", "kv-cache", "overview", "secondary",
+                              "time-to-full"]
 
 
 def test_every_panel_query_parses_as_promql(boards):
@@ -103,7 +105,8 @@ def test_panels_read_only_recording_rules_apart_from_fuse_state_and_alerts(board
             for sel in vector_selectors(substitute(t["expr"])):
                 (used if sel.name in recorded else raw).add((name, p["title"], sel.name))
     assert {r[2] for r in raw} == {C.FUSE_LEVEL_METRIC, C.ALERTS_METRIC}, sorted(raw)
-    assert {r[:2] for r in raw} == {("overview", "Fuse state per scope"), ("overview", "Firing fusebox alerts")}
+    assert {r[:2] for r in raw} == {("overview", "Fuse state per scope"), ("overview", "Firing fusebox alerts"),
+                                    ("in-path-shedding", "Fuse level per scope")}
     # every dashboard record is shown, except the operands the ratios are computed from
     shown = {u[2] for u in used}
     assert set(dash.values()) - shown == {dash["kv_limit"], dash["host_power"], dash["host_tokens"]}

@@ -36,6 +36,9 @@ GEN = FIXTURES / "generator"
 VLLM_CAPTURES = [GEN / "hardware-aware-router_vllm-v1_qwen1.5-0.5b-chat_idle_2025-11.txt",
                  GEN / "hardware-aware-router_vllm-v1_tinyllama-1.1b_idle_2025-11.txt"]
 DCGM_CSV = GEN / "default-counters_4.5.3-4.8.2.csv"
+# The in-path gateways of the shipped spec's inpath.shedders, captured from the lock's binaries
+# (tests/fixtures/generator/SOURCES.md): smg 1.13 and sglang-router 0.3.2.
+GATEWAY_CAPTURES = sorted(GEN.glob("smg-1.13.0_*_metrics.txt")) + sorted(GEN.glob("sglang-router-0.3.2_*_metrics.txt"))
 # Signals with neither a dcgm nor a vLLM source in the shipped spec (fusebox collectors only).
 COLLECTOR_ONLY = ("pcie_link_utilization", "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_growth_oom")
 
@@ -111,7 +114,9 @@ def test_every_metric_the_rules_read_is_published_or_deployed(tmp_path):
     r = _generate(tmp_path, dcgm_vllm_spec())
     assert r.returncode == 0, r.stderr
     out = tmp_path / "out"
-    published = dcgm_names() | exposition_names(VLLM_CAPTURES) | deployed_names(out / "k8s") | set(SYNTHETIC)
+    assert len(GATEWAY_CAPTURES) == 4
+    published = (dcgm_names() | exposition_names(VLLM_CAPTURES) | exposition_names(GATEWAY_CAPTURES)
+                 | deployed_names(out / "k8s") | set(SYNTHETIC))
     stack = {C.AM_NOTIFICATIONS_FAILED}  # the user's Alertmanager, which the fuse's route goes through
     reads = rule_reads(out / "rules/fusebox.rules.yml")
     assert {m for m in reads if m.startswith("DCGM_FI_")}, "GPU memory reads dcgm-exporter"
@@ -126,6 +131,11 @@ def test_every_metric_the_rules_read_is_published_or_deployed(tmp_path):
     vllm_caps = load_captures(VLLM_CAPTURES)
     rep = dead_selectors(load_rules(out / "rules/fusebox.rules.yml"), vllm_caps)
     assert [d.selector for d in rep.dead if d.selector.startswith("vllm:") and d.selector not in compat] == []
+    # the in-path records' selectors match the gateways' captures (result="rejected" and all)
+    gw = {m for m in reads if m.startswith(C.GATEWAY_PREFIX)}
+    assert gw == {C.GATEWAY_ADMISSIONS, C.GATEWAY_OVERLOAD_SHED, C.GATEWAY_BREAKER_STATE}
+    rep = dead_selectors(load_rules(out / "rules/fusebox.rules.yml"), load_captures(GATEWAY_CAPTURES))
+    assert [d.selector for d in rep.dead if d.selector.startswith(C.GATEWAY_PREFIX)] == []
     # nothing to warn about but the starter spec's runbook URL placeholder
     assert [ln for ln in r.stderr.splitlines() if "warning:" in ln and "runbook_base_url" not in ln] == []
 

@@ -231,7 +231,8 @@ def test_a_waiting_tier_adds_the_gateways_refusals_to_its_alert_and_says_so():
     crit = next(r for r in gpu if r["labels"]["severity"] == "critical")
     warn = next(r for r in gpu if r["labels"]["severity"] == "warning")
     assert crit["expr"] == ("(\n  gpu:fusebox_gpu_memory_utilization:ratio >= 0.783\n)\nand on () (\n"
-                            '  (sum(rate(smg_http_rate_limit_total{result="rejected"}[1m])) > 0)'
+                            '  (sum((smg_http_rate_limit_total{result="rejected"} - smg_http_rate_limit_total{result="rejected"}'
+                            ' offset 1m) >= 0 or smg_http_rate_limit_total{result="rejected"}) > 0)'
                             " or on () absent(smg_http_rate_limit_total)\n)")
     assert crit["for"] == "30s"
     assert warn["expr"] == "gpu:fusebox_gpu_memory_utilization:ratio >= 0.72"

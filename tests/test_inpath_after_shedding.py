@@ -11,7 +11,7 @@ wait. GPU memory goes one point over that line at T0 (a multiple of 60 s, on eve
   the fuse does not trip (the same recording without the counter trips: the rule fails open where
   no gateway is scraped);
 * the gateway refuses requests from T0 and memory stays up: the tier fires once its ``for`` has
-  passed (one evaluation later at most, the rate needing a second sample) and the fuse trips once;
+  passed (one evaluation later at most) and the fuse trips once;
 * the gateway refuses requests from T0 and memory is back under the line at T0 + 20 s, before
   ``for`` ends: shedding brought it back, no trip.
 """

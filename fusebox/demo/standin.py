@@ -5,7 +5,8 @@ added and on its health checks (sglang-router 0.3.2 calls ``GET /health``, ``/mo
 ``/server_info``; vllm-router 0.1.17 ``GET /health``) with 200 and a small JSON body, and records
 every (method, path) it is asked for in ``seen``. It serves no inference. Given a ``hold`` event,
 it answers a POST only once the event is set (60 s at most), counting the POSTs it holds in
-``holding``: a running request, for the tests of the gateway's concurrency bound.
+``holding``: a running request, for the tests of the gateway's concurrency bound. With
+``fail_posts=True`` it answers every POST with 500 (a failing engine, for the gateway's breaker).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ __all__ = ["StandInEngine"]
 class StandInEngine:
     """An engine on ``host`` (a free port) in a background thread; ``url``; ``stop()``."""
 
-    def __init__(self, host: str = "127.0.0.1", hold: threading.Event | None = None):
+    def __init__(self, host: str = "127.0.0.1", hold: threading.Event | None = None, fail_posts: bool = False):
         self.seen: list[tuple[str, str]] = []
         self.holding = 0  # POSTs waiting on `hold` now
         lock = threading.Lock()
@@ -30,10 +31,10 @@ class StandInEngine:
             def log_message(self, *a):
                 pass
 
-            def _send(self, obj):
+            def _send(self, obj, code: int = 200):
                 eng.seen.append((self.command, self.path))
                 body = json.dumps(obj).encode()
-                self.send_response(200)
+                self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -54,7 +55,7 @@ class StandInEngine:
                     finally:
                         with lock:
                             eng.holding -= 1
-                self._send({})
+                self._send({"error": "stand-in set to fail"} if fail_posts else {}, 500 if fail_posts else 200)
 
         self.server = ThreadingHTTPServer((host, 0), H)
         self.server.daemon_threads = True
