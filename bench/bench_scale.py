@@ -131,6 +131,10 @@ def _lognorm_cdf(x: float) -> float:
     return 1.0 if math.isinf(x) else 0.5 * (1 + math.erf((math.log(x) - LAT_MU) / (LAT_SIGMA * math.sqrt(2))))
 
 
+def _gpu_used(phase: float, t: float) -> int:
+    return int(GPU_MEM * (0.55 + 0.1 * math.sin(phase + t / 900)))
+
+
 def fleet(gpus: int, engines: int) -> list[Family]:
     """The raw series of ``gpus`` GPUs (8 a node) and ``engines`` engines, as bench_dashboards.py
     labels them, plus fusebox_gpu_up (the health group reads it). Series count:
@@ -152,8 +156,9 @@ def fleet(gpus: int, engines: int) -> list[Family]:
     phase = [rng.random() * 6.283 for _ in range(gpus)]
     speed = [0.8 + 0.4 * rng.random() for _ in range(engines)]  # per-engine traffic factor
     fams = [
-        Family(P["gpu_memory_usage"], g_lab, lambda i, t: int(GPU_MEM * (0.55 + 0.1 * math.sin(phase[i] + t / 900)))),
+        Family(P["gpu_memory_usage"], g_lab, lambda i, t: _gpu_used(phase[i], t)),
         Family(P["gpu_memory_limit"], g_lab, lambda i, t: GPU_MEM),
+        Family(P["gpu_memory_utilization"], g_lab, lambda i, t: _gpu_used(phase[i], t) / GPU_MEM),  # the collector's usage / limit
         Family(P["gpu_memory_reserved"], g_lab, lambda i, t: 600 * MIB),
         Family(P["gpu_memory_bandwidth_utilization"], g_lab, lambda i, t: round(0.5 + 0.4 * math.sin(phase[i] + t / 400), 4)),
         Family(P["gpu_pcie_utilization"], g_lab, lambda i, t: round(0.5 + 0.4 * math.cos(phase[i] + t / 400), 4)),
