@@ -138,7 +138,7 @@ def _gpu_used(phase: float, t: float) -> int:
 def fleet(gpus: int, engines: int) -> list[Family]:
     """The raw series of ``gpus`` GPUs (8 a node) and ``engines`` engines, as bench_dashboards.py
     labels them, plus fusebox_gpu_up (the health group reads it). Series count:
-    7 * gpus + 21 * engines + 4 (14 buckets + _count + _sum, 2 KV gauges, 3 vLLM counters)."""
+    8 * gpus + 21 * engines + 4 (14 buckets + _count + _sum, 2 KV gauges, 3 vLLM counters)."""
     if gpus < 1 or engines < 1 or engines > gpus:
         raise SystemExit(f"--gpus {gpus} --engines {engines}: need 1 <= engines <= gpus")
     rng = random.Random(42)

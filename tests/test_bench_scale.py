@@ -14,11 +14,13 @@ import pytest
 import yaml
 from _support import ROOT
 
+from fusebox import conventions as C
+
 sys.path.insert(0, str(ROOT / "bench"))
 bench_scale = importlib.import_module("bench_scale")
 
 QUICK_GPUS, QUICK_ENGINES = 512, 128  # bench_scale --quick
-GPU_FAMILIES = 7  # memory used/limit/reserved, bandwidth, PCIe, power, up
+GPU_FAMILIES = 8  # memory used/limit/utilization/reserved, bandwidth, PCIe, power, up
 ENGINE_FAMILIES = 2 + 14 + 2 + 3  # KV used/limit; 14 latency buckets (+Inf included), _count, _sum; 3 vLLM counters
 FUSE_SERIES = 4
 
@@ -31,6 +33,11 @@ def test_quick_fleet_has_gpus_times_metrics_series_and_unique_label_sets():
     assert len({lab["host_name"] for lab in per_gpu[0].labels}) == QUICK_GPUS // 8
     keys = [(f.name, tuple(sorted(lab.items()))) for f in fams for lab in f.labels]
     assert len(keys) == len(set(keys))
+    # the GPU collector's ratio is its usage over its limit, per GPU and at any time
+    fam = {f.name: f for f in fams}
+    usage, limit, ratio = (fam[C.PROM[k]] for k in ("gpu_memory_usage", "gpu_memory_limit", "gpu_memory_utilization"))
+    for i, t in ((0, 1_764_000_000), (QUICK_GPUS - 1, 1_764_000_455)):
+        assert ratio.labels[i] == usage.labels[i] and ratio.value(i, t) == usage.value(i, t) / limit.value(i, t)
 
 
 def test_history_and_exposition_carry_the_same_series_and_values(tmp_path):
