@@ -103,6 +103,7 @@ from fusebox.tooling import ToolMissing, free_port, victoriametrics_tool  # noqa
 
 SCRAPE_S = 10
 TARGET_SHARE = 0.10  # issue 13: every group under 10 % of its interval
+PER_RULE_SHARE = 0.05  # --cost lists the rules of groups at this share of their interval or more
 TARGET_SPEEDUP = 10.0  # issue 13: dashboards at least 10x faster in wall time through records
 ORIGIN = 1_700_000_000  # counters count from here (unix s), so history and live feed agree
 MIB = 1_048_576
@@ -551,11 +552,13 @@ def _interval_s(g: dict) -> float:
     return dict(rule_groups(yaml.safe_dump({"groups": [g]})))[g["name"]]
 
 
-def promql_seconds(base: str, groups: list[dict], tries: int = 3) -> dict[str, float]:
+def promql_seconds(base: str, groups: list[dict], tries: int = 3,
+                   per_rule: dict[str, list[tuple[str, float]]] | None = None) -> dict[str, float]:
     """Each group's PromQL time for one evaluation: its rules' expressions run one at a time as
     instant queries with stats=all, the least of ``tries`` of Prometheus' own evalTotalTime (plus
     queryPreparationTime) per rule, added up. One query at a time on an engine with an idle core:
-    this is the rules' CPU, without the waiting that a group's wall time includes."""
+    this is the rules' CPU, without the waiting that a group's wall time includes. ``per_rule``,
+    when given, gets each group's (record or alert name, seconds) in rule order."""
     out = {}
     for g in groups:
         total = 0.0
@@ -566,6 +569,8 @@ def promql_seconds(base: str, groups: list[dict], tries: int = 3) -> dict[str, f
                 t = body.get("data", {}).get("stats", {}).get("timings", {})
                 best = min(best, t.get("evalTotalTime", 0.0) + t.get("queryPreparationTime", 0.0))
             total += best
+            if per_rule is not None:
+                per_rule.setdefault(g["name"], []).append((r.get("record") or r.get("alert", "?"), best))
         out[g["name"]] = total
     return out
 
@@ -630,6 +635,7 @@ def cost_main(args: argparse.Namespace) -> int:
         _, base_use = measure([prom.base], "prometheus_rule_group_duration_seconds_sum", None, args.phase_seconds)
         phases = {}
         promql: dict[str, float] = {}
+        per_rule: dict[str, list[tuple[str, float]]] = {}
         errors: list[str] = []
         for side, groups in (("before", before), ("after", after), ("both", before + after)):
             _load_rules(prom, tmp, config, groups)
@@ -639,7 +645,7 @@ def cost_main(args: argparse.Namespace) -> int:
             missed = {k: v - missed0.get(k, 0.0) for k, v in _missed(prom.base).items()}
             phases[side] = (times, use, missed)
             if side != "both":  # each side's queries while only its own rules run (their records exist)
-                promql.update(promql_seconds(prom.base, groups))
+                promql.update(promql_seconds(prom.base, groups, per_rule=per_rule))
                 errors += rule_errors(prom.base)
             _phase(f"{side}: rules evaluated live" + ("" if side == "both" else ", then its PromQL time per group"), clock)
         _load_rules(prom, tmp, config, [])
@@ -649,11 +655,11 @@ def cost_main(args: argparse.Namespace) -> int:
             prom.stop()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    return report_cost(before, after, base_use, phases, promql, errors)
+    return report_cost(before, after, base_use, phases, promql, errors, per_rule)
 
 
 def report_cost(before: list[dict], after: list[dict], base_use: Usage, phases: dict, promql: dict[str, float],
-                errors: list[str]) -> int:
+                errors: list[str], per_rule: dict[str, list[tuple[str, float]]] | None = None) -> int:
     """Print the side-by-side table and the ratios; return 0."""
     both_times, both_use, missed = phases["both"]
     print("\nrule groups, both files in one Prometheus; wall: the group's evaluation time (median of the evaluations seen,"
@@ -676,6 +682,12 @@ def report_cost(before: list[dict], after: list[dict], base_use: Usage, phases: 
         flag = "MISSED" if m else ("over 10 %" if max(wall, q) / iv >= TARGET_SHARE else "")
         print(f"{name:52s} {iv:7g}s {wall * 1e3:8.1f} {wall / iv * 100:6.2f}% {q * 1e3:9.1f} {q / iv * 100:7.2f}% {q / iv * 1e3:7.1f}"
               f" {m:6.0f}  {flag}")
+    big = [g for g in before + after if promql.get(g["name"], 0.0) / _interval_s(g) >= PER_RULE_SHARE]
+    if per_rule and big:
+        print(f"\nPromQL per rule of the groups at {PER_RULE_SHARE:.0%} of their interval or more (ms per evaluation, share):")
+        for g in big:
+            iv = _interval_s(g)
+            print(f"  {g['name']}: " + "; ".join(f"{name} {t * 1e3:.1f} ({t / iv:.1%})" for name, t in per_rule.get(g["name"], [])))
     b, a = per_side.get("before", [math.nan] * 3), per_side.get("after", [math.nan] * 3)
     print(f"\nPromQL seconds per second of rules (query stats): before {b[0]:.3f}, after {a[0]:.3f}: after/before {a[0] / b[0]:.2f}x")
     print(f"group wall seconds per second (both loaded): before {b[1]:.3f}, after {a[1]:.3f}: after/before {a[1] / b[1]:.2f}x")
