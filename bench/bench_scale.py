@@ -4,7 +4,7 @@ dashboards through recording rules vs raw series.
     python bench/bench_scale.py                      # 10,000 GPUs (1,250 nodes x 8), 2,500 engines, 1 h
     python bench/bench_scale.py --quick              # 512 GPUs, 128 engines, 15 min: a smoke run
     python bench/bench_scale.py [--gpus N] [--engines M] [--hours H] [--eval-seconds S] [--baseline-seconds B] [--repeat R]
-    python bench/bench_scale.py --cost --gpus N --engines M [--before REV] [--phase-seconds S]
+    python bench/bench_scale.py --cost --gpus N --engines M [--before REV] [--phase-seconds S] [--vm]
 
 ``--cost`` measures the rules' cost rather than queueing, on one Prometheus only (no
 VictoriaMetrics, no dashboards): the fleet scraped at the spec's scrape interval, 7 minutes of
@@ -15,7 +15,10 @@ alone and then both side by side. It prints per group the evaluation wall time, 
 its rules run one query at a time while only its side's rules run (query stats: evalTotalTime, least of 3: CPU without waiting),
 both per evaluation and per second, and prometheus_rule_group_iterations_missed_total; the ratios
 after/before; and per phase Prometheus' process CPU and the machine's idle cores, with SATURATED
-where under one core was idle (then wall times include queueing).
+where under one core was idle (then wall times include queueing). With ``--vm``, after Prometheus
+has stopped, VictoriaMetrics (single node) scrapes the same fleet with the same history imported
+and one vmalert runs each side's rules alone: per group vmalert's evaluation time, per side the
+CPU of vmalert + VictoriaMetrics over VictoriaMetrics' scrape-only CPU, and their ratio.
 
 1. A synthetic fleet (fusebox's raw metric names, conventions.PROM; the labels of
    bench_dashboards.py) is a closed-form function of time, so the history and the live feed are one
@@ -303,9 +306,9 @@ class Proc:
         self.log.close()
 
 
-def victoriametrics(tmp: Path, scrape_port: int) -> Proc:
+def victoriametrics(tmp: Path, scrape_port: int, interval: float = SCRAPE_S) -> Proc:
     cfg = tmp / "vm-scrape.yml"
-    cfg.write_text(scrape_config(scrape_port))
+    cfg.write_text(scrape_config(scrape_port, interval))
     port = free_port()
     return Proc("victoria-metrics", [
         str(victoriametrics_tool("victoria-metrics")), f"-storageDataPath={tmp / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
@@ -603,6 +606,13 @@ def _saturation(u: Usage) -> tuple[float | None, str]:
 def cost_main(args: argparse.Namespace) -> int:
     """Rule cost of today's rules beside those of ``--before`` (default: the branch point) on one
     Prometheus, scraping at the spec's interval, after the rate windows have turned over."""
+    if args.vm:
+        try:
+            for tool in ("victoria-metrics", "vmalert"):
+                victoriametrics_tool(tool)
+        except ToolMissing as e:
+            print(e, file=sys.stderr)
+            return 2
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
     scrape = spec.scrape_interval_s
     before_rev = args.before or branch_point()
@@ -649,13 +659,85 @@ def cost_main(args: argparse.Namespace) -> int:
                 errors += rule_errors(prom.base)
             _phase(f"{side}: rules evaluated live" + ("" if side == "both" else ", then its PromQL time per group"), clock)
         _load_rules(prom, tmp, config, [])
+        prom.stop()
+        prom = None
+        # Prometheus' figures first: a failure in the VictoriaMetrics phase must not lose them
+        report_cost(before, after, base_use, phases, promql, errors, per_rule)
+        if args.vm:
+            report_vm_cost(before, after, *vm_cost(tmp, exporter.port, fams, scrape, window, before, after, args, clock))
     finally:
         exporter.stop()
         if prom is not None:
             prom.stop()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    return report_cost(before, after, base_use, phases, promql, errors, per_rule)
+    return 0
+
+
+def vm_cost(tmp: Path, port: int, fams: list[Family], scrape: float, window: int, before: list[dict], after: list[dict],
+            args: argparse.Namespace, clock: list[float]) -> tuple[Usage, dict[str, tuple[dict[str, list[float]], Usage]], list[str]]:
+    """The same two rule files on vmalert + VictoriaMetrics (single node), after Prometheus is gone:
+    VictoriaMetrics scrapes the fleet at ``scrape`` with ``window`` seconds of history imported up to
+    its first scrape, then vmalert runs each side's groups alone (one vmalert, concurrency 1: its
+    rules one after another, each a query over HTTP). Returns the scrape-only usage of
+    VictoriaMetrics, per side (group times, usage of vmalert + VictoriaMetrics) and rule errors."""
+    vm = victoriametrics(tmp, port, scrape)
+    procs: list[Proc] = [vm]
+    try:
+        end = int(time.time() // scrape * scrape)
+        ts = [end - window + i * int(scrape) for i in range(int(window // scrape) + 1)]
+        _, om_files = write_history(fams, ts, tmp / "vm.om", tmp / "vm.jsonl")
+        for om in om_files:
+            om.unlink()
+        vm_import(vm, tmp / "vm.jsonl")
+        (tmp / "vm.jsonl").unlink()
+        _phase(f"VictoriaMetrics: {window // 60} min of history imported", clock)
+        time.sleep(max(0.0, end + 70 - time.time()))  # as for Prometheus: every deriv[1m] window on live scrapes
+        metric = "vmalert_iteration_duration_seconds_sum"
+        _, base_use = measure([vm.base], metric, None, args.phase_seconds)
+        sides: dict[str, tuple[dict[str, list[float]], Usage]] = {}
+        errors: list[str] = []
+        for side, groups in (("before", before), ("after", after)):
+            rules = tmp / f"vm-{side}.yml"
+            rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+            vma = vmalert(tmp, rules, vm)
+            procs.append(vma)
+            time.sleep(args.warmup_seconds)
+            sides[side] = measure([vma.base, vm.base], metric, vma.base, args.phase_seconds)
+            errors += rule_errors(vma.base)
+            vma.stop()
+            procs.remove(vma)
+            _phase(f"vmalert: {side} rules evaluated live", clock)
+    finally:
+        for p in procs:
+            p.stop()
+    return base_use, sides, errors
+
+
+def report_vm_cost(before: list[dict], after: list[dict], base_use: Usage,
+                   sides: dict[str, tuple[dict[str, list[float]], Usage]], errors: list[str]) -> None:
+    """Per group vmalert's evaluation time (median, share of its interval; each side alone), and the
+    CPU of vmalert + VictoriaMetrics per side with VictoriaMetrics' scrape-only CPU subtracted."""
+    print("\nvmalert + VictoriaMetrics, each side's rules alone; a group's time: from its lastEvaluation to the end of its"
+          " last rule (median of the evaluations seen, share of its interval)")
+    for g in before + after:
+        side, iv = g["name"].split("/", 1)[0], _interval_s(g)
+        t = sides.get(side, ({}, None))[0].get(g["name"], [])
+        wall = statistics.median(t) if t else math.nan
+        print(f"{g['name']:52s} {iv:7g}s {wall * 1e3:8.1f} ms {wall / iv * 100:6.2f}%  {'over 10 %' if wall / iv >= TARGET_SHARE else ''}")
+    base_rate = base_use.engine_cpu / base_use.wall
+    rule_cpu = {}
+    for side, u in [("scraping only", base_use)] + [(k, v[1]) for k, v in sides.items()]:
+        rate = u.engine_cpu / u.wall
+        rules = rate - base_rate if side != "scraping only" else 0.0
+        rule_cpu[side] = rules
+        idle, sat = _saturation(u)
+        print(f"  {side:14s} {u.wall:5.0f}s window: vmalert + VictoriaMetrics {rate * 100:5.1f} % of a core, rules {rules * 100:5.1f} %;"
+              f" machine idle {'n/a' if idle is None else f'{idle:.2f} cores'}; load {' '.join(f'{x:.2f}' for x in u.load[1])} {sat}")
+    if rule_cpu.get("before", 0) > 0:
+        print(f"vmalert rule CPU after/before (vmalert + VictoriaMetrics process CPU): {rule_cpu['after'] / rule_cpu['before']:.2f}x")
+    for e in errors[:5]:
+        print(f"  vmalert rule error: {e[:200]}")
 
 
 def report_cost(before: list[dict], after: list[dict], base_use: Usage, phases: dict, promql: dict[str, float],
@@ -737,6 +819,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", help="with --cost: the revision whose rules are the 'before' (default: the branch point from main)")
     ap.add_argument("--phase-seconds", type=float, default=40.0, help="with --cost: each measured phase")
     ap.add_argument("--warmup-seconds", type=float, default=15.0, help="with --cost: after each rule load, before measuring")
+    ap.add_argument("--vm", action="store_true", help="with --cost: then the same two rule files on vmalert + VictoriaMetrics, "
+                    "each side alone, after Prometheus has stopped")
     args = ap.parse_args(argv)
     if args.cost:
         return cost_main(args)
