@@ -603,16 +603,22 @@ def _saturation(u: Usage) -> tuple[float | None, str]:
     return idle, "" if idle >= 1.0 else "SATURATED"
 
 
+def _vm_tools() -> bool:
+    """Whether VictoriaMetrics and vmalert are built (make tools); says which is missing if not."""
+    try:
+        for tool in ("victoria-metrics", "vmalert"):
+            victoriametrics_tool(tool)
+    except ToolMissing as e:
+        print(e, file=sys.stderr)
+        return False
+    return True
+
+
 def cost_main(args: argparse.Namespace) -> int:
     """Rule cost of today's rules beside those of ``--before`` (default: the branch point) on one
     Prometheus, scraping at the spec's interval, after the rate windows have turned over."""
-    if args.vm:
-        try:
-            for tool in ("victoria-metrics", "vmalert"):
-                victoriametrics_tool(tool)
-        except ToolMissing as e:
-            print(e, file=sys.stderr)
-            return 2
+    if args.vm and not _vm_tools():
+        return 2
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
     scrape = spec.scrape_interval_s
     before_rev = args.before or branch_point()
@@ -830,11 +836,7 @@ def main(argv: list[str] | None = None) -> int:
         if not shutil.which(tool):
             print(f"{tool} not found: run `make tools`", file=sys.stderr)
             return 2
-    try:
-        for tool in ("victoria-metrics", "vmalert"):
-            victoriametrics_tool(tool)
-    except ToolMissing as e:
-        print(e, file=sys.stderr)
+    if not _vm_tools():
         return 2
 
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
