@@ -162,7 +162,7 @@ def fleet(gpus: int, engines: int) -> list[Family]:
     fams = [
         Family(P["gpu_memory_usage"], g_lab, lambda i, t: _gpu_used(phase[i], t)),
         Family(P["gpu_memory_limit"], g_lab, lambda i, t: GPU_MEM),
-        Family(P["gpu_memory_utilization"], g_lab, lambda i, t: _gpu_used(phase[i], t) / GPU_MEM),  # the collector's usage / limit
+        Family(P["gpu_memory_ratio"], g_lab, lambda i, t: _gpu_used(phase[i], t) / GPU_MEM),  # the collector's usage / limit
         Family(P["gpu_memory_reserved"], g_lab, lambda i, t: 600 * MIB),
         Family(P["gpu_memory_bandwidth_utilization"], g_lab, lambda i, t: round(0.5 + 0.4 * math.sin(phase[i] + t / 400), 4)),
         Family(P["gpu_pcie_utilization"], g_lab, lambda i, t: round(0.5 + 0.4 * math.cos(phase[i] + t / 400), 4)),

@@ -263,7 +263,7 @@ class GpuCollector:
             # them would double the memory signal, with no KV pool joined on the parent UUID
             r += [Reading("gpu_memory_usage", total - free, attrs), Reading("gpu_memory_limit", total, attrs)]
             if total > 0:  # the same division the rules made of the two series (IEEE, so the same value)
-                r.append(Reading("gpu_memory_utilization", (total - free) / total, attrs))
+                r.append(Reading("gpu_memory_ratio", (total - free) / total, attrs))
         if reserved is not None:
             r.append(Reading("gpu_memory_reserved", reserved, attrs))
         try:

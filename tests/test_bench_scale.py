@@ -35,7 +35,7 @@ def test_quick_fleet_has_gpus_times_metrics_series_and_unique_label_sets():
     assert len(keys) == len(set(keys))
     # the GPU collector's ratio is its usage over its limit, per GPU and at any time
     fam = {f.name: f for f in fams}
-    usage, limit, ratio = (fam[C.PROM[k]] for k in ("gpu_memory_usage", "gpu_memory_limit", "gpu_memory_utilization"))
+    usage, limit, ratio = (fam[C.PROM[k]] for k in ("gpu_memory_usage", "gpu_memory_limit", "gpu_memory_ratio"))
     for i, t in ((0, 1_764_000_000), (QUICK_GPUS - 1, 1_764_000_455)):
         assert ratio.labels[i] == usage.labels[i] and ratio.value(i, t) == usage.value(i, t) / limit.value(i, t)
 

@@ -72,7 +72,7 @@ class GpuMemory(Kind):
             return [C.DCGM["fb_used"], C.DCGM["fb_free"], C.DCGM["fb_reserved"]]
         # The ratio is the signal; the total (slow group) is what turns the KV pools' free bytes into
         # a share of the GPU: without it an engine's pre-allocation reads as pressure.
-        return [C.PROM["gpu_memory_utilization"], C.PROM["gpu_memory_limit"]]
+        return [C.PROM["gpu_memory_ratio"], C.PROM["gpu_memory_limit"]]
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
         names = self.records(sig)
@@ -84,7 +84,7 @@ class GpuMemory(Kind):
         else:
             # The collector's own (total - free) / total (NVML v2), so driver-reserved memory counts as
             # used (docs/pitfalls.md P6): one series per GPU read, where usage / limit joined two.
-            device = selector(C.PROM["gpu_memory_utilization"], spec)
+            device = selector(C.PROM["gpu_memory_ratio"], spec)
         # hw_id is unique cluster-wide: drop the sender's identity (every target label: instance,
         # job and the operator's namespace, pod, container, endpoint, service), so one GPU is
         # one series -- one alert, one fuse scope {cluster, host_name, hw_id} -- whether its
@@ -187,7 +187,7 @@ class GpuMemory(Kind):
         ratio = [(n, self.exact(synth, v), 0) for n, v in phases]
         # what the collector exports for one GPU: the ratio the rules read, and usage and total beside it
         return [
-            {"series": C.PROM["gpu_memory_utilization"] + label_str(synth.labels), "values": segments(ratio)},
+            {"series": C.PROM["gpu_memory_ratio"] + label_str(synth.labels), "values": segments(ratio)},
             {"series": C.PROM["gpu_memory_usage"] + label_str(synth.labels), "values": segments(usage)},
             {"series": C.PROM["gpu_memory_limit"] + label_str(synth.labels),
              "values": segments([(n, GPU_LIMIT_BYTES, 0) for n, _ in phases])},
