@@ -76,7 +76,7 @@ test-fast: venv ## tests that need no external tool
 bench: tools ## run the benchmarks under bench/ (they print figures; bench_scale.py alone takes ~20 min on 2 cores)
 	@for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-bench-scale: tools ## 10,000 GPUs: rule evaluation on Prometheus and vmalert, dashboards on records vs raw (SCALE_ARGS=--quick for a smoke run; SCALE_ARGS="--cost --gpus N" for rule cost, before vs today, on one Prometheus)
+bench-scale: tools ## 10,000 GPUs: rule evaluation on Prometheus and vmalert, dashboards on records vs raw (SCALE_ARGS=--quick for a smoke run; SCALE_ARGS="--cost --gpus N [--vm]" for rule cost, before vs today, on one Prometheus, then vmalert + VictoriaMetrics with --vm)
 	$(BIN)/python bench/bench_scale.py $(SCALE_ARGS)
 
 demo: tools ## the real stack on loopback ports replaying a breach, live (Ctrl-C stops it; DEMO_ARGS=--once, --engine victoriametrics)

@@ -87,6 +87,7 @@ def write_history(path: Path, gpus: int, engines: int, start: int, end: int) -> 
         used = [[int(total * (0.6 + 0.15 * math.sin(phase[i] + k / 90))) for k in range(len(ts))] for i in range(gpus)]
         family(P["gpu_memory_usage"], zip(gpu_labels, used, strict=False))
         family(P["gpu_memory_limit"], ((l, [total] * len(ts)) for l in gpu_labels))
+        family(P["gpu_memory_ratio"], ((l, [u / total for u in us]) for l, us in zip(gpu_labels, used, strict=False)))
         family(P["gpu_memory_reserved"], ((l, [600 * MIB] * len(ts)) for l in gpu_labels))
         for key in ("gpu_memory_bandwidth_utilization", "gpu_pcie_utilization"):
             family(P[key], ((l, [round(0.5 + 0.4 * math.sin(phase[i] + k / 40), 4) for k in range(len(ts))])

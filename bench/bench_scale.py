@@ -4,7 +4,7 @@ dashboards through recording rules vs raw series.
     python bench/bench_scale.py                      # 10,000 GPUs (1,250 nodes x 8), 2,500 engines, 1 h
     python bench/bench_scale.py --quick              # 512 GPUs, 128 engines, 15 min: a smoke run
     python bench/bench_scale.py [--gpus N] [--engines M] [--hours H] [--eval-seconds S] [--baseline-seconds B] [--repeat R]
-    python bench/bench_scale.py --cost --gpus N --engines M [--before REV] [--phase-seconds S]
+    python bench/bench_scale.py --cost --gpus N --engines M [--before REV] [--phase-seconds S] [--vm]
 
 ``--cost`` measures the rules' cost rather than queueing, on one Prometheus only (no
 VictoriaMetrics, no dashboards): the fleet scraped at the spec's scrape interval, 7 minutes of
@@ -15,7 +15,10 @@ alone and then both side by side. It prints per group the evaluation wall time, 
 its rules run one query at a time while only its side's rules run (query stats: evalTotalTime, least of 3: CPU without waiting),
 both per evaluation and per second, and prometheus_rule_group_iterations_missed_total; the ratios
 after/before; and per phase Prometheus' process CPU and the machine's idle cores, with SATURATED
-where under one core was idle (then wall times include queueing).
+where under one core was idle (then wall times include queueing). With ``--vm``, after Prometheus
+has stopped, VictoriaMetrics (single node) scrapes the same fleet with the same history imported
+and one vmalert runs each side's rules alone: per group vmalert's evaluation time, per side the
+CPU of vmalert + VictoriaMetrics over VictoriaMetrics' scrape-only CPU, and their ratio.
 
 1. A synthetic fleet (fusebox's raw metric names, conventions.PROM; the labels of
    bench_dashboards.py) is a closed-form function of time, so the history and the live feed are one
@@ -103,6 +106,7 @@ from fusebox.tooling import ToolMissing, free_port, victoriametrics_tool  # noqa
 
 SCRAPE_S = 10
 TARGET_SHARE = 0.10  # issue 13: every group under 10 % of its interval
+PER_RULE_SHARE = 0.05  # --cost lists the rules of groups at this share of their interval or more
 TARGET_SPEEDUP = 10.0  # issue 13: dashboards at least 10x faster in wall time through records
 ORIGIN = 1_700_000_000  # counters count from here (unix s), so history and live feed agree
 MIB = 1_048_576
@@ -131,10 +135,14 @@ def _lognorm_cdf(x: float) -> float:
     return 1.0 if math.isinf(x) else 0.5 * (1 + math.erf((math.log(x) - LAT_MU) / (LAT_SIGMA * math.sqrt(2))))
 
 
+def _gpu_used(phase: float, t: float) -> int:
+    return int(GPU_MEM * (0.55 + 0.1 * math.sin(phase + t / 900)))
+
+
 def fleet(gpus: int, engines: int) -> list[Family]:
     """The raw series of ``gpus`` GPUs (8 a node) and ``engines`` engines, as bench_dashboards.py
     labels them, plus fusebox_gpu_up (the health group reads it). Series count:
-    7 * gpus + 21 * engines + 4 (14 buckets + _count + _sum, 2 KV gauges, 3 vLLM counters)."""
+    8 * gpus + 21 * engines + 4 (14 buckets + _count + _sum, 2 KV gauges, 3 vLLM counters)."""
     if gpus < 1 or engines < 1 or engines > gpus:
         raise SystemExit(f"--gpus {gpus} --engines {engines}: need 1 <= engines <= gpus")
     rng = random.Random(42)
@@ -152,8 +160,9 @@ def fleet(gpus: int, engines: int) -> list[Family]:
     phase = [rng.random() * 6.283 for _ in range(gpus)]
     speed = [0.8 + 0.4 * rng.random() for _ in range(engines)]  # per-engine traffic factor
     fams = [
-        Family(P["gpu_memory_usage"], g_lab, lambda i, t: int(GPU_MEM * (0.55 + 0.1 * math.sin(phase[i] + t / 900)))),
+        Family(P["gpu_memory_usage"], g_lab, lambda i, t: _gpu_used(phase[i], t)),
         Family(P["gpu_memory_limit"], g_lab, lambda i, t: GPU_MEM),
+        Family(P["gpu_memory_ratio"], g_lab, lambda i, t: _gpu_used(phase[i], t) / GPU_MEM),  # the collector's usage / limit
         Family(P["gpu_memory_reserved"], g_lab, lambda i, t: 600 * MIB),
         Family(P["gpu_memory_bandwidth_utilization"], g_lab, lambda i, t: round(0.5 + 0.4 * math.sin(phase[i] + t / 400), 4)),
         Family(P["gpu_pcie_utilization"], g_lab, lambda i, t: round(0.5 + 0.4 * math.cos(phase[i] + t / 400), 4)),
@@ -297,9 +306,9 @@ class Proc:
         self.log.close()
 
 
-def victoriametrics(tmp: Path, scrape_port: int) -> Proc:
+def victoriametrics(tmp: Path, scrape_port: int, interval: float = SCRAPE_S) -> Proc:
     cfg = tmp / "vm-scrape.yml"
-    cfg.write_text(scrape_config(scrape_port))
+    cfg.write_text(scrape_config(scrape_port, interval))
     port = free_port()
     return Proc("victoria-metrics", [
         str(victoriametrics_tool("victoria-metrics")), f"-storageDataPath={tmp / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
@@ -546,11 +555,13 @@ def _interval_s(g: dict) -> float:
     return dict(rule_groups(yaml.safe_dump({"groups": [g]})))[g["name"]]
 
 
-def promql_seconds(base: str, groups: list[dict], tries: int = 3) -> dict[str, float]:
+def promql_seconds(base: str, groups: list[dict], tries: int = 3,
+                   per_rule: dict[str, list[tuple[str, float]]] | None = None) -> dict[str, float]:
     """Each group's PromQL time for one evaluation: its rules' expressions run one at a time as
     instant queries with stats=all, the least of ``tries`` of Prometheus' own evalTotalTime (plus
     queryPreparationTime) per rule, added up. One query at a time on an engine with an idle core:
-    this is the rules' CPU, without the waiting that a group's wall time includes."""
+    this is the rules' CPU, without the waiting that a group's wall time includes. ``per_rule``,
+    when given, gets each group's (record or alert name, seconds) in rule order."""
     out = {}
     for g in groups:
         total = 0.0
@@ -561,6 +572,8 @@ def promql_seconds(base: str, groups: list[dict], tries: int = 3) -> dict[str, f
                 t = body.get("data", {}).get("stats", {}).get("timings", {})
                 best = min(best, t.get("evalTotalTime", 0.0) + t.get("queryPreparationTime", 0.0))
             total += best
+            if per_rule is not None:
+                per_rule.setdefault(g["name"], []).append((r.get("record") or r.get("alert", "?"), best))
         out[g["name"]] = total
     return out
 
@@ -590,9 +603,22 @@ def _saturation(u: Usage) -> tuple[float | None, str]:
     return idle, "" if idle >= 1.0 else "SATURATED"
 
 
+def _vm_tools() -> bool:
+    """Whether VictoriaMetrics and vmalert are built (make tools); says which is missing if not."""
+    try:
+        for tool in ("victoria-metrics", "vmalert"):
+            victoriametrics_tool(tool)
+    except ToolMissing as e:
+        print(e, file=sys.stderr)
+        return False
+    return True
+
+
 def cost_main(args: argparse.Namespace) -> int:
     """Rule cost of today's rules beside those of ``--before`` (default: the branch point) on one
     Prometheus, scraping at the spec's interval, after the rate windows have turned over."""
+    if args.vm and not _vm_tools():
+        return 2
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
     scrape = spec.scrape_interval_s
     before_rev = args.before or branch_point()
@@ -625,6 +651,7 @@ def cost_main(args: argparse.Namespace) -> int:
         _, base_use = measure([prom.base], "prometheus_rule_group_duration_seconds_sum", None, args.phase_seconds)
         phases = {}
         promql: dict[str, float] = {}
+        per_rule: dict[str, list[tuple[str, float]]] = {}
         errors: list[str] = []
         for side, groups in (("before", before), ("after", after), ("both", before + after)):
             _load_rules(prom, tmp, config, groups)
@@ -634,21 +661,93 @@ def cost_main(args: argparse.Namespace) -> int:
             missed = {k: v - missed0.get(k, 0.0) for k, v in _missed(prom.base).items()}
             phases[side] = (times, use, missed)
             if side != "both":  # each side's queries while only its own rules run (their records exist)
-                promql.update(promql_seconds(prom.base, groups))
+                promql.update(promql_seconds(prom.base, groups, per_rule=per_rule))
                 errors += rule_errors(prom.base)
             _phase(f"{side}: rules evaluated live" + ("" if side == "both" else ", then its PromQL time per group"), clock)
         _load_rules(prom, tmp, config, [])
+        prom.stop()
+        prom = None
+        # Prometheus' figures first: a failure in the VictoriaMetrics phase must not lose them
+        report_cost(before, after, base_use, phases, promql, errors, per_rule)
+        if args.vm:
+            report_vm_cost(before, after, *vm_cost(tmp, exporter.port, fams, scrape, window, before, after, args, clock))
     finally:
         exporter.stop()
         if prom is not None:
             prom.stop()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    return report_cost(before, after, base_use, phases, promql, errors)
+    return 0
+
+
+def vm_cost(tmp: Path, port: int, fams: list[Family], scrape: float, window: int, before: list[dict], after: list[dict],
+            args: argparse.Namespace, clock: list[float]) -> tuple[Usage, dict[str, tuple[dict[str, list[float]], Usage]], list[str]]:
+    """The same two rule files on vmalert + VictoriaMetrics (single node), after Prometheus is gone:
+    VictoriaMetrics scrapes the fleet at ``scrape`` with ``window`` seconds of history imported up to
+    its first scrape, then vmalert runs each side's groups alone (one vmalert, concurrency 1: its
+    rules one after another, each a query over HTTP). Returns the scrape-only usage of
+    VictoriaMetrics, per side (group times, usage of vmalert + VictoriaMetrics) and rule errors."""
+    vm = victoriametrics(tmp, port, scrape)
+    procs: list[Proc] = [vm]
+    try:
+        end = int(time.time() // scrape * scrape)
+        ts = [end - window + i * int(scrape) for i in range(int(window // scrape) + 1)]
+        _, om_files = write_history(fams, ts, tmp / "vm.om", tmp / "vm.jsonl")
+        for om in om_files:
+            om.unlink()
+        vm_import(vm, tmp / "vm.jsonl")
+        (tmp / "vm.jsonl").unlink()
+        _phase(f"VictoriaMetrics: {window // 60} min of history imported", clock)
+        time.sleep(max(0.0, end + 70 - time.time()))  # as for Prometheus: every deriv[1m] window on live scrapes
+        metric = "vmalert_iteration_duration_seconds_sum"
+        _, base_use = measure([vm.base], metric, None, args.phase_seconds)
+        sides: dict[str, tuple[dict[str, list[float]], Usage]] = {}
+        errors: list[str] = []
+        for side, groups in (("before", before), ("after", after)):
+            rules = tmp / f"vm-{side}.yml"
+            rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+            vma = vmalert(tmp, rules, vm)
+            procs.append(vma)
+            time.sleep(args.warmup_seconds)
+            sides[side] = measure([vma.base, vm.base], metric, vma.base, args.phase_seconds)
+            errors += rule_errors(vma.base)
+            vma.stop()
+            procs.remove(vma)
+            _phase(f"vmalert: {side} rules evaluated live", clock)
+    finally:
+        for p in procs:
+            p.stop()
+    return base_use, sides, errors
+
+
+def report_vm_cost(before: list[dict], after: list[dict], base_use: Usage,
+                   sides: dict[str, tuple[dict[str, list[float]], Usage]], errors: list[str]) -> None:
+    """Per group vmalert's evaluation time (median, share of its interval; each side alone), and the
+    CPU of vmalert + VictoriaMetrics per side with VictoriaMetrics' scrape-only CPU subtracted."""
+    print("\nvmalert + VictoriaMetrics, each side's rules alone; a group's time: from its lastEvaluation to the end of its"
+          " last rule (median of the evaluations seen, share of its interval)")
+    for g in before + after:
+        side, iv = g["name"].split("/", 1)[0], _interval_s(g)
+        t = sides.get(side, ({}, None))[0].get(g["name"], [])
+        wall = statistics.median(t) if t else math.nan
+        print(f"{g['name']:52s} {iv:7g}s {wall * 1e3:8.1f} ms {wall / iv * 100:6.2f}%  {'over 10 %' if wall / iv >= TARGET_SHARE else ''}")
+    base_rate = base_use.engine_cpu / base_use.wall
+    rule_cpu = {}
+    for side, u in [("scraping only", base_use)] + [(k, v[1]) for k, v in sides.items()]:
+        rate = u.engine_cpu / u.wall
+        rules = rate - base_rate if side != "scraping only" else 0.0
+        rule_cpu[side] = rules
+        idle, sat = _saturation(u)
+        print(f"  {side:14s} {u.wall:5.0f}s window: vmalert + VictoriaMetrics {rate * 100:5.1f} % of a core, rules {rules * 100:5.1f} %;"
+              f" machine idle {'n/a' if idle is None else f'{idle:.2f} cores'}; load {' '.join(f'{x:.2f}' for x in u.load[1])} {sat}")
+    if rule_cpu.get("before", 0) > 0:
+        print(f"vmalert rule CPU after/before (vmalert + VictoriaMetrics process CPU): {rule_cpu['after'] / rule_cpu['before']:.2f}x")
+    for e in errors[:5]:
+        print(f"  vmalert rule error: {e[:200]}")
 
 
 def report_cost(before: list[dict], after: list[dict], base_use: Usage, phases: dict, promql: dict[str, float],
-                errors: list[str]) -> int:
+                errors: list[str], per_rule: dict[str, list[tuple[str, float]]] | None = None) -> int:
     """Print the side-by-side table and the ratios; return 0."""
     both_times, both_use, missed = phases["both"]
     print("\nrule groups, both files in one Prometheus; wall: the group's evaluation time (median of the evaluations seen,"
@@ -671,6 +770,12 @@ def report_cost(before: list[dict], after: list[dict], base_use: Usage, phases: 
         flag = "MISSED" if m else ("over 10 %" if max(wall, q) / iv >= TARGET_SHARE else "")
         print(f"{name:52s} {iv:7g}s {wall * 1e3:8.1f} {wall / iv * 100:6.2f}% {q * 1e3:9.1f} {q / iv * 100:7.2f}% {q / iv * 1e3:7.1f}"
               f" {m:6.0f}  {flag}")
+    big = [g for g in before + after if promql.get(g["name"], 0.0) / _interval_s(g) >= PER_RULE_SHARE]
+    if per_rule and big:
+        print(f"\nPromQL per rule of the groups at {PER_RULE_SHARE:.0%} of their interval or more (ms per evaluation, share):")
+        for g in big:
+            iv = _interval_s(g)
+            print(f"  {g['name']}: " + "; ".join(f"{name} {t * 1e3:.1f} ({t / iv:.1%})" for name, t in per_rule.get(g["name"], [])))
     b, a = per_side.get("before", [math.nan] * 3), per_side.get("after", [math.nan] * 3)
     print(f"\nPromQL seconds per second of rules (query stats): before {b[0]:.3f}, after {a[0]:.3f}: after/before {a[0] / b[0]:.2f}x")
     print(f"group wall seconds per second (both loaded): before {b[1]:.3f}, after {a[1]:.3f}: after/before {a[1] / b[1]:.2f}x")
@@ -720,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", help="with --cost: the revision whose rules are the 'before' (default: the branch point from main)")
     ap.add_argument("--phase-seconds", type=float, default=40.0, help="with --cost: each measured phase")
     ap.add_argument("--warmup-seconds", type=float, default=15.0, help="with --cost: after each rule load, before measuring")
+    ap.add_argument("--vm", action="store_true", help="with --cost: then the same two rule files on vmalert + VictoriaMetrics, "
+                    "each side alone, after Prometheus has stopped")
     args = ap.parse_args(argv)
     if args.cost:
         return cost_main(args)
@@ -729,11 +836,7 @@ def main(argv: list[str] | None = None) -> int:
         if not shutil.which(tool):
             print(f"{tool} not found: run `make tools`", file=sys.stderr)
             return 2
-    try:
-        for tool in ("victoria-metrics", "vmalert"):
-            victoriametrics_tool(tool)
-    except ToolMissing as e:
-        print(e, file=sys.stderr)
+    if not _vm_tools():
         return 2
 
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")

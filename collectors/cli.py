@@ -229,8 +229,8 @@ def _spec_buckets(path: str):
 
 
 # ------------------------------------------------------------------------- commands
-GPU_KEYS = ("gpu_up", "gpu_memory_usage", "gpu_memory_limit", "gpu_memory_reserved", "gpu_utilization",
-            "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power")  # fmt: skip
+GPU_KEYS = ("gpu_up", "gpu_memory_usage", "gpu_memory_limit", "gpu_memory_ratio", "gpu_memory_reserved",
+            "gpu_utilization", "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power")  # fmt: skip
 
 
 def cmd_gpu(args) -> int:

@@ -374,6 +374,7 @@ class Pipeline:
 _DESCRIPTIONS = {
     "gpu_memory_usage": "GPU memory in use, total - free (NVML v2), bytes",
     "gpu_memory_limit": "GPU memory total, bytes",
+    "gpu_memory_ratio": "GPU memory in use over total, (total - free) / total (NVML v2), 0-1",
     "gpu_memory_reserved": "GPU memory reserved by the driver (NVML v2), bytes",
     "gpu_utilization": "GPU busy time share, 0-1",
     "gpu_memory_bandwidth_utilization": "Device-memory interface busy share (NVML utilization.memory / 100), 0-1",

@@ -10,6 +10,9 @@ Per GPU and per MIG instance it reports (OTel name, unit; Prometheus name after 
   same GPU is above or below 78.3 % depending on the formula; total - free does not depend
   on the API version and includes the driver-reserved part);
 * ``hw.gpu.memory.limit`` (By) = total; ``fusebox.gpu.memory.reserved`` (By) = v2 reserved;
+* ``hw.gpu.memory.utilization`` (1) = (total - free) / total of that same call, so driver-reserved
+  memory counts as used (P6): the ratio the GPU-memory rules read as one series instead of
+  dividing the two above (absent while the total is 0);
 * ``hw.gpu.utilization`` (1, ``hw.gpu.task=general``) = utilization.gpu / 100;
 * ``fusebox.gpu.memory_bandwidth.utilization`` (1) = utilization.memory / 100;
 * ``hw.gpu.io`` (By, counter, ``network.io.direction``) = PCIe throughput integrated over time;
@@ -29,7 +32,8 @@ those series are simply absent for them. Compute instances that share a GPU inst
 the same (shared) memory, as nvidia-smi does. A GPU in MIG mode exports no
 ``hw.gpu.memory.usage`` / ``.limit`` of its own: NVML reports its memory as the aggregate of
 its instances, which already carry it (an engine pre-allocating 90 % of each instance would
-put the parent at 90 % with no KV pool to correct it, since KV pools join on MIG UUIDs). The
+put the parent at 90 % with no KV pool to correct it, since KV pools join on MIG UUIDs), nor
+``hw.gpu.memory.utilization``: each instance reports its own ratio. The
 parent keeps ``fusebox.gpu.up``, the reserved memory and its board-level series
 (utilization where NVML gives it, PCIe, power).
 """
@@ -258,6 +262,8 @@ class GpuCollector:
             # a MIG-mode parent reports the aggregate of its instances; exporting it beside
             # them would double the memory signal, with no KV pool joined on the parent UUID
             r += [Reading("gpu_memory_usage", total - free, attrs), Reading("gpu_memory_limit", total, attrs)]
+            if total > 0:  # the same division the rules made of the two series (IEEE, so the same value)
+                r.append(Reading("gpu_memory_ratio", (total - free) / total, attrs))
         if reserved is not None:
             r.append(Reading("gpu_memory_reserved", reserved, attrs))
         try:

@@ -675,8 +675,8 @@ class ScenarioRunner:
     gives the cumulative histogram of a run that reached T.
     """
 
-    KEYS = ("gpu_up", "gpu_memory_usage", "gpu_memory_limit", "gpu_memory_reserved", "gpu_utilization",
-            "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power",
+    KEYS = ("gpu_up", "gpu_memory_usage", "gpu_memory_limit", "gpu_memory_ratio", "gpu_memory_reserved",
+            "gpu_utilization", "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power",
             "kv_cache_usage", "kv_cache_limit")  # fmt: skip
 
     def __init__(self, scenario: Scenario, pipeline: Any):

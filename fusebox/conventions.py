@@ -42,6 +42,8 @@ OTEL = {
     # hardware semantic conventions (Development stability)
     "gpu_memory_usage": ("hw.gpu.memory.usage", "By", "updowncounter"),
     "gpu_memory_limit": ("hw.gpu.memory.limit", "By", "updowncounter"),
+    # usage / limit as the collector read them in one NVML call: the rules read one series, not a division
+    "gpu_memory_ratio": ("hw.gpu.memory.utilization", "1", "gauge"),
     "gpu_utilization": ("hw.gpu.utilization", "1", "gauge"),
     "gpu_io": ("hw.gpu.io", "By", "counter"),
     "gpu_power": ("hw.power", "W", "gauge"),

@@ -56,6 +56,10 @@ def _write_breach(path: Path, spec, *, above_s: int = 90, before_s: int = 120, a
         lines.append(f"hw_gpu_memory_usage_bytes{{{LABELS}}} {math.ceil(total * frac)} {t}")
     lines.append("# TYPE hw_gpu_memory_limit_bytes gauge")
     lines += [f"hw_gpu_memory_limit_bytes{{{LABELS}}} {total} {t}" for t in range(T0 - before_s, T0 + after_s + 1, step)]
+    # the collector's ratio of the same round: usage / limit (what the GPU-memory rules read)
+    lines.append("# TYPE hw_gpu_memory_utilization_ratio gauge")
+    lines += [f"hw_gpu_memory_utilization_ratio{{{LABELS}}} {int(line.split()[1]) / total!r} {line.split()[2]}"
+              for line in lines if line.startswith("hw_gpu_memory_usage_bytes")]
     path.write_text("\n".join(lines) + "\n# EOF\n")
 
 
@@ -234,7 +238,8 @@ def _expected_firing(path: Path, hw_suffix: str, thr: float, for_s: float, step:
     usage: dict[float, float] = {}
     limit: dict[float, float] = {}
     for line in path.read_text().splitlines():
-        if line.startswith("hw_gpu_memory_") and f'hw_id="GPU-5ca1ab1e-0000-4000-8000-00000000000{hw_suffix}"' in line:
+        if line.startswith(("hw_gpu_memory_usage_bytes{", "hw_gpu_memory_limit_bytes{")) and \
+                f'hw_id="GPU-5ca1ab1e-0000-4000-8000-00000000000{hw_suffix}"' in line:
             _, value, ts = line.rsplit(" ", 2)
             (usage if line.startswith("hw_gpu_memory_usage_bytes") else limit)[float(ts)] = float(value)
     stamps = sorted(usage)

@@ -14,11 +14,13 @@ import pytest
 import yaml
 from _support import ROOT
 
+from fusebox import conventions as C
+
 sys.path.insert(0, str(ROOT / "bench"))
 bench_scale = importlib.import_module("bench_scale")
 
 QUICK_GPUS, QUICK_ENGINES = 512, 128  # bench_scale --quick
-GPU_FAMILIES = 7  # memory used/limit/reserved, bandwidth, PCIe, power, up
+GPU_FAMILIES = 8  # memory used/limit/utilization/reserved, bandwidth, PCIe, power, up
 ENGINE_FAMILIES = 2 + 14 + 2 + 3  # KV used/limit; 14 latency buckets (+Inf included), _count, _sum; 3 vLLM counters
 FUSE_SERIES = 4
 
@@ -31,6 +33,11 @@ def test_quick_fleet_has_gpus_times_metrics_series_and_unique_label_sets():
     assert len({lab["host_name"] for lab in per_gpu[0].labels}) == QUICK_GPUS // 8
     keys = [(f.name, tuple(sorted(lab.items()))) for f in fams for lab in f.labels]
     assert len(keys) == len(set(keys))
+    # the GPU collector's ratio is its usage over its limit, per GPU and at any time
+    fam = {f.name: f for f in fams}
+    usage, limit, ratio = (fam[C.PROM[k]] for k in ("gpu_memory_usage", "gpu_memory_limit", "gpu_memory_ratio"))
+    for i, t in ((0, 1_764_000_000), (QUICK_GPUS - 1, 1_764_000_455)):
+        assert ratio.labels[i] == usage.labels[i] and ratio.value(i, t) == usage.value(i, t) / limit.value(i, t)
 
 
 def test_history_and_exposition_carry_the_same_series_and_values(tmp_path):
@@ -142,3 +149,19 @@ def test_cost_mode_runs_both_rule_files_in_one_prometheus_without_a_shared_serie
     # the before P95 alert still reads its (renamed) quantile record
     p95 = [r["expr"] for g in before for r in g["rules"] if r.get("alert") == "BeforeAlignmentLatencyP95High"]
     assert p95 and all(e.startswith("before:engine:fusebox_alignment_latency_p95:rate5m >= ") for e in p95)
+
+
+def test_cost_report_lists_the_rules_of_groups_at_5_percent_of_their_interval(capsys):
+    use = bench_scale.Usage(wall=10.0, engine_cpu=2.0, group_wall=1.0, self_cpu=0.1, machine_busy=8.0,
+                            load=((1.0, 1.0, 1.0), (1.0, 1.0, 1.0)))
+    before = [{"name": "before/big", "interval": "5s", "rules": [{"record": "before:a"}, {"alert": "B"}]}]
+    after = [{"name": "after/big", "interval": "5s", "rules": [{"record": "a"}]},
+             {"name": "after/small", "interval": "30s", "rules": [{"record": "s"}]}]
+    promql = {"before/big": 0.5, "after/big": 0.3, "after/small": 0.6}  # 10 %, 6 %, 2 % of their intervals
+    per_rule = {"before/big": [("before:a", 0.2), ("B", 0.3)], "after/big": [("a", 0.3)], "after/small": [("s", 0.6)]}
+    phases = {side: ({name: [0.1] for name in promql}, use, {}) for side in ("before", "after", "both")}
+    assert bench_scale.report_cost(before, after, use, phases, promql, [], per_rule) == 0
+    out = capsys.readouterr().out
+    assert "  before/big: before:a 200.0 (4.0%); B 300.0 (6.0%)" in out
+    assert "  after/big: a 300.0 (6.0%)" in out
+    assert "after/small: s" not in out

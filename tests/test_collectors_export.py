@@ -21,6 +21,7 @@ from fusebox.tooling import free_port
 GOLDEN = {
     "gpu_memory_usage": "hw_gpu_memory_usage_bytes",
     "gpu_memory_limit": "hw_gpu_memory_limit_bytes",
+    "gpu_memory_ratio": "hw_gpu_memory_utilization_ratio",
     "gpu_utilization": "hw_gpu_utilization_ratio",
     "gpu_io": "hw_gpu_io_bytes_total",
     "gpu_power": "hw_power_watts",

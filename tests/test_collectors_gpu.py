@@ -64,6 +64,15 @@ def test_pitfall_p6_the_ratio_is_0_785_whatever_used_and_reserved_say():
     nv = fake(mib_device("GPU-p6", "A100", total=80000, reserved=600, used=62200, free=17200))
     rs = GpuCollector(nv).collect()
     assert one(rs, "gpu_memory_usage") / one(rs, "gpu_memory_limit") == pytest.approx(0.785)
+    # the one gauge the rules read: (80000 - 17200) / 80000 MiB, reserved counted as used
+    assert one(rs, "gpu_memory_ratio") == 62800 / 80000 == 0.785
+    assert by_key(rs, "gpu_memory_ratio")[0].attrs == by_key(rs, "gpu_memory_usage")[0].attrs
+
+
+def test_a_device_reporting_no_memory_exports_no_ratio():
+    # total 0 (a device that answers the memory call with zeros): usage and limit 0, no 0/0 ratio
+    rs = GpuCollector(fake(mib_device("GPU-z", "A100", total=0, reserved=0, used=0, free=0))).collect()
+    assert one(rs, "gpu_memory_limit") == 0 and not by_key(rs, "gpu_memory_ratio")
 
 
 def test_nvml_is_initialised_once_and_handles_are_cached():
@@ -177,6 +186,7 @@ def test_replay_memory_of_every_capture(path, uuid, usage_mib, total_mib):
     rs = _collect(path)
     assert one(rs, "gpu_memory_usage", **{"hw.id": uuid}) == usage_mib * MIB
     assert one(rs, "gpu_memory_limit", **{"hw.id": uuid}) == total_mib * MIB
+    assert one(rs, "gpu_memory_ratio", **{"hw.id": uuid}) == pytest.approx(usage_mib / total_mib, rel=1e-15)
 
 
 @pytest.mark.parametrize(
@@ -196,15 +206,17 @@ def test_replay_memory_of_every_capture(path, uuid, usage_mib, total_mib):
 )
 def test_a_mig_mode_parent_exports_no_memory_of_its_own(path, parent, power_w, mig_id, usage_mib, total_mib):
     rs = _collect(path)
-    for key in ("gpu_memory_usage", "gpu_memory_limit"):
+    for key in ("gpu_memory_usage", "gpu_memory_limit", "gpu_memory_ratio"):
         assert not by_key(rs, key, **{"hw.id": parent}), key
     assert one(rs, "gpu_up", **{"hw.id": parent}) == 1.0
     assert one(rs, "gpu_power", **{"hw.id": parent}) == pytest.approx(power_w)
     mig = f"MIG-{parent}/{mig_id}"
     assert one(rs, "gpu_memory_usage", **{"hw.id": mig}) == usage_mib * MIB
     assert one(rs, "gpu_memory_limit", **{"hw.id": mig}) == total_mib * MIB
+    assert one(rs, "gpu_memory_ratio", **{"hw.id": mig}) == pytest.approx(usage_mib / total_mib, rel=1e-15)
     # every memory series left belongs to a MIG instance
-    assert {r.attrs.get("hw.gpu.mig") for r in rs if r.key in ("gpu_memory_usage", "gpu_memory_limit")} == {"true"}
+    memory = ("gpu_memory_usage", "gpu_memory_limit", "gpu_memory_ratio")
+    assert {r.attrs.get("hw.gpu.mig") for r in rs if r.key in memory} == {"true"}
 
 
 def test_replay_h100_capture_utilization_and_power_from_the_load_section():

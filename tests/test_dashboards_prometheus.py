@@ -65,6 +65,8 @@ def exposition(t: float) -> str:
         f"{P['gpu_memory_limit']}{{{GPU}}} {80_000 * MIB}",
         f"{P['gpu_memory_usage']}{{{FILLING}}} {int((40_000 + 100 * t) * MIB)}",
         f"{P['gpu_memory_limit']}{{{FILLING}}} {80_000 * MIB}",
+        f"{P['gpu_memory_ratio']}{{{GPU}}} {62_800 / 80_000}",
+        f"{P['gpu_memory_ratio']}{{{FILLING}}} {int((40_000 + 100 * t) * MIB) / (80_000 * MIB)!r}",
         f"{P['gpu_memory_reserved']}{{{GPU}}} {600 * MIB}",
         f"{P['gpu_memory_bandwidth_utilization']}{{{GPU}}} 0.5",
         f"{P['gpu_pcie_utilization']}{{{GPU}}} 0.97",

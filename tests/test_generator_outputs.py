@@ -67,10 +67,11 @@ def test_alert_names_labels_and_runbook_links(generated, spec):
                             " >= 0.05 - 1e-12")
     assert crit["labels"]["fuse_action"] == "text_only_fallback" and crit["labels"]["fuse_level"] == "2"
     absent = {a["labels"]["metric"] for a in by[C.ABSENT_ALERT]}
-    # the KV pool metrics only refine GPU memory (device fallback); the usage has an absent alert
-    # because the KV growth signals read it, the limit because the KV time to full reads it; the
+    # the KV pool metrics only refine GPU memory (device fallback); GPU memory reads the collector's
+    # ratio and the limit (the KV correction's total), the GPU time to full usage and limit; the
     # histogram's _count alone (its buckets are exported with it)
-    assert absent == {"hw_gpu_memory_usage_bytes", "hw_gpu_memory_limit_bytes", "fusebox_kv_cache_usage_bytes",
+    assert absent == {"hw_gpu_memory_utilization_ratio", "hw_gpu_memory_usage_bytes", "hw_gpu_memory_limit_bytes",
+                      "fusebox_kv_cache_usage_bytes",
                       "fusebox_kv_cache_limit_bytes",
                       "fusebox_alignment_duration_seconds_count", "fusebox_gpu_memory_bandwidth_utilization_ratio",
                       "fusebox_gpu_pcie_utilization_ratio"}

@@ -27,6 +27,7 @@ BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.85, 1.0, 1.28, 1.5, 2.0, 2.5, 5.0, 10.0
 EXPECTED = {  # PROM key -> (extra label matchers, value)
     "gpu_memory_usage": ('hw_id="GPU-8f1c2a5e"', 62_800 * MIB),
     "gpu_memory_limit": ('hw_id="GPU-8f1c2a5e"', 80_000 * MIB),
+    "gpu_memory_ratio": ('hw_id="GPU-8f1c2a5e"', 0.785),  # 62,800 / 80,000 MiB
     "gpu_memory_reserved": ('hw_id="GPU-8f1c2a5e"', 600 * MIB),
     "gpu_memory_bandwidth_utilization": ('hw_id="GPU-8f1c2a5e"', 0.5),
     "gpu_pcie_utilization": ('hw_id="GPU-8f1c2a5e"', 0.25),
@@ -130,7 +131,7 @@ def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_colle
     """`fusebox collect gpu --replay` (the real collector, an RTX 4090 nvidia-smi -q -x capture)
     -> OTLP -> Collector -> Prometheus. From the capture's fb_memory_usage, by hand:
     total 24564 MiB = 25,757,220,864 B; used = total - free = 24564 - 24214 = 350 MiB =
-    367,001,600 B (docs/pitfalls.md P6); reserved 346 MiB = 362,807,296 B."""
+    367,001,600 B (docs/pitfalls.md P6); reserved 346 MiB = 362,807,296 B; the ratio 350 / 24564."""
     import subprocess
     import sys
 
@@ -140,7 +141,7 @@ def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_colle
     binary, cfg, ports, env, log = collector_setup(tmp_path)
     gpu = 'hw_id="GPU-71d1acc2-662d-2166-bf9f-65272d2fc437", host_name="replay-node", cluster="lab-c"'
     expected = {C.PROM["gpu_memory_limit"]: 24_564 * MIB, C.PROM["gpu_memory_usage"]: 350 * MIB,
-                C.PROM["gpu_memory_reserved"]: 346 * MIB}
+                C.PROM["gpu_memory_reserved"]: 346 * MIB, C.PROM["gpu_memory_ratio"]: 350 / 24_564}
     with process([str(binary), f"--config={cfg}"], log, env=env) as col:
         wait_http(f"http://127.0.0.1:{ports['health']}/", col, log=log)
         prom_cfg = {"global": {"scrape_interval": "1s"},

@@ -1,8 +1,10 @@
 """Kind ``gpu_memory``: GPU device-memory utilization, corrected for engines' KV-cache pools.
 
-Sources: the fusebox GPU collector (NVML v2, bytes) or dcgm-exporter (MiB). The value is the
-device-basis ratio (total - free) / total minus the free part of the KV pools engines
-pre-allocated on that GPU, so vLLM's 90 % reservation does not read as pressure.
+Sources: the fusebox GPU collector (NVML v2: its ``hw.gpu.memory.utilization`` gauge, the ratio
+(total - free) / total it computed from one memory call, and ``hw.gpu.memory.limit`` in bytes for
+the KV correction) or dcgm-exporter (MiB). The value is the device-basis ratio
+(total - free) / total minus the free part of the KV pools engines pre-allocated on that GPU, so
+vLLM's 90 % reservation does not read as pressure.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fusebox import conventions as C
+from fusebox.spec.units import format_number
 
 from .base import (
     DCGM_RESERVED_MIB,
@@ -67,19 +70,21 @@ class GpuMemory(Kind):
         # so their absence does not blind it: no absent alert on their account.
         if sig.source.backend == "dcgm":
             return [C.DCGM["fb_used"], C.DCGM["fb_free"], C.DCGM["fb_reserved"]]
-        return [C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]]
+        # The ratio is the signal; the total (slow group) is what turns the KV pools' free bytes into
+        # a share of the GPU: without it an engine's pre-allocation reads as pressure.
+        return [C.PROM["gpu_memory_ratio"], C.PROM["gpu_memory_limit"]]
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
         names = self.records(sig)
-        usage, limit = C.PROM["gpu_memory_usage"], C.PROM["gpu_memory_limit"]
         if sig.source.backend == "dcgm":
             # dcgm-exporter speaks MiB, and USED + FREE is not the total (docs/pitfalls.md P7):
             # total = USED + FREE + RESERVED; used = total - FREE.
             u, f, r = (selector(C.DCGM[k], spec, backend="dcgm") for k in ("fb_used", "fb_free", "fb_reserved"))
             device = dcgm_labels(f"1 - {f} / ({u} + {f} + {r})")
         else:
-            # usage = total - free (NVML v2), so driver-reserved memory counts as used (docs/pitfalls.md P6).
-            device = f"{selector(usage, spec)} / {selector(limit, spec)}"
+            # The collector's own (total - free) / total (NVML v2), so driver-reserved memory counts as
+            # used (docs/pitfalls.md P6): one series per GPU read, where usage / limit joined two.
+            device = selector(C.PROM["gpu_memory_ratio"], spec)
         # hw_id is unique cluster-wide: drop the sender's identity (every target label: instance,
         # job and the operator's namespace, pod, container, endpoint, service), so one GPU is
         # one series -- one alert, one fuse scope {cluster, host_name, hw_id} -- whether its
@@ -106,11 +111,14 @@ class GpuMemory(Kind):
             # Effective utilization: device memory minus the KV pool's free part where a pool is
             # known on the GPU; device memory alone elsewhere (`or` keeps the unmatched GPUs, and a
             # GPU whose total the slow group has not recorded yet: device memory is the higher reading).
+            # `or on (hw_id)` hashes one label instead of every one, with the same result: the left
+            # side holds every device series of each hw_id it holds (the right side of the join has
+            # one series per hw_id), so matching on hw_id alone drops the same right-side series.
             {"record": names["value"], "expr": (
                 f"{names['device']}\n"
                 f"  - on (hw_id) group_left ()\n"
                 f"    ({names['kv_free']} / on (hw_id) {names['total']})\n"
-                f"or\n{names['device']}")},
+                f"or on (hw_id)\n{names['device']}")},
         ]
 
     def slow_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
@@ -157,7 +165,8 @@ class GpuMemory(Kind):
         if synth.sig.source.backend == "dcgm":
             free = round((1 - v) * DCGM_TOTAL_MIB)
             return 1 - free / DCGM_TOTAL_MIB
-        return round(v * GPU_LIMIT_BYTES) / GPU_LIMIT_BYTES
+        # the collector's ratio of whole bytes, as the test series write it (format_number: 12 digits)
+        return float(format_number(round(v * GPU_LIMIT_BYTES) / GPU_LIMIT_BYTES))
 
     def _dcgm_labels(self, synth: Synth) -> dict[str, str]:
         return {"UUID": synth.labels["hw_id"], "gpu": "0", "Hostname": "gpu-node-1",
@@ -175,7 +184,10 @@ class GpuMemory(Kind):
                  "values": segments([(n, DCGM_RESERVED_MIB, 0) for n, _ in phases])},
             ]
         usage = [(n, round(v * GPU_LIMIT_BYTES), 0) for n, v in phases]
+        ratio = [(n, self.exact(synth, v), 0) for n, v in phases]
+        # what the collector exports for one GPU: the ratio the rules read, and usage and total beside it
         return [
+            {"series": C.PROM["gpu_memory_ratio"] + label_str(synth.labels), "values": segments(ratio)},
             {"series": C.PROM["gpu_memory_usage"] + label_str(synth.labels), "values": segments(usage)},
             {"series": C.PROM["gpu_memory_limit"] + label_str(synth.labels),
              "values": segments([(n, GPU_LIMIT_BYTES, 0) for n, _ in phases])},
@@ -200,7 +212,8 @@ class GpuMemory(Kind):
                                        f"{sig.description} Lines at {tier_text(sig)}.",
                                        sel(r["value"], "gpu"), legend))
             panels.append(signal_panel(sig, "Device-basis utilization (no KV-pool correction)",
-                                       "(total - free) / total as NVML or DCGM report it; engines that pre-allocate the KV pool sit high here "
+                                       "(total - free) / total as NVML (the collector's ratio) or DCGM report it; "
+                                       "engines that pre-allocate the KV pool sit high here "
                                        "while the effective basis stays low.", sel(r["device"], "gpu"), legend))
         alert = sigs[0].alert
         d = dashboard_records()
