@@ -279,6 +279,8 @@ def serve(args) -> int:
         spec = load_spec(args.spec)
     except (OSError, UnicodeDecodeError) as e:
         return _err(unreadable(args.spec, e, "pass --spec with the fusebox spec the rules were generated from"))
+    except SpecError as e:
+        return _err(str(e))
     from .actions import TOKEN_ENV
 
     for flag, path in (("--webhook-token-file", args.token_file), ("--override-tokens", args.override_tokens),
