@@ -4,7 +4,7 @@ dashboards through recording rules vs raw series.
     python bench/bench_scale.py                      # 10,000 GPUs (1,250 nodes x 8), 2,500 engines, 1 h
     python bench/bench_scale.py --quick              # 512 GPUs, 128 engines, 15 min: a smoke run
     python bench/bench_scale.py [--gpus N] [--engines M] [--hours H] [--eval-seconds S] [--baseline-seconds B] [--repeat R]
-    python bench/bench_scale.py --cost --gpus N --engines M [--before REV] [--phase-seconds S] [--vm]
+    python bench/bench_scale.py --cost --gpus N --engines M [--before REV] [--same-signals] [--phase-seconds S] [--vm]
 
 ``--cost`` measures the rules' cost rather than queueing, on one Prometheus only (no
 VictoriaMetrics, no dashboards): the fleet scraped at the spec's scrape interval, 7 minutes of
@@ -18,7 +18,9 @@ after/before; and per phase Prometheus' process CPU and the machine's idle cores
 where under one core was idle (then wall times include queueing). With ``--vm``, after Prometheus
 has stopped, VictoriaMetrics (single node) scrapes the same fleet with the same history imported
 and one vmalert runs each side's rules alone: per group vmalert's evaluation time, per side the
-CPU of vmalert + VictoriaMetrics over VictoriaMetrics' scrape-only CPU, and their ratio.
+CPU of vmalert + VictoriaMetrics over VictoriaMetrics' scrape-only CPU, and their ratio. With
+``--same-signals`` today's rules are rendered from ``fusebox.yaml`` without the signals that
+``--before``'s spec lacks (the time-to-full signals, against 5130cd6): the same signals on both sides.
 
 1. A synthetic fleet (fusebox's raw metric names, conventions.PROM; the labels of
    bench_dashboards.py) is a closed-form function of time, so the history and the live feed are one
@@ -530,6 +532,22 @@ def rules_at(rev: str) -> str:
     return r.stdout
 
 
+def same_signals_spec(rev: str, tmp: Path):
+    """Today's ``fusebox.yaml`` without the signals the spec of ``rev`` does not have (written to
+    ``tmp`` and loaded): the after side of ``--same-signals``, so both sides watch the same
+    signals and the ratio is the cost of the same work. Raises SystemExit without ``rev``'s spec."""
+    r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:fusebox.yaml"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"git show {rev}:fusebox.yaml failed (a clone without that history?): {r.stderr.strip()}")
+    then = set(yaml.safe_load(r.stdout)["signals"])
+    data = yaml.safe_load((ROOT / "fusebox.yaml").read_text())
+    dropped = [n for n in data["signals"] if n not in then]
+    data["signals"] = {n: v for n, v in data["signals"].items() if n in then}
+    path = tmp / "fusebox.same-signals.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_spec(path, display_path="fusebox.yaml"), dropped
+
+
 def side_by_side(before: str, after: str) -> tuple[list[dict], list[dict]]:
     """The groups of two rule files, renamed so both can run in one Prometheus: ``before/NAME`` and
     ``after/NAME`` groups; the before file's records ``before:NAME`` (and every reference to them)
@@ -622,13 +640,17 @@ def cost_main(args: argparse.Namespace) -> int:
     spec = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
     scrape = spec.scrape_interval_s
     before_rev = args.before or branch_point()
+    tmp = Path(tempfile.mkdtemp(prefix="fusebox-bench-cost-"))
+    dropped: list[str] = []
+    if args.same_signals:
+        spec, dropped = same_signals_spec(before_rev, tmp)
     before, after = side_by_side(rules_at(before_rev), render_all(spec)[RULE_FILE])
     fams = fleet(args.gpus, args.engines)
     window = 300 + 120  # the longest rule window (5m) and 2 minutes: every window full of samples
-    tmp = Path(tempfile.mkdtemp(prefix="fusebox-bench-cost-"))
     clock = [time.perf_counter()] * 2
     print(f"cost: {args.gpus:,} GPUs, {args.engines:,} engines: {series_count(fams):,} raw series scraped every {scrape:g}s"
-          f" (the spec's); before = rules of {before_rev} ({len(before)} groups), after = today's ({len(after)} groups);"
+          f" (the spec's); before = rules of {before_rev} ({len(before)} groups), after = today's ({len(after)} groups"
+          f"{'; same signals as ' + before_rev + ', left out: ' + ', '.join(dropped) if args.same_signals else ''});"
           f" cpus {os.cpu_count()}; load {_load()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     exporter = Exporter(fams, step=scrape)
     config = scrape_config(exporter.port, scrape)
@@ -823,6 +845,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost", action="store_true", help="rule cost only: the rules of --before and today's side by side in one "
                     "Prometheus (no VictoriaMetrics, no dashboards)")
     ap.add_argument("--before", help="with --cost: the revision whose rules are the 'before' (default: the branch point from main)")
+    ap.add_argument("--same-signals", action="store_true", help="with --cost: today's rules rendered from fusebox.yaml without "
+                    "the signals --before's spec lacks, so both sides watch the same signals")
     ap.add_argument("--phase-seconds", type=float, default=40.0, help="with --cost: each measured phase")
     ap.add_argument("--warmup-seconds", type=float, default=15.0, help="with --cost: after each rule load, before measuring")
     ap.add_argument("--vm", action="store_true", help="with --cost: then the same two rule files on vmalert + VictoriaMetrics, "

@@ -118,7 +118,7 @@ def unproduced(spec: Spec, groups: list[dict]) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     done: set[str] = set()
     for sig in spec.signals:
-        exprs = [r["expr"] for r in kind_of(sig).rules(sig, spec)]
+        exprs = [r["expr"] for r in kind_of(sig).rules(sig, spec) + kind_of(sig).panel_rules(sig, spec)]
         for metric in rule_reads(exprs, recorded):
             done.add(metric)
             # a signal with every tier disabled is kept for its records only: nothing of it can fire

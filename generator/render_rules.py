@@ -217,7 +217,7 @@ def shedding_gate(spec: Spec) -> str:
 
 
 def _alert(sig: Signal, tier: Tier, spec: Spec) -> dict[str, Any]:
-    expr = kind_of(sig).alert_expr(sig, tier)
+    expr = kind_of(sig).alert_expr(sig, tier, spec)
     if tier.after_shedding:
         inner = "\n".join("  " + line for line in expr.splitlines())
         expr = f"(\n{inner}\n)\nand on () (\n  {shedding_gate(spec)}\n)"

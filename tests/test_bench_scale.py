@@ -151,6 +151,27 @@ def test_cost_mode_runs_both_rule_files_in_one_prometheus_without_a_shared_serie
     assert p95 and all(e.startswith("before:engine:fusebox_alignment_latency_p95:rate5m >= ") for e in p95)
 
 
+@pytest.mark.process  # git show
+def test_same_signals_leaves_out_exactly_the_signals_the_before_spec_lacks(tmp_path):
+    """--same-signals: today's spec without the two time-to-full signals (added after 5130cd6,
+    whose spec watched six signals), so the after side evaluates no time-to-full rule and every
+    other signal's rules are today's, unchanged."""
+    from fusebox.generator.outputs import RULE_FILE, render_all
+    from fusebox.spec import load_spec
+
+    spec, dropped = bench_scale.same_signals_spec(bench_scale.BEFORE_FALLBACK, tmp_path)
+    assert dropped == ["kv_cache_time_to_full", "gpu_memory_time_to_full"]
+    assert [s.name for s in spec.signals] == ["gpu_memory_utilization", "alignment_latency_p95", "kv_cache_growth_rate",
+                                              "memory_bandwidth_saturation", "kv_cache_growth_oom", "pcie_link_utilization"]
+    same = yaml.safe_load(render_all(spec)[RULE_FILE])["groups"]
+    today = {g["name"]: g for g in yaml.safe_load(render_all(load_spec(ROOT / "fusebox.yaml"))[RULE_FILE])["groups"]}
+    assert not [g["name"] for g in same if "time_to_full" in g["name"]]
+    assert {g["name"] for g in same} == set(today) - {"fusebox-kv_cache_time_to_full", "fusebox-gpu_memory_time_to_full"}
+    for g in same:
+        if g["name"].startswith("fusebox-") and g["name"] not in ("fusebox-absent", "fusebox-self", "fusebox-health"):
+            assert g == today[g["name"]], g["name"]
+
+
 def test_cost_report_lists_the_rules_of_groups_at_5_percent_of_their_interval(capsys):
     use = bench_scale.Usage(wall=10.0, engine_cpu=2.0, group_wall=1.0, self_cpu=0.1, machine_busy=8.0,
                             load=((1.0, 1.0, 1.0), (1.0, 1.0, 1.0)))

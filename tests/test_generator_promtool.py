@@ -80,7 +80,7 @@ def _hand_test(out: Path, name: str, pt: str):
 
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
 @pytest.mark.parametrize("name", ["gpu_memory.test.yml", "gpu_scope.test.yml", "gpu_target_labels.test.yml", "kv_growth.test.yml", "alignment_p95.test.yml",
-                                  "time_to_full.test.yml",
+                                  "time_to_full.test.yml", "gauge_filter_first.test.yml",
                                   "dashboard_records.test.yml", "inpath_records.test.yml"])
 def test_hand_written_values(generated, tmp_path, name, which):
     out = tmp_path / "g"

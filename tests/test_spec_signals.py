@@ -151,13 +151,16 @@ def _group(doc, name):
 
 def test_the_example_records_and_alerts(example_out):
     doc = yaml.safe_load((example_out / "rules/fusebox.rules.yml").read_text())
-    rules = _group(doc, "fusebox-queue_depth")["rules"]
-    assert rules[0] == {"record": "pod:fusebox_queue_depth:count",
-                        "expr": 'max by (namespace, pod, model_name) (vllm:num_requests_waiting{namespace="inference"})'}
-    alerts = rules[1:]
-    assert [(a["expr"], a["for"], a["labels"]["severity"]) for a in alerts] == [
-        ("pod:fusebox_queue_depth:count >= 20", "2m", "warning"),
-        ("pod:fusebox_queue_depth:count >= 50", "1m", "critical")]
+    # the record, for the panels, at the slow interval; the alerts (direction above) filter the
+    # series first and take the max per pod (docs/rule-engines.md, "Rule cost")
+    panels = _group(doc, "fusebox-queue_depth-panels")
+    assert panels["interval"] == "30s"
+    assert panels["rules"] == [{"record": "pod:fusebox_queue_depth:count",
+                                "expr": 'max by (namespace, pod, model_name) (vllm:num_requests_waiting{namespace="inference"})'}]
+    alerts = _group(doc, "fusebox-queue_depth")["rules"]
+    assert [(" ".join(a["expr"].split()), a["for"], a["labels"]["severity"]) for a in alerts] == [
+        ('max by (namespace, pod, model_name) (vllm:num_requests_waiting{namespace="inference"} >= 20)', "2m", "warning"),
+        ('max by (namespace, pod, model_name) (vllm:num_requests_waiting{namespace="inference"} >= 50)', "1m", "critical")]
     assert alerts[1]["annotations"]["summary"] == "VLLMQueueDepthHigh: queue_depth >= 50 on pod {{ $labels.pod }} (critical)"
     assert alerts[1]["annotations"]["description"] == (
         "queue_depth on pod {{ $labels.pod }} (namespace {{ $labels.namespace }}, model_name {{ $labels.model_name }}) "

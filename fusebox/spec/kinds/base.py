@@ -397,7 +397,7 @@ class Kind:
         after them, in the same group, at ``global.evaluation_interval``)."""
         raise NotImplementedError
 
-    def alert_expr(self, sig: Any, tier: Any) -> str:
+    def alert_expr(self, sig: Any, tier: Any, spec: Any) -> str:
         """The alerting rule's condition for ``tier`` (threshold in base units): the ``value``
         record against the threshold, ``>=`` above or ``<=`` below."""
         op = ">=" if sig.direction == "above" else "<="

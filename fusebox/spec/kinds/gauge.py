@@ -2,6 +2,10 @@
 
 Examples: memory-bandwidth saturation, PCIe link utilization. The value record keeps one series
 per GPU (or per ``by`` labels) whoever sent it, so every GPU-level alert scopes its fuse alike.
+An alert that fires above its line filters the series first and aggregates what is over it
+(``max without (...) (x >= 0.92)``): the same GPUs at the same evaluation as the value record
+``>= 0.92``, without every GPU's series recorded at the evaluation interval (the record serves
+the panels, at the slow interval).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ class Gauge(Kind):
     def records(self, sig: Any) -> dict[str, str]:
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", "ratio" if sig.unit == "ratio" else sig.unit)}
 
-    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def _value_expr(self, sig: Any, spec: Any) -> tuple[str, str | None]:
+        """(the value's expression before its aggregation, the aggregation or None)."""
         src = sig.source
         expr = src.expr if src.expr else selector(src.metric, spec, backend=src.backend)
         if src.scale != 1.0:
@@ -49,13 +54,49 @@ class Gauge(Kind):
             expr = dcgm_labels(expr)
         expr = engine_labels(expr, sig)
         if sig.by:
-            expr = f"max by ({by(sig.by)}) ({expr})"
-        elif sig.level == "gpu":
+            return expr, f"max by ({by(sig.by)})"
+        if sig.level == "gpu":
             # As for GPU memory: one series per GPU whoever sent it, so every GPU-level signal
             # scopes its fuse as {cluster, host_name, hw_id} and one level is held or released
             # for the same GPU by every alert.
-            expr = f"max without ({TARGET}) ({expr})"
-        return [{"record": self.records(sig)["value"], "expr": expr}]
+            return expr, f"max without ({TARGET})"
+        return expr, None
+
+    def _record(self, sig: Any, spec: Any) -> dict[str, Any]:
+        expr, agg = self._value_expr(sig, spec)
+        return {"record": self.records(sig)["value"], "expr": f"{agg} ({expr})" if agg else expr}
+
+    @staticmethod
+    def filters_first(sig: Any) -> bool:
+        """Whether the alerts compare the series before aggregating them (``direction: above``).
+
+        ``max(x) >= T`` holds exactly where some series of the group is ``>= T``, so
+        ``max by (...) (x >= T)`` fires for the same groups at the same evaluation with the same
+        value (the max). The alert then reads no record: the value record (every GPU's series,
+        for the panels) moves to the slow interval, and on vmalert, where a record is stored only
+        after its group's evaluation, the alert fires one evaluation sooner. A below-direction
+        alert fires when the max is under the line, i.e. when *every* series is, which a filter
+        cannot say: it reads the value record, as the other kinds do."""
+        return sig.direction == "above"
+
+    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        return [] if self.filters_first(sig) else [self._record(sig, spec)]
+
+    def alert_expr(self, sig: Any, tier: Any, spec: Any) -> str:
+        """Above: the series over the threshold, then aggregated as the value record is
+        (:meth:`filters_first`); below: the value record against the threshold."""
+        if not self.filters_first(sig):
+            return super().alert_expr(sig, tier, spec)
+        expr, agg = self._value_expr(sig, spec)
+        if sig.source.expr:  # a user's expression may end in `or` / `and`: compare all of it
+            expr = f"({expr})"
+        cond = f"{expr} >= {format_number(tier.threshold)}"
+        return f"{agg} ({cond})" if agg else cond
+
+    def panel_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+        """The value record, for panels and runbooks, when no alert reads it (:meth:`filters_first`):
+        in ``fusebox-<signal>-panels`` at ``global.slow_evaluation_interval``."""
+        return [self._record(sig, spec)] if self.filters_first(sig) else []
 
     # -- generated tests -----------------------------------------------------------------
     def testable(self, sig: Any) -> bool:

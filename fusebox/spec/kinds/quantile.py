@@ -132,7 +132,7 @@ class Quantile(Kind):
             })
         return out
 
-    def alert_expr(self, sig: Any, tier: Any) -> str:
+    def alert_expr(self, sig: Any, tier: Any, spec: Any) -> str:
         """The tier's share record (without its ``le`` label, so the alert's labels are the
         quantile's) at or over ``1 - q``, less :data:`SHARE_EPSILON`: the same condition as
         ``Pq >= threshold``. At exactly ``q * count`` in the threshold's bucket histogram_quantile
