@@ -22,7 +22,6 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 import anyio
-import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -90,6 +89,7 @@ async def notify(request: Request, service: FuseService, body: WebhookPayload) -
 
 
 _PAYLOAD = TypeAdapter(WebhookPayload)
+_NO_BODY = object()
 
 
 async def webhook_body(request: Request) -> WebhookPayload:
@@ -103,16 +103,13 @@ async def webhook_body(request: Request) -> WebhookPayload:
         HTTPException: 400, a body json cannot decode at all (nested too deeply, not UTF-8).
     """
     raw = await request.body()
-    data: Any = None
+    data: Any = _NO_BODY
     if raw:
         ctype = request.headers.get("content-type")
         data = raw
         if ctype == "application/json" or (ctype and _json_type(ctype)):
-            try:
-                data = orjson.loads(raw)
-            except orjson.JSONDecodeError:  # what orjson refuses json may take (a lone surrogate...)
-                data = _json_loads(raw)
-    if data is None:
+            data = _json_loads(raw)  # json's, as Starlette's (orjson reads an integer over 64 bits as a float)
+    if data is _NO_BODY:  # none sent (JSON's null is a body, refused by the model)
         raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
     try:
         return _PAYLOAD.validate_python(data, from_attributes=True)
