@@ -41,6 +41,8 @@ error answers in :mod:`~fusebox.fuse.http_errors` and their handlers in
 """
 
 
+from concurrent.futures import ThreadPoolExecutor
+
 import anyio
 from fastapi import FastAPI
 
@@ -48,7 +50,7 @@ from .http_deps import AUTH_FAILURES, AUTH_WINDOW_S, AuthLimiter
 from .http_errors import count, problem
 from .http_handlers import install_handlers
 from .http_models import OverrideRequest, WebhookPayload
-from .http_routes import PROBE_THREADS, router
+from .http_routes import PROBE_THREADS, WEBHOOK_THREADS, router
 from .payload import MAX_LABEL_VALUE
 from .service import FuseService
 from .status import STATUS_ROWS, StatusLinks, render_status
@@ -129,6 +131,8 @@ def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_b
     app.state.links = links
     app.state.alertmanager_url = ""  # the externalURL of the last notification (Alertmanager's own address)
     app.state.probes = anyio.CapacityLimiter(PROBE_THREADS)  # /readyz's threads
+    # the notifications' threads (started when needed, ended at exit)
+    app.state.webhook_threads = ThreadPoolExecutor(WEBHOOK_THREADS, thread_name_prefix="fuse-webhook")
     app.add_middleware(_BodyLimit, max_body=max_body, on_413=lambda path: count(service.metrics, path, "http_413"))
     install_handlers(app)
     app.include_router(router)

@@ -136,6 +136,15 @@ class _Level:
     override: dict | None = None  # {"mode": "trip"|"release", "until": t, "reason": str}
 
 
+def _level_row(st: _Level) -> dict:
+    """``dataclasses.asdict(st)`` written out (it is on every change's path, where asdict's generic
+    recursion took about a seventh of a change's time under cProfile): the same keys in the same
+    order, the holders' entries and the override copied (flat dicts of strings and numbers)."""
+    return {"tripped": st.tripped, "holders": {fp: dict(h) for fp, h in st.holders.items()},
+            "release_at": st.release_at, "tripped_at": st.tripped_at,
+            "override": None if st.override is None else dict(st.override)}
+
+
 class Breaker:
     """Per-scope, per-level fuse state. Not thread-safe: the service serialises calls.
 
@@ -398,7 +407,7 @@ class Breaker:
     # ------------------------------------------------------------------ machinery
     def _row(self, key: str) -> dict:
         sc = self.scopes[key]
-        return {"labels": sc["labels"], "levels": {str(lvl): asdict(st) for lvl, st in sc["levels"].items()}}
+        return {"labels": sc["labels"], "levels": {str(lvl): _level_row(st) for lvl, st in sc["levels"].items()}}
 
     def _put(self, key: str, sc: dict | None) -> None:
         """Replace scope ``key`` by ``sc`` (a :meth:`_row`, or the stored form of one with

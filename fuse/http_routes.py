@@ -4,10 +4,18 @@ Each route reaches the service through ``app.state`` (:data:`~fusebox.fuse.http_
 its token through a dependency of :mod:`fusebox.fuse.http_deps`; refusals raise what
 :mod:`fusebox.fuse.http_handlers` answers. Notifications and overrides run in worker threads: the
 event loop (``/healthz``) never waits for the store.
+
+``POST /alertmanager`` is the hot route (one request per notification): :class:`WebhookRoute` serves
+it without FastAPI's per-request dependency solving (whose sync dependencies each cost a hop through
+a worker thread), doing the same steps in the same order -- token, body, notification -- and raising
+the same exceptions for the same requests, so every answer is FastAPI's own.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations.
 
+import asyncio
+import email.message
+import json
 import os
 import time
 from typing import Annotated, Any
@@ -15,11 +23,15 @@ from urllib.parse import urlencode
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException
 
 from .breaker import OverrideError, ScopeNotFound
-from .http_deps import Service, person_token, reader_token, webhook_token
+from .http_deps import Service, bearer, person_token, reader_token, service_of, webhook_token
 from .http_errors import BadQuery, encodable, problem
 from .http_models import OverrideRequest, WebhookPayload
 from .override import UsageError, parse_scope
@@ -35,6 +47,9 @@ STATE_LIMIT_MAX = 10_000
 STATUS_SCOPES = 100
 # Worker threads for /readyz's store read, apart from those notifications wait in.
 PROBE_THREADS = 4
+# Threads notifications are handled in (and wait in for the service's lock, where those waiting are
+# committed together): anyio's default, which they shared with the sync routes before.
+WEBHOOK_THREADS = 40
 
 router = APIRouter()
 
@@ -43,25 +58,25 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {"description": "too large"}, 503: {"description": "state not persisted; retry"}}
 
 
-@router.post("/alertmanager", responses=RESPONSES)
-async def alertmanager(request: Request, service: Service, body: WebhookPayload,
-                       _: Annotated[str, Depends(webhook_token)]):
-    """Alertmanager webhook receiver (payload version 4)."""
+async def notify(request: Request, service: FuseService, body: WebhookPayload) -> Response | dict:
+    """Apply a validated notification (in a thread of ``app.state.webhook_threads``: the event loop,
+    /healthz, never waits for it) and answer: 200 ``{"status": "ok", "decisions", "alerts"}`` once committed, 400 when the
+    payload does not parse (:func:`parse_payload`), 503 when the store did not persist it."""
     t0 = time.perf_counter()
     received = service.clock()
     metrics = service.metrics
     state = request.app.state
     state.alertmanager_url = web_url(body.externalURL) or state.alertmanager_url
 
-    def work():  # in a worker thread: the event loop (/healthz) never waits for a notification
+    def work():
         try:
             note = parse_payload(body.model_dump(), received)
         except (PayloadError, ValueError) as e:
             return e
         return service.handle(note, received)
 
-    try:
-        result = await anyio.to_thread.run_sync(work)
+    try:  # the app's own threads: asyncio's hand-off costs the event loop less than anyio's
+        result = await asyncio.get_running_loop().run_in_executor(state.webhook_threads, work)
     except Unavailable as e:
         metrics.notifications.labels("http_503").inc()
         return problem(503, f"state not persisted, retry: {e}")
@@ -71,6 +86,83 @@ async def alertmanager(request: Request, service: Service, body: WebhookPayload,
     metrics.notifications.labels("applied" if result["decisions"] else "ignored").inc()
     metrics.request.observe(time.perf_counter() - t0)
     return {"status": "ok", **result}
+
+
+_PAYLOAD = TypeAdapter(WebhookPayload)
+_NO_BODY = object()
+
+
+async def webhook_body(request: Request) -> WebhookPayload:
+    """The request's body as FastAPI reads a body parameter of this model (its own reading,
+    ``fastapi.routing.get_request_handler``, done here without its per-request dependency solving):
+    JSON when the Content-Type is JSON's (``application/json``, ``*+json``), else the raw bytes
+    (then refused: send it as JSON); an empty body is missing.
+
+    Raises:
+        RequestValidationError: not JSON, or not a notification (answered 400, the first problem).
+        HTTPException: 400, a body json cannot decode at all (nested too deeply, not UTF-8).
+    """
+    raw = await request.body()
+    data: Any = _NO_BODY
+    if raw:
+        ctype = request.headers.get("content-type")
+        data = raw
+        if ctype == "application/json" or (ctype and _json_type(ctype)):
+            data = _json_loads(raw)  # json's, as Starlette's (orjson reads an integer over 64 bits as a float)
+    if data is _NO_BODY:  # none sent (JSON's null is a body, refused by the model)
+        raise RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}])
+    try:
+        return _PAYLOAD.validate_python(data, from_attributes=True)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+
+
+def _json_type(content_type: str) -> bool:
+    """Whether FastAPI reads a body of this Content-Type as JSON (``application/json``, ``*+json``)."""
+    message = email.message.Message()
+    message["content-type"] = content_type
+    if message.get_content_maintype() != "application":
+        return False
+    subtype = message.get_content_subtype()
+    return subtype == "json" or subtype.endswith("+json")
+
+
+def _json_loads(raw: bytes) -> Any:
+    """``json.loads`` as FastAPI (Starlette's ``Request.json``) reads a body, failing as it does."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
+                                       "input": {}, "ctx": {"error": e.msg}}]) from None
+    except Exception:  # nested too deeply (RecursionError), not UTF-8
+        raise HTTPException(status_code=400, detail="There was an error parsing the body") from None
+
+
+class WebhookRoute(APIRoute):
+    """``POST /alertmanager``: documented from its endpoint's signature (the body model, the token),
+    served by :func:`receive_webhook`, which does what FastAPI would -- the token first (401, 429),
+    then the body (400), then :func:`notify` -- without solving the endpoint's dependencies per
+    request (two of them sync, each a hop through a worker thread)."""
+
+    def get_route_handler(self):
+        return receive_webhook
+
+
+async def receive_webhook(request: Request) -> Response:
+    """The webhook route's handler (:class:`WebhookRoute`)."""
+    webhook_token(request, await bearer(request))  # Denied (401), Limited (429): before the body
+    out = await notify(request, service_of(request), await webhook_body(request))
+    return out if isinstance(out, Response) else JSONResponse(out)
+
+
+async def alertmanager(request: Request, service: Service, body: WebhookPayload,
+                       _: Annotated[str, Depends(webhook_token)]):
+    """Alertmanager webhook receiver (payload version 4)."""
+    return await notify(request, service, body)
+
+
+router.add_api_route("/alertmanager", alertmanager, methods=["POST"], responses=RESPONSES,
+                     route_class_override=WebhookRoute)
 
 
 @router.post("/override", responses={**RESPONSES, 409: {"description": "the scope is not exactly a known one; "

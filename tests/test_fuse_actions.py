@@ -116,3 +116,81 @@ def test_reference_gateway_answers_400_to_a_deeply_nested_body(tmp_path):
         assert read_log(tmp_path / "gw.jsonl") == []
     finally:
         gw.stop()
+
+
+# ------------------------------------------------------------------ connections and the plain send
+@pytest.mark.process
+def test_the_reference_gateway_keeps_the_connection_and_stop_closes_it(tmp_path):
+    """Two calls on one HTTP/1.1 connection are both applied (no reconnect: the same socket); a call
+    whose body was not read (401) closes it; after stop() a kept connection is closed too, so the
+    next call fails as against a gateway that is down."""
+    import http.client
+    import json
+
+    gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl", token=GW_TOKEN).start()
+    conn = http.client.HTTPConnection(gw.host, gw.port, timeout=5)
+    try:
+        auth = {"Authorization": f"Bearer {GW_TOKEN}", "Content-Type": "application/json"}
+        first = None
+        for i in range(2):
+            body = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "r",
+                    "scope": {"cluster": "a"}, "decision_id": f"d{i}"}
+            conn.request("POST", "/v1/control/fuse", json.dumps(body), auth)
+            r = conn.getresponse()
+            assert (r.status, json.loads(r.read())) == (200, {"applied": True, "duplicate": False})
+            assert r.version == 11 and not r.will_close
+            first = first or conn.sock
+            assert conn.sock is first  # the same connection
+        conn.request("POST", "/v1/control/fuse", b'{"x": 1}', {"Authorization": "Bearer wrong"})
+        r = conn.getresponse()
+        assert r.status == 401 and r.will_close and r.getheader("Connection") == "close"
+        r.read()
+        conn.request("POST", "/v1/control/fuse", json.dumps({**body, "decision_id": "d2"}), auth)
+        assert conn.getresponse().read() and conn.sock is not first  # a new connection
+        gw.stop()
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            conn.request("POST", "/v1/control/fuse", json.dumps({**body, "decision_id": "d3"}), auth)
+            conn.getresponse()
+    finally:
+        conn.close()
+        gw.stop()
+    assert [r["decision_id"] for r in read_log(tmp_path / "gw.jsonl")] == ["d0", "d1", "d2"]
+
+
+@pytest.mark.process
+def test_an_adapter_client_sends_credentials_of_its_url_and_keeps_cookies_as_httpx_does():
+    """deadline_client's plain send leaves to httpx what it does not do itself: a URL with a user
+    and password is sent with Basic auth (RFC 7617: base64 of ``user:pass``); a cookie an answer sets
+    is sent back on the next request."""
+    import base64
+
+    from fusebox.fuse.actions import deadline_client
+
+    seen: list[dict] = []
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(200)
+            self.send_header("Set-Cookie", "lane=b; Path=/")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        c = deadline_client(5)
+        assert c.get(f"http://127.0.0.1:{port}/x").text == "ok"
+        assert c.get(f"http://127.0.0.1:{port}/y").status_code == 200
+        assert deadline_client(5).get(f"http://u:p@127.0.0.1:{port}/z").status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "cookie" not in seen[0] and seen[1]["cookie"] == "lane=b"
+    assert "authorization" not in seen[1]
+    assert seen[2]["authorization"] == "Basic " + base64.b64encode(b"u:p").decode()

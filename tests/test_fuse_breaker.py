@@ -277,3 +277,23 @@ def test_a_fleet_trip_then_a_fleet_release_releases_it():
     b.on_notification(note(KV), T0)
     assert [(d.kind, d.scope_key) for d in b.override({}, 1, "trip", "x", 100, T0 + 1, fleet=True)] == [("trip", "{}")]
     assert [(d.kind, d.scope_key) for d in b.override({}, 1, "release", "x", 100, T0 + 2, fleet=True)] == [("release", "{}")]
+
+
+def test_a_changed_scope_is_persisted_as_dataclasses_asdict_writes_its_levels():
+    """The rows :meth:`Breaker.changes` hands the store hold each level as ``dataclasses.asdict``
+    of its state would (the store's format), copied: holders, hold deadline, override."""
+    import dataclasses
+
+    b = Breaker(RULES, HOLD)
+    a1 = alert("GPUMemoryUtilizationHigh", starts=T0 - 5, **GPU)
+    b.on_notification(note(a1), T0)
+    b.override(GPU, 2, "trip", "canary", 30, T0)
+    b.on_notification(note(alert("GPUMemoryUtilizationHigh", "resolved", starts=T0 - 5, **GPU)), T0 + 1)
+    [(kind, key, row)] = [r for r in b.changes() if r[1] == GPU_KEY]
+    levels = b.scopes[GPU_KEY]["levels"]
+    assert row["levels"] == {str(lvl): dataclasses.asdict(st) for lvl, st in levels.items()}
+    assert list(row["levels"]["1"]) == ["tripped", "holders", "release_at", "tripped_at", "override"]
+    assert row["levels"]["1"]["release_at"] == T0 + 1 + HOLD  # the last holder left at T0 + 1
+    assert row["levels"]["2"]["override"] == {"mode": "trip", "until": T0 + 30, "reason": "canary"}
+    row["levels"]["2"]["override"]["reason"] = "changed"  # a copy: the breaker's own state is untouched
+    assert levels[2].override["reason"] == "canary"

@@ -300,3 +300,58 @@ def test_a_release_with_part_of_the_tripped_scope_is_409_lists_the_scope_and_cre
     assert r.status_code == 200
     assert [(d["state"], d["level"]) for d in r.json()["decisions"]] == [("release", 3)]
     assert svc.state()["levels"] == {}
+
+
+def _with_fastapi_webhook_route(app):
+    """``app`` with POST /alertmanager served as FastAPI serves any route (its endpoint's dependencies
+    and body model solved per request): the reference the hot route must answer like."""
+    from fastapi.routing import APIRoute
+
+    from fusebox.fuse import http_routes
+
+    # first in the list: Starlette answers with the first route that matches
+    app.router.routes.insert(0, APIRoute("/alertmanager", http_routes.alertmanager, methods=["POST"],
+                                         responses=http_routes.RESPONSES))
+    return app
+
+
+def test_the_webhook_route_answers_every_request_as_fastapis_own_route_would(tmp_path):
+    """Status, JSON body and challenge headers of POST /alertmanager for bodies that are fine, not
+    JSON, not UTF-8, nested too deeply, of the wrong shape or types, empty; content types FastAPI reads
+    as JSON or not; a right, wrong or missing token: the same from the hot route as from FastAPI's."""
+    import itertools
+
+    good = payload(alert("GPUMemoryUtilizationHigh", starts=1_700_000_000.0, **GPU))
+
+    def changed(alert_fields=None, **fields):
+        body = json.loads(json.dumps(good))
+        body.update(fields)
+        body["alerts"][0].update(alert_fields or {})
+        return json.dumps(body).encode()
+
+    bodies = [b"", b"{", b"[1]", b'"x"', b"null", b"{}", b"[" * 5000 + b"]" * 5000, b"\xff\xfe", b"version=4",
+              b'{"alerts": [], "x": NaN}', b'{"alerts": [], "truncatedAlerts": "3"}', b'{"alerts": {}}',
+              b'{"alerts": [], "receiver": "\\udfff"}', b'{"alerts": [], "groupKey": 123456789012345678901234567890}',
+              json.dumps(good).encode(), changed(status="resolved"), changed(truncatedAlerts=-1),
+              changed({"labels": {"alertname": "X", "a": 1}}), changed({"startsAt": None}), changed({"endsAt": "bad"}),
+              changed({"fingerprint": "f" * 65}), changed({"annotations": {"a": 1}}), changed({"status": "pending"}),
+              changed({"labels": {"alertname": "GPUMemoryUtilizationHigh", "cluster": "a", "hw_id": "x" * 300}})]
+    types = [None, "application/json", "application/json; charset=utf-8", "application/problem+json", "text/plain"]
+    auths = [AUTH, {"Authorization": "Bearer wrong"}, {}]
+    answers = {}
+    for reference in (False, True):
+        svc = dry_run_service(tmp_path / str(reference))
+        app = create_app(svc, TOKENS, max_body=64 * 1024)
+        client = TestClient(_with_fastapi_webhook_route(app) if reference else app, raise_server_exceptions=False)
+        got = []
+        for body, ctype, auth in itertools.product(bodies, types, auths):
+            app.state.limiter._failures.clear()  # no 429: every wrong token is a 401
+            r = client.post("/alertmanager", content=body, headers={**auth, **({"Content-Type": ctype} if ctype else {})})
+            doc = r.json()
+            for d in doc.get("decisions", []):
+                d.pop("decision_id")
+            got.append((r.status_code, doc, r.headers.get_list("www-authenticate")))
+        answers[reference] = got
+        svc.store.close()
+    assert {code for code, _, _ in answers[True]} == {200, 400, 401}
+    assert [(i, a, b) for i, (a, b) in enumerate(zip(answers[False], answers[True], strict=True)) if a != b] == []

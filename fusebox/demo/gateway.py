@@ -14,7 +14,9 @@ bearer token: 401, not logged. ``GET /v1/control/fuse`` returns the applied stat
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,17 +60,40 @@ class ReferenceGateway:
             if not rec.get("duplicate"):
                 self._apply(rec)
         self._lock = threading.Lock()
+        self._open: set = set()  # the connections' sockets, closed by stop()
         gw = self
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1: a client keeps its connection for the next call (keep-alive), as it does
+            # with a real gateway; every answer has a Content-Length
+            protocol_version = "HTTP/1.1"
+            # the head and the body are two writes: without TCP_NODELAY the body waits for the
+            # client's delayed ACK of the head (40 ms on Linux) once the connection is kept
+            disable_nagle_algorithm = True
+
+            def setup(self):
+                super().setup()
+                with gw._lock:
+                    gw._open.add(self.connection)
+
+            def finish(self):
+                with gw._lock:
+                    gw._open.discard(self.connection)
+                super().finish()
+
             def log_message(self, *args):  # quiet
                 pass
 
-            def _send(self, code: int, obj) -> None:
+            def _send(self, code: int, obj, read: bool = True) -> None:
+                """Answer ``obj`` as JSON; ``read`` False: the request's body was not read, so the
+                connection is closed after the answer (its unread bytes are no next request)."""
                 body = json.dumps(obj).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                if not read and self.command == "POST":
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -82,12 +107,14 @@ class ReferenceGateway:
 
             def do_POST(self):
                 if self.path != CONTROL_PATH:
-                    return self._send(404, {"error": "not found"})
+                    return self._send(404, {"error": "not found"}, read=False)
                 if gw.token and not bearer_matches(self.headers.get("Authorization"), gw.token):
-                    return self._send(401, {"error": "missing or wrong bearer token"})
+                    return self._send(401, {"error": "missing or wrong bearer token"}, read=False)
+                length = self.headers.get("Content-Length") or "0"
+                if not length.isdigit() or self.headers.get("Transfer-Encoding"):  # a body not read here
+                    return self._send(400, {"error": "a body with a Content-Length is required"}, read=False)
                 try:
-                    n = int(self.headers.get("Content-Length") or 0)
-                    rec = load_json(self.rfile.read(n))  # PayloadError (a ValueError) when too deep
+                    rec = load_json(self.rfile.read(int(length)))  # PayloadError (a ValueError) when too deep
                     if not isinstance(rec, dict):
                         raise ValueError("body must be a JSON object")
                     for k, t in _FIELDS.items():
@@ -130,8 +157,14 @@ class ReferenceGateway:
         self.server.serve_forever()
 
     def stop(self) -> None:
+        """Stop serving and close every connection, kept-alive ones too: a client's next call is
+        refused, as by a gateway that is down."""
         self.server.shutdown()
         self.server.server_close()
+        with self._lock:
+            for sock in list(self._open):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         if self._thread:
             self._thread.join(timeout=5)
 
