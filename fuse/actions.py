@@ -45,8 +45,6 @@ from typing import Protocol
 
 import httpcore
 import httpx
-from httpx._client import BoundSyncStream
-from httpx._exceptions import request_context
 
 from .logsafe import HIDDEN, SECRET_PARAMS, install, redact_url, redact_urls
 
@@ -256,43 +254,6 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-_httpx_log = logging.getLogger("httpx")
-
-
-class _PlainClient(httpx.Client):
-    """An :class:`httpx.Client` whose :meth:`send` of a request that needs no authentication flow (no
-    auth given, none in the URL), no redirect and no event hook -- every adapter call -- goes
-    straight to httpx's own single-request step (``Client._send_single_request``, done here: the
-    transport, the cookies, httpx's log line) and reads the answer, skipping the auth and redirect
-    generators around it (a call to the reference gateway: about 0.36 to 0.33 ms of CPU). Any other
-    request is httpx's ``send`` itself."""
-
-    def send(self, request: httpx.Request, *, stream: bool = False, auth=httpx.USE_CLIENT_DEFAULT,
-             follow_redirects=httpx.USE_CLIENT_DEFAULT) -> httpx.Response:
-        if (stream or auth not in (httpx.USE_CLIENT_DEFAULT, None) or self.auth is not None
-                or follow_redirects not in (httpx.USE_CLIENT_DEFAULT, False) or self.follow_redirects
-                or request.url.username or request.url.password or any(self.event_hooks.values())
-                or self.is_closed):
-            return super().send(request, stream=stream, auth=auth, follow_redirects=follow_redirects)
-        transport = self._transport_for_url(request.url)
-        start = time.perf_counter()
-        with request_context(request=request):
-            response = transport.handle_request(request)
-        response.request = request
-        response.stream = BoundSyncStream(response.stream, response=response, start=start)  # type: ignore[arg-type]
-        try:
-            response.read()
-        except BaseException:
-            response.close()
-            raise
-        if "set-cookie" in response.headers or "set-cookie2" in response.headers:  # none: nothing to keep
-            self.cookies.extract_cookies(response)
-        response.default_encoding = self._default_encoding
-        _httpx_log.info('HTTP Request: %s %s "%s %d %s"', request.method, request.url, response.http_version,
-                        response.status_code, response.reason_phrase)
-        return response
-
-
 def deadline_client(timeout_s: float) -> httpx.Client:
     """An :class:`httpx.Client` whose requests wait ``timeout_s`` at most per step and, inside
     :func:`call_deadline`, never past the deadline in all (a late one raises ``httpx.ReadTimeout``).
@@ -302,7 +263,7 @@ def deadline_client(timeout_s: float) -> httpx.Client:
     if not hasattr(pool, "_network_backend"):  # httpx/httpcore changed: fail loudly, not silently unbounded
         raise RuntimeError("httpx's transport has no httpcore pool with a network backend: pin httpx 0.28")
     pool._network_backend = _DeadlineBackend()  # type: ignore[union-attr]
-    return _PlainClient(timeout=timeout_s, transport=transport)
+    return httpx.Client(timeout=timeout_s, transport=transport)
 
 
 class Adapter(Protocol):

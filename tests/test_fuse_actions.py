@@ -159,7 +159,7 @@ def test_the_reference_gateway_keeps_the_connection_and_stop_closes_it(tmp_path)
 
 @pytest.mark.process
 def test_an_adapter_client_sends_credentials_of_its_url_and_keeps_cookies_as_httpx_does():
-    """deadline_client's plain send leaves to httpx what it does not do itself: a URL with a user
+    """deadline_client's client (httpx's, with the deadline's network backend): a URL with a user
     and password is sent with Basic auth (RFC 7617: base64 of ``user:pass``); a cookie an answer sets
     is sent back on the next request."""
     import base64
