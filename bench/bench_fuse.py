@@ -500,9 +500,10 @@ def bench_fleet(args) -> int:
             print(f"{name:24} {k:6} {r['rate'][k]:8.0f} {pct(r['lat'][k], .5) * 1e3:6.1f}ms "
                   f"{pct(r['lat'][k], .99) * 1e3:6.1f}ms {calls}")
         cost = r["rate"]["empty"] / r["rate"]["held"]
-        print(f"{'':24} cost of a change, {args.scopes} held / empty: {cost:.2f}x (target < 2x); "
-              f"fuse / echo rate: held {r['rate']['held'] / r['rate']['echo']:.2f}x, "
-              f"empty {r['rate']['empty'] / r['rate']['echo']:.2f}x (target >= 0.8x)")
+        held, empty = r["rate"]["held"] / r["rate"]["echo"], r["rate"]["empty"] / r["rate"]["echo"]
+        print(f"{'':24} cost of a change, {args.scopes} held / empty: {cost:.2f}x (target < 2x"
+              f"{'' if cost < 2 else ': NOT MET'}); fuse / echo rate: held {held:.2f}x, empty {empty:.2f}x "
+              f"(target >= 0.8x{'' if min(held, empty) >= 0.8 else ': NOT MET'})")
         b = r["big"]
         probes = ", ".join(f"{p} max {max(v) * 1e3:.0f} ms over {len(v)}" if v else f"{p}: none sent in time"
                            for p, v in b["probes"].items())

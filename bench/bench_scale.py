@@ -9,7 +9,7 @@ dashboards through recording rules vs raw series.
 ``--cost`` measures the rules' cost rather than queueing, on one Prometheus only (no
 VictoriaMetrics, no dashboards): the fleet scraped at the spec's scrape interval, 7 minutes of
 history backfilled at that step so every rate window has turned over before anything is measured;
-the rules of ``--before`` (default: where this branch left main, ``git show REV:rules/...``,
+the rules of ``--before`` (default: where this branch left main, or 5130cd6 on main itself; ``git show REV:rules/...``,
 renamed ``before/...``, ``before:RECORD``, ``BeforeALERT`` so nothing collides) and today's, each
 alone and then both side by side. It prints per group the evaluation wall time, the PromQL time of
 its rules run one query at a time while only its side's rules run (query stats: evalTotalTime, least of 3: CPU without waiting),
@@ -519,9 +519,12 @@ BEFORE_FALLBACK = "5130cd6"  # main where the rule-cost branch started (issue 23
 
 
 def branch_point() -> str:
-    """The commit this branch left main at (``git merge-base HEAD main``), else :data:`BEFORE_FALLBACK`."""
+    """The commit this branch left main at (``git merge-base HEAD main``); :data:`BEFORE_FALLBACK`
+    without one, or on main itself (there the merge base is HEAD: today's rules against themselves)."""
     r = subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], capture_output=True, text=True)
-    return r.stdout.strip()[:12] if r.returncode == 0 and r.stdout.strip() else BEFORE_FALLBACK
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    base = r.stdout.strip() if r.returncode == 0 else ""
+    return base[:12] if base and base != head else BEFORE_FALLBACK
 
 
 def rules_at(rev: str) -> str:
@@ -530,6 +533,17 @@ def rules_at(rev: str) -> str:
     if r.returncode != 0:
         raise SystemExit(f"git show {rev}:{RULE_FILE} failed (a clone without that history?): {r.stderr.strip()}")
     return r.stdout
+
+
+def _ms(s: float) -> str:
+    """Seconds as milliseconds in 8 columns; ``-`` when the group was not evaluated in the window."""
+    return f"{'-':>8}" if math.isnan(s) else f"{s * 1e3:8.1f}"
+
+
+def _pct(s: float, interval: float) -> str:
+    """A share of ``interval`` in 7 columns; ``-`` when the group was not evaluated in the window
+    (a phase shorter than its interval)."""
+    return f"{'-':>7}" if math.isnan(s) else f"{s / interval * 100:6.2f}%"
 
 
 def same_signals_spec(rev: str, tmp: Path):
@@ -650,7 +664,7 @@ def cost_main(args: argparse.Namespace) -> int:
     clock = [time.perf_counter()] * 2
     print(f"cost: {args.gpus:,} GPUs, {args.engines:,} engines: {series_count(fams):,} raw series scraped every {scrape:g}s"
           f" (the spec's); before = rules of {before_rev} ({len(before)} groups), after = today's ({len(after)} groups"
-          f"{'; same signals as ' + before_rev + ', left out: ' + ', '.join(dropped) if args.same_signals else ''});"
+          f"{'; same signals as ' + before_rev + ', left out: ' + (', '.join(dropped) or 'none') if args.same_signals else ''});"
           f" cpus {os.cpu_count()}; load {_load()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     exporter = Exporter(fams, step=scrape)
     config = scrape_config(exporter.port, scrape)
@@ -752,7 +766,7 @@ def report_vm_cost(before: list[dict], after: list[dict], base_use: Usage,
         side, iv = g["name"].split("/", 1)[0], _interval_s(g)
         t = sides.get(side, ({}, None))[0].get(g["name"], [])
         wall = statistics.median(t) if t else math.nan
-        print(f"{g['name']:52s} {iv:7g}s {wall * 1e3:8.1f} ms {wall / iv * 100:6.2f}%  {'over 10 %' if wall / iv >= TARGET_SHARE else ''}")
+        print(f"{g['name']:52s} {iv:7g}s {_ms(wall)} ms {_pct(wall, iv)}  {'over 10 %' if wall / iv >= TARGET_SHARE else ''}")
     base_rate = base_use.engine_cpu / base_use.wall
     rule_cpu = {}
     for side, u in [("scraping only", base_use)] + [(k, v[1]) for k, v in sides.items()]:
@@ -790,7 +804,7 @@ def report_cost(before: list[dict], after: list[dict], base_use: Usage, phases: 
         acc[1] += (wall / iv) if t else 0.0
         acc[2] += m
         flag = "MISSED" if m else ("over 10 %" if max(wall, q) / iv >= TARGET_SHARE else "")
-        print(f"{name:52s} {iv:7g}s {wall * 1e3:8.1f} {wall / iv * 100:6.2f}% {q * 1e3:9.1f} {q / iv * 100:7.2f}% {q / iv * 1e3:7.1f}"
+        print(f"{name:52s} {iv:7g}s {_ms(wall)} {_pct(wall, iv)} {q * 1e3:9.1f} {q / iv * 100:7.2f}% {q / iv * 1e3:7.1f}"
               f" {m:6.0f}  {flag}")
     big = [g for g in before + after if promql.get(g["name"], 0.0) / _interval_s(g) >= PER_RULE_SHARE]
     if per_rule and big:
@@ -832,8 +846,8 @@ def _phase(name: str, t0: list[float]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gpus", type=int, default=10_000)
-    ap.add_argument("--engines", type=int, default=2_500)
+    ap.add_argument("--gpus", type=int, default=10_000, help="GPUs of the synthetic fleet (8 per node)")
+    ap.add_argument("--engines", type=int, default=2_500, help="vLLM engines of the synthetic fleet")
     ap.add_argument("--hours", type=float, default=1.0, help="history the dashboards read (plus 10 min for the 5m windows)")
     ap.add_argument("--eval-seconds", type=float, default=60.0, help="live rule evaluation measured per engine")
     ap.add_argument("--baseline-seconds", type=float, default=30.0,
@@ -844,7 +858,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temporary data")
     ap.add_argument("--cost", action="store_true", help="rule cost only: the rules of --before and today's side by side in one "
                     "Prometheus (no VictoriaMetrics, no dashboards)")
-    ap.add_argument("--before", help="with --cost: the revision whose rules are the 'before' (default: the branch point from main)")
+    ap.add_argument("--before", help="with --cost: the revision whose rules are the 'before' (default: where this branch left main; "
+                    "on main itself, 5130cd6, the rules before the cost cuts)")
     ap.add_argument("--same-signals", action="store_true", help="with --cost: today's rules rendered from fusebox.yaml without "
                     "the signals --before's spec lacks, so both sides watch the same signals")
     ap.add_argument("--phase-seconds", type=float, default=40.0, help="with --cost: each measured phase")

@@ -186,3 +186,21 @@ def test_cost_report_lists_the_rules_of_groups_at_5_percent_of_their_interval(ca
     assert "  before/big: before:a 200.0 (4.0%); B 300.0 (6.0%)" in out
     assert "  after/big: a 300.0 (6.0%)" in out
     assert "after/small: s" not in out
+
+
+@pytest.mark.process  # git
+def test_the_default_before_is_never_head_itself():
+    """On main the merge base with main is HEAD: --cost would time today's rules against
+    themselves. The default is then the rules before the cost cuts (5130cd6)."""
+    import subprocess
+
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    before = bench_scale.branch_point()
+    assert before and not head.startswith(before)
+    base = subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], capture_output=True, text=True).stdout.strip()
+    assert before == (bench_scale.BEFORE_FALLBACK if base in ("", head) else base[:12])
+
+
+def test_a_group_not_evaluated_in_the_window_prints_a_dash_not_nan():
+    assert bench_scale._ms(float("nan")).strip() == "-" and bench_scale._pct(float("nan"), 30.0).strip() == "-"
+    assert bench_scale._ms(0.0125).strip() == "12.5" and bench_scale._pct(1.5, 30.0).strip() == "5.00%"
