@@ -17,13 +17,18 @@
    reference.
 
 4. ``--fleet``: the cost of a change with 10,000 scopes held (issue 22). Per store (SQLite, one
-   replica; PostgreSQL, two replicas), three servers up side by side: a fuse holding 10,000 tripped
-   scopes (seeded in its store before it starts, so no gateway call is pending), an empty fuse, and
-   a bare FastAPI echo (parses the body, answers); notifications that each change one scope (trip
-   level 3 of one GPU: a held scope, or a new one on the empty fuse) are sent to the three in
-   alternating batches, so background load hits them alike. Printed: notifications/s, request
-   p50/p99, the held/empty cost ratio (target < 2x), fuse/echo rate (target >= 0.8x), gateway calls
-   and duplicates (target 0); then /healthz and /readyz latency while the held fuse handles one
+   replica; PostgreSQL, two replicas), four servers up side by side: a fuse holding 10,000 tripped
+   scopes (seeded in its store before it starts, so no gateway call is pending), an empty fuse, a
+   bare FastAPI echo (parses the body, answers), and ``call``: the same echo that also makes the one
+   gateway call a change needs (the fuse's own HttpGateway adapter, from a background thread, as
+   the fuse's dispatcher does), the most any fuse calling the gateway from its own process could
+   reach. Notifications that each change one scope (trip level 3 of one GPU: a held scope, or a new
+   one on the empty fuse) are sent to the four in alternating batches by the same senders (threads
+   whose clients and connections are kept for the whole run, as Alertmanager keeps its own), so
+   background load hits them alike. Printed: notifications/s, request p50/p99, CPU per notification
+   of each target's processes (from /proc, the gateway calls included), the held/empty cost ratio
+   (target < 2x), fuse/echo rate (target >= 0.8x), call/echo and fuse/call, gateway calls and
+   duplicates (target 0); then /healthz and /readyz latency while the held fuse handles one
    notification of 3,000 resolved alerts (target < 1 s); the CPU busy share during the run, and
    "CPU SATURATED" when it is over 90% of every core (the figures then measure the machine).
 
@@ -162,9 +167,10 @@ def main() -> int:
     ap.add_argument("--scopes", type=int, default=10_000, help="--fleet: scopes held (default 10000)")
     ap.add_argument("--changes", type=int, default=600, help="--fleet: notifications per target (default 600)")
     ap.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--echo-gateway", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_echo:
-        _echo_server(args.serve_echo)
+        _echo_server(args.serve_echo, args.echo_gateway)
         return 0
     if args.fleet:
         if args.concurrency == 8 and "--concurrency" not in sys.argv:
@@ -323,16 +329,49 @@ def _cpu_busy() -> tuple[float, float]:
     return sum(f) - idle, sum(f)
 
 
-def _echo_server(port: int) -> None:
-    """A bare FastAPI app answering POST /alertmanager with the alerts' count (uvicorn, as the fuse)."""
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used so far, from /proc/<pid>/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
+    return total
+
+
+def _echo_server(port: int, gateway: str | None = None) -> None:
+    """A bare FastAPI app answering POST /alertmanager with the alerts' count (uvicorn, as the fuse).
+
+    ``gateway``: also send one control call per notification to that reference gateway, from a
+    background thread through the fuse's own :class:`HttpGateway` adapter (as the fuse's dispatcher
+    does after its 200): the rate of any in-process design that calls the gateway once per change."""
+    import queue
+
     import uvicorn
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, PlainTextResponse
 
+    from fusebox.fuse.actions import HttpGateway
+
     app = FastAPI()
+    calls: queue.SimpleQueue = queue.SimpleQueue()
+    seq = itertools.count()
+
+    def call_loop() -> None:
+        adapter = HttpGateway(gateway, timeout_s=5.0)
+        while True:
+            labels = calls.get()
+            adapter.apply({"action": "kv_cache_eviction", "level": 3, "state": "trip", "reason": "echo",
+                           "scope": {"cluster": labels.get("cluster", ""), "hw_id": labels.get("hw_id", "")},
+                           "decision_id": f"echo-{next(seq)}"})
+
+    if gateway:
+        threading.Thread(target=call_loop, daemon=True).start()
 
     async def echo(request):
         body = await request.json()
+        if gateway:
+            calls.put(body["alerts"][0]["labels"])
         return JSONResponse({"status": "ok", "alerts": len(body.get("alerts", []))})
 
     async def healthz(request):
@@ -376,11 +415,16 @@ def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
     t0 = time.time() - 120
     (tmp / "token").write_text(TOKEN)
     gw_log = tmp / f"gw-{label}.jsonl"
-    gw_port, echo_port = free_port(), free_port()
+    gw_port, echo_port, call_port = free_port(), free_port(), free_port()
     procs = [_spawn(["fuse", "gateway", "--listen", f"127.0.0.1:{gw_port}", "--log", str(gw_log)]),
              subprocess.Popen([sys.executable, __file__, "--serve-echo", str(echo_port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)]
-    targets: dict[str, list[str]] = {"held": [], "empty": [], "echo": [f"http://127.0.0.1:{echo_port}"]}
+                              stderr=subprocess.DEVNULL),
+             subprocess.Popen([sys.executable, __file__, "--serve-echo", str(call_port), "--echo-gateway",
+                               f"http://127.0.0.1:{gw_port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    targets: dict[str, list[str]] = {"held": [], "empty": [], "echo": [f"http://127.0.0.1:{echo_port}"],
+                                     "call": [f"http://127.0.0.1:{call_port}"]}
+    pids: dict[str, list[int]] = {"gateway": [procs[0].pid], "echo": [procs[1].pid], "call": [procs[2].pid],
+                                  "held": [], "empty": []}
     try:
         held_url = store_for("held")
         started = time.perf_counter()
@@ -394,6 +438,7 @@ def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
                                      f"http://127.0.0.1:{gw_port}", "--hold", "3600", "--tick", "1",
                                      "--retry-backoff", "0.01", "--log-level", "warning"]))
                 targets[name].append(f"http://127.0.0.1:{port}")
+                pids[name].append(procs[-1].pid)
         for u in [f"http://127.0.0.1:{gw_port}", *[u for us in targets.values() for u in us]]:
             wait_for(lambda u=u: _up(u), 120, 0.1, f"{u} start")
         headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -404,19 +449,25 @@ def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
             local.c = c
             return c
 
-        # one change each: level 3 of GPU i (held: a scope held at level 1; empty: a new scope)
+        # one change each: level 3 of GPU i (held: a scope held at level 1; empty: a new scope; the
+        # echoes get the held fuse's bodies)
         def body(name: str, i: int) -> bytes:
-            cluster = "empty" if name == "empty" else "held"
+            cluster = name if name in ("empty", "call") else "held"
             return _compact([alert("KVCacheGrowthRateHigh", starts=t0 + 1, **_gpu(cluster, i))])
 
         rr = itertools.count()
         spent = {k: 0.0 for k in targets}
         lat: dict[str, list[float]] = {k: [] for k in targets}
         busy0 = _cpu_busy()
+        cpu0 = {k: _cpu_s(v) for k, v in pids.items()}
+        self0 = time.process_time()
         wall0 = time.perf_counter()
         batch = 50
+        # the senders and their connections are kept for the whole run, as Alertmanager keeps its
+        # own (a client made per batch costs the senders more than the echo costs the server)
+        pool = ThreadPoolExecutor(args.concurrency)
         for start in range(0, args.changes, batch):
-            for name in ("held", "empty", "echo"):
+            for name in ("held", "empty", "echo", "call"):
                 urls = targets[name]
 
                 def send(i, urls=urls, name=name):
@@ -426,17 +477,21 @@ def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
                     return time.perf_counter() - t
 
                 t = time.perf_counter()
-                with ThreadPoolExecutor(args.concurrency) as ex:
-                    lat[name] += list(ex.map(send, range(start, min(start + batch, args.changes))))
+                lat[name] += list(pool.map(send, range(start, min(start + batch, args.changes))))
                 spent[name] += time.perf_counter() - t
+        pool.shutdown()
         busy1 = _cpu_busy()
         wall = time.perf_counter() - wall0
+        senders_s = time.process_time() - self0
         cores = os.cpu_count() or 1
         busy = (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1])
-        # every trip applied once?
-        wait_for(lambda: len(read_log(gw_log)) >= 2 * args.changes, 120, 0.1, "trips applied")
+        # every trip applied once? (and every echo's call made)
+        wait_for(lambda: len(read_log(gw_log)) >= 3 * args.changes, 120, 0.1, "trips applied")
         time.sleep(1.0)
         log = read_log(gw_log)
+        # CPU seconds each process spent on the run's notifications (the gateway calls included)
+        cpu = {k: _cpu_s(v) - cpu0[k] for k, v in pids.items()}
+        cpu["senders"] = senders_s
         per = {k: [r for r in log if r["scope"].get("cluster") == k] for k in ("held", "empty")}
         dupl = {k: sum(r["duplicate"] for r in v) + len(v) - len({(r["scope"]["hw_id"], r["level"]) for r in v})
                 for k, v in per.items()}
@@ -468,6 +523,7 @@ def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
         th.join()
         assert res["r"].status_code == 200, res["r"].text
         return {"rate": {k: args.changes / spent[k] for k in spent}, "lat": lat, "seed_s": seed_s, "wall": wall,
+                "cpu_ms": {k: v * 1e3 / args.changes for k, v in cpu.items()},
                 "busy": busy, "cores": cores, "calls": {k: len(v) for k, v in per.items()}, "dupl": dupl,
                 "big": {"alerts": n_res, "s": res["s"], "result": res["r"].json()["alerts"], "probes": probe_lat}}
     finally:
@@ -491,19 +547,28 @@ def bench_fleet(args) -> int:
                 rows.append(("PostgreSQL, 2 replicas", _fleet_store("pg", pg.create_db, 2, t / "pg", args)))
             finally:
                 pg.close()
-    print(f"fleet: {args.scopes} scopes held vs an empty fuse vs a bare FastAPI echo, side by side; "
-          f"{args.changes} notifications each, each changing one scope; {args.concurrency} concurrent senders")
-    print(f"{'store':24} {'target':6} {'notif/s':>8} {'req p50':>8} {'req p99':>8} {'calls':>6} {'dupl.':>6}")
+    print(f"fleet: {args.scopes} scopes held vs an empty fuse vs a bare FastAPI echo vs the echo plus one gateway "
+          f"call per notification (call), side by side; {args.changes} notifications each, each changing one scope; "
+          f"{args.concurrency} concurrent senders, kept for the run")
+    print(f"{'store':24} {'target':6} {'notif/s':>8} {'req p50':>8} {'req p99':>8} {'CPU/notif':>9} {'calls':>6} "
+          f"{'dupl.':>6}")
     for name, r in rows:
-        for k in ("held", "empty", "echo"):
+        for k in ("held", "empty", "echo", "call"):
             calls = f"{r['calls'][k]:6d} {r['dupl'][k]:6d}" if k in r["calls"] else f"{'-':>6} {'-':>6}"
             print(f"{name:24} {k:6} {r['rate'][k]:8.0f} {pct(r['lat'][k], .5) * 1e3:6.1f}ms "
-                  f"{pct(r['lat'][k], .99) * 1e3:6.1f}ms {calls}")
+                  f"{pct(r['lat'][k], .99) * 1e3:6.1f}ms {r['cpu_ms'][k]:7.2f}ms {calls}")
         cost = r["rate"]["empty"] / r["rate"]["held"]
         held, empty = r["rate"]["held"] / r["rate"]["echo"], r["rate"]["empty"] / r["rate"]["echo"]
+        call = r["rate"]["call"] / r["rate"]["echo"]
         print(f"{'':24} cost of a change, {args.scopes} held / empty: {cost:.2f}x (target < 2x"
               f"{'' if cost < 2 else ': NOT MET'}); fuse / echo rate: held {held:.2f}x, empty {empty:.2f}x "
               f"(target >= 0.8x{'' if min(held, empty) >= 0.8 else ': NOT MET'})")
+        print(f"{'':24} the echo plus its gateway call / echo: {call:.2f}x (the most any fuse that calls the gateway "
+              f"from its own process could reach here); fuse / (echo + call): held "
+              f"{r['rate']['held'] / r['rate']['call']:.2f}x, empty {r['rate']['empty'] / r['rate']['call']:.2f}x")
+        c = r["cpu_ms"]
+        print(f"{'':24} CPU per notification (ms, all of a target's processes, its gateway calls included): "
+              f"reference gateway {c['gateway'] / 3:.2f} per call, the senders {c['senders'] / 4:.2f} per request")
         b = r["big"]
         probes = ", ".join(f"{p} max {max(v) * 1e3:.0f} ms over {len(v)}" if v else f"{p}: none sent in time"
                            for p, v in b["probes"].items())

@@ -1,0 +1,37 @@
+"""bench/bench_fuse.py --fleet at a small size runs whole and counts what the real processes did:
+one gateway call per change on each fuse and none twice, every resolved alert of the big
+notification held for release. No timing is asserted (speed lives in bench/)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from _support import ROOT
+
+pytestmark = pytest.mark.process
+
+SCOPES, CHANGES = 120, 100
+
+
+def test_fleet_mode_counts_one_gateway_call_per_change_and_prints_every_target():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_fuse.py"), "--fleet", "--no-postgresql",
+                          "--scopes", str(SCOPES), "--changes", str(CHANGES)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {m[1]: m for m in re.finditer(
+        r"^SQLite, 1 replica +(held|empty|echo|call) +(\d+) +([\d.]+)ms +([\d.]+)ms +([\d.]+)ms +(\S+) +(\S+)$",
+        out.stdout, re.M)}
+    assert set(rows) == {"held", "empty", "echo", "call"}, out.stdout
+    # each notification trips level 3 of one GPU: one call to the reference gateway, never two
+    for fuse in ("held", "empty"):
+        assert (rows[fuse][6], rows[fuse][7]) == (str(CHANGES), "0"), out.stdout
+        assert float(rows[fuse][5]) > 0  # CPU per notification, read from /proc
+    for echo in ("echo", "call"):
+        assert (rows[echo][6], rows[echo][7]) == ("-", "-")
+    assert "fuse / echo rate" in out.stdout and "fuse / (echo + call)" in out.stdout
+    # the big notification resolves the alert of every seeded scope: each waits out its hold
+    assert f"{SCOPES} resolved alerts in one notification on the held fuse" in out.stdout
+    assert f"{{'release_pending': {SCOPES}}}" in out.stdout
