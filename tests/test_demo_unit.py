@@ -174,8 +174,9 @@ def test_demo_without_tools_fails_clearly(tmp_path, monkeypatch):
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--spec", str(ROOT / "fusebox.yaml"),
                         "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
     assert r.returncode == 2
-    last = r.stdout.strip().splitlines()[-1]
-    assert last.startswith("demo: FAILED missing prometheus") and "make tools" in last
+    assert r.stdout == ""  # bad input: the error on stderr, as every other fusebox command's
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("fusebox demo: missing prometheus") and "make tools" in last
     assert not (tmp_path / "w").exists()
 
 
@@ -391,7 +392,7 @@ def test_the_watcher_merges_the_replicas_alerts_as_alertmanager_does(monkeypatch
 def test_demo_refuses_replicas_without_victoriametrics(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--replicas", "2", "--spec",
                         str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
-    assert r.returncode == 2 and "--replicas must be 1..3, and above 1 only with --engine victoriametrics" in r.stdout
+    assert r.returncode == 2 and "--replicas must be 1..3, and above 1 only with --engine victoriametrics" in r.stderr
 
 
 def test_a_thanos_spec_demos_on_the_engine_neutral_rules(tmp_path):
@@ -417,3 +418,11 @@ def load_spec_text(path, text):
 
     path.write_text(text)
     return load_spec(path)
+
+
+def test_demo_refuses_a_speed_out_of_range_on_stderr(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--speed", "0", "--spec",
+                        str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert "--speed 0 is out of range: it must be in (0, 10]" in r.stderr
+    assert not (tmp_path / "w").exists()

@@ -70,15 +70,16 @@ def cmd_demo(args) -> int:
         print(f"fusebox demo: {e}", file=sys.stderr)
         return 2
     if not 0 < args.speed <= 10:
-        print("demo: FAILED --speed must be in (0, 10]")
+        print(f"fusebox demo: --speed {args.speed:g} is out of range: it must be in (0, 10] (1 is real time)",
+              file=sys.stderr)
         return 2
     if args.replicas != 1 and (args.engine != "victoriametrics" or not 1 <= args.replicas <= 3):
-        print("demo: FAILED --replicas must be 1..3, and above 1 only with --engine victoriametrics")
+        print("fusebox demo: --replicas must be 1..3, and above 1 only with --engine victoriametrics", file=sys.stderr)
         return 2
     try:
         find_tools(args.engine)
     except ToolMissing as e:
-        print(f"demo: FAILED {e}")
+        print(f"fusebox demo: {e}", file=sys.stderr)
         return 2
     old = signal.signal(signal.SIGTERM, _term)
     view = DemoView(live=False if (args.plain or args.once and not sys.stdout.isatty()) else None)
