@@ -155,26 +155,41 @@ def run(store: str, replicas: int, tmp: Path, n: int, concurrency: int) -> dict:
             p.wait(10)
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is too small: give 1 or more")
+    return n
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--notifications", type=int, default=3000)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap = argparse.ArgumentParser(description="The fuse service's benchmark: prints figures, asserts nothing "
+                                             "(what each mode measures: this file's docstring, docs/fuse.md).")
+    ap.add_argument("--notifications", type=_positive, default=3000,
+                    help="notifications sent to each store's fuse, 1 in 50 a trip (default 3000)")
+    ap.add_argument("--concurrency", type=_positive, default=None,
+                    help="concurrent senders (default 8; 4 with --fleet)")
     ap.add_argument("--no-postgresql", action="store_true", help="the SQLite row only")
-    ap.add_argument("--adapter-trips", type=int, default=40)
+    ap.add_argument("--adapter-trips", type=_positive, default=40, help="trips sent through each adapter (default 40)")
     ap.add_argument("--no-adapters", action="store_true", help="leave out the per-adapter rows")
     ap.add_argument("--only-adapters", action="store_true", help="run only the per-adapter rows")
-    ap.add_argument("--fleet", action="store_true", help="the cost of a change with --scopes held (issue 22)")
-    ap.add_argument("--scopes", type=int, default=10_000, help="--fleet: scopes held (default 10000)")
-    ap.add_argument("--changes", type=int, default=600, help="--fleet: notifications per target (default 600)")
+    ap.add_argument("--fleet", action="store_true",
+                    help="the cost of a change with --scopes held, beside an empty fuse and a bare echo")
+    ap.add_argument("--scopes", type=_positive, default=10_000, help="--fleet: scopes held (default 10000)")
+    ap.add_argument("--changes", type=_positive, default=600, help="--fleet: notifications per target (default 600)")
     ap.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--echo-gateway", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_echo:
         _echo_server(args.serve_echo, args.echo_gateway)
         return 0
+    if args.concurrency is None:
+        args.concurrency = 4 if args.fleet else 8
     if args.fleet:
-        if args.concurrency == 8 and "--concurrency" not in sys.argv:
-            args.concurrency = 4
         return bench_fleet(args)
     if args.only_adapters:
         return bench_adapters(args.adapter_trips)
@@ -329,14 +344,15 @@ def _cpu_busy() -> tuple[float, float]:
     return sum(f) - idle, sum(f)
 
 
-def _cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) the processes ``pids`` have used so far, from /proc/<pid>/stat."""
+def _cpu_s(pids: list[int]) -> tuple[float, float]:
+    """CPU seconds (user, system) the processes ``pids`` have used so far, from /proc/<pid>/stat."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    user = system = 0.0
     for pid in pids:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
-    return total
+        user += int(fields[11]) / tick  # utime, stime (fields 14, 15)
+        system += int(fields[12]) / tick
+    return user, system
 
 
 def _echo_server(port: int, gateway: str | None = None) -> None:
@@ -466,8 +482,11 @@ def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
         # the senders and their connections are kept for the whole run, as Alertmanager keeps its
         # own (a client made per batch costs the senders more than the echo costs the server)
         pool = ThreadPoolExecutor(args.concurrency)
-        for start in range(0, args.changes, batch):
-            for name in ("held", "empty", "echo", "call"):
+        order = ["held", "empty", "echo", "call"]
+        for n_batch, start in enumerate(range(0, args.changes, batch)):
+            # each batch starts with the next target, so what a target leaves running after its
+            # answers (the fuse's outbox, the call's thread) spills onto each of the others alike
+            for name in order[n_batch % 4:] + order[:n_batch % 4]:
                 urls = targets[name]
 
                 def send(i, urls=urls, name=name):
@@ -490,9 +509,11 @@ def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
         time.sleep(1.0)
         log = read_log(gw_log)
         # CPU seconds each process spent on the run's notifications (the gateway calls included)
-        cpu = {k: _cpu_s(v) - cpu0[k] for k, v in pids.items()}
+        cpu1 = {k: _cpu_s(v) for k, v in pids.items()}
+        cpu = {k: sum(cpu1[k]) - sum(cpu0[k]) for k in pids}
+        sys_share = {k: (cpu1[k][1] - cpu0[k][1]) / max(cpu[k], 1e-9) for k in pids}
         cpu["senders"] = senders_s
-        per = {k: [r for r in log if r["scope"].get("cluster") == k] for k in ("held", "empty")}
+        per = {k: [r for r in log if r["scope"].get("cluster") == k] for k in ("held", "empty", "call")}
         dupl = {k: sum(r["duplicate"] for r in v) + len(v) - len({(r["scope"]["hw_id"], r["level"]) for r in v})
                 for k, v in per.items()}
         # the probes while the held fuse handles 3,000 resolved alerts (of the seeded scopes)
@@ -523,7 +544,7 @@ def _fleet_store(label: str, store_for, replicas: int, tmp: Path, args) -> dict:
         th.join()
         assert res["r"].status_code == 200, res["r"].text
         return {"rate": {k: args.changes / spent[k] for k in spent}, "lat": lat, "seed_s": seed_s, "wall": wall,
-                "cpu_ms": {k: v * 1e3 / args.changes for k, v in cpu.items()},
+                "cpu_ms": {k: v * 1e3 / args.changes for k, v in cpu.items()}, "sys": sys_share,
                 "busy": busy, "cores": cores, "calls": {k: len(v) for k, v in per.items()}, "dupl": dupl,
                 "big": {"alerts": n_res, "s": res["s"], "result": res["r"].json()["alerts"], "probes": probe_lat}}
     finally:
@@ -550,33 +571,39 @@ def bench_fleet(args) -> int:
     print(f"fleet: {args.scopes} scopes held vs an empty fuse vs a bare FastAPI echo vs the echo plus one gateway "
           f"call per notification (call), side by side; {args.changes} notifications each, each changing one scope; "
           f"{args.concurrency} concurrent senders, kept for the run")
-    print(f"{'store':24} {'target':6} {'notif/s':>8} {'req p50':>8} {'req p99':>8} {'CPU/notif':>9} {'calls':>6} "
-          f"{'dupl.':>6}")
+    print("CPU/notif: CPU time of the target's processes (user + system, /proc) over the run / notifications, with the "
+          "gateway calls they make (not the gateway's own CPU); calls: gateway calls logged for the target; dupl.: "
+          "calls of a decision already applied plus scope levels called twice (must be 0)")
+    print(f"{'store':24} {'target':6} {'notif/s':>8} {'req p50':>8} {'req p99':>8} {'CPU/notif':>9} {'sys':>4} "
+          f"{'calls':>6} {'dupl.':>6}")
     for name, r in rows:
         for k in ("held", "empty", "echo", "call"):
             calls = f"{r['calls'][k]:6d} {r['dupl'][k]:6d}" if k in r["calls"] else f"{'-':>6} {'-':>6}"
             print(f"{name:24} {k:6} {r['rate'][k]:8.0f} {pct(r['lat'][k], .5) * 1e3:6.1f}ms "
-                  f"{pct(r['lat'][k], .99) * 1e3:6.1f}ms {r['cpu_ms'][k]:7.2f}ms {calls}")
+                  f"{pct(r['lat'][k], .99) * 1e3:6.1f}ms {r['cpu_ms'][k]:7.2f}ms {r['sys'][k] * 100:3.0f}% {calls}")
         cost = r["rate"]["empty"] / r["rate"]["held"]
         held, empty = r["rate"]["held"] / r["rate"]["echo"], r["rate"]["empty"] / r["rate"]["echo"]
         call = r["rate"]["call"] / r["rate"]["echo"]
         print(f"{'':24} cost of a change, {args.scopes} held / empty: {cost:.2f}x (target < 2x"
               f"{'' if cost < 2 else ': NOT MET'}); fuse / echo rate: held {held:.2f}x, empty {empty:.2f}x "
               f"(target >= 0.8x{'' if min(held, empty) >= 0.8 else ': NOT MET'})")
-        print(f"{'':24} the echo plus its gateway call / echo: {call:.2f}x (the most any fuse that calls the gateway "
-              f"from its own process could reach here); fuse / (echo + call): held "
-              f"{r['rate']['held'] / r['rate']['call']:.2f}x, empty {r['rate']['empty'] / r['rate']['call']:.2f}x")
+        print(f"{'':24} call / echo: {call:.2f}x (the echo paying for the gateway call a change needs, made as the "
+              f"fuse's outbox makes it); fuse / call: held {r['rate']['held'] / r['rate']['call']:.2f}x, "
+              f"empty {r['rate']['empty'] / r['rate']['call']:.2f}x")
         c = r["cpu_ms"]
-        print(f"{'':24} CPU per notification (ms, all of a target's processes, its gateway calls included): "
-              f"reference gateway {c['gateway'] / 3:.2f} per call, the senders {c['senders'] / 4:.2f} per request")
+        print(f"{'':24} CPU of the others: the reference gateway {c['gateway'] / 3:.2f} ms per call, the senders "
+              f"{c['senders'] / 4:.2f} ms per request ({c['senders'] / 4 * r['rate']['echo'] / 1e3:.2f} of a core at "
+              f"the echo's rate: one Python process, so at most one core)")
         b = r["big"]
-        probes = ", ".join(f"{p} max {max(v) * 1e3:.0f} ms over {len(v)}" if v else f"{p}: none sent in time"
-                           for p, v in b["probes"].items())
+        probes = ", ".join(f"{p} max {max(v) * 1e3:.0f} ms over {len(v)} probes" if v else f"{p}: no probe answered "
+                           f"before it ended" for p, v in b["probes"].items())
+        held_for = ", ".join(f"{n} {result}" for result, n in b["result"].items()) or "nothing"
         print(f"{'':24} {b['alerts']} resolved alerts in one notification on the held fuse: {b['s']:.2f} s "
-              f"({b['result']}); during it {probes} (target < 1 s)")
+              f"({held_for}); during it {probes} (target < 1 s)")
         sat = " -- CPU SATURATED: the rates measure the machine as much as the fuse" if r["busy"] > 0.9 else ""
-        print(f"{'':24} CPU busy {r['busy'] * 100:.0f}% of {r['cores']} core(s) during the side-by-side run "
-              f"({r['wall']:.1f} s); seeding {args.scopes} scopes took {r['seed_s']:.1f} s{sat}")
+        print(f"{'':24} the machine's CPU (every process on it, not only the bench's) {r['busy'] * 100:.0f}% busy "
+              f"of {r['cores']} core(s) during the side-by-side run ({r['wall']:.1f} s); seeding {args.scopes} scopes "
+              f"took {r['seed_s']:.1f} s{sat}")
     return 0
 
 

@@ -22,16 +22,24 @@ def test_fleet_mode_counts_one_gateway_call_per_change_and_prints_every_target()
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = {m[1]: m for m in re.finditer(
-        r"^SQLite, 1 replica +(held|empty|echo|call) +(\d+) +([\d.]+)ms +([\d.]+)ms +([\d.]+)ms +(\S+) +(\S+)$",
+        r"^SQLite, 1 replica +(held|empty|echo|call) +(\d+) +([\d.]+)ms +([\d.]+)ms +([\d.]+)ms +\d+% +(\S+) +(\S+)$",
         out.stdout, re.M)}
     assert set(rows) == {"held", "empty", "echo", "call"}, out.stdout
-    # each notification trips level 3 of one GPU: one call to the reference gateway, never two
-    for fuse in ("held", "empty"):
-        assert (rows[fuse][6], rows[fuse][7]) == (str(CHANGES), "0"), out.stdout
-        assert float(rows[fuse][5]) > 0  # CPU per notification, read from /proc
-    for echo in ("echo", "call"):
-        assert (rows[echo][6], rows[echo][7]) == ("-", "-")
-    assert "fuse / echo rate" in out.stdout and "fuse / (echo + call)" in out.stdout
+    # each notification trips level 3 of one GPU: one call to the reference gateway, never two; the
+    # call target makes the same one call per notification, the bare echo none
+    for target in ("held", "empty", "call"):
+        assert (rows[target][6], rows[target][7]) == (str(CHANGES), "0"), out.stdout
+        assert float(rows[target][5]) > 0  # CPU per notification, read from /proc
+    assert (rows["echo"][6], rows["echo"][7]) == ("-", "-")
+    assert "fuse / echo rate" in out.stdout and "fuse / call" in out.stdout
     # the big notification resolves the alert of every seeded scope: each waits out its hold
     assert f"{SCOPES} resolved alerts in one notification on the held fuse" in out.stdout
-    assert f"{{'release_pending': {SCOPES}}}" in out.stdout
+    assert f"({SCOPES} release_pending)" in out.stdout
+
+
+@pytest.mark.parametrize("arg", ["--changes", "--scopes", "--concurrency"])
+def test_fleet_mode_refuses_a_count_under_one_before_starting_anything(arg):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_fuse.py"), "--fleet", arg, "0"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and out.stdout == ""
+    assert f"argument {arg}: 0 is too small: give 1 or more" in out.stderr
