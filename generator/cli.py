@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser(
         "check", help="check the generated files (promtool, amtool, vmalert and thanos when built; the reaction budget and "
                       "in-path shedders); with --against, rule selectors that match no series",
-        description="With --spec (the default): the reaction budget (docs/budget.md) and the in-path shedders against "
+        description="With --spec (the default): the generated files it checks are what the spec generates now (else "
+        "run `fusebox generate` first), the reaction budget (docs/budget.md) and the in-path shedders against "
         "their fuse (docs/inpath.md), then promtool check/test rules (every promtool found), vmalert -dryRun and "
         "vmalert-tool unittest, thanos tools rules-check (each when built by `make tools`; required when "
         "global.rule_engine names its engine), amtool check-config and route tests on the "
@@ -247,11 +248,32 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     from .budget import run_budget
 
-    late = run_budget(spec, summary=True)  # every fuse must act before its resource is full (docs/budget.md)
-    late = run_inpath_check(spec) or late  # every in-path shedder must act before its fuse (docs/inpath.md)
+    own = [run_fresh_check(spec, Path(args.out), args.spec),  # the tools below test the files as generated now
+           run_budget(spec, summary=True),  # every fuse must act before its resource is full (docs/budget.md)
+           run_inpath_check(spec)]  # every in-path shedder must act before its fuse (docs/inpath.md)
     rc = toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against,
-                              allow_dead=args.allow_dead)
-    return rc or late
+                              allow_dead=args.allow_dead, prior=(own.count(0), len(own) - own.count(0)))
+    return rc or (1 if any(own) else 0)
+
+
+def run_fresh_check(spec, out: Path, spec_path: str) -> int:
+    """``fusebox check``'s first line: the files it checks (the rules, their tests, the Alertmanager
+    config and its route tests) hold what the spec generates now. A spec edited without `fusebox
+    generate` after it, or a generated file edited by hand, fails it: the tools would pass the old
+    rules. A missing file is left to the tool checks (exit 2). Prints ``ok`` or ``FAIL`` and each file
+    that differs; returns 1 when one does, else 0."""
+    from .outputs import render_all
+    from .toolcheck import CHECKED_FILES
+
+    outputs = render_all(spec)
+    checked = [rel for rel in CHECKED_FILES if rel in outputs and (out / rel).is_file()]
+    stale = [rel for rel in checked if (out / rel).read_bytes() != outputs[rel].encode("utf-8")]
+    print(f"{'ok  ' if not stale else 'FAIL'} generated files match {spec_path}: {len(checked) - len(stale)} of "
+          f"{len(checked)} checked files as the spec generates them")
+    for rel in stale:
+        print(f"     {out / rel}: differs from what {spec_path} generates -- run `fusebox generate --spec {spec_path} "
+              f"--out {out}` first (a hand edit there belongs in the spec)")
+    return 1 if stale else 0
 
 
 def run_inpath_check(spec) -> int:

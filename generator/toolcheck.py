@@ -39,6 +39,8 @@ from . import deadselectors
 from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE, VMALERT_RULE_TEST_FILE
 from .rule_engines import promtool_text
 
+# The generated files the checks read (vmalert-tool's test only for the VictoriaMetrics engine).
+CHECKED_FILES = (RULE_FILE, RULE_TEST_FILE, VMALERT_RULE_TEST_FILE, ALERTMANAGER_FILE, ROUTE_TEST_FILE)
 MIN_PROMTOOL = (2, 42)  # keep_firing_for
 MIN_AMTOOL = (0, 25)
 INSTALL_HINT = {
@@ -243,11 +245,13 @@ def _engine_tool(spec: Spec, engine: str, what: str, find: Callable[[], T], stre
 
 
 def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
-               captures: list[str] | None = None, allow_dead: Iterable[str] = (), stream=sys.stdout) -> int:
+               captures: list[str] | None = None, allow_dead: Iterable[str] = (), stream=sys.stdout,
+               prior: tuple[int, int] = (0, 0)) -> int:
     """Run every check; print one line per check and details for failures.
 
     With ``captures``, every selector of the generated rules that matches no captured series
-    (less those ``allow_dead`` excuses) is a failure too.
+    (less those ``allow_dead`` excuses) is a failure too. ``prior``: (passed, failed) checks the
+    caller ran and printed before these (``fusebox check``'s own), added to the last line's counts.
 
     Returns:
         0 all passed; 1 a check failed or a selector is dead; 2 missing generated files, an
@@ -306,5 +310,5 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
             print("     hint: fusebox_* and hw_* series come from the fusebox collectors through the Collector, never from an "
                   "engine's own /metrics; capture `fusebox collect ... --once` output (or the Collector's /metrics) too",
                   file=stream)
-    print(f"{len(results) + (caps is not None) - failed} passed, {failed} failed", file=stream)
+    print(f"{len(results) + (caps is not None) - failed + prior[0]} passed, {failed + prior[1]} failed", file=stream)
     return 1 if failed else 0

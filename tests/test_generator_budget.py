@@ -196,6 +196,7 @@ def test_fusebox_check_fails_when_the_budget_does(tmp_path):
     r = subprocess.run([*FUSEBOX, "check", "--spec", str(spec), "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "KVCacheTimeToFullLow critical (kv_cache_eviction) is late" in r.stderr
+    assert "FAIL fusebox budget" in r.stdout and r.stdout.rstrip().endswith(" passed, 1 failed")  # counted
 
 
 def test_an_empty_budget_section_takes_the_defaults(tmp_path):

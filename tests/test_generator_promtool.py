@@ -165,6 +165,28 @@ def test_fusebox_check_reports_failure_against_the_spec(generated, tmp_path):
     assert f"{SPEC}:{line}:" in r.stdout and "KVCacheGrowthRateHigh" in r.stdout
 
 
+def test_fusebox_check_fails_files_the_spec_no_longer_generates(generated, tmp_path):
+    """The spec's GPU memory critical tier moved from 78.3 % to 80 % without `fusebox generate`: the
+    tools pass the old files, the check does not (exit 1), naming each stale file and the fix."""
+    promtools()
+    spec = tmp_path / "fusebox.yaml"
+    text = SPEC.read_text()
+    assert text.count("threshold: 78.3%") == 1
+    spec.write_text(text.replace("threshold: 78.3%", "threshold: 80%"))
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(spec), "--out", str(generated)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"FAIL generated files match {spec}" in r.stdout
+    for rel in ("rules/fusebox.rules.yml", "rules/fusebox.rules.test.yml"):
+        assert f"{generated / rel}: differs from what {spec} generates -- run `fusebox generate --spec {spec}" in r.stdout
+    assert "alertmanager.yml: differs" not in r.stdout  # routing does not read the threshold
+    assert r.stdout.rstrip().endswith(" passed, 1 failed"), r.stdout  # every tool passed the old files
+    # generated again, it passes
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(generated)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0 and f"ok   generated files match {SPEC}" in r.stdout, r.stdout + r.stderr
+
+
 def test_fusebox_check_against_engine_captures_fails_on_dead_selectors(generated):
     """An engine's own /metrics holds none of the collectors' series: the check fails (exit 1)
     and names them, with the hint to capture the collectors too."""
