@@ -182,9 +182,19 @@ def register(fuse_subcommands) -> None:
     g.set_defaults(func=gateway)
 
 
+class _Stopped(Exception):
+    """SIGTERM arrived (raised by the handler in the main thread, out of ``serve_forever``)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Stopped
+
+
 def gateway(args) -> int:
-    """``fusebox fuse gateway``: serve until interrupted; 2 with the reason on stderr when the token
-    file or the address is refused."""
+    """``fusebox fuse gateway``: serve until SIGTERM or SIGINT (Ctrl-C), then close every connection
+    and exit 0, saying so on stderr; 2 with the reason on stderr when the token file or the address
+    is refused."""
+    import signal
     import sys
 
     from fusebox.fuse.actions import read_token
@@ -197,8 +207,14 @@ def gateway(args) -> int:
     except (OSError, ValueError) as e:
         return _err(str(e))
     print(f"fusebox fuse gateway: listening on {gw.url}, logging to {args.log}", file=sys.stderr, flush=True)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         gw.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    except (KeyboardInterrupt, _Stopped) as e:
+        # serve_forever has returned: stop() closes the socket and the kept connections at once
+        gw.stop()
+        print(f"fusebox fuse gateway: {'SIGTERM' if isinstance(e, _Stopped) else 'SIGINT'}: stopped (every "
+              "connection closed, exit 0)", file=sys.stderr, flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0

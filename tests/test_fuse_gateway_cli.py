@@ -1,0 +1,50 @@
+"""`fusebox fuse gateway` (the reference gateway) as a process: SIGTERM and SIGINT stop it at once,
+with a line saying so and exit 0, as `fusebox fuse serve` stops; connections it kept are closed."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+from _fuse_support import wait_for
+
+from fusebox.tooling import free_port
+
+pytestmark = pytest.mark.process
+
+
+@pytest.mark.parametrize("sig, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")])
+def test_the_reference_gateway_stops_on_a_signal_with_exit_0(tmp_path, sig, name):
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "fuse", "gateway", "--listen", f"127.0.0.1:{port}",
+                          "--log", str(tmp_path / "gw.jsonl")], stderr=subprocess.PIPE, text=True)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+
+        def up() -> bool:
+            try:
+                conn.request("GET", "/v1/control/fuse")
+                return conn.getresponse().read() == b"{}"
+            except OSError:
+                conn.close()
+                return False
+
+        wait_for(up, 30, 0.1, "the reference gateway")
+        body = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test",
+                "scope": {"hw_id": "GPU-0"}, "decision_id": "d-1"}
+        conn.request("POST", "/v1/control/fuse", json.dumps(body), {"Content-Type": "application/json"})
+        assert conn.getresponse().read() and conn.sock is not None  # the connection is kept (HTTP/1.1)
+        p.send_signal(sig)
+        assert p.wait(10) == 0
+        assert f"fusebox fuse gateway: {name}: stopped" in p.stderr.read()
+        conn.sock.settimeout(5)
+        assert conn.sock.recv(1) == b""  # the kept connection was closed by the gateway
+        assert [json.loads(line)["decision_id"] for line in (tmp_path / "gw.jsonl").read_text().splitlines()] == ["d-1"]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
