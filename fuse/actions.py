@@ -50,7 +50,7 @@ from .logsafe import HIDDEN, SECRET_PARAMS, install, redact_url, redact_urls
 
 log = install(logging.getLogger("fusebox.fuse"))
 
-__all__ = ["ActionError", "is_permanent", "RETRYABLE_4XX", "Adapter", "Observable",
+__all__ = ["ActionError", "CredentialRefused", "is_permanent", "RETRYABLE_4XX", "Adapter", "Observable",
            "HttpGateway", "VllmResetPrefixCache", "DryRun", "read_token", "bearer_matches",
            "CONTROL_PATH", "DeadlineExceeded", "call_deadline", "remaining", "deadline_client", "resolve"]
 
@@ -74,6 +74,25 @@ class ActionError(RuntimeError):
         self.status = status
         self.permanent = is_permanent(status)
         self.summary = summary or (f"HTTP {status}" if status is not None else "no answer")
+
+
+class CredentialRefused(ActionError):
+    """A gateway answered 401 or 403 to the fuse's control-plane call: it refused the key the
+    adapter sent (``configured``), or asked for one and none is configured (no ``credentials_file``).
+
+    Transient, unlike other 4xx: the call is retried with the lane's backoff (a key file rotated
+    meanwhile is read on the next attempt; the fuse never claims the change applied). ``quiet``:
+    the adapter logs such a refusal once per change (refused, accepted again), so the service does
+    not log every retry of it.
+    """
+
+    quiet = True
+
+    def __init__(self, message: str, status: int, configured: bool):
+        summary = (f"gateway refused the control-plane credential (HTTP {status})" if configured
+                   else f"gateway requires a control-plane credential (HTTP {status}): none configured (credentials_file)")
+        super().__init__(message, status, summary)
+        self.permanent = False
 
 
 # Shortest string of a request body hidden in an answer that echoes it (shorter ones -- "trip",

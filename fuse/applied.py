@@ -70,6 +70,19 @@ class AppliedLevels:
                 rec["not_applied"] = [n for n in rec["not_applied"] if n["adapter"] != adapter]
                 rec["not_applied"].append({"adapter": adapter, "why": why})
 
+    def retrying(self, key: str, level: int, decision_id: str, adapter: str, why: str) -> None:
+        """``adapter``'s call of ``decision_id`` failed and is retried: it stays ``pending``, with
+        ``why`` under ``not_applied`` until it applies (e.g. ``retrying: gateway refused the
+        control-plane credential (HTTP 401)``); ignored unless that is a trip decision of a level
+        still tripped."""
+        with self._lock:
+            rec = self._recs.get((key, level))
+            if rec is None or (rec["decision_id"] != decision_id and decision_id not in rec.get("again", ())):
+                return
+            if adapter not in rec["applied_by"]:
+                rec["not_applied"] = [n for n in rec["not_applied"] if n["adapter"] != adapter]
+                rec["not_applied"].append({"adapter": adapter, "why": why})
+
     def requeued(self, key: str, level: int, decision_id: str, adapter: str) -> None:
         """The reconciler queued the trip of (``key``, ``level``) again for ``adapter`` as
         ``decision_id``: its outcome counts for that level like the trip's own."""

@@ -309,7 +309,7 @@ def serve(args) -> int:
 
     log = logging.getLogger("fusebox.fuse")
     for w in permission_warnings([args.token_file, args.override_tokens, args.read_token_file,
-                                  args.gateway_token_file]):
+                                  args.gateway_token_file, *(a.credentials_file for a in spec.adapters)]):
         log.warning("%s", w)
     # SIGHUP reads the token files again (they are also read again when they change); uvicorn
     # handles only SIGINT and SIGTERM.

@@ -84,7 +84,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fusebox import conventions as C
 
-from .actions import ActionError, Adapter
+from .actions import ActionError, Adapter, CredentialRefused
 from .applied import RESTORE_ROWS, AppliedLevels
 from .breaker import MAX_SCOPES, Breaker, Decision, OverrideError
 from .logsafe import install
@@ -144,6 +144,9 @@ class _Metrics:
         self.dispatcher_errors = Counter(M["dispatcher_errors"].removesuffix("_total"),
                                          "Dispatcher iterations that raised (logged; the loop goes on).",
                                          ["adapter"], registry=r)
+        self.credential_refusals = Counter(M["credential_refusals"].removesuffix("_total"),
+                                           "Gateway calls answered 401/403: the control-plane credential refused "
+                                           "(or none configured); retried, never applied.", ["adapter"], registry=r)
         self.stale = Counter(M["stale_results"].removesuffix("_total"),
                              "Call results not recorded: the claim had passed to another replica meanwhile.",
                              ["adapter"], registry=r)
@@ -188,6 +191,7 @@ class _Metrics:
         increase Prometheus sees (``increase()`` of a series that first appears at 1 is 0)."""
         for a in adapters:
             self.failures.labels(a)
+            self.credential_refusals.labels(a)
             self.dispatcher_errors.labels(a)
             self.stale.labels(a)
             for reason in ("permanent", "retries_exhausted"):
@@ -937,8 +941,14 @@ class FuseService:
             lane = lanes.get(key)
             delay = self.backoff_s if lane is None else min(lane.delay * 2, self.backoff_max_s)
             lanes[key] = _Lane(job["seq"], time.monotonic() + delay, delay)  # before the store, which may fail
-            log.warning("action %s for %s failed (attempt %d), retrying in %.2fs: %s",
-                        name, job["decision_id"], attempt, delay, e, extra=_fields(job, key, label, attempt))
+            if isinstance(e, CredentialRefused):
+                # not applied, and why, while retried (the adapter logged the refusal once)
+                self.metrics.credential_refusals.labels(label).inc()
+                if p.get("state") == "trip":
+                    self.applied.retrying(key, int(p.get("level") or 0), job["decision_id"], label, f"retrying: {e.summary}")
+            log.log(logging.DEBUG if getattr(e, "quiet", False) else logging.WARNING,
+                    "action %s for %s failed (attempt %d), retrying in %.2fs: %s",
+                    name, job["decision_id"], attempt, delay, e, extra=_fields(job, key, label, attempt))
             if not self._recorded(name, job, self.store.mark_failed(job["seq"], str(e), self.store.clock() + delay,
                                                                     job["claim"])):
                 lanes.pop(key, None)

@@ -51,7 +51,7 @@ from .logsafe import install
 
 log = install(logging.getLogger("fusebox.fuse"))
 
-__all__ = ["Tokens", "TokenFiles", "read_token_file", "read_people_file", "permission_warnings", "match",
+__all__ = ["Tokens", "TokenFiles", "KeyFile", "read_token_file", "read_people_file", "permission_warnings", "match",
            "MIN_TOKEN_LENGTH", "NoTokens", "check_token_length"]
 
 # Shortest token accepted from a file, characters (32 random bytes in base64 are 44).
@@ -152,15 +152,58 @@ def read_token_file(path: str | os.PathLike) -> str:
         NoTokens: missing or empty. OSError: unreadable. ValueError: more than one line,
             whitespace inside the token, or under :data:`MIN_TOKEN_LENGTH` characters.
     """
-    text = _read_whole(path).strip()
-    if not text:
-        raise NoTokens(f"{path}: empty token file ({_HOW})")
-    if "\n" in text or "\r" in text:
-        raise ValueError(f"{path}: a token file holds one line (the token), this one has more")
-    if any(c.isspace() for c in text):
-        raise ValueError(f"{path}: the token contains whitespace")
+    text = _one_line(path, "token", _HOW)
     check_token_length(path, text)
     return text
+
+
+def _one_line(path: str | os.PathLike, what: str, how: str) -> str:
+    """The file's one line (read whole while it did not change), surrounding whitespace stripped.
+    Raises NoTokens (missing, empty), OSError, ValueError (more than one line, inner whitespace)."""
+    text = _read_whole(path).strip()
+    if not text:
+        raise NoTokens(f"{path}: empty {what} file ({how})")
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"{path}: a {what} file holds one line (the {what}), this one has more")
+    if any(c.isspace() for c in text):
+        raise ValueError(f"{path}: the {what} contains whitespace")
+    return text
+
+
+class KeyFile:
+    """A credential the fuse *sends* (a gateway's control-plane key, ``fuse.adapters.<name>.
+    credentials_file``): the file's one line, surrounding whitespace stripped, read again when the
+    file changes (size, mtime, ctime or inode: a Kubernetes Secret volume swaps its files), so a
+    rotated key is used without a restart. No length rule: the key is the gateway's own.
+
+    Raises (at construction): NoTokens (missing or empty), OSError (unreadable), ValueError (more
+    than one line, whitespace inside). Afterwards a file that cannot be read or is malformed keeps
+    the last good key, logged once per change of the file (the path and what is wrong, never the
+    key).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._stamp = _stamp(self.path)
+        self._key = _one_line(self.path, "key", "write the gateway's control-plane key into it")
+
+    def value(self) -> str:
+        """The key in force, the file read again first when it changed."""
+        stamp = _stamp(self.path)
+        with self._lock:
+            if stamp == self._stamp:
+                return self._key
+            try:
+                key = _one_line(self.path, "key", "write the gateway's control-plane key into it")
+            except (OSError, ValueError) as e:
+                log.error("key file not read again, the previous key stays in use: %s", e)
+            else:
+                if key != self._key:
+                    log.info("key file %s read again: a new key is in use", self.path)
+                self._key = key
+            self._stamp = stamp  # logged once per change, not once per call
+            return self._key
 
 
 def read_people_file(path: str | os.PathLike) -> dict[str, str]:

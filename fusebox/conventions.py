@@ -247,6 +247,9 @@ FUSE_METRICS = {
     "dry_run": "fusebox_fuse_dry_run",  # gauge: 1 when the service calls nothing (--dry-run)
     "auth_failures": "fusebox_fuse_auth_failures_total",  # counter {role}: requests with no or a wrong token
     "auth_rate_limited": "fusebox_fuse_auth_rate_limited_total",  # counter {role}: answered 429 (too many failures)
+    # counter {adapter}: calls a gateway answered 401/403: it refused the control-plane credential
+    # (or wanted one and none is configured); retried with backoff, never claimed applied
+    "credential_refusals": "fusebox_fuse_gateway_credential_refusals_total",
     # per adapter (its label: the spec's fuse.adapters name, ``gateway``, ``vllm:<engine>``)
     "adapter_calls": "fusebox_fuse_adapter_calls_total",  # counter {adapter, outcome}: outcome ok|error
     "adapter_call_duration": "fusebox_fuse_adapter_call_duration_seconds",  # histogram {adapter}: one apply()
@@ -274,6 +277,9 @@ K8S: dict[str, Any] = {  # str names, and the port (int)
     "fuse_webhook_path": "/alertmanager",
     "token_secret": "fusebox-fuse-token",  # Secret holding the webhook bearer token (created by the user)
     "token_key": "token",
+    # where the fuse Deployment mounts kubernetes.fuse.gateway_secret (the gateways' control-plane
+    # key, created by the user); fuse.adapters.<name>.credentials_file names <this folder>/<key>
+    "gateway_key_dir": "/var/run/secrets/fusebox-gateway",
     "collectors": "fusebox-collectors",  # DaemonSet and PodMonitor of the collectors
     "engines": "fusebox-engines",  # PodMonitor of the engine pods (kubernetes.engines)
     "spec_configmap": "fusebox-spec",  # ConfigMap holding the spec the fuse service reads (key fusebox.yaml)

@@ -255,6 +255,8 @@ def adapter_warnings(spec: Spec) -> list[str]:
       another adapter may apply it.
     * a ``discover`` without ``prometheus`` while ``kubernetes.fuse.prometheus_url`` is unset: the
       generated Deployment gives the fuse no ``--prometheus-url``, and it exits 2 at start.
+    * a ``credentials_file`` while ``kubernetes.fuse.gateway_secret`` is unset: the generated
+      Deployment mounts no key there, and the fuse exits 2 at start.
     """
     if not spec.adapters:
         return []
@@ -272,6 +274,11 @@ def adapter_warnings(spec: Spec) -> list[str]:
             out.append(f"fuse.adapters.{a.name}.discover names no prometheus and kubernetes.fuse.prometheus_url is not "
                        "set: the generated fuse Deployment cannot start with it -- set kubernetes.fuse.prometheus_url "
                        "(kube-prometheus-stack: http://<release>-kube-prometheus-prometheus.<namespace>:9090)")
+        if a.credentials_file and spec.kubernetes.fuse.enabled and spec.kubernetes.fuse.gateway_secret is None:
+            out.append(f"fuse.adapters.{a.name}.credentials_file is set and kubernetes.fuse.gateway_secret is not: the "
+                       "generated fuse Deployment mounts no key there and cannot start with it -- set "
+                       f"kubernetes.fuse.gateway_secret: {{name: fusebox-gateway-key, key: key}} and credentials_file: "
+                       f"{C.K8S['gateway_key_dir']}/key")
         for s in spec.signals:
             scope = set(_scope(s))
             if not scope or not any(t.fuse in a.actions for t in s.tiers):

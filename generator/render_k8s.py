@@ -267,6 +267,7 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
             {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
             {"name": "token", "mountPath": TOKEN_MOUNT, "readOnly": True},
             *([] if pg else [{"name": "state", "mountPath": STATE_DIR}]),
+            *([{"name": "gateway-key", "mountPath": C.K8S["gateway_key_dir"], "readOnly": True}] if f.gateway_secret else []),
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -296,6 +297,11 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
                         {"name": "token", "secret": {"secretName": C.K8S["token_secret"], "defaultMode": 0o440,
                                                      "items": [{"key": C.K8S["token_key"], "path": C.K8S["token_key"]}]}},
                         *([] if pg else [{"name": "state", "persistentVolumeClaim": {"claimName": C.K8S["fuse_state"]}}]),
+                        # the gateways' control-plane key (fuse.adapters.*.credentials_file), a whole-folder
+                        # mount (not subPath), so a rotated Secret reaches the running pod
+                        *([{"name": "gateway-key", "secret": {
+                            "secretName": f.gateway_secret[0], "defaultMode": 0o440,
+                            "items": [{"key": f.gateway_secret[1], "path": f.gateway_secret[1]}]}}] if f.gateway_secret else []),
                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                     ],
                 },

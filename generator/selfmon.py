@@ -264,8 +264,13 @@ _RUNBOOK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # alert -> (di
          "`not_applied` (adapter and why) and `pending` (still retrying).",
          "`scope not mapped`: no static target matches the scope and no `discover` resolves it (a GPU scope needs "
          "`discover` on the gateway adapter, with dcgm-exporter's pod mapping and kube-state-metrics in Prometheus).",
-         "`no adapter applies level N`: no adapter of `fuse.adapters` lists that level's action (see `fusebox generate`'s warnings)."),
+         "`no adapter applies level N`: no adapter of `fuse.adapters` lists that level's action (see `fusebox generate`'s warnings).",
+         "`retrying: gateway refused the control-plane credential (HTTP 401/403)` "
+         f"(`{M['credential_refusals']}`): the key in the adapter's `credentials_file` (the Secret of "
+         "`kubernetes.fuse.gateway_secret`) is not one of the gateway's `--control-plane-api-keys`, or not of role `admin`."),
         ("Apply the level by hand at the gateway (take the workers out), then fix the spec's adapters.",
+         "A refused key: put the gateway's admin key into the Secret; the fuse reads the file again and applies the "
+         "pending trip at its next retry, without a restart.",
          "A GPU not attributed to any pod: check dcgm-exporter's Kubernetes pod mapping (its `pod` label) and "
          "that Prometheus keeps it (`honorLabels`, or `attribution.pod: exported_pod`).")),
     A["notifications_failing"]: (

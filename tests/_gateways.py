@@ -58,10 +58,11 @@ class Gateway:
 
 
 def sglang_gateway(workers: list[str], log: Path, extra: list[str] | tuple[str, ...] = (),
-                   package: str = SGLANG_ROUTER) -> Gateway:
+                   package: str = SGLANG_ROUTER, key: str | None = None) -> Gateway:
     """The SGLang Model Gateway on a free loopback port with ``workers`` and ``extra`` flags (e.g. a
     generated inpath/*.flags file's); ``package`` is ``sglang_router`` (0.3.2) or ``smg`` (1.13),
-    started as ``python -m <package>.launch_router``. Ready when all workers are healthy."""
+    started as ``python -m <package>.launch_router``. ``key``: smg's control plane closed, this the
+    one admin key (``--control-plane-api-keys``). Ready when all workers are healthy."""
     need(sys.executable)
     try:
         __import__(package)
@@ -70,16 +71,20 @@ def sglang_gateway(workers: list[str], log: Path, extra: list[str] | tuple[str, 
     port, metrics = free_port(), free_port()
     argv = [sys.executable, "-m", f"{package}.launch_router", "--host", "127.0.0.1", "--port", str(port),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics), "--log-level", "warn",
-            *extra, "--worker-urls", *workers]
+            *extra, *(["--control-plane-api-keys", f"fusebox-fuse:fusebox fuse:admin:{key}"] if key else []),
+            "--worker-urls", *workers]
     gw = Gateway(argv, f"http://127.0.0.1:{port}", "/readiness", log)
     gw.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
-    wait_for(lambda: len(sglang_workers(gw.url)) == len(workers), 30, what="the gateway's workers")
+    wait_for(lambda: len(sglang_workers(gw.url, key)) == len(workers), 30, what="the gateway's workers")
     return gw
 
 
-def sglang_workers(url: str) -> dict[str, dict]:
-    """The SGLang gateway's own worker list (GET /workers): url -> worker."""
-    return {w["url"]: w for w in httpx.get(url + "/workers", timeout=5).json()["workers"]}
+def sglang_workers(url: str, key: str | None = None) -> dict[str, dict]:
+    """The SGLang gateway's own worker list (GET /workers): url -> worker; ``key``: its control-plane key."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(url + "/workers", headers=headers, timeout=5)
+    r.raise_for_status()
+    return {w["url"]: w for w in r.json()["workers"]}
 
 
 def vllm_router(workers: list[str], log: Path) -> Gateway:

@@ -302,7 +302,8 @@ def test_the_docs_adapter_examples_load(tmp_path):
         d = tmp_path / str(i)
         d.mkdir()
         kinds += [a.kind for a in load_spec(write_spec(d, yaml.safe_load(text)["fuse"]["adapters"])).adapters]
-    assert kinds == ["sglang_gateway", "sglang_gateway", "vllm_router", "haproxy", "http", "http"]  # GPU scopes, then one per kind
+    # GPU scopes, then one per kind, the locked gateway after the vLLM router
+    assert kinds == ["sglang_gateway", "sglang_gateway", "vllm_router", "sglang_gateway", "haproxy", "http", "http"]
 
 
 # --- HAProxy (Debian's haproxy, installed by tools/bootstrap.sh) ------------------------------

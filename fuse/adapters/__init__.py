@@ -15,7 +15,8 @@ gateway; label values of the alert never do.
   worker out of rotation (``GET /workers`` to find its id and record its settings, then
   ``DELETE /workers/{id}``); release = ``POST /workers`` with the URL and the recorded settings
   (priority, cost, model_id, worker_type...). Idempotent: a worker already out (or already in) is
-  left as it is.
+  left as it is. A closed control plane (smg ``--control-plane-api-keys``): the spec's
+  ``credentials_file`` holds the key, sent as ``Authorization: Bearer`` (also by :class:`VllmRouter`).
 * :class:`VllmRouter`: the vLLM router (``vllm-router``, a fork of it): ``POST /remove_worker?url=``
   and ``POST /add_worker?url=`` (its API takes the URL only: there are no settings to keep).
 * :class:`HaproxyRuntime`: HAProxy's runtime API on its stats socket: ``set server <backend>/<server>

@@ -11,11 +11,15 @@ tripped; the holds (and the recorded settings) live in the service's store (tabl
 ``adapter_state``, :mod:`fusebox.fuse.store`) once attached, in memory before.
 
 :class:`Rotation`: the base of the adapters that take workers out of an HTTP gateway's rotation
-and put them back (:mod:`.sglang_gateway`, :mod:`.vllm_router`); a subclass says how.
+and put them back (:mod:`.sglang_gateway`, :mod:`.vllm_router`); a subclass says how. With the
+spec's ``credentials_file`` every call carries the gateway's control-plane key as ``Authorization:
+Bearer`` (:class:`~fusebox.fuse.tokens.KeyFile`: read again when the file changes); a 401 or 403
+raises :class:`~fusebox.fuse.actions.CredentialRefused` (retried, logged once per change).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -24,9 +28,13 @@ import httpx
 from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import Target
 
-from ..actions import ActionError, answer_text, call_deadline, deadline_client
+from ..actions import ActionError, CredentialRefused, answer_text, call_deadline, deadline_client
 from ..discovery import GpuWorkers
+from ..logsafe import install
 from ..rules import scope_key
+from ..tokens import KeyFile
+
+log = install(logging.getLogger("fusebox.fuse"))
 
 __all__ = ["targets_for", "unmapped", "call_error", "Holds", "Rotation"]
 
@@ -130,6 +138,9 @@ class Rotation:
         self._client = deadline_client(spec.timeout_s)
         self.holds = Holds(self.name)
         self.discovery = GpuWorkers(spec.discover, spec.timeout_s) if spec.discover else None
+        # the control-plane key (raises NoTokens, OSError, ValueError when it cannot be read at start)
+        self.key = KeyFile(spec.credentials_file) if spec.credentials_file else None
+        self._refused: int | None = None  # the status of the gateway's last refusal of the key, until accepted
 
     def attach(self, store: Any) -> None:
         """Keep the holds and recorded settings in ``store`` (the service calls it)."""
@@ -183,11 +194,28 @@ class Rotation:
                     for t in targets_for(self.spec, p["scope"]) if t.worker_url) for p in payloads]
 
     def _req(self, method: str, path: str, **kw) -> httpx.Response:
+        """One call to the gateway, with the control-plane key as ``Authorization: Bearer`` when the
+        spec names a ``credentials_file``. Raises :class:`ActionError` when there is no answer and
+        :class:`CredentialRefused` on a 401 or 403 (logged once per change, never the key)."""
         url = self.url + path
+        headers = {"Authorization": f"Bearer {self.key.value()}"} if self.key is not None else None
         try:
-            return self._client.request(method, url, **kw)
+            r = self._client.request(method, url, headers=headers, **kw)
         except httpx.HTTPError as e:
             raise call_error(url, e) from None
+        if r.status_code in (401, 403):
+            refused = CredentialRefused(f"{method} {url}: HTTP {r.status_code} {answer_text(r)}", r.status_code,
+                                        self.key is not None)
+            if self._refused != r.status_code:
+                log.error("adapter %s: %s; its calls are retried with backoff and nothing is applied until the gateway "
+                          "accepts one (check %s against the gateway's --control-plane-api-keys)", self.label,
+                          refused.summary, f"the key in {self.key.path}" if self.key is not None else "credentials_file")
+                self._refused = r.status_code
+            raise refused
+        if self._refused is not None:
+            log.info("adapter %s: the gateway accepts the control-plane credential again", self.label)
+            self._refused = None
+        return r
 
     def _check(self, r: httpx.Response, ok: tuple[int, ...] = ()) -> None:
         if not (200 <= r.status_code < 300 or r.status_code in ok):

@@ -16,7 +16,8 @@ def build_adapters(specs, prometheus_url: str | None = None) -> list:
     """One adapter per ``spec.adapters`` entry, in order; those that keep holds have ``attach(store)``
     (:class:`fusebox.fuse.service.FuseService` calls it). ``prometheus_url``: where a ``discover``
     without its own ``prometheus`` reads (``--prometheus-url``). Raises OSError (a headers file),
-    ValueError (a ``discover`` with no Prometheus URL at all)."""
+    ValueError (a ``discover`` with no Prometheus URL at all); a ``credentials_file`` that cannot
+    be read raises OSError or ValueError naming ``fuse.adapters.<name>.credentials_file``."""
     kinds = {"sglang_gateway": SglangGateway, "vllm_router": VllmRouter, "haproxy": HaproxyRuntime}
     out: list = []
     for a in specs:
@@ -25,5 +26,11 @@ def build_adapters(specs, prometheus_url: str | None = None) -> list:
                 raise ValueError(f"fuse.adapters.{a.name}.discover names no prometheus: give --prometheus-url "
                                  "(kubernetes.fuse.prometheus_url in the generated Deployment) or discover.prometheus")
             a = replace(a, discover=replace(a.discover, prometheus=prometheus_url.rstrip("/")))
-        out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a))
+        try:
+            out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a))
+        except (OSError, ValueError) as e:
+            if a.credentials_file is None:
+                raise
+            raise type(e)(f"fuse.adapters.{a.name}.credentials_file: {e} -- the fuse sends it to the gateway as its "
+                          "control-plane key (Authorization: Bearer)") from None
     return out

@@ -3,7 +3,10 @@
 Trip = take the target's worker out of rotation (``GET /workers`` to find its id and record its
 settings, then ``DELETE /workers/{id}``); release = ``POST /workers`` with the URL and the recorded
 settings (priority, cost, model_id, worker_type...). Idempotent: a worker already out (or already
-in) is left as it is. ``observe``: ``GET /workers``.
+in) is left as it is. ``observe``: ``GET /workers``. smg 1.13 lists a removed worker with
+``"status": "draining"`` for about five seconds before it drops it: such a worker is out of
+rotation (a release meanwhile is answered 409 and retried). A gateway started with
+``--control-plane-api-keys`` (smg 1.13) needs ``credentials_file`` (:class:`~.base.Rotation`).
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ class SglangGateway(Rotation):
     kind = "sglang_gateway"
 
     def workers(self) -> list[dict]:
-        """The gateway's own worker list (``GET /workers``: ``{"workers": [{"id", "url", ...}]}``)."""
+        """The gateway's own worker list (``GET /workers``: ``{"workers": [{"id", "url", ...}]}``),
+        without those smg 1.13 is draining (``"status": "draining"``: removed, out of rotation)."""
         r = self._req("GET", "/workers")
         self._check(r)
-        return list(r.json().get("workers", []))
+        return [w for w in r.json().get("workers", []) if w.get("status") != "draining"]
 
     def worker_urls(self) -> list[str]:
         return [str(w.get("url", "")).rstrip("/") for w in self.workers() if w.get("url")]

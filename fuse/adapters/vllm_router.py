@@ -1,7 +1,9 @@
 """The vLLM router (``vllm-router``, a fork of it) as a ``fuse.adapters`` kind, ``vllm_router``.
 
 ``POST /remove_worker?url=`` on a trip and ``POST /add_worker?url=`` on release (its API takes the
-URL only: there are no settings to keep); ``observe``: ``GET /list_workers``.
+URL only: there are no settings to keep); ``observe``: ``GET /list_workers``. vllm-router 0.1.17
+has no closed control plane (its ``--api-key`` is for the workers): a ``credentials_file`` is sent
+all the same (``Authorization: Bearer``), for a proxy in front of it or a fork that checks it.
 """
 
 from __future__ import annotations

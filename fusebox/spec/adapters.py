@@ -26,6 +26,8 @@ Shape (``docs/fuse.md`` has an example per kind)::
             backend: be_llm_text                        # where multimodal requests go while tripped
             header: X-Fusebox-Multimodal                # what marks a request multimodal (default)
           headers_files: {Authorization: /etc/fusebox/dynamo.auth}   # http: header -> file with its value
+          credentials_file: /var/run/secrets/fusebox-gateway/key  # sglang_gateway, vllm_router: the control-plane
+                                      # key, sent as Authorization: Bearer (smg --control-plane-api-keys)
           trip: {method: POST, url: "...", body: {...}}  # http: Jinja2 templates (sandboxed)
           release: {method: POST, url: "...", body: {...}}
 
@@ -47,7 +49,8 @@ from pydantic import BaseModel, ConfigDict
 
 from fusebox import conventions as C
 
-__all__ = ["RawAdapter", "Adapter", "Target", "Request", "TextOnly", "Discover", "DISCOVER_KINDS", "normalise_adapters", "KINDS", "TEXT_ONLY_LEVEL"]
+__all__ = ["RawAdapter", "Adapter", "Target", "Request", "TextOnly", "Discover", "DISCOVER_KINDS", "CREDENTIAL_KINDS",
+           "normalise_adapters", "KINDS", "TEXT_ONLY_LEVEL"]
 
 KINDS = tuple(C.ADAPTER_LEVELS)
 TEXT_ONLY_LEVEL = 2  # the fuse level the haproxy adapter applies through its map (text-only fallback)
@@ -99,6 +102,7 @@ class RawAdapter(_Strict):
     targets: list[RawTarget] = []
     hosts: list[str] = []
     headers_files: dict[str, str] = {}
+    credentials_file: str | None = None
     trip: RawRequest | None = None
     release: RawRequest | None = None
     text_only: RawTextOnly | None = None
@@ -126,6 +130,8 @@ class Discover:
 
 # Kinds whose targets can be discovered (the gateway's own worker list is joined with the pods).
 DISCOVER_KINDS = ("sglang_gateway", "vllm_router")
+# Kinds that send a control-plane credential from ``credentials_file`` (the gateways' own APIs).
+CREDENTIAL_KINDS = ("sglang_gateway", "vllm_router")
 DISCOVER_TTL_RANGE_S = (1.0, 600.0)
 _PROM_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -178,6 +184,9 @@ class Adapter:
     socket: str | None = None  # haproxy: the runtime API's UNIX socket
     text_only: TextOnly | None = None  # haproxy: level 2 through a map
     discover: Discover | None = None  # sglang_gateway, vllm_router: GPU scopes -> workers
+    # sglang_gateway, vllm_router: the file holding the gateway's control-plane key (sent as
+    # ``Authorization: Bearer``; read again when it changes); None: no credential is sent
+    credentials_file: str | None = None
 
 
 # HAProxy proxy and server names: letters, digits, '-', '_', '.' and ':' (its cfgparse rule);
@@ -234,6 +243,7 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
         if not a.targets and a.discover is None:
             err(path + ("targets",), f"adapter {name!r} has no targets", "map scopes to targets: - match: {engine: engine-0} ...")
         discover = _check_discover(a, name, path, duration, err)
+        _check_credentials_file(a, path, err)
         for i, t in enumerate(a.targets):
             tp = path + ("targets", i)
             if not t.match:
@@ -282,8 +292,26 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
             trip=Request(a.trip.method, a.trip.url, a.trip.body) if a.trip else None,
             release=Request(a.release.method, a.release.url, a.release.body) if a.release else None,
             text_only=TextOnly(a.text_only.map, a.text_only.backend, a.text_only.header) if a.text_only else None,
-            discover=discover))
+            discover=discover, credentials_file=a.credentials_file or None))
     return tuple(out)
+
+
+def _check_credentials_file(a: RawAdapter, path: tuple, err: Callable[..., None]) -> None:
+    """``credentials_file``: on the kinds in :data:`CREDENTIAL_KINDS` only, an absolute path (the
+    file itself is read by ``fuse serve``, which exits 2 when it cannot)."""
+    f = a.credentials_file
+    if f is None:
+        return
+    cp = path + ("credentials_file",)
+    if a.kind not in CREDENTIAL_KINDS:
+        fix = "put the header under headers_files: {Authorization: FILE}" if a.kind == "http" else f"remove it from this {a.kind} adapter"
+        err(cp, f"credentials_file is for kinds {', '.join(CREDENTIAL_KINDS)} only", fix, key=True)
+    elif not f.strip():
+        err(cp, "credentials_file is empty: it names the file holding the gateway's control-plane key",
+            "e.g. credentials_file: /var/run/secrets/fusebox-gateway/key, or leave it out (no credential is sent)")
+    elif not f.startswith("/") or any(c.isspace() for c in f):
+        err(cp, f"credentials_file must be an absolute file path without spaces, got {f[:100]!r}",
+            "e.g. credentials_file: /var/run/secrets/fusebox-gateway/key")
 
 
 def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[Any, tuple], float],

@@ -117,6 +117,9 @@ class RawFuseWorkload(_Strict):
     # the Secret key holding its postgresql:// URL (env FUSEBOX_FUSE_STORE, not in the pod's args).
     replicas: StrictInt = 1
     store_secret: RawSecretRef | None = None
+    # The Secret key holding the gateways' control-plane key (smg --control-plane-api-keys), mounted
+    # under K8S gateway_key_dir; fuse.adapters.<name>.credentials_file names <that folder>/<key>.
+    gateway_secret: RawSecretRef | None = None
     resources: RawResources = RawResources(requests={"cpu": "50m", "memory": "128Mi"}, limits={"cpu": "1", "memory": "512Mi"})
     # The SQLite state (breaker state, outbox, audit) on a PersistentVolumeClaim of this size.
     state_size: Quantity = "1Gi"
@@ -207,6 +210,12 @@ class FuseWorkload:
     max_unavailable: int = 1
     args: tuple[str, ...] = ("--dry-run",)
     prometheus_url: str | None = None  # the Deployment's --prometheus-url (GPU-to-worker discovery)
+    # (Secret name, key) of the gateways' control-plane key, mounted at gateway_key_file()
+    gateway_secret: tuple[str, str] | None = None
+
+    def gateway_key_file(self) -> str | None:
+        """Where the Deployment mounts ``gateway_secret``'s key (None: no Secret named)."""
+        return f"{C.K8S['gateway_key_dir']}/{self.gateway_secret[1]}" if self.gateway_secret else None
 
 
 @dataclass(frozen=True)
@@ -400,14 +409,9 @@ def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
     elif f.replicas > 1 and f.store_secret is None:
         err(p + ("replicas",), f"replicas: {f.replicas} needs a PostgreSQL store: the default SQLite file has one "
             "writer", "set store_secret: {name, key} (a Secret holding the postgresql:// URL), or replicas: 1")
-    secret = None
-    if f.store_secret is not None:
-        if not DNS_SUBDOMAIN.match(f.store_secret.name):
-            err(p + ("store_secret", "name"), f"{f.store_secret.name!r} is not a Secret name",
-                "name the Secret holding the postgresql:// URL, e.g. fusebox-fuse-store")
-        if not re.fullmatch(r"[-._a-zA-Z0-9]{1,253}", f.store_secret.key):
-            err(p + ("store_secret", "key"), f"{f.store_secret.key!r} is not a Secret key", "e.g. url")
-        secret = (f.store_secret.name, f.store_secret.key)
+    secret = _secret_ref(f.store_secret, p + ("store_secret",), "the postgresql:// URL", "fusebox-fuse-store", "url", err)
+    gateway = _secret_ref(f.gateway_secret, p + ("gateway_secret",), "the gateways' control-plane key",
+                          "fusebox-gateway-key", "key", err)
     reserved = {"--spec", "--listen", "--state", "--state-dir", "--store", "--webhook-token-file", "--token-file"}
     if f.prometheus_url is not None:
         reserved.add("--prometheus-url")
@@ -419,8 +423,38 @@ def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
             err(p + ("args",), f"{a.split('=', 1)[0]} is set by the generated Deployment", "remove it from args")
     return FuseWorkload(enabled=f.enabled, resources=_check_resources(f.resources, p + ("resources",), err),
                         state_size=f.state_size, storage_class=f.storage_class, max_unavailable=f.max_unavailable,
-                        args=tuple(f.args), replicas=f.replicas, store_secret=secret,
+                        args=tuple(f.args), replicas=f.replicas, store_secret=secret, gateway_secret=gateway,
                         prometheus_url=f.prometheus_url.rstrip("/") if f.prometheus_url else None)
+
+
+def _secret_ref(ref: RawSecretRef | None, p: tuple, holding: str, example: str, example_key: str,
+                err: Err) -> tuple[str, str] | None:
+    """``{name, key}`` of a Secret: a Secret name and a Secret key, else a problem at its line."""
+    if ref is None:
+        return None
+    if not DNS_SUBDOMAIN.match(ref.name):
+        err(p + ("name",), f"{ref.name!r} is not a Secret name", f"name the Secret holding {holding}, e.g. {example}")
+    if not re.fullmatch(r"[-._a-zA-Z0-9]{1,253}", ref.key):
+        err(p + ("key",), f"{ref.key!r} is not a Secret key", f"e.g. {example_key}")
+    return ref.name, ref.key
+
+
+def check_gateway_secret(fuse: FuseWorkload, adapters: tuple, err: Err) -> None:
+    """``kubernetes.fuse.gateway_secret`` and the adapters' ``credentials_file`` agree: the generated
+    Deployment mounts the Secret's key at :meth:`FuseWorkload.gateway_key_file`, so every adapter
+    with a ``credentials_file`` must name that file, and a Secret no adapter reads is a mistake."""
+    if fuse.gateway_secret is None or not fuse.enabled:
+        return
+    want = fuse.gateway_key_file()
+    readers = [a for a in adapters if a.credentials_file]
+    if not readers:
+        err(("kubernetes", "fuse", "gateway_secret"), "no fuse.adapters entry reads the gateway Secret",
+            f"set credentials_file: {want} on the sglang_gateway / vllm_router adapters, or remove gateway_secret", key=True)
+    for a in readers:
+        if a.credentials_file != want:
+            err(("fuse", "adapters", a.name, "credentials_file"),
+                f"the generated fuse Deployment mounts kubernetes.fuse.gateway_secret at {want}, not {a.credentials_file}",
+                f"credentials_file: {want}")
 
 
 def normalise_grafana(g: RawGrafana, err: Err) -> Grafana:

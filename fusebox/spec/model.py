@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, FiniteFloat,
 
 from fusebox import conventions as C
 
-from . import sourceunits, units
+from . import deploy, sourceunits, units
 from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
 from .budget import Budget, RawBudget, normalise_budget
@@ -567,6 +567,7 @@ class _Normaliser:
         grafana = normalise_grafana(r.grafana, self.err)
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
         adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
+        deploy.check_gateway_secret(kube.fuse, adapters, self.err)
         budget = normalise_budget(r.budget, self.err)
         inpath = normalise_inpath(r.inpath, {s.name: s for s in signals}, set(r.signals), self.err)
         self._check_after_shedding(signals, inpath)
