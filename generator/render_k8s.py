@@ -162,7 +162,7 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
     containers = []
     for collector, extra in c.run.items():
         port_name = f"metrics-{collector}"
-        container = {
+        container: dict[str, Any] = {
             "name": collector, "image": k.image, "imagePullPolicy": k.pull_policy,
             "args": ["collect", collector, "--no-otlp", "--metrics-port", str(c.ports[collector]),
                      "--metrics-addr", f"$({C.ENV['metrics_addr']})", "--host-name", f"$({C.ENV['host_name']})",

@@ -305,3 +305,18 @@ def test_the_kv_and_alignment_warnings_go_when_discovery_covers_them_and_only_th
     # engines listed but the collectors off: nothing is produced
     off = _warned(_spec_text(_engines(_both_models()), {"gpu": [], "kv": [], "latency": []}, enabled=False))
     assert len(off["alignment"]) == 1
+
+
+def test_dcgm_vllm_and_discovery_leave_no_kv_or_alignment_signal_unproduced():
+    """The issue's cluster: dcgm-exporter for the GPUs, vLLM engines, the kv and latency collectors
+    discovering them (no gpu collector). Every KV and alignment read is produced; what still
+    warns is PCIe, whose only source is the gpu collector (not run here)."""
+    from test_generator_produced import dcgm_vllm_spec
+
+    data = yaml.safe_load(dcgm_vllm_spec(keep_collector_signals=True))
+    data["kubernetes"]["collectors"].update(enabled=True, run={"kv": [], "latency": []})
+    data["kubernetes"]["engines"] = _engines(_both_models(), ["inference"])
+    warnings = spec_warnings(_parse(yaml.safe_dump(data, sort_keys=False)))
+    unproduced = [w for w in warnings if "nothing k8s/ deploys produces" in w]
+    assert [w.split(" reads ")[0] for w in unproduced] == ["signal 'pcie_link_utilization'"]
+    assert not [w for w in warnings if "fusebox_kv_cache" in w or "alignment" in w]
