@@ -194,9 +194,9 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
         # discovery lists and watches the engine pods with the collectors' ServiceAccount token
         pod["automountServiceAccountToken"] = True
         pod["serviceAccountName"] = C.K8S["collectors_account"]
-        del pod["securityContext"]["runAsNonRoot"]  # the kv container runs as root (its securityContext says why)
         pod["volumes"].append({"name": "engines", "configMap": {"name": C.K8S["engines_configmap"]}})
         if "kv" in found:
+            del pod["securityContext"]["runAsNonRoot"]  # the kv container runs as root (its securityContext says why)
             pod["volumes"].append({"name": "pod-resources", "hostPath": {"path": POD_RESOURCES_DIR, "type": "Directory"}})
         if "latency" in found:
             pod["volumes"].append({"name": "spec", "configMap": {"name": C.K8S["spec_configmap"]}})

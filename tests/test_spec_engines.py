@@ -252,7 +252,7 @@ def test_all_namespaces_get_a_clusterrole_listed_namespaces_a_role_each():
     # latency alone mounts no kubelet socket and runs nothing as root
     pod = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert "pod-resources" not in {v["name"] for v in pod["volumes"]}
-    assert all(c["securityContext"]["runAsNonRoot"] for c in pod["containers"])
+    assert all(c["securityContext"]["runAsNonRoot"] for c in pod["containers"]) and pod["securityContext"]["runAsNonRoot"]
 
 
 def test_the_validator_rejects_a_broken_role():

@@ -134,12 +134,13 @@ class RawFuseWorkload(_Strict):
 
 class RawEngineModel(_Strict):
     # Either the model's config.json (a path relative to the spec's folder) or its geometry.
-    config: StrictStr | None = None
-    layers: StrictInt | None = None
-    kv_heads: StrictInt | None = None
-    head_dim: StrictInt | None = None
-    dtype: StrictStr | None = None
-    kv_dtype: StrictStr | None = None  # the engine's KV-cache dtype when not the model's (e.g. fp8)
+    config: StrictStr | None = Field(None, description="The model's Hugging Face config.json, relative to the spec's folder "
+                                     "(or layers, kv_heads, head_dim and dtype instead).")
+    layers: StrictInt | None = Field(None, description="Attention layers that cache KV (num_hidden_layers).")
+    kv_heads: StrictInt | None = Field(None, description="KV heads (num_key_value_heads; the attention heads without GQA).")
+    head_dim: StrictInt | None = Field(None, description="Head dimension (head_dim, or hidden_size / num_attention_heads).")
+    dtype: StrictStr | None = Field(None, description="The model's dtype: float32, float16, bfloat16, fp8, int8 (or an alias).")
+    kv_dtype: StrictStr | None = Field(None, description="The engine's KV-cache dtype when it is not the model's (e.g. fp8).")
 
 
 class RawEngines(_Strict):
@@ -148,8 +149,9 @@ class RawEngines(_Strict):
     port: StrictStr = "http"  # the name of the engine container's port serving /metrics
     path: StrictStr = "/metrics"
     namespaces: list[StrictStr] = []  # where the engine pods run; empty: every namespace
-    # served model name (the engines' model_name label) -> its KV geometry, for the discovering collectors
-    models: dict[StrictStr, RawEngineModel] = {}
+    models: dict[StrictStr, RawEngineModel] = Field(
+        {}, description="Served model name (the engines' model_name label) -> its KV geometry ({config: path} or "
+        "{layers, kv_heads, head_dim, dtype}), for the KV collector that discovers the engine pods.")
 
 
 class RawKubernetes(_Strict):
