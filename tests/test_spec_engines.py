@@ -320,3 +320,50 @@ def test_dcgm_vllm_and_discovery_leave_no_kv_or_alignment_signal_unproduced():
     unproduced = [w for w in warnings if "nothing k8s/ deploys produces" in w]
     assert [w.split(" reads ")[0] for w in unproduced] == ["signal 'pcie_link_utilization'"]
     assert not [w for w in warnings if "fusebox_kv_cache" in w or "alignment" in w]
+
+
+@pytest.mark.tools
+def test_the_generated_rbac_lets_the_collectors_read_pods_where_the_engines_run_and_nowhere_else(tmp_path):
+    """On a real kube-apiserver with RBAC authorization: the generated collectors' objects apply
+    (server-side, strict), and the ServiceAccount, impersonated, may list and watch pods in the
+    engines' namespace only (a Role there), not in another, not across namespaces, and no secret;
+    with ``namespaces: []`` the ClusterRole lets it list pods in every namespace."""
+    import httpx
+    from _kube_support import ControlPlane
+
+    cp = ControlPlane(tmp_path / "cp", authorization="RBAC")
+    try:
+        cp.start()
+        for ns in ("monitoring", "inference", "default"):
+            cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+        def apply(namespaces: list[str]) -> None:
+            _, docs = _rendered(_engines(_both_models(), namespaces), {"gpu": [], "kv": [], "latency": []})
+            for d in docs:
+                if d["kind"] != "PodMonitor":  # a CRD this control plane has not installed; validated offline above
+                    cp.apply(d)
+
+        account = "system:serviceaccount:monitoring:fusebox-collectors"
+        headers = [("Authorization", f"Bearer {cp.token}"), ("Impersonate-User", account),
+                   *(("Impersonate-Group", g) for g in ("system:serviceaccounts", "system:serviceaccounts:monitoring",
+                                                        "system:authenticated"))]
+
+        def status(path: str) -> int:
+            with httpx.Client(verify=cp._tls(), timeout=30) as c:
+                return c.get(cp.server + path, headers=headers).status_code
+
+        apply(["inference"])
+        assert status("/api/v1/namespaces/inference/pods") == 200
+        assert status("/api/v1/namespaces/inference/pods?watch=1&timeoutSeconds=1") == 200
+        assert status("/api/v1/namespaces/inference/pods?fieldSelector=spec.nodeName%3Dgpu-node-1") == 200
+        assert status("/api/v1/namespaces/default/pods") == 403
+        assert status("/api/v1/pods") == 403
+        assert status("/api/v1/namespaces/inference/secrets") == 403
+        apply([])
+        assert status("/api/v1/pods?fieldSelector=spec.nodeName%3Dgpu-node-1") == 200
+        assert status("/api/v1/namespaces/default/pods") == 200
+        assert status("/api/v1/namespaces/default/secrets") == 403
+        ds = cp.get("apps/v1", "DaemonSet", "fusebox-collectors", "monitoring")
+        assert ds["spec"]["template"]["spec"]["serviceAccountName"] == "fusebox-collectors"
+    finally:
+        cp.close()
