@@ -284,6 +284,10 @@ K8S: dict[str, Any] = {  # str names, and the port (int)
     "engines": "fusebox-engines",  # PodMonitor of the engine pods (kubernetes.engines)
     "spec_configmap": "fusebox-spec",  # ConfigMap holding the spec the fuse service reads (key fusebox.yaml)
     "fuse_state": "fusebox-fuse-state",  # PersistentVolumeClaim of the fuse service's state directory
+    # ConfigMap (key engines.yaml) the discovering collectors (kv, latency) read: kubernetes.engines resolved
+    "engines_configmap": "fusebox-engines",
+    # ServiceAccount, ClusterRole/Role and binding of the collectors (get, list, watch pods: engine discovery)
+    "collectors_account": "fusebox-collectors",
 }
 # Every generated Kubernetes object carries this label (besides the spec's kubernetes.labels).
 K8S_PART_OF = ("app.kubernetes.io/part-of", "fusebox")

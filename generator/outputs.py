@@ -15,7 +15,7 @@ from fusebox.spec.units import format_duration
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol
 from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
-from .render_k8s import kustomization_output, render_prometheusrule, workload_outputs
+from .render_k8s import discovering, kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
@@ -167,6 +167,8 @@ def spec_warnings(spec: Spec) -> list[str]:
     * ``global.rule_engine: mimir`` with more rule groups than Mimir's default
       ``-ruler.max-rule-groups-per-tenant`` (:data:`.rule_engines.MAX_GROUPS_PER_TENANT`): the ruler
       refuses the rest until the tenant's limit is raised.
+    * ``kubernetes.collectors.run`` has ``kv`` and ``kubernetes.engines.models`` is empty: the KV
+      collector discovers engines whose geometry it does not know (no KV bytes).
     * ``fuse.adapters`` that cannot apply what the tiers request (:func:`adapter_warnings`).
     * an in-path shedder that acts after the fuse, or a gateway breaker window shorter than the
       longest generation (:func:`.render_inpath.inpath_warnings`; ``fusebox check`` fails on them).
@@ -209,6 +211,12 @@ def spec_warnings(spec: Spec) -> list[str]:
             out.append(f"global.rule_engine is mimir and the rules make {n} groups, over Mimir's default "
                        f"-ruler.max-rule-groups-per-tenant {MAX_GROUPS_PER_TENANT} (ruler_max_rule_groups_per_tenant): "
                        "the ruler refuses the upload -- raise the tenant's limit, or split the spec into tenants")
+    e = spec.kubernetes.engines
+    if "kv" in discovering(spec) and e is not None and not e.models:
+        out.append("kubernetes.collectors.run has kv and kubernetes.engines names no models: the KV collector finds "
+                   "the engine pods but knows no model's geometry, so it counts each engine as unknown and exports no KV "
+                   "bytes -- list each served model (its model_name) under kubernetes.engines.models with its config.json "
+                   "or {layers, kv_heads, head_dim, dtype}")
     out += adapter_warnings(spec)
     out += render_inpath.inpath_warnings(spec)
     if "your-org" in spec.runbook_base_url:
@@ -227,8 +235,10 @@ def _uncorrected_gpu_memory(sig, metrics: list[str]) -> str:
             "nothing k8s/ deploys produces and no exporter the spec names publishes: without them it reads device "
             "memory alone, and a GPU whose engine preallocates its pool (vLLM's gpu_memory_utilization, default "
             "0.9; SGLang's mem_fraction_static) reads about 90% from the engine's start, over "
-            f"{line}, for good -- run the KV collector beside the engines (kubernetes.collectors.run: {{kv: [...]}}, "
-            "or `fusebox collect kv`) and scrape it; or select only GPUs without such an engine (global.selectors)")
+            f"{line}, for good -- run the KV collector (kubernetes.collectors.run: {{kv: []}} with kubernetes.engines: "
+            "the engine pods' selector, port and models, each with its config.json or geometry; it discovers the engine "
+            "pods on its node and their GPUs), or `fusebox collect kv` beside each engine, and scrape it; or select only "
+            "GPUs without such an engine (global.selectors)")
 
 
 # The scope labels of a GPU-level alert (the GPU's series, every scraper label dropped).

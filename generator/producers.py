@@ -13,9 +13,11 @@ Producers (:func:`producers`), by metric-name prefix:
   names it; vLLM (``vllm:``) and SGLang (``sglang:``, ``sglang_``) per :attr:`Spec.engines`;
 * the fusebox collectors (``k8s/collectors.yml``) when ``kubernetes.collectors.enabled``, each
   collector of ``kubernetes.collectors.run`` for its own series: ``gpu`` the GPU series
-  (``hw_*``, ``fusebox_gpu_*``), ``kv`` ``fusebox_kv_cache_*``, ``latency`` the alignment
-  histogram; their ``fusebox_collector_*`` self-metrics wherever :attr:`Spec.fusebox_collectors`
-  expects them (the self-monitoring alerts on them exist only then);
+  (``hw_*``, ``fusebox_gpu_*``), ``kv`` ``fusebox_kv_cache_*`` when discovery covers it
+  (``kubernetes.engines`` with at least one of ``models``: an engine whose model has no geometry
+  gives no bytes), ``latency`` the alignment histogram (``kubernetes.engines``: the spec refuses
+  ``kv`` or ``latency`` without it); their ``fusebox_collector_*`` self-metrics wherever
+  :attr:`Spec.fusebox_collectors` expects them (the self-monitoring alerts on them exist only then);
 * the SGLang Model Gateway (``smg_``) when ``inpath.shedders`` names one (``smg``, ``sglang_router``):
   its refusal, overload and breaker series (generator/shedding.py), scraped on its ``--prometheus-port``.
 
@@ -44,11 +46,14 @@ COLLECTOR_PREFIXES = {
 # How to get each collector's series, for the warning.
 _HOW = {
     "gpu": "enable kubernetes.collectors (run: {gpu: []}), or give the signal its dcgm source",
-    "kv": ("neither vLLM nor SGLang publishes KV bytes (docs/metrics.md): run the KV collector beside the engines "
-           "(`fusebox collect kv --endpoint URL --model-config FILE`, or kubernetes.collectors.run: {kv: [...]}) "
-           "and scrape it, or disable the signal"),
+    "kv": ("neither vLLM nor SGLang publishes KV bytes (docs/metrics.md): run the KV collector, which discovers the "
+           "engine pods on its node (kubernetes.collectors.run: {kv: []} with kubernetes.engines: their selector, port "
+           "and models, each with its config.json or geometry; docs/kubernetes.md), or beside each engine "
+           "(`fusebox collect kv --endpoint URL --model-config FILE --gpu UUID --engine-id ID`), and scrape it; or disable "
+           "the signal"),
     "latency": ("no engine publishes an alignment histogram (docs/metrics.md): record it in the engine process "
-                "(fusebox.collectors.latency) or run `fusebox collect latency`, and scrape it; or disable the signal"),
+                "(fusebox.collectors.latency) or run the latency collector, which discovers the engine pods on its node "
+                "(kubernetes.collectors.run: {latency: []} with kubernetes.engines), and scrape it; or disable the signal"),
 }
 
 
@@ -83,6 +88,8 @@ def producers(spec: Spec) -> list[Producer]:
         out.append(Producer("SGLang", C.SGLANG_PREFIXES))
     if spec.kubernetes.collectors.enabled:
         for name in spec.kubernetes.collectors.run:
+            if name == "kv" and not (spec.kubernetes.engines and spec.kubernetes.engines.models):
+                continue  # it discovers engines but knows no model's geometry: no KV bytes
             out.append(Producer(f"the fusebox {name} collector (k8s/)", COLLECTOR_PREFIXES.get(name, ())))
     if any(s.kind in GATEWAY_KINDS for s in spec.inpath.shedders):
         out.append(Producer("the SGLang Model Gateway (inpath.shedders)", (C.GATEWAY_PREFIX,)))

@@ -7,7 +7,10 @@ rule, ServiceMonitor and PodMonitor selectors match) plus ``app.kubernetes.io/*`
 * ``k8s/prometheusrule.yml``: the rules as a ``monitoring.coreos.com/v1`` PrometheusRule;
 * ``k8s/collectors.yml``: the collectors as a DaemonSet on GPU nodes (NVML through the NVIDIA
   container runtime), one container per collector serving /metrics on the pod IP, and the
-  PodMonitor that scrapes them;
+  PodMonitor that scrapes them; with ``kubernetes.engines`` and a ``kv`` or ``latency`` collector,
+  what engine discovery needs too: the ``fusebox-engines`` ConfigMap (``engines.yaml``), the
+  collectors' ServiceAccount and the ClusterRole (or a Role per engine namespace) to get, list and
+  watch pods, and the kubelet's pod-resources socket (hostPath, read-only) for the ``kv`` container;
 * ``k8s/fuse.yml``: the fuse service: the spec as a ConfigMap, a PersistentVolumeClaim for its
   SQLite state, a one-replica Deployment (strategy Recreate), its Service, PodDisruptionBudget
   and ServiceMonitor; its webhook token comes from the user's Secret ``fusebox-fuse-token``;
@@ -31,7 +34,9 @@ from .render_rules import Rules, gpu_power_backend
 from .yamlout import dump_yaml
 
 __all__ = ["render_prometheusrule", "render_collectors", "render_fuse", "render_kustomization", "workload_outputs", "kustomization_output",
-           "COLLECTORS_FILE", "FUSE_FILE", "KUSTOMIZATION_FILE", "SPEC_MOUNT", "TOKEN_MOUNT", "STATE_DIR"]
+           "render_discovery", "engines_config", "discovering", "self_contained_spec",
+           "COLLECTORS_FILE", "FUSE_FILE", "KUSTOMIZATION_FILE", "SPEC_MOUNT", "TOKEN_MOUNT", "STATE_DIR",
+           "ENGINES_MOUNT", "ENGINES_KEY", "POD_RESOURCES_DIR", "POD_RESOURCES_SOCKET"]
 
 COLLECTORS_FILE = "k8s/collectors.yml"
 FUSE_FILE = "k8s/fuse.yml"
@@ -42,6 +47,15 @@ TOKEN_MOUNT = "/var/run/secrets/fusebox"  # the token Secret, as its key (token)
 STATE_DIR = "/var/lib/fusebox"  # the fuse service's state directory (the PVC)
 STORE_ENV = C.FUSE_STORE_ENV
 _SPEC_KEY = "fusebox.yaml"
+ENGINES_MOUNT = "/etc/fusebox/engines"  # the fusebox-engines ConfigMap in the collectors' pod
+ENGINES_KEY = "engines.yaml"
+COLLECTOR_SPEC_MOUNT = "/etc/fusebox/spec"  # the spec ConfigMap in the collectors' pod (latency: its buckets)
+# The kubelet's pod-resources API (v1 List: which devices each pod's containers hold), the socket
+# dcgm-exporter reads; the kv collector maps a discovered engine pod to its GPU UUIDs with it.
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+POD_RESOURCES_SOCKET = f"{POD_RESOURCES_DIR}/kubelet.sock"
+NODE_NAME_ENV = "NODE_NAME"
+DISCOVERING = ("kv", "latency")  # the collectors that find the engines on their node
 
 
 def object_meta(spec: Spec, name: str, component: str | None = None, app: str | None = None, *,
@@ -144,28 +158,50 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
         {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
     ]
+    found = discovering(spec)
     containers = []
     for collector, extra in c.run.items():
         port_name = f"metrics-{collector}"
-        containers.append({
+        container: dict[str, Any] = {
             "name": collector, "image": k.image, "imagePullPolicy": k.pull_policy,
             "args": ["collect", collector, "--no-otlp", "--metrics-port", str(c.ports[collector]),
                      "--metrics-addr", f"$({C.ENV['metrics_addr']})", "--host-name", f"$({C.ENV['host_name']})",
-                     "--cluster", f"$({C.ENV['cluster']})", *extra],
-            "env": env,
+                     "--cluster", f"$({C.ENV['cluster']})", *_discovery_args(collector, found), *extra],
+            "env": env + ([_env_field(NODE_NAME_ENV, "spec.nodeName")] if collector in found else []),
             "ports": [{"name": port_name, "containerPort": c.ports[collector], "protocol": "TCP"}],
             "readinessProbe": _probe(port_name, "/metrics", 10),
             "livenessProbe": _probe(port_name, "/metrics", 30) | {"initialDelaySeconds": 10},
             "resources": c.resources.manifest(),
             "securityContext": _security(),
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-        })
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *_discovery_mounts(collector, found)],
+        }
+        if collector == "kv" and collector in found:
+            # The kubelet's socket is root's (srwxr-xr-x root root on common distributions); connecting
+            # to a Unix socket needs write permission on it, so this container runs as uid 0, as
+            # dcgm-exporter does for the same socket -- without any capability, escalation or
+            # writable root filesystem. Its namespace must admit hostPath volumes (Pod Security
+            # "privileged"; "baseline" and "restricted" refuse hostPath).
+            container["securityContext"] = {**_security(), "runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0}
+        containers.append(container)
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,  # the collectors call no Kubernetes API
         "securityContext": {"runAsNonRoot": True, "runAsUser": C.IMAGE_UID, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": containers,
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
+    template_meta: dict[str, Any] = {"labels": {**_selector(name), C.K8S_PART_OF[0]: C.K8S_PART_OF[1]}}
+    if found:
+        # discovery lists and watches the engine pods with the collectors' ServiceAccount token
+        pod["automountServiceAccountToken"] = True
+        pod["serviceAccountName"] = C.K8S["collectors_account"]
+        pod["volumes"].append({"name": "engines", "configMap": {"name": C.K8S["engines_configmap"]}})
+        if "kv" in found:
+            del pod["securityContext"]["runAsNonRoot"]  # the kv container runs as root (its securityContext says why)
+            pod["volumes"].append({"name": "pod-resources", "hostPath": {"path": POD_RESOURCES_DIR, "type": "Directory"}})
+        if "latency" in found:
+            pod["volumes"].append({"name": "spec", "configMap": {"name": C.K8S["spec_configmap"]}})
+        # a changed engines.yaml (a model added) rolls the pods: a ConfigMap mount alone would not restart them
+        template_meta["annotations"] = {"fusebox/engines-sha256": hashlib.sha256(engines_yaml(spec).encode()).hexdigest()}
     if c.runtime_class_name:
         pod["runtimeClassName"] = c.runtime_class_name
     if c.node_selector:
@@ -177,7 +213,7 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
         "spec": {
             "selector": {"matchLabels": _selector(name)},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": {"metadata": {"labels": {**_selector(name), C.K8S_PART_OF[0]: C.K8S_PART_OF[1]}}, "spec": pod},
+            "template": {"metadata": template_meta, "spec": pod},
         },
     }
     podmonitor = {
@@ -190,6 +226,114 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
         },
     }
     return [daemonset, podmonitor]
+
+
+def discovering(spec: Spec) -> tuple[str, ...]:
+    """The collectors of ``kubernetes.collectors.run`` that discover the engine pods on their node
+    (``kv``, ``latency``; the spec refuses them without ``kubernetes.engines``); none when the
+    collectors are disabled."""
+    c = spec.kubernetes.collectors
+    if not c.enabled or spec.kubernetes.engines is None:
+        return ()
+    return tuple(n for n in c.run if n in DISCOVERING)
+
+
+def _discovery_args(collector: str, found: tuple[str, ...]) -> list[str]:
+    """``--discover engines.yaml --node-name $(NODE_NAME)`` (kv: and the pod-resources socket;
+    latency: and the spec, for its buckets), as the collectors' CLI takes them."""
+    if collector not in found:
+        return []
+    args = ["--discover", f"{ENGINES_MOUNT}/{ENGINES_KEY}", "--node-name", f"$({NODE_NAME_ENV})"]
+    if collector == "kv":
+        args += ["--pod-resources-socket", POD_RESOURCES_SOCKET]
+    if collector == "latency":
+        args += ["--spec", f"{COLLECTOR_SPEC_MOUNT}/{_SPEC_KEY}"]
+    return args
+
+
+def _discovery_mounts(collector: str, found: tuple[str, ...]) -> list[dict[str, Any]]:
+    if collector not in found:
+        return []
+    mounts = [{"name": "engines", "mountPath": ENGINES_MOUNT, "readOnly": True}]
+    if collector == "kv":
+        mounts.append({"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True})
+    if collector == "latency":
+        mounts.append({"name": "spec", "mountPath": COLLECTOR_SPEC_MOUNT, "readOnly": True})
+    return mounts
+
+
+def engines_config(spec: Spec) -> dict[str, Any]:
+    """``engines.yaml``, what the discovering collectors read (``kubernetes.engines`` resolved):
+    ``{namespaces: [...] ([] = all), selector: {label: value}, port: name, path, models: {served
+    model name: {layers, kv_heads, head_dim, dtype_bytes}}}`` -- every geometry as integers, the
+    dtype's size in bytes after any ``kv_dtype``; bytes per token = 2 x the four."""
+    e = spec.kubernetes.engines
+    assert e is not None
+    return {"namespaces": list(e.namespaces), "selector": dict(e.selector), "port": e.port, "path": e.path,
+            "models": {name: {"layers": g.layers, "kv_heads": g.kv_heads, "head_dim": g.head_dim, "dtype_bytes": g.dtype_bytes}
+                       for name, g in e.models.items()}}
+
+
+def engines_yaml(spec: Spec) -> str:
+    """:func:`engines_config` as the ConfigMap's ``engines.yaml`` text, with its header."""
+    return "# Code generated by fusebox generate from kubernetes.engines. DO NOT EDIT.\n" + dump_yaml(engines_config(spec))
+
+
+def render_discovery(spec: Spec) -> list[dict[str, Any]]:
+    """What the discovering collectors need besides their DaemonSet: the ``fusebox-engines``
+    ConfigMap (key ``engines.yaml``), the ServiceAccount ``fusebox-collectors``, and the right to
+    get, list and watch pods: a ClusterRole and ClusterRoleBinding when ``kubernetes.engines.
+    namespaces`` is empty (every namespace), else a Role and RoleBinding in each listed namespace.
+    Empty when no collector discovers (:func:`discovering`)."""
+    if not discovering(spec):
+        return []
+    ns = spec.kubernetes.namespace
+    account = C.K8S["collectors_account"]
+    e = spec.kubernetes.engines
+    assert e is not None
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": object_meta(spec, C.K8S["engines_configmap"], "collectors"),
+                 "data": {ENGINES_KEY: engines_yaml(spec)}}
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(spec, account, "collectors")}
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    subjects = [{"kind": "ServiceAccount", "name": account, "namespace": ns}]
+    rbac: list[dict[str, Any]] = []
+    if not e.namespaces:
+        meta = object_meta(spec, account, "collectors")
+        del meta["namespace"]  # cluster-scoped
+        rbac += [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta, "rules": rules},
+                 {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": dict(meta),
+                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": account},
+                  "subjects": subjects}]
+    for where in e.namespaces:
+        meta = object_meta(spec, account, "collectors", namespace=where)
+        rbac += [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
+                 {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": dict(meta),
+                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+                  "subjects": subjects}]
+    return [configmap, sa, *rbac]
+
+
+def self_contained_spec(spec: Spec) -> dict[str, Any]:
+    """``spec.raw`` with each ``kubernetes.engines.models`` entry as its resolved geometry (``{layers,
+    kv_heads, head_dim, dtype}``) instead of a ``config:`` path: the copy the pods read (the spec
+    ConfigMap) loads where the config.json files are not. The dtype is named by its size (float32,
+    bfloat16, fp8): only the size counts."""
+    e = spec.kubernetes.engines
+    raw = spec.raw
+    if e is None or not e.models:
+        return raw
+    names = {4: "float32", 2: "bfloat16", 1: "fp8"}
+    models = {name: {"layers": g.layers, "kv_heads": g.kv_heads, "head_dim": g.head_dim, "dtype": names[g.dtype_bytes]}
+              for name, g in e.models.items()}
+    kube = {**raw["kubernetes"], "engines": {**raw["kubernetes"]["engines"], "models": models}}
+    return {**raw, "kubernetes": kube}
+
+
+def _spec_configmap(spec: Spec, component: str) -> tuple[dict[str, Any], str]:
+    """The spec ConfigMap (key fusebox.yaml, :func:`self_contained_spec`) and its text."""
+    text = dump_yaml(self_contained_spec(spec))
+    return ({"apiVersion": "v1", "kind": "ConfigMap", "metadata": object_meta(spec, C.K8S["spec_configmap"], component),
+             "data": {_SPEC_KEY: text}}, text)
 
 
 # Prometheus Operator `shards`: each shard keeps the targets whose hashmod of `__tmp_hash` (by
@@ -243,9 +387,7 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
     """
     k, f = spec.kubernetes, spec.kubernetes.fuse
     name, port = C.K8S["fuse"], C.K8S["fuse_port"]
-    spec_text = dump_yaml(spec.raw)
-    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": object_meta(spec, C.K8S["spec_configmap"], "fuse"),
-                 "data": {_SPEC_KEY: spec_text}}
+    configmap, spec_text = _spec_configmap(spec, "fuse")
     pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f.state_size}}}
     if f.storage_class is not None:
         pvc_spec["storageClassName"] = f.storage_class
@@ -347,7 +489,9 @@ def workload_outputs(spec: Spec, header: str) -> dict[str, str]:
     h = f"# {header}\n"
     out = {}
     if spec.kubernetes.collectors.enabled:
-        out[COLLECTORS_FILE] = _documents(h, render_collectors(spec))
+        # the latency collector reads the spec's buckets from the spec ConfigMap, k8s/fuse.yml's when the fuse runs
+        own_spec = [_spec_configmap(spec, "collectors")[0]] if "latency" in discovering(spec) and not spec.kubernetes.fuse.enabled else []
+        out[COLLECTORS_FILE] = _documents(h, [*render_discovery(spec), *own_spec, *render_collectors(spec)])
     if spec.kubernetes.fuse.enabled:
         out[FUSE_FILE] = _documents(h, render_fuse(spec))
     if spec.kubernetes.engines is not None:

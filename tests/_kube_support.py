@@ -5,7 +5,7 @@ each built into the tool cache by ``make tools`` (tools/build-kube.sh,
 tools/build-prometheus-operator.sh; the CRDs by tools/build-operator-crds.sh), on free loopback
 ports in a temporary folder, with the start-up flags tools/kube/README.md explains: etcd with one
 member over plain HTTP; the API server with a self-signed serving certificate for 127.0.0.1, a
-static bearer token in group ``system:masters``, ``AlwaysAllow`` authorization, a service-account
+static bearer token in group ``system:masters``, ``AlwaysAllow`` authorization (or ``RBAC``), a service-account
 signing key and ``--endpoint-reconciler-type none`` (no node ever registers); the operator with a
 kubeconfig pointing at it. Objects go in by server-side apply (``PATCH`` with
 ``application/apply-patch+yaml``, a field manager and ``fieldValidation=Strict``: an unknown field
@@ -110,8 +110,9 @@ class Proc:
 class ControlPlane:
     """etcd + kube-apiserver + the Prometheus Operator under ``root``; ``start()``, ``close()``."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, authorization: str = "AlwaysAllow"):
         self.tools = kube_tools()
+        self.authorization = authorization  # the API server's --authorization-mode (RBAC: the roles apply)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
@@ -158,7 +159,7 @@ class ControlPlane:
             "--bind-address", "127.0.0.1", "--secure-port", str(self.api_port), "--advertise-address", "127.0.0.1",
             "--tls-cert-file", str(self.ca), "--tls-private-key-file", str(r / "serving.key"),
             "--cert-dir", str(r / "certs"), "--token-auth-file", str(r / "tokens.csv"),
-            "--authorization-mode", "AlwaysAllow", "--anonymous-auth=false",
+            "--authorization-mode", self.authorization, "--anonymous-auth=false",
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(r / "sa.pub"), "--service-account-signing-key-file", str(r / "sa.key"),
             "--service-cluster-ip-range", "10.96.0.0/24", "--endpoint-reconciler-type", "none"])

@@ -17,11 +17,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from fusebox import conventions as C
+
+from .kvgeometry import DTYPE_BYTES, ConfigError, KvGeometry, kv_geometry, load_model_config
 
 # Kubernetes object names and label keys/values (k8s.io/apimachinery validation).
 DNS_LABEL = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -132,12 +135,26 @@ class RawFuseWorkload(_Strict):
     prometheus_url: StrictStr | None = None
 
 
+class RawEngineModel(_Strict):
+    # Either the model's config.json (a path relative to the spec's folder) or its geometry.
+    config: StrictStr | None = Field(None, description="The model's Hugging Face config.json, relative to the spec's folder "
+                                     "(or layers, kv_heads, head_dim and dtype instead).")
+    layers: StrictInt | None = Field(None, description="Attention layers that cache KV (num_hidden_layers).")
+    kv_heads: StrictInt | None = Field(None, description="KV heads (num_key_value_heads; the attention heads without GQA).")
+    head_dim: StrictInt | None = Field(None, description="Head dimension (head_dim, or hidden_size / num_attention_heads).")
+    dtype: StrictStr | None = Field(None, description="The model's dtype: float32, float16, bfloat16, fp8, int8 (or an alias).")
+    kv_dtype: StrictStr | None = Field(None, description="The engine's KV-cache dtype when it is not the model's (e.g. fp8).")
+
+
 class RawEngines(_Strict):
     # The engine pods' labels (matchLabels of the generated PodMonitor), e.g. {app.kubernetes.io/name: vllm}.
     selector: dict[StrictStr, StrictStr]
     port: StrictStr = "http"  # the name of the engine container's port serving /metrics
     path: StrictStr = "/metrics"
     namespaces: list[StrictStr] = []  # where the engine pods run; empty: every namespace
+    models: dict[StrictStr, RawEngineModel] = Field(
+        {}, description="Served model name (the engines' model_name label) -> its KV geometry ({config: path} or "
+        "{layers, kv_heads, head_dim, dtype}), for the KV collector that discovers the engine pods.")
 
 
 class RawKubernetes(_Strict):
@@ -220,13 +237,16 @@ class FuseWorkload:
 
 @dataclass(frozen=True)
 class Engines:
-    """``kubernetes.engines``: the engine pods the generated PodMonitor scrapes (labels, port name,
-    path, namespaces; none: every namespace)."""
+    """``kubernetes.engines``: the engine pods the generated PodMonitor scrapes and the collectors
+    discover (labels, port name, path, namespaces; none: every namespace), and ``models``: served
+    model name -> :class:`~.kvgeometry.KvGeometry` (resolved when the spec loads: a ``config:``
+    file is read then; ``dtype_bytes`` after any ``kv_dtype``)."""
 
     selector: dict[str, str]
     port: str = "http"
     path: str = "/metrics"
     namespaces: tuple[str, ...] = ()
+    models: dict[str, KvGeometry] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -314,8 +334,10 @@ def image_repository_problem(repo: str) -> str | None:
     return "its path must be components of a-z, 0-9 joined by '.', '_' or '-', separated by '/'"
 
 
-def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err) -> Kubernetes:
-    """Check the ``kubernetes:`` block; ``err(path, what, fix, key=False)`` records each problem."""
+def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err, base_dir: Path | None = None) -> Kubernetes:
+    """Check the ``kubernetes:`` block; ``err(path, what, fix, key=False)`` records each problem.
+    ``base_dir``: the folder ``kubernetes.engines.models.*.config`` paths are relative to (the
+    spec's; None: the working directory)."""
     p = ("kubernetes",)
     if spec_name.strip() and not DNS_LABEL.match(object_name(spec_name)):
         err(("metadata", "name"), f"metadata.name {spec_name!r} has no letter a-z or digit to name the Kubernetes objects "
@@ -340,13 +362,13 @@ def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err) -> Kubernet
         namespace=k.namespace, labels=dict(k.labels),
         sidecar_label=g.sidecar_label, sidecar_label_value=g.sidecar_label_value, folder_annotation=g.folder_annotation,
         image=f"{img.repository}:{img.tag}", pull_policy=img.pull_policy,
-        collectors=_collectors(k.collectors, spec_name, p + ("collectors",), err),
+        collectors=_collectors(k.collectors, spec_name, p + ("collectors",), err, discovery=k.engines is not None),
         fuse=_fuse(k.fuse, p + ("fuse",), err),
-        engines=_engines(k.engines, p + ("engines",), err) if k.engines is not None else None,
+        engines=_engines(k.engines, p + ("engines",), err, base_dir or Path()) if k.engines is not None else None,
     )
 
 
-def _engines(e: RawEngines, p: tuple, err: Err) -> Engines:
+def _engines(e: RawEngines, p: tuple, err: Err, base_dir: Path) -> Engines:
     if not e.selector:
         err(p + ("selector",), "the engines' selector is empty: the PodMonitor would scrape every pod",
             "give the engine pods' labels, e.g. {app.kubernetes.io/name: vllm}")
@@ -358,10 +380,70 @@ def _engines(e: RawEngines, p: tuple, err: Err) -> Engines:
     for i, ns in enumerate(e.namespaces):
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", ns):
             err(p + ("namespaces", i), f"{ns!r} is not a namespace name", "e.g. inference")
-    return Engines(selector=dict(e.selector), port=e.port, path=e.path, namespaces=tuple(e.namespaces))
+    models = {}
+    for name, m in e.models.items():
+        geo = _model_geometry(name, m, p + ("models", name), err, base_dir)
+        if geo is not None:
+            models[name] = geo
+    return Engines(selector=dict(e.selector), port=e.port, path=e.path, namespaces=tuple(e.namespaces), models=models)
 
 
-def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err) -> Collectors:
+_GEOMETRY_KEYS = ("layers", "kv_heads", "head_dim", "dtype")
+_DTYPES_FIX = "use one of " + ", ".join(sorted(DTYPE_BYTES))
+
+
+def _model_geometry(name: str, m: RawEngineModel, p: tuple, err: Err, base_dir: Path) -> KvGeometry | None:
+    """The KV geometry of one ``kubernetes.engines.models`` entry: its ``config:`` (a config.json
+    read now, relative to ``base_dir``) or its ``layers``, ``kv_heads``, ``head_dim``, ``dtype``;
+    ``kv_dtype`` overrides the dtype. None after reporting a problem at the entry's line."""
+    if not name.strip():
+        err(p, "a model name is empty", "key each model by the name the engines serve it under (their model_name label)",
+            key=True)
+    given = [k for k in _GEOMETRY_KEYS if getattr(m, k) is not None]
+    if m.kv_dtype is not None and m.kv_dtype.lower() not in DTYPE_BYTES and m.kv_dtype.lower() != "auto":
+        err(p + ("kv_dtype",), f"unknown KV-cache dtype {m.kv_dtype!r}", _DTYPES_FIX)
+        return None
+    kv_dtype = m.kv_dtype if m.kv_dtype is not None and m.kv_dtype.lower() != "auto" else None
+    if m.config is not None:
+        if given:
+            err(p + (given[0],), f"model {name!r} gives both config and {', '.join(given)}",
+                "give the config.json or the geometry (layers, kv_heads, head_dim, dtype), not both")
+            return None
+        path = Path(m.config) if Path(m.config).is_absolute() else base_dir / m.config
+        try:
+            return kv_geometry(load_model_config(path), kv_dtype, source=m.config)
+        except ConfigError as e:
+            err(p + ("config",), f"model {name!r}: {str(e).split(' -- ')[0].replace(str(path), m.config)}",
+                "give the path (relative to this spec) of the config.json the engines serve, with its attention geometry "
+                "and dtype, or the geometry itself: {layers, kv_heads, head_dim, dtype}; add kv_dtype where the config "
+                "names no dtype")
+            return None
+    missing = [k for k in _GEOMETRY_KEYS if getattr(m, k) is None and not (k == "dtype" and kv_dtype)]
+    if missing:
+        err(p, f"model {name!r} has no config and no {', '.join(missing)}",
+            "give config: <path to its config.json>, or the geometry: {layers, kv_heads, head_dim, dtype}", key=True)
+        return None
+    bad = False
+    for k in ("layers", "kv_heads", "head_dim"):
+        if getattr(m, k) < 1:
+            err(p + (k,), f"{k} must be at least 1, got {getattr(m, k)}", "copy it from the model's config.json")
+            bad = True
+    dtype = kv_dtype or m.dtype or ""
+    if dtype.lower() not in DTYPE_BYTES:
+        err(p + ("dtype",), f"unknown dtype {m.dtype!r}", _DTYPES_FIX)
+        bad = True
+    if bad:
+        return None
+    assert m.layers is not None and m.kv_heads is not None and m.head_dim is not None
+    return KvGeometry(m.layers, m.kv_heads, m.head_dim, DTYPE_BYTES[dtype.lower()], "spec")
+
+
+# What the generated DaemonSet passes a discovering collector (kv, latency), and what discovery replaces.
+DISCOVERY_ARGS = frozenset({"--discover", "--node-name", "--pod-resources-socket", "--endpoint", "--model-config", "--gpu",
+                            "--engine-id", "--spec"})
+
+
+def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err, *, discovery: bool = False) -> Collectors:
     _check_labels(c.node_selector, p + ("node_selector",), err)
     if c.runtime_class_name and not DNS_SUBDOMAIN.match(c.runtime_class_name):
         err(p + ("runtime_class_name",), f"{c.runtime_class_name!r} is not a RuntimeClass name",
@@ -379,10 +461,20 @@ def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err) -> Collect
         if name not in COLLECTORS:
             err(p + ("run", name), f"unknown collector {name!r}", f"use one of {', '.join(COLLECTORS)}", key=True)
         reserved = {"--metrics-port", "--metrics-addr", "--no-otlp", "--cluster", "--host-name"}
-        for a in c.run[name]:
+        for j, a in enumerate(c.run[name]):
             if a.split("=", 1)[0] in reserved:
                 err(p + ("run", name), f"{a.split('=', 1)[0]} is set by the generated DaemonSet",
                     "remove it (the port is kubernetes.collectors.port, the cluster kubernetes.collectors.cluster)")
+            elif name in ("kv", "latency") and a.split("=", 1)[0] in DISCOVERY_ARGS:
+                err(p + ("run", name, j), f"{a.split('=', 1)[0]} is set by the generated DaemonSet: the {name} collector "
+                    "discovers the engine pods on its node (kubernetes.engines)",
+                    "remove it; list the engines' models under kubernetes.engines.models")
+        if c.enabled and name in ("kv", "latency") and not discovery:
+            err(p + ("run", name), f"the {name} collector has no way to find the engines: in a DaemonSet it cannot be "
+                "given each engine's --endpoint" + (", --model-config and --gpu" if name == "kv" else " and --engine-id"),
+                "add kubernetes.engines (the engine pods' selector, port and namespaces"
+                + (", and their models' config.json or geometry" if name == "kv" else "")
+                + "): the collector then discovers the engine pods on its node", key=True)
         ports[name] = c.port + i
     _check_port(c.port, p + ("port",), err)
     _check_port(c.port + max(len(c.run) - 1, 0), p + ("port",), err)

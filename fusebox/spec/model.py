@@ -420,11 +420,13 @@ def load_spec(path: str | Path, *, display_path: str | None = None) -> Spec:
         OSError: when the file cannot be read (FileNotFoundError, IsADirectoryError, ...).
     """
     file = display_path or str(path)
-    return parse_spec(read_text(Path(path), file), file)
+    return parse_spec(read_text(Path(path), file), file, base_dir=Path(path).parent)
 
 
-def parse_spec(text: str, file: str = "<spec>") -> Spec:
-    """Like :func:`load_spec` on a string."""
+def parse_spec(text: str, file: str = "<spec>", *, base_dir: Path | None = None) -> Spec:
+    """Like :func:`load_spec` on a string. ``base_dir``: the folder the spec's relative paths
+    (``kubernetes.engines.models.*.config``) are read from; default: ``file``'s folder (the
+    working directory for ``<spec>``)."""
     data, pos = load(text, file)
     if not isinstance(data, dict):
         raise SpecError([pos.problem((), "the spec must be a YAML mapping", "start from the shipped fusebox.yaml")])
@@ -435,15 +437,15 @@ def parse_spec(text: str, file: str = "<spec>") -> Spec:
         raw = RawSpec.model_validate(data)
     except ValidationError as e:
         raise SpecError([pydantic_problem(err, pos, RawSpec, aliases=_ALIASES) for err in e.errors()]) from None
-    return _Normaliser(raw, data, pos).run()
+    return _Normaliser(raw, data, pos, Path(file).parent if base_dir is None else base_dir).run()
 
 
 _ALIASES = {"for_": "for", "global_": "global"}
 
 
 class _Normaliser:
-    def __init__(self, raw: RawSpec, data: dict, pos: Positions):
-        self.raw, self.data, self.pos = raw, data, pos
+    def __init__(self, raw: RawSpec, data: dict, pos: Positions, base_dir: Path | None = None):
+        self.raw, self.data, self.pos, self.base_dir = raw, data, pos, base_dir
         self.problems: list[Problem] = []
 
     def err(self, path: tuple, what: str, fix: str, *, key: bool = False) -> None:
@@ -563,7 +565,7 @@ class _Normaliser:
         if not r.metadata.name.strip():
             self.err(("metadata", "name"), "metadata.name is empty", "name the cluster, e.g. multimodal-inference: it is the "
                      "cluster label of the rules and the fusebox label Alertmanager routes to the fuse on")
-        kube = normalise_kubernetes(r.kubernetes, r.metadata.name, self.err)
+        kube = normalise_kubernetes(r.kubernetes, r.metadata.name, self.err, self.base_dir)
         grafana = normalise_grafana(r.grafana, self.err)
         otelcol = normalise_otelcol(r.otelcol, self.duration, self.err)
         adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
