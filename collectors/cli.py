@@ -411,7 +411,10 @@ def _cmd_kv_discover(args) -> int:
             one_round()
             sys.stdout.write(f"# fusebox: {len(kv.per_pod)} engine pod(s) discovered on node {args.node_name}\n")
             sys.stdout.write(pipe.prometheus_text())
-            return 0
+            if not watcher.wait_synced(0):
+                _err("kv: the Kubernetes API did not list the pods (see above): nothing discovered")
+                return 1
+            return 0 if not any(n for _a, n in kv.error_readings()) else 1
         _announce(args, f"kv (discovering engine pods on node {args.node_name})")
         return _loop(args, pipe, one_round)
     finally:
