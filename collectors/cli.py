@@ -101,7 +101,8 @@ def _discover_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-name", metavar="NODE", default=None,
                    help="this node's name (the DaemonSet's spec.nodeName from the downward API); needs --discover")
     p.add_argument("--pod-resources-socket", metavar="PATH", default=DEFAULT_SOCKET,
-                   help=f"the kubelet's pod-resources socket, which GPUs each pod holds (default {DEFAULT_SOCKET})")
+                   help=f"the kubelet's pod-resources socket, which GPUs each pod holds (default {DEFAULT_SOCKET}; "
+                        "collect kv only: alignment latency carries no hw_id)")
     p.add_argument("--kubeconfig", metavar="PATH", default=None,
                    help="kubeconfig for the Kubernetes API (default: the in-cluster service account, else "
                         "~/.kube/config)")
@@ -354,9 +355,10 @@ def _gpu_memory_bytes(uuids: list[str]) -> float | None:
     return min(totals[u] for u in uuids) if all(u in totals for u in uuids) else None
 
 
-def _discovery(args):
-    """(Discovery, PodWatcher, PodResourcesClient) of --discover, or None after saying why
-    (an engines file that is invalid, no Kubernetes configuration: exit 2)."""
+def _discovery(args, *, devices: bool = True):
+    """(Discovery, PodWatcher, PodResourcesClient or None) of --discover, or None after saying why
+    (an engines file that is invalid, no Kubernetes configuration: exit 2). ``devices``: ask the
+    kubelet which GPUs each pod holds (the KV collector; alignment latency has no hw_id)."""
     from .discover import DEFAULT_MAX_ENGINES, Discovery
     from .engines import EnginesConfigError, load_engines_config
     from .export import log_stderr
@@ -375,8 +377,9 @@ def _discovery(args):
              "or pass --kubeconfig PATH")
         return None
     watcher = PodWatcher(api, args.node_name, cfg.namespaces, cfg.label_selector, log=log_stderr).start()
-    podres = PodResourcesClient(args.pod_resources_socket, timeout_s=args.timeout, log=log_stderr)
-    disc = Discovery(cfg, watcher, devices=podres.devices, device_errors=podres.error_readings,
+    podres = PodResourcesClient(args.pod_resources_socket, timeout_s=args.timeout, log=log_stderr) if devices else None
+    disc = Discovery(cfg, watcher, devices=podres.devices if podres else None,
+                     device_errors=podres.error_readings if podres else None,
                      max_engines=args.max_engines or DEFAULT_MAX_ENGINES, log=log_stderr)
     # the first round sees the pods the API server lists; a slow API server only delays them
     watcher.wait_synced(min(10.0, max(args.interval, 1.0)))
@@ -419,7 +422,8 @@ def _cmd_kv_discover(args) -> int:
         return _loop(args, pipe, one_round)
     finally:
         watcher.stop()
-        podres.close()
+        if podres is not None:
+            podres.close()
 
 
 def cmd_kv(args) -> int:
@@ -466,10 +470,10 @@ def _cmd_latency_discover(args, buckets) -> int:
     from .export import log_stderr
     from .latency import EngineHistogramFallback
 
-    got = _discovery(args)
+    got = _discovery(args, devices=False)
     if got is None:
         return 2
-    disc, watcher, podres = got
+    disc, watcher, _podres = got
     pipe = _pipeline(args, "latency", (), buckets=buckets, once=args.once)
     fetch = _fetcher(args)
     lat = DiscoveredLatency(
@@ -496,7 +500,6 @@ def _cmd_latency_discover(args, buckets) -> int:
         return _loop(args, pipe, one_round)
     finally:
         watcher.stop()
-        podres.close()
 
 
 def _source_of(metric: str, encoder_metrics) -> str:

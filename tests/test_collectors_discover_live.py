@@ -143,6 +143,8 @@ def test_kv_discover_follows_engine_pods_as_they_come_and_go(tmp_path):
         assert got[("fusebox_kv_cache_limit_bytes", "inference/tiny", "GPU-bbbb")] == TINY_POOL / 2
         assert got[("fusebox_kv_cache_usage_bytes", "inference/tiny", "GPU-aaaa")] == 0
         assert {e for (_n, e, _h) in got if _n.startswith("fusebox_kv_cache_")} == {"inference/tiny"}
+        # another node's pod and a pod outside the selector are not this collector's, in no series
+        assert not {e for (_n, e, _h) in got} & {"inference/elsewhere", "inference/not-an-engine"}
         # the unknown model counted and no bytes for it; the pod without an IP counted
         assert got[("fusebox_collector_kv_incomplete_total", "inference/odd", "unknown_model")] >= 1
         assert got[("fusebox_collector_discovery_skipped_total", "inference/pending", "no_pod_ip")] >= 1
