@@ -126,6 +126,7 @@ class Discovery:
         # a pod that is gone takes its counts and its notice with it
         self.skipped = Counter({k: v for k, v in self.skipped.items() if k[0] in present})
         self._told = {k for k in self._told if k[0] in present}
+        self._known = {k: v for k, v in self._known.items() if f"{k[0]}/{k[1]}" in present}
         return out
 
     def skipped_readings(self) -> list[tuple[dict, int]]:
