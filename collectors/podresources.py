@@ -3,7 +3,7 @@ on this node holds, over the kubelet's unix socket (the one dcgm-exporter reads,
 ``/var/lib/kubelet/pod-resources/kubelet.sock``).
 
 The messages are those of ``k8s.io/kubelet/pkg/apis/podresources/v1/api.proto`` (proto3,
-package ``v1``), built at import with protobuf's descriptor API (:func:`_descriptors`) rather
+package ``v1``), built on first use with protobuf's descriptor API (:func:`messages`) rather
 than generated code, so no generated module has to match the protobuf runtime's version. Only
 the fields fusebox reads are declared, with their numbers in that file; protobuf keeps every
 other field the kubelet sends (cpu_ids, memory, dynamic_resources ...) as unknown fields, so a
@@ -24,6 +24,7 @@ and :meth:`PodResourcesClient.devices` returns None (the caller keeps running wi
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -39,8 +40,10 @@ MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 MAX_MESSAGE_BYTES = 16 << 20
 
 
-def _descriptors() -> dict[str, Any]:
-    """Message classes of the subset of podresources/v1 described in the module docstring."""
+@functools.cache
+def messages() -> dict[str, Any]:
+    """Message classes of the subset of podresources/v1 described in the module docstring (built
+    once, on first use: the ``fusebox`` command does not import protobuf to start)."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
@@ -71,8 +74,6 @@ def _descriptors() -> dict[str, Any]:
     return {m.name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"v1.{m.name}"))
             for m in fdp.message_type} | {"_file": fd}
 
-
-MESSAGES = _descriptors()
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class PodResourcesClient:
                          ("grpc.enable_retries", 0)])
             self._list = self._channel.unary_unary(
                 LIST_METHOD, request_serializer=lambda m: m.SerializeToString(),
-                response_deserializer=MESSAGES["ListPodResourcesResponse"].FromString)
+                response_deserializer=messages()["ListPodResourcesResponse"].FromString)
         return self._list
 
     def devices(self) -> dict[tuple[str, str], PodDevices] | None:
@@ -162,7 +163,7 @@ class PodResourcesClient:
                                    "(hostPath) or pass --pod-resources-socket; KV series carry no hw_id meanwhile")
             return None
         try:
-            resp = self._stub()(MESSAGES["ListPodResourcesRequest"](), timeout=self.timeout_s, wait_for_ready=False)
+            resp = self._stub()(messages()["ListPodResourcesRequest"](), timeout=self.timeout_s, wait_for_ready=False)
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             reason = {grpc.StatusCode.UNAVAILABLE: "unavailable",
