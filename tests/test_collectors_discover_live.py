@@ -111,6 +111,9 @@ def test_kv_discover_follows_engine_pods_as_they_come_and_go(tmp_path):
     proc = None
     try:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="inference")))
+        # no controller manager here to make the namespace's default service account pods need
+        core.create_namespaced_service_account("inference", client.V1ServiceAccount(
+            metadata=client.V1ObjectMeta(name="default")))
 
         def run_pod(name, node="node-a", labels=None):
             e = engines[name] if name in engines else engines["tiny"]
