@@ -90,6 +90,46 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _discover_options(p: argparse.ArgumentParser) -> None:
+    """Engine discovery on Kubernetes (collectors/discover.py)."""
+    from .podresources import DEFAULT_SOCKET
+
+    p.add_argument("--discover", metavar="FILE", default=None,
+                   help="find the engine pods on this node through the Kubernetes API, as FILE says (engines.yaml of "
+                        "the fusebox-engines ConfigMap `fusebox generate` writes); excludes --endpoint, "
+                        "--model-config, --gpu and --engine-id")
+    p.add_argument("--node-name", metavar="NODE", default=None,
+                   help="this node's name (the DaemonSet's spec.nodeName from the downward API); needs --discover")
+    p.add_argument("--pod-resources-socket", metavar="PATH", default=DEFAULT_SOCKET,
+                   help=f"the kubelet's pod-resources socket, which GPUs each pod holds (default {DEFAULT_SOCKET}; "
+                        "collect kv only: alignment latency carries no hw_id)")
+    p.add_argument("--kubeconfig", metavar="PATH", default=None,
+                   help="kubeconfig for the Kubernetes API (default: the in-cluster service account, else "
+                        "~/.kube/config)")
+    p.add_argument("--max-engines", type=_count, default=None, metavar="N",
+                   help="engine pods scraped on this node at most; the rest are counted and skipped (default 64)")
+
+
+_HAND_NAMED = {"endpoint": "--endpoint", "model_config": "--model-config", "gpu": "--gpu", "engine_id": "--engine-id"}
+
+
+def _check_discover(p: argparse.ArgumentParser, args, needed: tuple[str, ...]) -> None:
+    """--discover excludes the per-engine flags; without it, ``needed`` are required (argparse
+    error, exit 2)."""
+    if args.discover:
+        given = [flag for dest, flag in _HAND_NAMED.items() if getattr(args, dest, None)]
+        if given:
+            p.error(f"--discover finds the engines itself: drop {', '.join(given)}")
+        if not args.node_name:
+            p.error("--discover needs --node-name NODE (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)")
+    else:
+        if args.node_name or args.max_engines:
+            p.error("--node-name and --max-engines go with --discover FILE")
+        lacking = [_HAND_NAMED[d] for d in needed if not getattr(args, d, None)]
+        if lacking:
+            p.error(f"the following arguments are required: {', '.join(lacking)} (or --discover FILE --node-name NODE)")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("collect", help="run a collector (gpu, kv, latency, scenario)",
                               description="Collect GPU, KV-cache or alignment-latency signals and push them as OTLP "
@@ -102,33 +142,43 @@ def register(subparsers) -> None:
     _common(g)
     g.set_defaults(func=cmd_gpu)
 
-    k = sub.add_parser("kv", help="KV-cache bytes from vLLM/SGLang/TGI /metrics and the model's config.json")
-    k.add_argument("--endpoint", action="append", required=True, metavar="URL_OR_PATH",
+    k = sub.add_parser("kv", help="KV-cache bytes from vLLM/SGLang/TGI /metrics and the model's config.json",
+                       description="KV-cache bytes per engine and GPU. Either one engine named by hand (--endpoint, "
+                                   "--model-config, --gpu), or every engine pod on this node found through the "
+                                   "Kubernetes API (--discover FILE --node-name NODE: GPUs from the kubelet's "
+                                   "pod-resources API, geometry per model from FILE).")
+    k.add_argument("--endpoint", action="append", default=None, metavar="URL_OR_PATH",
                    help="engine /metrics URL or a file; repeat for API-server processes of the same engine")
-    k.add_argument("--model-config", required=True, metavar="PATH", help="the model's config.json")
+    k.add_argument("--model-config", default=None, metavar="PATH", help="the model's config.json")
     k.add_argument("--gpu", action="append", default=[], metavar="UUID", help="GPU/MIG UUID the engine runs on (one per tp rank)")
     k.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: number of --gpu, else 1)")
     k.add_argument("--kv-dtype", default=None, help="KV-cache dtype override, e.g. fp8 (default: engine cache_dtype or model dtype)")
     k.add_argument("--engine-id", default=None, help="the `engine` attribute (default: the model name)")
     k.add_argument("--model", default=None, help="the `model` attribute when the engine does not label it (TGI)")
     k.add_argument("--max-total-tokens", type=float, default=None, help="TGI --max-batch-total-tokens (TGI exposes no capacity)")
+    _discover_options(k)
     _fetch_options(k)
     _common(k)
-    k.set_defaults(func=cmd_kv)
+    k.set_defaults(func=cmd_kv, check=lambda a: _check_discover(k, a, ("endpoint", "model_config")))
 
     lat = sub.add_parser("latency", help="fallback: alignment latency derived from an engine's own histogram",
                          description="Re-record the increase of an engine's time-to-first-token histogram between "
                          "scrapes on the spec's buckets (an upper bound of the hand-off). With --once: one scrape, "
                          "everything the histogram counted since the engine started, printed in Prometheus text "
                          "format; exit 1 with the reason when the endpoint cannot be read or has no such histogram.")
-    lat.add_argument("--endpoint", required=True, metavar="URL_OR_PATH", help="engine /metrics URL or file")
-    lat.add_argument("--engine-id", required=True, help="the `engine` attribute")
+    lat.add_argument("--endpoint", default=None, metavar="URL_OR_PATH", help="engine /metrics URL or file")
+    lat.add_argument("--engine-id", default=None, help="the `engine` attribute")
     lat.add_argument("--model", default=None, help="the `model` attribute (default: the engine's model_name)")
-    lat.add_argument("--metric", default=None, help="engine histogram to use (default: vLLM/SGLang time to first token)")
+    lat.add_argument("--metric", default=None, help="the one engine histogram to use (default: --encoder-metric, then "
+                                                    "vLLM/SGLang time to first token)")
+    lat.add_argument("--encoder-metric", action="append", default=[], metavar="NAME",
+                     help="an engine's encoder / multimodal-stage histogram, read before time to first token "
+                          "(source=\"encoder\"); repeat for several, the first present is used")
     lat.add_argument("--spec", default="fusebox.yaml", help="spec giving the buckets (default fusebox.yaml)")
+    _discover_options(lat)
     _fetch_options(lat)
     _common(lat)
-    lat.set_defaults(func=cmd_latency)
+    lat.set_defaults(func=cmd_latency, check=lambda a: _check_discover(lat, a, ("endpoint", "engine_id")))
 
     s = sub.add_parser("scenario", help="play a scenario file through the real collectors (demo)")
     s.add_argument("path", nargs="?", default=None, metavar="PATH", help="scenario YAML (default: the packaged 'breach')")
@@ -305,9 +355,84 @@ def _gpu_memory_bytes(uuids: list[str]) -> float | None:
     return min(totals[u] for u in uuids) if all(u in totals for u in uuids) else None
 
 
+def _discovery(args, *, devices: bool = True):
+    """(Discovery, PodWatcher, PodResourcesClient or None) of --discover, or None after saying why
+    (an engines file that is invalid, no Kubernetes configuration: exit 2). ``devices``: ask the
+    kubelet which GPUs each pod holds (the KV collector; alignment latency has no hw_id)."""
+    from .discover import DEFAULT_MAX_ENGINES, Discovery
+    from .engines import EnginesConfigError, load_engines_config
+    from .export import log_stderr
+    from .podresources import PodResourcesClient
+    from .podwatch import PodWatcher, core_api
+
+    try:
+        cfg = load_engines_config(args.discover)
+    except EnginesConfigError as e:
+        _err(str(e))
+        return None
+    try:
+        api = core_api(args.kubeconfig)
+    except Exception as e:  # noqa: BLE001 -- ConfigException, an unreadable kubeconfig: said, exit 2
+        _err(f"no Kubernetes API configuration ({type(e).__name__}: {e}) -- run in a pod with a service account, "
+             "or pass --kubeconfig PATH")
+        return None
+    watcher = PodWatcher(api, args.node_name, cfg.namespaces, cfg.label_selector, log=log_stderr).start()
+    podres = PodResourcesClient(args.pod_resources_socket, timeout_s=args.timeout, log=log_stderr) if devices else None
+    disc = Discovery(cfg, watcher, devices=podres.devices if podres else None,
+                     device_errors=podres.error_readings if podres else None,
+                     max_engines=args.max_engines or DEFAULT_MAX_ENGINES, log=log_stderr)
+    # the first round sees the pods the API server lists; a slow API server only delays them
+    watcher.wait_synced(min(10.0, max(args.interval, 1.0)))
+    return disc, watcher, podres
+
+
+def _cmd_kv_discover(args) -> int:
+    from .discover import DiscoveredKv
+    from .export import log_stderr
+    from .kvcache import KvCollector
+
+    got = _discovery(args)
+    if got is None:
+        return 2
+    disc, watcher, podres = got
+    fetch = _fetcher(args)
+    models = disc.config.models
+    kv = DiscoveredKv(disc, lambda url: KvCollector([url], None, models=models, kv_dtype=args.kv_dtype,
+                                                    timeout_s=args.timeout, fetch=fetch, log=log_stderr))
+    pipe = _pipeline(args, "kv", KV_KEYS, once=args.once)
+
+    def one_round() -> None:
+        pipe.set_readings(kv.collect())
+        pipe.set_errors(kv.error_readings())
+        pipe.set_refused(kv.refused_readings())
+        pipe.set_dropped(kv.dropped_readings())
+        pipe.set_incomplete(kv.incomplete_readings())
+        pipe.set_discovery(disc.skipped_readings(), disc.error_readings())
+
+    try:
+        if args.once:
+            one_round()
+            sys.stdout.write(f"# fusebox: {len(kv.per_pod)} engine pod(s) discovered on node {args.node_name}\n")
+            sys.stdout.write(pipe.prometheus_text())
+            if not watcher.wait_synced(0):
+                _err("kv: the Kubernetes API did not list the pods (see above): nothing discovered")
+                return 1
+            return 0 if not any(n for _a, n in kv.error_readings()) else 1
+        _announce(args, f"kv (discovering engine pods on node {args.node_name})")
+        return _loop(args, pipe, one_round)
+    finally:
+        watcher.stop()
+        if podres is not None:
+            podres.close()
+
+
 def cmd_kv(args) -> int:
     from .export import log_stderr
     from .kvcache import ConfigError, KvCollector, kv_geometry, load_model_config
+
+    args.check(args)
+    if args.discover:
+        return _cmd_kv_discover(args)
 
     try:
         cfg = load_model_config(args.model_config)
@@ -340,19 +465,69 @@ def cmd_kv(args) -> int:
     return _loop(args, pipe, one_round)
 
 
+def _cmd_latency_discover(args, buckets) -> int:
+    from .discover import DiscoveredLatency
+    from .export import log_stderr
+    from .latency import EngineHistogramFallback
+
+    got = _discovery(args, devices=False)
+    if got is None:
+        return 2
+    disc, watcher, _podres = got
+    pipe = _pipeline(args, "latency", (), buckets=buckets, once=args.once)
+    fetch = _fetcher(args)
+    lat = DiscoveredLatency(
+        disc, lambda engine, url: EngineHistogramFallback(
+            pipe.alignment, engine=engine, model=args.model, metric=args.metric, endpoint=url, timeout_s=args.timeout,
+            fetch=fetch, log=log_stderr, encoder_metrics=args.encoder_metric),
+        pipe.forget_alignment)
+    said: dict[str, str] = {}
+
+    def one_round() -> None:
+        lat.poll()
+        pipe.set_errors(lat.error_readings())
+        pipe.set_refused(lat.refused_readings())
+        pipe.set_dropped(lat.dropped_readings())
+        pipe.set_discovery(disc.skipped_readings(), disc.error_readings())
+        for engine, source in lat.sources.items():
+            if said.get(engine) != source:
+                said[engine] = source
+                print(f"fusebox collect latency: {engine}: alignment latency from {source} "
+                      f"(source={_source_of(source, args.encoder_metric)})", file=sys.stderr, flush=True)
+
+    try:
+        _announce(args, f"latency (discovering engine pods on node {args.node_name})")
+        return _loop(args, pipe, one_round)
+    finally:
+        watcher.stop()
+
+
+def _source_of(metric: str, encoder_metrics) -> str:
+    from .latency import source_of
+
+    return source_of(metric, encoder_metrics)
+
+
 def cmd_latency(args) -> int:
     from .fetch import redact_url
     from .latency import FALLBACK_SOURCES as LAT_SOURCES
     from .latency import EngineHistogramFallback
 
+    args.check(args)
+    if args.discover and args.once:
+        _err("--once reads one engine; with --discover, run rounds (--rounds in tests) and read --metrics-port")
+        return 2
     buckets = _spec_buckets(args.spec)
     if buckets is None:
         return 2
+    if args.discover:
+        return _cmd_latency_discover(args, buckets)
     pipe = _pipeline(args, "latency", (), buckets=buckets, once=args.once, instance_part=args.engine_id)
     from .export import log_stderr
 
     fb = EngineHistogramFallback(pipe.alignment, engine=args.engine_id, model=args.model, metric=args.metric,
-                                 endpoint=args.endpoint, timeout_s=args.timeout, fetch=_fetcher(args), log=log_stderr)
+                                 endpoint=args.endpoint, timeout_s=args.timeout, fetch=_fetcher(args), log=log_stderr,
+                                 encoder_metrics=args.encoder_metric)
     said = [False]
 
     def poll() -> None:
@@ -366,7 +541,8 @@ def cmd_latency(args) -> int:
         if fb.source and not said[0]:
             said[0] = True
             print(f"fusebox collect latency: deriving alignment latency from {fb.source} "
-                  "(engine histogram; an upper bound of the hand-off)", file=sys.stderr, flush=True)
+                  f"(engine histogram, source={_source_of(fb.source, args.encoder_metric)}; time to first token is "
+                  "an upper bound of the hand-off)", file=sys.stderr, flush=True)
 
     if args.once:
         # one scrape: everything the engine's histogram counted since it started, on the spec's buckets

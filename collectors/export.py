@@ -293,7 +293,7 @@ class Pipeline:
         # self-metrics: dropped export batches and endpoint errors
         self._self_counts: dict[tuple[str, tuple], float] = {}
         for skey in ("export_dropped", "scrape_errors", "scrape_refused", "scrape_dropped", "kv_incomplete",
-                     "gpu_errors"):
+                     "gpu_errors", "discovery_skipped", "discovery_errors"):
             name, unit, _kind = C.OTEL_SELF[skey]
             self.meter.create_observable_counter(name, callbacks=[self._self_cb(skey)], unit=unit,
                                                  description=_DESCRIPTIONS.get(skey, ""))
@@ -312,30 +312,65 @@ class Pipeline:
 
         return cb
 
+    def _set_self(self, skey: str, items: Iterable[tuple[dict, int]]) -> None:
+        """Replace the counts of self-metric ``skey``: an attribute set left out is no longer
+        exported (an engine that went away takes its counts with it)."""
+        new = {(skey, tuple(sorted(attrs.items()))): n for attrs, n in items}
+        with self._lock:
+            self._self_counts = {k: v for k, v in self._self_counts.items() if k[0] != skey} | new
+
     def set_errors(self, items: Iterable[tuple[dict, int]]) -> None:
-        """Endpoint error counts, e.g. from :meth:`KvCollector.error_readings`."""
-        for attrs, n in items:
-            self._self_counts[("scrape_errors", tuple(sorted(attrs.items())))] = n
+        """Endpoint error counts, e.g. from :meth:`KvCollector.error_readings` (all of them: replaces)."""
+        self._set_self("scrape_errors", items)
 
     def set_refused(self, items: Iterable[tuple[dict, int]]) -> None:
         """Refused-scrape counts by endpoint and reason, e.g. :meth:`KvCollector.refused_readings`."""
-        for attrs, n in items:
-            self._self_counts[("scrape_refused", tuple(sorted(attrs.items())))] = n
+        self._set_self("scrape_refused", items)
 
     def set_dropped(self, items: Iterable[tuple[dict, int]]) -> None:
         """Sample lines dropped at a cap by endpoint and reason, e.g. :meth:`KvCollector.dropped_readings`."""
-        for attrs, n in items:
-            self._self_counts[("scrape_dropped", tuple(sorted(attrs.items())))] = n
+        self._set_self("scrape_dropped", items)
 
     def set_incomplete(self, items: Iterable[tuple[dict, int]]) -> None:
         """Incomplete KV rounds by engine and reason, e.g. :meth:`KvCollector.incomplete_readings`."""
-        for attrs, n in items:
-            self._self_counts[("kv_incomplete", tuple(sorted(attrs.items())))] = n
+        self._set_self("kv_incomplete", items)
 
     def set_gpu_errors(self, items: Iterable[tuple[dict, int]]) -> None:
         """GPU collection-error counts by GPU and reason, from :meth:`GpuCollector.error_readings`."""
-        for attrs, n in items:
-            self._self_counts[("gpu_errors", tuple(sorted(attrs.items())))] = n
+        self._set_self("gpu_errors", items)
+
+    def set_discovery(self, skipped: Iterable[tuple[dict, int]], errors: Iterable[tuple[dict, int]]) -> None:
+        """Engine discovery's counts: pods skipped by engine and reason, its sources' errors by
+        endpoint and reason (:class:`~fusebox.collectors.discover.Discovery`)."""
+        self._set_self("discovery_skipped", skipped)
+        self._set_self("discovery_errors", errors)
+
+    def forget_alignment(self, keep: Callable[[dict], bool]) -> int:
+        """Stop exporting the alignment histogram's series whose attributes ``keep`` refuses (an
+        engine pod that was deleted); returns how many were dropped.
+
+        The OTel SDK has no public way to end a synchronous instrument's series (a cumulative
+        histogram keeps every attribute set it ever saw), so this removes them from the SDK's
+        per-reader aggregation tables (``MeterProvider._measurement_consumer._reader_storages``
+        -> ``_instrument_view_instrument_matches`` -> ``_attributes_aggregation``, SDK 1.2x-1.4x;
+        tests/test_collectors_discover.py holds it to the rendered output, so an SDK that moved them
+        fails there). Series recorded later under the same attributes start again from zero.
+        """
+        from ._alignment import HIST_NAME
+
+        dropped = 0
+        consumer = getattr(self.provider, "_measurement_consumer", None)
+        for storage in list(getattr(consumer, "_reader_storages", {}).values()):
+            for instrument, matches in list(getattr(storage, "_instrument_view_instrument_matches", {}).items()):
+                if getattr(instrument, "name", "") != HIST_NAME:
+                    continue
+                for m in matches:
+                    with m._lock:  # noqa: SLF001 -- see the docstring
+                        table = m._attributes_aggregation  # noqa: SLF001
+                        for k in [k for k, agg in table.items() if not keep(dict(getattr(agg, "_attributes", {}) or {}))]:
+                            del table[k]
+                            dropped += 1
+        return dropped
 
     def set_readings(self, readings: Sequence[Reading]) -> None:
         """Replace the current readings (grouped by key). Keys not in ``keys`` raise KeyError."""
@@ -391,8 +426,13 @@ _DESCRIPTIONS = {
     "scrape_dropped": "Sample lines of engine /metrics dropped before parsing (label_too_long, series_limit), "
                       "by endpoint and reason",
     "kv_incomplete": "KV rounds with incomplete output, by engine and reason (no_gpu: no hw_id; no_capacity: no pool "
-                     "size; model_config: --model-config not the served model's)",
+                     "size; model_config: --model-config not the served model's; unknown_model: a discovered engine's "
+                     "model is not in the engines file)",
     "gpu_errors": "GPU collection rounds that failed for a device (NVML error), by GPU and reason",
+    "discovery_skipped": "Rounds in which a discovered engine pod was not scraped, by engine and reason (no_pod_ip, "
+                         "no_port, over_cap)",
+    "discovery_errors": "Engine discovery's sources failing (the kubelet's pod-resources socket, the Kubernetes API), "
+                        "by endpoint and reason",
 }
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fusebox import conventions as C
@@ -257,7 +257,11 @@ class KvCollector:
     Args:
         endpoints: http URLs or file paths; several = API-server processes of the same
             deployment (the max is taken per engine).
-        geometry: the model's :class:`KvGeometry` (from :func:`kv_geometry`).
+        geometry: the model's :class:`KvGeometry` (from :func:`kv_geometry`); None: looked up
+            per engine by its ``model_name`` in ``models``.
+        models: served model name -> :class:`KvGeometry`, used when ``geometry`` is None (engine
+            discovery: the engines file). An engine whose model is not in it gets no bytes: it is
+            counted (reason ``unknown_model``) and said once, never guessed.
         gpus: GPU (or MIG) UUIDs the engine runs on; with ``tp`` > 1 one per rank.
         tp: tensor-parallel size (default ``len(gpus)`` or 1). Pool bytes are split evenly.
         engine_id: the ``engine`` attribute (default: the model name, plus ``/<engine>``
@@ -283,8 +287,9 @@ class KvCollector:
     def __init__(
         self,
         endpoints: Sequence[str],
-        geometry: KvGeometry,
+        geometry: KvGeometry | None,
         *,
+        models: Mapping[str, KvGeometry] | None = None,
         gpus: Sequence[str] = (),
         tp: int | None = None,
         engine_id: str | None = None,
@@ -298,6 +303,11 @@ class KvCollector:
     ):
         self.endpoints = list(endpoints)
         self.geometry = geometry
+        self.models = dict(models or {})
+        if geometry is None and models is None:
+            raise ValueError("KvCollector needs a geometry or a models table")
+        # how to fix a missing hw_id, said with the no_gpu reason (engine discovery says its own)
+        self.no_gpu_fix = "pass --gpu GPU-UUID, one per tensor-parallel rank (nvidia-smi -L lists them)"
         self.gpus = list(gpus)
         self.tp = tp or (len(self.gpus) or 1)
         if self.gpus and self.tp != len(self.gpus):
@@ -365,9 +375,11 @@ class KvCollector:
                     setattr(m, f, b if a is None else a if b is None else max(a, b))
         return list(merged.values())
 
-    def engine_bytes(self, e: EngineKv) -> tuple[float | None, float | None]:
-        """(usage bytes, limit bytes) of a whole engine (before the tp split)."""
-        geo = self.geometry
+    def engine_bytes(self, e: EngineKv, geo: KvGeometry | None = None) -> tuple[float | None, float | None]:
+        """(usage bytes, limit bytes) of a whole engine (before the tp split), with ``geo`` (default
+        :attr:`geometry`)."""
+        geo = geo or self.geometry
+        assert geo is not None
         dtype = self.kv_dtype or (e.cache_dtype if e.cache_dtype not in (None, "auto") else None)
         bpt = geo.bytes_per_token
         if dtype:
@@ -394,14 +406,23 @@ class KvCollector:
         multi = len({e.key for e in engines if e.kind == "vllm"}) > 1
         out: list[Reading] = []
         for e in engines:
-            usage, limit = self.engine_bytes(e)
             model = e.model or self.model or ""
             engine = self.engine_id or model or "engine"
             if multi and e.key:
                 engine = f"{engine}/{e.key}"
+            geo = self.geometry or self.models.get(model)
+            if geo is None:
+                known = ", ".join(sorted(self.models)) or "none"
+                self._incomplete(engine, "unknown_model",
+                                 f"serves model {model or '(no model_name label)'!r}, which the engines file does not "
+                                 f"name (it knows: {known}), so no KV bytes are exported for it -- add the model to "
+                                 "kubernetes.engines.models in the spec (its config.json or its geometry) and run "
+                                 "`fusebox generate`")
+                continue
+            usage, limit = self.engine_bytes(e, geo)
             base = {A["engine"]: engine, A["model"]: model}
             self._check_complete(e, engine, usage, limit)
-            self._check_model_config(e, engine, limit)
+            self._check_model_config(e, engine, limit, geo)
             targets: Sequence[str | None] = self.gpus or [None]
             for gpu in targets:
                 attrs = dict(base)
@@ -433,10 +454,9 @@ class KvCollector:
             self._incomplete(engine, "no_gpu",
                              "no --gpu given, so its KV series carry no hw_id: the GPU-memory signal cannot subtract "
                              "this engine's free KV pool and reads device memory alone (an engine that pre-allocates "
-                             "its pool, as vLLM does, keeps it near the warning) -- pass --gpu GPU-UUID, one per "
-                             "tensor-parallel rank (nvidia-smi -L lists them)")
+                             f"its pool, as vLLM does, keeps it near the warning) -- {self.no_gpu_fix}")
 
-    def _check_model_config(self, e: EngineKv, engine: str, limit: float | None) -> None:
+    def _check_model_config(self, e: EngineKv, engine: str, limit: float | None, geo: KvGeometry) -> None:
         """Count and say (reason ``model_config``) when ``--model-config`` plainly is not the
         model the engine serves: vLLM sizes its pool to fit in ``gpu_memory_utilization`` of each
         GPU's memory with the weights, so pool bytes / tp / gpu_memory_utilization is a lower
@@ -453,14 +473,15 @@ class KvCollector:
         what = ("the GPU's" if self.gpu_memory_bytes else "the largest GPU's")
         self._incomplete(
             engine, "model_config",
-            f"--model-config ({self.geometry.source}: {limit / e.capacity_tokens:.0f} bytes per token) does not "
+            f"--model-config ({geo.source}: {limit / e.capacity_tokens:.0f} bytes per token) does not "
             f"match the model the engine serves ({e.model or 'unnamed'}): its pool of {e.capacity_tokens:.0f} tokens "
             f"would be {per_gpu / 1e9:.1f} GB per GPU, and vLLM's gpu_memory_utilization {e.memory_fraction:g} "
             f"then needs a GPU of {needs / 1e9:.0f} GB or more, over {what} {gpu / 1e9:.0f} GB, so the KV bytes exported "
             f"are too large -- pass the config.json of the model the engine serves")
 
     def incomplete_readings(self) -> Iterable[tuple[dict, int]]:
-        """``({engine, reason}, rounds)`` per incomplete-output reason (``no_gpu``, ``no_capacity``)."""
+        """``({engine, reason}, rounds)`` per incomplete-output reason (``no_gpu``, ``no_capacity``,
+        ``model_config``, ``unknown_model``)."""
         for (engine, reason), n in sorted(self.incomplete.items()):
             yield {A["engine"]: engine, A["reason"]: reason}, n
 

@@ -1,8 +1,10 @@
 """Alignment-latency instrumentation: time the vision-encoder -> language-decoder hand-off.
 
 Records ``fusebox.alignment.duration`` (seconds, histogram; Prometheus
-``fusebox_alignment_duration_seconds_{bucket,sum,count}``) with attributes ``engine`` and
-``model``. Buckets are the spec's (those of the quantile signal that reads this histogram,
+``fusebox_alignment_duration_seconds_{bucket,sum,count}``) with attributes ``engine``,
+``model`` and ``source`` (:data:`fusebox.conventions.ALIGNMENT_SOURCE_LABEL`: what was measured,
+``handoff`` here, ``encoder`` or ``ttft`` from :class:`EngineHistogramFallback`).
+Buckets are the spec's (those of the quantile signal that reads this histogram,
 :func:`alignment_signal`; default spec ``fusebox.yaml``): every threshold (0.85 s, 1.28 s) is a bucket boundary with neighbours on
 both sides, so ``histogram_quantile`` can neither invent nor hide a breach (docs/pitfalls.md P2).
 The OTel SDK default buckets (0, 5, 10, 25 ...) are shaped for milliseconds and are never
@@ -82,12 +84,13 @@ def install(spec_path: str | Path = "fusebox.yaml", *, buckets: Sequence[float] 
 
 
 def record_alignment(seconds: float, *, engine: str, model: str, meter: Any = None) -> None:
-    """Record one hand-off duration (seconds) for ``engine``/``model``."""
+    """Record one hand-off duration (seconds) for ``engine``/``model`` (``source="handoff"``)."""
     if meter is None:
         from opentelemetry import metrics
 
         meter = metrics.get_meter("fusebox.collectors.latency")
-    alignment_histogram(meter).record(seconds, {A["engine"]: engine, A["model"]: model})
+    alignment_histogram(meter).record(seconds, {A["engine"]: engine, A["model"]: model,
+                                                A["alignment_source"]: "handoff"})
 
 
 class alignment_timer:
@@ -129,13 +132,20 @@ class alignment_timer:
 
 
 # ------------------------------------------------------------------------- fallback
-# Engine histograms that bound the hand-off from above, in order of preference. No engine
-# exposes encoder latency itself (vLLM issue #25377); TTFT includes encoder + prefill.
-FALLBACK_SOURCES = (
-    "vllm:time_to_first_token_seconds",
-    "sglang:time_to_first_token_seconds",
-    "sglang_time_to_first_token_seconds",
-)
+# Engine histograms read in place of the hand-off, in order of preference: encoder /
+# multimodal-stage timings first (source="encoder"), then time to first token (source="ttft", an
+# upper bound: queueing + prefill + encoder). Stock vLLM and SGLang publish no encoder timing
+# (vLLM issue #25377): name one with --encoder-metric where an engine does.
+FALLBACK_SOURCES = C.ENGINE_ENCODER_HISTOGRAMS + C.ENGINE_TTFT_HISTOGRAMS
+
+
+def source_of(metric: str, encoder_metrics: Sequence[str] = ()) -> str:
+    """The ``source`` attribute of observations read from engine histogram ``metric``: ``ttft``
+    for a time-to-first-token histogram, ``encoder`` for an encoder / multimodal-stage one."""
+    if metric in C.ENGINE_TTFT_HISTOGRAMS or (metric.endswith("time_to_first_token_seconds")
+                                              and metric not in encoder_metrics):
+        return "ttft"
+    return "encoder"
 
 
 class EngineHistogramFallback:
@@ -151,8 +161,11 @@ class EngineHistogramFallback:
     ``histogram_quantile`` itself assumes). The fused output carries ``engine`` = the
     ``engine`` argument (``--engine-id``) and ``model`` = the ``model`` argument or else the
     engine's ``model_name`` label; the engine's own ``engine`` (data-parallel rank) label is
-    summed away. The result is an upper bound of the hand-off (TTFT), and :attr:`source`
-    says which metric it came from.
+    summed away. Histograms are tried in order: ``encoder_metrics`` (``--encoder-metric``) and
+    :data:`fusebox.conventions.ENGINE_ENCODER_HISTOGRAMS` first, then time to first token; the
+    first the engine publishes is used, :attr:`source` names it and every observation carries
+    ``source`` = ``encoder`` or ``ttft`` (:func:`source_of`): a TTFT is an upper bound of the
+    hand-off, and alerts, runbooks and panels can say which one they read.
 
     The fetch is bounded like the KV collector's (:class:`~fusebox.collectors.fetch.Fetcher`:
     byte caps, ``timeout_s`` as the deadline of the whole scrape). :attr:`errors` counts failed
@@ -162,7 +175,7 @@ class EngineHistogramFallback:
 
     def __init__(self, histogram: Any, *, engine: str, model: str | None = None, metric: str | None = None,
                  fetch: Callable[[str, float], str] | None = None, endpoint: str = "", timeout_s: float = 2.0,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, encoder_metrics: Sequence[str] = ()):
         from collections import Counter
 
         from .fetch import default_fetcher
@@ -170,6 +183,7 @@ class EngineHistogramFallback:
         self.hist = histogram
         self.engine, self.model = engine, model
         self.metric = metric
+        self.encoder_metrics = tuple(encoder_metrics)
         self.source: str | None = None
         self.fetch = fetch or default_fetcher
         self.endpoint = endpoint
@@ -214,7 +228,7 @@ class EngineHistogramFallback:
         from .kvcache import parse_families
 
         fams = parse_families(text)
-        wanted = (self.metric,) if self.metric else FALLBACK_SOURCES
+        wanted = (self.metric,) if self.metric else self.encoder_metrics + FALLBACK_SOURCES
         out: dict[tuple, tuple[str, str, list]] = {}
         for name in wanted:
             for fam in fams:
@@ -285,7 +299,8 @@ class EngineHistogramFallback:
         self._last = seen  # series that vanished start again from a baseline
         n_total = 0
         for model, incs in fused.items():
-            attrs = {A["engine"]: self.engine, A["model"]: model}
+            attrs = {A["engine"]: self.engine, A["model"]: model,
+                     A["alignment_source"]: source_of(self.source or "", self.encoder_metrics)}
             for (lo, le), inc in sorted(incs.items()):
                 n = int(round(inc))
                 if n <= 0:

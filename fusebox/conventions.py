@@ -57,6 +57,24 @@ OTEL = {
     "alignment_duration": ("fusebox.alignment.duration", "s", "histogram"),
 }
 
+# What an alignment-latency observation measures: the attribute (and, after export, the label)
+# ``source`` on fusebox.alignment.duration (fusebox_alignment_duration_seconds), one of:
+#   handoff  the vision-encoder -> language-decoder hand-off itself (alignment_timer, record_alignment)
+#   encoder  an engine's own encoder / multimodal-stage histogram (collect latency, read first)
+#   ttft     the engine's time to first token (collect latency's stand-in where an engine publishes no
+#            encoder timing, as stock vLLM and SGLang do not): queueing + prefill + encoder, an upper bound
+ALIGNMENT_SOURCE_LABEL = "source"
+ALIGNMENT_SOURCES = ("handoff", "encoder", "ttft")
+# Engine histograms `collect latency` reads, in order: encoder / multimodal-stage timings first (none
+# that stock vLLM or SGLang publish yet, vLLM issue #25377: name one with --encoder-metric), then the
+# time to first token.
+ENGINE_ENCODER_HISTOGRAMS: tuple[str, ...] = ()
+ENGINE_TTFT_HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds",
+    "sglang:time_to_first_token_seconds",
+    "sglang_time_to_first_token_seconds",
+)
+
 # unit -> suffix, from otlptranslator's unit map (only the units we emit or test).
 _UNIT_WORDS = {
     "s": "seconds",
@@ -355,6 +373,7 @@ ATTR = {
     "cluster": "cluster",
     "service": "service.name",
     "instance_id": "service.instance.id",  # the Collector's prometheus exporter makes it `instance`
+    "alignment_source": ALIGNMENT_SOURCE_LABEL,  # handoff | encoder | ttft, on the alignment histogram
 }
 
 # Collector self-metrics (health of the collectors themselves; no rule reads them).
@@ -369,8 +388,17 @@ OTEL_SELF = {
     # KV collector rounds whose output is incomplete, per engine and reason: no_gpu (no --gpu, so
     # no hw_id and the GPU-memory signal cannot subtract the free KV pool), no_capacity (the
     # engine's /metrics gives no pool size, so no bytes at all, or usage without a limit),
-    # model_config (vLLM: --model-config makes a pool the GPU cannot hold, so the bytes are too large)
+    # model_config (vLLM: --model-config makes a pool the GPU cannot hold, so the bytes are too large),
+    # unknown_model (engine discovery: the engine serves a model the engines file does not name, so no bytes)
     "kv_incomplete": ("fusebox.collector.kv.incomplete", "{round}", "counter"),
+    # engine discovery (collect kv|latency --discover): rounds in which a pod that matches the engines
+    # file was not scraped, per engine (namespace/pod) and reason: no_pod_ip (Pending or Running
+    # without an IP yet), no_port (no container port of that name), over_cap (past --max-engines)
+    "discovery_skipped": ("fusebox.collector.discovery.skipped", "{round}", "counter"),
+    # engine discovery's own sources failing, per endpoint and reason: the kubelet's pod-resources
+    # socket (unix://...: absent, unavailable, deadline, rpc_error) and the Kubernetes API
+    # (endpoint kubernetes: list_error, watch_error, expired)
+    "discovery_errors": ("fusebox.collector.discovery.errors", "{error}", "counter"),
     # GPU collection rounds that failed for a device, per hw.id, hw.gpu.index and reason: the NVML
     # error's name in snake case (NVML_ERROR_GPU_IS_LOST -> gpu_is_lost), "unexpected" for others
     "gpu_errors": ("fusebox.collector.gpu.errors", "{error}", "counter"),

@@ -47,7 +47,9 @@ def test_golden_otel_to_prometheus_names():
                            "scrape_refused": "fusebox_collector_scrape_refused_total",
                            "scrape_dropped": "fusebox_collector_scrape_dropped_total",
                            "kv_incomplete": "fusebox_collector_kv_incomplete_total",
-                           "gpu_errors": "fusebox_collector_gpu_errors_total"}
+                           "gpu_errors": "fusebox_collector_gpu_errors_total",
+                           "discovery_skipped": "fusebox_collector_discovery_skipped_total",
+                           "discovery_errors": "fusebox_collector_discovery_errors_total"}
 
 
 def _pipe(**kw):

@@ -73,7 +73,8 @@ def test_latency_once_prints_what_the_engine_counted_since_it_started():
                  "--host-name", "n1")
     assert r.returncode == 0, r.stderr
     assert "derived from vllm:time_to_first_token_seconds: 1 observation(s)" in r.stdout
-    series = 'engine="llava-decoder-0",host_name="n1",le="{}",model="facebook/opt-125m"'
+    # source="ttft": what the stand-in measures (time to first token, not the hand-off itself)
+    series = 'engine="llava-decoder-0",host_name="n1",le="{}",model="facebook/opt-125m",source="ttft"'
     assert f"fusebox_alignment_duration_seconds_bucket{{{series.format('0.25')}}} 0.0" in r.stdout
     assert f"fusebox_alignment_duration_seconds_bucket{{{series.format('0.5')}}} 1.0" in r.stdout
     assert f"fusebox_alignment_duration_seconds_bucket{{{series.format('+Inf')}}} 1.0" in r.stdout
