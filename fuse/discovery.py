@@ -10,7 +10,8 @@ collectors name engines by their pod on Kubernetes); a gateway knows workers by 
    ``DCGM_FI_DEV_FB_USED{UUID, pod, namespace, container}``), GPU id from its ``gpu`` label (the
    scope's ``hw_id``; on a MIG instance ``<gpu>/<GPU_I_ID>``, as the rules build it), pod from its
    ``pod``/``namespace`` labels;
-2. each pod's IP: kube-state-metrics' ``kube_pod_info{namespace, pod, pod_ip}``;
+2. each pod's IP: kube-state-metrics' ``kube_pod_info{namespace, pod, pod_ip}``, less the pods
+   that ended (``kube_pod_status_phase`` Succeeded or Failed: their IP is free for another pod);
 3. the gateway's OWN worker list: a worker is the scope's when its URL's host is one of those IPs.
 
 Labels renamed by the scrape: a ServiceMonitor without ``honorLabels`` (the GPU Operator's
@@ -48,10 +49,13 @@ from fusebox.spec.adapters import Discover
 
 from .actions import ActionError, deadline_client
 
-__all__ = ["GpuWorkers", "ResolveError", "POD_INFO_METRIC", "PodIps", "pod_table", "pod_label", "resolve_ips",
+__all__ = ["GpuWorkers", "ResolveError", "POD_INFO_METRIC", "FINISHED_QUERY", "PodIps", "pod_table", "pod_label", "resolve_ips",
            "engine_pod", "Attribution", "attribution_table"]
 
 POD_INFO_METRIC = "kube_pod_info"  # kube-state-metrics: {namespace, pod, pod_ip, node, ...}, value 1
+# Pods that ended (a Job's, kept in the API server with the IP they had): their IP may be another
+# pod's by now, so they hold none. kube-state-metrics: kube_pod_status_phase{namespace, pod, phase}.
+FINISHED_QUERY = 'kube_pod_status_phase{phase=~"Succeeded|Failed"} == 1'
 # dcgm-exporter on a MIG instance: the parent GPU's UUID plus the instance's id in this label. The
 # rules' hw_id is then ``UUID/GPU_I_ID`` (fusebox.spec.kinds.base.dcgm_labels); the join keys alike.
 MIG_INSTANCE_LABEL = "GPU_I_ID"
@@ -107,19 +111,31 @@ def _ip(text: str) -> str:
         return text
 
 
-def pod_table(series: Iterable[dict]) -> PodIps:
-    """Build :class:`PodIps` from ``kube_pod_info`` series (``[{"metric": {...}}]`` as Prometheus'
-    query API returns them), ``exported_namespace``/``exported_pod`` read where the job carries
-    them (:func:`pod_label`): every mapping kept, none overwritten, so a conflict stays visible."""
-    series = list(series)
+def _pods(series: list[dict]) -> list[tuple[dict, Pod]]:
+    """Each series with its pod ``(cluster, namespace, pod)``, ``exported_*`` read where the job
+    carries them; series naming no pod left out."""
     renamed = _renamed(series, ("namespace", "pod"))
-    out = PodIps()
+    out = []
     for s in series:
         m = s.get("metric", {})
         ns, pod = pod_label(m, EXPORTED + "namespace", renamed), pod_label(m, EXPORTED + "pod", renamed)
-        if not (ns and pod):
+        if ns and pod:
+            out.append((m, (m.get("cluster", ""), ns, pod)))
+    return out
+
+
+def pod_table(series: Iterable[dict], finished: Iterable[dict] = ()) -> PodIps:
+    """Build :class:`PodIps` from ``kube_pod_info`` series (``[{"metric": {...}}]`` as Prometheus'
+    query API returns them), ``exported_namespace``/``exported_pod`` read where the job carries
+    them (:func:`pod_label`): every mapping kept, none overwritten, so a conflict stays visible.
+    ``finished``: the series of :data:`FINISHED_QUERY`; those pods hold no IP (a Job's pod that
+    ended keeps the IP it had in the API server while the network gave it to another pod)."""
+    ended = {key for _m, key in _pods(list(finished))}
+    out = PodIps()
+    for m, key in _pods(list(series)):
+        if key in ended:
             continue
-        key = (m.get("cluster", ""), ns, pod)
+        ns, pod = key[1], key[2]
         ip = m.get("pod_ip")
         if not ip:
             out.no_ip.add(key)
@@ -248,7 +264,7 @@ class GpuWorkers:
         with self._lock:
             if self._at is None or self.clock() - self._at > self.spec.ttl_s:
                 attribution = attribution_table(self._query(self.spec.metric), self.spec)
-                ips = pod_table(self._query(POD_INFO_METRIC))
+                ips = pod_table(self._query(POD_INFO_METRIC), self._query(FINISHED_QUERY))
                 self._attribution, self._ips, self._at = attribution, ips, self.clock()
             return self._attribution, self._ips
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from fusebox.fuse.applied import AppliedLevels
-from fusebox.fuse.discovery import GpuWorkers, ResolveError, attribution_table, engine_pod, pod_table, resolve_ips
+from fusebox.fuse.discovery import FINISHED_QUERY, GpuWorkers, ResolveError, attribution_table, engine_pod, pod_table, resolve_ips
 from fusebox.spec.adapters import Discover, RawAttribution
 
 KSM = {"job": "kube-state-metrics", "namespace": "monitoring", "pod": "kps-kube-state-metrics-7d9f-x2x"}
@@ -86,6 +86,19 @@ def test_clusters_keep_their_pods_apart_and_cluster_less_series_match_any_cluste
     assert resolve_ips(shared, [("", "llm", "engine-a")], "prod-a", "engine") == {"10.9.0.1"}
 
 
+@pytest.mark.parametrize("honored", [True, False])
+def test_a_pod_that_ended_holds_no_ip_so_the_pod_that_now_has_it_is_not_ambiguous(honored):
+    """A CronJob's pod that Succeeded stays in the API server (and kube_pod_info) with the IP it had;
+    the network gave that IP to an engine pod since."""
+    done = info("batch", "report-28391-abc", "10.1.0.5", honored)
+    phase = {"metric": {**done["metric"], "__name__": "kube_pod_status_phase", "phase": "Succeeded"}}
+    del phase["metric"]["pod_ip"]
+    series = [done, info("llm", "engine-a", "10.1.0.5", honored)]
+    with pytest.raises(ResolveError, match="held by 2 pods"):
+        resolve_ips(pod_table(series), [("", "llm", "engine-a")], None, "engine")
+    assert resolve_ips(pod_table(series, [phase]), [("", "llm", "engine-a")], None, "engine") == {"10.1.0.5"}
+
+
 def test_a_pod_without_an_ip_and_an_unknown_pod_are_refused_with_their_reason():
     table = pod_table([info("llm", "engine-p", "")])
     with pytest.raises(ResolveError) as e:
@@ -114,8 +127,9 @@ def test_the_gpu_operators_default_scrape_attributes_busy_gpus_by_exported_label
 
 
 def query_stub(series: dict[str, list[dict]]):
+    """Prometheus' answers per fixed query (the pods that ended: none unless given)."""
     def q(expr: str) -> list[dict]:
-        return series[expr]
+        return series.get(expr, []) if expr == FINISHED_QUERY else series[expr]
     return q
 
 

@@ -154,10 +154,10 @@ def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryab
     listed = list(sglang_workers(gw.url))
     assert d.workers(gpu(GPU_B), listed) == [engines["engine-b"].url]
     assert d.workers(gpu(GPU_A), listed) == sorted([engines["engine-a"].url, engines["engine-c"].url])
-    assert d.queries == 2  # one refresh: the attribution and the pod IPs
+    assert d.queries == 3  # one refresh: the attribution, the pod IPs, the pods that ended
     now[0] = 31.0
     assert d.workers({**gpu(GPU_B), "cluster": "other"}, listed) == [engines["engine-b"].url]  # no cluster label: any
-    assert d.queries == 4
+    assert d.queries == 6
     with pytest.raises(ResolveError) as e:
         d.workers(gpu(GPU_A), [engines["engine-b"].url])  # the gateway does not list them
     assert e.value.permanent and "no gateway worker" in e.value.summary
@@ -202,15 +202,20 @@ KSM_TARGET = {"namespace": "monitoring", "pod": "kps-kube-state-metrics-6c8d9-x2
 
 
 def pod_info(shared: bool) -> bytes:
-    """kube-state-metrics 2.x's kube_pod_info for the engine pods (and, when ``shared``, a
-    hostNetwork node-exporter pod on engine-y's IP)."""
-    pods = [("llm", pod, ip, "false") for pod, ip in ENGINE_PODS.items()]
+    """kube-state-metrics 2.x's kube_pod_info and kube_pod_status_phase for the engine pods, a Job's
+    pod that Succeeded with the IP engine-x has now, and, when ``shared``, a hostNetwork
+    node-exporter pod on engine-y's IP."""
+    pods = [("llm", pod, ip, "false", "Running") for pod, ip in ENGINE_PODS.items()]
+    pods.append(("batch", "report-28391-abc", ENGINE_PODS["engine-x"], "false", "Succeeded"))
     if shared:
-        pods.append(("monitoring", "node-exporter-n1", ENGINE_PODS["engine-y"], "true"))
+        pods.append(("monitoring", "node-exporter-n1", ENGINE_PODS["engine-y"], "true", "Running"))
     lines = ["# HELP kube_pod_info Information about pod.", "# TYPE kube_pod_info gauge"]
     lines += [f'kube_pod_info{{namespace="{ns}",pod="{pod}",uid="u-{pod}",host_ip="10.0.0.1",pod_ip="{ip}",node="{NODE}",'
               f'created_by_kind="ReplicaSet",created_by_name="{pod[:-2]}",priority_class="",host_network="{hn}"}} 1'
-              for ns, pod, ip, hn in pods]
+              for ns, pod, ip, hn, _phase in pods]
+    lines += ["# HELP kube_pod_status_phase The pods current phase.", "# TYPE kube_pod_status_phase gauge"]
+    lines += [f'kube_pod_status_phase{{namespace="{ns}",pod="{pod}",uid="u-{pod}",phase="{p}"}} {int(p == phase)}'
+              for ns, pod, _ip, _hn, phase in pods for p in ("Pending", "Running", "Succeeded", "Failed", "Unknown")]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -226,7 +231,8 @@ def test_an_engine_level_critical_takes_exactly_its_pods_worker_out_of_smg_and_a
     """kube_pod_info scraped as a ServiceMonitor without honorLabels does it (the pods' labels
     renamed exported_*, namespace/pod kube-state-metrics' own), the KV bytes with them; smg 1.13 in
     front of engines on 127.0.0.5 and 127.0.0.6 (their pod IPs). The engine-level KV critical on
-    llm/engine-x takes exactly 127.0.0.5's worker out. Then a hostNetwork pod appears on
+    llm/engine-x takes exactly 127.0.0.5's worker out (a finished Job's pod that had that IP
+    before holds it no more). Then a hostNetwork pod appears on
     engine-y's IP: engine-y's critical takes nothing out and /state says why; a second adapter
     whose gateway's name does not resolve stays pending, and /state says why too."""
     shared = [False]
@@ -240,7 +246,7 @@ def test_an_engine_level_critical_takes_exactly_its_pods_worker_out_of_smg_and_a
             {"job_name": "fusebox-kv", "honor_labels": True,
              "static_configs": [{"targets": [f"127.0.0.1:{kv.server_address[1]}"]}]}]}
         with prometheus(tmp_path, config) as prom:
-            wait_for(lambda: len(query(prom, "kube_pod_info{exported_pod=~'engine-.'}")) == 2
+            wait_for(lambda: len(query(prom, "kube_pod_info{exported_pod=~'engine-.|report-.+'}")) == 3
                      and len(query(prom, "fusebox_kv_cache_usage_bytes")) == 2, 30, what="kube_pod_info and KV scraped")
             gw = sglang_gateway([e.url for e in engines.values()], tmp_path / "smg.log", package=SMG)
             everyone = {e.url for e in engines.values()}
