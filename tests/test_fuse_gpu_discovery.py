@@ -169,28 +169,40 @@ def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryab
 
 def test_mig_instances_of_one_gpu_resolve_to_their_own_pods(tmp_path):
     """dcgm-exporter on MIG writes the parent GPU's UUID on every instance and the instance in
-    GPU_I_ID; the rules' hw_id is UUID/GPU_I_ID, so instance 1's trip takes out instance 1's pod only."""
-    from fusebox.fuse.discovery import GpuWorkers
-    from fusebox.spec.adapters import Discover
+    GPU_I_ID; the rules' hw_id is UUID/GPU_I_ID, so instance 1's trip takes out instance 1's pod only.
+    Scraped as the GPU Operator's ServiceMonitor does by default (no honorLabels, the exporter's
+    own namespace and pod as target labels): the pods are read from exported_*, and the idle
+    instance 3 is attributed to nobody, not to dcgm-exporter's own pod."""
+    from fusebox.fuse.discovery import GpuWorkers, ResolveError
+    from fusebox.spec.adapters import Discover, RawAttribution
 
     parent = "GPU-0d0d0d0d-0000-4000-8000-00000000000d"
     pods = {"mig-one": ("127.0.0.5", "1"), "mig-two": ("127.0.0.6", "2")}
     lines = ["# TYPE DCGM_FI_DEV_FB_USED gauge"]
     lines += [f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{parent}",GPU_I_ID="{gi}",GPU_I_PROFILE="3g.40gb",device="nvidia0",'
               f'Hostname="{NODE}",container="engine",namespace="llm",pod="{pod}"}} 20000' for pod, (_ip, gi) in pods.items()]
+    lines += [f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{parent}",GPU_I_ID="3",GPU_I_PROFILE="1g.10gb",device="nvidia0",'
+              f'Hostname="{NODE}"}} 0']
     lines += ["# TYPE kube_pod_info gauge"]
     lines += [f'kube_pod_info{{namespace="llm",pod="{pod}",pod_ip="{ip}",node="{NODE}"}} 1' for pod, (ip, _gi) in pods.items()]
     exporter = serve_text(("\n".join(lines) + "\n").encode())
     try:
+        target = {"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-q8z"}
         config = {"global": {"scrape_interval": "1s"},
-                  "scrape_configs": [{"job_name": "dcgm", "honor_labels": True,
-                                      "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_address[1]}"]}]}]}
+                  "scrape_configs": [{"job_name": "dcgm", "honor_labels": False,
+                                      "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_address[1]}"],
+                                                          "labels": target}]}]}
         with prometheus(tmp_path, config) as prom:
-            wait_for(lambda: len(query(prom, "kube_pod_info")) == 2, 30, what="the attribution scraped")
-            d = GpuWorkers(Discover(prom, 30.0, "DCGM_FI_DEV_FB_USED", "UUID", "pod", "namespace"))
+            wait_for(lambda: len(query(prom, "kube_pod_info{exported_pod=~'mig-.+'}")) == 2
+                     and len(query(prom, "DCGM_FI_DEV_FB_USED")) == 3, 30, what="the attribution scraped")
+            a = RawAttribution()  # the defaults: exported_pod, exported_namespace
+            d = GpuWorkers(Discover(prom, 30.0, a.metric, a.gpu, a.pod, a.namespace))
             listed = ["http://127.0.0.5:8000", "http://127.0.0.6:8000"]
             assert d.workers(gpu(f"{parent}/1"), listed) == ["http://127.0.0.5:8000"]
             assert d.workers(gpu(f"{parent}/2"), listed) == ["http://127.0.0.6:8000"]
+            with pytest.raises(ResolveError) as e:
+                d.workers(gpu(f"{parent}/3"), listed)
+            assert e.value.summary == "GPU not attributed to any pod: refused"
     finally:
         exporter.shutdown()
 
