@@ -2,7 +2,8 @@
 
 One record per tripped (scope key, level), for its trip decision: the adapters that wanted it,
 those that applied it, those still trying, and why the others did not (``scope not mapped``, a
-permanent refusal, retries exhausted, dry-run). A trip no adapter wants (a level no configured
+permanent refusal, retries exhausted, dry-run) or have not yet (``retrying: <the last error>``,
+for an adapter still pending whose last attempt failed). A trip no adapter wants (a level no configured
 adapter applies) is unapplied from the start. A release ends the record.
 
 :meth:`AppliedLevels.view` is what ``GET /state`` and the status page show per tripped level::
@@ -72,8 +73,9 @@ class AppliedLevels:
 
     def retrying(self, key: str, level: int, decision_id: str, adapter: str, why: str) -> None:
         """``adapter``'s call of ``decision_id`` failed and is retried: it stays ``pending``, with
-        ``why`` under ``not_applied`` until it applies (e.g. ``retrying: gateway refused the
-        control-plane credential (HTTP 401)``); ignored unless that is a trip decision of a level
+        ``why`` under ``not_applied`` until its outcome (any retried failure, e.g. ``retrying:
+        gateway refused the control-plane credential (HTTP 401)``, ``retrying: ConnectError:
+        [Errno -2] Name or service not known``); ignored unless that is a trip decision of a level
         still tripped."""
         with self._lock:
             rec = self._recs.get((key, level))

@@ -941,11 +941,11 @@ class FuseService:
             lane = lanes.get(key)
             delay = self.backoff_s if lane is None else min(lane.delay * 2, self.backoff_max_s)
             lanes[key] = _Lane(job["seq"], time.monotonic() + delay, delay)  # before the store, which may fail
-            if isinstance(e, CredentialRefused):
-                # not applied, and why, while retried (the adapter logged the refusal once)
+            if isinstance(e, CredentialRefused):  # the adapter logged the refusal once
                 self.metrics.credential_refusals.labels(label).inc()
-                if p.get("state") == "trip":
-                    self.applied.retrying(key, int(p.get("level") or 0), job["decision_id"], label, f"retrying: {e.summary}")
+            if p.get("state") == "trip":  # not applied, and why, while retried (/state: not_applied)
+                self.applied.retrying(key, int(p.get("level") or 0), job["decision_id"], label,
+                                      f"retrying: {getattr(e, 'summary', None) or type(e).__name__}"[:300])
             log.log(logging.DEBUG if getattr(e, "quiet", False) else logging.WARNING,
                     "action %s for %s failed (attempt %d), retrying in %.2fs: %s",
                     name, job["decision_id"], attempt, delay, e, extra=_fields(job, key, label, attempt))

@@ -10,6 +10,7 @@ from typing import Any
 from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.kinds import kind_of
+from fusebox.spec.kinds.base import DCGM
 from fusebox.spec.units import format_duration
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol
@@ -261,12 +262,15 @@ def adapter_warnings(spec: Spec) -> list[str]:
     * an adapter that applies a signal's action, but none of whose targets can ever match that
       signal's scope (a target matches when its ``match`` keys are all in the scope, or the scope's
       labels all in ``match``) and which cannot discover it (``discover`` resolves GPU scopes, those
-      with ``hw_id``): every trip of that signal is refused there (``scope not mapped``). A warning:
-      another adapter may apply it.
+      with ``hw_id``, and engine scopes, ``engine="<namespace>/<pod>"``): every trip of that signal
+      is refused there (``scope not mapped``). A warning: another adapter may apply it.
     * a ``discover`` without ``prometheus`` while ``kubernetes.fuse.prometheus_url`` is unset: the
       generated Deployment gives the fuse no ``--prometheus-url``, and it exits 2 at start.
     * a ``credentials_file`` while ``kubernetes.fuse.gateway_secret`` is unset: the generated
       Deployment mounts no key there, and the fuse exits 2 at start.
+    * a ``discover`` whose attribution reads a GPU's pod from a label the dcgm selector
+      (``global.selectors.dcgm`` or ``global.selector``) also matches on, while a signal reads dcgm:
+      see :func:`dcgm_attribution_warnings`.
     """
     if not spec.adapters:
         return []
@@ -295,11 +299,39 @@ def adapter_warnings(spec: Spec) -> list[str]:
                 continue
             if any(set(t.match) <= scope or scope <= set(t.match) for t in a.targets):
                 continue
-            if a.discover is not None and "hw_id" in scope:
+            if a.discover is not None and ("hw_id" in scope or "engine" in scope):
                 continue
             hint = ("add discover: {prometheus: <url>} to resolve GPUs to the gateway's workers" if "hw_id" in scope
                     else f"add targets matching on {', '.join(sorted(scope))}")
             out.append(f"fuse.adapters.{a.name} applies {', '.join(sorted({t.fuse for t in s.tiers if t.fuse in a.actions}))} "
                        f"for signal {s.name!r}, whose alerts are scoped by {{{', '.join(sorted(scope))}}}, but none of its "
                        f"targets can match that scope: those trips will be refused there (scope not mapped) -- {hint}")
+    return out + dcgm_attribution_warnings(spec)
+
+
+def dcgm_attribution_warnings(spec: Spec) -> list[str]:
+    """One line per ``discover`` whose attribution labels contradict the dcgm selector.
+
+    A scrape that honors dcgm-exporter's labels (``honorLabels: true``) puts a busy GPU's pod in
+    ``pod``/``namespace``: an attribution reading those labels says that is how the cluster
+    scrapes. A dcgm selector matching on one of them (``{namespace: gpu-operator}``) then keeps
+    only the series without a pod, the idle GPUs, and hides exactly the busy ones from every rule
+    that reads dcgm. With the GPU Operator's default (``honorLabels: false``) ``namespace`` is
+    gpu-operator's on every series and the pod moves to ``exported_*``, which the default
+    attribution reads: the two agree."""
+    if not any(s.source.backend == DCGM for s in spec.signals):
+        return []
+    matchers = spec.selector_for(DCGM)
+    where = "global.selectors.dcgm" if DCGM in spec.selectors else "global.selector"
+    out = []
+    for a in spec.adapters:
+        d = a.discover
+        clash = [k for k in matchers if d is not None and k in (d.pod, d.namespace) and not k.startswith("exported_")]
+        if clash:
+            sel = ", ".join(f"{k}: {matchers[k]}" for k in clash)
+            out.append(f"{where} matches {{{sel}}} while fuse.adapters.{a.name}.discover.attribution reads each GPU's pod "
+                       f"from {', '.join(clash)}: a scrape that puts the pod there (honorLabels true) gives a busy GPU its "
+                       f"pod's {clash[0]}, so that selector hides exactly the busy GPUs from the dcgm rules -- scrape "
+                       "dcgm-exporter with honorLabels false (the GPU Operator's ServiceMonitor default) and leave attribution "
+                       "at its defaults (exported_pod, exported_namespace), or select dcgm on another label (job, service)")
     return out

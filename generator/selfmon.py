@@ -261,9 +261,10 @@ _RUNBOOK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # alert -> (di
          "If the call is no longer wanted, release or trip the scope by hand (`POST /override`).")),
     A["level_unapplied"]: (
         ("The fuse's status page (`GET /`) or `GET /state`: each tripped level says `applied` and, when false, "
-         "`not_applied` (adapter and why) and `pending` (still retrying).",
-         "`scope not mapped`: no static target matches the scope and no `discover` resolves it (a GPU scope needs "
-         "`discover` on the gateway adapter, with dcgm-exporter's pod mapping and kube-state-metrics in Prometheus).",
+         "`not_applied` (adapter and why: `retrying: ...` while an adapter is still retrying) and `pending` (still retrying).",
+         "`scope not mapped`: no static target matches the scope and no `discover` resolves it (a GPU scope or an "
+         "engine scope `namespace/pod` needs `discover` on the gateway adapter, with kube-state-metrics in Prometheus "
+         "and, for a GPU, dcgm-exporter's pod mapping).",
          "`no adapter applies level N`: no adapter of `fuse.adapters` lists that level's action (see `fusebox generate`'s warnings).",
          "`retrying: gateway refused the control-plane credential (HTTP 401/403)` "
          f"(`{M['credential_refusals']}`): the key in the adapter's `credentials_file` (the Secret of "
@@ -271,8 +272,9 @@ _RUNBOOK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # alert -> (di
         ("Apply the level by hand at the gateway (take the workers out), then fix the spec's adapters.",
          "A refused key: put the gateway's admin key into the Secret; the fuse reads the file again and applies the "
          "pending trip at its next retry, without a restart.",
-         "A GPU not attributed to any pod: check dcgm-exporter's Kubernetes pod mapping (its `pod` label) and "
-         "that Prometheus keeps it (`honorLabels`, or `attribution.pod: exported_pod`).")),
+         "A GPU not attributed to any pod, or no GPU with pod labels: check dcgm-exporter's Kubernetes pod mapping "
+         "(its `pod` label, `exported_pod` where the scrape does not honor it) and `discover.attribution`; "
+         "`ambiguous`: two pods on one IP (hostNetwork) or one pod with two IPs in `kube_pod_info`: act by hand.")),
     A["notifications_failing"]: (
         ("Alertmanager's log: `Notify for alerts failed` names the receiver and the error (connection refused, 401, 400, 503).",
          "A 401: the token file Alertmanager reads (`fuse.credentials_file`) differs from the fuse's `--webhook-token-file`.",

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from _dashboards_support import prometheus, query, serve_text
 from _fuse_support import GW_TOKEN, SPEC, TOKEN, LiveService, alert, payload, wait_for
-from _gateways import StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
+from _gateways import SMG, StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
 from test_fuse_adapters import write_spec
 
 from fusebox.fuse.adapters import build_adapters
@@ -154,10 +154,10 @@ def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryab
     listed = list(sglang_workers(gw.url))
     assert d.workers(gpu(GPU_B), listed) == [engines["engine-b"].url]
     assert d.workers(gpu(GPU_A), listed) == sorted([engines["engine-a"].url, engines["engine-c"].url])
-    assert d.queries == 2  # one refresh: the attribution and the pod IPs
+    assert d.queries == 3  # one refresh: the attribution, the pod IPs, the pods that ended
     now[0] = 31.0
     assert d.workers({**gpu(GPU_B), "cluster": "other"}, listed) == [engines["engine-b"].url]  # no cluster label: any
-    assert d.queries == 4
+    assert d.queries == 6
     with pytest.raises(ResolveError) as e:
         d.workers(gpu(GPU_A), [engines["engine-b"].url])  # the gateway does not list them
     assert e.value.permanent and "no gateway worker" in e.value.summary
@@ -169,30 +169,134 @@ def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryab
 
 def test_mig_instances_of_one_gpu_resolve_to_their_own_pods(tmp_path):
     """dcgm-exporter on MIG writes the parent GPU's UUID on every instance and the instance in
-    GPU_I_ID; the rules' hw_id is UUID/GPU_I_ID, so instance 1's trip takes out instance 1's pod only."""
-    from fusebox.fuse.discovery import GpuWorkers
-    from fusebox.spec.adapters import Discover
+    GPU_I_ID; the rules' hw_id is UUID/GPU_I_ID, so instance 1's trip takes out instance 1's pod only.
+    Scraped as the GPU Operator's ServiceMonitor does by default (no honorLabels, the exporter's
+    own namespace and pod as target labels): the pods are read from exported_*, and the idle
+    instance 3 is attributed to nobody, not to dcgm-exporter's own pod."""
+    from fusebox.fuse.discovery import GpuWorkers, ResolveError
+    from fusebox.spec.adapters import Discover, RawAttribution
 
     parent = "GPU-0d0d0d0d-0000-4000-8000-00000000000d"
     pods = {"mig-one": ("127.0.0.5", "1"), "mig-two": ("127.0.0.6", "2")}
     lines = ["# TYPE DCGM_FI_DEV_FB_USED gauge"]
     lines += [f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{parent}",GPU_I_ID="{gi}",GPU_I_PROFILE="3g.40gb",device="nvidia0",'
               f'Hostname="{NODE}",container="engine",namespace="llm",pod="{pod}"}} 20000' for pod, (_ip, gi) in pods.items()]
+    lines += [f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="{parent}",GPU_I_ID="3",GPU_I_PROFILE="1g.10gb",device="nvidia0",'
+              f'Hostname="{NODE}"}} 0']
     lines += ["# TYPE kube_pod_info gauge"]
     lines += [f'kube_pod_info{{namespace="llm",pod="{pod}",pod_ip="{ip}",node="{NODE}"}} 1' for pod, (ip, _gi) in pods.items()]
     exporter = serve_text(("\n".join(lines) + "\n").encode())
     try:
+        target = {"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-q8z"}
         config = {"global": {"scrape_interval": "1s"},
-                  "scrape_configs": [{"job_name": "dcgm", "honor_labels": True,
-                                      "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_address[1]}"]}]}]}
+                  "scrape_configs": [{"job_name": "dcgm", "honor_labels": False,
+                                      "static_configs": [{"targets": [f"127.0.0.1:{exporter.server_address[1]}"],
+                                                          "labels": target}]}]}
         with prometheus(tmp_path, config) as prom:
-            wait_for(lambda: len(query(prom, "kube_pod_info")) == 2, 30, what="the attribution scraped")
-            d = GpuWorkers(Discover(prom, 30.0, "DCGM_FI_DEV_FB_USED", "UUID", "pod", "namespace"))
+            wait_for(lambda: len(query(prom, "kube_pod_info{exported_pod=~'mig-.+'}")) == 2
+                     and len(query(prom, "DCGM_FI_DEV_FB_USED")) == 3, 30, what="the attribution scraped")
+            a = RawAttribution()  # the defaults: exported_pod, exported_namespace
+            d = GpuWorkers(Discover(prom, 30.0, a.metric, a.gpu, a.pod, a.namespace))
             listed = ["http://127.0.0.5:8000", "http://127.0.0.6:8000"]
             assert d.workers(gpu(f"{parent}/1"), listed) == ["http://127.0.0.5:8000"]
             assert d.workers(gpu(f"{parent}/2"), listed) == ["http://127.0.0.6:8000"]
+            with pytest.raises(ResolveError) as e:
+                d.workers(gpu(f"{parent}/3"), listed)
+            assert e.value.summary == "GPU not attributed to any pod: refused"
     finally:
         exporter.shutdown()
+
+
+# Two engine pods of one model (the collectors name engines <namespace>/<pod>) and, once the test
+# says so, a hostNetwork pod on engine-y's IP (node-exporter holds the node's IP as hostNetwork engines do).
+ENGINE_PODS = {"engine-x": "127.0.0.5", "engine-y": "127.0.0.6"}
+KSM_TARGET = {"namespace": "monitoring", "pod": "kps-kube-state-metrics-6c8d9-x2x"}  # kube-state-metrics' own pod
+
+
+def pod_info(shared: bool) -> bytes:
+    """kube-state-metrics 2.x's kube_pod_info and kube_pod_status_phase for the engine pods, a Job's
+    pod that Succeeded with the IP engine-x has now, and, when ``shared``, a hostNetwork
+    node-exporter pod on engine-y's IP."""
+    pods = [("llm", pod, ip, "false", "Running") for pod, ip in ENGINE_PODS.items()]
+    pods.append(("batch", "report-28391-abc", ENGINE_PODS["engine-x"], "false", "Succeeded"))
+    if shared:
+        pods.append(("monitoring", "node-exporter-n1", ENGINE_PODS["engine-y"], "true", "Running"))
+    lines = ["# HELP kube_pod_info Information about pod.", "# TYPE kube_pod_info gauge"]
+    lines += [f'kube_pod_info{{namespace="{ns}",pod="{pod}",uid="u-{pod}",host_ip="10.0.0.1",pod_ip="{ip}",node="{NODE}",'
+              f'created_by_kind="ReplicaSet",created_by_name="{pod[:-2]}",priority_class="",host_network="{hn}"}} 1'
+              for ns, pod, ip, hn, _phase in pods]
+    lines += ["# HELP kube_pod_status_phase The pods current phase.", "# TYPE kube_pod_status_phase gauge"]
+    lines += [f'kube_pod_status_phase{{namespace="{ns}",pod="{pod}",uid="u-{pod}",phase="{p}"}} {int(p == phase)}'
+              for ns, pod, _ip, _hn, phase in pods for p in ("Pending", "Running", "Succeeded", "Failed", "Unknown")]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def kv_bytes() -> bytes:
+    """The fusebox KV collector's bytes per engine pod (the series an engine-level KV alert is scoped by)."""
+    lines = ["# TYPE fusebox_kv_cache_usage_bytes gauge"]
+    lines += [f'fusebox_kv_cache_usage_bytes{{cluster="{CLUSTER}",host_name="{NODE}",engine="llm/{pod}",'
+              f'model="llava-1.5-7b"}} {2 ** 30 * (i + 1)}' for i, pod in enumerate(ENGINE_PODS)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_an_engine_level_critical_takes_exactly_its_pods_worker_out_of_smg_and_an_ambiguous_ip_nothing(tmp_path):
+    """kube_pod_info scraped as a ServiceMonitor without honorLabels does it (the pods' labels
+    renamed exported_*, namespace/pod kube-state-metrics' own), the KV bytes with them; smg 1.13 in
+    front of engines on 127.0.0.5 and 127.0.0.6 (their pod IPs). The engine-level KV critical on
+    llm/engine-x takes exactly 127.0.0.5's worker out (a finished Job's pod that had that IP
+    before holds it no more). Then a hostNetwork pod appears on
+    engine-y's IP: engine-y's critical takes nothing out and /state says why; a second adapter
+    whose gateway's name does not resolve stays pending, and /state says why too."""
+    shared = [False]
+    engines = {pod: StandInEngine(ip) for pod, ip in ENGINE_PODS.items()}
+    ksm, kv = serve_text(lambda: pod_info(shared[0])), serve_text(kv_bytes())
+    gw = None
+    try:
+        config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
+            {"job_name": "kube-state-metrics", "honor_labels": False,
+             "static_configs": [{"targets": [f"127.0.0.1:{ksm.server_address[1]}"], "labels": KSM_TARGET}]},
+            {"job_name": "fusebox-kv", "honor_labels": True,
+             "static_configs": [{"targets": [f"127.0.0.1:{kv.server_address[1]}"]}]}]}
+        with prometheus(tmp_path, config) as prom:
+            wait_for(lambda: len(query(prom, "kube_pod_info{exported_pod=~'engine-.|report-.+'}")) == 3
+                     and len(query(prom, "fusebox_kv_cache_usage_bytes")) == 2, 30, what="kube_pod_info and KV scraped")
+            gw = sglang_gateway([e.url for e in engines.values()], tmp_path / "smg.log", package=SMG)
+            everyone = {e.url for e in engines.values()}
+            scopes = {s["metric"]["engine"]: {k: s["metric"][k] for k in ("cluster", "host_name", "engine", "model")}
+                      for s in query(prom, "fusebox_kv_cache_usage_bytes")}
+            spec = load_spec(write_spec(tmp_path, {
+                "sglang": {"kind": "sglang_gateway", "url": gw.url, "actions": ["kv_cache_eviction"], "timeout": "2s",
+                           "discover": {"prometheus": prom, "ttl": "1s"}},
+                "elsewhere": {"kind": "sglang_gateway", "url": "http://fusebox-gateway.invalid:30000",
+                              "actions": ["kv_cache_eviction"], "timeout": "2s", "discover": {"prometheus": prom}}}))
+            with LiveService(tmp_path / "fuse.sqlite", adapters=build_adapters(spec.adapters), hold_s=0.3) as svc:
+                x, y = scopes["llm/engine-x"], scopes["llm/engine-y"]
+                assert svc.post(payload(alert("KVCacheGrowthRateHigh", **x))).status_code == 200
+                wait_for(lambda: set(sglang_workers(gw.url)) == everyone - {engines["engine-x"].url}, 15,
+                         what="engine-x's worker out")
+                st = wait_for(lambda: (s := level(svc, x, "3"))["applied"] and s["not_applied"] and s, 15,
+                              what="applied in /state, and why the other adapter is pending")
+                assert (st["applied_by"], st["pending"]) == (["sglang"], ["elsewhere"])
+                (why,) = st["not_applied"]
+                assert why["adapter"] == "elsewhere" and why["why"].startswith("retrying: ConnectError"), why
+
+                shared[0] = True
+                wait_for(lambda: len(query(prom, "kube_pod_info{exported_pod='node-exporter-n1'}")) == 1, 30,
+                         what="the hostNetwork pod scraped")
+                assert svc.post(payload(alert("KVCacheGrowthRateHigh", **y))).status_code == 200
+                st = wait_for(lambda: (s := level(svc, y, "3"))["not_applied"] and s["pending"] == ["elsewhere"] and s, 15,
+                              what="the refusal")
+                assert st["applied"] is False and st["applied_by"] == []
+                (refused,) = [n["why"] for n in st["not_applied"] if n["adapter"] == "sglang"]
+                assert refused == "refused: IP of the engine is shared by 2 pods: ambiguous, refused", st["not_applied"]
+                assert set(sglang_workers(gw.url)) == everyone - {engines["engine-x"].url}  # nothing else moved
+    finally:
+        if gw:
+            gw.stop()
+        ksm.shutdown()
+        kv.shutdown()
+        for e in engines.values():
+            e.stop()
 
 
 def _sglang(**extra) -> dict:
@@ -215,6 +319,29 @@ def test_generate_warns_of_levels_no_adapter_applies_and_gpu_scopes_no_target_ca
     assert all("{cluster, host_name, hw_id}" in w and "add discover:" in w for w in scoped)
     discovered = adapter_warnings(load_spec(write_spec(tmp_path, _sglang(discover={"prometheus": "http://p:9090"}))))
     assert not [w for w in discovered if w.startswith("fuse.adapters.sglang")]
+
+
+@pytest.mark.parametrize("attribution, selector, warned", [
+    ({"pod": "pod", "namespace": "namespace"}, {"namespace": "gpu-operator"}, True),  # the issue's contradiction
+    ({}, {"namespace": "gpu-operator"}, False),  # the defaults (exported_*) agree with the GPU Operator's scrape
+    ({"pod": "pod", "namespace": "namespace"}, {"job": "nvidia-dcgm-exporter"}, False),
+])
+def test_generate_warns_when_the_dcgm_selector_hides_the_gpus_the_attribution_reads(tmp_path, attribution, selector, warned):
+    import yaml
+
+    from fusebox.generator.outputs import adapter_warnings
+
+    p = write_spec(tmp_path, {"sglang": {"kind": "sglang_gateway", "url": "http://127.0.0.1:30000",
+                                         "actions": ["freeze_admissions"],
+                                         "discover": {"prometheus": "http://p:9090", "attribution": attribution}}})
+    data = yaml.safe_load(p.read_text())
+    data["global"].update({"source": "dcgm", "selectors": {"dcgm": selector}})
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    found = [w for w in adapter_warnings(load_spec(p)) if w.startswith("global.selectors.dcgm")]
+    assert bool(found) == warned, found
+    if warned:
+        assert "fuse.adapters.sglang.discover.attribution reads each GPU's pod from namespace" in found[0]
+        assert "hides exactly the busy GPUs" in found[0]
 
 
 @pytest.mark.parametrize("discover, where, what", [

@@ -63,8 +63,11 @@ def unmapped(spec: AdapterSpec) -> ActionError:
 
 
 def call_error(url: str, e: httpx.HTTPError) -> ActionError:
-    """The retryable :class:`ActionError` for a request to ``url`` that got no answer (``e``)."""
-    return ActionError(f"{url}: {type(e).__name__}: {e}", summary=type(e).__name__)
+    """The retryable :class:`ActionError` for a request to ``url`` that got no answer (``e``); its
+    summary (what ``/state`` shows) keeps the error's own text, one line, at most 200 characters
+    (``ConnectError: [Errno -2] Name or service not known``: the name did not resolve)."""
+    text = " ".join(str(e).split())
+    return ActionError(f"{url}: {type(e).__name__}: {e}", summary=f"{type(e).__name__}: {text}"[:200] if text else type(e).__name__)
 
 
 class Holds:
@@ -164,8 +167,8 @@ class Rotation:
                     self.put_back(w)
 
     def _discovered(self, payload: dict, hold: str) -> list[str]:
-        """A scope no static target maps: on a trip, the gateway's workers on the scope's GPU
-        (:class:`~fusebox.fuse.discovery.GpuWorkers`; raises its ResolveError), those another hold
+        """A scope no static target maps: on a trip, the gateway's workers of the scope's engine pod
+        or on its GPU (:class:`~fusebox.fuse.discovery.GpuWorkers`; raises its ResolveError), those another hold
         already took out included (the gateway listed them then); on a release, the workers this
         (action, scope) holds (whatever the attribution says by then)."""
         assert self.discovery is not None

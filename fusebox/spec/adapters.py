@@ -17,10 +17,12 @@ Shape (``docs/fuse.md`` has an example per kind)::
           hosts: [dynamo:8000]        # http: the only host:port its URLs may reach
           socket: /run/haproxy/admin.sock   # haproxy: its runtime API (stats socket, level admin)
           # haproxy targets name a server: - match: {engine: engine-0}; server: be_llm/engine0
-          discover:                   # sglang_gateway, vllm_router: GPU scopes -> the workers on that GPU
+          discover:                   # sglang_gateway, vllm_router: GPU and engine (namespace/pod) scopes -> workers
             prometheus: http://kps-kube-prometheus-prometheus.monitoring:9090   # default: --prometheus-url
             ttl: 30s                  # how long one resolution is reused (1s..10m)
-            attribution: {metric: DCGM_FI_DEV_FB_USED, gpu: UUID, pod: pod, namespace: namespace}
+            # exported_*: read where the scrape renamed them (the GPU Operator's ServiceMonitor,
+            # honorLabels false), the plain label where it did not (fuse/discovery.py)
+            attribution: {metric: DCGM_FI_DEV_FB_USED, gpu: UUID, pod: exported_pod, namespace: exported_namespace}
           text_only:                  # haproxy, level 2: a map entry per backend (haproxy/fusebox.cfg reads it)
             map: /etc/haproxy/fusebox-text-only.map     # the map file HAProxy loads (created empty)
             backend: be_llm_text                        # where multimodal requests go while tripped
@@ -82,8 +84,11 @@ class RawTextOnly(_Strict):
 class RawAttribution(_Strict):
     metric: str = "DCGM_FI_DEV_FB_USED"
     gpu: str = "UUID"
-    pod: str = "pod"
-    namespace: str = "namespace"
+    # The GPU Operator's dcgm-exporter ServiceMonitor does not honor the exporter's labels: its
+    # pod attribution lands in exported_pod/exported_namespace (read as pod/namespace where the
+    # scrape did honor them: fusebox.fuse.discovery.pod_label).
+    pod: str = "exported_pod"
+    namespace: str = "exported_namespace"
 
 
 class RawDiscover(_Strict):
@@ -111,14 +116,17 @@ class RawAdapter(_Strict):
 
 @dataclass(frozen=True)
 class Discover:
-    """GPU scope -> workers, from trusted series only (``fuse.adapters.<name>.discover``).
+    """GPU or engine scope -> workers, from trusted series only (``fuse.adapters.<name>.discover``).
 
     ``prometheus``: its base URL (None: ``fusebox fuse serve --prometheus-url``, which the generated
     Deployment passes from ``kubernetes.fuse.prometheus_url``); ``ttl_s``: seconds one resolution is reused (1 to 600);
     ``metric``: a series per (GPU, pod) with the GPU id in label ``gpu`` (the scope's ``hw_id``)
     and the pod in ``pod``/``namespace`` (dcgm-exporter with Kubernetes pod mapping:
-    ``DCGM_FI_DEV_FB_USED{UUID, pod, namespace}``); pod IPs come from kube-state-metrics'
-    ``kube_pod_info{namespace, pod, pod_ip}``."""
+    ``DCGM_FI_DEV_FB_USED{UUID, pod, namespace}``, renamed ``exported_pod``/``exported_namespace``
+    by a scrape without honorLabels; an ``exported_X`` label is read as ``X`` where a job's series
+    carry no ``exported_`` label); pod IPs come from kube-state-metrics'
+    ``kube_pod_info{namespace, pod, pod_ip}`` (``exported_*`` alike). An engine scope
+    (``engine="<namespace>/<pod>"``) needs only the pod IPs."""
 
     prometheus: str | None
     ttl_s: float
@@ -338,7 +346,7 @@ def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[A
     for k in ("gpu", "pod", "namespace"):
         if not _PROM_LABEL.match(getattr(at, k)):
             err(dp + ("attribution", k), f"{getattr(at, k)[:100]!r} is not a Prometheus label name",
-                "e.g. gpu: UUID, pod: pod (exported_pod when the scrape does not honor the exporter's labels)")
+                "e.g. gpu: UUID, pod: exported_pod (read as pod where the scrape honors the exporter's labels)")
     return Discover(d.prometheus.rstrip("/") if d.prometheus else None, ttl, at.metric, at.gpu, at.pod, at.namespace)
 
 
