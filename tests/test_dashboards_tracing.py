@@ -97,6 +97,18 @@ def test_the_shipped_spec_leaves_14_of_33_panels_empty_and_the_engine_variables_
         "which host:fusebox_generation_tokens:rate5m does not carry")
 
 
+def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_fed(tmp_path):
+    """What tests/test_dashboards_prometheus.py shows on a real Prometheus (every panel query of the
+    shipped dashboards returns data on a breach that publishes every collector's series, the
+    engines' with host_name): the tracer agrees, panel by panel."""
+    data = yaml.safe_load(SPEC.read_text())
+    data["kubernetes"]["collectors"]["run"] = {"gpu": [], "kv": [], "latency": []}
+    data["kubernetes"]["engines"] = dict(ENGINES)
+    feds = _trace(_load(tmp_path, data))
+    assert len([f for f in feds if f.what == "panel"]) == 33
+    assert [(f.dashboard, f.title) for f in feds if not f.fed] == []
+
+
 def test_a_dcgm_vllm_cluster_feeds_24_of_25_panels_and_every_variable(tmp_path):
     spec = _load(tmp_path, dcgm_vllm())
     feds = _trace(spec)
@@ -187,6 +199,21 @@ def test_the_tracer_follows_or_and_joins_label_by_label():
     assert "host_name" not in t.expr('label_replace(vllm:num_requests_running, "host_name", "$1", "node", "(.+)")').labels
     assert t.expr('label_replace(vllm:num_requests_running, "k", "v", "", "")').labels >= {"k"}
     assert "le" not in t.expr("histogram_quantile(0.9, fusebox_gpu_x_bucket)").labels
+
+
+def test_pcie_left_enabled_on_the_dcgm_cluster_gets_its_absent_alert_and_warnings(tmp_path):
+    """Not disabled, PCIe still reads the GPU collector, which this cluster does not run: its alert
+    group holds its alert, its metric an absent alert, and generate names the signal and both panels."""
+    spec = _load(tmp_path, dcgm_vllm(overrides=[]))
+    groups = render_rules(spec).groups
+    [own] = [g for g in groups if g["name"] == "fusebox-pcie_link_utilization"]
+    assert [r.get("alert") for r in own["rules"]] == ["GPUPCIeLinkSaturated"]
+    [absent] = [g for g in groups if g["name"] == "fusebox-absent"]
+    assert "absent(fusebox_gpu_pcie_utilization_ratio)" in [r["expr"] for r in absent["rules"]]
+    warnings = [w for w in spec_warnings(spec) if "fusebox_gpu_pcie_utilization_ratio" in w]
+    assert [w.split(" (dashboards/")[0].split(" reads ")[0] for w in warnings] == [
+        "signal 'pcie_link_utilization'", "panel 'GPUPCIeLinkSaturated: pcie link utilization'",
+        "panel 'GPUPCIeLinkSaturated: pcie link utilization'"]
 
 
 @pytest.mark.process
