@@ -81,10 +81,13 @@ class Tracer:
 
     # -- entry points ------------------------------------------------------------------------
     def expr(self, text: str) -> Trace:
-        """The trace of a PromQL expression (Grafana's ``$variables`` read as ``.*``)."""
+        """The trace of a panel's or variable's PromQL expression (Grafana's ``$variables`` read as ``.*``)."""
+        return self._parse(re.sub(r"\$\{?(\w+)\}?", ".*", text))
+
+    def _parse(self, text: str) -> Trace:
         import promql_parser
 
-        return self._node(promql_parser.parse(re.sub(r"\$\{?(\w+)\}?", ".*", text)))
+        return self._node(promql_parser.parse(text))
 
     def metric(self, name: str) -> Trace:
         """A record's trace (through its rules), else the raw metric's (through its producer)."""
@@ -110,7 +113,7 @@ class Tracer:
         return t
 
     def _rule(self, rule: dict[str, Any]) -> Trace:
-        t = self.expr(str(rule["expr"]))
+        t = self._parse(str(rule["expr"]))  # a rule's "$1" is label_replace's, not a variable
         if t.fed and rule.get("labels"):
             t = Trace(True, t.labels | set(rule["labels"]), src=t.src, lacks=t.lacks)
         return t
