@@ -99,7 +99,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"{out}:1:1: --out names a file -- pass a directory (it is created when missing)", file=sys.stderr)
         return 2
     outputs = render_all(spec)
-    for w in spec_warnings(spec):
+    for w in spec_warnings(spec, outputs):
         print(f"fusebox generate: warning: {w}", file=sys.stderr)
     if args.check:
         problems = drift(outputs, out)

@@ -7,6 +7,8 @@ import textwrap
 from pathlib import Path, PurePath
 from typing import Any
 
+import orjson
+
 from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.kinds import kind_of
@@ -17,11 +19,12 @@ from . import render_dashboards, render_grafana_provisioning, render_haproxy, re
 from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import discovering, kustomization_output, render_prometheusrule, workload_outputs
-from .render_rules import render_rules
+from .render_rules import Rules, render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
 from .render_vmalert_tests import lag_note, vmalert_tests
 from .rule_engines import MAX_GROUPS_PER_TENANT
+from .tracing import empty_panel_warnings, trace_dashboards
 from .yamlout import dump_yaml
 
 RULE_FILE = "rules/fusebox.rules.yml"
@@ -44,9 +47,9 @@ def header_for(spec: Spec) -> str:
     return C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
 
 
-def _dashboard_files(spec: Spec, header: str) -> dict[str, str]:
+def _dashboard_files(spec: Spec, header: str, groups: list[dict[str, Any]]) -> dict[str, str]:
     """The dashboards, their provisioning and ConfigMaps, and the Collector config."""
-    boards = render_dashboards.dashboard_texts(spec, header)  # once: the files and the ConfigMaps hold the same text
+    boards = render_dashboards.dashboard_texts(spec, header, groups)  # once: the files and the ConfigMaps hold the same text
     out = render_dashboards.outputs(spec, header, boards)
     out.update(render_grafana_provisioning.outputs(spec, header, boards))
     out.update(render_otelcol.outputs(spec, header))
@@ -110,10 +113,9 @@ def _test_text(head: str, spec: Spec, tests: list[tuple[str, dict[str, Any]]], c
     return "".join(text)
 
 
-def _rule_files(spec: Spec, header: str) -> dict[str, str]:
+def _rule_files(spec: Spec, header: str, rules: Rules) -> dict[str, str]:
     """Rules, their promtool tests, the PrometheusRule, Alertmanager config and tests, runbooks."""
     h = f"# {header}\n"
-    rules = render_rules(spec)
     rules_text = dump_yaml({"groups": rules.groups})
     out: dict[str, str] = {RULE_FILE: h + rules_text}
 
@@ -143,8 +145,9 @@ def render_all(spec: Spec) -> dict[str, str]:
     """Every generated file for ``spec``: ``{relative path: text}``, sorted by path; raises nothing
     for a validated spec."""
     header = header_for(spec)
-    out = _rule_files(spec, header)
-    out.update(_dashboard_files(spec, header))
+    rules = render_rules(spec)
+    out = _rule_files(spec, header, rules)
+    out.update(_dashboard_files(spec, header, rules.groups))
     out.update(workload_outputs(spec, header))
     out.update(render_haproxy.outputs(spec, header))
     out.update(render_inpath.outputs(spec, header))
@@ -152,8 +155,21 @@ def render_all(spec: Spec) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def spec_warnings(spec: Spec) -> list[str]:
+def _boards(spec: Spec, groups: list[dict[str, Any]], outputs: dict[str, str] | None) -> dict[str, dict]:
+    """The dashboards by name, the overview first, then by name: read back from ``outputs``
+    (:func:`render_all`'s) where given, else rendered."""
+    if outputs is None:
+        boards = render_dashboards.dashboards(spec, groups=groups)
+    else:
+        prefix, suffix = f"{render_dashboards.OUT_DIR}/fusebox-", ".json"
+        boards = {path[len(prefix):-len(suffix)]: orjson.loads(text) for path, text in outputs.items()
+                  if path.startswith(prefix) and path.endswith(suffix)}
+    return dict(sorted(boards.items(), key=lambda kv: (kv[0] != C.OVERVIEW_DASHBOARD, kv[0])))
+
+
+def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str]:
     """Things in a valid spec that are likely mistakes: one line each, for standard error.
+    ``outputs``: :func:`render_all`'s for this spec, when at hand (its dashboards are not rendered again).
 
     * ``kubernetes.collectors.enabled: false`` while a signal with an enabled tier still reads a
       GPU metric of the ``fusebox`` backend (the collectors' own): nothing exports it, so that
@@ -161,6 +177,10 @@ def spec_warnings(spec: Spec) -> list[str]:
     * a rule reads a metric that nothing ``k8s/`` deploys produces and no exporter the spec names
       publishes (:func:`.producers.unproduced`; e.g. KV bytes or the alignment histogram while
       ``kubernetes.collectors.run`` lacks their collector), naming the signal or the rule;
+    * a dashboard panel that stays empty, or a variable that lists nothing, on what the spec
+      deploys and names (:func:`.tracing.trace_dashboards`): its query traced to the metric nothing
+      publishes, or to a join on labels one side lacks (energy per token without
+      ``kubernetes.engines``), with the fix;
     * ``global.runbook_base_url`` still holds the starter spec's ``your-org`` placeholder: every
       alert's runbook link leads nowhere.
     * a signal aggregated ``by`` namespace that requests a fuse: the operator's default matcher
@@ -187,7 +207,8 @@ def spec_warnings(spec: Spec) -> list[str]:
                        f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
     warned = {(f"signal {s.name!r}", s.source.metric) for s in reading}
     missing: dict[str, tuple[list[str], str]] = {}
-    for reader, metric, how in unproduced(spec, render_rules(spec).groups):
+    groups = render_rules(spec).groups
+    for reader, metric, how in unproduced(spec, groups):
         if (reader, metric) not in warned:
             missing.setdefault(reader, ([], how))[0].append(metric)
     for reader, (metrics, how) in missing.items():
@@ -206,8 +227,9 @@ def spec_warnings(spec: Spec) -> list[str]:
                        f"strategy), so k8s/alertmanagerconfig.yml takes {s.alert} to the fuse only from namespace "
                        f"{spec.kubernetes.namespace!r} (kubernetes.namespace) -- aggregate it by another label, or "
                        "merge the route into the main config (fusebox alertmanager merge)")
+    out += empty_panel_warnings(trace_dashboards(spec, _boards(spec, groups, outputs), groups))
     if spec.rule_engine == "mimir":
-        n = len(render_rules(spec).groups)
+        n = len(groups)
         if n > MAX_GROUPS_PER_TENANT:
             out.append(f"global.rule_engine is mimir and the rules make {n} groups, over Mimir's default "
                        f"-ruler.max-rule-groups-per-tenant {MAX_GROUPS_PER_TENANT} (ruler_max_rule_groups_per_tenant): "

@@ -21,18 +21,25 @@ Producers (:func:`producers`), by metric-name prefix:
 * the SGLang Model Gateway (``smg_``) when ``inpath.shedders`` names one (``smg``, ``sglang_router``):
   its refusal, overload and breaker series (generator/shedding.py), scraped on its ``--prometheus-port``.
 
-A signal with every tier disabled is not reported: it keeps its records, but nothing of it fires.
+A signal with every tier disabled is not reported: it keeps its records, but nothing of it fires;
+where nothing publishes its source either, :func:`fed_spec` leaves it out of the rules and the
+dashboards (no empty group, no panel bound to stay empty).
+
+Each producer also says which labels its series carry once scraped (:attr:`Producer.labels`), and
+for the labels a record joins on that it may lack, how to get them (:attr:`Producer.label_fixes`):
+what :mod:`.tracing` follows from a panel's query down to its producers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.inpath import GATEWAY_KINDS
 from fusebox.spec.kinds import kind_of
-from fusebox.spec.kinds.base import DCGM
+from fusebox.spec.kinds.base import DCGM, FUSEBOX
 from fusebox.spec.promql import vector_selectors
 
 from .deadselectors import SYNTHETIC
@@ -57,16 +64,58 @@ _HOW = {
 }
 
 
+# Labels every scraped series carries (conventions.TARGET_LABELS: what the Prometheus Operator's monitors add).
+_TARGET = frozenset(C.TARGET_LABELS)
+# What each fusebox collector labels its series with (collectors/export.py; `--cluster` and
+# `--host-name` are set by k8s/collectors.yml).
+COLLECTOR_LABELS = {
+    "gpu": frozenset({"cluster", "host_name", "hw_id", "hw_gpu_index"}),
+    "kv": frozenset({"cluster", "host_name", "hw_id", "engine", "model"}),
+    "latency": frozenset({"cluster", "host_name", "engine", "model"}),
+}
+# dcgm-exporter's own labels (its default counters; `Hostname` since #655), no cluster.
+DCGM_LABELS = frozenset({"UUID", "gpu", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"})
+# The engines' own: vLLM's model_name and engine (an index from about 0.10), SGLang's model_name.
+ENGINE_LABELS = frozenset({"model_name", "engine"})
+ENGINES_FIX = ("set kubernetes.engines (its PodMonitor adds host_name from the pod's node, and cluster), or give your "
+               "own ServiceMonitor/PodMonitor of the engines the same relabelings (docs/kubernetes.md)")
+
+
 @dataclass(frozen=True)
 class Producer:
-    """Something that publishes metrics: ``what`` for people, the metric-name ``prefixes`` and exact ``names``."""
+    """Something that publishes metrics: ``what`` for people, the metric-name ``prefixes`` and exact
+    ``names``; ``labels``, the labels its series carry as Prometheus stores them (a histogram's
+    ``_bucket`` series ``le`` too); ``label_fixes``, for a label it lacks that a record may group
+    or join on, how to get it."""
 
     what: str
     prefixes: tuple[str, ...] = ()
     names: frozenset[str] = frozenset()
+    labels: frozenset[str] = _TARGET
+    label_fixes: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     def publishes(self, metric: str) -> bool:
         return metric in self.names or metric.startswith(self.prefixes)
+
+    def labels_of(self, metric: str) -> frozenset[str]:
+        return self.labels | {"le"} if metric.endswith("_bucket") else self.labels
+
+
+def gpu_power_backend(spec: Spec) -> str:
+    """Where GPU power per host comes from: the GPU-memory signal's backend (without one: the
+    fusebox collectors where :attr:`Spec.fusebox_collectors` expects them, else dcgm-exporter)."""
+    gpu_memory = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
+    return gpu_memory.source.backend if gpu_memory else (FUSEBOX if spec.fusebox_collectors else DCGM)
+
+
+def engine_labels(spec: Spec) -> frozenset[str]:
+    """The labels the engines' series carry: their own and the scrape's, plus what the PodMonitor
+    of ``kubernetes.engines`` adds (generator/render_k8s.py): ``host_name`` from the node, and
+    ``cluster`` unless GPU power comes from dcgm-exporter (whose series carry none to join with)."""
+    out = ENGINE_LABELS | _TARGET
+    if spec.kubernetes.engines is not None:
+        out |= {C.LABEL["host"]} | ({C.LABEL["cluster"]} if gpu_power_backend(spec) != DCGM else set())
+    return out
 
 
 def configured_backends(spec: Spec) -> set[str]:
@@ -77,20 +126,25 @@ def configured_backends(spec: Spec) -> set[str]:
 
 def producers(spec: Spec) -> list[Producer]:
     """Everything that publishes a metric the rules may read, for this spec (see the module doc)."""
-    out = [Producer("Prometheus", names=SYNTHETIC), Producer("Alertmanager", ("alertmanager_",)),
-           Producer("the fuse service", ("fusebox_fuse_",))]
+    # ALERTS carries its alert's labels; fusebox_fuse_level its scope's.
+    out = [Producer("Prometheus", names=SYNTHETIC, labels=_TARGET | {"alertname", "alertstate", "severity"}),
+           Producer("Alertmanager", ("alertmanager_",)),
+           Producer("the fuse service", ("fusebox_fuse_",), labels=_TARGET | set(C.SCOPE_LABELS))]
     backends = configured_backends(spec)
     if DCGM in backends:
-        out.append(Producer("dcgm-exporter", ("DCGM_FI_",)))
+        out.append(Producer("dcgm-exporter", ("DCGM_FI_",), labels=_TARGET | DCGM_LABELS))
+    engines = engine_labels(spec)
+    fixes = {label: ENGINES_FIX for label in (C.LABEL["host"], C.LABEL["cluster"]) if label not in engines}
     if "vllm" in backends:
-        out.append(Producer("vLLM", ("vllm:",)))
+        out.append(Producer("vLLM", ("vllm:",), labels=engines, label_fixes=fixes))
     if "sglang" in backends:
-        out.append(Producer("SGLang", C.SGLANG_PREFIXES))
+        out.append(Producer("SGLang", C.SGLANG_PREFIXES, labels=engines, label_fixes=fixes))
     if spec.kubernetes.collectors.enabled:
         for name in spec.kubernetes.collectors.run:
             if name == "kv" and not (spec.kubernetes.engines and spec.kubernetes.engines.models):
                 continue  # it discovers engines but knows no model's geometry: no KV bytes
-            out.append(Producer(f"the fusebox {name} collector (k8s/)", COLLECTOR_PREFIXES.get(name, ())))
+            out.append(Producer(f"the fusebox {name} collector (k8s/)", COLLECTOR_PREFIXES.get(name, ()),
+                                labels=_TARGET | COLLECTOR_LABELS.get(name, frozenset())))
     if any(s.kind in GATEWAY_KINDS for s in spec.inpath.shedders):
         out.append(Producer("the SGLang Model Gateway (inpath.shedders)", (C.GATEWAY_PREFIX,)))
     if spec.fusebox_collectors:  # their self-metrics come with them, wherever they run
@@ -137,3 +191,34 @@ def unproduced(spec: Spec, groups: list[dict]) -> list[tuple[str, str, str]]:
                 done.add(metric)
                 out.append((r.get("record") or r["alert"], metric, _HOW.get(_collector_for(metric) or "", "")))
     return out
+
+
+def how_to_publish(metric: str) -> str:
+    """How to get ``metric`` published when nothing does: its fusebox collector's advice, else a generic line."""
+    return _HOW.get(_collector_for(metric) or "", "") or "deploy what publishes it, or read another source"
+
+
+def unfed_disabled(spec: Spec) -> list[tuple[str, str]]:
+    """``(signal, metric)`` for each signal with every tier disabled whose source reads a metric
+    nothing publishes (the first such metric): nothing of it can fire, and nothing can draw it."""
+    out: list[tuple[str, str]] = []
+    disabled = [s for s in spec.signals if not s.tiers]
+    if not disabled:
+        return out
+    ps = producers(spec)
+    for sig in disabled:
+        missing = next((m for m in kind_of(sig).raw_metrics(sig) if not any(p.publishes(m) for p in ps)), None)
+        if missing is not None:
+            out.append((sig.name, missing))
+    return out
+
+
+def fed_spec(spec: Spec) -> Spec:
+    """``spec`` without the signals of :func:`unfed_disabled` (``spec`` itself when there are none):
+    what the rules and dashboards are rendered from. Such a signal (PCIe with ``global.source:
+    dcgm`` and no GPU collector, disabled as docs/spec.md says) would otherwise leave an empty
+    rule group, a record over nothing and panels bound to stay empty (docs/dashboards.md)."""
+    dead = {name for name, _ in unfed_disabled(spec)}
+    if not dead:
+        return spec
+    return dataclasses.replace(spec, signals=tuple(s for s in spec.signals if s.name not in dead))

@@ -24,12 +24,15 @@ the alert's threshold by construction. Units follow the signal's unit (ratio ->
 ``percentunit``, bytes -> ``decbytes``, bytes/s -> ``Bps``, seconds -> ``s``; SI, because the
 spec's MB are SI). Every panel links to the runbook of the alert it shows
 (``spec.runbook_url(alert)``); UIDs are derived from the spec name and the dashboard name.
+The template variables are those some panel filters by (:func:`used_variables`), each listing the
+values of a record the deployment feeds (:func:`variable_queries`, traced by :mod:`.tracing`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import PurePath
+from typing import Any
 
 import orjson
 
@@ -37,7 +40,9 @@ from fusebox import conventions as C
 from fusebox.spec.kinds import KINDS, records
 from fusebox.spec.kinds.base import UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
 
-from . import shedding
+from . import shedding, tracing
+from .producers import fed_spec
+from .render_rules import render_rules
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -123,48 +128,79 @@ def _overview(spec) -> DashboardDef:
 dashboard_uid = C.dashboard_uid  # re-exported: the UID rule lives with the other names
 
 
-# A gauge every engine pod publishes (docs/metrics.md sections 1-2): the pods the variables list.
-ENGINE_POD_SERIES = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
+# Which variables narrow each variable's values (cluster, then namespace or host).
+_PARENTS = {"cluster": (), "namespace": ("cluster",), "pod": ("cluster", "namespace"), "instance": ("cluster",)}
+# The scope whose kinds' records (Kind.variable_source) list each variable's values first.
+_SCOPE = {"cluster": "gpu", "instance": "gpu", "gpu": "gpu", "engine": "engine", "model": "engine"}
+# Raw metrics tried last, where no signal's record lists a scope's values.
+_FALLBACK = {"gpu": C.PROM["gpu_memory_limit"], "engine": C.PROM["kv_cache_usage"]}
 
 
-def _templates(spec) -> list:
+def parents_of(var: str) -> tuple[str, ...]:
+    """The variables whose values narrow ``var``'s (its query matches their labels)."""
+    return _PARENTS.get(var, ("cluster", "instance"))
+
+
+def used_variables(defs: list[DashboardDef]) -> list[str]:
+    """The template variables (:data:`VARIABLES`, in that order) some panel query filters by, and
+    the ones that narrow those (:func:`parents_of`). A variable no panel filters by is left out:
+    the namespace and pod variables, unless a signal keeps namespace and pod (its ``by``)."""
+    used = {v for d in defs for p in d.panels for q in p.queries for v in VARIABLES if f"${v}" in q.expr}
+    for v in list(used):
+        used.update(parents_of(v))
+    return [v for v in VARIABLES if v in used]
+
+
+def variable_candidates(spec, var: str) -> list[str]:
+    """The records (or raw metrics) ``var`` may list its values from, best first: the variable
+    records (:meth:`Kind.variable_record`) of the kinds that prefer its scope (lowest
+    preference first, the spec's last signal first among equals), then every other signal's, then
+    a raw metric of the scope. Namespace and pod: the records of the signals that keep both."""
+    if var in ("namespace", "pod"):
+        return [KINDS[s.kind].variable_record(s) for s in spec.signals if {"namespace", "pod"} <= set(s.by)]
+    scope = _SCOPE[var]
+
+    def rank(item: tuple[int, Any]) -> tuple[int, int]:
+        i, s = item
+        vs = KINDS[s.kind].variable_source
+        return (vs[1] if vs is not None and vs[0] == scope else 100, -i)
+
+    ranked = sorted(enumerate(spec.signals), key=rank)
+    out = list(dict.fromkeys(KINDS[s.kind].variable_record(s) for _, s in ranked))
+    return out + [_FALLBACK[scope]] if _FALLBACK[scope] not in out else out
+
+
+def _variable_query(var: str, metric: str) -> str:
+    label = VARIABLES[var][0]
+    parents = [f'{VARIABLES[p][0]}=~"${p}"' for p in parents_of(var)]
+    return f"label_values({metric}{{{', '.join(parents)}}}, {label})" if parents else f"label_values({metric}, {label})"
+
+
+def variable_queries(spec, defs: list[DashboardDef], tracer: tracing.Tracer) -> dict[str, str]:
+    """``{variable: its label_values query}`` for the variables the panels use: each lists the
+    values of the first candidate (:func:`variable_candidates`) that the deployment feeds and whose
+    series carry its label (:func:`.tracing.variable_trace`); where none does, the first (``fusebox
+    generate`` then says the variable lists nothing, and why)."""
+    out = {}
+    for var in used_variables(defs):
+        cands = variable_candidates(spec, var)
+        queries = [_variable_query(var, c) for c in cands]
+        out[var] = next((q for q in queries if tracing.variable_trace(tracer, q).fed), queries[0] if queries else "")
+    return out
+
+
+def _templates(queries: dict[str, str]) -> list:
     from grafanalib.core import Template
 
-    # Each scope's variables list the values of one signal's record: the kind that prefers the
-    # scope most (lowest preference), its last signal; a raw metric when no kind feeds the scope.
-    best: dict[str, tuple[int, str]] = {}
-    for s in spec.signals:
-        vs = KINDS[s.kind].variable_source
-        if vs is not None and (vs[0] not in best or vs[1] <= best[vs[0]][0]):
-            best[vs[0]] = (vs[1], records(s)["value"])
-    gpu_rec = best["gpu"][1] if "gpu" in best else C.PROM["gpu_memory_limit"]
-    eng_rec = best["engine"][1] if "engine" in best else C.PROM["kv_cache_usage"]
-    # Namespaces and pods: of a signal kept per pod (by namespace, pod), else of the engines' own
-    # series (what the user's ServiceMonitor scrapes carries both).
-    pod_rec = next((records(s)["value"] for s in spec.signals if {"namespace", "pod"} <= set(s.by)), None)
-    if pod_rec is None:
-        names = [ENGINE_POD_SERIES[e] for e in spec.engines]
-        pod_rec = names[0] if len(names) == 1 else f'__name__=~"{"|".join(names)}"'  # a matcher: see below
-    if "engine" not in best and not spec.fusebox_collectors:  # no engine record, no KV collector: the engines' series
-        eng_rec = pod_rec
-    src = {"cluster": gpu_rec, "namespace": pod_rec, "pod": pod_rec, "instance": gpu_rec, "gpu": gpu_rec,
-           "engine": eng_rec, "model": eng_rec}
-    parents_of = {"cluster": (), "namespace": ("cluster",), "pod": ("cluster", "namespace"), "instance": ("cluster",)}
     out = [Template(name="datasource", label="Data source", query="prometheus", type="datasource")]
-    for var, (label, human) in VARIABLES.items():
-        # Each variable's values are narrowed by the ones above it (cluster, then namespace or host).
-        parents = [f'{VARIABLES[p][0]}=~"${p}"' for p in parents_of.get(var, ("cluster", "instance"))]
-        metric = src[var]
-        if metric.startswith("__name__"):  # several metric names: a name matcher beside the parents
-            metric, parents = "", [metric, *parents]
-        selector = f"{metric}{{{', '.join(parents)}}}" if parents else metric
-        out.append(Template(name=var, label=human, query=f"label_values({selector}, {label})",
+    for var, query in queries.items():
+        out.append(Template(name=var, label=VARIABLES[var][1], query=query,
                             dataSource=dict(DATASOURCE), includeAll=True, multi=True, allValue=".*", default="$__all",
                             refresh=2))
     return out
 
 
-def _grafanalib_dashboard(spec, d: DashboardDef):
+def _grafanalib_dashboard(spec, d: DashboardDef, templates: list):
     from grafanalib.core import Annotations, Dashboard, GridPos, Stat, Target, Templating, Threshold, TimeSeries
 
     panels = []
@@ -193,7 +229,7 @@ def _grafanalib_dashboard(spec, d: DashboardDef):
         x += p.width
     return Dashboard(
         title=d.title, uid=dashboard_uid(spec.name, d.name), description=d.description, tags=["fusebox", spec.name],
-        panels=panels, templating=Templating(list=_templates(spec)), annotations=Annotations(list=list(d.annotations)),
+        panels=panels, templating=Templating(list=templates), annotations=Annotations(list=list(d.annotations)),
         editable=False, refresh="30s", timezone="utc", graphTooltip=1,
         links=[{"asDropdown": True, "includeVars": True, "keepTime": True, "tags": ["fusebox", spec.name],
                 "targetBlank": False, "title": "fusebox dashboards", "type": "dashboards"}],
@@ -345,12 +381,21 @@ def _to_json_data(obj):
     return obj.to_json_data()
 
 
-def dashboards(spec, header: str | None = None) -> dict[str, dict]:
-    """Every dashboard as a JSON-ready dict, keyed by its name (``overview``, ``gpu-memory``, ...)."""
+def dashboards(spec, header: str | None = None, groups: list[dict] | None = None) -> dict[str, dict]:
+    """Every dashboard as a JSON-ready dict, keyed by its name (``overview``, ``gpu-memory``, ...).
+
+    ``groups``: the spec's rule groups (:func:`.render_rules.render_rules`; rendered here when not
+    given), which the variables' sources are traced through. Signals with every tier disabled that
+    nothing feeds are left out (:func:`.producers.fed_spec`)."""
     header = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
+    spec = fed_spec(spec)
+    if groups is None:
+        groups = render_rules(spec).groups
+    defs = _defs(spec)
+    templates = _templates(variable_queries(spec, defs, tracing.Tracer(spec, groups)))
     out: dict[str, dict] = {}
-    for d in _defs(spec):
-        raw = orjson.loads(orjson.dumps(_grafanalib_dashboard(spec, d), default=_to_json_data))
+    for d in defs:
+        raw = orjson.loads(orjson.dumps(_grafanalib_dashboard(spec, d, templates), default=_to_json_data))
         out[d.name] = adapt(raw, header=header)
     return out
 
@@ -360,9 +405,9 @@ def dashboard_text(d: dict) -> str:
     return orjson.dumps(d, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
 
 
-def dashboard_texts(spec, header: str | None = None) -> dict[str, str]:
+def dashboard_texts(spec, header: str | None = None, groups: list[dict] | None = None) -> dict[str, str]:
     """Every dashboard's file text (:func:`dashboard_text`), keyed by its name."""
-    return {name: dashboard_text(d) for name, d in dashboards(spec, header).items()}
+    return {name: dashboard_text(d) for name, d in dashboards(spec, header, groups).items()}
 
 
 def render_dashboards(spec, header: str | None = None, boards: dict[str, str] | None = None) -> dict[str, str]:

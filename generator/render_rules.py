@@ -25,12 +25,13 @@ from fusebox.spec.kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_la
 from fusebox.spec.units import format_duration, humanize
 
 from . import shedding
+from .producers import fed_spec, gpu_power_backend
 from .rule_engines import shape_groups
 from .selfmon import GROUP as SELF_GROUP
 from .selfmon import self_rules
 
 __all__ = ["Rules", "render_rules", "selector", "le_regex", "signal_raw_metrics", "marker_labels", "alert_labels", "alert_annotations",
-           "alert_where"]
+           "alert_where", "gpu_power_backend"]
 
 GROUP_PREFIX = "fusebox"
 # static inputs (a GPU's memory size): their records never change, so reading them from a slower
@@ -60,13 +61,6 @@ def _rate_or(names: tuple[str, ...], spec: Spec, w: str, backend: str) -> str:
     ``rate`` drops the metric name, so an engine exporting both spellings matches itself on the
     right of ``or`` and is counted once (docs/pitfalls.md P4)."""
     return " or ".join(f"rate({selector(n, spec, backend=backend)}[{w}])" for n in names)
-
-
-def gpu_power_backend(spec: Spec) -> str:
-    """Where GPU power per host comes from: the GPU-memory signal's backend (without one: the
-    fusebox collectors where :attr:`Spec.fusebox_collectors` expects them, else dcgm-exporter)."""
-    gpu_memory = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
-    return gpu_memory.source.backend if gpu_memory else (FUSEBOX if spec.fusebox_collectors else DCGM)
 
 
 def _gpu_power(spec: Spec) -> str:
@@ -286,10 +280,15 @@ def render_rules(spec: Spec) -> Rules:
         each recording chain whole; for Thanos every group carries ``partial_response_strategy``.
         The panels, static, dashboard, inpath and absent groups run at ``global.slow_evaluation_interval``.
 
+    A signal with every tier disabled whose source nothing publishes is left out altogether
+    (:func:`.producers.fed_spec`), and no group is ever empty: a disabled gauge whose only record
+    is a panel record has no group of its own.
+
     Raises:
         ValueError: two signals record one name with different expressions (say two deriv
             signals over one gauge and window with different ``by``).
     """
+    spec = fed_spec(spec)
     groups: list[dict[str, Any]] = []
     raw_metrics: dict[str, list[str]] = {}
     raw_backends: dict[str, str] = {}
@@ -305,7 +304,7 @@ def render_rules(spec: Spec) -> Rules:
         home = _shared_group(sig.name, own, recorded)
         if home is not None:
             home["rules"].extend(alerts)  # its records are another signal's: one group, one evaluation
-        else:
+        elif own or alerts:  # a disabled gauge that filters first has neither: no empty group
             group = {"name": f"{GROUP_PREFIX}-{sig.name}", "interval": interval, "rules": own + alerts}
             groups.append(group)
             for r in own:

@@ -205,8 +205,11 @@ def test_template_variables_cover_datasource_cluster_instance_gpu_model(boards):
     names = [v["name"] for v in boards["overview"]["templating"]["list"]]
     assert names[0] == "datasource"
     assert {"cluster", "instance", "gpu", "model", "engine"} <= set(names)
-    # the Kubernetes mixins' convention: cluster, namespace, pod (issue 21), in that order
-    assert names[1:4] == ["cluster", "namespace", "pod"]
+    # namespace and pod (the Kubernetes mixins' convention, issue 21) only where a panel filters by
+    # them: no signal of the shipped spec keeps namespace and pod, so none would (issue 33)
+    assert "namespace" not in names and "pod" not in names
+    used = {v for d in boards.values() for p in d["panels"] for t in p["targets"] for v in names if f"${v}" in t["expr"]}
+    assert used == set(names[1:]) == {"cluster", "instance", "gpu", "engine", "model"}
     ds = boards["overview"]["templating"]["list"][0]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -294,7 +295,7 @@ def _alerts(out) -> dict[str, list[dict]]:
 def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_path):
     r = _generate(tmp_path, DCGM_NO_COLLECTORS)
     assert r.returncode == 0, r.stderr
-    warnings = [ln for ln in r.stderr.splitlines() if "warning:" in ln]
+    warnings = [ln for ln in r.stderr.splitlines() if "warning: signal " in ln]
     # PCIe has no dcgm source in the shipped spec: the only GPU signal still on the collectors
     [pcie] = [w for w in warnings if "fusebox_gpu_pcie_utilization_ratio" in w]
     assert "signal 'pcie_link_utilization' reads fusebox_gpu_pcie_utilization_ratio" in pcie
@@ -305,6 +306,10 @@ def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_
         "signal 'alignment_latency_p95'", "signal 'kv_cache_time_to_full'"}
     absent = {a["labels"]["metric"] for a in _alerts(tmp_path / "out")[C.ABSENT_ALERT]}
     assert "fusebox_gpu_pcie_utilization_ratio" in absent
+    # and its two panels (overview, secondary) are named as staying empty (issue 33)
+    panels = [ln for ln in r.stderr.splitlines() if "warning: panel 'GPUPCIeLinkSaturated" in ln]
+    assert [p.split("(dashboards/")[1].split(")")[0] for p in panels] == ["fusebox-overview.json", "fusebox-secondary.json"]
+    assert all("publishes fusebox_gpu_pcie_utilization_ratio" in p for p in panels)
 
 
 def test_a_signal_with_every_tier_disabled_has_no_alert_and_no_absent_alert(tmp_path):
@@ -318,9 +323,24 @@ def test_a_signal_with_every_tier_disabled_has_no_alert_and_no_absent_alert(tmp_
     assert "fusebox_gpu_pcie_utilization_ratio" not in absent
     # the others still have theirs: dcgm-exporter's frame-buffer fields and DRAM activity among them
     assert {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_PROF_DRAM_ACTIVE"} <= absent
-    # its records stay: the dashboards still draw it
-    text_rules = (tmp_path / "out/rules/fusebox.rules.yml").read_text()
-    assert "record: gpu:fusebox_pcie_link_utilization:ratio" in text_rules
+    # nothing publishes its metric either (dcgm-exporter has no PCIe ratio, no collector runs): no
+    # record over nothing, no empty group, no panel bound to stay empty (issue 33)
+    rules = yaml.safe_load((tmp_path / "out/rules/fusebox.rules.yml").read_text())
+    assert [g["name"] for g in rules["groups"] if not g["rules"]] == []
+    assert "pcie" not in str(rules)
+    boards = "".join(f.read_text() for f in sorted((tmp_path / "out/dashboards").glob("*.json")))
+    assert "pcie" not in boards.lower()
+    # a disabled signal that something feeds keeps its records and panels: the dashboards draw it
+    text = text.replace("\noverrides:\n", "\noverrides:\n  - alert: GPUMemoryBandwidthSaturated\n    enabled: false\n")
+    r = _generate(tmp_path, text)
+    assert r.returncode == 0, r.stderr
+    rules = yaml.safe_load((tmp_path / "out/rules/fusebox.rules.yml").read_text())
+    assert [g["name"] for g in rules["groups"] if not g["rules"]] == []
+    assert "GPUMemoryBandwidthSaturated" not in _alerts(tmp_path / "out")
+    assert [r["record"] for g in rules["groups"] for r in g["rules"] if "bandwidth" in r.get("record", "")] == [
+        "gpu:fusebox_memory_bandwidth_saturation:ratio"]
+    boards = json.loads((tmp_path / "out/dashboards/fusebox-secondary.json").read_text())
+    assert [p["title"] for p in boards["panels"]][:1] == ["GPUMemoryBandwidthSaturated: memory bandwidth saturation"]
 
 
 def test_generate_warns_about_the_placeholder_runbook_url(tmp_path):

@@ -80,11 +80,15 @@ def engine_labels(expr: str, sig: Any) -> str:
     ``engine`` becomes ``NAMESPACE/POD`` wherever the series carries both (a scrape by a
     ServiceMonitor or PodMonitor); elsewhere it stays as the source wrote it. ``expr`` is an
     instant vector; the temporary label :data:`POD_ENGINE` is dropped by the ``by`` aggregation
-    (a gauge without ``by`` keeps it)."""
+    (a gauge without ``by`` keeps it). Where ``by`` keeps ``model``, it is the engines' ``model_name``
+    (vLLM and SGLang write no ``model``), so the alert and the dashboards' model variable name it."""
     if sig.source.backend not in (VLLM, SGLANG) or not (sig.level == "engine" or "engine" in sig.by):
         return expr
     expr = f'label_join({expr}, "{POD_ENGINE}", "/", "namespace", "pod")'
-    return f'label_replace({expr}, "engine", "$1", "{POD_ENGINE}", "(.+/.+)")'
+    expr = f'label_replace({expr}, "engine", "$1", "{POD_ENGINE}", "(.+/.+)")'
+    if C.LABEL["model"] in sig.by:  # the engines name it model_name: the model the by (and the panels) keep
+        expr = f'label_replace({expr}, "{C.LABEL["model"]}", "$1", "model_name", "(.+)")'
+    return expr
 
 
 def window_word(seconds: float) -> str:
@@ -341,7 +345,7 @@ class Kind:
       ``check_source``, ``check_window``, ``check_fields``, ``check_threshold``.
     Rules: ``records``, ``raw_metrics``, ``rules``, ``alert_expr``, ``panel_rules``, ``dashboard_records``.
     Tests: ``window``, ``first_true``, ``exact``, ``series``, ``result_labels``, ``extra_tests``.
-    Panels: ``dashboard`` (one drill-down for all signals of the kind), ``variable_source``.
+    Panels: ``dashboard`` (one drill-down for all signals of the kind), ``variable_source``, ``variable_record``.
     """
 
     name: ClassVar[str] = ""
@@ -357,7 +361,9 @@ class Kind:
     # Whether the generated tests also drive the value to exactly each threshold (it must fire:
     # ``>=``); for kinds whose alert condition is not the value record's own comparison.
     edge_tested: ClassVar[bool] = False
-    # Template variables fed by this kind's value record: (scope, preference; lower wins).
+    # Template variables fed by this kind's record (:meth:`variable_record`): (scope, preference;
+    # lower wins). The generator takes the first such record that the deployment feeds and whose
+    # series carry the variable's label (generator/tracing.py), other kinds' records after.
     variable_source: ClassVar[tuple[str, int] | None] = None
 
     # -- spec --------------------------------------------------------------------------
@@ -468,3 +474,8 @@ class Kind:
     # -- panels --------------------------------------------------------------------------
     def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
         return None
+
+    def variable_record(self, sig: Any) -> str:
+        """The record template variables list values from: one that has a series for every entity
+        as long as its source does (the value record, unless it comes and goes with traffic)."""
+        return self.records(sig)["value"]

@@ -142,8 +142,9 @@ class Gauge(Kind):
                            for e, label in (("vllm", "vLLM"), ("sglang", "SGLang")) if e in spec.engines),
                      "percentunit", (growth,), soft_max=1.0),
         ]
+        shown = [s.name.replace("_", " ") for s in sigs] + ["energy per token", "prefix-cache hit rate"]
         return DashboardDef("secondary", f"fusebox / {spec.name} / secondary signals",
-                            "Memory bandwidth, PCIe, energy per token, prefix-cache hit rate.", tuple(panels))
+                            ", ".join(shown).capitalize() + ".", tuple(panels))
 
 
 KIND = Gauge()

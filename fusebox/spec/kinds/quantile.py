@@ -227,6 +227,11 @@ class Quantile(Kind):
         })]
 
     # -- panels --------------------------------------------------------------------------
+    def variable_record(self, sig: Any) -> str:
+        """The observation rate: a series per engine whenever its histogram exists (0 without
+        traffic), where the quantiles have none without traffic."""
+        return self.records(sig)["rate"]
+
     def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
         if not sigs:
             return None
