@@ -103,7 +103,9 @@ def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_
     engines' with host_name): the tracer agrees, panel by panel."""
     data = yaml.safe_load(SPEC.read_text())
     data["kubernetes"]["collectors"]["run"] = {"gpu": [], "kv": [], "latency": []}
-    data["kubernetes"]["engines"] = dict(ENGINES)
+    # the KV collector publishes bytes only for the models whose geometry it knows
+    data["kubernetes"]["engines"] = dict(ENGINES, models={
+        "llava-hf/llava-1.5-7b-hf": {"layers": 32, "kv_heads": 32, "head_dim": 128, "dtype": "float16"}})
     feds = _trace(_load(tmp_path, data))
     assert len([f for f in feds if f.what == "panel"]) == 33
     assert [(f.dashboard, f.title) for f in feds if not f.fed] == []

@@ -286,7 +286,11 @@ def test_the_spec_configmap_loads_where_the_config_json_files_are_not(tmp_path):
 # ------------------------------------------------------------------ the warnings
 def _warned(spec_text: str) -> dict[str, list[str]]:
     w = spec_warnings(_parse(spec_text))
-    return {"kv": [x for x in w if C.PROM["kv_cache_usage"] in x or C.PROM["kv_cache_limit"] in x],
+    # the signals' warnings, and the panels' that name the same series (dashboards tracing)
+    panels = [x for x in w if x.startswith("panel ") and (C.PROM["kv_cache_usage"] in x or C.PROM["kv_cache_limit"] in x
+                                                          or C.PROM["alignment_duration"] in x)]
+    w = [x for x in w if not x.startswith(("panel ", "dashboard variable "))]
+    return {"panels": panels, "kv": [x for x in w if C.PROM["kv_cache_usage"] in x or C.PROM["kv_cache_limit"] in x],
             "alignment": [x for x in w if C.PROM["alignment_duration"] in x],
             "models": [x for x in w if "names no models" in x]}
 
@@ -294,8 +298,9 @@ def _warned(spec_text: str) -> dict[str, list[str]]:
 def test_the_kv_and_alignment_warnings_go_when_discovery_covers_them_and_only_then():
     starter = _warned(SPEC.read_text())
     assert len(starter["kv"]) == 4 and len(starter["alignment"]) == 1  # three KV signals and the GPU-memory correction
+    assert starter["panels"]  # and the panels that draw them stay empty
     covered = _warned(_spec_text(_engines(_both_models()), {"gpu": [], "kv": [], "latency": []}))
-    assert covered == {"kv": [], "alignment": [], "models": []}
+    assert covered == {"panels": [], "kv": [], "alignment": [], "models": []}
     # the KV collector with engines but no model known: no bytes, so the KV warnings stay, with one more
     no_models = _warned(_spec_text(_engines({}), {"gpu": [], "kv": [], "latency": []}))
     assert len(no_models["kv"]) == 4 and no_models["alignment"] == [] and len(no_models["models"]) == 1
