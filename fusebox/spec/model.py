@@ -10,6 +10,7 @@ consume; renderers never see raw YAML.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
 from .budget import Budget, RawBudget, normalise_budget
 from .deploy import Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana, normalise_kubernetes, normalise_otelcol
+from .diagnosis import resolve_diagnosis
 from .errors import Problem, SpecError
 from .inpath import GATEWAY_KINDS, Inpath, RawInpath, normalise_inpath
 from .kinds import KINDS
@@ -572,7 +574,7 @@ class _Normaliser:
         self._check_after_shedding(signals, inpath)
         if self.problems:
             raise SpecError(self.problems)
-        return Spec(
+        spec = Spec(
             file=self.pos.file, name=r.metadata.name, description=r.metadata.description,
             scrape_interval_s=scrape, evaluation_interval_s=evaluation, slow_evaluation_interval_s=max(slow, evaluation),
             runbook_base_url=g.runbook_base_url, dashboard_base_url=g.dashboard_base_url,
@@ -587,6 +589,12 @@ class _Normaliser:
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
             budget=budget, inpath=inpath,
         )
+        # runbook queries: references to records replaced, record-shaped names checked (spec/diagnosis.py)
+        queries = resolve_diagnosis(spec, self.err)
+        if self.problems:
+            raise SpecError(self.problems)
+        return dataclasses.replace(spec, signals=tuple(
+            dataclasses.replace(s, runbook=dataclasses.replace(s.runbook, diagnosis=queries[s.name])) for s in spec.signals))
 
     def _check_after_shedding(self, signals: list[Signal], inpath: Inpath) -> None:
         """A tier with ``after_shedding`` needs a gateway shedder (``smg`` or ``sglang_router``,
