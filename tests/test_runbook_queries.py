@@ -196,3 +196,13 @@ def test_references_follow_the_window_and_raw_metrics_and_label_replace_are_left
         (diag,) = spec.signal("kv_cache_growth_rate").runbook.diagnosis
         assert diag == ("mine", f'label_replace(max by (engine) (engine:fusebox_kv_cache_usage_bytes:deriv{window}), "e", "$1", '
                                 f'"engine", "(.*)") / engine:fusebox_kv_cache_limit:bytes or vllm:num_requests_running')
+
+
+def test_descriptions_name_the_window_the_rules_use():
+    """`${window}` in a signal's description is its window: 2m at 30 s, where the text said "1 minute"."""
+    for text, window in ((SPEC.read_text(), "1m"), (at_30s(SPEC.read_text()), "2m")):
+        spec = parse_spec(text, "fusebox.yaml")
+        for name in ("kv_cache_growth_rate", "kv_cache_time_to_full", "gpu_memory_time_to_full"):
+            assert f"deriv over {window}" in spec.signal(name).description
+        assert "over 5m." in spec.signal("alignment_latency_p95").description
+        assert not [s.name for s in spec.signals if "${" in s.description]

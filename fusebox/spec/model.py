@@ -85,7 +85,9 @@ class RawSource(_Strict):
 
 class RawDiagnosis(_Strict):
     title: str
-    query: str
+    query: str = Field(description="PromQL for the runbook, after the kind's standard queries. ${SIGNAL} names a signal's "
+                                   "value record, ${SIGNAL.ROLE} another of its records, ${dashboard.ROLE} a dashboard "
+                                   "record; a record-shaped name no rule records is an error (docs/spec.md).")
 
 
 class RawRunbook(_Strict):
@@ -101,7 +103,8 @@ class RawSignal(_Strict):
     """One signal and its alert: what is measured, from which sources, and its tiers."""
 
     alert: str = Field(description="The alert's name, CamelCase with a component word (GPUMemoryUtilizationHigh).")
-    description: str = Field(description="What the signal measures, for people (alerts, runbooks, dashboards).")
+    description: str = Field(description="What the signal measures, for people (alerts, runbooks, dashboards); "
+                                         "${window} is replaced by the signal's window ('5m').")
     kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
         description="How the value is computed: gauge (as read), deriv (growth per second), quantile (from a histogram), "
                     "gpu_memory (device-memory ratio with the KV-pool correction), time_to_full (seconds until a pool "
@@ -795,7 +798,9 @@ class _Normaliser:
             return None
         rb = s.runbook
         return Signal(
-            name=name, alert=s.alert, description=s.description.strip(), kind=s.kind, unit=s.unit, level=s.level,
+            # ${window}: the signal's own window as the rules write it, so the text follows it
+            name=name, alert=s.alert, description=s.description.strip().replace("${window}", units.format_duration(window)),
+            kind=s.kind, unit=s.unit, level=s.level,
             direction=s.direction, by=by, window_s=window, quantile=s.quantile, buckets=buckets,
             source=sources[source_name], sources=sources, tiers=tuple(tiers),
             runbook=Runbook(rb.symptom.strip(), rb.impact.strip(), tuple((d.title, d.query) for d in rb.diagnosis),
