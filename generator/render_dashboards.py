@@ -124,7 +124,7 @@ dashboard_uid = C.dashboard_uid  # re-exported: the UID rule lives with the othe
 
 
 # A gauge every engine pod publishes (docs/metrics.md sections 1-2): the pods the variables list.
-ENGINE_POD_SERIES = {"vllm": C.VLLM_REQUESTS_RUNNING, "sglang": C.SGLANG_REQUESTS_RUNNING}
+ENGINE_POD_SERIES = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
 
 
 def _templates(spec) -> list:
