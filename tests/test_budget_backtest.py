@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _support import SPEC
+from _support import spec_text_at_30s
 
 from fusebox.backtest import backtest
 from fusebox.backtest.recording import read_openmetrics
@@ -40,11 +40,8 @@ LABELS = 'cluster="c1",engine="engine-0",host_name="node-1",instance="node-1:941
 
 
 def _spec_30s(tmp_path: Path) -> Path:
-    text = SPEC.read_text().replace("  scrape_interval: 5s\n", "  scrape_interval: 30s\n", 1)
-    text = text.replace("  evaluation_interval: 5s\n", "  evaluation_interval: 30s\n", 1)
-    text = text.replace("    window: 1m\n", "    window: 2m\n")
     path = tmp_path / "fusebox-30s.yaml"
-    path.write_text(text)
+    path.write_text(spec_text_at_30s())
     return path
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC
+from _support import SPEC, spec_text_at_30s
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
@@ -216,12 +216,6 @@ def test_an_empty_budget_section_takes_the_defaults(tmp_path):
 EVAL_30 = 30.0
 
 
-def _at_30s() -> str:
-    text = SPEC.read_text().replace("  scrape_interval: 5s\n", "  scrape_interval: 30s\n", 1)
-    text = text.replace("  evaluation_interval: 5s\n", "  evaluation_interval: 30s\n", 1)
-    return text.replace("    window: 1m\n", "    window: 2m\n")
-
-
 @pytest.mark.parametrize("for_s, interval, fires_after", [
     (15, 30, 30), (10, 30, 30), (0, 30, 0), (30, 30, 30), (31, 30, 60), (60, 30, 60), (45, 30, 60),
     (15, 5, 15), (12, 5, 15), (1, 5, 5), (0.3, 0.1, 0.3),
@@ -237,7 +231,7 @@ def test_for_elapsed_is_for_rounded_up_to_whole_evaluations(for_s, interval, fir
 def test_budget_counts_a_for_under_the_interval_as_one_whole_evaluation():
     from fusebox.generator.budget import budget_rows
 
-    spec = parse_spec(_at_30s(), "fusebox.yaml")
+    spec = parse_spec(spec_text_at_30s(), "fusebox.yaml")
     rows = {(r.alert, r.tier): r for r in budget_rows(spec)}
     ttf, gpu_ttf = rows[("KVCacheTimeToFullLow", "critical")], rows[("GPUMemoryTimeToFullLow", "critical")]
     assert (ttf.group, ttf.terms["eval"]) == ("fusebox-kv_cache_time_to_full", EVAL_30)
@@ -258,7 +252,7 @@ def test_budget_counts_a_for_under_the_interval_as_one_whole_evaluation():
 def test_the_output_says_the_for_was_rounded_up(capsys):
     from fusebox.generator.budget import run_budget
 
-    spec = parse_spec(_at_30s(), "fusebox.yaml")
+    spec = parse_spec(spec_text_at_30s(), "fusebox.yaml")
     assert run_budget(spec, as_json=True) == 1
     out = capsys.readouterr()
     doc = {(t["alert"], t["tier"]): t for t in json.loads(out.out)["tiers"]}

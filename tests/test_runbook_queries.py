@@ -19,7 +19,7 @@ import re
 
 import pytest
 import yaml
-from _support import SPEC
+from _support import SPEC, spec_text_at_30s
 
 from fusebox import conventions as C
 from fusebox.generator import render_dashboards
@@ -30,16 +30,6 @@ from fusebox.spec.kinds import kind_of, recorded_names
 from fusebox.spec.promql import vector_selectors
 
 HIST = ("_bucket", "_count", "_sum")
-
-
-def at_30s(text: str) -> str:
-    """The shipped spec at kube-prometheus-stack's 30 s scrape and evaluation intervals, each 1m
-    deriv window raised to 2m (4 scrapes, as the spec's comment under global: requires)."""
-    out = text.replace("  scrape_interval: 5s\n", "  scrape_interval: 30s\n", 1)
-    out = out.replace("  evaluation_interval: 5s\n", "  evaluation_interval: 30s\n", 1)
-    out = re.sub(r"(?m)^    window: 1m$", "    window: 2m", out)
-    assert out.count("scrape_interval: 30s") == 1 and "window: 1m\n" not in out
-    return out
 
 
 def dcgm_vllm(text: str) -> str:
@@ -54,12 +44,12 @@ def dcgm_vllm(text: str) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-SPECS = {"shipped": lambda t: t, "30s": at_30s, "dcgm-vllm-30s": lambda t: dcgm_vllm(at_30s(t))}
+SPECS = {"shipped": lambda: SPEC.read_text(), "30s": spec_text_at_30s, "dcgm-vllm-30s": lambda: dcgm_vllm(spec_text_at_30s())}
 
 
 @pytest.fixture(scope="module", params=sorted(SPECS))
 def spec(request):
-    return parse_spec(SPECS[request.param](SPEC.read_text()), "fusebox.yaml")
+    return parse_spec(SPECS[request.param](), "fusebox.yaml")
 
 
 def published(spec) -> set[str]:
@@ -161,7 +151,7 @@ def _query_line(text: str, query: str) -> int:
 
 def test_a_hand_written_record_the_rules_do_not_write_is_a_spec_error_with_the_real_name():
     """The shipped runbook's old query, at 30 s: the record is now ...:deriv2m."""
-    text = _with_query(at_30s(SPEC.read_text()), "kv_cache_growth_rate", "engine:fusebox_kv_cache_usage_bytes:deriv1m")
+    text = _with_query(spec_text_at_30s(), "kv_cache_growth_rate", "engine:fusebox_kv_cache_usage_bytes:deriv1m")
     msg = _problem(text)
     line = _query_line(text, "engine:fusebox_kv_cache_usage_bytes:deriv1m")
     assert f"fusebox.yaml:{line}:" in msg
@@ -191,7 +181,7 @@ def test_a_bad_reference_is_a_spec_error_at_its_line(query, says):
 
 def test_references_follow_the_window_and_raw_metrics_and_label_replace_are_left_alone():
     q = 'label_replace(max by (engine) (${kv_cache_growth_rate}), "e", "$1", "engine", "(.*)") / ${dashboard.kv_limit} or vllm:num_requests_running'
-    for text, window in ((SPEC.read_text(), "1m"), (at_30s(SPEC.read_text()), "2m")):
+    for text, window in ((SPEC.read_text(), "1m"), (spec_text_at_30s(), "2m")):
         spec = parse_spec(_with_query(text, "kv_cache_growth_rate", q), "fusebox.yaml")
         (diag,) = spec.signal("kv_cache_growth_rate").runbook.diagnosis
         assert diag == ("mine", f'label_replace(max by (engine) (engine:fusebox_kv_cache_usage_bytes:deriv{window}), "e", "$1", '
@@ -200,7 +190,7 @@ def test_references_follow_the_window_and_raw_metrics_and_label_replace_are_left
 
 def test_descriptions_name_the_window_the_rules_use():
     """`${window}` in a signal's description is its window: 2m at 30 s, where the text said "1 minute"."""
-    for text, window in ((SPEC.read_text(), "1m"), (at_30s(SPEC.read_text()), "2m")):
+    for text, window in ((SPEC.read_text(), "1m"), (spec_text_at_30s(), "2m")):
         spec = parse_spec(text, "fusebox.yaml")
         for name in ("kv_cache_growth_rate", "kv_cache_time_to_full", "gpu_memory_time_to_full"):
             assert f"deriv over {window}" in spec.signal(name).description
