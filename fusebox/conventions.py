@@ -153,6 +153,10 @@ VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"  # counter, tokens
 VLLM_PREFIX_CACHE_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"  # counter, tokens (< 0.9; PR #18354)
 VLLM_PREFIX_CACHE_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"  # counter, tokens (< 0.9)
 SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"  # gauge, fraction 0-1
+# Requests running per engine pod, a series every version publishes: the dashboards' namespace and
+# pod variables list pods from them; runbooks read them
+VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"  # gauge, requests, label model_name
+SGLANG_REQUESTS_RUNNING = "sglang:num_running_reqs"  # gauge, requests
 SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"  # counter, tokens
 SGLANG_PREFIXES = ("sglang:", "sglang_")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["histogram_quantile", "deriv", "deriv_series", "breaches"]
+__all__ = ["histogram_quantile", "deriv", "deriv_series", "breaches", "for_elapsed"]
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], cum: Sequence[float]) -> float:
@@ -105,3 +105,21 @@ def breaches(value: float, threshold: float, direction: str = "above") -> bool:
     if direction == "below":
         return value <= threshold
     raise ValueError(f"direction must be 'above' or 'below', not {direction!r}")
+
+
+def for_elapsed(for_s: float, interval_s: float) -> float:
+    """Seconds from the evaluation at which an alert's condition first holds (it goes pending) to
+    the evaluation at which it fires, the condition holding at each: the tier's ``for`` rounded up
+    to a whole number of its group's evaluation intervals.
+
+    Follows ``AlertingRule.Eval`` in rules/alerting.go: a pending alert fires at the first
+    evaluation where ``ts.Sub(a.ActiveAt) >= r.holdDuration``, and evaluations come every
+    ``interval_s``; vmalert's ``AlertingRule.exec`` compares the same way. ``for: 15s`` in a group
+    evaluated every 30 s fires 30 s after it went pending, not 15 s; ``for: 0s`` fires at once.
+    A ``for`` within a microsecond over a whole number of intervals counts as that number.
+    """
+    if for_s <= 0:
+        return 0.0
+    if interval_s <= 0:
+        return for_s
+    return math.ceil(for_s / interval_s - 1e-6) * interval_s

@@ -10,7 +10,10 @@ Floor terms, seconds, all read from the spec or from what the generator renders:
 * ``records``: how stale the records the alert reads from *other* groups can be, one of their
   group's intervals per cross-group hop on the worst path (:func:`cross_group_s`; 0 when the
   alert's records are all in its own group, as the generator renders them today);
-* ``for``: the tier's ``for``;
+* ``for``: the tier's ``for`` rounded up to a whole number of ``eval`` intervals
+  (:func:`fusebox.promsim.for_elapsed`): a pending alert fires at an evaluation, so ``for: 15s``
+  in a group evaluated every 30 s fires 30 s after it went pending (``Row.for_spec_s`` keeps the
+  spec's own ``for``, and the output names the rounding);
 * ``lag``: on ``global.rule_engine: victoriametrics``, one group interval per same-group record the
   alert reads through (:func:`.render_vmalert_tests.alert_lags`); 0 on the other engines;
 * ``group_wait``: the ``group_wait`` of the rendered Alertmanager route that takes the alert to the
@@ -33,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fusebox import conventions as C
+from fusebox import promsim
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.units import format_number, humanize, parse_duration
 
@@ -69,6 +73,13 @@ class Row:
     ok: bool = True
     threshold: str = ""
     direction: str = "above"  # the signal's: which way "earlier" moves its threshold
+    for_spec_s: float = 0.0  # the tier's ``for`` as the spec says it; ``terms["for"]`` is it rounded up to the group's interval
+
+    @property
+    def for_rounded(self) -> bool:
+        """Whether the tier's ``for`` is not a whole number of its group's evaluation intervals
+        (``terms["for"]`` is then longer than the spec's)."""
+        return self.terms["for"] != self.for_spec_s
 
 
 def _alert_group(groups: list[dict[str, Any]], sig: Signal, tier: Tier) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -160,7 +171,7 @@ def budget_rows(spec: Spec) -> list[Row]:
                 "scrape": spec.scrape_interval_s,
                 "eval": interval,
                 "records": cross_group_s(groups, g["name"], rule["expr"], spec.evaluation_interval_s),
-                "for": tier.for_s,
+                "for": promsim.for_elapsed(tier.for_s, interval),
                 "lag": lags.get(sig.alert, {}).get(g["name"], 0) * interval,
                 "group_wait": group_wait,
                 "fuse": FUSE_DECISION_S,
@@ -170,7 +181,7 @@ def budget_rows(spec: Spec) -> list[Row]:
             left, basis = _time_left(spec, sig, tier)
             row = Row(sig.name, sig.alert, tier.name, tier.severity, tier.fuse, tier.fuse_level, g["name"], terms, floor,
                       left if left is None else round(left, 6), basis, threshold=tier.threshold_text,
-                      direction=sig.direction)
+                      direction=sig.direction, for_spec_s=tier.for_s)
             if left is not None:
                 row.margin_s = round(left - floor, 6)
                 row.ok = floor <= left
@@ -183,7 +194,14 @@ def _s(x: float) -> str:
 
 
 def _terms_text(r: Row) -> str:
-    return " + ".join(f"{format_number(v)} {k}" for k, v in r.terms.items())
+    return " + ".join(f"{format_number(v)} {k}" + (f" ({_for_note(r)})" if k == "for" and r.for_rounded else "")
+                      for k, v in r.terms.items())
+
+
+def _for_note(r: Row) -> str:
+    """"for: 15s rounded up to 2 x 15 s evaluations"-style: why the ``for`` term is not the spec's."""
+    n = round(r.terms["for"] / r.terms["eval"]) if r.terms["eval"] else 0
+    return f"for: {format_number(r.for_spec_s)}s in the spec, rounded up to {n} evaluation{'s' if n != 1 else ''} of {format_number(r.terms['eval'])} s"
 
 
 def _print_table(spec: Spec, rows: list[Row]) -> None:
@@ -212,7 +230,8 @@ def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> i
         tight = min(timed, key=lambda r: r.margin_s or 0.0, default=None)
         print(f"{'ok  ' if not late else 'FAIL'} fusebox budget: {len(rows)} fuse tier(s), {len(timed) - len(late)} in time, "
               f"{len(late)} late, {len(rows) - len(timed)} n/a"
-              + (f"; tightest {tight.alert} {tight.tier}: {_s(tight.floor_s)} against {_s(tight.time_left_s or 0.0)}" if tight else ""))
+              + (f"; tightest {tight.alert} {tight.tier}: {_s(tight.floor_s)} against {_s(tight.time_left_s or 0.0)}" if tight else "")
+              + (f"; {rounded} tier(s)' for rounded up to their evaluation interval" if (rounded := sum(r.for_rounded for r in rows)) else ""))
     elif as_json:
         print(json.dumps({"spec": spec.name, "rule_engine": spec.rule_engine, "ok": not late,
                           "fuse_decision_s": FUSE_DECISION_S, "tiers": [asdict(r) for r in rows]}, indent=2))
@@ -222,5 +241,7 @@ def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> i
         print(f"fusebox budget: {r.alert} {r.tier} ({r.fuse}) is late: the fuse acts {_s(r.floor_s)} after {r.signal} "
               f"crosses {r.threshold}, but the resource is full {_s(r.time_left_s or 0.0)} after "
               f"({_terms_text(r)}) -- lower the tier's `for` or {'raise' if r.direction == 'below' else 'lower'} its "
-              f"threshold (so it fires earlier)", file=sys.stderr)
+              f"threshold (so it fires earlier)"
+              + (f"; a `for` under the {format_number(r.terms['eval'])} s evaluation interval still waits a whole one: "
+                 "shorten global.evaluation_interval, or write for: 0s" if r.for_rounded else ""), file=sys.stderr)
     return 1 if late else 0

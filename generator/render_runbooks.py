@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import PurePath
+from typing import Any
 
 import jinja2
 
 from fusebox import conventions as C
 from fusebox.spec import Spec
-from fusebox.spec.kinds import lost_gpu_fuses, records
+from fusebox.spec.kinds import kind_of, lost_gpu_fuses, records
 from fusebox.spec.units import format_duration, format_number, humanize
 
 from . import shedding
@@ -17,6 +18,17 @@ from .selfmon import runbook_facts
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("fusebox.generator", "templates"),
                           keep_trailing_newline=True, trim_blocks=False, autoescape=False)
+
+
+def diagnosis(spec: Spec, sig: Any) -> list[tuple[str, str]]:
+    """A signal's runbook queries, ``(title, PromQL)``: its kind's standard ones (built from the
+    records its rules write: :meth:`fusebox.spec.kinds.Kind.diagnosis`), the spec's
+    ``runbook.diagnosis`` (references already replaced by record names: fusebox/spec/diagnosis.py),
+    then the in-path gateways' records where they shed on it; a query listed twice is kept once."""
+    out: dict[str, str] = {}
+    for title, query in (*kind_of(sig).diagnosis(sig, spec), *sig.runbook.diagnosis, *shedding.runbook_diagnosis(spec, sig)):
+        out.setdefault(query, title)
+    return [(title, query) for query, title in out.items()]
 
 
 def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
@@ -37,7 +49,7 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
         out[f"runbooks/{sig.alert}.md"] = tmpl.render(
             header=header, alert=sig.alert, description=sig.description, tiers=tiers,
             symptom=sig.runbook.symptom, impact=sig.runbook.impact,
-            diagnosis=(*sig.runbook.diagnosis, *shedding.runbook_diagnosis(spec, sig)),
+            diagnosis=diagnosis(spec, sig),
             signal=sig.name, spec_file=PurePath(spec.file).name, source=sig.source.backend,
         )
     from .render_rules import GPU_DOWN_FOR_S, gpu_down_enabled

@@ -5,7 +5,8 @@ Pure: returns data, no I/O. Generated only where the spec's ``inpath.shedders`` 
 (``smg`` or ``sglang_router``); otherwise every function here returns nothing.
 
 * :func:`records`: the record names by role (:func:`rules` writes them, the dashboard and the
-  runbooks read them);
+  runbooks read them; defined in :mod:`fusebox.spec.inpath`, where the spec's check of the
+  runbooks' queries reads them too);
 * :func:`rules`: the ``fusebox-inpath`` group's rules (the generator runs it at
   ``global.slow_evaluation_interval``, as the dashboard records: no alert reads them);
 * :func:`dashboard`: the "in-path shedding" board: the shedders' signals against their tiers and
@@ -26,8 +27,10 @@ from typing import Any
 from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.inpath import GATEWAY_KINDS, Shedder
+from fusebox.spec.inpath import shedding_records as records
+from fusebox.spec.inpath import shedding_window_s as window_s
 from fusebox.spec.kinds import records as signal_records
-from fusebox.spec.kinds.base import DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text, window_word
+from fusebox.spec.kinds.base import DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
 from fusebox.spec.units import format_duration, format_number
 
 __all__ = ["GROUP", "DASHBOARD", "window_s", "refused_in_window", "gateways", "records", "rules", "dashboard", "runbook_diagnosis"]
@@ -35,12 +38,6 @@ __all__ = ["GROUP", "DASHBOARD", "window_s", "refused_in_window", "gateways", "r
 GROUP = "fusebox-inpath"
 DASHBOARD = "in-path-shedding"
 _TOPK = 5  # series per signal panel, as the overview draws them
-
-
-def window_s(spec: Spec) -> float:
-    """The rate window of the refusal records and of the ``after_shedding`` gate
-    (generator/render_rules.shedding_gate): a minute, or four scrapes where that is longer."""
-    return max(60.0, 4 * spec.scrape_interval_s)
 
 
 def gateways(spec: Spec) -> tuple[Shedder, ...]:
@@ -60,32 +57,6 @@ def refused_in_window(spec: Spec) -> str:
     rejected = ",".join(f'{k}="{v}"' for k, v in C.GATEWAY_REJECTED.items())
     x = f"{C.GATEWAY_ADMISSIONS}{{{rejected}}}"
     return f"({x} - {x} offset {format_duration(window_s(spec))}) >= 0 or {x}"
-
-
-def records(spec: Spec) -> dict[str, str]:
-    """Record names by role; ``{}`` without a gateway shedder. Rates over :func:`window_s`
-    (``rate1m`` in the name for a minute):
-
-    * ``refused``: requests the gateways refused (429: the concurrency bound, the rate limit, a
-      full queue) within the window, over the window's seconds (their mean per second), summed per
-      ``cluster``; a gateway's first refusals count too (its counter's series is born with them);
-    * ``overload_shed``: requests shed because every worker of the model was overloaded, per
-      second, per ``cluster`` and ``stage`` (only where an ``smg`` shedder is named: sglang-router
-      0.3.2 does not count them);
-    * ``breaker_open``: 1 while a worker's circuit breaker is open, else 0, per ``cluster`` and
-      ``worker`` (the worker's URL; the highest over gateways that share a worker);
-    * ``breakers_open``: the workers whose breaker is open, per ``cluster`` (0 when none)."""
-    gws = gateways(spec)
-    if not gws:
-        return {}
-    w = window_word(window_s(spec))
-    rn = C.record_name
-    out = {"refused": rn("cluster", "fusebox_gateway_refused_requests", f"rate{w}")}
-    if any(s.kind == "smg" for s in gws):
-        out["overload_shed"] = rn("stage", "fusebox_gateway_overload_shed_requests", f"rate{w}")
-    out["breaker_open"] = rn("worker", "fusebox_gateway_breaker_open", "max")
-    out["breakers_open"] = rn("cluster", "fusebox_gateway_breakers_open", "sum")
-    return out
 
 
 def rules(spec: Spec) -> list[dict[str, Any]]:

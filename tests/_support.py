@@ -16,6 +16,16 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SPEC = ROOT / "fusebox.yaml"
 
 
+def spec_text_at_30s() -> str:
+    """The shipped spec at kube-prometheus-stack's 30 s scrape and evaluation intervals, each 1m
+    deriv window raised to 2m (4 scrapes, as the spec's comment under global: requires); the
+    tiers keep their `for` (KVCacheTimeToFullLow critical 15s: under the interval)."""
+    out = SPEC.read_text().replace("  scrape_interval: 5s\n", "  scrape_interval: 30s\n", 1)
+    out = out.replace("  evaluation_interval: 5s\n", "  evaluation_interval: 30s\n", 1).replace("    window: 1m\n", "    window: 2m\n")
+    assert out.count("scrape_interval: 30s") == 1 and "evaluation_interval: 30s" in out and "window: 1m\n" not in out
+    return out
+
+
 def need(path_or_name: str, how: str = "run `make tools`") -> str:
     """Return the tool's path, or fail (under CI) / skip (elsewhere) saying how to get it."""
     p = Path(path_or_name)

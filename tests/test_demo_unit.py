@@ -63,6 +63,14 @@ def test_the_floor_is_scrape_plus_evaluation_plus_for_plus_group_wait(demo_spec,
 
     assert floor_s(demo_spec, "kv_cache_growth_rate") == 1 + 1 + 10 + 1
     assert floor_s(shipped, "gpu_memory_utilization") == 5 + 5 + 30 + 5
+    # a `for` under the evaluation interval waits one whole evaluation: 15 s at 30 s counts 30 s
+    from _support import spec_text_at_30s
+
+    from fusebox.spec import parse_spec
+
+    at_30s = parse_spec(spec_text_at_30s(), "fusebox.yaml")
+    assert at_30s.signal("kv_cache_time_to_full").tiers[-1].for_s == 15
+    assert floor_s(at_30s, "kv_cache_time_to_full") == 30 + 30 + 30 + 5
 
 
 def _events():

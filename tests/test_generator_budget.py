@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC
+from _support import SPEC, spec_text_at_30s
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
@@ -207,3 +207,59 @@ def test_an_empty_budget_section_takes_the_defaults(tmp_path):
     assert r.returncode == 0, r.stderr
     row = _rows(r)[(SIGNALS["kv_cache_growth_rate"]["alert"], "critical")]
     assert row["time_left_s"] == pytest.approx(FREE / KV_CRITICAL_GROWTH, abs=1e-3)
+
+
+# --- a `for` shorter than its group's evaluation interval (issue 33, point 8) ---------------------
+# kube-prometheus-stack's 30 s scrape and evaluation, the 1m deriv windows raised to 2m as the
+# spec's comment requires; the tiers keep their `for` (KVCacheTimeToFullLow critical 15s,
+# GPUMemoryTimeToFullLow critical 10s, KVCacheGrowthOOMImminent 0s).
+EVAL_30 = 30.0
+
+
+@pytest.mark.parametrize("for_s, interval, fires_after", [
+    (15, 30, 30), (10, 30, 30), (0, 30, 0), (30, 30, 30), (31, 30, 60), (60, 30, 60), (45, 30, 60),
+    (15, 5, 15), (12, 5, 15), (1, 5, 5), (0.3, 0.1, 0.3),
+])
+def test_for_elapsed_is_for_rounded_up_to_whole_evaluations(for_s, interval, fires_after):
+    """Prometheus fires a pending alert at the first evaluation at least `for` after it went
+    pending (rules/alerting.go: ts.Sub(ActiveAt) >= holdDuration), evaluations `interval` apart."""
+    from fusebox.promsim import for_elapsed
+
+    assert for_elapsed(for_s, interval) == pytest.approx(fires_after)
+
+
+def test_budget_counts_a_for_under_the_interval_as_one_whole_evaluation():
+    from fusebox.generator.budget import budget_rows
+
+    spec = parse_spec(spec_text_at_30s(), "fusebox.yaml")
+    rows = {(r.alert, r.tier): r for r in budget_rows(spec)}
+    ttf, gpu_ttf = rows[("KVCacheTimeToFullLow", "critical")], rows[("GPUMemoryTimeToFullLow", "critical")]
+    assert (ttf.group, ttf.terms["eval"]) == ("fusebox-kv_cache_time_to_full", EVAL_30)
+    assert (ttf.for_spec_s, ttf.terms["for"], ttf.for_rounded) == (15.0, EVAL_30, True)
+    assert (gpu_ttf.for_spec_s, gpu_ttf.terms["for"]) == (10.0, EVAL_30)
+    # 30 scrape + 30 eval + 30 for + 5 group_wait + 0.104 fuse + 5 adapter, against 60 s: late
+    assert ttf.floor_s == pytest.approx(30 + 30 + 30 + GROUP_WAIT + DECISION + ADAPTER)
+    assert ttf.ok is False
+    # whole intervals are unchanged: 0s fires at once, 30s and 60s are one and two evaluations
+    oom, growth = rows[("KVCacheGrowthOOMImminent", "critical")], rows[("KVCacheGrowthRateHigh", "critical")]
+    assert (oom.terms["for"], oom.for_rounded) == (0.0, False)
+    assert (growth.terms["for"], growth.for_rounded) == (30.0, False)
+    assert rows[("GPUMemoryBandwidthSaturated", "critical")].terms["for"] == 60.0
+    # at the shipped 5 s every for is a whole number of evaluations: nothing is rounded
+    assert not any(r.for_rounded for r in budget_rows(parse_spec(SPEC.read_text(), "fusebox.yaml")))
+
+
+def test_the_output_says_the_for_was_rounded_up(capsys):
+    from fusebox.generator.budget import run_budget
+
+    spec = parse_spec(spec_text_at_30s(), "fusebox.yaml")
+    assert run_budget(spec, as_json=True) == 1
+    out = capsys.readouterr()
+    doc = {(t["alert"], t["tier"]): t for t in json.loads(out.out)["tiers"]}
+    assert doc[("KVCacheTimeToFullLow", "critical")]["for_spec_s"] == 15.0
+    assert doc[("KVCacheTimeToFullLow", "critical")]["terms"]["for"] == EVAL_30
+    late = next(ln for ln in out.err.splitlines() if "KVCacheTimeToFullLow critical" in ln)
+    assert "30 for (for: 15s in the spec, rounded up to 1 evaluation of 30 s)" in late
+    assert "a `for` under the 30 s evaluation interval still waits a whole one" in late
+    assert run_budget(spec, summary=True) == 1
+    assert "2 tier(s)' for rounded up to their evaluation interval" in capsys.readouterr().out

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from fusebox import promsim
+
 __all__ = ["Timing", "FAST", "demo_spec_text", "floor_s"]
 
 
@@ -122,8 +124,10 @@ def demo_spec_text(base_text: str, *, webhook_url: str, credentials_file: str,
 
 def floor_s(spec, signal_name: str) -> float:
     """Breach-to-fuse floor the configuration implies for a signal's critical tier, seconds:
-    scrape interval + evaluation interval + the tier's ``for`` + the critical ``group_wait``."""
+    scrape interval + evaluation interval + the tier's ``for`` (rounded up to whole evaluations, as
+    the alert waits: :func:`fusebox.promsim.for_elapsed`) + the critical ``group_wait``."""
     sig = spec.signal(signal_name)
     crit = [t for t in sig.tiers if t.fuse]
     tier = crit[-1] if crit else sig.tiers[-1]
-    return spec.scrape_interval_s + spec.evaluation_interval_s + tier.for_s + spec.group_wait_critical_s
+    return (spec.scrape_interval_s + spec.evaluation_interval_s + promsim.for_elapsed(tier.for_s, spec.evaluation_interval_s)
+            + spec.group_wait_critical_s)

@@ -30,9 +30,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from fusebox import conventions as C
+
 from . import units
 
-__all__ = ["RawInpath", "Inpath", "Shedder", "per_engine", "SETTINGS", "KINDS", "GATEWAY_KINDS", "normalise_inpath"]
+__all__ = ["RawInpath", "Inpath", "Shedder", "per_engine", "SETTINGS", "KINDS", "GATEWAY_KINDS", "normalise_inpath",
+           "shedding_window_s", "shedding_records"]
 
 GATEWAY_KINDS = ("smg", "sglang_router")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # a shedder's name is its file's name: inpath/<name>.flags
@@ -257,3 +260,40 @@ def normalise_inpath(raw: RawInpath, signals: dict[str, Any], written: set[str],
             shedders.append(one)
     return Inpath(max_generation_s=gens["max_generation"], mean_generation_s=gens["mean_generation"],
                   shedders=tuple(shedders))
+
+
+# --- what the in-path gateways did, as records (generator/shedding.py writes the rules) ------------
+def shedding_window_s(spec: Any) -> float:
+    """The rate window of the refusal records and of the ``after_shedding`` gate
+    (generator/render_rules.shedding_gate): a minute, or four scrapes where that is longer."""
+    return max(60.0, 4 * spec.scrape_interval_s)
+
+
+def shedding_records(spec: Any) -> dict[str, str]:
+    """Record names by role of the ``fusebox-inpath`` group (generator/shedding.py); ``{}`` without a
+    gateway shedder (``smg``, ``sglang_router``). Rates over :func:`shedding_window_s` (``rate1m``
+    in the name for a minute):
+
+    * ``refused``: requests the gateways refused (429: the concurrency bound, the rate limit, a
+      full queue) within the window, over the window's seconds (their mean per second), summed per
+      ``cluster``; a gateway's first refusals count too (its counter's series is born with them);
+    * ``overload_shed``: requests shed because every worker of the model was overloaded, per
+      second, per ``cluster`` and ``stage`` (only where an ``smg`` shedder is named: sglang-router
+      0.3.2 does not count them);
+    * ``breaker_open``: 1 while a worker's circuit breaker is open, else 0, per ``cluster`` and
+      ``worker`` (the worker's URL; the highest over gateways that share a worker);
+    * ``breakers_open``: the workers whose breaker is open, per ``cluster`` (0 when none).
+
+    Here, in the spec's layer, so the check of the runbooks' queries knows them too
+    (:func:`fusebox.spec.kinds.recorded_names`)."""
+    gws = [s for s in spec.inpath.shedders if s.kind in GATEWAY_KINDS]
+    if not gws:
+        return {}
+    w = units.format_duration(shedding_window_s(spec))
+    rn = C.record_name
+    out = {"refused": rn("cluster", "fusebox_gateway_refused_requests", f"rate{w}")}
+    if any(s.kind == "smg" for s in gws):
+        out["overload_shed"] = rn("stage", "fusebox_gateway_overload_shed_requests", f"rate{w}")
+    out["breaker_open"] = rn("worker", "fusebox_gateway_breaker_open", "max")
+    out["breakers_open"] = rn("cluster", "fusebox_gateway_breakers_open", "sum")
+    return out

@@ -10,6 +10,7 @@ consume; renderers never see raw YAML.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
 from .budget import Budget, RawBudget, normalise_budget
 from .deploy import Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana, normalise_kubernetes, normalise_otelcol
+from .diagnosis import resolve_diagnosis
 from .errors import Problem, SpecError
 from .inpath import GATEWAY_KINDS, Inpath, RawInpath, normalise_inpath
 from .kinds import KINDS
@@ -83,7 +85,9 @@ class RawSource(_Strict):
 
 class RawDiagnosis(_Strict):
     title: str
-    query: str
+    query: str = Field(description="PromQL for the runbook, after the kind's standard queries. ${SIGNAL} names a signal's "
+                                   "value record, ${SIGNAL.ROLE} another of its records, ${dashboard.ROLE} a dashboard "
+                                   "record; a record-shaped name no rule records is an error (docs/spec.md).")
 
 
 class RawRunbook(_Strict):
@@ -99,7 +103,8 @@ class RawSignal(_Strict):
     """One signal and its alert: what is measured, from which sources, and its tiers."""
 
     alert: str = Field(description="The alert's name, CamelCase with a component word (GPUMemoryUtilizationHigh).")
-    description: str = Field(description="What the signal measures, for people (alerts, runbooks, dashboards).")
+    description: str = Field(description="What the signal measures, for people (alerts, runbooks, dashboards); "
+                                         "${window} is replaced by the signal's window ('5m').")
     kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
         description="How the value is computed: gauge (as read), deriv (growth per second), quantile (from a histogram), "
                     "gpu_memory (device-memory ratio with the KV-pool correction), time_to_full (seconds until a pool "
@@ -575,7 +580,7 @@ class _Normaliser:
         self._check_after_shedding(signals, inpath)
         if self.problems:
             raise SpecError(self.problems)
-        return Spec(
+        spec = Spec(
             file=self.pos.file, name=r.metadata.name, description=r.metadata.description,
             scrape_interval_s=scrape, evaluation_interval_s=evaluation, slow_evaluation_interval_s=max(slow, evaluation),
             runbook_base_url=g.runbook_base_url, dashboard_base_url=g.dashboard_base_url,
@@ -590,6 +595,12 @@ class _Normaliser:
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
             budget=budget, inpath=inpath,
         )
+        # runbook queries: references to records replaced, record-shaped names checked (spec/diagnosis.py)
+        queries = resolve_diagnosis(spec, self.err)
+        if self.problems:
+            raise SpecError(self.problems)
+        return dataclasses.replace(spec, signals=tuple(
+            dataclasses.replace(s, runbook=dataclasses.replace(s.runbook, diagnosis=queries[s.name])) for s in spec.signals))
 
     def _check_after_shedding(self, signals: list[Signal], inpath: Inpath) -> None:
         """A tier with ``after_shedding`` needs a gateway shedder (``smg`` or ``sglang_router``,
@@ -790,7 +801,9 @@ class _Normaliser:
             return None
         rb = s.runbook
         return Signal(
-            name=name, alert=s.alert, description=s.description.strip(), kind=s.kind, unit=s.unit, level=s.level,
+            # ${window}: the signal's own window as the rules write it, so the text follows it
+            name=name, alert=s.alert, description=s.description.strip().replace("${window}", units.format_duration(window)),
+            kind=s.kind, unit=s.unit, level=s.level,
             direction=s.direction, by=by, window_s=window, quantile=s.quantile, buckets=buckets,
             source=sources[source_name], sources=sources, tiers=tuple(tiers),
             runbook=Runbook(rb.symptom.strip(), rb.impact.strip(), tuple((d.title, d.query) for d in rb.diagnosis),

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..inpath import shedding_records
 from . import deriv, gauge, gpu_memory, quantile, time_to_full
 from .base import DashboardDef, Kind, PanelDef, Query, Synth, dashboard_records
 
 KINDS: dict[str, Kind] = {k.name: k for k in (gpu_memory.KIND, deriv.KIND, time_to_full.KIND, quantile.KIND, gauge.KIND)}
 
 __all__ = ["KINDS", "Kind", "kind_of", "records", "dashboard_records", "DashboardDef", "PanelDef", "Query", "Synth",
-           "reports_lost_gpus", "lost_gpu_fuses"]
+           "reports_lost_gpus", "lost_gpu_fuses", "recorded_names"]
 
 
 def kind_of(sig: Any) -> Kind:
@@ -29,6 +30,34 @@ def records(sig: Any) -> dict[str, str]:
     Dashboards, runbooks and the demo import these; never spell the names out.
     """
     return KINDS[sig.kind].records(sig)
+
+
+def recorded_names(spec: Any) -> dict[str, str]:
+    """Every record the rules of ``spec`` write, name -> who writes it (``signal NAME``,
+    ``dashboard``, ``in-path``), as ``generator/render_rules.render_rules`` renders them: each
+    signal's :meth:`Kind.rules`, :meth:`Kind.panel_rules` and :meth:`Kind.slow_rules`, the kinds'
+    :meth:`Kind.dashboard_records`, the dashboard records of :func:`dashboard_records` (the
+    prefix-cache hit rate per engine of :attr:`Spec.engines`) and the in-path gateways' records
+    (:func:`fusebox.spec.inpath.shedding_records`). The spec's check of runbook queries reads it;
+    ``tests/test_runbook_queries.py`` holds it to the rendered rules."""
+    out: dict[str, str] = {}
+    for sig in spec.signals:
+        kind = kind_of(sig)
+        for r in kind.rules(sig, spec) + kind.panel_rules(sig, spec) + kind.slow_rules(sig, spec):
+            if "record" in r:
+                out.setdefault(r["record"], f"signal {sig.name}")
+    for kind in KINDS.values():
+        sigs = [s for s in spec.signals if s.kind == kind.name]
+        for r in kind.dashboard_records(sigs, spec) if sigs else ():
+            out.setdefault(r["record"], "dashboard")
+    d = dashboard_records()
+    roles = ["host_power", "host_tokens", "energy_per_token"]
+    roles += [role for engine, role in (("vllm", "prefix_hit_vllm"), ("sglang", "prefix_hit_sglang")) if engine in spec.engines]
+    for role in roles:
+        out.setdefault(d[role], "dashboard")
+    for name in shedding_records(spec).values():
+        out.setdefault(name, "in-path")
+    return out
 
 
 def reports_lost_gpus(spec: Any) -> bool:

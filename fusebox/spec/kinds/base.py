@@ -343,7 +343,8 @@ class Kind:
 
     Spec side (called while the spec loads, before any Signal exists):
       ``check_source``, ``check_window``, ``check_fields``, ``check_threshold``.
-    Rules: ``records``, ``raw_metrics``, ``rules``, ``alert_expr``, ``panel_rules``, ``dashboard_records``.
+    Rules: ``records``, ``raw_metrics``, ``rules``, ``alert_expr``, ``panel_rules``, ``dashboard_records``,
+      ``diagnosis`` (the runbook's standard queries).
     Tests: ``window``, ``first_true``, ``exact``, ``series``, ``result_labels``, ``extra_tests``.
     Panels: ``dashboard`` (one drill-down for all signals of the kind), ``variable_source``, ``variable_record``.
     """
@@ -420,6 +421,13 @@ class Kind:
         generator puts them in the ``fusebox-static`` group at ``global.slow_evaluation_interval``.
         A value that has not been recorded yet must leave the alert's record well defined."""
         return []
+
+    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+        """The runbook's standard diagnosis queries, ``(title, PromQL)``, first in its list: built
+        from the records :meth:`rules` and :meth:`panel_rules` write (:meth:`records`) and the
+        raw series of the signal's own source, so a changed window, level or source renames them
+        with the rules. The spec's ``runbook.diagnosis`` entries follow them."""
+        return [(f"The value the alert reads, per {sig.level} ({sig.unit.replace('_', ' ')})", self.records(sig)["value"])]
 
     def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
         """The labels the value record (and so the alert) keeps: its ``by`` labels when it is

@@ -59,6 +59,11 @@ class Deriv(Kind):
         (KV growth and KV OOM) share one record and one group: it is computed once."""
         return {"value": C.record_name(sig.level, sig.source.metric, f"deriv{window_word(sig.window_s)}")}
 
+    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+        unit = sig.unit.replace("_per_second", "/s").replace("_", " ")
+        return [(f"Growth of {sig.source.metric} per {sig.level} ({unit}), deriv over {format_duration(sig.window_s)}",
+                 self.records(sig)["value"])]
+
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
         inner = engine_labels(f"deriv({selector(sig.source.metric, spec, backend=sig.source.backend)}[{format_duration(sig.window_s)}])", sig)
         expr = f"sum by ({by(sig.by)}) ({inner})" if sig.by else inner

@@ -44,6 +44,10 @@ class Gauge(Kind):
     def records(self, sig: Any) -> dict[str, str]:
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", "ratio" if sig.unit == "ratio" else sig.unit)}
 
+    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+        unit = "0-1" if sig.unit == "ratio" else sig.unit.replace("_per_second", "/s").replace("_", " ")
+        return [(f"{sig.name.replace('_', ' ').capitalize()} per {sig.level} ({unit})", self.records(sig)["value"])]
+
     def _value_expr(self, sig: Any, spec: Any) -> tuple[str, str | None]:
         """(the value's expression before its aggregation, the aggregation or None)."""
         src = sig.source

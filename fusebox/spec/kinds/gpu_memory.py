@@ -62,6 +62,16 @@ class GpuMemory(Kind):
             "kv_free": C.record_name(lvl, "fusebox_kv_cache_free", "bytes"),
         }
 
+    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+        """The effective and device-basis ratios per GPU and, where the KV collectors publish pool
+        bytes (:attr:`Spec.fusebox_collectors`), the KV pools' free bytes per GPU."""
+        names = self.records(sig)
+        out = [("Effective utilization per GPU (the KV pools' free part taken out)", names["value"]),
+               ("Device-memory utilization per GPU, without the KV-pool correction", names["device"])]
+        if spec.fusebox_collectors:
+            out.append(("Free bytes of the KV pools on each GPU", names["kv_free"]))
+        return out
+
     def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
         return None  # one series per GPU with its source's labels (hw_id, host_name, ...), whatever by says
 

@@ -103,6 +103,15 @@ class Quantile(Kind):
             "over_threshold": C.record_name(lvl, f"fusebox_{sig.name}_over_threshold", f"ratio_rate{w}"),
         }
 
+    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+        """The quantile, the share over each threshold (what the alert reads) and the observations per second."""
+        names, w = self.records(sig), format_duration(sig.window_s)
+        where = f"per {sig.level}"
+        return [(f"P{format_number(sig.quantile * 100)} {where} over {w}", names["value"]),
+                (f"Share of observations slower than each threshold (label le), {where} (the alert reads it)",
+                 names["over_threshold"]),
+                (f"Observations per second, {where}", names["rate"])]
+
     def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
         return tuple(sig.by)  # summed by them: none at all without by
 

@@ -66,6 +66,13 @@ TEST_BASE = {"bytes": float(KV_BASE_BYTES), "mebibytes": 2000.0}
 TEST_BASE_OTHER = 20_000.0
 
 
+def _selectors(sig: Any, spec: Any) -> tuple[str, str | None, str | None]:
+    """The source's selectors: the amount in use, the pool's size and its free part (None where not given)."""
+    src = sig.source
+    capacity, free = (selector(m, spec, backend=src.backend) if m else None for m in (src.capacity, src.free))
+    return selector(src.metric, spec, backend=src.backend), capacity, free
+
+
 class TimeToFull(Kind):
     name = "time_to_full"
     # deriv needs two samples in its window; as for kind deriv, four or more.
@@ -110,17 +117,29 @@ class TimeToFull(Kind):
         """``value``: seconds until the pool is full (no sample where it does not grow)."""
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", f"seconds_deriv{window_word(sig.window_s)}")}
 
+    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+        """The time left (what the alert reads), then the pool's share in use and its growth per
+        second from the source's own series (every series, before the per-``by`` minimum)."""
+        src = sig.source
+        used, capacity, free = _selectors(sig, spec)
+        # already a fraction 0-1 of the pool without capacity or free
+        share = f"{used} / {capacity}" if capacity else f"{used} / ({used} + {free})" if free else used
+        w = format_duration(sig.window_s)
+        return [(f"Seconds until the pool is full, per {sig.level} (no sample while it does not grow)", self.records(sig)["value"]),
+                (f"Share of the pool in use (0-1), per series of {src.metric}", share),
+                (f"Growth of {src.metric} per second, deriv over {w}", f"deriv({used}[{w}])")]
+
     def raw_metrics(self, sig: Any) -> list[str]:
         src = sig.source
         return [src.metric] + [m for m in (src.capacity, src.free) if m]
 
     def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
         src = sig.source
-        used = selector(src.metric, spec, backend=src.backend)
-        if src.capacity:
-            head = f"clamp_min({selector(src.capacity, spec, backend=src.backend)} - {used}, 0)"
-        elif src.free:
-            head = f"clamp_min({selector(src.free, spec, backend=src.backend)}, 0)"
+        used, capacity, free = _selectors(sig, spec)
+        if capacity:
+            head = f"clamp_min({capacity} - {used}, 0)"
+        elif free:
+            head = f"clamp_min({free}, 0)"
         else:  # a fraction 0-1 of the pool
             head = f"clamp_min(1 - {used}, 0)"
         # `> 0` keeps growing series only: flat, shrinking or restarted pools give no sample.
