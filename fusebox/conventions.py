@@ -274,6 +274,9 @@ K8S: dict[str, Any] = {  # str names, and the port (int)
     "fuse_webhook_path": "/alertmanager",
     "token_secret": "fusebox-fuse-token",  # Secret holding the webhook bearer token (created by the user)
     "token_key": "token",
+    # Secret holding the secrets of fuse.human_receiver's configs for the AlertmanagerConfig (created by
+    # the user; keys <type>-<index>-<field>, e.g. pagerduty-0-routing-key: generator/am_operator.py)
+    "human_secret": "fusebox-human-receiver",
     "collectors": "fusebox-collectors",  # DaemonSet and PodMonitor of the collectors
     "engines": "fusebox-engines",  # PodMonitor of the engine pods (kubernetes.engines)
     "spec_configmap": "fusebox-spec",  # ConfigMap holding the spec the fuse service reads (key fusebox.yaml)

@@ -101,6 +101,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     outputs = render_all(spec)
     for w in spec_warnings(spec):
         print(f"fusebox generate: warning: {w}", file=sys.stderr)
+    _operator_people(spec)
     if args.check:
         problems = drift(outputs, out)
         for p in problems:
@@ -122,6 +123,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for rel in changed:
         print(f"  {'removed ' if rel in removed else ''}{rel}")
     return 0
+
+
+def _operator_people(spec) -> None:
+    """What k8s/alertmanagerconfig.yml makes of ``fuse.human_receiver``, on standard error: each
+    warning at its spec line (``FILE:LINE:COL: warning: what -- fix``), and the keys of the Secret
+    its people's receiver reads (the operator refuses the whole AlertmanagerConfig, the fuse's
+    route included, while a Secret it names is missing)."""
+    from fusebox import conventions as C
+    from fusebox.spec.positions import load, read_text
+
+    from .render_alertmanager import operator_secret_keys, operator_warnings
+
+    found = operator_warnings(spec)
+    if found:
+        try:
+            pos = load(read_text(spec.file, spec.file), spec.file)[1]
+        except Exception:  # the spec was read a moment ago; a place is a nicety, the warning is not
+            pos = None
+        for path, what, fix in found:
+            line, col = pos.at(path, key=True) if pos else (1, 1)
+            print(f"{spec.file}:{line}:{col}: warning: {what} -- {fix}", file=sys.stderr)
+    keys = operator_secret_keys(spec)
+    if keys:
+        print(f"fusebox generate: note: k8s/alertmanagerconfig.yml reads fuse.human_receiver's secrets from the Secret "
+              f"{C.K8S['human_secret']!r} (keys {', '.join(keys)}) in namespace {spec.kubernetes.namespace!r}: create "
+              "it before applying k8s/ (the operator refuses the whole AlertmanagerConfig, the fuse's route included, "
+              "while it is missing)", file=sys.stderr)
 
 
 def _read_base(path: str) -> str | None:
