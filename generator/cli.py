@@ -55,9 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="merge even when fuse.human_receiver is a bare name the base lacks (a receiver without "
                         "configs: fusebox's alerts then notify nobody)")
     m.set_defaults(func=cmd_alertmanager_merge)
-    t = asub.add_parser("test", help="amtool on a config holding fusebox's routing (e.g. a merged one): ours reach the "
-                                     "fuse and the people as generated, foreign alerts never the fuse")
-    t.add_argument("--config", required=True, help="the Alertmanager config to test (e.g. the output of merge)")
+    t = asub.add_parser("test", help="amtool on a config holding fusebox's routing (a merged one, or the one the "
+                                     "Prometheus Operator rendered): ours reach the fuse and the people, foreign "
+                                     "alerts never the fuse")
+    t.add_argument("--config", required=True, help="the Alertmanager config to test (the output of merge, or the "
+                                                   "alertmanager.yaml of the operator's generated Secret)")
     t.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
     t.set_defaults(func=cmd_alertmanager_test)
 

@@ -493,3 +493,65 @@ def test_a_people_receiver_without_configs_is_said_once_on_the_operator_path(tmp
     assert ("note: k8s/alertmanagerconfig.yml reads fuse.human_receiver's secrets from the Secret 'fusebox-human-receiver' "
             "(keys pagerduty-0-routing-key, slack-0-api-url, webhook-0-credentials, webhook-1-url, email-0-auth-password, "
             "opsgenie-0-api-key, msteams-0-webhook-url) in namespace 'monitoring'") in err, err
+
+
+def _op_test(config: Path, spec: Path = SPEC) -> tuple[int, list[str], str]:
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "alertmanager", "test", "--config", str(config),
+                        "--spec", str(spec)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return r.returncode, [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")], r.stdout + r.stderr
+
+
+def test_alertmanager_test_passes_the_config_the_operator_rendered():
+    need("amtool")
+    doc = yaml.safe_load(OPERATOR_RENDERED.read_text())
+    assert any(rc["name"] == OP_PREFIX + FUSE for rc in doc["receivers"])  # the fixture is what it claims
+    rc, failed, out = _op_test(OPERATOR_RENDERED)
+    assert rc == 0 and not failed, out
+    n_fuse = sum(1 for _a, _t, f in TIERS if f)
+    assert out.count("trips the fuse and tells the people (operator-rendered") >= n_fuse, out
+    assert "FuseboxFuseDown tells the people only, never the fuse (operator-rendered" in out
+
+
+def test_alertmanager_test_fails_an_operator_config_where_criticals_reach_no_human(tmp_path):
+    need("amtool")
+    doc = yaml.safe_load(OPERATOR_RENDERED.read_text())
+    people = OP_PREFIX + HUMAN
+    # the people's receiver without configs (the starter spec's bare name): every alert but the heartbeat fails
+    silent = copy_doc(doc)
+    for rc in silent["receivers"]:
+        if rc["name"] == people:
+            for k in [k for k in rc if k.endswith("_configs")]:
+                del rc[k]
+    (tmp_path / "silent.yml").write_text(yaml.safe_dump(silent, sort_keys=False))
+    rc, failed, out = _op_test(tmp_path / "silent.yml")
+    assert rc == 1, out
+    assert any(ln.startswith("FAIL GPUMemoryUtilizationHigh critical trips the fuse") for ln in failed), out
+    assert any(ln.startswith("FAIL FuseboxFuseDown tells the people only") for ln in failed), out
+    assert not any("FuseboxHeartbeat" in ln for ln in failed), out
+    assert "reaches no human receiver" in out and "alertname=FuseboxFuseDown" in out
+    assert f"fusebox's route: route.routes[] receiver={people}" in out  # the route it went through
+    # the shape before: fusebox's route to a receiver of nobody with only the fuse under it
+    old = copy_doc(doc)
+    (top,) = [r for r in old["route"]["routes"] if r["receiver"] == people]
+    top["receiver"] = OP_PREFIX + FUSE + "-none"
+    top["routes"] = [r for r in top["routes"] if r["receiver"] != people]
+    old["receivers"].append({"name": OP_PREFIX + FUSE + "-none"})
+    (tmp_path / "old.yml").write_text(yaml.safe_dump(old, sort_keys=False))
+    rc, failed, out = _op_test(tmp_path / "old.yml")
+    assert rc == 1, out
+    assert any(ln.startswith("FAIL KVCacheGrowthRateHigh critical trips the fuse") for ln in failed), out
+    assert any(ln.startswith("FAIL FuseboxFuseLevelUnapplied tells the people only") for ln in failed), out
+    # and a fuse-requesting critical that no longer reaches the fuse
+    nofuse = copy_doc(doc)
+    (top,) = [r for r in nofuse["route"]["routes"] if r["receiver"] == people]
+    top["routes"] = [r for r in top["routes"] if r["receiver"] != OP_PREFIX + FUSE]
+    (tmp_path / "nofuse.yml").write_text(yaml.safe_dump(nofuse, sort_keys=False))
+    rc, failed, out = _op_test(tmp_path / "nofuse.yml")
+    assert rc == 1 and any("does not reach the fuse receiver" in ln or "trips the fuse" in ln for ln in failed), out
+    assert f"it does not reach the fuse receiver {OP_PREFIX + FUSE!r}" in out
+
+
+def copy_doc(doc: dict) -> dict:
+    import copy
+
+    return copy.deepcopy(doc)
