@@ -302,6 +302,9 @@ K8S: dict[str, Any] = {  # str names, and the port (int)
     # where the fuse Deployment mounts kubernetes.fuse.gateway_secret (the gateways' control-plane
     # key, created by the user); fuse.adapters.<name>.credentials_file names <this folder>/<key>
     "gateway_key_dir": "/var/run/secrets/fusebox-gateway",
+    # Secret holding the secrets of fuse.human_receiver's configs for the AlertmanagerConfig (created by
+    # the user; keys <type>-<index>-<field>, e.g. pagerduty-0-routing-key: generator/am_operator.py)
+    "human_secret": "fusebox-human-receiver",
     "collectors": "fusebox-collectors",  # DaemonSet and PodMonitor of the collectors
     "engines": "fusebox-engines",  # PodMonitor of the engine pods (kubernetes.engines)
     "spec_configmap": "fusebox-spec",  # ConfigMap holding the spec the fuse service reads (key fusebox.yaml)

@@ -55,9 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="merge even when fuse.human_receiver is a bare name the base lacks (a receiver without "
                         "configs: fusebox's alerts then notify nobody)")
     m.set_defaults(func=cmd_alertmanager_merge)
-    t = asub.add_parser("test", help="amtool on a config holding fusebox's routing (e.g. a merged one): ours reach the "
-                                     "fuse and the people as generated, foreign alerts never the fuse")
-    t.add_argument("--config", required=True, help="the Alertmanager config to test (e.g. the output of merge)")
+    t = asub.add_parser("test", help="amtool on a config holding fusebox's routing (a merged one, or the one the "
+                                     "Prometheus Operator rendered): ours reach the fuse and the people, foreign "
+                                     "alerts never the fuse")
+    t.add_argument("--config", required=True, help="the Alertmanager config to test (the output of merge, or the "
+                                                   "alertmanager.yaml of the operator's generated Secret)")
     t.add_argument("--spec", default="fusebox.yaml", help="spec file (default: fusebox.yaml)")
     t.set_defaults(func=cmd_alertmanager_test)
 
@@ -101,6 +103,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     outputs = render_all(spec)
     for w in spec_warnings(spec, outputs):
         print(f"fusebox generate: warning: {w}", file=sys.stderr)
+    _operator_people(spec)
     if args.check:
         problems = drift(outputs, out)
         for p in problems:
@@ -122,6 +125,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for rel in changed:
         print(f"  {'removed ' if rel in removed else ''}{rel}")
     return 0
+
+
+def _operator_people(spec) -> None:
+    """What k8s/alertmanagerconfig.yml makes of ``fuse.human_receiver``, on standard error: each
+    warning at its spec line (``FILE:LINE:COL: warning: what -- fix``), and the keys of the Secret
+    its people's receiver reads (the operator refuses the whole AlertmanagerConfig, the fuse's
+    route included, while a Secret it names is missing)."""
+    from fusebox import conventions as C
+    from fusebox.spec.positions import load, read_text
+
+    from .render_alertmanager import operator_secret_keys, operator_warnings
+
+    found = operator_warnings(spec)
+    if found:
+        try:
+            pos = load(read_text(spec.file, spec.file), spec.file)[1]
+        except Exception:  # the spec was read a moment ago; a place is a nicety, the warning is not
+            pos = None
+        for path, what, fix in found:
+            line, col = pos.at(path, key=True) if pos else (1, 1)
+            print(f"{spec.file}:{line}:{col}: warning: {what} -- {fix}", file=sys.stderr)
+    keys = operator_secret_keys(spec)
+    if keys:
+        print(f"fusebox generate: note: k8s/alertmanagerconfig.yml reads fuse.human_receiver's secrets from the Secret "
+              f"{C.K8S['human_secret']!r} (keys {', '.join(keys)}) in namespace {spec.kubernetes.namespace!r}: create "
+              "it before applying k8s/ (the operator refuses the whole AlertmanagerConfig, the fuse's route included, "
+              "while it is missing)", file=sys.stderr)
 
 
 def _read_base(path: str) -> str | None:

@@ -22,7 +22,8 @@ Rendered as: the standalone ``alertmanager/alertmanager.yml`` (demo, docker comp
 receiver is the people's), the fragment ``alertmanager/fragment.yml`` (the route, receivers and
 inhibit rules to put first under an existing config's ``route.routes``:
 ``fusebox alertmanager merge``), and the Prometheus Operator ``AlertmanagerConfig``
-``k8s/alertmanagerconfig.yml`` (monitoring.coreos.com/v1alpha1, webhook token from a Secret).
+``k8s/alertmanagerconfig.yml`` (monitoring.coreos.com/v1alpha1: the same route, the webhook token and
+the people's secrets from Secrets; the people's receiver converted by :mod:`.am_operator`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from .render_rules import absent_labels, alert_labels, gpu_down_enabled, gpu_dow
 from .selfmon import self_alerts, self_labels
 
 __all__ = ["Matcher", "Routing", "routing", "render_alertmanager", "render_fragment", "render_alertmanagerconfig",
-           "route_tests", "webhook_url_in_cluster", "ALERTMANAGERCONFIG_API"]
+           "route_tests", "webhook_url_in_cluster", "ALERTMANAGERCONFIG_API",
+           "operator_warnings", "operator_secret_keys"]
 
 SCOPE = list(C.SCOPE_LABELS)
 ALERTMANAGERCONFIG_API = "monitoring.coreos.com/v1alpha1"
@@ -222,48 +224,60 @@ def render_fragment(spec: Spec) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------ Prometheus Operator (v1alpha1 CRD)
+def _crd_route(r: Routing) -> dict[str, Any]:
+    """The fusebox route in the CRD's field names: :func:`_fusebox_route`, the same tree."""
+    hb = ([{"receiver": r.fuse_receiver, "matchers": [r.heartbeat.crd()], "groupWait": "0s",
+            "groupInterval": r.heartbeat_interval, "repeatInterval": r.heartbeat_interval}] if r.heartbeat else [])
+    return {
+        "receiver": r.human,
+        "matchers": [r.marker.crd()],
+        "groupBy": list(r.group_by),
+        "groupWait": r.group_wait,
+        "groupInterval": r.group_interval,
+        "repeatInterval": r.repeat_interval,
+        "continue": True,
+        "routes": hb + [
+            {"receiver": r.fuse_receiver, "matchers": [r.requests_fuse.crd()], "groupWait": r.group_wait_critical,
+             "continue": True},
+            {"receiver": r.human}],
+    }
+
+
 def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
-    """The Prometheus Operator ``AlertmanagerConfig`` (monitoring.coreos.com/v1alpha1) for the fuse.
+    """The Prometheus Operator ``AlertmanagerConfig`` (monitoring.coreos.com/v1alpha1).
 
     Field names are the CRD's (``matchers: [{name, value, matchType}]``, ``groupWait``,
     ``webhookConfigs``, ``httpConfig.authorization.credentials`` a Secret key reference,
-    ``inhibitRules: [{sourceMatch, targetMatch, equal}]``). The webhook is the fuse Service in
-    ``kubernetes.namespace``; its bearer token comes from the Secret ``fusebox-fuse-token``, key
+    ``inhibitRules: [{sourceMatch, targetMatch, equal}]``). The fuse's webhook is the fuse Service
+    in ``kubernetes.namespace``; its bearer token comes from the Secret ``fusebox-fuse-token``, key
     ``token`` (``conventions.K8S``), never inline.
 
-    One route matching the marker, with a receiver that notifies nobody (``<receiver>-none``), and
-    under it the heartbeat and the alerts that request a fuse, each to the fuse receiver. The
-    operator puts the route before the routes of the main config and forces ``continue: true`` on
-    it (written here too), so every alert of ours goes on to the Alertmanager's own routes: the
-    people are told by those, and ``fuse.human_receiver`` is not used here. The heartbeat goes on
-    too: route ``alertname="FuseboxHeartbeat"`` to a null receiver there, as kube-prometheus-stack
-    does for its Watchdog (docs/self-monitoring.md). The operator also adds a matcher
-    ``namespace="<this object's namespace>"`` unless the Alertmanager resource sets
-    ``alertmanagerConfigMatcherStrategy: {type: None}``; the PrometheusRule gives the alerts this
-    route takes that label (render_k8s.render_prometheusrule), so it works on the operator's
-    default (docs/alertmanager.md, "The Prometheus Operator").
+    The route is the standalone config's fusebox route (:func:`_fusebox_route`): the marker, to
+    the people's receiver; under it the heartbeat to the fuse only, the alerts that request a fuse
+    to the fuse (``continue``) and then everything to the people. The people's receiver is
+    ``fuse.human_receiver`` converted to the CRD (:func:`.am_operator.crd_receiver`: its secrets
+    from the Secret ``fusebox-human-receiver``): a receiver of an AlertmanagerConfig is namespaced
+    by the operator (``<namespace>/<object>/<name>``) and cannot name the main config's, and on
+    kube-prometheus-stack's defaults the main config's root receiver is ``null``: an alert this
+    route takes never reaches it (a parent's receiver is used only when none of its children
+    matched), so the people must be here. The operator forces ``continue: true`` on the route
+    (written here too): the main config's routes see fusebox's alerts as well. It also adds
+    ``namespace="<this object's namespace>"`` to the route unless the Alertmanager resource sets
+    ``alertmanagerConfigMatcherStrategy: {type: None}``; the PrometheusRule gives every fusebox
+    alert that label (render_k8s.render_prometheusrule), so it works on the operator's default
+    (docs/alertmanager.md, "The Prometheus Operator").
     """
+    from .am_operator import crd_receiver
+
     r = routing(spec)
     k = C.K8S
-    none = f"{r.fuse_receiver}-none"  # what matches no child: nobody here, the main config's routes next
+    human, _issues = crd_receiver(r.human_receiver)
     out: dict[str, Any] = {
         "apiVersion": ALERTMANAGERCONFIG_API,
         "kind": "AlertmanagerConfig",
         "metadata": object_meta(spec, object_name(spec.name), "alertmanager-config", app="fusebox"),
         "spec": {
-            "route": {
-                "receiver": none,
-                "matchers": [r.marker.crd()],
-                "groupBy": list(r.group_by),
-                "groupWait": r.group_wait_critical,
-                "groupInterval": r.group_interval,
-                "repeatInterval": r.repeat_interval,
-                "continue": True,
-                "routes": ([{"receiver": r.fuse_receiver, "matchers": [r.heartbeat.crd()], "groupWait": "0s",
-                             "groupInterval": r.heartbeat_interval, "repeatInterval": r.heartbeat_interval}]
-                           if r.heartbeat else []) + [
-                    {"receiver": r.fuse_receiver, "matchers": [r.requests_fuse.crd()]}],
-            },
+            "route": _crd_route(r),
             "receivers": [{
                 "name": r.fuse_receiver,
                 "webhookConfigs": [{
@@ -275,7 +289,7 @@ def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
                         "credentials": {"name": k["token_secret"], "key": k["token_key"]},
                     }},
                 }],
-            }, {"name": none}],
+            }, human],
         },
     }
     if r.inhibit_source:
@@ -283,6 +297,34 @@ def render_alertmanagerconfig(spec: Spec) -> dict[str, Any]:
                                         "targetMatch": [m.crd() for m in r.inhibit_target],
                                         "equal": list(r.inhibit_equal)}]
     return out
+
+
+def operator_warnings(spec: Spec) -> list[tuple[tuple, str, str]]:
+    """What ``fusebox generate`` says about the people on the operator path: ``[(spec path, what,
+    fix)]``, each printed at its spec line. Each part of ``fuse.human_receiver`` that
+    ``k8s/alertmanagerconfig.yml`` cannot hold (:func:`.am_operator.crd_receiver`), and, once, a
+    people's receiver left with no configs there (the starter spec's ``{name: oncall}``): fusebox's
+    alerts then reach the fuse and nobody else on that path."""
+    from .am_operator import crd_receiver
+
+    human, issues = crd_receiver(dict(spec.human_receiver))
+    out = [(i.path, i.what, i.fix) for i in issues]
+    if set(human) == {"name"}:
+        out.append((("fuse", "human_receiver"),
+                    f"fuse.human_receiver {human['name']!r} has no configs k8s/alertmanagerconfig.yml can hold: on "
+                    "the Prometheus Operator path fusebox's criticals reach the fuse and nobody else, and its warnings, "
+                    "absent and self-monitoring alerts (FuseboxFuseDown...) nobody at all",
+                    "give it configs (e.g. pagerduty_configs: [{routing_key_file: ...}], its key then read from the "
+                    f"Secret {C.K8S['human_secret']!r}, docs/alertmanager.md)"))
+    return out
+
+
+def operator_secret_keys(spec: Spec) -> list[str]:
+    """The keys of the Secret ``fusebox-human-receiver`` (``conventions.K8S["human_secret"]``) that
+    ``k8s/alertmanagerconfig.yml`` reads for the people's receiver; empty when it reads none."""
+    from .am_operator import crd_receiver, secret_keys
+
+    return secret_keys(crd_receiver(dict(spec.human_receiver))[0])
 
 
 # -------------------------------------------------------------------------------- route tests

@@ -85,35 +85,28 @@ def _own_namespace_alerts(spec: Spec) -> frozenset[str]:
 
 
 def _operator_labels(spec: Spec, rule: dict[str, Any], keep_own: frozenset[str]) -> dict[str, Any]:
-    """``rule`` with ``namespace: <kubernetes.namespace>`` among its labels when Alertmanager must see
-    it in that namespace: a rule that requests a fuse (``fuse_action``), the heartbeat, and every
-    ``severity: critical`` rule. Warnings keep no namespace. Why, both halves on
-    kube-prometheus-stack's defaults (docs/alertmanager.md, "The Prometheus Operator", and
-    tests/test_k8s_cluster.py, which runs them):
-
-    * the operator's default ``alertmanagerConfigMatcherStrategy`` (``OnNamespace``) adds
-      ``namespace="<the AlertmanagerConfig's namespace>"`` to the route of
-      ``k8s/alertmanagerconfig.yml``; fusebox's GPU, engine and host alerts aggregate the namespace
-      away, so without the label the fuse route matches nothing;
-    * the chart's default inhibit rule (``severity=critical`` mutes ``severity=~warning|info`` with
-      equal ``namespace`` and ``alertname``) would let one GPU's critical mute every other GPU's
-      warning of the same alert, since none carries a namespace; a critical in the namespace and a
-      warning without one are never "equal", so the chart's rule leaves fusebox's warnings alone.
+    """``rule`` with ``namespace: <kubernetes.namespace>`` among its labels: every alert (a signal
+    whose ``by`` holds ``namespace`` keeps its own). The operator's default
+    ``alertmanagerConfigMatcherStrategy`` (``OnNamespace``) adds ``namespace="<the
+    AlertmanagerConfig's namespace>"`` to the route of ``k8s/alertmanagerconfig.yml``; fusebox's
+    GPU, engine and host alerts aggregate the namespace away, so without the label the route takes
+    none of them: on kube-prometheus-stack's defaults (root receiver ``null``) the fuse would get no
+    critical and the people (``fuse.human_receiver``, in that route) no alert at all. The price, on
+    the chart's default inhibit rule (``severity=critical`` mutes ``severity=~warning|info`` with
+    equal ``namespace`` and ``alertname``): while one scope's critical fires, the same alert's
+    warnings of other scopes are muted (docs/alertmanager.md, "The Prometheus Operator";
+    tests/test_k8s_cluster.py runs both on the chart's defaults).
     """
     labels = rule.get("labels") or {}
     alert = rule.get("alert")
     if not alert or alert in keep_own or "namespace" in labels:
         return rule
-    if (labels.get(C.LABEL["severity"]) == "critical" or C.LABEL["fuse_action"] in labels
-            or alert == C.HEARTBEAT_ALERT):
-        return {**rule, "labels": {**labels, "namespace": spec.kubernetes.namespace}}
-    return rule
+    return {**rule, "labels": {**labels, "namespace": spec.kubernetes.namespace}}
 
 
 def render_prometheusrule(spec: Spec, rules: Rules) -> dict[str, Any]:
     """The PrometheusRule: ``{apiVersion, kind, metadata, spec: {groups}}`` (``spec`` last): the
-    rules of ``rules``, with the ``namespace`` label of :func:`_operator_labels` on critical,
-    fuse-requesting and heartbeat alerts."""
+    rules of ``rules``, with the ``namespace`` label of :func:`_operator_labels` on every alert."""
     meta = object_meta(spec, object_name(spec.name), "alert-rules", app="fusebox")
     meta["labels"]["role"] = "alert-rules"
     keep = _own_namespace_alerts(spec)

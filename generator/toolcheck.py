@@ -31,6 +31,7 @@ from typing import TypeVar
 
 import yaml
 
+from fusebox import conventions as C
 from fusebox.spec import Spec
 from fusebox.spec.kinds import records
 from fusebox.tooling import ToolMissing, thanos_tool, tools_dir, victoriametrics_tool
@@ -202,15 +203,106 @@ def people_receiver_notifies(config: Path, spec: Spec) -> ToolResult:
     return ToolResult(check, True, "")
 
 
+def operator_prefix(doc: object, spec: Spec) -> str | None:
+    """``<namespace>/<AlertmanagerConfig>/`` when ``doc`` (an Alertmanager config as data) is one the
+    Prometheus Operator rendered with fusebox's AlertmanagerConfig in it (its fuse receiver named
+    ``<namespace>/<object>/<fuse.receiver>``), else None."""
+    receivers = doc.get("receivers") if isinstance(doc, dict) else None
+    for r in receivers or []:
+        name = r.get("name") if isinstance(r, dict) else None
+        if isinstance(name, str) and name.count("/") == 2 and name.endswith("/" + spec.receiver):
+            return name[: -len(spec.receiver)]
+    return None
+
+
+def _notifying(doc: dict) -> set[str]:
+    """Names of the config's receivers with at least one non-empty ``*_configs``."""
+    return {r["name"] for r in doc.get("receivers") or [] if isinstance(r, dict)
+            and any(k.endswith("_configs") and v for k, v in r.items())}
+
+
+def _operator_route(doc: dict, prefix: str) -> str:
+    """The top-level route the operator made of fusebox's AlertmanagerConfig, as text for a failure."""
+    for r in (doc.get("route") or {}).get("routes") or []:
+        if isinstance(r, dict) and str(r.get("receiver", "")).startswith(prefix):
+            return f"route.routes[] receiver={r['receiver']} matchers={r.get('matchers')}"
+    return f"no route of route.routes leads to a receiver of AlertmanagerConfig {prefix.rstrip('/')}"
+
+
+def check_operator_routing(config: Path, doc: dict, prefix: str, spec: Spec, amtool: str) -> list[ToolResult]:
+    """amtool on an Alertmanager config the Prometheus Operator rendered (the generated Secret's
+    ``alertmanager.yaml``): routes prefixed with the operator's ``namespace`` matcher, receivers
+    named ``<namespace>/<AlertmanagerConfig>/<name>``, and, after fusebox's route (``continue:
+    true``, forced), the main config's routes, which may reach more receivers.
+
+    Each of this spec's alerts, with the labels the PrometheusRule gives it (``namespace:
+    <kubernetes.namespace>``), is run through ``amtool config routes test``: an alert that
+    requests a fuse must reach the fuse receiver and a human one (a receiver other than the fuse's
+    with at least one ``*_configs``: the AlertmanagerConfig's people, or any of the main config's);
+    every other one (warnings, the absent alert, the self-monitoring alerts) a human one and never
+    the fuse; the heartbeat the fuse and no human. Each foreign alert never the fuse. A failure
+    names the alert, the receivers it reached and the operator's route."""
+    from .render_alertmanager import foreign_cases, fusebox_cases
+
+    fuse = prefix + spec.receiver
+    humans = _notifying(doc) - {fuse}
+    ns = spec.kubernetes.namespace
+    where = _operator_route(doc, prefix)
+    results = [_run([amtool, "check-config", str(config)])]
+
+    def route(labels: dict[str, str]) -> tuple[ToolResult, list[str]]:
+        r = _run([amtool, "config", "routes", "test", f"--config.file={config}",
+                  *(f"{k}={v}" for k, v in labels.items())])
+        return r, (r.output.splitlines()[0].split(",") if r.ok and r.output else [])
+
+    for case in fusebox_cases(spec):
+        labels = {**case["labels"], "namespace": case["labels"].get("namespace", ns)}
+        r, got = route(labels)
+        wants_fuse = spec.receiver in case["receivers"]
+        heartbeat = labels.get("alertname") == C.HEARTBEAT_ALERT
+        people = [g for g in got if g in humans]
+        problems = []
+        if wants_fuse and fuse not in got:
+            problems.append(f"it does not reach the fuse receiver {fuse!r}")
+        if not wants_fuse and fuse in got:
+            problems.append(f"it reaches the fuse receiver {fuse!r}")
+        if heartbeat and people:
+            problems.append(f"it reaches people ({', '.join(people)}) every heartbeat interval")
+        if not heartbeat and not people:
+            others = [g for g in got if g != fuse]
+            problems.append("it reaches no human receiver (" + (f"{', '.join(others)}: no *_configs, nobody is told"
+                                                                 if others else "no receiver but the fuse's") + ")")
+        alert = " ".join(f"{k}={v}" for k, v in labels.items())
+        out = r.output if not r.ok else (f"alert {alert}\n reached: {', '.join(got) or '-'}\n " + "; ".join(problems)
+                                          + f"\n fusebox's route: {where}")
+        results.append(ToolResult(f"{case['name']} (operator-rendered: {prefix.rstrip('/')})", r.ok and not problems,
+                                  out))
+    for case in foreign_cases(spec):
+        labels = {**case["labels"], "namespace": case["labels"].get("namespace", ns)}
+        r, got = route(labels)
+        ok = r.ok and fuse not in got
+        results.append(ToolResult(f"{case['name']} (never {fuse})", ok,
+                                  r.output if not r.ok else f"alert {labels}\n reached: {', '.join(got)}"))
+    return results
+
+
 def check_routing(config: Path, spec: Spec, amtool: str) -> list[ToolResult]:
-    """amtool on any config that holds fusebox's routing: the standalone one, or one that
-    ``fusebox alertmanager merge`` wrote. ``check-config``; the people's receiver has configs
+    """amtool on any config that holds fusebox's routing: the standalone one, one that
+    ``fusebox alertmanager merge`` wrote, or one the Prometheus Operator rendered from
+    ``k8s/alertmanagerconfig.yml`` (:func:`check_operator_routing`). ``check-config``; the people's receiver has configs
     (:func:`people_receiver_notifies`); each of this spec's own alerts reaches
     exactly the receivers of the standalone config (the fuse tiers the fuse receiver and the
     people, the rest the people); each foreign alert (another team's critical, Watchdog, our labels
     without the marker or with another spec's) reaches whatever the config says, never the fuse."""
     from .render_alertmanager import foreign_cases, fusebox_cases
 
+    try:
+        doc = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        doc = None  # amtool check-config says what is wrong with it
+    prefix = operator_prefix(doc, spec)
+    if prefix is not None and isinstance(doc, dict):
+        return check_operator_routing(config, doc, prefix, spec, amtool)
     results = [_run([amtool, "check-config", str(config)]), people_receiver_notifies(config, spec)]
     for case in fusebox_cases(spec):
         labels = [f"{k}={v}" for k, v in case["labels"].items()]

@@ -306,23 +306,27 @@ def test_alertmanagerconfig_in_k8s_has_the_crd_shape_and_takes_its_token_from_a_
     for key in ("groupWait", "groupInterval", "repeatInterval"):
         assert re.match(DURATION, route[key]), (key, route[key])
     assert route["matchers"] == [{"name": "fusebox", "value": NAME, "matchType": "="}]
-    assert route["groupWait"] == RAW["fuse"]["group_wait_critical"]
+    assert route["groupWait"] == RAW["fuse"].get("group_wait", "30s")
     assert not any(m["name"] == "namespace" for m in route["matchers"])  # the operator's to add (docs/alertmanager.md)
     names = {rc["name"] for rc in spec["receivers"]}
-    assert route["receiver"] in names  # the operator refuses a route whose receiver is not listed
-    # what matches no child notifies nobody here (the main config's routes tell the people)
-    assert next(rc for rc in spec["receivers"] if rc["name"] == route["receiver"]) == {"name": route["receiver"]}
-    # children: the heartbeat, then the alerts that request a fuse, both to the fuse receiver
-    heartbeat, asks = route["routes"]
+    assert route["receiver"] == HUMAN and HUMAN in names  # the operator refuses a route whose receiver is not listed
+    # the shipped spec's people's receiver is a bare name: here a receiver without configs
+    assert next(rc for rc in spec["receivers"] if rc["name"] == HUMAN) == {"name": HUMAN}
+    # children: the heartbeat to the fuse only, the alerts that request a fuse to the fuse (and on),
+    # then everything to the people: the standalone config's tree
+    heartbeat, asks, people = route["routes"]
     for child in route["routes"]:
-        assert set(child) <= CRD_FIELDS["route"] and child["receiver"] == FUSE
-        _check_matchers(child["matchers"])
+        assert set(child) <= CRD_FIELDS["route"]
+        _check_matchers(child.get("matchers", []))
+    assert heartbeat["receiver"] == asks["receiver"] == FUSE and people == {"receiver": HUMAN}
     assert heartbeat["matchers"] == [{"name": "alertname", "value": "FuseboxHeartbeat", "matchType": "="}]
     assert heartbeat["repeatInterval"] == heartbeat["groupInterval"] == "1m"  # fuse.self_monitoring.heartbeat_interval's default
+    assert "continue" not in heartbeat and asks["continue"] is True
+    assert asks["groupWait"] == RAW["fuse"]["group_wait_critical"]
     assert asks["matchers"] == [{"name": "fuse_action", "value": ".+", "matchType": "=~"}]
     for rc in spec["receivers"]:
         assert set(rc) <= CRD_FIELDS["receiver"]
-        for hook in rc.get("webhookConfigs", []):
+        for hook in rc.get("webhookConfigs", []) if rc["name"] == FUSE else []:
             assert set(hook) <= CRD_FIELDS["webhook"]
             assert hook["url"] == f"http://fusebox-fuse.{ns}.svc:9095/alertmanager"
             auth = hook["httpConfig"]["authorization"]
@@ -378,3 +382,176 @@ def test_alertmanager_test_passes_a_merged_config_and_fails_one_that_routes_on_s
     failed = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
     assert any("alertname=KubePodCrashLooping" in ln for ln in failed), r.stdout
     assert not any("alertname=Watchdog" in ln for ln in failed)  # severity=none: not caught by that route
+
+
+# ------------------------------------------------- the people on the Prometheus Operator path
+OPERATOR_RENDERED = AM_FIXTURES / "operator-rendered.yml"  # captured from the real operator by tests/test_k8s_cluster.py
+OP_PREFIX = "monitoring/fusebox-multimodal-inference/"  # <namespace>/<AlertmanagerConfig>/ as the operator names receivers
+PEOPLE_SECRET = "fusebox-human-receiver"
+EVERY_KIND = {  # fuse.human_receiver in Alertmanager's own format, one config of each kind fusebox converts
+    "name": "oncall",
+    "pagerduty_configs": [{"routing_key": "PD-ROUTING-KEY-inline", "severity": "critical", "details": {"team": "ml"}}],
+    "slack_configs": [{"api_url_file": "/etc/am/slack", "channel": "#ml-oncall", "send_resolved": True}],
+    "webhook_configs": [{"url": "http://pager.internal/hook", "http_config": {"authorization": {"credentials": "HOOK-TOKEN"}}},
+                        {"url_file": "/etc/am/hook-url"}],
+    "email_configs": [{"to": "ml@example.com", "from": "am@example.com", "smarthost": "smtp.example.com:587",
+                       "auth_username": "am", "auth_password": "SMTP-PASSWORD", "headers": {"X-Team": "ml"}}],
+    "opsgenie_configs": [{"api_key_file": "/etc/am/og", "priority": "P1"}],
+    "msteams_configs": [{"webhook_url": "https://teams.example/hook"}],
+}
+
+
+def _with_people(human: dict) -> str:
+    data = yaml.safe_load(SPEC.read_text())
+    data["fuse"]["human_receiver"] = human
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def test_the_people_in_the_alertmanagerconfig_take_every_secret_from_the_secret():
+    from fusebox.generator.render_alertmanager import operator_warnings, render_alertmanagerconfig
+    from fusebox.generator.yamlout import dump_yaml
+
+    spec = parse_spec(_with_people(EVERY_KIND), "fusebox.yaml")
+    cr = render_alertmanagerconfig(spec)
+    (people,) = [rc for rc in cr["spec"]["receivers"] if rc["name"] == "oncall"]
+
+    def ref(key):
+        return {"name": PEOPLE_SECRET, "key": key}
+
+    # the CRD's names (monitoring.coreos.com_alertmanagerconfigs.yaml, v1alpha1 receivers[]), worked out by hand
+    assert people == {
+        "name": "oncall",
+        "pagerdutyConfigs": [{"routingKey": ref("pagerduty-0-routing-key"), "severity": "critical",
+                              "details": [{"key": "team", "value": "ml"}]}],
+        "slackConfigs": [{"apiURL": ref("slack-0-api-url"), "channel": "#ml-oncall", "sendResolved": True}],
+        "webhookConfigs": [{"url": "http://pager.internal/hook",
+                            "httpConfig": {"authorization": {"type": "Bearer", "credentials": ref("webhook-0-credentials")}}},
+                           {"urlSecret": ref("webhook-1-url")}],
+        "emailConfigs": [{"to": "ml@example.com", "from": "am@example.com", "smarthost": "smtp.example.com:587",
+                          "authUsername": "am", "authPassword": ref("email-0-auth-password"),
+                          "headers": [{"key": "X-Team", "value": "ml"}]}],
+        "opsgenieConfigs": [{"apiKey": ref("opsgenie-0-api-key"), "priority": "P1"}],
+        "msteamsConfigs": [{"webhookUrl": ref("msteams-0-webhook-url")}],
+    }
+    text = dump_yaml(cr)
+    for secret in ("PD-ROUTING-KEY-inline", "HOOK-TOKEN", "SMTP-PASSWORD", "teams.example", "/etc/am/"):
+        assert secret not in text  # never inline in k8s/: the Secret holds it
+    assert operator_warnings(spec) == []
+    # the route: the people at the top and after the fuse, as in the standalone config
+    route = cr["spec"]["route"]
+    assert route["receiver"] == "oncall" and route["routes"][-1] == {"receiver": "oncall"}
+
+
+def _generate(spec_file: Path, out: Path, capsys) -> str:
+    """``fusebox generate`` in this process (no program started): its standard error."""
+    from fusebox.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", "--spec", str(spec_file), "--out", str(out)]) == 0
+    return capsys.readouterr().err
+
+
+def test_what_the_alertmanagerconfig_cannot_hold_is_a_warning_at_its_spec_line(tmp_path, capsys):
+    human = {"name": "oncall", "telegram_configs": [{"bot_token": "x", "chat_id": 1}],
+             "webhook_configs": [{"url": "http://a/ok"}, {"url": "http://b/proxied", "http_config": {"proxy_url": "http://p:3128"}}]}
+    spec_file = tmp_path / "fusebox.yaml"
+    spec_file.write_text(_with_people(human))
+    lines = spec_file.read_text().splitlines()
+
+    def place(text: str, key: str) -> str:
+        n = next(i for i, ln in enumerate(lines) if text in ln)
+        return f"{spec_file}:{n + 1}:{lines[n].index(key) + 1}: warning: "
+
+    err = _generate(spec_file, tmp_path / "out", capsys)
+    warned = [ln for ln in err.splitlines() if ": warning: fuse.human_receiver" in ln]
+    assert len(warned) == 2, err
+    assert warned[0].startswith(place("telegram_configs:", "telegram_configs") + "fuse.human_receiver.telegram_configs "
+                                "cannot be expressed in k8s/alertmanagerconfig.yml"), warned
+    assert warned[1].startswith(place("proxy_url:", "proxy_url") + "fuse.human_receiver.webhook_configs[1]: "
+                                "http_config.proxy_url cannot be expressed"), warned
+    cr = yaml.safe_load((tmp_path / "out" / "k8s" / "alertmanagerconfig.yml").read_text().split("\n", 1)[1])
+    (people,) = [rc for rc in cr["spec"]["receivers"] if rc["name"] == "oncall"]
+    assert people == {"name": "oncall", "webhookConfigs": [{"url": "http://a/ok"}]}  # the rest left out, as said
+    # the standalone config keeps them all (Alertmanager's own format)
+    am = yaml.safe_load((tmp_path / "out" / "alertmanager" / "alertmanager.yml").read_text())
+    assert next(rc for rc in am["receivers"] if rc["name"] == "oncall") == human
+
+
+def test_a_people_receiver_without_configs_is_said_once_on_the_operator_path(tmp_path, capsys):
+    err = _generate(SPEC, tmp_path, capsys)
+    line = next(i + 1 for i, ln in enumerate(SPEC.read_text().splitlines()) if ln.strip() == "human_receiver:")
+    said = [ln for ln in err.splitlines() if "nobody" in ln and "human_receiver" in ln]
+    assert len(said) == 1, err
+    assert said[0].startswith(f"{SPEC}:{line}:3: warning: fuse.human_receiver {HUMAN!r} has no configs"), said
+    assert "on the Prometheus Operator path fusebox's criticals reach the fuse and nobody else" in said[0]
+    assert "fusebox-human-receiver" not in err.replace("Secret 'fusebox-human-receiver', docs", "")  # no Secret to read
+    # with configs: no warning, and the Secret's keys are named (the operator refuses the object without them)
+    spec_file = tmp_path / "people.yaml"
+    spec_file.write_text(_with_people(EVERY_KIND))
+    err = _generate(spec_file, tmp_path / "out", capsys)
+    assert ": warning: fuse.human_receiver" not in err, err
+    assert ("note: k8s/alertmanagerconfig.yml reads fuse.human_receiver's secrets from the Secret 'fusebox-human-receiver' "
+            "(keys pagerduty-0-routing-key, slack-0-api-url, webhook-0-credentials, webhook-1-url, email-0-auth-password, "
+            "opsgenie-0-api-key, msteams-0-webhook-url) in namespace 'monitoring'") in err, err
+
+
+def _op_test(config: Path, spec: Path = SPEC) -> tuple[int, list[str], str]:
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "alertmanager", "test", "--config", str(config),
+                        "--spec", str(spec)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return r.returncode, [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")], r.stdout + r.stderr
+
+
+def test_alertmanager_test_passes_the_config_the_operator_rendered():
+    need("amtool")
+    doc = yaml.safe_load(OPERATOR_RENDERED.read_text())
+    assert any(rc["name"] == OP_PREFIX + FUSE for rc in doc["receivers"])  # the fixture is what it claims
+    rc, failed, out = _op_test(OPERATOR_RENDERED)
+    assert rc == 0 and not failed, out
+    n_fuse = sum(1 for _a, _t, f in TIERS if f)
+    assert out.count("trips the fuse and tells the people (operator-rendered") >= n_fuse, out
+    assert "FuseboxFuseDown tells the people only, never the fuse (operator-rendered" in out
+
+
+def test_alertmanager_test_fails_an_operator_config_where_criticals_reach_no_human(tmp_path):
+    need("amtool")
+    doc = yaml.safe_load(OPERATOR_RENDERED.read_text())
+    people = OP_PREFIX + HUMAN
+    # the people's receiver without configs (the starter spec's bare name): every alert but the heartbeat fails
+    silent = copy_doc(doc)
+    for rc in silent["receivers"]:
+        if rc["name"] == people:
+            for k in [k for k in rc if k.endswith("_configs")]:
+                del rc[k]
+    (tmp_path / "silent.yml").write_text(yaml.safe_dump(silent, sort_keys=False))
+    rc, failed, out = _op_test(tmp_path / "silent.yml")
+    assert rc == 1, out
+    assert any(ln.startswith("FAIL GPUMemoryUtilizationHigh critical trips the fuse") for ln in failed), out
+    assert any(ln.startswith("FAIL FuseboxFuseDown tells the people only") for ln in failed), out
+    assert not any("FuseboxHeartbeat" in ln for ln in failed), out
+    assert "reaches no human receiver" in out and "alertname=FuseboxFuseDown" in out
+    assert f"fusebox's route: route.routes[] receiver={people}" in out  # the route it went through
+    # the shape before: fusebox's route to a receiver of nobody with only the fuse under it
+    old = copy_doc(doc)
+    (top,) = [r for r in old["route"]["routes"] if r["receiver"] == people]
+    top["receiver"] = OP_PREFIX + FUSE + "-none"
+    top["routes"] = [r for r in top["routes"] if r["receiver"] != people]
+    old["receivers"].append({"name": OP_PREFIX + FUSE + "-none"})
+    (tmp_path / "old.yml").write_text(yaml.safe_dump(old, sort_keys=False))
+    rc, failed, out = _op_test(tmp_path / "old.yml")
+    assert rc == 1, out
+    assert any(ln.startswith("FAIL KVCacheGrowthRateHigh critical trips the fuse") for ln in failed), out
+    assert any(ln.startswith("FAIL FuseboxFuseLevelUnapplied tells the people only") for ln in failed), out
+    # and a fuse-requesting critical that no longer reaches the fuse
+    nofuse = copy_doc(doc)
+    (top,) = [r for r in nofuse["route"]["routes"] if r["receiver"] == people]
+    top["routes"] = [r for r in top["routes"] if r["receiver"] != OP_PREFIX + FUSE]
+    (tmp_path / "nofuse.yml").write_text(yaml.safe_dump(nofuse, sort_keys=False))
+    rc, failed, out = _op_test(tmp_path / "nofuse.yml")
+    assert rc == 1 and any("does not reach the fuse receiver" in ln or "trips the fuse" in ln for ln in failed), out
+    assert f"it does not reach the fuse receiver {OP_PREFIX + FUSE!r}" in out
+
+
+def copy_doc(doc: dict) -> dict:
+    import copy
+
+    return copy.deepcopy(doc)

@@ -145,7 +145,9 @@ def test_real_alertmanager_without_the_right_token_changes_nothing(tmp_path, ale
 
 
 class _People:
-    """The people's receiver: a loopback webhook that records the alert names it is sent."""
+    """The people's receiver: a loopback webhook that records the alert names it is sent (``got``:
+    (alertname, fusebox marker)) and every alert as sent (``alerts``: Alertmanager's webhook
+    payload's alerts, labels and status)."""
 
     def __init__(self):
         import json
@@ -153,11 +155,14 @@ class _People:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         got = self.got = set()
+        alerts: list[dict] = []
+        self.alerts = alerts
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 -- http.server's name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 got.update((a["labels"]["alertname"], a["labels"].get("fusebox", "")) for a in body["alerts"])
+                alerts.extend(body["alerts"])
                 self.send_response(200)
                 self.end_headers()
 

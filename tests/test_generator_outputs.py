@@ -133,26 +133,28 @@ def test_prometheusrule_has_the_same_groups(generated):
     pr = yaml.safe_load((generated / "k8s/prometheusrule.yml").read_text())
     assert pr["kind"] == "PrometheusRule" and pr["apiVersion"] == "monitoring.coreos.com/v1"
     # The same groups, but for one label the operator's defaults need (docs/kubernetes.md): every
-    # critical, fuse-requesting and heartbeat alert carries namespace: monitoring, warnings none.
-    stripped, namespaced, warnings = [], set(), set()
+    # alert carries namespace: monitoring (the AlertmanagerConfig's route takes only those), no record.
+    stripped, namespaced, alerts = [], set(), set()
     for g in pr["spec"]["groups"]:
         rules_ = []
         for r in g["rules"]:
             labels = dict(r.get("labels") or {})
-            if labels.pop("namespace", None) is not None:
+            if "alert" in r:
+                alerts.add((r["alert"], labels["severity"]))
+            if labels.pop("namespace", None) == "monitoring":
                 namespaced.add((r["alert"], labels["severity"]))
-            elif "alert" in r and labels.get("severity") == "warning":
-                warnings.add(r["alert"])
             rules_.append({**r, "labels": labels} if "labels" in r else r)
         stripped.append({**g, "rules": rules_})
     assert stripped == rules["groups"]
-    # the six alerts that request a fuse (five critical tiers of the spec and the lost-GPU alert)
+    assert namespaced == alerts
+    # the six alerts that request a fuse (five critical tiers of the spec and the lost-GPU alert), the
+    # heartbeat, warnings, the absent alert and the self-monitoring ones among them
     fuse = {("GPUMemoryUtilizationHigh", "critical"), ("AlignmentLatencyP95High", "critical"),
             ("KVCacheGrowthRateHigh", "critical"), ("GPUMemoryBandwidthSaturated", "critical"),
             ("KVCacheGrowthOOMImminent", "critical"), ("FuseboxGPUDown", "warning")}
-    assert fuse | {("FuseboxHeartbeat", "none"), ("GPUPCIeLinkSaturated", "critical")} <= namespaced
-    assert {(a, s) for a, s in namespaced if s == "warning"} == {("FuseboxGPUDown", "warning")}
-    assert {"GPUMemoryUtilizationHigh", "AlignmentLatencyP95High", "KVCacheGrowthRateHigh"} <= warnings
+    assert fuse | {("FuseboxHeartbeat", "none"), ("GPUPCIeLinkSaturated", "critical"), ("FuseboxFuseDown", "critical"),
+                   ("GPUMemoryUtilizationHigh", "warning"), ("FuseboxSignalAbsent", "warning"),
+                   ("FuseboxCollectorScrapeFailing", "warning")} <= namespaced
 
 
 def test_check_generated_detects_drift(tmp_path, spec):

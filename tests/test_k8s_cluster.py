@@ -53,7 +53,12 @@ under the 8.7 GB/min OOM tier) level 3, on the engine; GPU B (75 %: warning only
 trip nothing. Each level is tripped once and released once at the gateway; the SGLang gateway's
 own worker list loses A's and C's workers once each and gets them back, and never loses B's; a
 foreign critical (KubePodCrashLooping in namespace monitoring, posted to Alertmanager) never
-reaches the fuse; GPU B's warning is never inhibited while A's critical fires.
+reaches the fuse; every fuse-tripping critical reaches the fuse and the people's webhook (a small
+HTTP sink whose URL the AlertmanagerConfig reads from the Secret ``fusebox-human-receiver``), the
+heartbeat the fuse only; ``fusebox alertmanager test`` passes the operator's rendered config, and
+tests/fixtures/alertmanager/operator-rendered.yml is that config (the unit tests of ``fusebox
+alertmanager test`` read it); GPU B's warning reaches the people's route and is muted only by A's
+critical of the same alert (the chart's inhibit rule: every fusebox alert carries the namespace).
 
 One run takes about 2.5 minutes on 2 cores (measured 145 to 160 s, the same with both cores kept
 busy by other processes): about 25 s to start the control plane, apply and read back, the rest
@@ -86,6 +91,7 @@ from _kube_net import ReadinessProber, RunningPod, ServiceProxy, map_service_url
 from _kube_support import ControlPlane, gunzip_text, secret_data, secret_doc, wait_until
 from _pg_support import PgServer
 from _support import FIXTURES, ROOT, SPEC, need
+from test_fuse_alertmanager import _People
 
 from fusebox import conventions as C
 from fusebox.collectors.scenario import load_scenario
@@ -114,6 +120,9 @@ ENGINE = SC.engines[0].id
 EXPECTED = {1: ("freeze_admissions", "hw_id", GPU_A, "GPUMemoryUtilizationHigh"),
             2: ("text_only_fallback", "engine", ENGINE, "AlignmentLatencyP95High"),
             3: ("kv_cache_eviction", "engine", ENGINE, "KVCacheGrowthRateHigh")}
+HUMAN = "oncall"  # fuse.human_receiver: a webhook whose URL the AlertmanagerConfig reads from a Secret
+HUMAN_RECEIVER = f"{NS}/fusebox-multimodal-inference/{HUMAN}"  # as the operator names it
+OPERATOR_FIXTURE = FIXTURES / "alertmanager" / "operator-rendered.yml"
 FOREIGN = {"alertname": "KubePodCrashLooping", "severity": "critical", "namespace": NS,
            "pod": "some-app-7d4b9c-x2x9z", "container": "app", "job": "kube-state-metrics"}
 
@@ -127,6 +136,8 @@ class Run:
     prometheus_config: dict = field(default_factory=dict)  # as the operator rendered it
     rulefiles: dict[str, str] = field(default_factory=dict)  # ConfigMap key -> rule file text
     am_config: dict = field(default_factory=dict)  # the generated Alertmanager config
+    am_config_file: Path | None = None  # it, as the operator wrote it into the generated Secret
+    people: list[dict] = field(default_factory=list)  # what the people's webhook received (alerts)
     prometheusrule: dict = field(default_factory=dict)
     readyz: dict[str, int] = field(default_factory=dict)  # pod -> /readyz status
     workers: list[tuple[float, frozenset]] = field(default_factory=list)  # SGLang GET /workers over time
@@ -145,6 +156,8 @@ class Run:
     logs: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     token: str = ""
+    people_url: str = ""  # the people's webhook (in the Secret fusebox-human-receiver)
+    spec_path: Path | None = None
     error: str | None = None
 
 
@@ -172,6 +185,10 @@ def cluster_spec_text(sglang_url: str, workers: dict[str, str], gateway_url: str
     k["namespace"] = NS
     k["labels"] = {"release": RELEASE}
     k.setdefault("collectors", {})["cluster"] = SC.cluster
+    # the people: a webhook whose URL is a secret (url_file), so the AlertmanagerConfig reads it from
+    # the Secret fusebox-human-receiver (key webhook-0-url), created below as the docs say
+    data["fuse"]["human_receiver"] = {"name": HUMAN, "webhook_configs": [
+        {"url_file": "/etc/alertmanager/secrets/people/url", "send_resolved": True}]}
     k.setdefault("fuse", {}).update({"replicas": 2, "store_secret": {"name": "fusebox-fuse-store", "key": "url"},
                                      "args": ["--gateway-url", gateway_url, "--hold", str(HOLD_S)]})
     return yaml.safe_dump(data, sort_keys=False, width=120)
@@ -321,6 +338,7 @@ def run(tmp_path_factory) -> Run:
         # 3. generate (what `make generate` writes) from the derived spec ------------------
         spec_path = root / "fusebox.yaml"
         spec_path.write_text(cluster_spec_text(sg.url, res.worker_urls, gw_url))
+        res.spec_path = spec_path
         out_dir = root / "generated"
         r = subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(spec_path), "--out",
                             str(out_dir)], capture_output=True, text=True, timeout=120)
@@ -346,6 +364,10 @@ def run(tmp_path_factory) -> Run:
         res.token = documented_token()
         applied(secret_doc(C.K8S["token_secret"], NS, {C.K8S["token_key"]: res.token}))
         applied(secret_doc("fusebox-fuse-store", NS, {"url": store_url}))
+        people = _People()
+        stack.callback(people.close)
+        applied(secret_doc(C.K8S["human_secret"], NS, {"webhook-0-url": people.url}))
+        res.people_url = people.url
         kustomization = yaml.safe_load((out_dir / "k8s" / "kustomization.yaml").read_text())
         for f in kustomization["resources"]:
             for doc in yaml.safe_load_all((out_dir / "k8s" / f).read_text()):
@@ -381,8 +403,13 @@ def run(tmp_path_factory) -> Run:
             s = cp.get("v1", "Secret", f"alertmanager-{ALERTMANAGER}-generated", NS)
             if not s or "alertmanager.yaml.gz" not in (s.get("data") or {}):
                 return None
-            cfg = yaml.safe_load(gunzip_text(secret_data(s, "alertmanager.yaml.gz")))
-            return cfg if "fusebox-fuse" in json.dumps(cfg) else None
+            text = gunzip_text(secret_data(s, "alertmanager.yaml.gz"))
+            cfg = yaml.safe_load(text)
+            if "fusebox-fuse" not in json.dumps(cfg):
+                return None
+            res.am_config_file = root / "operator-alertmanager.yaml"
+            res.am_config_file.write_text(text)
+            return cfg
 
         res.am_config = wait_until(rendered_alertmanager, 90, "the operator's Alertmanager config", step=0.5,
                                    alive=cp.check, why=cp.operator_log)
@@ -502,6 +529,7 @@ def run(tmp_path_factory) -> Run:
             res.timings["watched_s"] = time.time() - t0
             res.calls = read_log(gw_log)
             res.foreign = [a for a in _am_alerts(am_url) if a["labels"].get("alertname") == FOREIGN["alertname"]]
+            res.people = list(people.alerts)
             res.proxied = list(proxy.seen)
             res.audit = _rows(store_url, "SELECT kind, scope_key, level, action, source, reason, detail FROM audit")
             res.alertmanagers = [a["url"] for a in _get(prom_url + "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]]
@@ -532,6 +560,24 @@ def _up(url: str) -> bool:
 
 def _count(engine: StandInEngine, path: str) -> int:
     return sum(1 for _m, p in list(engine.seen) if p.startswith(path))
+
+
+FIXTURE_HEADER = """\
+# The Alertmanager config the Prometheus Operator v0.85.0 rendered (the Secret
+# alertmanager-kube-prometheus-stack-alertmanager-generated, key alertmanager.yaml.gz, unzipped) from
+# kube-prometheus-stack's default config and the k8s/alertmanagerconfig.yml of tests/test_k8s_cluster.py's
+# spec, captured by that test; only the fuse's token and the people's webhook URL (both from Secrets)
+# are replaced. `fusebox alertmanager test` is tested on it (tests/test_alertmanager_routing.py)
+# without an operator; the cluster test fails when the operator renders anything else.
+"""
+FIXTURE_TOKEN = "fixture-token-not-a-secret"
+FIXTURE_PEOPLE_URL = "http://people.example:9/people"
+
+
+def operator_fixture_text(rendered: str, token: str, people_url: str) -> str:
+    """The operator's rendered config as tests/fixtures/alertmanager/operator-rendered.yml holds it."""
+    assert token in rendered and people_url in rendered
+    return FIXTURE_HEADER + rendered.replace(token, FIXTURE_TOKEN).replace(people_url, FIXTURE_PEOPLE_URL)
 
 
 def _write_config_out(pod: Pod, name: str, cfg: dict) -> None:
@@ -580,7 +626,7 @@ def _routes(route: dict) -> list[dict]:
 def test_the_alertmanagerconfig_route_got_the_operators_namespace_matcher_and_the_token(run):
     cfg = run.am_config
     fuse_receiver = f"{NS}/fusebox-multimodal-inference/fusebox-fuse"
-    top = [r for r in cfg["route"]["routes"] if r.get("receiver") == f"{fuse_receiver}-none"]
+    top = [r for r in cfg["route"]["routes"] if r.get("receiver") == HUMAN_RECEIVER]
     assert len(top) == 1, cfg["route"]
     matchers = top[0]["matchers"]
     assert f'namespace="{NS}"' in matchers  # the default strategy (OnNamespace) is in force
@@ -597,6 +643,50 @@ def test_the_alertmanagerconfig_route_got_the_operators_namespace_matcher_and_th
     # would reach Alertmanager's Authorization header (which it refuses to send)
     assert hooks[0]["http_config"]["authorization"] == {"type": "Bearer", "credentials": run.token}
     assert run.token == run.token.strip() and len(run.token) >= 32
+    # the people's webhook: its URL read from the Secret fusebox-human-receiver (key webhook-0-url)
+    (people,) = [rc for rc in cfg["receivers"] if rc["name"] == HUMAN_RECEIVER]
+    assert [w["url"] for w in people["webhook_configs"]] == [run.people_url]
+
+
+def test_the_committed_operator_fixture_is_what_the_operator_rendered(run):
+    captured = operator_fixture_text(run.am_config_file.read_text(), run.token, run.people_url)
+    (run.am_config_file.parent / OPERATOR_FIXTURE.name).write_text(captured)  # to copy when it changed
+    assert OPERATOR_FIXTURE.read_text() == captured, f"copy {run.am_config_file.parent / OPERATOR_FIXTURE.name} " \
+                                                     f"to {OPERATOR_FIXTURE}"
+
+
+def test_fusebox_alertmanager_test_passes_the_config_the_operator_rendered(run):
+    """`fusebox alertmanager test` (amtool routes test) on the generated Secret's alertmanager.yaml:
+    every fusebox critical reaches the fuse and the people, every other alert the people."""
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "alertmanager", "test", "--config", str(run.am_config_file),
+                        "--spec", str(run.spec_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ok = [ln for ln in r.stdout.splitlines() if ln.startswith("ok ")]
+    assert any("GPUMemoryUtilizationHigh critical trips the fuse and tells the people" in ln for ln in ok), r.stdout
+    assert any("FuseboxFuseDown tells the people only" in ln for ln in ok), r.stdout
+    # the same by hand, amtool on the operator's file: the receivers in route order
+    amtool = need("amtool", "install Debian's prometheus-alertmanager package (`make tools`)")
+    crit = next(a["labels"] for a in run.people if a["labels"].get("hw_id") == GPU_A
+                and a["labels"]["severity"] == "critical")
+    got = subprocess.run([amtool, "config", "routes", "test", f"--config.file={run.am_config_file}",
+                          *(f"{k}={v}" for k, v in crit.items())], capture_output=True, text=True, timeout=60)
+    assert got.stdout.split() == [f"{NS}/fusebox-multimodal-inference/fusebox-fuse,{HUMAN_RECEIVER}"], got
+
+
+def test_a_fusebox_critical_reached_the_fuse_and_the_people_and_the_heartbeat_only_the_fuse(run):
+    firing = {(a["labels"]["alertname"], a["labels"]["severity"], a["labels"].get("hw_id") or a["labels"].get("engine"))
+              for a in run.people if a["status"] == "firing"}
+    for _level, (_action, _label, value, alert) in EXPECTED.items():
+        assert (alert, "critical", value) in firing, sorted(firing)  # each fuse-tripping critical, to the people too
+    crit_a = [a for a in run.people if a["labels"].get("hw_id") == GPU_A and a["labels"]["severity"] == "critical"]
+    assert {a["status"] for a in crit_a} == {"firing", "resolved"}, crit_a  # send_resolved: the all-clear as well
+    assert crit_a[0]["labels"]["fuse_action"] == EXPECTED[1][0]
+    # the same critical reached the fuse (through its Service)
+    assert any(GPU_A.encode() in b and b'"severity":"critical"' in b.replace(b" ", b"") for _m, _p, b, _to in run.proxied)
+    names = {a["labels"]["alertname"] for a in run.people}
+    assert C.HEARTBEAT_ALERT not in names  # the fuse only
+    assert FOREIGN["alertname"] not in names  # not fusebox's: the chart's null receiver
+    assert all(a["labels"].get("fusebox") == "multimodal-inference" for a in run.people)
 
 
 def test_both_fuse_replicas_become_ready_on_postgresql(run):
@@ -662,16 +752,22 @@ def test_both_replicas_took_notifications_and_share_one_state_in_postgresql(run)
     assert decided == sorted([("trip", lv) for lv in EXPECTED] + [("release", lv) for lv in EXPECTED]), run.audit
 
 
-def test_gpu_bs_warning_is_never_inhibited_while_gpu_as_critical_fires(run):
+def test_gpu_bs_warning_goes_to_the_people_and_only_as_criticals_mute_it(run):
+    """Every fusebox alert carries the namespace on the operator path (so its route takes it), so
+    the chart's default inhibit rule (critical mutes warning|info with equal namespace and
+    alertname) mutes GPU B's warning while GPU A's critical of the same alert fires: that, and
+    nothing else (docs/alertmanager.md)."""
     both = 0
     for _t, alerts in run.am_snapshots:
         mem = [a for a in alerts if a["labels"].get("alertname") == "GPUMemoryUtilizationHigh"]
-        a_crit = [a for a in mem if a["labels"].get("hw_id") == GPU_A and a["labels"]["severity"] == "critical"
-                  and a["status"]["state"] == "active"]
+        a_crit = {a["fingerprint"] for a in mem if a["labels"].get("hw_id") == GPU_A
+                  and a["labels"]["severity"] == "critical"}
         b_warn = [a for a in mem if a["labels"].get("hw_id") == GPU_B and a["labels"]["severity"] == "warning"]
+        for b in b_warn:
+            assert {r["name"] for r in b["receivers"]} == {HUMAN_RECEIVER}, b  # the people, never the fuse
+            assert set(b["status"]["inhibitedBy"]) <= a_crit, (b, a_crit)
         if a_crit and b_warn:
             both += 1
-            assert b_warn[0]["status"]["state"] == "active" and not b_warn[0]["status"]["inhibitedBy"], b_warn
         assert not [a for a in mem if a["labels"].get("hw_id") == GPU_B and a["labels"]["severity"] == "critical"]
     assert both >= 5, "GPU A's critical and GPU B's warning were never active together"
 

@@ -193,6 +193,27 @@ def test_the_validators_reject_broken_manifests(kube_out):
         _validate(rule)
 
 
+def test_the_alertmanagerconfig_with_every_kind_of_people_receiver_validates_against_the_crd():
+    """fuse.human_receiver with one config of each kind fusebox converts (pagerduty, slack, webhook,
+    email, opsgenie, msteams; tests/test_alertmanager_routing.py holds it) makes an AlertmanagerConfig
+    the operator's CRD accepts, strictly; a misspelt converted field would not pass."""
+    from test_alertmanager_routing import EVERY_KIND
+
+    from fusebox.generator.render_alertmanager import render_alertmanagerconfig
+
+    data = yaml.safe_load(SPEC.read_text())
+    data["fuse"]["human_receiver"] = EVERY_KIND
+    cr = render_alertmanagerconfig(parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml"))
+    _validate(cr)
+    people = next(rc for rc in cr["spec"]["receivers"] if rc["name"] == EVERY_KIND["name"])
+    assert len(people) == 7  # its name and the six kinds: none left out
+    bad = copy.deepcopy(cr)
+    next(rc for rc in bad["spec"]["receivers"] if rc["name"] == EVERY_KIND["name"])["slackConfigs"][0]["apiUrl"] = \
+        {"name": "x", "key": "y"}  # apiURL
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(bad)
+
+
 def _objects(folder: Path) -> dict[str, dict]:
     return {f"{d['kind']}/{d['metadata']['name']}": d for _, d in _manifests(folder)}
 
