@@ -66,6 +66,13 @@ def test_engines_file_gives_selector_port_and_geometry(tmp_path):
     (ENGINES.replace("layers: 12,", "layers: 0,"), ":7:", ("layers", "greater than or equal to 1")),
     (ENGINES.replace("port: http\n", ""), ":1:", ("missing required key 'port'",)),
     (ENGINES.replace("{app.kubernetes.io/name: vllm}", "[vllm]"), ":2:", ("selector",)),
+    # in the engines file's own terms: an empty file is not "the spec", a port out of range not
+    # "not a string"; an empty selector refused as kubernetes.engines refuses it (every pod scraped)
+    ("", ":1:1:", ("the engines file is empty", "fusebox generate")),
+    ("# nothing but a comment\n", ":1:1:", ("the engines file is empty",)),
+    (ENGINES.replace("port: http", "port: 99999"), ":3:7:", ("port 99999 is out of range", "1 to 65535")),
+    (ENGINES.replace("port: http", "port: 0"), ":3:7:", ("port 0 is out of range",)),
+    (ENGINES.replace("{app.kubernetes.io/name: vllm}", "{}"), ":2:11:", ("selector is empty", "every pod")),
 ])
 def test_a_bad_engines_file_is_refused_at_its_line(tmp_path, text, where, words):
     p = engines_file(tmp_path, text)
@@ -75,6 +82,7 @@ def test_a_bad_engines_file_is_refused_at_its_line(tmp_path, text, where, words)
     assert msg.startswith(f"{p}{where}"), msg
     assert all(w in msg for w in words), msg
     assert " -- " in msg  # says how to fix it
+    assert "the spec" not in msg and "constrained-" not in msg, msg
 
 
 def test_a_missing_engines_file_says_what_to_pass(tmp_path):
