@@ -517,7 +517,9 @@ def test_fuse_serve_exits_2_without_a_prometheus_url_for_discover_and_takes_it_f
     base = ["fuse", "serve", "--spec", str(p), "--state", str(tmp_path / "s.sqlite"), "--token-file", str(tmp_path / "token"),
             "--listen", "127.0.0.1:1"]
     r = subprocess.run([str(Path(sys.executable).parent / "fusebox"), *base], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "discover names no prometheus: give --prometheus-url" in r.stderr, r.stderr
+    assert r.returncode == 2 and "discover names no prometheus and the fuse has no --prometheus-url -- give " \
+        "--prometheus-url" in r.stderr, r.stderr
+    assert f"{p}:" in r.stderr, r.stderr  # at the adapter's line of the spec
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
     service, _ = cli.build_service(parser.parse_args([*base, "--prometheus-url", "http://prom.monitoring:9090/"]))
