@@ -218,6 +218,8 @@ class PodWatcher:
                 reason, detail = ("list_error" if not rv else "watch_error"), f"HTTP {e.status} {e.reason}"
             except Exception as e:  # noqa: BLE001 -- the API server down, a reset connection: retried
                 reason, detail = ("list_error" if not rv else "watch_error"), f"{type(e).__name__}: {e}"
+            if self._stop.is_set():  # stop() closed the watch under its stream: the shutdown, not an error
+                return
             self.errors[reason] += 1
             self._report(scope, reason, f"{detail}; retrying in {backoff:g}s")
             rv = ""

@@ -186,6 +186,22 @@ def test_watcher_lists_again_on_410_and_backs_off_on_errors(monkeypatch):
     assert dict(w.errors) == {"expired": 1, "watch_error": 1}
 
 
+def test_a_watch_broken_by_stop_is_no_error(monkeypatch):
+    # stop() closes the watch's connection under its stream (--once ends so, and SIGTERM): the
+    # stream's error then is the shutdown itself, neither counted nor said
+    said = []
+    w = PodWatcher(api=None, node="n1", namespaces=["ns"], log=said.append)
+    monkeypatch.setattr(w, "_list", lambda scope: "1")
+
+    def fake_watch(scope, rv):
+        w._stop.set()  # what stop() does while the stream reads
+        raise ConnectionError("Response ended prematurely")
+
+    monkeypatch.setattr(w, "_watch", fake_watch)
+    w._run("ns")
+    assert dict(w.errors) == {} and said == [], (dict(w.errors), said)
+
+
 # ------------------------------------------------------------------ KV bytes per discovered pod
 def _kv(tmp_path, pods, devs, pages):
     cfg = load_engines_config(engines_file(tmp_path))
