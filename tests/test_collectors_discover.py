@@ -329,6 +329,21 @@ def test_discover_and_hand_named_engines_exclude_each_other(argv, words, capsys)
     assert words in capsys.readouterr().err
 
 
+def test_latency_discover_once_says_what_to_do_without_naming_a_test_flag(tmp_path, capsys):
+    from fusebox.cli import main
+
+    argv = ["collect", "latency", "--once", "--discover", str(engines_file(tmp_path)), "--node-name", "n"]
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    what, fix = err.split(" -- ", 1)
+    assert "--once" in what and "--discover" in what, err
+    assert "--metrics-port" in fix and "--rounds" not in err, err
+
+
 def test_discover_with_a_bad_engines_file_exits_2_at_its_line(tmp_path, capsys):
     p = engines_file(tmp_path, ENGINES.replace("port: http", "prot: http"))
     from fusebox.cli import main
