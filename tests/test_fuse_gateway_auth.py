@@ -169,13 +169,16 @@ def test_a_missing_key_file_names_the_adapter_at_start(tmp_path):
         build_adapters(spec.adapters)
 
 
-def test_fuse_serve_with_a_missing_key_file_says_where_in_the_spec_and_how_to_fix_it(tmp_path):
-    # the start fails as every bad input does: FILE:LINE:COL of credentials_file, what, how to fix; exit 2,
+def test_fuse_serve_with_a_missing_key_file_says_where_in_the_spec_and_how_to_fix_it(tmp_path, monkeypatch):
+    # the start fails as every bad input does: FILE:LINE of credentials_file, what, how to fix; exit 2,
     # no state directory made
     import contextlib
     import io
 
+    import fusebox.fuse.logs
     from fusebox.cli import main
+
+    monkeypatch.setattr(fusebox.fuse.logs, "setup", lambda *a, **k: None)  # leaves the root logger to pytest
 
     p = write_spec(tmp_path, {"s": gateway_adapter("sglang_gateway", credentials_file=str(tmp_path / "nope"))})
     (tmp_path / "token").write_text("t" * 40)
