@@ -186,6 +186,26 @@ def test_watcher_lists_again_on_410_and_backs_off_on_errors(monkeypatch):
     assert dict(w.errors) == {"expired": 1, "watch_error": 1}
 
 
+@pytest.mark.parametrize("error, fix", [
+    (ApiException(status=403, reason="Forbidden"), "get, list and watch on pods"),
+    (ApiException(status=401, reason="Unauthorized"), "service account token"),
+    (ConnectionError("Connection refused"), "reach the Kubernetes API"),
+])
+def test_a_failing_pod_list_says_how_to_fix_it(monkeypatch, error, fix):
+    said = []
+    w = PodWatcher(api=None, node="n1", namespaces=["inference"], log=said.append)
+
+    def fake_list(scope):
+        raise error
+
+    monkeypatch.setattr(w, "_list", fake_list)
+    monkeypatch.setattr(w._stop, "wait", lambda s: True)  # stopped during the backoff: one round
+    w._run("inference")
+    assert dict(w.errors) == {"list_error": 1}
+    (msg,) = said
+    assert " -- " in msg and fix in msg.split(" -- ", 1)[1], msg
+
+
 def test_a_watch_broken_by_stop_is_no_error(monkeypatch):
     # stop() closes the watch's connection under its stream (--once ends so, and SIGTERM): the
     # stream's error then is the shutdown itself, neither counted nor said
