@@ -515,7 +515,8 @@ def cmd_latency(args) -> int:
 
     args.check(args)
     if args.discover and args.once:
-        _err("--once reads one engine; with --discover, run rounds (--rounds in tests) and read --metrics-port")
+        _err("latency: --once and --discover exclude each other (--once prints one engine's histogram since it "
+             "started) -- drop --once and read /metrics on --metrics-port, a round every --interval seconds")
         return 2
     buckets = _spec_buckets(args.spec)
     if buckets is None:

@@ -19,6 +19,7 @@ document fusebox reads: a pydantic model with ``extra="forbid"``, each error at 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -50,7 +51,7 @@ class RawEngines(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     namespaces: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     selector: dict[str, str] = Field(default_factory=dict)
-    port: Annotated[str, Field(min_length=1)] | Annotated[int, Field(ge=1, le=65535)]
+    port: Annotated[str, Field(min_length=1)] | int  # a number's range: checked after, in the file's terms
     path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
     models: dict[str, RawModel] = Field(default_factory=dict)
 
@@ -94,6 +95,9 @@ def load_engines_config(path: str | Path) -> EnginesConfig:
                                                   "ConfigMap (`fusebox generate` writes it from kubernetes.engines)")) from None
     except SpecError as e:
         raise EnginesConfigError(str(e)) from None
+    if not re.sub(r"(?m)^\s*(#.*|---\s*|\.\.\.\s*)?$", "", text).strip():
+        raise EnginesConfigError(f"{p}:1:1: the engines file is empty -- regenerate it with `fusebox generate` "
+                                 f"(the ConfigMap fusebox-engines, key engines.yaml) from kubernetes.engines")
     try:
         raw, pos = load(text, str(p))
     except SpecError as e:
@@ -109,6 +113,14 @@ def load_engines_config(path: str | Path) -> EnginesConfig:
             pr = pydantic_problem(detail, pos, RawEngines, document="the engines file", reference=REFERENCE)
             shape.setdefault((pr.line, pr.col), pr)
         raise EnginesConfigError("\n".join(str(pr) for pr in shape.values())) from None
+    # what kubernetes.engines refuses in the spec, refused here in the same terms
+    if isinstance(model.port, int) and not 1 <= model.port <= 65535:
+        raise EnginesConfigError(str(pos.problem(("port",), f"port {model.port} is out of range",
+                                                 "use a container port number from 1 to 65535, or the port's name")))
+    if not model.selector:
+        raise EnginesConfigError(str(pos.problem(("selector",), "the engines' selector is empty: discovery would "
+                                                 "scrape every pod of the namespaces", f"name the engine pods' labels, "
+                                                 f"as in {REFERENCE}")))
     models = {name: KvGeometry(m.layers, m.kv_heads, m.head_dim, m.dtype_bytes, f"{p}: models.{name}")
               for name, m in model.models.items()}
     return EnginesConfig(tuple(model.namespaces), dict(model.selector), model.port, model.path, models, str(p))

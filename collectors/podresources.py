@@ -170,7 +170,13 @@ class PodResourcesClient:
                       grpc.StatusCode.DEADLINE_EXCEEDED: "deadline"}.get(code, "rpc_error")
             self.errors[reason] += 1
             details = e.details() if hasattr(e, "details") else ""
-            self._report(reason, f"{getattr(code, 'name', code)} {details}".strip())
+            fix = {"unavailable": "check that the kubelet runs and that this is its pod-resources socket "
+                                  "(--pod-resources-socket)",
+                   "deadline": f"the kubelet did not answer within --timeout {self.timeout_s:g} s: raise it "
+                               "where the kubelet is slow",
+                   }.get(reason, "see the kubelet's log for why it refused the List call")
+            self._report(reason, f"{getattr(code, 'name', code)} {details}".strip()
+                         + f" -- {fix}; KV series carry no hw_id meanwhile")
             return None
         self._report("ok")
         return devices_by_pod(resp)

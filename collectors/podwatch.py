@@ -216,14 +216,27 @@ class PodWatcher:
                     rv = ""
                     continue
                 reason, detail = ("list_error" if not rv else "watch_error"), f"HTTP {e.status} {e.reason}"
+                fix = _API_FIXES.get(e.status, "see the API server's answer above")
             except Exception as e:  # noqa: BLE001 -- the API server down, a reset connection: retried
                 reason, detail = ("list_error" if not rv else "watch_error"), f"{type(e).__name__}: {e}"
+                fix = "check that this pod can reach the Kubernetes API (a NetworkPolicy, the API server's health)"
+            if self._stop.is_set():  # stop() closed the watch under its stream: the shutdown, not an error
+                return
             self.errors[reason] += 1
-            self._report(scope, reason, f"{detail}; retrying in {backoff:g}s")
+            self._report(scope, reason, f"{detail}; retrying in {backoff:g}s -- {fix}")
             rv = ""
             if self._stop.wait(backoff):
                 return
             backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+
+# how to fix the API server's refusals of the pod list and watch (said with each change of state)
+_API_FIXES = {
+    401: "the service account token is missing or not accepted: the DaemonSet runs as ServiceAccount "
+         "fusebox-collectors with automountServiceAccountToken (k8s/collectors.yml), or pass --kubeconfig",
+    403: "the ServiceAccount needs get, list and watch on pods in the engines' namespaces: apply the "
+         "Role/RoleBinding (or ClusterRole) of k8s/collectors.yml, whose namespaces must exist first",
+}
 
 
 def core_api(kubeconfig: str | None = None) -> Any:

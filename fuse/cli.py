@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -182,7 +183,13 @@ def build_service(args, spec=None):
         if not args.gateway_url and not spec.adapters:
             raise ValueError("--gateway-url is required unless --dry-run or the spec's fuse.adapters lists adapters")
         # the spec's adapters keep their holds and recorded worker settings in the store (the service attaches it)
-        adapters = build_adapters(spec.adapters, getattr(args, "prometheus_url", None))
+        try:
+            adapters = build_adapters(spec.adapters, getattr(args, "prometheus_url", None))
+        except (OSError, ValueError) as e:  # "fuse.adapters.<name>.<key>: ...": said at its line of the spec
+            named = re.match(r"fuse\.adapters\.([^.:\s]+)\.(\w+)[: ]", str(e))
+            if named is None:
+                raise
+            raise type(e)(f"{_where(spec, named[1], named[2])}: {e}") from None
         if args.gateway_url:
             adapters.insert(0, HttpGateway(args.gateway_url, read_token(args.gateway_token_file), args.timeout))
         # KV-cache eviction is the spec's highest fuse level (kv_cache_eviction in the shipped spec).
@@ -212,16 +219,16 @@ def build_service(args, spec=None):
     return service, token
 
 
-def _where(spec, adapter: str) -> str:
-    """``FILE:LINE`` of ``fuse.adapters.<adapter>.timeout`` in the spec (its adapter's line when the
-    timeout is the default; the file alone when it cannot be read again)."""
+def _where(spec, adapter: str, key: str = "timeout") -> str:
+    """``FILE:LINE`` of ``fuse.adapters.<adapter>.<key>`` in the spec (its adapter's line when the
+    key is left to its default; the file alone when it cannot be read again)."""
     from fusebox.spec.positions import load, read_text
 
     try:
         _, pos = load(read_text(spec.file, spec.file), spec.file)
     except Exception:  # read a moment ago; gone or changed since: the file is still a good pointer
         return spec.file
-    line, _ = pos.at(("fuse", "adapters", adapter, "timeout"))
+    line, _ = pos.at(("fuse", "adapters", adapter, key))
     return f"{spec.file}:{line}"
 
 

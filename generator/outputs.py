@@ -275,6 +275,18 @@ def _scope(signal) -> tuple[str, ...]:
     return _GPU_SCOPE if signal.level == "gpu" else ()
 
 
+def kps_prometheus_url(release: str, namespace: str) -> str:
+    """The URL of kube-prometheus-stack's Prometheus Service for Helm release ``release`` installed in
+    ``namespace``: ``http://<fullname>-prometheus.<namespace>:9090``, where the chart's fullname
+    (templates/_helpers.tpl, no fullnameOverride) is the release name when it contains
+    ``kube-prometheus-stack``, else ``<release>-kube-prometheus-stack``; either cut to 26 characters,
+    a trailing ``-`` dropped. ``kps`` -> ``kps-kube-prometheus-stack-prometheus``, ``prometheus`` ->
+    ``prometheus-kube-prometheus-prometheus``."""
+    chart = "kube-prometheus-stack"
+    full = (release if chart in release else f"{release}-{chart}")[:26].rstrip("-")
+    return f"http://{full}-prometheus.{namespace}:9090"
+
+
 def adapter_warnings(spec: Spec) -> list[str]:
     """What ``fuse.adapters`` (when the spec lists any) will not apply, one line each:
 
@@ -286,8 +298,8 @@ def adapter_warnings(spec: Spec) -> list[str]:
       labels all in ``match``) and which cannot discover it (``discover`` resolves GPU scopes, those
       with ``hw_id``, and engine scopes, ``engine="<namespace>/<pod>"``): every trip of that signal
       is refused there (``scope not mapped``). A warning: another adapter may apply it.
-    * a ``discover`` without ``prometheus`` while ``kubernetes.fuse.prometheus_url`` is unset: the
-      generated Deployment gives the fuse no ``--prometheus-url``, and it exits 2 at start.
+    * a ``discover`` without ``prometheus`` while the generated fuse Deployment gives the fuse no
+      ``--prometheus-url`` (neither ``kubernetes.fuse.prometheus_url`` nor its ``args``): it exits 2 at start.
     * a ``credentials_file`` while ``kubernetes.fuse.gateway_secret`` is unset: the generated
       Deployment mounts no key there, and the fuse exits 2 at start.
     * a ``discover`` whose attribution reads a GPU's pod from a label the dcgm selector
@@ -305,11 +317,19 @@ def adapter_warnings(spec: Spec) -> list[str]:
                        f"by no adapter of fuse.adapters: its trips will show applied: false in the fuse's /state and "
                        f"{C.SELF_ALERTS['level_unapplied']} will fire -- list it in an adapter whose kind applies level "
                        f"{levels.get(action)} (kind http applies every level), or give the fuse --gateway-url")
+    kf = spec.kubernetes.fuse
+    # the Deployment's --prometheus-url: kubernetes.fuse.prometheus_url, or given in its args
+    deployment_has_prometheus = bool(kf.prometheus_url) or any(x.split("=", 1)[0] == "--prometheus-url" for x in kf.args)
     for a in spec.adapters:
-        if a.discover is not None and not a.discover.prometheus and not spec.kubernetes.fuse.prometheus_url:
+        if a.discover is not None and not a.discover.prometheus and kf.enabled and not deployment_has_prometheus:
+            release = spec.kubernetes.labels.get("release")
+            example = (f"{kps_prometheus_url(release, spec.kubernetes.namespace)} if kube-prometheus-stack's release "
+                       f"{release!r} runs in {spec.kubernetes.namespace!r}" if release else
+                       "kube-prometheus-stack: http://<fullname>-prometheus.<namespace>:9090, <fullname> being the "
+                       "release, or <release>-kube-prometheus-stack cut to 26 characters")
             out.append(f"fuse.adapters.{a.name}.discover names no prometheus and kubernetes.fuse.prometheus_url is not "
                        "set: the generated fuse Deployment cannot start with it -- set kubernetes.fuse.prometheus_url "
-                       "(kube-prometheus-stack: http://<release>-kube-prometheus-prometheus.<namespace>:9090)")
+                       f"({example})")
         if a.credentials_file and spec.kubernetes.fuse.enabled and spec.kubernetes.fuse.gateway_secret is None:
             out.append(f"fuse.adapters.{a.name}.credentials_file is set and kubernetes.fuse.gateway_secret is not: the "
                        "generated fuse Deployment mounts no key there and cannot start with it -- set "

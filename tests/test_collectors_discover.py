@@ -66,6 +66,13 @@ def test_engines_file_gives_selector_port_and_geometry(tmp_path):
     (ENGINES.replace("layers: 12,", "layers: 0,"), ":7:", ("layers", "greater than or equal to 1")),
     (ENGINES.replace("port: http\n", ""), ":1:", ("missing required key 'port'",)),
     (ENGINES.replace("{app.kubernetes.io/name: vllm}", "[vllm]"), ":2:", ("selector",)),
+    # in the engines file's own terms: an empty file is not "the spec", a port out of range not
+    # "not a string"; an empty selector refused as kubernetes.engines refuses it (every pod scraped)
+    ("", ":1:1:", ("the engines file is empty", "fusebox generate")),
+    ("# nothing but a comment\n", ":1:1:", ("the engines file is empty",)),
+    (ENGINES.replace("port: http", "port: 99999"), ":3:7:", ("port 99999 is out of range", "1 to 65535")),
+    (ENGINES.replace("port: http", "port: 0"), ":3:7:", ("port 0 is out of range",)),
+    (ENGINES.replace("{app.kubernetes.io/name: vllm}", "{}"), ":2:11:", ("selector is empty", "every pod")),
 ])
 def test_a_bad_engines_file_is_refused_at_its_line(tmp_path, text, where, words):
     p = engines_file(tmp_path, text)
@@ -75,6 +82,7 @@ def test_a_bad_engines_file_is_refused_at_its_line(tmp_path, text, where, words)
     assert msg.startswith(f"{p}{where}"), msg
     assert all(w in msg for w in words), msg
     assert " -- " in msg  # says how to fix it
+    assert "the spec" not in msg and "constrained-" not in msg, msg
 
 
 def test_a_missing_engines_file_says_what_to_pass(tmp_path):
@@ -176,6 +184,42 @@ def test_watcher_lists_again_on_410_and_backs_off_on_errors(monkeypatch):
     assert lists == ["ns", "ns", "ns"]  # at start, after the 410 (at once), after the error (after 1 s)
     assert waits == [1.0]
     assert dict(w.errors) == {"expired": 1, "watch_error": 1}
+
+
+@pytest.mark.parametrize("error, fix", [
+    (ApiException(status=403, reason="Forbidden"), "get, list and watch on pods"),
+    (ApiException(status=401, reason="Unauthorized"), "service account token"),
+    (ConnectionError("Connection refused"), "reach the Kubernetes API"),
+])
+def test_a_failing_pod_list_says_how_to_fix_it(monkeypatch, error, fix):
+    said = []
+    w = PodWatcher(api=None, node="n1", namespaces=["inference"], log=said.append)
+
+    def fake_list(scope):
+        raise error
+
+    monkeypatch.setattr(w, "_list", fake_list)
+    monkeypatch.setattr(w._stop, "wait", lambda s: True)  # stopped during the backoff: one round
+    w._run("inference")
+    assert dict(w.errors) == {"list_error": 1}
+    (msg,) = said
+    assert " -- " in msg and fix in msg.split(" -- ", 1)[1], msg
+
+
+def test_a_watch_broken_by_stop_is_no_error(monkeypatch):
+    # stop() closes the watch's connection under its stream (--once ends so, and SIGTERM): the
+    # stream's error then is the shutdown itself, neither counted nor said
+    said = []
+    w = PodWatcher(api=None, node="n1", namespaces=["ns"], log=said.append)
+    monkeypatch.setattr(w, "_list", lambda scope: "1")
+
+    def fake_watch(scope, rv):
+        w._stop.set()  # what stop() does while the stream reads
+        raise ConnectionError("Response ended prematurely")
+
+    monkeypatch.setattr(w, "_watch", fake_watch)
+    w._run("ns")
+    assert dict(w.errors) == {} and said == [], (dict(w.errors), said)
 
 
 # ------------------------------------------------------------------ KV bytes per discovered pod
@@ -303,6 +347,21 @@ def test_discover_and_hand_named_engines_exclude_each_other(argv, words, capsys)
         main(["collect", *argv])
     assert e.value.code == 2
     assert words in capsys.readouterr().err
+
+
+def test_latency_discover_once_says_what_to_do_without_naming_a_test_flag(tmp_path, capsys):
+    from fusebox.cli import main
+
+    argv = ["collect", "latency", "--once", "--discover", str(engines_file(tmp_path)), "--node-name", "n"]
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    what, fix = err.split(" -- ", 1)
+    assert "--once" in what and "--discover" in what, err
+    assert "--metrics-port" in fix and "--rounds" not in err, err
 
 
 def test_discover_with_a_bad_engines_file_exits_2_at_its_line(tmp_path, capsys):

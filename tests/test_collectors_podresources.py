@@ -95,5 +95,7 @@ def test_an_absent_an_unreachable_and_a_slow_kubelet_are_counted_never_raised(so
         k.stop()
     assert dict(c.errors) == {"absent": 2, "unavailable": 1, "deadline": 1}
     assert [m.split(": ")[2] for m in logs] == ["absent", "unavailable", "deadline", "ok again"]
+    assert all(" -- " in m for m in logs[:3]), logs  # each failure says how to fix it
+    assert "--timeout" in logs[2].split(" -- ", 1)[1], logs[2]
     assert ({"endpoint": f"unix://{sock}", "reason": "absent"}, 2) in c.error_readings()
     assert threading.active_count() < 50  # no thread left per call

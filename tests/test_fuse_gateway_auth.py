@@ -169,6 +169,32 @@ def test_a_missing_key_file_names_the_adapter_at_start(tmp_path):
         build_adapters(spec.adapters)
 
 
+def test_fuse_serve_with_a_missing_key_file_says_where_in_the_spec_and_how_to_fix_it(tmp_path, monkeypatch):
+    # the start fails as every bad input does: FILE:LINE of credentials_file, what, how to fix; exit 2,
+    # no state directory made
+    import contextlib
+    import io
+
+    import fusebox.fuse.logs
+    from fusebox.cli import main
+
+    monkeypatch.setattr(fusebox.fuse.logs, "setup", lambda *a, **k: None)  # leaves the root logger to pytest
+
+    p = write_spec(tmp_path, {"s": gateway_adapter("sglang_gateway", credentials_file=str(tmp_path / "nope"))})
+    (tmp_path / "token").write_text("t" * 40)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["fuse", "serve", "--spec", str(p), "--webhook-token-file", str(tmp_path / "token"),
+                   "--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0"])
+    msg = err.getvalue().strip()
+    assert rc == 2, msg
+    line = line_of(p, "credentials_file:")
+    assert f"{p}:{line}:" in msg and "fuse.adapters.s.credentials_file" in msg and "nope: no such file" in msg, msg
+    fix = msg.split(" -- ", 1)[1]
+    assert "control-plane key" in fix and "gateway_secret" in fix, msg
+    assert not (tmp_path / "state").exists()
+
+
 # --- the adapters at the HTTP boundary (vLLM router 0.1.17 has no closed control plane to run) ----
 
 @pytest.mark.parametrize("cls,kind", [(SglangGateway, "sglang_gateway"), (VllmRouter, "vllm_router")])

@@ -372,13 +372,51 @@ def test_discover_is_refused_on_an_adapter_kind_that_cannot_use_it(tmp_path):
     assert "discover is for kinds sglang_gateway, vllm_router only" in str(e.value)
 
 
+@pytest.mark.parametrize("fuse", [{"args": ["--prometheus-url", "http://prom:9090"]},
+                                  {"args": ["--prometheus-url=http://prom:9090"]},
+                                  {"enabled": False}])
+def test_no_prometheus_url_warning_where_the_deployment_has_one_or_none_is_generated(tmp_path, fuse):
+    # the Deployment's args may carry --prometheus-url themselves (kubernetes.fuse.prometheus_url
+    # unset); without a generated Deployment there is none to fail to start
+    import yaml
+
+    from fusebox.generator.outputs import adapter_warnings
+
+    p = write_spec(tmp_path, _sglang(discover={}))
+    data = yaml.safe_load(p.read_text())
+    data.setdefault("kubernetes", {})["fuse"] = {**data["kubernetes"].get("fuse", {}), **fuse}
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert not [w for w in adapter_warnings(load_spec(p)) if "prometheus_url" in w]
+
+
+@pytest.mark.parametrize("release, url", [
+    # the chart's fullname: the release when it holds the chart's name, else <release>-kube-prometheus-stack,
+    # cut to 26 characters; its Prometheus Service is <fullname>-prometheus
+    ("kube-prometheus-stack", "http://kube-prometheus-stack-prometheus.monitoring:9090"),
+    ("kps", "http://kps-kube-prometheus-stack-prometheus.monitoring:9090"),
+    ("prometheus", "http://prometheus-kube-prometheus-prometheus.monitoring:9090"),
+    ("prod-monitoring", "http://prod-monitoring-kube-prome-prometheus.monitoring:9090"),
+])
+def test_the_prometheus_url_warning_names_kube_prometheus_stacks_service_for_the_release(tmp_path, release, url):
+    import yaml
+
+    from fusebox.generator.outputs import adapter_warnings
+
+    p = write_spec(tmp_path, _sglang(discover={}))
+    data = yaml.safe_load(p.read_text())
+    data.setdefault("kubernetes", {})["labels"] = {"release": release}
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    (w,) = [w for w in adapter_warnings(load_spec(p)) if "prometheus_url is not set" in w]
+    assert url in w, w
+
+
 def test_the_generated_fuse_deployment_carries_the_prometheus_url_discovery_reads(tmp_path):
     import yaml
 
     from fusebox.generator.outputs import adapter_warnings
     from fusebox.generator.render_k8s import render_fuse
 
-    url = "http://kps-kube-prometheus-prometheus.monitoring:9090"
+    url = "http://kps-kube-prometheus-stack-prometheus.monitoring:9090"
     p = write_spec(tmp_path, _sglang(discover={}))
     assert any("kubernetes.fuse.prometheus_url is not set" in w for w in adapter_warnings(load_spec(p)))
     with pytest.raises(ValueError, match="--prometheus-url"):
@@ -479,7 +517,9 @@ def test_fuse_serve_exits_2_without_a_prometheus_url_for_discover_and_takes_it_f
     base = ["fuse", "serve", "--spec", str(p), "--state", str(tmp_path / "s.sqlite"), "--token-file", str(tmp_path / "token"),
             "--listen", "127.0.0.1:1"]
     r = subprocess.run([str(Path(sys.executable).parent / "fusebox"), *base], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "discover names no prometheus: give --prometheus-url" in r.stderr, r.stderr
+    assert r.returncode == 2 and "discover names no prometheus and the fuse has no --prometheus-url -- give " \
+        "--prometheus-url" in r.stderr, r.stderr
+    assert f"{p}:" in r.stderr, r.stderr  # at the adapter's line of the spec
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
     service, _ = cli.build_service(parser.parse_args([*base, "--prometheus-url", "http://prom.monitoring:9090/"]))

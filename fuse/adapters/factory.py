@@ -23,14 +23,16 @@ def build_adapters(specs, prometheus_url: str | None = None) -> list:
     for a in specs:
         if a.discover is not None and not a.discover.prometheus:
             if not prometheus_url:
-                raise ValueError(f"fuse.adapters.{a.name}.discover names no prometheus: give --prometheus-url "
-                                 "(kubernetes.fuse.prometheus_url in the generated Deployment) or discover.prometheus")
+                raise ValueError(f"fuse.adapters.{a.name}.discover names no prometheus and the fuse has no "
+                                 "--prometheus-url -- give --prometheus-url (kubernetes.fuse.prometheus_url in the "
+                                 "generated Deployment) or discover.prometheus")
             a = replace(a, discover=replace(a.discover, prometheus=prometheus_url.rstrip("/")))
         try:
             out.append(HttpAction(a) if a.kind == "http" else kinds[a.kind](a))
         except (OSError, ValueError) as e:
             if a.credentials_file is None:
                 raise
-            raise type(e)(f"fuse.adapters.{a.name}.credentials_file: {e} -- the fuse sends it to the gateway as its "
-                          "control-plane key (Authorization: Bearer)") from None
+            raise type(e)(f"fuse.adapters.{a.name}.credentials_file: {e} -- put the gateway's control-plane key "
+                          "there (smg --control-plane-api-keys, role admin; the fuse sends it as Authorization: "
+                          "Bearer): on Kubernetes create the Secret kubernetes.fuse.gateway_secret names") from None
     return out

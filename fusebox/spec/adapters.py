@@ -18,7 +18,7 @@ Shape (``docs/fuse.md`` has an example per kind)::
           socket: /run/haproxy/admin.sock   # haproxy: its runtime API (stats socket, level admin)
           # haproxy targets name a server: - match: {engine: engine-0}; server: be_llm/engine0
           discover:                   # sglang_gateway, vllm_router: GPU and engine (namespace/pod) scopes -> workers
-            prometheus: http://kps-kube-prometheus-prometheus.monitoring:9090   # default: --prometheus-url
+            prometheus: http://kps-kube-prometheus-stack-prometheus.monitoring:9090   # default: --prometheus-url
             ttl: 30s                  # how long one resolution is reused (1s..10m)
             # exported_*: read where the scrape renamed them (the GPU Operator's ServiceMonitor,
             # honorLabels false), the plain label where it did not (fuse/discovery.py)
@@ -334,7 +334,7 @@ def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[A
         err(dp, f"discover is for kinds {', '.join(DISCOVER_KINDS)} only", f"remove it from this {a.kind} adapter", key=True)
     if d.prometheus is not None and not _http_url(d.prometheus):
         err(dp + ("prometheus",), f"prometheus must be an http(s) URL, got {d.prometheus[:100]!r}",
-            "e.g. prometheus: http://kps-kube-prometheus-prometheus.monitoring:9090")
+            "e.g. prometheus: http://kps-kube-prometheus-stack-prometheus.monitoring:9090")
     ttl = duration(d.ttl, dp + ("ttl",))
     lo, hi = DISCOVER_TTL_RANGE_S
     if not lo <= ttl <= hi:

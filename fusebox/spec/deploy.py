@@ -131,7 +131,7 @@ class RawFuseWorkload(_Strict):
     max_unavailable: StrictInt = 1
     args: list[StrictStr] = ["--dry-run"]  # more `fusebox fuse serve` arguments (--gateway-url URL ...)
     # --prometheus-url for fuse.adapters.*.discover, e.g. kube-prometheus-stack's Service
-    # http://<release>-kube-prometheus-prometheus.<namespace>:9090
+    # http://<fullname>-prometheus.<namespace>:9090 (release kps: kps-kube-prometheus-stack-prometheus)
     prometheus_url: StrictStr | None = None
 
 
@@ -509,7 +509,7 @@ def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
         reserved.add("--prometheus-url")
         if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", f.prometheus_url):
             err(p + ("prometheus_url",), f"prometheus_url must be an http(s) URL, got {f.prometheus_url[:100]!r}",
-                "e.g. http://kps-kube-prometheus-prometheus.monitoring:9090 (kube-prometheus-stack's Service)")
+                "e.g. http://kps-kube-prometheus-stack-prometheus.monitoring:9090 (kube-prometheus-stack's Service)")
     for a in f.args:
         if a.split("=", 1)[0] in reserved:
             err(p + ("args",), f"{a.split('=', 1)[0]} is set by the generated Deployment", "remove it from args")
