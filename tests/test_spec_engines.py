@@ -227,6 +227,19 @@ def test_the_daemonset_discovers_with_the_contracts_args_mounts_and_account():
     assert lat[lat.index("--spec") + 1] == "/etc/fusebox/spec/fusebox.yaml" and vols["spec"]["configMap"]["name"] == "fusebox-spec"
 
 
+def test_only_the_gpu_collector_sees_the_gpus_the_discovering_ones_get_none():
+    # kv and latency read engines' /metrics and the kubelet's socket, never NVML (the DaemonSet's kv
+    # always discovers, so it has no --gpu to check a model config against): under the nvidia
+    # RuntimeClass they get NVIDIA_VISIBLE_DEVICES=void (the toolkit's "no GPU, no driver"), the
+    # root kv container above all
+    _, docs = _rendered(_engines(_both_models()), {"gpu": [], "kv": [], "latency": []})
+    pod = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    env = {c["name"]: {e["name"]: e.get("value") for e in c["env"]} for c in pod["containers"]}
+    assert (env["gpu"]["NVIDIA_VISIBLE_DEVICES"], env["gpu"]["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "utility")
+    for name in ("kv", "latency"):
+        assert env[name]["NVIDIA_VISIBLE_DEVICES"] == "void" and "NVIDIA_DRIVER_CAPABILITIES" not in env[name]
+
+
 def test_all_namespaces_get_a_clusterrole_listed_namespaces_a_role_each():
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     subject = [{"kind": "ServiceAccount", "name": "fusebox-collectors", "namespace": "monitoring"}]
