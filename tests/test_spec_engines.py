@@ -325,6 +325,19 @@ def test_the_kv_and_alignment_warnings_go_when_discovery_covers_them_and_only_th
     assert len(off["alignment"]) == 1
 
 
+@pytest.mark.parametrize("engines", [True, False])
+def test_kv_and_latency_in_run_with_the_collectors_disabled_is_said_as_the_cause(engines):
+    # the KV and alignment warnings say nothing publishes their series; the cause is one line
+    text = _spec_text(_engines(_both_models()) if engines else None, {"gpu": [], "kv": [], "latency": []}, enabled=False)
+    w = spec_warnings(_parse(text))
+    [cause] = [x for x in w if x.startswith("kubernetes.collectors.run")]
+    assert "kv, latency" in cause and "kubernetes.collectors.enabled is false" in cause and "enabled: true" in cause
+    assert "gpu" not in cause.split(":")[0]  # the gpu collector's signals say so themselves
+    # with the collectors on, no such line
+    on = spec_warnings(_parse(_spec_text(_engines(_both_models()), {"gpu": [], "kv": [], "latency": []})))
+    assert not [x for x in on if x.startswith("kubernetes.collectors.run")]
+
+
 def test_dcgm_vllm_and_discovery_leave_no_kv_or_alignment_signal_unproduced():
     """The issue's cluster: dcgm-exporter for the GPUs, vLLM engines, the kv and latency collectors
     discovering them (no gpu collector). Every KV and alignment read is produced; what still
