@@ -131,7 +131,9 @@ def _operator_people(spec) -> None:
     """What k8s/alertmanagerconfig.yml makes of ``fuse.human_receiver``, on standard error: each
     warning at its spec line (``FILE:LINE:COL: warning: what -- fix``), and the keys of the Secret
     its people's receiver reads (the operator refuses the whole AlertmanagerConfig, the fuse's
-    route included, while a Secret it names is missing)."""
+    route included, while a Secret it names is missing); and the Secret of
+    ``kubernetes.fuse.gateway_secret`` with the kubectl command that creates it (the fuse pod
+    cannot start without it)."""
     from fusebox import conventions as C
     from fusebox.spec.positions import load, read_text
 
@@ -152,6 +154,14 @@ def _operator_people(spec) -> None:
               f"{C.K8S['human_secret']!r} (keys {', '.join(keys)}) in namespace {spec.kubernetes.namespace!r}: create "
               "it before applying k8s/ (the operator refuses the whole AlertmanagerConfig, the fuse's route included, "
               "while it is missing)", file=sys.stderr)
+    f = spec.kubernetes.fuse
+    if f.enabled and f.gateway_secret:
+        name, key = f.gateway_secret
+        ns = spec.kubernetes.namespace
+        print(f"fusebox generate: note: k8s/fuse.yml mounts kubernetes.fuse.gateway_secret's key from the Secret "
+              f"{name!r} (key {key}) in namespace {ns!r}: create it before applying k8s/ (the fuse pod stays "
+              f"ContainerCreating while it is missing): kubectl -n {ns} create secret generic {name} "
+              f"--from-file={key}=FILE-WITH-THE-GATEWAYS-CONTROL-PLANE-KEY", file=sys.stderr)
 
 
 def _read_base(path: str) -> str | None:

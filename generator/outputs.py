@@ -18,7 +18,7 @@ from fusebox.spec.units import format_duration
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol
 from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
-from .render_k8s import discovering, kustomization_output, render_prometheusrule, workload_outputs
+from .render_k8s import DISCOVERING, discovering, kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import Rules, render_rules
 from .render_runbooks import render_runbooks
 from .render_tests import render_rule_tests
@@ -173,7 +173,8 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
 
     * ``kubernetes.collectors.enabled: false`` while a signal with an enabled tier still reads a
       GPU metric of the ``fusebox`` backend (the collectors' own): nothing exports it, so that
-      signal cannot fire and its ``FuseboxSignalAbsent`` fires for good.
+      signal cannot fire and its ``FuseboxSignalAbsent`` fires for good; and while
+      ``kubernetes.collectors.run`` names ``kv`` or ``latency``: one line saying none is deployed.
     * a rule reads a metric that nothing ``k8s/`` deploys produces and no exporter the spec names
       publishes (:func:`.producers.unproduced`; e.g. KV bytes or the alignment histogram while
       ``kubernetes.collectors.run`` lacks their collector), naming the signal or the rule;
@@ -205,6 +206,12 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
                        "but kubernetes.collectors.enabled is false: it cannot fire and its "
                        f"{C.ABSENT_ALERT} will fire for good -- give it another source (global.source / its "
                        f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
+        idle = [n for n in spec.kubernetes.collectors.run if n in DISCOVERING]
+        if idle:
+            out.append(f"kubernetes.collectors.run names {', '.join(idle)} but kubernetes.collectors.enabled is false: "
+                       "k8s/ deploys no collector, so nothing discovers the engines for them (their KV bytes / "
+                       "alignment series stay empty, see below) -- set kubernetes.collectors.enabled: true, or "
+                       "remove them from run")
     warned = {(f"signal {s.name!r}", s.source.metric) for s in reading}
     missing: dict[str, tuple[list[str], str]] = {}
     groups = render_rules(spec).groups

@@ -145,12 +145,14 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
         _env_field(C.ENV["host_name"], "spec.nodeName"),
         _env_field(C.ENV["metrics_addr"], "status.podIP"),
         {"name": C.ENV["cluster"], "value": c.cluster},
-        # The NVIDIA container runtime mounts the driver's libnvidia-ml and the devices: all GPUs of
-        # the node (the collector reads every one; it requests none, so GPUs stay schedulable),
-        # and only the utility capability (NVML, nvidia-smi), no compute.
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-        {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
     ]
+    # The gpu collector: the NVIDIA container runtime mounts the driver's libnvidia-ml and the
+    # devices: all GPUs of the node (it reads every one; it requests none, so GPUs stay
+    # schedulable), and only the utility capability (NVML, nvidia-smi), no compute. kv and
+    # latency never call NVML (in the DaemonSet they discover their engines, so kv has no --gpu to
+    # read the memory of): "void", the toolkit's value for no GPU and no driver, as runc would.
+    nvml = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"}]
+    no_gpu = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
     found = discovering(spec)
     containers = []
     for collector, extra in c.run.items():
@@ -160,7 +162,8 @@ def render_collectors(spec: Spec) -> list[dict[str, Any]]:
             "args": ["collect", collector, "--no-otlp", "--metrics-port", str(c.ports[collector]),
                      "--metrics-addr", f"$({C.ENV['metrics_addr']})", "--host-name", f"$({C.ENV['host_name']})",
                      "--cluster", f"$({C.ENV['cluster']})", *_discovery_args(collector, found), *extra],
-            "env": env + ([_env_field(NODE_NAME_ENV, "spec.nodeName")] if collector in found else []),
+            "env": env + (nvml if collector == "gpu" else no_gpu)
+            + ([_env_field(NODE_NAME_ENV, "spec.nodeName")] if collector in found else []),
             "ports": [{"name": port_name, "containerPort": c.ports[collector], "protocol": "TCP"}],
             "readinessProbe": _probe(port_name, "/metrics", 10),
             "livenessProbe": _probe(port_name, "/metrics", 30) | {"initialDelaySeconds": 10},

@@ -173,7 +173,9 @@ def check_thanos(out_dir: Path, thanos: str) -> list[ToolResult]:
 
 def check_alertmanager(out_dir: Path, amtool: str) -> list[ToolResult]:
     cfg = out_dir / ALERTMANAGER_FILE
-    results = [_run([amtool, "check-config", str(cfg)])]
+    results = [_config_loads(cfg, amtool)]
+    if not results[0].ok:
+        return results
     tests = yaml.safe_load((out_dir / ROUTE_TEST_FILE).read_text(encoding="utf-8"))["tests"]
     for t in tests:
         labels = [f"{k}={v}" for k, v in t["labels"].items()]
@@ -229,6 +231,16 @@ def _operator_route(doc: dict, prefix: str) -> str:
     return f"no route of route.routes leads to a receiver of AlertmanagerConfig {prefix.rstrip('/')}"
 
 
+def _config_loads(config: Path, amtool: str) -> ToolResult:
+    """``amtool check-config``; when it fails, its output ends with one line saying that the route
+    tests were not run (each would fail on the same error)."""
+    r = _run([amtool, "check-config", str(config)])
+    if r.ok:
+        return r
+    return ToolResult(r.name, False, r.output + "\nroute tests not run: amtool cannot load this config -- "
+                      "fix the error above, then run fusebox alertmanager test again")
+
+
 def check_operator_routing(config: Path, doc: dict, prefix: str, spec: Spec, amtool: str) -> list[ToolResult]:
     """amtool on an Alertmanager config the Prometheus Operator rendered (the generated Secret's
     ``alertmanager.yaml``): routes prefixed with the operator's ``namespace`` matcher, receivers
@@ -248,7 +260,9 @@ def check_operator_routing(config: Path, doc: dict, prefix: str, spec: Spec, amt
     humans = _notifying(doc) - {fuse}
     ns = spec.kubernetes.namespace
     where = _operator_route(doc, prefix)
-    results = [_run([amtool, "check-config", str(config)])]
+    results = [_config_loads(config, amtool)]
+    if not results[0].ok:
+        return results
 
     def route(labels: dict[str, str]) -> tuple[ToolResult, list[str]]:
         r = _run([amtool, "config", "routes", "test", f"--config.file={config}",
@@ -303,7 +317,10 @@ def check_routing(config: Path, spec: Spec, amtool: str) -> list[ToolResult]:
     prefix = operator_prefix(doc, spec)
     if prefix is not None and isinstance(doc, dict):
         return check_operator_routing(config, doc, prefix, spec, amtool)
-    results = [_run([amtool, "check-config", str(config)]), people_receiver_notifies(config, spec)]
+    loads = _config_loads(config, amtool)
+    if not loads.ok:
+        return [loads]
+    results = [loads, people_receiver_notifies(config, spec)]
     for case in fusebox_cases(spec):
         labels = [f"{k}={v}" for k, v in case["labels"].items()]
         results.append(_run([amtool, "config", "routes", "test", f"--config.file={config}",

@@ -384,6 +384,20 @@ def test_alertmanager_test_passes_a_merged_config_and_fails_one_that_routes_on_s
     assert not any("alertname=Watchdog" in ln for ln in failed)  # severity=none: not caught by that route
 
 
+def test_alertmanager_test_stops_at_a_config_that_does_not_load(tmp_path):
+    # no route: amtool check-config refuses it, and every route test would fail the same way --
+    # one failure that says so, not one per alert
+    need("amtool")
+    noroute = tmp_path / "noroute.yml"
+    noroute.write_text("receivers:\n- name: people\n")
+    r = _am_test(noroute)
+    assert r.returncode == 1
+    failed = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
+    assert len(failed) == 1 and "check-config" in failed[0], r.stdout
+    assert r.stdout.count("no routes provided") == 1 and "route tests not run" in r.stdout, r.stdout
+    assert r.stdout.splitlines()[-1] == "0 passed, 1 failed"
+
+
 # ------------------------------------------------- the people on the Prometheus Operator path
 OPERATOR_RENDERED = AM_FIXTURES / "operator-rendered.yml"  # captured from the real operator by tests/test_k8s_cluster.py
 OP_PREFIX = "monitoring/fusebox-multimodal-inference/"  # <namespace>/<AlertmanagerConfig>/ as the operator names receivers

@@ -134,6 +134,27 @@ def test_the_generated_deployment_mounts_the_gateway_key_from_the_secret(tmp_pat
                for w in adapter_warnings(spec))
 
 
+def test_generate_names_the_gateway_secret_to_create_with_its_kubectl_command(tmp_path, capsys):
+    # without the Secret the fuse pod stays ContainerCreating (its volume cannot mount): generate
+    # says so, with the command that creates it in the fuse's namespace, as it does for the people's
+    from fusebox.cli import main
+
+    p = write_spec(tmp_path, {"s": gateway_adapter("sglang_gateway", credentials_file=KEY_FILE)},
+                   {"gateway_secret": {"name": "fusebox-gateway-key", "key": "key"}})
+    ns = load_spec(p).kubernetes.namespace
+    capsys.readouterr()
+    assert main(["generate", "--spec", str(p), "--out", str(tmp_path / "out")]) == 0
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if "fusebox-gateway-key" in ln]
+    assert len(notes) == 1 and notes[0].startswith("fusebox generate: note: k8s/fuse.yml"), notes
+    assert f"kubectl -n {ns} create secret generic fusebox-gateway-key --from-file=key=" in notes[0]
+    assert "ContainerCreating" in notes[0]
+    # no gateway_secret: no such note
+    (tmp_path / "b").mkdir()
+    p = write_spec(tmp_path / "b", {"s": gateway_adapter("sglang_gateway")})
+    assert main(["generate", "--spec", str(p), "--out", str(tmp_path / "b" / "out")]) == 0
+    assert "gateway_secret" not in "".join(ln for ln in capsys.readouterr().err.splitlines() if "note:" in ln)
+
+
 # --- the key file ----------------------------------------------------------------------------------
 
 def _replace(path: Path, text: str) -> None:

@@ -263,3 +263,33 @@ def test_the_output_says_the_for_was_rounded_up(capsys):
     assert "a `for` under the 30 s evaluation interval still waits a whole one" in late
     assert run_budget(spec, summary=True) == 1
     assert "2 tier(s)' for rounded up to their evaluation interval" in capsys.readouterr().out
+
+
+def _late_alerts(text: str) -> set[str]:
+    from fusebox.generator.budget import budget_rows
+
+    return {r.alert for r in budget_rows(parse_spec(text, "fusebox.yaml")) if not r.ok}
+
+
+def test_the_spec_comment_and_the_docs_name_the_tiers_late_at_30s_and_fixes_that_are_on_time():
+    """The starter spec's comment on the intervals, and docs/budget.md, name exactly the tiers
+    `fusebox budget` finds late at kube-prometheus-stack's 30 s; what they say to change is on time."""
+    alerts = {s["alert"] for s in SIGNALS.values()}
+    late = _late_alerts(spec_text_at_30s())
+    assert late == {"KVCacheGrowthOOMImminent", "KVCacheTimeToFullLow", "GPUMemoryTimeToFullLow"}
+    head = SPEC.read_text().split("\n  scrape_interval:", 1)[0].split("\nglobal:\n", 1)[1]
+    assert {a for a in alerts if a in head} == late and "docs/budget.md" in head
+    docs = (SPEC.parent / "docs" / "budget.md").read_text()
+    section = docs.split("### At kube-prometheus-stack's 30 s", 1)[1].split("\n#", 1)[0]
+    assert {a for a in alerts if a in section} == late
+    # the first fix: scrape at 15 s, the rule groups kept at 5 s
+    fast = spec_text_at_30s().replace("  scrape_interval: 30s\n", "  scrape_interval: 15s\n", 1)
+    fast = fast.replace("  evaluation_interval: 30s\n", "  evaluation_interval: 5s\n", 1)
+    assert "scrape at 15s with evaluation_interval 5s" in head and _late_alerts(fast) == set()
+    # the second: at 30 s both, the three tiers retuned as the docs say
+    retuned = spec_text_at_30s().replace("threshold: 8.7 GB/min", "threshold: 4.5 GB/min", 1)
+    retuned = retuned.replace("threshold: 60s\n        for: 15s", "threshold: 75s\n        for: 0s", 1)
+    retuned = retuned.replace("threshold: 45s\n        for: 10s", "threshold: 75s\n        for: 0s", 1)
+    assert retuned.count("threshold: 75s\n        for: 0s") == 2 and "4.5 GB/min" in retuned
+    assert "4.5 GB/min" in section and "75s" in section and "for: 0s" in section
+    assert _late_alerts(retuned) == set()

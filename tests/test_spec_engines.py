@@ -227,6 +227,19 @@ def test_the_daemonset_discovers_with_the_contracts_args_mounts_and_account():
     assert lat[lat.index("--spec") + 1] == "/etc/fusebox/spec/fusebox.yaml" and vols["spec"]["configMap"]["name"] == "fusebox-spec"
 
 
+def test_only_the_gpu_collector_sees_the_gpus_the_discovering_ones_get_none():
+    # kv and latency read engines' /metrics and the kubelet's socket, never NVML (the DaemonSet's kv
+    # always discovers, so it has no --gpu to check a model config against): under the nvidia
+    # RuntimeClass they get NVIDIA_VISIBLE_DEVICES=void (the toolkit's "no GPU, no driver"), the
+    # root kv container above all
+    _, docs = _rendered(_engines(_both_models()), {"gpu": [], "kv": [], "latency": []})
+    pod = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    env = {c["name"]: {e["name"]: e.get("value") for e in c["env"]} for c in pod["containers"]}
+    assert (env["gpu"]["NVIDIA_VISIBLE_DEVICES"], env["gpu"]["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "utility")
+    for name in ("kv", "latency"):
+        assert env[name]["NVIDIA_VISIBLE_DEVICES"] == "void" and "NVIDIA_DRIVER_CAPABILITIES" not in env[name]
+
+
 def test_all_namespaces_get_a_clusterrole_listed_namespaces_a_role_each():
     rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     subject = [{"kind": "ServiceAccount", "name": "fusebox-collectors", "namespace": "monitoring"}]
@@ -310,6 +323,19 @@ def test_the_kv_and_alignment_warnings_go_when_discovery_covers_them_and_only_th
     # engines listed but the collectors off: nothing is produced
     off = _warned(_spec_text(_engines(_both_models()), {"gpu": [], "kv": [], "latency": []}, enabled=False))
     assert len(off["alignment"]) == 1
+
+
+@pytest.mark.parametrize("engines", [True, False])
+def test_kv_and_latency_in_run_with_the_collectors_disabled_is_said_as_the_cause(engines):
+    # the KV and alignment warnings say nothing publishes their series; the cause is one line
+    text = _spec_text(_engines(_both_models()) if engines else None, {"gpu": [], "kv": [], "latency": []}, enabled=False)
+    w = spec_warnings(_parse(text))
+    [cause] = [x for x in w if x.startswith("kubernetes.collectors.run")]
+    assert "kv, latency" in cause and "kubernetes.collectors.enabled is false" in cause and "enabled: true" in cause
+    assert "gpu" not in cause.split(":")[0]  # the gpu collector's signals say so themselves
+    # with the collectors on, no such line
+    on = spec_warnings(_parse(_spec_text(_engines(_both_models()), {"gpu": [], "kv": [], "latency": []})))
+    assert not [x for x in on if x.startswith("kubernetes.collectors.run")]
 
 
 def test_dcgm_vllm_and_discovery_leave_no_kv_or_alignment_signal_unproduced():
