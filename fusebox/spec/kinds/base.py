@@ -273,10 +273,12 @@ def signal_sel(sig: Any, metric: str) -> str:
 
 
 def signal_legend(sig: Any) -> str:
-    """Its level's legend (gpu, engine, host), else the ``by`` labels but cluster ({{pod}} {{model_name}})."""
+    """Its level's legend (gpu, engine, host), else the ``by`` labels but cluster ({{pod}} {{model_name}});
+    then ``{{source}}`` where :func:`kept_by` adds it (what the alignment histogram measured)."""
+    extra = " {{" + C.ALIGNMENT_SOURCE_LABEL + "}}" if kept_by(sig) != tuple(sig.by or ()) else ""
     if sig.level in LEGEND:
-        return LEGEND[sig.level]
-    return " ".join(f"{{{{{label}}}}}" for label in sig.by if label != C.LABEL["cluster"]) or "{{instance}}"
+        return LEGEND[sig.level] + extra
+    return (" ".join(f"{{{{{label}}}}}" for label in sig.by if label != C.LABEL["cluster"]) or "{{instance}}") + extra
 
 
 def sel(metric: str, level: str, extra: str = "") -> str:

@@ -282,8 +282,7 @@ class Quantile(Kind):
             r = self.records(sig)
             q = int(round(sig.quantile * 100))
             lg, per, measured = signal_legend(sig), "per engine", ""
-            if self.measured(sig):  # what was measured: base.kept_by keeps it apart
-                lg += f" {{{{{C.ALIGNMENT_SOURCE_LABEL}}}}}"
+            if self.measured(sig):  # what was measured: base.kept_by keeps it apart (the legend ends with it)
                 per = f"per engine and {C.ALIGNMENT_SOURCE_LABEL}"
                 measured = (f"Label {C.ALIGNMENT_SOURCE_LABEL} (last in each legend) says what was measured: "
                             + "; ".join(f"{v}: {what}" for v, _short, what, _todo in self.measured(sig)) + ". ")
