@@ -192,6 +192,13 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
                         f"for {format_duration(tier.for_s)}.{action}"),
         "runbook_url": spec.runbook_url(sig.alert),
     }
+    measured = kind_of(sig).measured(sig)
+    if measured:  # what the series measured, from its label: one `if` per value, none when it lacks the label
+        label = C.ALIGNMENT_SOURCE_LABEL
+        ann["summary"] += "".join(f'{{{{ if eq $labels.{label} "{v}" }}}} [measured: {short}]{{{{ end }}}}'
+                                  for v, short, _what, _todo in measured)
+        ann["description"] += "".join(f'{{{{ if eq $labels.{label} "{v}" }}}} Measured: {what}.{{{{ end }}}}'
+                                      for v, _short, what, _todo in measured)
     if spec.dashboard_base_url:
         ann["dashboard_url"] = (f"{spec.dashboard_base_url.rstrip('/')}/d/"
                                 f"{C.dashboard_uid(spec.name, C.OVERVIEW_DASHBOARD)}")

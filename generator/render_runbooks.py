@@ -51,6 +51,7 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
             symptom=sig.runbook.symptom, impact=sig.runbook.impact,
             diagnosis=diagnosis(spec, sig),
             signal=sig.name, spec_file=PurePath(spec.file).name, source=sig.source.backend,
+            measured=kind_of(sig).measured(sig), measured_label=C.ALIGNMENT_SOURCE_LABEL,
         )
     from .render_rules import GPU_DOWN_FOR_S, gpu_down_enabled
 

@@ -73,6 +73,10 @@ def _expand(template: str, labels: dict[str, str]) -> str:
     Raises:
         ValueError: the template names a label the alert lacks (it would render empty).
     """
+    # `{{ if eq $labels.L "V" }}TEXT{{ end }}` (render_rules.alert_annotations): TEXT where the alert's L is V
+    template = re.sub(r'\{\{\s*if eq \$labels\.([a-zA-Z_][a-zA-Z0-9_]*) "([^"]*)"\s*\}\}(.*?)\{\{\s*end\s*\}\}',
+                      lambda m: m.group(3) if labels.get(m.group(1), "") == m.group(2) else "", template, flags=re.S)
+
     def value(m: re.Match) -> str:
         if not labels.get(m.group(1)):
             raise ValueError(f"annotation {template!r} names label {m.group(1)!r}, which the alert lacks ({', '.join(sorted(labels))})")

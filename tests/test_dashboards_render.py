@@ -234,6 +234,11 @@ def test_latency_drill_down_shows_p50_p95_p99_and_share_over_each_threshold(boar
                 "engine:fusebox_alignment_duration_seconds:p99_rate5m",
                 "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m"):
         assert any(e.startswith(rec + "{") for e in exprs), rec
+    # what was measured (handoff | encoder | ttft) ends every legend: one engine's TTFT stand-in
+    # and its hand-off times are two lines, told apart
+    legends = [t["legendFormat"] for p in panels for t in p["targets"]]
+    assert legends and all(lg.endswith(" {{source}}") for lg in legends), legends
+    assert panels[0]["title"] == "AlignmentLatencyP95High: P50 / P95 / P99 per engine and source"
 
 
 def test_uids_are_stable_and_derived_from_names(spec, boards):

@@ -37,7 +37,7 @@ SHIPPED_EMPTY = {
     ("overview", "KVCacheGrowthRateHigh: kv cache growth rate"),
     ("overview", "KVCacheGrowthOOMImminent: kv cache growth oom"),
     ("overview", "KVCacheTimeToFullLow: kv cache time to full"),
-    ("alignment-latency", "AlignmentLatencyP95High: P50 / P95 / P99 per engine"),
+    ("alignment-latency", "AlignmentLatencyP95High: P50 / P95 / P99 per engine and source"),
     ("alignment-latency", "Share of observations over each threshold"),
     ("alignment-latency", "Observations per second"),
     ("kv-cache", "KVCacheGrowthRateHigh: growth per engine"),

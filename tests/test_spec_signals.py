@@ -454,6 +454,48 @@ def test_a_quantile_summed_by_nothing_names_no_label():
     assert alert["annotations"]["description"] == "alignment_latency_p95 has been >= 0.85s for 1m."
 
 
+TTFT_SAID = ("Measured: time to first token (stand-in: queueing + prefill + encoder, where the engine publishes no "
+             "encoder timing), compared with thresholds meant for the hand-off.")
+
+
+def test_the_alignment_alert_keeps_and_says_what_was_measured():
+    """The collector's `source` (handoff | encoder | ttft) survives the records into the alert, the
+    generated tests drive a ttft series and expect it said; the fuse's scope still ignores it."""
+    from fusebox.fuse.rules import scope_of
+
+    out = render_all(_spec(SPEC.read_text()))
+    group = _group(yaml.safe_load(out["rules/fusebox.rules.yml"]), "fusebox-alignment_latency_p95")
+    for r in group["rules"]:
+        if r.get("record"):
+            assert "sum by (cluster, host_name, engine, model, source)" in r["expr"], r
+    tests = yaml.safe_load(out["rules/fusebox.rules.test.yml"])
+    fired = [a for g in tests["tests"] for t in g["alert_rule_test"] if t["alertname"] == "AlignmentLatencyP95High"
+             for a in t["exp_alerts"]]
+    assert fired and all(a["exp_labels"]["source"] == "ttft" for a in fired)
+    crit = next(a for a in fired if a["exp_labels"]["severity"] == "critical")
+    assert crit["exp_annotations"]["summary"] == (
+        "AlignmentLatencyP95High: alignment_latency_p95 >= 1.28s on engine engine-0 (critical) [measured: time to first token]")
+    assert crit["exp_annotations"]["description"].endswith("(no vision encoder). " + TTFT_SAID)
+    assert scope_of(crit["exp_labels"]) == scope_of({k: v for k, v in crit["exp_labels"].items() if k != "source"})
+    runbook = out["runbooks/AlignmentLatencyP95High.md"]
+    assert "## What was measured" in runbook
+    for value in ("handoff", "encoder", "ttft"):
+        assert f"| `{value}` |" in runbook
+
+
+def test_an_alert_without_source_says_nothing_of_it():
+    """The scenario player's hand-off times carry no `source`: the annotation reads as before."""
+    from fusebox.generator.render_tests import _expand
+
+    alert = next(r for r in _group(_rules(_spec(SPEC.read_text())), "fusebox-alignment_latency_p95")["rules"]
+                 if r.get("alert"))
+    labels = {"engine": "e0", "model": "m", "host_name": "h"}
+    assert _expand(alert["annotations"]["summary"], labels) == (
+        "AlignmentLatencyP95High: alignment_latency_p95 >= 0.85s on engine e0 (warning)")
+    assert _expand(alert["annotations"]["description"], labels) == "alignment_latency_p95 on engine e0 (m) on h has been >= 0.85s for 1m."
+    assert _expand(alert["annotations"]["description"], {**labels, "source": "ttft"}).endswith("for 1m. " + TTFT_SAID)
+
+
 @pytest.mark.tools
 def test_a_deriv_without_by_keeps_the_gauges_labels_and_says_so(tmp_path):
     spec = _without_by("kv_cache_growth_rate", "kv_cache_growth_oom")

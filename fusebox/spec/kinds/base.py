@@ -153,7 +153,26 @@ ENGINE_LABELS = {"engine": "engine-0", "model": "llava-1.5-7b", "host_name": "gp
 SYNTH_VALUES = {"cluster": "test", "namespace": "inference", "pod": "vllm-llava-7b-6d9f7c8b5-x2l9q",
                 "container": "vllm", "service": "vllm-llava-7b", "endpoint": "http", "node": "gpu-node-1",
                 "model_name": "llava-hf/llava-1.5-7b-hf", "model": "llava-1.5-7b", "engine": "engine-0",
-                "host_name": "gpu-node-1", "hw_id": GPU_LABELS["hw_id"], "instance": "10.42.3.17:8000"}
+                "host_name": "gpu-node-1", "hw_id": GPU_LABELS["hw_id"], "instance": "10.42.3.17:8000",
+                # what the alignment histogram measured: the stand-in of stock vLLM / SGLang
+                C.ALIGNMENT_SOURCE_LABEL: "ttft"}
+
+
+def reads_alignment_histogram(sig: Any) -> bool:
+    """Whether the signal reads fusebox's own alignment histogram, whose ``source`` label says
+    what was measured (conventions.ALIGNMENT_SOURCES: handoff, encoder or ttft)."""
+    return sig.source.backend == "fusebox" and sig.source.metric == C.PROM["alignment_duration"]
+
+
+def kept_by(sig: Any) -> tuple[str, ...]:
+    """The labels a ``by`` aggregation keeps: the signal's ``by``, plus ``source`` when it reads
+    fusebox's alignment histogram (one engine's hand-off times and its TTFT stand-in are
+    different measurements and stay apart; ``source`` is no scope label, so the fuse still sees
+    one scope per engine). Empty without ``by``."""
+    by_ = tuple(sig.by or ())
+    if by_ and reads_alignment_histogram(sig) and C.ALIGNMENT_SOURCE_LABEL not in by_:
+        return by_ + (C.ALIGNMENT_SOURCE_LABEL,)
+    return by_
 
 
 def label_str(labels: dict[str, str]) -> str:
@@ -195,7 +214,7 @@ class Synth:
             base = dict(ENGINE_LABELS)
         else:
             base = {"instance": SYNTH_VALUES["instance"], "job": sig.source.backend}
-        for label in sig.by:
+        for label in kept_by(sig):
             base.setdefault(label, SYNTH_VALUES.get(label, f"{label}-0"))
         return cls(sig, spec, spec.evaluation_interval_s, {**base, **spec.selector_for(sig.source.backend)})
 
@@ -254,10 +273,12 @@ def signal_sel(sig: Any, metric: str) -> str:
 
 
 def signal_legend(sig: Any) -> str:
-    """Its level's legend (gpu, engine, host), else the ``by`` labels but cluster ({{pod}} {{model_name}})."""
+    """Its level's legend (gpu, engine, host), else the ``by`` labels but cluster ({{pod}} {{model_name}});
+    then ``{{source}}`` where :func:`kept_by` adds it (what the alignment histogram measured)."""
+    extra = " {{" + C.ALIGNMENT_SOURCE_LABEL + "}}" if kept_by(sig) != tuple(sig.by or ()) else ""
     if sig.level in LEGEND:
-        return LEGEND[sig.level]
-    return " ".join(f"{{{{{label}}}}}" for label in sig.by if label != C.LABEL["cluster"]) or "{{instance}}"
+        return LEGEND[sig.level] + extra
+    return (" ".join(f"{{{{{label}}}}}" for label in sig.by if label != C.LABEL["cluster"]) or "{{instance}}") + extra
 
 
 def sel(metric: str, level: str, extra: str = "") -> str:
@@ -434,6 +455,12 @@ class Kind:
         aggregated by them, or None when it keeps those of its source's series (then the level's
         usual ones are assumed: hw_id, host_name for gpu; engine, model, host_name for engine)."""
         return tuple(sig.by) if sig.by else None
+
+    def measured(self, sig: Any) -> list[tuple[str, str, str, str]]:
+        """What the signal's series may have measured, where its source says it in a label:
+        ``(label value, short name, what it is, what to do when the alert reads it)``, the
+        alert's annotations and the runbook name it. Empty: the signal says it in its description."""
+        return []
 
     def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
         """Records the kind's drill-down panels read beyond the signals' own (no alerts)."""

@@ -37,8 +37,10 @@ from .base import (
     Synth,
     by,
     engine_labels,
+    kept_by,
     label_str,
     le_regex,
+    reads_alignment_histogram,
     segments,
     selector,
     signal_legend,
@@ -48,6 +50,29 @@ from .base import (
 
 # Rounding allowance of the share comparison (:meth:`Quantile.alert_expr`).
 SHARE_EPSILON = 1e-12
+
+# What fusebox's alignment histogram measured, by its `source` label (conventions.ALIGNMENT_SOURCES,
+# docs/collectors.md "Alignment latency"): (short name, what it is, what to do when the alert reads it).
+ALIGNMENT_MEASURED = {
+    "handoff": ("the hand-off",
+                "the instrumented vision-encoder -> language-decoder hand-off (alignment_timer, record_alignment), "
+                "what the thresholds are meant for",
+                "Follow the SOP below as written."),
+    "encoder": ("the encoder stage",
+                "the engine's own encoder / multimodal-stage histogram (fusebox collect latency), "
+                "compared with thresholds meant for the hand-off",
+                "Read it as the encoder's own time, close to the hand-off but not it: batch size, image sizes and GPU "
+                "contention explain it, and the SOP below applies."),
+    "ttft": ("time to first token",
+             "time to first token (stand-in: queueing + prefill + encoder, where the engine publishes no encoder "
+             "timing), compared with thresholds meant for the hand-off",
+             "It is an upper bound of the hand-off, not the hand-off: before acting on the encoder, check the engine's "
+             "queue (`vllm:num_requests_waiting`, `sglang:num_queue_reqs`) and its prompt lengths, since queueing or a "
+             "long prefill alone trips it; an alert with an empty queue and short prompts points at the encoder. To "
+             "measure the hand-off itself, instrument it (`alignment_timer`) or give `fusebox collect latency` the "
+             "engine's encoder histogram (`--encoder-metric NAME`); until then expect it to fire under load the "
+             "hand-off thresholds were never meant for."),
+}
 
 
 class Quantile(Kind):
@@ -113,7 +138,15 @@ class Quantile(Kind):
                 (f"Observations per second, {where}", names["rate"])]
 
     def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
-        return tuple(sig.by)  # summed by them: none at all without by
+        # summed by them (none at all without by), `source` kept on fusebox's alignment
+        # histogram: base.kept_by
+        return kept_by(sig)
+
+    def measured(self, sig: Any) -> list[tuple[str, str, str, str]]:
+        """On fusebox's alignment histogram, its ``source`` values (:data:`ALIGNMENT_MEASURED`)."""
+        if not reads_alignment_histogram(sig) or C.ALIGNMENT_SOURCE_LABEL not in kept_by(sig):
+            return []  # not that histogram, or summed by nothing: no alert carries the label
+        return [(v, *ALIGNMENT_MEASURED[v]) for v in C.ALIGNMENT_SOURCES]
 
     def raw_metrics(self, sig: Any) -> list[str]:
         # `_count` alone: the buckets are exported with it, so its absence says the same as an
@@ -127,7 +160,7 @@ class Quantile(Kind):
         w = format_duration(sig.window_s)
         count = selector(f"{sig.source.metric}_count", spec, backend=sig.source.backend)
         out: list[dict[str, Any]] = [
-            {"record": names["rate"], "expr": f"sum by ({by(sig.by)}) ({engine_labels(f'rate({count}[{w}])', sig)})"},
+            {"record": names["rate"], "expr": f"sum by ({by(kept_by(sig))}) ({engine_labels(f'rate({count}[{w}])', sig)})"},
         ]
         # The share of observations above each threshold. Pq >= T exactly when this share >= 1 - q,
         # because T is a bucket bound (module docstring); the alert reads it.
@@ -135,7 +168,7 @@ class Quantile(Kind):
             bucket = selector(f"{sig.source.metric}_bucket", spec, regex={"le": le_regex(t.threshold)}, backend=sig.source.backend)
             out.append({
                 "record": names["over_threshold"],
-                "expr": (f"1 - sum by ({by(sig.by)}) ({engine_labels(f'rate({bucket}[{w}])', sig)})\n"
+                "expr": (f"1 - sum by ({by(kept_by(sig))}) ({engine_labels(f'rate({bucket}[{w}])', sig)})\n"
                          f"  / ({names['rate']} > 0)"),  # no traffic: no sample, as the quantile
                 "labels": {"le": format_number(t.threshold)},
             })
@@ -158,9 +191,9 @@ class Quantile(Kind):
         bucket = selector(f"{sig.source.metric}_bucket", spec, backend=sig.source.backend)
         # Only where observations arrived: with zero traffic histogram_quantile is NaN on Prometheus
         # and absent on VictoriaMetrics; `and` on a positive rate makes it absent on both (P1).
-        traffic = f"and on ({by(sig.by)}) ({names['rate']} > 0)"
+        traffic = f"and on ({by(kept_by(sig))}) ({names['rate']} > 0)"
         return [
-            {"record": names["bucket_rate"], "expr": f"sum by ({by(sig.by, ('le',))}) ({engine_labels(f'rate({bucket}[{w}])', sig)})"},
+            {"record": names["bucket_rate"], "expr": f"sum by ({by(kept_by(sig), ('le',))}) ({engine_labels(f'rate({bucket}[{w}])', sig)})"},
             {"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})\n  {traffic}"},
             {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})\n  {traffic}"},
             {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})\n  {traffic}"},
@@ -216,7 +249,7 @@ class Quantile(Kind):
         return out
 
     def result_labels(self, synth: Synth) -> dict[str, str]:
-        return {k: v for k, v in synth.labels.items() if k in synth.sig.by}
+        return {k: v for k, v in synth.labels.items() if k in kept_by(synth.sig)}
 
     def extra_tests(self, synth: Synth) -> list[tuple[str, dict[str, Any]]]:
         """Zero traffic: buckets frozen at earlier counts, every rate 0; no P50/P95/P99 sample at
@@ -248,10 +281,14 @@ class Quantile(Kind):
         for sig in sigs:
             r = self.records(sig)
             q = int(round(sig.quantile * 100))
-            lg = signal_legend(sig)
+            lg, per, measured = signal_legend(sig), "per engine", ""
+            if self.measured(sig):  # what was measured: base.kept_by keeps it apart (the legend ends with it)
+                per = f"per engine and {C.ALIGNMENT_SOURCE_LABEL}"
+                measured = (f"Label {C.ALIGNMENT_SOURCE_LABEL} (last in each legend) says what was measured: "
+                            + "; ".join(f"{v}: {what}" for v, _short, what, _todo in self.measured(sig)) + ". ")
             panels.append(PanelDef(
-                f"{sig.alert}: P50 / P{q} / P99 per engine",
-                f"{sig.description} Lines at {', '.join(f'{t.name} {t.threshold_text}' for t in sig.tiers)}; "
+                f"{sig.alert}: P50 / P{q} / P99 {per}",
+                f"{sig.description} {measured}Lines at {', '.join(f'{t.name} {t.threshold_text}' for t in sig.tiers)}; "
                 f"The alert reads the share over each threshold's bucket (next panel), the same condition as P{q} at or over it; "
                 f"these lines are recorded every slow evaluation interval. A gap means no traffic (no sample: docs/pitfalls.md P1).",
                 (Query(signal_sel(sig, r["p50"]), "P50 " + lg),
@@ -267,7 +304,7 @@ class Quantile(Kind):
                 "percentunit", (sig.alert,), soft_max=1.0,
             ))
             panels.append(PanelDef(
-                "Observations per second", "Rate of observations per engine: zero traffic explains a gap in the quantiles.",
+                "Observations per second", f"Rate of observations {per}: zero traffic explains a gap in the quantiles.",
                 (Query(signal_sel(sig, r["rate"]), lg),), "ops", (sig.alert,),
             ))
         return DashboardDef("alignment-latency", f"fusebox / {spec.name} / alignment latency",
