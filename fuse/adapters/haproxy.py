@@ -11,6 +11,7 @@ from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 from fusebox.spec.adapters import Adapter as AdapterSpec
 
 from ..actions import ActionError, call_deadline, remaining
+from ..logsafe import escape_control
 from ..rules import scope_key
 from .base import Holds, targets_for, unmapped
 
@@ -49,11 +50,19 @@ class HaproxyRuntime:
         return payload["action"] in self.spec.actions
 
     def command(self, line: str) -> str:
-        """Send one runtime-API command (no newline in it), return HAProxy's answer (stripped)."""
+        """Send one runtime-API command (no newline in it), return HAProxy's answer (stripped).
+
+        Raises :class:`ActionError`: HAProxy cannot be reached, or (permanent, nothing sent) ``line``
+        holds a newline, a carriage return or ``;``."""
         import socket
 
         if "\n" in line or "\r" in line or ";" in line:
-            raise ValueError("one runtime-API command, without newline or ';'")
+            # a name the spec check let through (or an adapter built without it): never sent, and
+            # final, since sending it again cannot help (a ValueError here was retried forever)
+            e = ActionError(f"{self.socket}: {escape_control(line[:200])}: a runtime-API command holds a newline or ';'",
+                            summary="a name that could add a runtime-API command")
+            e.permanent = True
+            raise e
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(remaining(self.spec.timeout_s))
