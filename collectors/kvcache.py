@@ -348,7 +348,8 @@ class KvCollector:
         """Fetch and parse every endpoint; merge engines by identity with max."""
         merged: dict[tuple, EngineKv] = {}
         for raw in self.endpoints:
-            text, state, detail = scrape(self.fetch, raw, self.timeout_s, self.errors, self.refused, self.dropped)
+            text, state, detail = scrape(self.fetch, raw, self.timeout_s, self.errors, self.refused, self.dropped,
+                                         log=(lambda m: self.log(f"kv: {m}")) if self.log else None)
             ep = redact_url(raw)  # labels and messages never carry userinfo
             if text is None:
                 self._report(ep, state, detail)
