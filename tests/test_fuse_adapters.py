@@ -415,7 +415,8 @@ def test_haproxy_a_name_ending_in_a_newline_does_not_load_and_says_its_line(tmp_
 def test_haproxy_a_command_holding_a_newline_is_a_final_failure_counted_once_and_never_sent(haproxy, tmp_path):
     """An adapter built without the spec check (a name ending in a newline) used to raise ValueError
     in every attempt, which the dispatcher retried forever (every 0.2 s here). Now: one attempt,
-    audited failed as permanent, counted once in actions_given_up; HAProxy's own state unchanged."""
+    audited failed as permanent, counted once in actions_given_up, not queued again by the
+    reconciler; HAProxy's own state unchanged."""
     import dataclasses
 
     sock, show = haproxy
@@ -435,6 +436,7 @@ def test_haproxy_a_command_holding_a_newline_is_a_final_failure_counted_once_and
         assert reg.get_sample_value(C.FUSE_METRICS["action_failures"], {"adapter": "lb"}) == 1.0
         assert reg.get_sample_value(C.FUSE_METRICS["actions_given_up"], {"adapter": "lb", "reason": "permanent"}) == 1.0
         assert len(failed_audit(svc)) == 1
+        assert svc.service.reconcile() == 0  # the reconciler (every 30 s in `fuse serve`) does not queue it again
     assert show() == {"engine0": 0, "engine1": 0}
 
 
