@@ -70,6 +70,9 @@ def _fetch_options(p: argparse.ArgumentParser) -> None:
                    help="sample lines of an answer used at most; the rest are dropped and counted (default 50000)")
     p.add_argument("--max-label-chars", type=_count, default=4096, metavar="N",
                    help="drop (and count) a sample whose label set is over N characters (default 4096)")
+    p.add_argument("--max-models", type=_count, default=8, metavar="N",
+                   help="model_name values of an answer used at most; the other models' samples are dropped "
+                        "and counted (default 8; an engine serves one)")
     p.add_argument("--credentials-file", metavar="PATH", default=None,
                    help="file holding a bearer token or user:password, read at every scrape (chmod 600); "
                         "preferred to user:password@ in the URL, which is sent but never shown")
@@ -81,7 +84,7 @@ def _fetcher(args):
 
     creds = Credentials(args.credentials_file, log=log_stderr) if args.credentials_file else None
     return Fetcher(FetchLimits(args.max_body_bytes, args.max_decompressed_bytes, args.max_series,
-                               args.max_label_chars), creds)
+                               args.max_label_chars, args.max_models), creds)
 
 
 def _count(text: str) -> int:

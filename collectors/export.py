@@ -423,7 +423,7 @@ _DESCRIPTIONS = {
     "export_dropped": "OTLP export batches dropped (queue full or retries exhausted)",
     "scrape_errors": "Engine /metrics fetches that failed, by endpoint and reason",
     "scrape_refused": "Engine /metrics fetches refused at a cap or the deadline, by endpoint and reason",
-    "scrape_dropped": "Sample lines of engine /metrics dropped before parsing (label_too_long, series_limit), "
+    "scrape_dropped": "Sample lines of engine /metrics dropped before parsing (label_too_long, series_limit, model_limit), "
                       "by endpoint and reason",
     "kv_incomplete": "KV rounds with incomplete output, by engine and reason (no_gpu: no hw_id; no_capacity: no pool "
                      "size; model_config: --model-config not the served model's; unknown_model: a discovered engine's "

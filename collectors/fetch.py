@@ -22,6 +22,11 @@ An answer within the byte caps is then bounded in what it can make the parser ho
 ``max_label_chars`` characters (a 15 MiB label made prometheus-client's parser take 817 MB) and
 the sample lines past ``max_series`` are dropped before parsing, each counted by reason
 (:data:`DROP_REASONS`, ``fusebox.collector.scrape.dropped``); the rest of the answer is used.
+So are the sample lines of every ``model_name`` value after the first ``max_models`` of the answer
+(``model_limit``): each model an engine reports becomes series of the collector's output (KV
+usage and limit per GPU, an alignment histogram per model), so an engine naming a new model in
+every line would otherwise multiply that output up to ``max_series`` times. An engine serves one
+model; the first time an endpoint's lines are dropped for it the collector says so once.
 """
 
 from __future__ import annotations
@@ -50,11 +55,16 @@ DEFAULT_TIMEOUT_S = 2.0
 # model names and paths (well under 300 characters).
 DEFAULT_MAX_SERIES = 50_000
 DEFAULT_MAX_LABEL_CHARS = 4096
+# distinct model_name values used per scrape: an engine serves one model (vLLM and SGLang label
+# their series with its served name); more is an engine, or something posing as one, to bound
+DEFAULT_MAX_MODELS = 8
 # A sample line may hold this much besides its label set (name, value, timestamp).
 _LINE_SLACK = 512
 _CHUNK = 64 * 1024
 # why a sample line is dropped (fusebox.collector.scrape.dropped)
-DROP_REASONS = ("label_too_long", "series_limit")
+DROP_REASONS = ("label_too_long", "series_limit", "model_limit")
+# the model_name label of a sample line's label set (its value as written, escapes and all)
+_MODEL_LABEL = re.compile(r'[{,]\s*model_name\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 REFUSAL_REASONS = ("body_too_large", "decompressed_too_large", "deadline")
 # scrape-error reason counted for each refusal reason (fusebox.collector.scrape.errors)
@@ -114,12 +124,14 @@ def redact_url(endpoint: str) -> str:
 class FetchLimits:
     """Caps of one scrape. ``max_body_bytes`` counts the body as sent (compressed or not),
     ``max_decompressed_bytes`` the text after gzip/deflate decoding (bytes); ``max_series`` and
-    ``max_label_chars`` bound what the parser is given (:func:`bound_series`)."""
+    ``max_label_chars`` bound what the parser is given, ``max_models`` the distinct ``model_name``
+    values used (:func:`bound_series`)."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
     max_series: int = DEFAULT_MAX_SERIES  # sample lines used per scrape
     max_label_chars: int = DEFAULT_MAX_LABEL_CHARS  # characters of a sample's label set ({...})
+    max_models: int = DEFAULT_MAX_MODELS  # distinct model_name label values used per scrape
 
 
 class Credentials:
@@ -336,14 +348,16 @@ def bound_series(text: str, limits: FetchLimits) -> tuple[str, dict[str, int]]:
     """``text`` without the sample lines over the caps, and ``{reason: lines dropped}``.
 
     A sample line whose label set (``{`` to the last ``}``) is over ``limits.max_label_chars``
-    characters is dropped (``label_too_long``), and so is every sample line after the first
-    ``limits.max_series`` (``series_limit``); comment lines that long are dropped uncounted. An
-    over-long line is skipped without being copied.
+    characters is dropped (``label_too_long``), so is a sample line whose ``model_name`` label is
+    none of the first ``limits.max_models`` values of the text (``model_limit``), and so is every
+    sample line after the first ``limits.max_series`` kept (``series_limit``); comment lines that
+    long are dropped uncounted. An over-long line is skipped without being copied.
     """
     out: list[str] = []
     dropped = dict.fromkeys(DROP_REASONS, 0)
     longest = limits.max_label_chars + _LINE_SLACK
     series, pos, n = 0, 0, len(text)
+    models: set[str] = set()
     while pos < n:
         end = text.find("\n", pos)
         end = n if end < 0 else end
@@ -357,6 +371,8 @@ def bound_series(text: str, limits: FetchLimits) -> tuple[str, dict[str, int]]:
                 dropped["label_too_long"] += 1
             elif comment or not line.strip():
                 out.append(line)
+            elif opened >= 0 and "model_name" in line and _over_models(line, opened, models, limits.max_models):
+                dropped["model_limit"] += 1
             elif series >= limits.max_series:
                 dropped["series_limit"] += 1
             else:
@@ -366,22 +382,41 @@ def bound_series(text: str, limits: FetchLimits) -> tuple[str, dict[str, int]]:
     return "\n".join(out) + "\n", {k: v for k, v in dropped.items() if v}
 
 
-def scrape(fetch: Callable[[str, float], str], endpoint: str, timeout_s: float, errors, refused, dropped=None
-           ) -> tuple[str | None, str, str]:
+def _over_models(line: str, opened: int, models: set[str], cap: int) -> bool:
+    """Whether ``line``'s ``model_name`` is a new value past ``cap`` (else it is added to ``models``)."""
+    m = _MODEL_LABEL.search(line, opened)
+    if m is None or m.group(1) in models:
+        return False
+    if len(models) >= cap:
+        return True
+    models.add(m.group(1))
+    return False
+
+
+def scrape(fetch: Callable[[str, float], str], endpoint: str, timeout_s: float, errors, refused, dropped=None,
+           log: Callable[[str], None] | None = None) -> tuple[str | None, str, str]:
     """One counted scrape: ``(text, "ok", "")`` or ``(None, error reason, message)``.
 
     ``errors``, ``refused`` and ``dropped`` are ``Counter`` s keyed ``(endpoint without userinfo,
     reason)``; a refusal counts in both of the first (its error reason is :data:`ERROR_REASON`);
     ``dropped`` counts the sample lines :func:`bound_series` left out (with the limits of
     ``fetch.limits``, else the defaults). Exceptions of an injected ``fetch`` count as ``timeout``
-    (a ``*Timeout*`` class) or ``down``. Nothing raises.
+    (a ``*Timeout*`` class) or ``down``. Nothing raises. ``log`` hears, once per endpoint and
+    ``dropped``, the first scrape whose lines were dropped for ``model_limit``.
     """
     label = redact_url(endpoint)
     try:
-        text, cut = bound_series(fetch(endpoint, timeout_s), getattr(fetch, "limits", None) or FetchLimits())
+        limits = getattr(fetch, "limits", None) or FetchLimits()
+        text, cut = bound_series(fetch(endpoint, timeout_s), limits)
         for reason, n in cut.items():
-            if dropped is not None:
-                dropped[(label, reason)] += n
+            if dropped is None:
+                continue
+            if reason == "model_limit" and not dropped[(label, reason)] and log:
+                log(f"{label}: more than {limits.max_models} model_name values: {n} sample lines of the others left "
+                    "out, this scrape and each one after (counted in fusebox_collector_scrape_dropped_total, reason "
+                    "model_limit); an engine serves one model -- check that the endpoint is one engine's /metrics, "
+                    "or raise --max-models")
+            dropped[(label, reason)] += n
         return text, "ok", ""
     except ScrapeRefused as e:
         refused[(label, e.reason)] += 1

@@ -336,6 +336,10 @@ class KvCollector:
             if self.log:
                 self.log(f"kv: engine {engine}: {message}")
 
+    def _log_kv(self, message: str) -> None:
+        if self.log:
+            self.log(f"kv: {message}")
+
     def _report(self, endpoint: str, state: str, detail: str = "") -> None:
         if self._last_state.get(endpoint) != state:
             self._last_state[endpoint] = state
@@ -348,7 +352,8 @@ class KvCollector:
         """Fetch and parse every endpoint; merge engines by identity with max."""
         merged: dict[tuple, EngineKv] = {}
         for raw in self.endpoints:
-            text, state, detail = scrape(self.fetch, raw, self.timeout_s, self.errors, self.refused, self.dropped)
+            text, state, detail = scrape(self.fetch, raw, self.timeout_s, self.errors, self.refused, self.dropped,
+                                         log=self._log_kv if self.log else None)
             ep = redact_url(raw)  # labels and messages never carry userinfo
             if text is None:
                 self._report(ep, state, detail)

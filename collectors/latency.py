@@ -271,8 +271,9 @@ class EngineHistogramFallback:
         from .fetch import redact_url, scrape
         from .kvcache import MalformedMetrics
 
+        log = self.log
         text, state, detail = scrape(self.fetch, self.endpoint, self.timeout_s, self.scrape_errors, self.refused,
-                                     self.dropped)
+                                     self.dropped, log=(lambda m: log(f"latency: {m}")) if log else None)
         if text is None:
             self.errors += 1
             self._report(state, detail)

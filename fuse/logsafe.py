@@ -4,7 +4,12 @@ Label values and reasons come from whoever reaches Alertmanager's API or holds a
 in one would start a forged log line; ``\\r`` or an ANSI escape would rewrite the terminal showing
 the log. :class:`EscapeControl` rewrites each record's message with every control character
 escaped (``\\n``, ``\\r``, ``\\t``, ``\\x1b``, ``\\u2028``...), so one record is one line. Traceback
-text, added by the formatter after the message, is left as it is.
+text, added by the formatter after the message, is left as it is. Format characters (Unicode
+category Cf: the bidi embeddings, overrides and isolates U+202A-202E and U+2066-2069, the
+zero-width U+200B-200F, U+FEFF, the tag characters ...) are escaped too (``\\u202e``,
+``\\U000e0041``): shown raw, a right-to-left override makes ``evil\\u202efdp.exe`` read as
+``evilexe.pdf`` and a zero-width space makes two different label values look the same, in the log and
+on the status page (:mod:`fusebox.fuse.status` writes every cell through :func:`escape_control`).
 
 Credentials: :func:`redact_url` leaves a URL's password (and, but for a database URL, its whole
 userinfo: ``https://TOKEN@host``) and the values of secret query parameters (``?token=``,
@@ -17,11 +22,17 @@ from __future__ import annotations
 
 import logging
 import re
+import unicodedata
 
 __all__ = ["escape_control", "EscapeControl", "RedactUrls", "install", "redact_url", "redact_urls"]
 
 # C0, DEL, C1, and the Unicode line and paragraph separators (some viewers break lines on them).
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Beyond ASCII, a character is escaped when its Unicode category is one of these: control (Cc),
+# format (Cf: bidi controls, zero-width characters, tags), surrogate (Cs: a lone one cannot be
+# written as UTF-8), line and paragraph separator (Zl, Zp).
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_NON_ASCII = re.compile("[^\x00-\x7f]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -29,7 +40,13 @@ def _esc(m: re.Match) -> str:
     c = m.group()
     if c in _NAMED:
         return _NAMED[c]
-    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def _esc_unicode(m: re.Match) -> str:
+    c = m.group()
+    return _esc(m) if unicodedata.category(c) in _ESCAPED_CATEGORIES else c
 
 
 # Query parameters whose values are secrets (compared in lower case, "-" read as "_").
@@ -82,8 +99,11 @@ def _redact_match(m: re.Match) -> str:
 
 
 def escape_control(text: str) -> str:
-    """``text`` with each control character written as an escape: ``"a\\nb"`` -> ``"a\\\\nb"``."""
-    return _CONTROL.sub(_esc, text)
+    """``text`` with each control and format character written as an escape: ``"a\\nb"`` ->
+    ``"a\\\\nb"``, ``"a\\u202eb"`` -> ``"a\\\\u202eb"`` (categories :data:`_ESCAPED_CATEGORIES`; other
+    letters, marks and symbols of any script stay as they are)."""
+    text = _CONTROL.sub(_esc, text)
+    return text if text.isascii() else _NON_ASCII.sub(_esc_unicode, text)
 
 
 class EscapeControl(logging.Filter):

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from fusebox import conventions as C
 from fusebox.spec.kinds.base import VARIABLES
 
+from .logsafe import escape_control
 from .rows import AuditRow, FuseState, LevelStateView, LevelView, ScopeStateView, StateView
 from .rules import scope_key
 
@@ -132,7 +133,8 @@ def _matcher_value(value: str) -> str:
 
 
 def _clip(text, n: int = STATUS_CELL_CHARS) -> str:
-    text = "" if text is None else str(text)
+    # control and format characters (bidi overrides, zero-width) shown as escapes, as in the log
+    text = escape_control("" if text is None else str(text))
     return text if len(text) <= n else text[: n - 1] + "…"
 
 

@@ -34,7 +34,7 @@ from .render_rules import Rules, gpu_power_backend
 from .yamlout import dump_yaml
 
 __all__ = ["render_prometheusrule", "render_collectors", "render_fuse", "render_kustomization", "workload_outputs", "kustomization_output",
-           "render_discovery", "engines_config", "discovering", "self_contained_spec",
+           "render_discovery", "engines_config", "discovering", "self_contained_spec", "render_fuse_network_policy",
            "COLLECTORS_FILE", "FUSE_FILE", "KUSTOMIZATION_FILE", "SPEC_MOUNT", "TOKEN_MOUNT", "STATE_DIR",
            "ENGINES_MOUNT", "ENGINES_KEY", "POD_RESOURCES_DIR", "POD_RESOURCES_SOCKET"]
 
@@ -373,7 +373,7 @@ def render_engines_monitor(spec: Spec) -> dict[str, Any]:
 
 def render_fuse(spec: Spec) -> list[dict[str, Any]]:
     """The fuse service: spec ConfigMap, state PVC (SQLite), Deployment, Service, PodDisruptionBudget,
-    ServiceMonitor.
+    ServiceMonitor, NetworkPolicy (:func:`render_fuse_network_policy`, unless disabled).
 
     SQLite (the default): one replica, strategy Recreate: the state (breaker, outbox, audit) is one
     file, which has one writer; two pods would each keep their own state and both act on every
@@ -467,7 +467,36 @@ def render_fuse(spec: Spec) -> list[dict[str, Any]]:
                            "honorLabels": True, "relabelings": [dict(SHARD_EVERYWHERE)]}],
         },
     }
-    return [configmap, *([] if pg else [pvc]), deployment, service, pdb, servicemonitor]
+    return [configmap, *([] if pg else [pvc]), deployment, service, pdb, servicemonitor,
+            *([render_fuse_network_policy(spec)] if f.network_policy.enabled else [])]
+
+
+# The label the API server puts on every namespace, its name (Kubernetes >= 1.21).
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def render_fuse_network_policy(spec: Spec) -> dict[str, Any]:
+    """The fuse's NetworkPolicy: ingress to its port only from Alertmanager's pods (the webhook)
+    and Prometheus' pods (the scrape of /metrics), selected by ``kubernetes.fuse.network_policy``'s
+    labels in its namespace (the Prometheus Operator's ``app.kubernetes.io/name`` by default, in
+    ``kubernetes.namespace``). Egress is not restricted (policyTypes: Ingress only): the fuse calls
+    gateways at the addresses its adapters name or discover, PostgreSQL and Prometheus, which no
+    selector known here covers. Enforced only by a network plugin that implements NetworkPolicy;
+    the kubelet's probes come from the node, which a NetworkPolicy always lets in."""
+    n = spec.kubernetes.fuse.network_policy
+    namespace = {"matchLabels": {NAMESPACE_NAME_LABEL: n.namespace or spec.kubernetes.namespace}}
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": object_meta(spec, C.K8S["fuse"], "fuse"),
+        "spec": {
+            "podSelector": {"matchLabels": _selector(C.K8S["fuse"])},
+            "policyTypes": ["Ingress"],
+            # one peer per client: namespaceSelector and podSelector in ONE peer must both match
+            "ingress": [{"from": [{"namespaceSelector": namespace, "podSelector": {"matchLabels": dict(who)}}
+                                  for who in (n.alertmanager, n.prometheus)],
+                         "ports": [{"protocol": "TCP", "port": C.K8S["fuse_port"]}]}],
+        },
+    }
 
 
 def render_kustomization(spec: Spec, resources: list[str]) -> dict[str, Any]:

@@ -396,3 +396,72 @@ def test_a_15_mib_label_in_a_histogram_leaves_the_latency_fallback_working_in_bo
     assert r["rc"] == 0, r["err"][-500:]
     assert r["maxrss_kib"] < CEILING_KIB, f"peak RSS {r['maxrss_kib']} KiB"
     assert "mmmm" not in r["err"] and "fusebox_alignment_duration_seconds_count" in r["out"]
+
+
+# ------------------------------------------------------------------------- distinct model names
+def _many_models(n: int) -> str:
+    """A vLLM answer whose usage gauge names ``n`` models (one pool, engine core 0)."""
+    lines = ['vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="7281"} 1.0']
+    lines += [f'vllm:kv_cache_usage_perc{{engine="0",model_name="m{i:04d}"}} 0.5' for i in range(n)]
+    return "\n".join(lines) + "\n"
+
+
+def test_bound_series_keeps_the_first_max_models_model_names_and_counts_the_rest():
+    from fusebox.collectors.fetch import FetchLimits, bound_series
+
+    text = ('a{model_name="x",le="1"} 1\na{model_name="y"} 1\nb{engine="0"} 1\na{model_name="x"} 2\n'
+            'a{model_name="z"} 1\nc{xmodel_name="w",model_name="y"} 1\na{model_name="v\\"q"} 1\n')
+    kept, cut = bound_series(text, FetchLimits(max_models=2))
+    # x and y are the first two values; z and v"q are new past the cap; xmodel_name is another label
+    assert kept.splitlines() == ['a{model_name="x",le="1"} 1', 'a{model_name="y"} 1', 'b{engine="0"} 1',
+                                 'a{model_name="x"} 2', 'c{xmodel_name="w",model_name="y"} 1']
+    assert cut == {"model_limit": 2}
+
+
+def test_an_engine_naming_500_models_gives_the_output_of_max_models_and_is_counted(tmp_path, capsys):
+    """On main every model became KV series: 500 models -> 1000 series (usage and limit). With the
+    default cap, 8 models -> 16 series, the 492 others' lines counted as model_limit."""
+    dump = tmp_path / "metrics.txt"
+    dump.write_text(_many_models(500))
+    rc, out, err = _kv_once(capsys, "--endpoint", str(dump))
+    assert rc == 0, err
+    usage = _samples(out, "fusebox_kv_cache_usage_bytes")
+    limit = _samples(out, "fusebox_kv_cache_limit_bytes")
+    assert sorted(dict(k)["model"] for k in usage) == [f"m{i:04d}" for i in range(8)]
+    assert len(limit) == 8 and set(limit.values()) == {OPT_POOL}
+    assert _dropped(out) == {(str(dump), "model_limit"): 492}
+    assert err.count("more than 8 model_name values") == 1
+    rc, out, _ = _kv_once(capsys, "--endpoint", str(dump), "--max-models", "600")
+    assert len(_samples(out, "fusebox_kv_cache_usage_bytes")) == 500 and _dropped(out) == {}
+
+
+def test_the_model_cap_is_said_once_per_endpoint_over_rounds_and_bounds_the_latency_histogram_too(tmp_path):
+    from fusebox.collectors.kvcache import KvCollector, kv_geometry, load_model_config
+    from fusebox.collectors.latency import EngineHistogramFallback
+
+    dump = tmp_path / "metrics.txt"
+    dump.write_text(_many_models(50))
+    said: list[str] = []
+    kv = KvCollector([str(dump)], kv_geometry(load_model_config(OPT_CONFIG)), log=said.append)
+    for _ in range(3):
+        assert len({r.attrs["model"] for r in kv.collect()}) == 8
+    assert dict(kv.dropped) == {(str(dump), "model_limit"): 3 * 42}
+    assert len([m for m in said if "model_name values" in m]) == 1 and said[0].startswith(f"kv: {dump}: ")
+
+    hist = [f'vllm:time_to_first_token_seconds_bucket{{le="{le}",model_name="m{i:03d}"}} {c}'
+            for i in range(40) for le, c in (("0.1", 1), ("+Inf", 2))]
+
+    class Recorder:
+        def __init__(self):
+            self.models: set[str] = set()
+
+        def record(self, _value, attrs):
+            self.models.add(attrs["model"])
+
+    rec, said = Recorder(), []
+    fb = EngineHistogramFallback(rec, engine="e1", endpoint="x", log=said.append,
+                                 fetch=lambda _e, _t: "\n".join(hist) + "\n")
+    assert fb.poll(since_start=True) == 8 * 2
+    assert rec.models == {f"m{i:03d}" for i in range(8)}
+    assert dict(fb.dropped) == {("x", "model_limit"): 32 * 2}
+    assert len(said) == 1 and said[0].startswith("latency: x: more than 8 model_name values")

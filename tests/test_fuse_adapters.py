@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import yaml
 from _fuse_support import SPEC, TOKEN, LiveService, alert, payload, wait_for
 from _gateways import StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
 
+from fusebox import conventions as C
 from fusebox.fuse.actions import ActionError
 from fusebox.fuse.adapters import build_adapters, targets_for
 from fusebox.spec import load_spec
@@ -387,6 +389,55 @@ def test_haproxy_a_server_name_that_could_add_a_command_does_not_load(tmp_path):
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert "needs a server <backend>/<server>" in str(e.value)
+
+
+@pytest.mark.parametrize("where", ["server", "backend", "map", "header"])
+def test_haproxy_a_name_ending_in_a_newline_does_not_load_and_says_its_line(tmp_path, where):
+    """A value ending in a newline (a block scalar ``server: |``, or a quoted one spanning two lines,
+    as written here); HAProxy's names cannot hold one (its runtime API reads a newline as the end of
+    the command), so the spec is refused at the key's line. (Python's ``$`` matches before a final
+    newline: ``re.match`` let these through.)"""
+    lb = {"kind": "haproxy", "socket": "/run/haproxy/admin.sock", "actions": ["freeze_admissions", "text_only_fallback"],
+          "targets": [{"match": {"engine": "e0"}, "server": "be_llm/engine0"}],
+          "text_only": {"map": "/etc/haproxy/fusebox-text-only.map", "backend": "be_llm_text", "header": "X-Fusebox-Multimodal"}}
+    if where == "server":
+        lb["targets"][0]["server"] += "\n"
+    else:
+        lb["text_only"][where] += "\n"
+    p = write_spec(tmp_path, {"lb": lb})
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    line = _line_of(p, f"{where}: '")  # the quoted value, its newline on the next line
+    assert [x.line for x in e.value.problems] == [line], str(e.value)
+    assert f"{p}:{line}:" in str(e.value)
+
+
+def test_haproxy_a_command_holding_a_newline_is_a_final_failure_counted_once_and_never_sent(haproxy, tmp_path):
+    """An adapter built without the spec check (a name ending in a newline) used to raise ValueError
+    in every attempt, which the dispatcher retried forever (every 0.2 s here). Now: one attempt,
+    audited failed as permanent, counted once in actions_given_up, not queued again by the
+    reconciler; HAProxy's own state unchanged."""
+    import dataclasses
+
+    sock, show = haproxy
+    spec = load_spec(write_spec(tmp_path, haproxy_spec(sock)))
+    (a,) = spec.adapters
+    bad = dataclasses.replace(a, targets=(dataclasses.replace(a.targets[0], server="be_llm/engine0\n"), *a.targets[1:]))
+    from fusebox.fuse.adapters import build_adapters as build
+
+    with LiveService(tmp_path / "fuse.sqlite", adapters=build((bad,)), hold_s=0.3) as svc:
+        reg = svc.service.metrics.registry
+        svc.post(payload(alert("GPUMemoryUtilizationHigh", engine="engine-0")))
+        wait_for(lambda: failed_audit(svc), 10, what="the trip given up")
+        (row,) = failed_audit(svc)
+        assert "after 1 attempt(s), permanent failure" in row["reason"], row
+        # a window of five backoffs (0.2 s each): no attempt after the first
+        time.sleep(1.0)
+        assert reg.get_sample_value(C.FUSE_METRICS["action_failures"], {"adapter": "lb"}) == 1.0
+        assert reg.get_sample_value(C.FUSE_METRICS["actions_given_up"], {"adapter": "lb", "reason": "permanent"}) == 1.0
+        assert len(failed_audit(svc)) == 1
+        assert svc.service.reconcile() == 0  # the reconciler (every 30 s in `fuse serve`) does not queue it again
+    assert show() == {"engine0": 0, "engine1": 0}
 
 
 # --- HAProxy text-only fallback (level 2): the generated haproxy/fusebox.cfg + a map entry --------

@@ -159,6 +159,8 @@ class Run:
     people_url: str = ""  # the people's webhook (in the Secret fusebox-human-receiver)
     spec_path: Path | None = None
     error: str | None = None
+    # StatefulSet name -> the pod template's labels, as the operator rendered the StatefulSet
+    operator_pod_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------ the spec
@@ -442,6 +444,7 @@ def run(tmp_path_factory) -> Run:
         # 7. Alertmanager from the generated config, as its StatefulSet runs it -------------
         am_pod = _statefulset_pod(cp, root, f"alertmanager-{ALERTMANAGER}", "alertmanager", am_exe)
         am_sts = cp.get("apps/v1", "StatefulSet", f"alertmanager-{ALERTMANAGER}", NS)
+        res.operator_pod_labels[f"alertmanager-{ALERTMANAGER}"] = dict(am_sts["spec"]["template"]["metadata"]["labels"])
         am_cfg = yaml.safe_load(expand(yaml.safe_dump(res.am_config), _reloader_env(am_sts, am_pod)))
         am_cfg = map_service_urls(_localize(am_cfg, am_pod), {(NS, C.K8S["fuse"]): proxy})
         _write_config_out(am_pod, "alertmanager.env.yaml", am_cfg)
@@ -465,6 +468,7 @@ def run(tmp_path_factory) -> Run:
         shutil.copy(spec_path, coll.mounts["/tmp"] / "fusebox.yaml")
         prom_pod = _statefulset_pod(cp, root, f"prometheus-{PROMETHEUS}", "prometheus", prometheus_exe)
         prom_sts = cp.get("apps/v1", "StatefulSet", f"prometheus-{PROMETHEUS}", NS)
+        res.operator_pod_labels[f"prometheus-{PROMETHEUS}"] = dict(prom_sts["spec"]["template"]["metadata"]["labels"])
         world = [*(_running(p, "ReplicaSet", f"{C.K8S['fuse']}-5c9d7f", ready=lambda p=p: prober.ready[p.name])
                    for p in pods),
                  _running(coll, "DaemonSet", "fusebox-collectors"),
@@ -600,6 +604,32 @@ def test_the_api_server_accepted_every_object_of_k8s_and_the_charts(run):
     # and the chart's own objects, as the chart renders them (the API server refuses an unknown field)
     assert {f"Prometheus/{PROMETHEUS}", f"Alertmanager/{ALERTMANAGER}", f"Secret/alertmanager-{ALERTMANAGER}",
             f"Service/{ALERTMANAGER}", "Secret/fusebox-fuse-token", "Secret/fusebox-fuse-store"} <= set(run.applied)
+
+
+def test_the_fuse_network_policy_lets_in_the_pods_the_operator_rendered_and_no_other(run):
+    """The NetworkPolicy as the API server stored it, against the labels the operator gave the
+    Alertmanager and Prometheus pods (their StatefulSets' templates) and the labels the API server
+    gave the namespace. No kubelet and no network plugin run here, so nothing enforces it: this
+    checks what it selects, not that packets are dropped."""
+    pol = run.applied[f"NetworkPolicy/{C.K8S['fuse']}"]["spec"]
+    ns_labels = run.applied[f"Namespace/{NS}"]["metadata"]["labels"]
+
+    def admitted(pod_labels: dict[str, str], namespace_labels: dict[str, str]) -> bool:
+        # matchLabels: every pair present; a peer's two selectors both hold; any peer admits
+        return any(all(namespace_labels.get(k) == v for k, v in peer["namespaceSelector"]["matchLabels"].items())
+                   and all(pod_labels.get(k) == v for k, v in peer["podSelector"]["matchLabels"].items())
+                   for rule in pol["ingress"] for peer in rule["from"])
+
+    assert pol["policyTypes"] == ["Ingress"]
+    assert {name: admitted(labels, ns_labels) for name, labels in run.operator_pod_labels.items()} == {
+        f"alertmanager-{ALERTMANAGER}": True, f"prometheus-{PROMETHEUS}": True}
+    assert not admitted(run.operator_pod_labels[f"alertmanager-{ALERTMANAGER}"], {"kubernetes.io/metadata.name": "tenant"})
+    deployment = run.applied[f"Deployment/{C.K8S['fuse']}"]["spec"]["template"]
+    collectors = run.applied["DaemonSet/fusebox-collectors"]["spec"]["template"]
+    assert not admitted(collectors["metadata"]["labels"], ns_labels)
+    assert all(deployment["metadata"]["labels"].get(k) == v for k, v in pol["podSelector"]["matchLabels"].items())
+    (port,) = deployment["spec"]["containers"][0]["ports"]
+    assert [p["port"] for rule in pol["ingress"] for p in rule["ports"]] == [port["containerPort"]]
 
 
 def test_the_operator_selected_the_prometheusrule_into_its_rule_files(run):

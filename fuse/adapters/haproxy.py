@@ -11,10 +11,16 @@ from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 from fusebox.spec.adapters import Adapter as AdapterSpec
 
 from ..actions import ActionError, call_deadline, remaining
+from ..logsafe import escape_control
 from ..rules import scope_key
 from .base import Holds, targets_for, unmapped
 
 __all__ = ["HaproxyRuntime"]
+
+
+def _sendable(line: str) -> bool:
+    """Whether ``line`` is one runtime-API command: no newline, carriage return or ``;``."""
+    return not any(c in line for c in "\n\r;")
 
 
 class HaproxyRuntime:
@@ -49,11 +55,19 @@ class HaproxyRuntime:
         return payload["action"] in self.spec.actions
 
     def command(self, line: str) -> str:
-        """Send one runtime-API command (no newline in it), return HAProxy's answer (stripped)."""
+        """Send one runtime-API command (no newline in it), return HAProxy's answer (stripped).
+
+        Raises :class:`ActionError`: HAProxy cannot be reached, or (permanent, nothing sent) ``line``
+        holds a newline, a carriage return or ``;``."""
         import socket
 
-        if "\n" in line or "\r" in line or ";" in line:
-            raise ValueError("one runtime-API command, without newline or ';'")
+        if not _sendable(line):
+            # a name the spec check let through (or an adapter built without it): never sent, and
+            # final, since sending it again cannot help (a ValueError here was retried forever)
+            e = ActionError(f"{self.socket}: {escape_control(line[:200])}: a runtime-API command holds a newline or ';'",
+                            summary="a name that could add a runtime-API command")
+            e.permanent = True
+            raise e
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(remaining(self.spec.timeout_s))
@@ -93,8 +107,10 @@ class HaproxyRuntime:
     def observe(self, payloads) -> list[bool]:
         """:class:`fusebox.fuse.actions.Observable`: ``show servers state <backend>`` (a server is out
         when its admin state has the drain bit, 0x08) for each backend named, and ``show map``
-        for the text-only level; each read once per call. Raises ActionError when HAProxy cannot be
-        reached or answers an error (an unknown backend)."""
+        for the text-only level; each read once per call. A target whose name cannot be sent
+        (:meth:`command`) is left out of the comparison, so the reconciler does not queue again a
+        call that can only fail. Raises ActionError when HAProxy cannot be reached or answers an
+        error (an unknown backend)."""
         servers: dict[str, set[str]] = {}  # backend -> its drained servers
         mapped: set[str] | None = None  # backends with a text-only map entry
 
@@ -114,6 +130,8 @@ class HaproxyRuntime:
             ok = True
             for t in targets_for(self.spec, p["scope"]):
                 assert t.server
+                if not _sendable(t.server):
+                    continue  # never sent (its call failed for good, audited): nothing to compare or retry
                 backend = t.server.split("/", 1)[0]
                 if p["level"] == TEXT_ONLY_LEVEL and self.spec.text_only:
                     if mapped is None:

@@ -199,6 +199,7 @@ class Adapter:
 
 # HAProxy proxy and server names: letters, digits, '-', '_', '.' and ':' (its cfgparse rule);
 # nothing that could end a runtime-API command or start another (no space, ';' or newline).
+# Checked with fullmatch: with match, '$' also matches before a trailing newline ("be/x\n").
 _HAPROXY_NAME = r"[A-Za-z0-9_.:-]+"
 _HAPROXY_SERVER = re.compile(rf"^{_HAPROXY_NAME}/{_HAPROXY_NAME}$")
 _HAPROXY_BACKEND = re.compile(rf"^{_HAPROXY_NAME}$")
@@ -260,7 +261,7 @@ def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], durat
                 if k not in C.SCOPE_LABELS:
                     err(tp + ("match", k), f"{k!r} is not a scope label", f"use one of: {', '.join(C.SCOPE_LABELS)}", key=True)
             if a.kind == "haproxy":
-                if not (t.server and _HAPROXY_SERVER.match(t.server)):
+                if not (t.server and _HAPROXY_SERVER.fullmatch(t.server)):
                     err(tp + (("server",) if t.server else ()), f"this target needs a server <backend>/<server>, got {t.server!r}",
                         "e.g. server: be_llm/engine0 (letters, digits, '-', '_', '.', ':')")
             elif a.kind == "http":
@@ -364,14 +365,14 @@ def _check_text_only(a: RawAdapter, name: str, path: tuple, levels: dict[str, in
     if a.kind != "haproxy":
         err(tp, "text_only is for kind haproxy only", f"remove it from this {a.kind} adapter", key=True)
         return
-    if not _HAPROXY_BACKEND.match(name):
+    if not _HAPROXY_BACKEND.fullmatch(name):
         err(path, f"adapter name {name[:100]!r} names the generated HAProxy ACLs: it must be an HAProxy name",
             "rename it with letters, digits, '-', '_', '.', ':' only", key=True)
-    if not _HAPROXY_MAP.match(t.map):
+    if not _HAPROXY_MAP.fullmatch(t.map):
         err(tp + ("map",), f"map must be an absolute file path, got {t.map[:100]!r}",
             "e.g. map: /etc/haproxy/fusebox-text-only.map (letters, digits, '_.@+/-')")
-    if not _HAPROXY_BACKEND.match(t.backend):
+    if not _HAPROXY_BACKEND.fullmatch(t.backend):
         err(tp + ("backend",), f"backend must be an HAProxy backend name, got {t.backend[:100]!r}",
             "e.g. backend: be_llm_text (letters, digits, '-', '_', '.', ':')")
-    if not _HEADER.match(t.header):
+    if not _HEADER.fullmatch(t.header):
         err(tp + ("header",), f"header must be an HTTP header name, got {t.header[:100]!r}", "e.g. header: X-Fusebox-Multimodal")

@@ -114,6 +114,21 @@ class RawSecretRef(_Strict):
     key: StrictStr
 
 
+# kube-prometheus-stack's Alertmanager and Prometheus pods as the Prometheus Operator labels them
+# (v0.85.0 makeSelectorLabels, pkg/alertmanager/operator.go and pkg/prometheus/server/operator.go):
+# app.kubernetes.io/name is "alertmanager" / "prometheus" whatever the release's name.
+ALERTMANAGER_POD_LABELS = {"app.kubernetes.io/name": "alertmanager"}
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus"}
+
+
+class RawNetworkPolicy(_Strict):
+    enabled: StrictBool = True
+    # where Alertmanager and Prometheus run (kube-prometheus-stack's release namespace); None: kubernetes.namespace
+    namespace: StrictStr | None = None
+    alertmanager: dict[StrictStr, StrictStr] = dict(ALERTMANAGER_POD_LABELS)  # their pods' labels
+    prometheus: dict[StrictStr, StrictStr] = dict(PROMETHEUS_POD_LABELS)
+
+
 class RawFuseWorkload(_Strict):
     enabled: StrictBool = True
     # More than one replica needs the PostgreSQL store (SQLite has one writer): store_secret names
@@ -133,6 +148,8 @@ class RawFuseWorkload(_Strict):
     # --prometheus-url for fuse.adapters.*.discover, e.g. kube-prometheus-stack's Service
     # http://<fullname>-prometheus.<namespace>:9090 (release kps: kps-kube-prometheus-stack-prometheus)
     prometheus_url: StrictStr | None = None
+    # the NetworkPolicy of k8s/fuse.yml: only these pods reach the fuse's port
+    network_policy: RawNetworkPolicy = RawNetworkPolicy()
 
 
 class RawEngineModel(_Strict):
@@ -213,6 +230,18 @@ class Collectors:
 
 
 @dataclass(frozen=True)
+class NetworkPolicy:
+    """``kubernetes.fuse.network_policy``: the pods allowed to reach the fuse's port (the ingress of
+    the generated NetworkPolicy), Alertmanager's and Prometheus', by their labels, in ``namespace``
+    (None: ``kubernetes.namespace``)."""
+
+    enabled: bool = True
+    namespace: str | None = None
+    alertmanager: dict[str, str] = field(default_factory=lambda: dict(ALERTMANAGER_POD_LABELS))
+    prometheus: dict[str, str] = field(default_factory=lambda: dict(PROMETHEUS_POD_LABELS))
+
+
+@dataclass(frozen=True)
 class FuseWorkload:
     """The fuse service's Deployment, Service, PVC (SQLite) and PDB: one replica on SQLite, or
     ``replicas`` on the PostgreSQL store whose URL is in Secret ``store_secret`` = (name, key)
@@ -229,6 +258,7 @@ class FuseWorkload:
     prometheus_url: str | None = None  # the Deployment's --prometheus-url (GPU-to-worker discovery)
     # (Secret name, key) of the gateways' control-plane key, mounted at gateway_key_file()
     gateway_secret: tuple[str, str] | None = None
+    network_policy: NetworkPolicy = field(default_factory=NetworkPolicy)
 
     def gateway_key_file(self) -> str | None:
         """Where the Deployment mounts ``gateway_secret``'s key (None: no Secret named)."""
@@ -513,10 +543,22 @@ def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
     for a in f.args:
         if a.split("=", 1)[0] in reserved:
             err(p + ("args",), f"{a.split('=', 1)[0]} is set by the generated Deployment", "remove it from args")
+    n = f.network_policy
+    np = p + ("network_policy",)
+    if n.namespace is not None and not DNS_LABEL.fullmatch(n.namespace):
+        err(np + ("namespace",), f"{n.namespace[:100]!r} is not a Kubernetes namespace name",
+            "name the namespace Alertmanager and Prometheus run in, e.g. monitoring (kube-prometheus-stack's release "
+            "namespace), or leave it out for kubernetes.namespace")
+    for who, labels in (("alertmanager", n.alertmanager), ("prometheus", n.prometheus)):
+        if not labels:
+            err(np + (who,), f"no labels select the {who} pods: an empty selector lets every pod of the namespace in",
+                "e.g. {app.kubernetes.io/name: " + who + "} (the Prometheus Operator's label)")
+        _check_labels(labels, np + (who,), err)
     return FuseWorkload(enabled=f.enabled, resources=_check_resources(f.resources, p + ("resources",), err),
                         state_size=f.state_size, storage_class=f.storage_class, max_unavailable=f.max_unavailable,
                         args=tuple(f.args), replicas=f.replicas, store_secret=secret, gateway_secret=gateway,
-                        prometheus_url=f.prometheus_url.rstrip("/") if f.prometheus_url else None)
+                        prometheus_url=f.prometheus_url.rstrip("/") if f.prometheus_url else None,
+                        network_policy=NetworkPolicy(n.enabled, n.namespace, dict(n.alertmanager), dict(n.prometheus)))
 
 
 def _secret_ref(ref: RawSecretRef | None, p: tuple, holding: str, example: str, example_key: str,
