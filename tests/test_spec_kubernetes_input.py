@@ -66,3 +66,16 @@ def test_empty_labels_break_no_selector_of_the_generated_k8s():
         checked += 1
     # collectors: DaemonSet, PodMonitor; fuse: Deployment, Service, PodDisruptionBudget, ServiceMonitor
     assert checked == 6
+
+
+@pytest.mark.parametrize("value", ['"monitoring\\n"', '"monitoring\\n\\n"'])
+def test_a_namespace_ending_in_a_newline_is_refused_at_its_line(value):
+    # Python's `$` also matches before a final newline: "monitoring\n" passed the DNS-label check and
+    # reached kubectl (the k8s API refuses it, the generated files carried it).
+    line = "  namespace: monitoring\n"
+    assert BASE.count(line) == 1
+    text = BASE.replace(line, f"  namespace: {value}\n")
+    with pytest.raises(SpecError) as ei:
+        parse_spec(text, "fusebox.yaml")
+    (p,) = [p for p in ei.value.problems if "namespace" in p.what or "DNS" in p.what]
+    assert p.line == text.splitlines().index(f"  namespace: {value}") + 1

@@ -141,8 +141,8 @@ DISCOVER_KINDS = ("sglang_gateway", "vllm_router")
 # Kinds that send a control-plane credential from ``credentials_file`` (the gateways' own APIs).
 CREDENTIAL_KINDS = ("sglang_gateway", "vllm_router")
 DISCOVER_TTL_RANGE_S = (1.0, 600.0)
-_PROM_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_PROM_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
 @dataclass(frozen=True)
@@ -201,11 +201,11 @@ class Adapter:
 # nothing that could end a runtime-API command or start another (no space, ';' or newline).
 # Checked with fullmatch: with match, '$' also matches before a trailing newline ("be/x\n").
 _HAPROXY_NAME = r"[A-Za-z0-9_.:-]+"
-_HAPROXY_SERVER = re.compile(rf"^{_HAPROXY_NAME}/{_HAPROXY_NAME}$")
-_HAPROXY_BACKEND = re.compile(rf"^{_HAPROXY_NAME}$")
+_HAPROXY_SERVER = re.compile(rf"^{_HAPROXY_NAME}/{_HAPROXY_NAME}\Z")
+_HAPROXY_BACKEND = re.compile(rf"^{_HAPROXY_NAME}\Z")
 # A map file as HAProxy names it on the runtime API: an absolute path, no space, ';' or newline.
-_HAPROXY_MAP = re.compile(r"^/[A-Za-z0-9_.@+/-]+$")
-_HEADER = re.compile(r"^[A-Za-z0-9-]+$")
+_HAPROXY_MAP = re.compile(r"^/[A-Za-z0-9_.@+/-]+\Z")
+_HEADER = re.compile(r"^[A-Za-z0-9-]+\Z")
 
 
 def _http_url(value: str) -> bool:

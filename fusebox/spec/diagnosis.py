@@ -37,7 +37,7 @@ Err = Callable[..., None]
 # ${name} or ${name.role}; "$1" and "${1}" (label_replace's replacement) are left alone.
 REFERENCE = re.compile(r"\$\{([a-z][a-z0-9_]*)(?:\.([a-z][a-z0-9_]*))?\}")
 DASHBOARD = "dashboard"
-_RECORD = re.compile(r"^[^:]+:[^:]+:[^:]+$")
+_RECORD = re.compile(r"^[^:]+:[^:]+:[^:]+\Z")
 
 
 def record_shaped(name: str) -> bool:

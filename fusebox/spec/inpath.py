@@ -38,7 +38,7 @@ __all__ = ["RawInpath", "Inpath", "Shedder", "per_engine", "SETTINGS", "KINDS", 
            "shedding_window_s", "shedding_records"]
 
 GATEWAY_KINDS = ("smg", "sglang_router")
-_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # a shedder's name is its file's name: inpath/<name>.flags
+_NAME = re.compile(r"^[a-z][a-z0-9_-]*\Z")  # a shedder's name is its file's name: inpath/<name>.flags
 KINDS = (*GATEWAY_KINDS, "vllm")
 
 # The overrides each kind takes under `set:`, and their type: "count" a whole number of 0 or more,

@@ -35,9 +35,9 @@ from .validation import pydantic_problem
 
 API_VERSION = "fusebox/v1"
 TIER_ORDER = ("warning", "critical")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_ALERT = re.compile(r"^[A-Z][A-Za-z0-9]*$")
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*\Z")
+_ALERT = re.compile(r"^[A-Z][A-Za-z0-9]*\Z")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # The levels with their own conventions (labels, annotations, dashboard filters); any other
 # level is a label of the signal's `by`.
 STANDARD_LEVELS = ("gpu", "engine", "host")

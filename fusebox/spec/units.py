@@ -198,7 +198,7 @@ def _parse_count(text: str | int | float) -> float:
                             "write a plain number, e.g. 50") from None
 
 
-_DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?\Z")
 _DUR_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
 # Prometheus and Alertmanager hold durations as Go's time.Duration, int64 nanoseconds;
 # prometheus/common model.ParseDuration (model/time.go) answers "duration out of range" past
