@@ -13,13 +13,12 @@ import subprocess
 
 import pytest
 import yaml
+from _support import ROOT, SPEC, promtools
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox.generator.render_rules import render_rules
 from fusebox.spec import load_spec, mmstages, parse_spec
 from fusebox.spec.kinds import dashboard_records, kind_of
-
-from _support import ROOT, SPEC, promtools
 
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 CAPTURE = ROOT / "tests" / "fixtures" / "collectors" / "datadog_vllm_metrics_fixture_opt-125m.txt"
@@ -152,6 +151,49 @@ def test_real_vllm_capture_through_the_cache_record(tmp_path):
             {"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(out.items())) + "}", "value": 750}]}],
     }]}
     path = tmp_path / "stages.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    for promtool in promtools():
+        run = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, f"{promtool}:\n{run.stdout}\n{run.stderr}"
+
+
+@pytest.mark.process
+def test_the_runbook_query_names_the_stage_that_grew(tmp_path):
+    """SGLang's encoder forward pass (its EPD encoder server's buckets, collector.py) slows from
+    the (0.02, 0.05] bucket to (0.2, 0.5] while fusebox's hand-off histogram stays where it was:
+    the runbook's "grew most" query (read from the kind, not spelled here) names stage encoder,
+    producer sglang, by P95 0.2 + 0.3 x 0.95 - (0.02 + 0.03 x 0.95) = 0.4365 s."""
+    spec = load_spec(SPEC)
+    sig = next(s for s in spec.signals if s.kind == "quantile")
+    grew = next(q for t, q in kind_of(sig).diagnosis(sig, spec) if t.startswith("The stage whose P95 grew most"))
+    where = {"cluster": "prod-a", "host_name": "gpu-node-4"}
+    pod = {**where, "namespace": "inference", "pod": "sglang-llava-0", "model_name": "llava-hf/llava-1.5-7b-hf",
+           "tp_rank": "0", "modality": "image", "instance": "10.42.2.3:30000", "job": "fusebox-engines"}
+    own = {**where, "engine": "inference/sglang-llava-0", "model": "llava-hf/llava-1.5-7b-hf", "source": "handoff",
+           "instance": "gpu-node-4:9464", "job": "fusebox-latency"}
+    bounds = ["0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1", "2", "5", "+Inf"]
+    fast = [0, 0, 100, 100, 100, 100, 100, 100, 100, 100]  # per minute, cumulative: all in (0.02, 0.05]
+    slow = [0, 0, 0, 0, 0, 100, 100, 100, 100, 100]  # all in (0.2, 0.5]
+
+    def counter(per_min_a: float, per_min_b: float) -> str:  # 40 minutes at a, then 35 at b
+        return f"0+{per_min_a:g}x40 {40 * per_min_a:g}+{per_min_b:g}x35"
+
+    def labels(ls: dict) -> str:
+        return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(ls.items())) + "}"
+
+    series = []
+    for le, a, b in zip(bounds, fast, slow, strict=True):
+        series.append({"series": "sglang:encoder_model_forward_seconds_bucket" + labels({**pod, "le": le}), "values": counter(a, b)})
+        series.append({"series": "fusebox_alignment_duration_seconds_bucket" + labels({**own, "le": le}), "values": counter(a, a)})
+    series.append({"series": "sglang:encoder_model_forward_seconds_count" + labels(pod), "values": counter(100, 100)})
+    series.append({"series": "fusebox_alignment_duration_seconds_count" + labels(own), "values": counter(100, 100)})
+    out = {**where, "engine": "inference/sglang-llava-0", "model": "llava-hf/llava-1.5-7b-hf", "stage": "encoder", "producer": "sglang"}
+    test = {"rule_files": [str(ROOT / "rules" / "fusebox.rules.yml")], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": f"round(({grew}) * 1e6)", "eval_time": "70m",
+                              "exp_samples": [{"labels": labels(out), "value": 436500}]}],
+    }]}
+    path = tmp_path / "grew.test.yml"
     path.write_text(yaml.safe_dump(test, sort_keys=False))
     for promtool in promtools():
         run = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
