@@ -158,6 +158,14 @@ SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"  # gauge, fraction 0-1
 VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"  # gauge, requests, label model_name
 SGLANG_REQUESTS_RUNNING = "sglang:num_running_reqs"  # gauge, requests
 SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"  # counter, tokens
+# Preemption (docs/metrics.md section 7): the engines' counters the preemption signal lists, what
+# its runbook reads beside them, and smg 1.13's own priority-scheduler preemptions (admission slots
+# taken from a lower class, not KV: read from its /metrics HELP, "Successful preemptions by victim
+# class and preempting class")
+VLLM_PREEMPTIONS = "vllm:num_preemptions_total"  # counter, preemptions (every version)
+SGLANG_RETRACTIONS = "sglang:num_retracted_requests_total"  # counter, requests (the gauge num_retracted_reqs is not one)
+VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"  # gauge, requests
+GATEWAY_PREEMPTIONS = "smg_scheduler_preemption_total"  # counter (smg 1.13)
 SGLANG_PREFIXES = ("sglang:", "sglang_")
 
 

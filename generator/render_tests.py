@@ -44,8 +44,9 @@ def _target_value(synth: Synth, tier: Tier, target: str) -> float:
     """The value a test group drives the signal to: just beyond or just inside ``tier``, or safe."""
     s = synth.sig
     t = tier.threshold
-    if s.unit == "count":  # whole requests: the nearest counts on either side (51 and 49 around 50)
+    if s.unit == "count" and float(t).is_integer():  # whole requests: the nearest counts on either side (51 and 49 around 50)
         return _count_target(s, t, target)
+    # a fractional count is a rate (0.2 preemptions per second): just beyond or inside it, as any unit
     if target == "safe":
         lo = min(x.threshold for x in s.tiers)
         hi = max(x.threshold for x in s.tiers)

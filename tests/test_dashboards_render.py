@@ -34,6 +34,7 @@ EXPECTED = {
     # lower bounds (direction: below): lines ascending, critical first; red below it, green above the warning
     "KVCacheTimeToFullLow": ("s", [60.0, 300.0]),
     "GPUMemoryTimeToFullLow": ("s", [45.0, 300.0]),
+    "EnginePreemptionsHigh": ("short", [0.1, 1.0]),  # preemptions per second (fusebox.yaml)
 }
 LOWER_BOUNDS = {"KVCacheTimeToFullLow", "GPUMemoryTimeToFullLow"}
 
@@ -236,8 +237,11 @@ def test_latency_drill_down_shows_p50_p95_p99_and_share_over_each_threshold(boar
         assert any(e.startswith(rec + "{") for e in exprs), rec
     # what was measured (handoff | encoder | ttft) ends every legend: one engine's TTFT stand-in
     # and its hand-off times are two lines, told apart
-    legends = [t["legendFormat"] for p in panels for t in p["targets"]]
+    # (the stage row below the quantiles breaks the signal down by stage and cache instead)
+    stage_row = {"Multimodal stages: P95 per stage", "Encoder / embedding caches: hit ratio"}
+    legends = [t["legendFormat"] for p in panels if p["title"] not in stage_row for t in p["targets"]]
     assert legends and all(lg.endswith(" {{source}}") for lg in legends), legends
+    assert stage_row <= {p["title"] for p in panels}
     assert panels[0]["title"] == "AlignmentLatencyP95High: P50 / P95 / P99 per engine and source"
 
 

@@ -77,17 +77,18 @@ def _trace(spec):
     return trace_dashboards(spec, render_dashboards.dashboards(spec, groups=groups), groups)
 
 
-def test_the_shipped_spec_leaves_14_of_33_panels_empty_and_the_engine_variables_without_values():
+def test_the_shipped_spec_leaves_14_of_36_panels_empty_and_every_variable_with_values():
     feds = _trace(load_spec(SPEC))
     panels = [f for f in feds if f.what == "panel"]
-    assert len(panels) == 33
+    # 33 before the preemption signal (its overview panel) and the alignment row's two stage panels
+    assert len(panels) == 36
     assert {(f.dashboard, f.title) for f in panels if not f.fed} == SHIPPED_EMPTY
-    assert sum(f.fed for f in panels) == 19
+    assert sum(f.fed for f in panels) == 22
     variables = {f.title: f for f in feds if f.what == "variable"}
-    # namespace and pod filter no panel: left out; engine and model list an alignment record nothing feeds
+    # namespace and pod filter no panel: left out; engine and model list the preemption record, which
+    # vLLM's own counter feeds (the alignment record they listed before has no collector here)
     assert list(variables) == ["cluster", "instance", "gpu", "engine", "model"]
-    assert [v for v, f in variables.items() if not f.fed] == ["engine", "model"]
-    assert "fusebox_alignment_duration_seconds_count" in variables["engine"].why
+    assert [v for v, f in variables.items() if not f.fed] == []
     # each empty panel names the metric nothing publishes, or the join that cannot match
     why = {f.title: f.why for f in panels if not f.fed}
     assert "publishes fusebox_alignment_duration_seconds_bucket" in why["Share of observations over each threshold"]
@@ -107,15 +108,15 @@ def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_
     data["kubernetes"]["engines"] = dict(ENGINES, models={
         "llava-hf/llava-1.5-7b-hf": {"layers": 32, "kv_heads": 32, "head_dim": 128, "dtype": "float16"}})
     feds = _trace(_load(tmp_path, data))
-    assert len([f for f in feds if f.what == "panel"]) == 33
+    assert len([f for f in feds if f.what == "panel"]) == 36
     assert [(f.dashboard, f.title) for f in feds if not f.fed] == []
 
 
-def test_a_dcgm_vllm_cluster_feeds_24_of_25_panels_and_every_variable(tmp_path):
+def test_a_dcgm_vllm_cluster_feeds_27_of_28_panels_and_every_variable(tmp_path):
     spec = _load(tmp_path, dcgm_vllm())
     feds = _trace(spec)
     panels = [f for f in feds if f.what == "panel"]
-    assert len(panels) == 25
+    assert len(panels) == 28  # 25 before the preemption signal's overview panel and the two stage panels
     assert [(f.dashboard, f.title) for f in panels if not f.fed] == [("gpu-memory", "KV pool free bytes per GPU")]
     variables = [f for f in feds if f.what == "variable"]
     assert [(f.title, f.fed) for f in variables] == [(v, True) for v in ("cluster", "instance", "gpu", "engine", "model")]
@@ -170,8 +171,8 @@ def test_generate_warns_once_per_empty_panel_and_per_variable_without_values():
     for dashboard, title in SHIPPED_EMPTY:
         [w] = [w for w in panels if w.startswith(f"panel {title!r} (dashboards/fusebox-{dashboard}.json) stays empty: ")]
         assert " -- " in w  # and how to fix it
-    assert [w.split(" lists")[0] for w in warnings if w.startswith("dashboard variable")] == [
-        "dashboard variable $engine", "dashboard variable $model"]
+    # the engine and model variables list the preemption record, fed by vLLM's own counter
+    assert [w.split(" lists")[0] for w in warnings if w.startswith("dashboard variable")] == []
     [kv] = [w for w in panels if w.startswith("panel 'KV pool usage per engine'")]
     assert "kubernetes.collectors.run: {kv:" in kv
 

@@ -469,12 +469,14 @@ def test_the_trusted_pairs_are_the_alerting_rules_the_generator_writes(generated
     raw = yaml.safe_load(SPEC.read_text())  # the spec's tiers with a fuse, read without the loader
     fused = {(sig["alert"], t["fuse"]) for sig in raw["signals"].values() for t in sig["tiers"].values()
              if t.get("fuse") and t.get("enabled", True) is not False}
-    # five signals' critical tiers and the two time-to-full ones (KV -> eviction, GPU -> freeze)
-    assert ("KVCacheGrowthRateHigh", "kv_cache_eviction") in fused and len(fused) == 7
+    # five signals' critical tiers, the two time-to-full ones (KV -> eviction, GPU -> freeze) and
+    # the preemption rate's (freeze)
+    assert ("KVCacheGrowthRateHigh", "kv_cache_eviction") in fused and len(fused) == 8
+    assert ("EnginePreemptionsHigh", "freeze_admissions") in fused
     assert {("KVCacheTimeToFullLow", "kv_cache_eviction"), ("GPUMemoryTimeToFullLow", "freeze_admissions")} <= fused
     # a lost GPU holds the fuse of the GPU-level signals (level defaults to gpu in the schema)
     fused |= {("FuseboxGPUDown", t["fuse"]) for sig in raw["signals"].values() if sig.get("level", "gpu") == "gpu"
               for t in sig["tiers"].values() if t.get("fuse") and t.get("enabled", True) is not False}
-    assert ("FuseboxGPUDown", "freeze_admissions") in fused and len(fused) == 8
+    assert ("FuseboxGPUDown", "freeze_admissions") in fused and len(fused) == 9  # (the preemption rate is engine-level)
     assert written == fused
     assert FuseRules.from_spec(load_spec(SPEC)).trusted == written

@@ -59,7 +59,8 @@ def published(spec) -> set[str]:
              C.VLLM_PREFIX_CACHE_QUERIES_OLD, C.VLLM_CACHE_CONFIG, *C.VLLM_KV_USAGE, C.VLLM_REQUESTS_RUNNING,
              *C.sglang_names(C.SGLANG_CACHE_HIT_RATE), *C.sglang_names(C.SGLANG_GENERATION_TOKENS),
              *C.sglang_names(C.SGLANG_REQUESTS_RUNNING), C.GATEWAY_ADMISSIONS, C.GATEWAY_OVERLOAD_SHED,
-             C.GATEWAY_BREAKER_STATE, C.AM_NOTIFICATIONS_FAILED, C.ALERTS_METRIC, "up"}
+             C.GATEWAY_BREAKER_STATE, C.AM_NOTIFICATIONS_FAILED, C.ALERTS_METRIC, "up",
+             C.VLLM_PREEMPTIONS, C.SGLANG_RETRACTIONS, C.VLLM_REQUESTS_WAITING, C.GATEWAY_PREEMPTIONS}
     names |= {f"{m}{s}" for m in (C.PROM["alignment_duration"], *C.FUSE_METRICS.values()) for s in HIST}
     for sig in spec.signals:
         for src in sig.sources.values():

@@ -264,7 +264,8 @@ def test_global_source_switches_every_signal_with_a_dcgm_source():
     got = {s.name: s.source.backend for s in spec.signals}
     assert got == {"gpu_memory_utilization": "dcgm", "memory_bandwidth_saturation": "dcgm", "alignment_latency_p95": "fusebox",
                    "kv_cache_growth_rate": "fusebox", "kv_cache_growth_oom": "fusebox", "pcie_link_utilization": "fusebox",
-                   "kv_cache_time_to_full": "fusebox", "gpu_memory_time_to_full": "dcgm"}
+                   "kv_cache_time_to_full": "fusebox", "gpu_memory_time_to_full": "dcgm",
+                   "preemption_rate": "vllm"}  # no dcgm source: its first listed
 
 
 def test_a_signals_own_source_and_an_override_win_over_global_source():
@@ -419,7 +420,8 @@ def test_the_demo_reads_its_own_collectors_whatever_source_and_selectors_the_spe
     data["signals"]["memory_bandwidth_saturation"]["source"] = "dcgm"
     demo = _spec(demo_spec_text(yaml.safe_dump(data, sort_keys=False), webhook_url="http://127.0.0.1:1/alertmanager",
                                 credentials_file="/tmp/t"))
-    assert {s.name for s in demo.signals if s.source.backend != "fusebox"} == {"queue_depth"}  # it has no fusebox source
+    # neither has a fusebox source: the example's queue depth, the engines' preemption counter
+    assert {s.name for s in demo.signals if s.source.backend != "fusebox"} == {"queue_depth", "preemption_rate"}
     assert demo.selector == {} and demo.selectors == {}
 
 

@@ -108,7 +108,7 @@ class RawSignal(_Strict):
     kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registered kinds (fusebox/spec/kinds)
         description="How the value is computed: gauge (as read), deriv (growth per second), quantile (from a histogram), "
                     "gpu_memory (device-memory ratio with the KV-pool correction), time_to_full (seconds until a pool "
-                    "is full at its current growth; direction: below).")
+                    "is full at its current growth; direction: below), rate (a counter's events per second, e.g. preemptions).")
     unit: Literal[tuple(units.UNITS)] = Field(  # type: ignore[valid-type]
         description="The value's unit: ratio (0-1; thresholds '78.3%'), seconds ('1.28s'), bytes ('2 GB'), "
                     "bytes_per_second ('14.7 MB/s') or count (a plain number: 50).")
@@ -389,9 +389,12 @@ class Spec:
     @property
     def engines(self) -> tuple[str, ...]:
         """The serving engines (``vllm``, ``sglang``) the spec names, in that order: a backend of
-        ``global.selectors`` or a signal's selected source. None named: both (the dashboard
-        records then read either engine's metrics, whichever the cluster has)."""
+        ``global.selectors`` or a signal's selected source, and where that source is an engine's,
+        the signal's other engine sources too (one role, one metric per engine: the preemption
+        signal reads vLLM's counter and lists SGLang's, docs/metrics.md section 7). None named:
+        both (the dashboard records then read either engine's metrics, whichever the cluster has)."""
         named = set(self.selectors) | {s.source.backend for s in self.signals}
+        named |= {b for s in self.signals if s.source.backend in ENGINES for b in s.sources}
         return tuple(e for e in ENGINES if e in named) or ENGINES
 
     @property

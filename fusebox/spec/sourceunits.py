@@ -15,8 +15,9 @@ constant is not bytes, because each engine's pool differs.
 What each kind gives (:func:`check`):
 
 * ``gauge``: the metric's own dimension;
-* ``deriv``: a size gives a byte rate (``bytes_per_second``); a count gives a count per second
-  (accepted for ``unit: count``); a fraction or a time gives nothing a signal unit names;
+* ``deriv`` (a gauge's slope) and ``rate`` (a counter's): a size gives a byte rate
+  (``bytes_per_second``); a count gives a count per second (accepted for ``unit: count``); a
+  fraction or a time gives nothing a signal unit names;
 * ``quantile``: the histogram's dimension (a time for ``unit: seconds``);
 * ``gpu_memory``: not judged here (its rules are fixed per backend);
 * ``time_to_full``: headroom over growth, (capacity - used) / deriv(used), is a time whatever the
@@ -61,6 +62,8 @@ KNOWN: dict[str, str] = {
     "vllm:prefix_cache_queries_total": "tokens",
     "vllm:prefix_cache_hits_total": "tokens",
     "vllm:num_preemptions_total": "count",
+    "vllm:mm_cache_queries_total": "count",  # multimodal items
+    "vllm:mm_cache_hits_total": "count",
     # SGLang (either prefix: sglang: and sglang_)
     "sglang:token_usage": "ratio",
     "sglang:cache_hit_rate": "ratio",
@@ -73,6 +76,8 @@ KNOWN: dict[str, str] = {
     "sglang:num_running_reqs": "requests",
     "sglang:num_queue_reqs": "requests",
     "sglang:gen_throughput": "count",  # tokens per second: not a byte rate
+    "sglang:num_retracted_requests_total": "requests",  # counter (docs/metrics.md section 7)
+    "sglang:num_retracted_reqs": "requests",  # gauge: the last batch's retractions
     # dcgm-exporter: FB in MiB, DEV utilizations in percent, DCP (PROF) ratios 0-1
     C.DCGM["fb_used"]: "mebibytes",
     C.DCGM["fb_free"]: "mebibytes",
@@ -114,7 +119,7 @@ def metric_unit(metric: str) -> str | None:
 def gives(kind: str, unit: str) -> str | None:
     """The dimension ``kind`` makes of a metric in ``unit``: None where no signal unit names it."""
     dim = UNITS[unit][0]
-    if kind == "deriv":
+    if kind in ("deriv", "rate"):  # a gauge's slope, a counter's rate: per second either way
         return {"size": "rate", "count": "count"}.get(dim)
     if kind == "time_to_full":  # (capacity - used) / deriv(used): the pool's unit cancels out
         return "time" if dim in ("size", "count", "fraction") else None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from fusebox import conventions as C
+from fusebox.spec import mmstages
 from fusebox.spec.promql import metrics_in_expr
 from fusebox.spec.units import format_duration, format_number
 
@@ -84,9 +85,16 @@ def engine_labels(expr: str, sig: Any) -> str:
     (vLLM and SGLang write no ``model``), so the alert and the dashboards' model variable name it."""
     if sig.source.backend not in (VLLM, SGLANG) or not (sig.level == "engine" or "engine" in sig.by):
         return expr
+    return pod_engine(expr, model=C.LABEL["model"] in sig.by)
+
+
+def pod_engine(expr: str, *, model: bool = True) -> str:
+    """``expr`` (an instant vector of an engine's series) with ``engine`` made ``NAMESPACE/POD``
+    where the series carries both, and with ``model`` (``model=True``) made the engines'
+    ``model_name`` where it has one: :func:`engine_labels` without the signal."""
     expr = f'label_join({expr}, "{POD_ENGINE}", "/", "namespace", "pod")'
     expr = f'label_replace({expr}, "engine", "$1", "{POD_ENGINE}", "(.+/.+)")'
-    if C.LABEL["model"] in sig.by:  # the engines name it model_name: the model the by (and the panels) keep
+    if model:  # the engines name it model_name: the model the by (and the panels) keep
         expr = f'label_replace({expr}, "{C.LABEL["model"]}", "$1", "model_name", "(.+)")'
     return expr
 
@@ -117,7 +125,10 @@ def dashboard_records() -> dict[str, str]:
     * ``prefix_hit_vllm``: vLLM prefix-cache hits over queries (counters, either name
       generation), per cluster, host_name, model_name, ratio 0-1 over the rate window;
     * ``prefix_hit_sglang``: SGLang's ``cache_hit_rate`` gauge averaged per cluster, host_name,
-      model_name, ratio 0-1.
+      model_name, ratio 0-1;
+    * ``stage_p95``: P95 seconds of each multimodal stage per engine (labels ``stage``,
+      ``producer``), ``cache_hit``: each encoder / embedding cache's hit ratio 0-1 (labels
+      ``cache``, ``producer``), over the rate window: :mod:`fusebox.spec.mmstages`.
     """
     w = window_word(C.DASHBOARD_RATE_WINDOW_S)
     rn = C.record_name
@@ -132,6 +143,8 @@ def dashboard_records() -> dict[str, str]:
         "energy_per_token": rn("host", "fusebox_energy_per_generated_token", f"joules_rate{w}"),
         "prefix_hit_vllm": rn("model", "fusebox_vllm_prefix_cache_hit", f"ratio_rate{w}"),
         "prefix_hit_sglang": rn("model", "fusebox_sglang_prefix_cache_hit", "ratio"),
+        # the alignment signal's stages (fusebox/spec/mmstages.py; the quantile kind records them)
+        **mmstages.records(w),
     }
 
 

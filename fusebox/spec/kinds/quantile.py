@@ -23,6 +23,7 @@ from typing import Any
 
 from fusebox import conventions as C
 from fusebox import promsim
+from fusebox.spec import mmstages
 from fusebox.spec.units import format_duration, format_number
 
 from .base import (
@@ -40,8 +41,10 @@ from .base import (
     kept_by,
     label_str,
     le_regex,
+    pod_engine,
     reads_alignment_histogram,
     segments,
+    sel,
     selector,
     signal_legend,
     signal_sel,
@@ -135,7 +138,78 @@ class Quantile(Kind):
         return [(f"P{format_number(sig.quantile * 100)} {where} over {w}", names["value"]),
                 (f"Share of observations slower than each threshold (label le), {where} (the alert reads it)",
                  names["over_threshold"]),
-                (f"Observations per second, {where}", names["rate"])]
+                (f"Observations per second, {where}", names["rate"])] + (self._stage_diagnosis(spec) if reads_alignment_histogram(sig) else [])
+
+    # -- the multimodal stages (fusebox/spec/mmstages.py): the alignment signal broken down --
+    @staticmethod
+    def _stage_relabel(alias: mmstages.StageAlias, expr: str) -> str:
+        """An engine's series named as the signals name engines (``engine`` = NAMESPACE/POD,
+        ``model`` = model_name); the gateway's and fusebox's own series keep their labels."""
+        return pod_engine(expr) if alias.producer in ("vllm", "sglang") else expr
+
+    def _stage_rate(self, alias: mmstages.StageAlias, metric: str, spec: Any, w: str) -> str:
+        """``sum by (engine...) (rate(metric[w]))``, both SGLang spellings where SGLang writes it."""
+        names = C.sglang_names(metric) if alias.producer == "sglang" else (metric,)
+        backend = alias.producer if alias.producer in ("vllm", "sglang") else "fusebox"
+        rates = " or ".join(f"rate({selector(n, spec, extra=dict(alias.matchers), backend=backend)}[{w}])" for n in names)
+        extra = ("le",) if metric.endswith("_bucket") else ()
+        return f"sum by ({by(mmstages.STAGE_BY, extra)}) ({self._stage_relabel(alias, rates if len(names) == 1 else f'({rates})')})"
+
+    def stage_rules(self, spec: Any) -> list[dict[str, Any]]:
+        """The stage records (:func:`fusebox.spec.mmstages.records`), one rule per published alias
+        the spec's producers publish: each timed stage's P95 per engine over the dashboard rate
+        window (no sample without traffic, as the quantile's own records), label ``stage``; each
+        cache's hit ratio (hits over lookups, or over hits + misses), label ``cache``. Each also
+        carries ``producer`` (vllm, sglang, smg, fusebox): two producers timing one stage of one
+        engine stay two series. One rule per record, its aliases joined by ``or`` (their label
+        sets differ by ``stage``/``cache`` and ``producer``)."""
+        w = format_duration(C.DASHBOARD_RATE_WINDOW_S)
+        names = mmstages.records(window_word(C.DASHBOARD_RATE_WINDOW_S))
+        keep = by(mmstages.STAGE_BY)
+        stages: list[str] = []
+        caches: list[str] = []
+
+        def labelled(expr: str, label: str, value: str, producer: str) -> str:
+            expr = f'label_replace({expr}, "{label}", "{value}", "", "")'
+            return f'label_replace({expr}, "{mmstages.PRODUCER_LABEL}", "{producer}", "", "")'
+
+        for a in mmstages.read_aliases(spec):
+            if a.stage == "cache":
+                hits = self._stage_rate(a, a.metric, spec, w)
+                den = self._stage_rate(a, a.total, spec, w) if a.total else f"{hits} + {self._stage_rate(a, a.misses or '', spec, w)}"
+                caches.append(labelled(f"{hits}\n    / (({den}) > 0)", mmstages.CACHE_LABEL, a.cache_id, a.producer))
+            else:
+                q = f"histogram_quantile({format_number(mmstages.STAGE_QUANTILE)}, {self._stage_rate(a, a.metric + '_bucket', spec, w)})"
+                traffic = f"and on ({keep}) ({self._stage_rate(a, a.metric + '_count', spec, w)} > 0)"
+                stages.append(labelled(f"({q}\n    {traffic})", mmstages.STAGE_LABEL, a.stage, a.producer))
+        out: list[dict[str, Any]] = []
+        if stages:
+            out.append({"record": names["stage_p95"], "expr": "\n  or ".join(stages)})
+        if caches:
+            out.append({"record": names["cache_hit"], "expr": "\n  or ".join(caches)})
+        return out
+
+    def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
+        """The stage records, when a signal reads fusebox's alignment histogram."""
+        return self.stage_rules(spec) if any(reads_alignment_histogram(s) for s in sigs) else []
+
+    def _stage_diagnosis(self, spec: Any) -> list[tuple[str, str]]:
+        """A query per stage the spec's producers time, the stage whose P95 grew most, the caches' hit ratios."""
+        names = mmstages.records(window_word(C.DASHBOARD_RATE_WINDOW_S))
+        read = mmstages.read_aliases(spec)
+        r, out = names["stage_p95"], []
+        for stage in mmstages.TIMED_STAGES:
+            who = sorted({a.producer for a in read if a.stage == stage})
+            if who:
+                out.append((f"P95 of the {stage} stage per engine (from {', '.join(who)}; docs/metrics.md section 8)",
+                            f'{r}{{{mmstages.STAGE_LABEL}="{stage}"}}'))
+        if out:
+            out.append(("The stage whose P95 grew most in the last hour, per engine (label stage: look there first)",
+                        f"topk by (cluster, host_name, engine) (1, {r} - {r} offset 1h)"))
+        if any(a.stage == "cache" for a in read):
+            out.append(("Encoder / embedding cache hit ratio per cache (label cache; a fall sends more work to the encoder)",
+                        names["cache_hit"]))
+        return out
 
     def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
         # summed by them (none at all without by), `source` kept on fusebox's alignment
@@ -269,6 +343,27 @@ class Quantile(Kind):
         })]
 
     # -- panels --------------------------------------------------------------------------
+    def _stage_panels(self, spec: Any, sig: Any) -> list[PanelDef]:
+        """One row under the alignment quantiles: P95 per multimodal stage, and the caches' hit ratios."""
+        names = mmstages.records(window_word(C.DASHBOARD_RATE_WINDOW_S))
+        read = mmstages.read_aliases(spec)
+        timed = ", ".join(sorted({f"{a.stage} ({a.producer})" for a in read if a.stage != "cache"}))
+        caches = ", ".join(a.cache_id for a in read if a.stage == "cache")
+        w = format_duration(C.DASHBOARD_RATE_WINDOW_S)
+        return [
+            PanelDef("Multimodal stages: P95 per stage",
+                     f"The alignment signal broken down: P95 over {w} of each stage an engine or fusebox times ({timed}), "
+                     "label stage (download, decode, encoder, handoff; docs/metrics.md section 8 lists every engine's name "
+                     "for each, published or proposed). The stage that rose with the alignment P95 is where to look.",
+                     (Query(sel(names["stage_p95"], "engine"), "{{stage}} ({{producer}}) {{host_name}} {{engine}}"),),
+                     UNITS["seconds"], (sig.alert,), width=16),
+            PanelDef("Encoder / embedding caches: hit ratio",
+                     f"Hits over lookups per cache ({caches}), over {w}: a hit skips the encoder, so a falling ratio "
+                     "sends more work to it.",
+                     (Query(sel(names["cache_hit"], "engine"), "{{cache}} {{host_name}} {{engine}}"),),
+                     "percentunit", (sig.alert,), width=8, soft_max=1.0),
+        ]
+
     def variable_record(self, sig: Any) -> str:
         """The observation rate: a series per engine whenever its histogram exists (0 without
         traffic), where the quantiles have none without traffic."""
@@ -296,6 +391,8 @@ class Quantile(Kind):
                  Query(signal_sel(sig, r["p99"]), "P99 " + lg)),
                 UNITS[sig.unit], (sig.alert,), sig.tiers, width=24,
             ))
+            if reads_alignment_histogram(sig) and sig is next(s for s in sigs if reads_alignment_histogram(s)):
+                panels += self._stage_panels(spec, sig)
             panels.append(PanelDef(
                 "Share of observations over each threshold",
                 "Fraction of observations slower than each tier's threshold (label le), over the rule window: what the alert reads. "
