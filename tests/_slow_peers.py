@@ -130,19 +130,20 @@ class TrickleSocket(_Tally):
 class SlowBodyFlood:
     """Issue 34's slow-body flood: ``n`` connections to ``host:port`` that each send a request head
     (``POST path`` with ``Content-Length: length`` and ``headers``, by default no token) and then
-    one body byte every ``gap`` seconds. A connection the server closes is opened again ``gap``
+    one body byte every ``gap`` seconds, the first ``n`` opened at ``rate`` a second. A connection the server closes is opened again ``gap``
     seconds later, so ``n`` keep trying for as long as the flood runs. What the peer saw is counted:
     ``heads`` sent, ``answers`` by HTTP status (the first line each connection got back),
-    ``closed`` by the server, ``refused`` connects. ``start()`` runs it in a thread; ``stop()``
+    ``closed`` by the server, ``refused`` connects, ``body_bytes`` sent. ``start()`` runs it in a thread; ``stop()``
     closes every socket. One thread and a selector: 1,100 sockets cost this process little."""
 
     def __init__(self, port: int, n: int = 1100, gap: float = 5.0, *, host: str = "127.0.0.1",
-                 path: str = "/alertmanager", length: int = 1_000_000, headers: dict | None = None):
-        self.addr, self.n, self.gap = (host, port), n, gap
+                 path: str = "/alertmanager", length: int = 1_000_000, headers: dict | None = None,
+                 rate: float = 250.0):
+        self.addr, self.n, self.gap, self.rate = (host, port), n, gap, rate
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.head = (f"POST {path} HTTP/1.1\r\nHost: fuse\r\nContent-Type: application/json\r\n"
                      f"Content-Length: {length}\r\n{extra}\r\n").encode()
-        self.heads = self.closed = self.refused = 0
+        self.heads = self.closed = self.refused = self.body_bytes = 0
         self.answers: collections.Counter = collections.Counter()
         self._seq = 0
         self._stop = threading.Event()
@@ -176,8 +177,9 @@ class SlowBodyFlood:
     def _run(self) -> None:
         sel = selectors.DefaultSelector()
         due: list = []  # (when, what, socket): the next body byte or reconnect
-        for _ in range(self.n):
-            self._open(sel, due)
+        t0 = time.monotonic()
+        for i in range(self.n):  # opened at ``rate`` a second: each head is read before most of the others come
+            self._later(due, t0 + i / self.rate, "open", None)
         while not self._stop.is_set():
             now = time.monotonic()
             while due and due[0][0] <= now:
@@ -191,6 +193,7 @@ class SlowBodyFlood:
                     continue  # closed meanwhile
                 try:
                     s.send(b" ")
+                    self.body_bytes += 1
                     self._later(due, now + self.gap, "byte", s)
                 except OSError:
                     self._close(sel, s, due, True)

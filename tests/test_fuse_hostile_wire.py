@@ -42,6 +42,8 @@ def test_1100_slow_bodies_without_a_token_neither_stop_the_webhook_nor_fail_heal
     p, port, url = _serve(tmp_path)  # the server under a 1024 open-file limit
     flood = SlowBodyFlood(port, FLOOD, gap=5.0, headers={"Authorization": "Bearer not-the-token"}).start()
     try:
+        # 1,100 heads sent, 250 connections a second (so that each head is read before most of the
+        # others come: on main every one was then a busy connection no new one could displace)
         end = time.monotonic() + 20
         while flood.heads < FLOOD and time.monotonic() < end:
             time.sleep(0.1)
@@ -50,8 +52,7 @@ def test_1100_slow_bodies_without_a_token_neither_stop_the_webhook_nor_fail_heal
         r = _webhook(url)
         webhook_s = time.monotonic() - t0
         health = httpx.get(url + "/healthz", timeout=5).status_code
-        # none of them is held: the server closes each well before its second body byte is due (5 s)
-        wait_for(lambda: flood.closed >= FLOOD, 10, 0.1, "the server closing the flood's connections")
+        body_bytes = flood.body_bytes
     finally:
         flood.stop()
         err = _stop(p)
@@ -61,6 +62,9 @@ def test_1100_slow_bodies_without_a_token_neither_stop_the_webhook_nor_fail_heal
     assert health == 200
     assert webhook_s < 5, webhook_s
     # the flood's heads were answered 401 from the head alone (no body byte needed), none accepted
+    # none of them was held: the server answered each from its head and closed it within LINGER_S
+    # (2 s), before its first body byte was due (5 s after the head)
+    assert body_bytes <= FLOOD // 100, body_bytes
     # the answers the flood read came from its heads alone: 401 for the first 20 failures of the
     # address (AUTH_FAILURES), 429 after; 503 when over capacity; never anything accepted
     assert set(flood.answers) <= {401, 429, 503} and flood.answers[401] <= 20 and flood.answers[429] > 0, flood.answers
@@ -85,10 +89,10 @@ def _post_head(length: int, token: str = TOKEN) -> bytes:
             f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
 
 
-def test_request_deadline_per_client_cap_healthz_apart_and_the_16_kib_head(tmp_path):
+def test_request_deadline_per_client_cap_and_healthz_apart(tmp_path):
     """With the right token a slow body is a busy connection: two fill a per-client cap of 2, the
     third connection gets /healthz and a 503 for anything else; the request deadline (2 s) then
-    closes both. A 20 KiB head sent in one write is refused 431."""
+    closes both."""
     p, port, url = _serve(tmp_path, "--max-connections-per-client", "2", "--request-timeout", "2",
                           "--header-timeout", "1")
     try:
@@ -102,19 +106,20 @@ def test_request_deadline_per_client_cap_healthz_apart_and_the_16_kib_head(tmp_p
         closed_s = time.monotonic() - t0
         assert 1.5 < closed_s < 4, closed_s
         assert _webhook(url).status_code == 200  # the slots are free again
-        big = _send_head(port, b"GET /metrics HTTP/1.1\r\nHost: fuse\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n")
-        assert _read_all(big).startswith(b"HTTP/1.1 431 ")
-        ok = _send_head(port, b"GET /metrics HTTP/1.1\r\nHost: fuse\r\nConnection: close\r\nX-Pad: "
-                        + b"a" * 15_000 + b"\r\n\r\n")
-        assert _read_all(ok).startswith(b"HTTP/1.1 200 ")
     finally:
         err = _stop(p)
     assert "Traceback" not in err, err
 
 
-def test_x_forwarded_for_from_loopback_does_not_change_the_client_the_limiter_counts(tmp_path):
+def test_by_default_x_forwarded_for_is_not_believed_and_a_head_over_16_kib_is_refused(tmp_path):
     p, port, url = _serve(tmp_path)
     try:
+        # a head sent in one write: h11 bounds only a head it has not seen whole (issue 34: 100 KiB passed)
+        big = _send_head(port, b"GET /metrics HTTP/1.1\r\nHost: fuse\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n")
+        assert _read_all(big).startswith(b"HTTP/1.1 431 ")
+        ok = _send_head(port, b"GET /metrics HTTP/1.1\r\nHost: fuse\r\nConnection: close\r\nX-Pad: "
+                        + b"a" * 16_000 + b"\r\n\r\n")  # 16,062 bytes: under 16 KiB
+        assert _read_all(ok).startswith(b"HTTP/1.1 200 ")
         codes = [httpx.post(url + "/alertmanager", json=payload(), timeout=5, headers={
             "Authorization": "Bearer wrong-token", "X-Forwarded-For": f"198.51.100.{i}"}).status_code
             for i in range(21)]
@@ -169,14 +174,14 @@ def test_a_neighbour_with_wrong_tokens_on_alertmanagers_address_does_not_delay_i
         started = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         assert httpx.post(am + "/api/v2/alerts", json=[{"labels": labels, "startsAt": started}],
                           timeout=5).status_code == 200
-        wait_for(lambda: LEVEL_1 in httpx.get(url + "/state", headers=HOOK, timeout=5).json()["levels"],
-                 GROUP_WAIT_S + 10, 0.05, "the trip stored")
+        wait_for(lambda: 'fusebox_fuse_notifications_total{outcome="applied"} 1.0' in httpx.get(
+            url + "/metrics", timeout=5).text, GROUP_WAIT_S + 10, 0.05, "the notification applied")
         trip_s = time.monotonic() - t0
-        metrics = httpx.get(url + "/metrics", timeout=5).text
+        levels = httpx.get(url + "/state", headers=HOOK, timeout=5).json()["levels"]
     finally:
         stop.set()
         t.join(10)
         _stop(p)
     assert trip_s < GROUP_WAIT_S + 3, trip_s
     assert neighbour[:20] == [401] * 20 and neighbour.count(429) >= 3, neighbour[:30]
-    assert 'fusebox_fuse_notifications_total{outcome="applied"} 1.0' in metrics
+    assert levels == {LEVEL_1: 1}
