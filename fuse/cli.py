@@ -343,7 +343,8 @@ def serve(args) -> int:
                                     **server_options(args.max_connections, args.header_timeout,
                                                      max_per_client=args.max_connections_per_client,
                                                      request_timeout_s=args.request_timeout,
-                                                     forwarded_allow_ips=args.forwarded_allow_ips)))
+                                                     forwarded_allow_ips=args.forwarded_allow_ips,
+                                                     on_close=lambda why: service.metrics.connections_closed.labels(why).inc())))
 
     def _graceful(signum, _frame):
         # SIGTERM (a rolling update, a scale-down) or SIGINT: stop taking work at once; the server

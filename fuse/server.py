@@ -136,6 +136,8 @@ class GuardedH11Protocol(H11Protocol):
 
     max_connections = MAX_CONNECTIONS
     max_per_client = MAX_PER_CLIENT
+    _head_bytes: int | None  # bytes of the head under way (None: whole, or not looked at)
+    _head_tail: bytes  # its last two bytes (a blank line may straddle two reads)
     header_timeout_s = HEADER_TIMEOUT_S
     request_timeout_s = REQUEST_TIMEOUT_S
     max_head_bytes = MAX_HEAD_BYTES
@@ -186,12 +188,16 @@ class GuardedH11Protocol(H11Protocol):
         if self.conn.their_state is h11.IDLE and self._head_bytes is not None and not self._count_head(data):
             return
         super().data_received(data)
+        self._busy_if_under_way()
+
+    def _busy_if_under_way(self) -> None:
+        """A request's head arrived: the connection is busy (no head timer, not idle); its request
+        read whole: no request deadline either."""
         if self.cycle is not None and not self.cycle.response_complete and self.conn.their_state is not h11.IDLE:
-            self._cancel("head")  # a request's head arrived: busy
-            g = _guard(self.server_state)
-            g.idle.pop(self, None)
+            self._cancel("head")
+            _guard(self.server_state).idle.pop(self, None)
             if self.conn.their_state is not h11.SEND_BODY:
-                self._cancel("request")  # read whole
+                self._cancel("request")
 
     def _first_line(self, data: bytes) -> bytes:
         """Look at the connection's first request line: ``GET /healthz`` is answered here; an
@@ -206,7 +212,7 @@ class GuardedH11Protocol(H11Protocol):
         if healthz is not None:
             if _BLANK_LINE.search(buf) is None and len(buf) <= self.max_head_bytes:
                 return b""  # answered when the head is whole (closing on unread data would reset it)
-            self._answer(_OK)
+            self._answer(_OK if buf.startswith(b"GET") else _OK[:-2])  # HEAD: no body
             return b""
         self._line = None
         if self in _guard(self.server_state).over:
@@ -219,7 +225,7 @@ class GuardedH11Protocol(H11Protocol):
         """Count the head's bytes; over ``max_head_bytes``: answer 431 and return False."""
         tail = self._head_tail
         found = _BLANK_LINE.search(tail + data)
-        size = self._head_bytes + (found.end() - len(tail) if found else len(data))
+        size = (self._head_bytes or 0) + (found.end() - len(tail) if found else len(data))
         if size > self.max_head_bytes:
             self.on_close("head_too_large")
             self._answer(_raw(431, "Request Header Fields Too Large", f"request head over {self.max_head_bytes} bytes"))
@@ -238,14 +244,16 @@ class GuardedH11Protocol(H11Protocol):
         self._sock.close()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        if not self._body_unread() and not self.transport.is_closing():
+            self._wait_for_head(_guard(self.server_state))
+            trailing = self.conn.trailing_data[0]  # a pipelined head already buffered: counted too
+            if trailing and self.conn.their_state is h11.DONE and not self._count_head(trailing):
+                return
+        super().on_response_complete()  # starts a pipelined request, if one is buffered
         if self._body_unread():  # answered before its body was read: closed once it is over
             self.transport.close()
-        elif not self.transport.is_closing():
-            self._wait_for_head(_guard(self.server_state))
-            trailing = self.conn.trailing_data[0]
-            if trailing and self.conn.their_state is h11.IDLE:  # a pipelined head already buffered
-                self._count_head(trailing)
+        else:
+            self._busy_if_under_way()
 
     def connection_lost(self, exc: Exception | None) -> None:
         for name in list(self._timers):
@@ -277,7 +285,7 @@ class GuardedH11Protocol(H11Protocol):
         self._timers["linger"] = self.loop.call_later(self.linger_s, self._sock.close)
 
     def _wait_for_head(self, g: _Guard) -> None:
-        self._head_bytes: int | None = 0
+        self._head_bytes = 0
         self._head_tail = b""
         g.idle[self] = None
         g.idle.move_to_end(self)

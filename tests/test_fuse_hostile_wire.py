@@ -106,9 +106,12 @@ def test_request_deadline_per_client_cap_and_healthz_apart(tmp_path):
         closed_s = time.monotonic() - t0
         assert 1.5 < closed_s < 4, closed_s
         assert _webhook(url).status_code == 200  # the slots are free again
+        metrics = httpx.get(url + "/metrics", timeout=5).text
     finally:
         err = _stop(p)
     assert "Traceback" not in err, err
+    assert 'fusebox_fuse_connections_closed_total{reason="request_timeout"} 2.0' in metrics
+    assert 'fusebox_fuse_connections_closed_total{reason="over_capacity"} 1.0' in metrics
 
 
 def test_by_default_x_forwarded_for_is_not_believed_and_a_head_over_16_kib_is_refused(tmp_path):
@@ -120,6 +123,7 @@ def test_by_default_x_forwarded_for_is_not_believed_and_a_head_over_16_kib_is_re
         ok = _send_head(port, b"GET /metrics HTTP/1.1\r\nHost: fuse\r\nConnection: close\r\nX-Pad: "
                         + b"a" * 16_000 + b"\r\n\r\n")  # 16,062 bytes: under 16 KiB
         assert _read_all(ok).startswith(b"HTTP/1.1 200 ")
+        assert 'fusebox_fuse_connections_closed_total{reason="head_too_large"} 1.0' in httpx.get(url + "/metrics").text
         codes = [httpx.post(url + "/alertmanager", json=payload(), timeout=5, headers={
             "Authorization": "Bearer wrong-token", "X-Forwarded-For": f"198.51.100.{i}"}).status_code
             for i in range(21)]
