@@ -16,8 +16,10 @@ GET  /                      reader    read-only HTML status page (Bearer, or Bas
                                       as password, so a browser can ask for it); the same query
 GET  /openapi.json          reader    the API description (no /docs, /redoc: no third-party script)
 GET  /metrics               none      Prometheus text format (no URL, no answer text)
-GET  /healthz               none      200 "ok" (liveness: the process answers; on the event loop,
-                                      which no notification blocks: they run in worker threads)
+GET  /healthz               none      200 "ok" (liveness: the process answers; as a connection's
+                                      first request answered by the server before the app and its
+                                      connection caps, :mod:`fusebox.fuse.server`; else on the
+                                      event loop, which no notification blocks)
 GET  /readyz                none      200 ``{"status": "ready"}`` when the store answers a read (and a
                                       write, when the last one failed) and an adapter is
                                       configured (dry-run counts); else 503 with
