@@ -16,8 +16,10 @@ GET  /                      reader    read-only HTML status page (Bearer, or Bas
                                       as password, so a browser can ask for it); the same query
 GET  /openapi.json          reader    the API description (no /docs, /redoc: no third-party script)
 GET  /metrics               none      Prometheus text format (no URL, no answer text)
-GET  /healthz               none      200 "ok" (liveness: the process answers; on the event loop,
-                                      which no notification blocks: they run in worker threads)
+GET  /healthz               none      200 "ok" (liveness: the process answers; as a connection's
+                                      first request answered by the server before the app and its
+                                      connection caps, :mod:`fusebox.fuse.server`; else on the
+                                      event loop, which no notification blocks)
 GET  /readyz                none      200 ``{"status": "ready"}`` when the store answers a read (and a
                                       write, when the last one failed) and an adapter is
                                       configured (dry-run counts); else 503 with
@@ -28,10 +30,11 @@ Tokens (:mod:`fusebox.fuse.tokens`): *webhook* is Alertmanager's; *a person* is 
 override tokens, whose name the audit records; *reader* is the read token when one is configured,
 else the webhook token, and any person's token. ``Authorization: Bearer <token>``, the scheme in
 any case (RFC 7235), each token compared in constant time. A missing or wrong token is answered 401
-whatever the body holds (nothing of it is used); a body over the limit is 413 before the token is
-looked at. Failed authentications are counted per role; a client address with ``AUTH_FAILURES``
-of them in ``AUTH_WINDOW_S`` seconds is answered 429 (``Retry-After``) on every route that needs a
-token, without its token being looked at.
+from the request's head, before its body is read (nothing of it is used); a ``Content-Length`` over
+the limit is 413 before the token is looked at. Failed authentications are counted per role; a
+client address with ``AUTH_FAILURES`` of them in ``AUTH_WINDOW_S`` seconds has its wrong tokens
+answered 429 (``Retry-After``) on every route that needs a token; a right token is never refused
+by it.
 
 The app in rooms: request bodies in :mod:`~fusebox.fuse.http_models`, the token and service
 dependencies in :mod:`~fusebox.fuse.http_deps`, the routes in :mod:`~fusebox.fuse.http_routes`, the
@@ -44,11 +47,12 @@ error answers in :mod:`~fusebox.fuse.http_errors` and their handlers in
 from concurrent.futures import ThreadPoolExecutor
 
 import anyio
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
-from .http_deps import AUTH_FAILURES, AUTH_WINDOW_S, AuthLimiter
-from .http_errors import count, problem
-from .http_handlers import install_handlers
+from .http_deps import AUTH_FAILURES, AUTH_WINDOW_S, ROLES, AuthLimiter, bearer
+from .http_errors import Denied, Limited, count, problem
+from .http_handlers import denied, install_handlers, limited
 from .http_models import OverrideRequest, WebhookPayload
 from .http_routes import PROBE_THREADS, WEBHOOK_THREADS, router
 from .payload import MAX_LABEL_VALUE
@@ -64,8 +68,14 @@ MAX_BODY_BYTES = 1 << 20
 
 
 class _BodyLimit:
-    """ASGI middleware: a request body over ``max_body`` bytes is answered 413 before the app reads
-    it (Content-Length checked first, a streamed body counted as it comes); ``on_413(path)`` counts it."""
+    """ASGI middleware: what can be refused from a request's head is refused before its body is
+    read, so a client without a token cannot hold a connection by trickling a body. For a request
+    with a body (not GET, HEAD, OPTIONS): a ``Content-Length`` over ``max_body`` bytes is 413, then
+    on the routes that need a token (``POST /alertmanager``, ``POST /override``) a missing or wrong
+    one is 401 (429 while the client is over its failures); these answers say ``Connection: close``
+    (the server discards the unread body, then closes). Then the body is read, counted as it comes
+    (a streamed one over ``max_body``: 413), and handed to the app whole. ``on_413(path)`` counts a
+    413. The route's name for the token is left in ``scope["fusebox.token"]``."""
 
     def __init__(self, app, max_body: int, on_413):
         self.app, self.max_body, self.on_413 = app, max_body, on_413
@@ -76,10 +86,14 @@ class _BodyLimit:
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body:
             return await self._too_large(scope, receive, send)
+        refused = await _token_refusal(scope)
+        if refused is not None:
+            refused.headers["connection"] = "close"
+            return await refused(scope, receive, send)
         body = bytearray()
         while True:
             msg = await receive()
-            if msg["type"] != "http.request":  # the client left
+            if msg["type"] != "http.request":  # the client left (or its request's deadline passed)
                 return
             body += msg.get("body", b"")
             if len(body) > self.max_body:
@@ -99,7 +113,26 @@ class _BodyLimit:
 
     async def _too_large(self, scope, receive, send):
         self.on_413(scope["path"])
-        await problem(413, f"body over {self.max_body} bytes")(scope, receive, send)
+        r = problem(413, f"body over {self.max_body} bytes")
+        r.headers["connection"] = "close"
+        await r(scope, receive, send)
+
+
+async def _token_refusal(scope) -> Response | None:
+    """The answer to a request to a token route whose token is missing or wrong (401) or whose
+    client is over its failures (429), from its head alone; None: no token route, or its token is
+    right (its name then in ``scope["fusebox.token"]``)."""
+    dep = ROLES.get(scope["path"])
+    if dep is None:
+        return None
+    request = Request(scope)
+    try:
+        scope["fusebox.token"] = dep(request, await bearer(request))
+    except Denied as e:
+        return denied(request, e)
+    except Limited as e:
+        return limited(request, e)
+    return None
 
 
 def create_app(service: FuseService, tokens: Tokens | TokenFiles | str, *, max_body: int = MAX_BODY_BYTES,

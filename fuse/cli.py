@@ -136,6 +136,15 @@ def register(subparsers) -> argparse._SubParsersAction:
                         "the oldest idle one (default 1000)")
     s.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="SECONDS",
                    help="a connection that has not sent a request's headers whole within it is closed (default 10 s)")
+    s.add_argument("--request-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="a connection that has not sent a whole request, head and body, within it is closed "
+                        "(default 30 s; at least --header-timeout)")
+    s.add_argument("--max-connections-per-client", type=_attempts, default=256, metavar="N",
+                   help="connections kept at most per client address; one more closes that address's oldest idle "
+                        "one, else only GET /healthz is answered on it (default 256)")
+    s.add_argument("--forwarded-allow-ips", default="", metavar="IPS",
+                   help="proxies (addresses or networks, comma separated, '*' all) whose X-Forwarded-For names the "
+                        "client the failure limiter counts (default: none, the connection's own address)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="text (default) or json: one JSON object per line (time, level, logger, message, and "
@@ -331,7 +340,11 @@ def serve(args) -> int:
 
     server = _server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                     log_config=None if args.log_format == "json" else LOGGING_CONFIG,
-                                    **server_options(args.max_connections, args.header_timeout)))
+                                    **server_options(args.max_connections, args.header_timeout,
+                                                     max_per_client=args.max_connections_per_client,
+                                                     request_timeout_s=args.request_timeout,
+                                                     forwarded_allow_ips=args.forwarded_allow_ips,
+                                                     on_close=lambda why: service.metrics.connections_closed.labels(why).inc())))
 
     def _graceful(signum, _frame):
         # SIGTERM (a rolling update, a scale-down) or SIGINT: stop taking work at once; the server

@@ -5,7 +5,12 @@ The app keeps what they need in ``app.state`` (:func:`fusebox.fuse.app.create_ap
 :class:`~fusebox.fuse.tokens.Tokens` or :class:`~fusebox.fuse.tokens.TokenFiles`: ``current()``),
 ``limiter`` (:class:`AuthLimiter`). A token dependency answers the name the token belongs to
 (``"webhook"``, a person's name, a reader's) or raises :class:`~fusebox.fuse.http_errors.Denied`
-(401), or :class:`~fusebox.fuse.http_errors.Limited` (429) while the client is over its failures.
+(401), or :class:`~fusebox.fuse.http_errors.Limited` (429) when the token is wrong and the client
+is over its failures: a right token is never refused by the failure limiter.
+
+The client is the connection's peer address; ``X-Forwarded-For`` replaces it only from the
+proxies ``fuse serve --forwarded-allow-ips`` names (none by default: see
+:func:`fusebox.fuse.server.server_options`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads these annotations.
@@ -23,8 +28,8 @@ from .http_errors import Denied, Limited
 from .service import FuseService
 from .tokens import match
 
-# Failed authentications a client (its address) may make in AUTH_WINDOW_S seconds before it is
-# answered 429; clients remembered at most (the least recent forgotten).
+# Failed authentications a client (its address) may make in AUTH_WINDOW_S seconds before its wrong
+# tokens are answered 429 (a right token never is); clients remembered at most (the least recent forgotten).
 AUTH_FAILURES = 20
 AUTH_WINDOW_S = 60.0
 AUTH_CLIENTS = 10_000
@@ -79,7 +84,11 @@ def _presented(creds: HTTPAuthorizationCredentials | None) -> str | None:
 
 def _check(request: Request, role: str, tokens: dict[str, str], given: str | None) -> str | None:
     """The name in ``tokens`` whose token is ``given``, else None (counted, and charged to the
-    client). Raises Limited, before looking at the token, while the client is over its failures."""
+    client). A right token is never refused; a wrong one raises Limited while its client is over
+    its failures (so a neighbour's failures cannot shut out Alertmanager on the same address)."""
+    name = match(given, tokens)
+    if name is not None:
+        return name
     state = request.app.state
     metrics = state.service.metrics
     client = request.client.host if request.client else "-"
@@ -87,11 +96,9 @@ def _check(request: Request, role: str, tokens: dict[str, str], given: str | Non
     if wait:
         metrics.auth_limited.labels(role).inc()
         raise Limited(wait)
-    name = match(given, tokens)
-    if name is None:
-        metrics.auth_failures.labels(role).inc()
-        state.limiter.failed(client)
-    return name
+    metrics.auth_failures.labels(role).inc()
+    state.limiter.failed(client)
+    return None
 
 
 def webhook_token(request: Request, creds: Bearer) -> str:
@@ -119,13 +126,13 @@ def reader_token(request: Request, creds: Bearer, login: Annotated[HTTPBasicCred
     return name
 
 
-_ROLES = {"/alertmanager": webhook_token, "/override": person_token}
+ROLES = {"/alertmanager": webhook_token, "/override": person_token}  # the POST routes that need a token
 
 
 async def authorized(request: Request) -> bool:
     """For a request refused before its dependencies ran (a body that is not JSON): does it carry
     its route's token? Raises Limited as the dependencies do."""
-    dep = _ROLES.get(request.url.path)
+    dep = ROLES.get(request.url.path)
     if dep is None:
         return True
     try:

@@ -122,6 +122,10 @@ class Unavailable(RuntimeError):
     """The change could not be persisted; nothing changed; the caller should retry (HTTP 503)."""
 
 
+# Why the server closes or refuses a connection itself (fusebox.fuse.server.GuardedH11Protocol.on_close).
+CONNECTION_CLOSE_REASONS = ("header_timeout", "request_timeout", "evicted", "over_capacity", "head_too_large")
+
+
 class _Metrics:
     def __init__(self):
         M = C.FUSE_METRICS
@@ -179,6 +183,11 @@ class _Metrics:
                                     registry=r)
         for role in ("webhook", "override", "read"):  # at 0 from the start
             self.auth_failures.labels(role), self.auth_limited.labels(role)
+        self.connections_closed = Counter(M["connections_closed"].removesuffix("_total"),
+                                          "Connections the server closed or refused itself, by reason.", ["reason"],
+                                          registry=r)
+        for reason in CONNECTION_CLOSE_REASONS:
+            self.connections_closed.labels(reason)
         self.level_dropped = Gauge(M["level_series_dropped"],
                                    "Scopes held without a fusebox_fuse_level series (over the cap; the least severe).",
                                    registry=r)

@@ -1,9 +1,14 @@
-"""Slow peers for the fuse's call-path tests: an HTTP server and a UNIX-socket server (HAProxy's
-runtime API) that send their answer one byte per ``gap`` seconds, counting what each answer got out
-before the client hung up, and how many answers were under way at once."""
+"""Slow peers for the fuse's tests: an HTTP server and a UNIX-socket server (HAProxy's runtime API)
+that send their answer one byte per ``gap`` seconds, counting what each answer got out before the
+client hung up, and how many answers were under way at once; and a slow client,
+:class:`SlowBodyFlood`, that sends request bodies one byte per ``gap`` seconds on many connections."""
 
 from __future__ import annotations
 
+import collections
+import heapq
+import selectors
+import socket
 import socketserver
 import threading
 import time
@@ -120,3 +125,107 @@ class TrickleSocket(_Tally):
     def stop(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+class SlowBodyFlood:
+    """Issue 34's slow-body flood: ``n`` connections to ``host:port`` that each send a request head
+    (``POST path`` with ``Content-Length: length`` and ``headers``, by default no token) and then
+    one body byte every ``gap`` seconds, the first ``n`` opened at ``rate`` a second. A connection the server closes is opened again ``gap``
+    seconds later, so ``n`` keep trying for as long as the flood runs. What the peer saw is counted:
+    ``heads`` sent, ``answers`` by HTTP status (the first line each connection got back),
+    ``closed`` by the server, ``refused`` connects, ``body_bytes`` sent. ``start()`` runs it in a thread; ``stop()``
+    closes every socket. One thread and a selector: 1,100 sockets cost this process little."""
+
+    def __init__(self, port: int, n: int = 1100, gap: float = 5.0, *, host: str = "127.0.0.1",
+                 path: str = "/alertmanager", length: int = 1_000_000, headers: dict | None = None,
+                 rate: float = 250.0):
+        self.addr, self.n, self.gap, self.rate = (host, port), n, gap, rate
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self.head = (f"POST {path} HTTP/1.1\r\nHost: fuse\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {length}\r\n{extra}\r\n").encode()
+        self.heads = self.closed = self.refused = self.body_bytes = 0
+        self.answers: collections.Counter = collections.Counter()
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> SlowBodyFlood:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _later(self, due, when: float, what: str, s) -> None:
+        self._seq += 1
+        heapq.heappush(due, (when, self._seq, what, s))
+
+    def _open(self, sel, due) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.connect_ex(self.addr)
+        sel.register(s, selectors.EVENT_WRITE, {"sent": False, "seen": b""})
+
+    def _close(self, sel, s, due, by_server: bool) -> None:
+        sel.unregister(s)
+        s.close()
+        if by_server:
+            self.closed += 1
+        self._later(due, time.monotonic() + self.gap, "open", None)
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        due: list = []  # (when, what, socket): the next body byte or reconnect
+        t0 = time.monotonic()
+        for i in range(self.n):  # opened at ``rate`` a second: each head is read before most of the others come
+            self._later(due, t0 + i / self.rate, "open", None)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            while due and due[0][0] <= now:
+                _, _, what, s = heapq.heappop(due)
+                if what == "open":
+                    self._open(sel, due)
+                    continue
+                try:
+                    sel.get_key(s)
+                except (KeyError, ValueError):
+                    continue  # closed meanwhile
+                try:
+                    s.send(b" ")
+                    self.body_bytes += 1
+                    self._later(due, now + self.gap, "byte", s)
+                except OSError:
+                    self._close(sel, s, due, True)
+            timeout = max(0.0, min(0.2, due[0][0] - now)) if due else 0.2
+            for key, _ in sel.select(timeout):
+                s, state = key.fileobj, key.data
+                if not state["sent"]:
+                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        self.refused += 1
+                        self._close(sel, s, due, False)
+                        continue
+                    try:
+                        s.send(self.head)
+                    except OSError:
+                        self._close(sel, s, due, True)
+                        continue
+                    state["sent"] = True
+                    self.heads += 1
+                    sel.modify(s, selectors.EVENT_READ, state)
+                    self._later(due, time.monotonic() + self.gap, "byte", s)
+                    continue
+                try:
+                    data = s.recv(4096)
+                except OSError:
+                    data = b""
+                if len(state["seen"]) < 12:
+                    state["seen"] += data[:12]
+                    if len(state["seen"]) >= 12:  # "HTTP/1.1 401"
+                        code = state["seen"][9:12]
+                        self.answers[int(code) if code.isdigit() else 0] += 1
+                if not data:
+                    self._close(sel, s, due, True)
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()
+        sel.close()
