@@ -146,10 +146,10 @@ class _AuditBudget:
         summary = None
         self.dropped_now = {"rate": 0, "full": 0}
         if self._start is None or now >= self._start + self.WINDOW_S or now < self._start:
+            self._held = self._count()  # first: a prune since may have made room for the summary
             if self._start is not None and any(self._dropped.values()):
                 summary = self._summary(now)
             self._start, self._used, self._dropped = now, 0, {"rate": 0, "full": 0}
-            self._held = self._count()
             if summary is not None:
                 self._held += 1
         assert self._held is not None

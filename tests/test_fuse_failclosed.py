@@ -298,3 +298,47 @@ def test_a_bus_error_in_the_served_fuse_says_so_on_stderr_before_it_exits(tmp_pa
     assert p.returncode == -signal.SIGBUS
     assert "Fatal Python error: Bus error" in err, err
 
+
+
+@pytest.fixture(scope="module")
+def pg():
+    from _pg_support import PgServer
+
+    server = PgServer()
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.tools)])
+def test_the_row_bound_counts_every_replicas_rows_and_a_prune_makes_room(tmp_path, backend, request):
+    from fusebox.fuse.store import open_store
+
+    url = (f"sqlite:///{tmp_path / 'fuse.sqlite'}" if backend == "sqlite"
+           else request.getfixturevalue("pg").create_db("bound"))
+    clock = [T0]
+    rules = FuseRules.from_spec(load_spec(SPEC))
+
+    def replica(name):
+        return FuseService(rules, open_store(url), [DryRun()], hold_s=60, dry_run=True, replica=name,
+                           clock=lambda: clock[0], audit_refused_per_minute=10_000, audit_refused_max_rows=300)
+
+    a, b = replica("a"), replica("b")
+    try:
+        (note_a,) = _refused_notes(200, 200)
+        assert a.handle(parse_payload(note_a, T0))["alerts"] == {"untrusted": 200}
+        clock[0] += 1
+        note_b = next(_refused_notes(200, 200, starts=T0 + 1))  # other episodes (startsAt), B's first window
+        b.handle(parse_payload(note_b, T0 + 1))
+        assert a.store.audit_count("ignored") == 300  # B counted A's 200 at its window's start
+        assert b.metrics.registry.get_sample_value("fusebox_fuse_audit_refused_dropped_total", {"reason": "full"}) == 100
+        before = a.store.audit_through(T0 + 10_000)
+        a.store.prune_audit(before, sum(1 for _ in a.store.audit_rows(before)), "0" * 64, "test-export.jsonl", clock[0])
+        clock[0] += 61  # B's next window counts again: the prune made room
+        b.handle(parse_payload(next(_refused_notes(50, 50, starts=T0 + 2)), T0 + 2))
+        rows = b.store.audit_log(1000, kinds=("ignored",))
+        assert len(rows) == 50 + 1  # the 50, and the summary of the window that dropped 100
+        assert sum(1 for r in rows if r["detail"].get("result") == "not_audited") == 1
+    finally:
+        a.store.close()
+        b.store.close()
