@@ -525,6 +525,11 @@ class FuseService:
                     batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                 self._run_batch(batch)
         if job.error is not None:
+            # what the webhook answers 503: refused, never a trip. DEBUG: the store's ERROR line said
+            # why, once per outage, and fusebox_fuse_notifications_total{outcome="http_503"} counts each
+            if isinstance(job.error, Unavailable):
+                log.debug("notification of %d alert(s) not applied (state not persisted, nothing decided; "
+                         "Alertmanager retries): %s", len(note.alerts), job.error)
             raise job.error
         assert job.result is not None
         return job.result

@@ -236,10 +236,11 @@ def test_a_trip_whose_commit_fails_is_answered_503_and_not_logged_as_a_trip(tmp_
 
     try:
         monkeypatch.setattr(svc.store, "change", failing_commit)
-        caplog.set_level(logging.INFO, logger="fusebox.fuse")
+        caplog.set_level(logging.DEBUG, logger="fusebox.fuse")
         with pytest.raises(Unavailable):
             svc.handle(parse_payload(payload(alert("GPUMemoryUtilizationHigh", starts=T0, cluster="a", hw_id="G")), T0))
         assert not [r for r in caplog.records if r.getMessage().startswith("trip ")], caplog.text
+        assert "notification of 1 alert(s) not applied (state not persisted" in caplog.text  # its refusal
         assert svc.metrics.registry.get_sample_value(
             "fusebox_fuse_transitions_total", {"action": "freeze_admissions", "state": "trip", "source": "alert"}) is None
     finally:
