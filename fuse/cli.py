@@ -289,7 +289,10 @@ def serve(args) -> int:
 
     # a SIGBUS (SQLite's -shm mmap on a volume that cannot back it, fuse/store.py SHM_RESERVE_BYTES)
     # or SIGSEGV prints "Fatal Python error: Bus error" and every thread's traceback on stderr
-    faulthandler.enable()
+    try:
+        faulthandler.enable()
+    except (OSError, ValueError, AttributeError):  # stderr without a file descriptor (run in-process, captured)
+        pass
     try:
         spec = load_spec(args.spec)
     except (OSError, UnicodeDecodeError) as e:
