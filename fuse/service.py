@@ -562,6 +562,7 @@ class FuseService:
             now = self.clock()
             changed = False
             fresh: dict = {}  # episodes first refused in this batch, audited by this commit
+            dropped = {"rate": 0, "full": 0}  # refusals over the audit's bound, counted once committed
             for j in batch:
                 note, cut = j.note, j.note.truncated_alerts
                 decisions, outcomes = self.breaker.on_notification(note, now)
@@ -570,8 +571,8 @@ class FuseService:
                        if o.result in _REFUSED),
                      *((r.fingerprint, r.starts_at, r.result, r.reason) for r in note.refused)]) if e[:3] not in fresh]
                 refused, summary = self._audit_budget.take(refused, now)
-                self.metrics.audit_dropped.labels("rate").inc(self._audit_budget.dropped_now["rate"])
-                self.metrics.audit_dropped.labels("full").inc(self._audit_budget.dropped_now["full"])
+                for why, n in self._audit_budget.dropped_now.items():
+                    dropped[why] += n
                 if summary is not None:
                     audit.append(summary)
                     changed = True
@@ -589,6 +590,8 @@ class FuseService:
                 per_job.append((len(decisions), outcomes, refused, trunc))
             ids = self._commit(pending, changed or self.breaker.dirty(), audit)
         self._episodes.update(fresh)  # committed: audited
+        for why, n in dropped.items():
+            self.metrics.audit_dropped.labels(why).inc(n)
         while len(self._episodes) > MAX_REFUSED_EPISODES:
             self._episodes.popitem(last=False)
         at = 0

@@ -269,14 +269,17 @@ def test_the_spec_bounds_the_refused_audit_and_refuses_a_bound_that_is_not_a_who
     from fusebox.spec import parse_spec
     from fusebox.spec.errors import SpecError
 
+    shipped = "\n  audit: {refused_per_minute: 100, refused_max_rows: 100000}\n"
     text = SPEC.read_text()
-    assert "\nfuse:\n" in text
-    spec = parse_spec(text.replace("\nfuse:\n", "\nfuse:\n  audit: {refused_per_minute: 7, refused_max_rows: 900}\n", 1),
-                      str(SPEC))
+    assert text.count(shipped) == 1
+    assert (load_spec(SPEC).audit.refused_per_minute, load_spec(SPEC).audit.refused_max_rows) == (100, 100_000)
+    without = parse_spec(text.replace(shipped, "\n", 1), str(SPEC))  # the defaults are the shipped values
+    assert (without.audit.refused_per_minute, without.audit.refused_max_rows) == (100, 100_000)
+    spec = parse_spec(text.replace(shipped, "\n  audit: {refused_per_minute: 7, refused_max_rows: 900}\n", 1), str(SPEC))
     assert (spec.audit.refused_per_minute, spec.audit.refused_max_rows) == (7, 900)
     for bad in ("refused_per_minute: 0", 'refused_per_minute: "100"', "refused_max_rows: 1.5e5"):
         with pytest.raises(SpecError, match=r"fuse\.audit\.refused_(per_minute|max_rows)"):
-            parse_spec(text.replace("\nfuse:\n", f"\nfuse:\n  audit: {{{bad}}}\n", 1), str(SPEC))
+            parse_spec(text.replace(shipped, f"\n  audit: {{{bad}}}\n", 1), str(SPEC))
 
 
 @pytest.mark.process
