@@ -26,7 +26,8 @@ Rules:
   spec allows fleet-wide alerts (:meth:`FuseRules.verdict`; outcome ``untrusted``/``no_scope``).
 * At most ``max_scopes`` scopes are kept: a new one first drops an idle scope (nothing tripped,
   held, pending or overridden); when none is idle the alert is refused (outcome ``scope_limit``)
-  and an override answers an error. At most ``MAX_TOMBSTONES`` resolved fingerprints are kept.
+  and an override answers an error. At most ``MAX_TOMBSTONES`` resolved fingerprints are kept, and
+  at most ``MAX_HOLDERS`` holders per level of a scope (one more is refused: ``holder_limit``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ TOMBSTONE_S = 24 * 3600.0
 # grow the state, the snapshot and the status page without end.
 MAX_SCOPES = 10_000
 MAX_TOMBSTONES = 100_000
+# Holders (firing alerts, by fingerprint) one level of one scope keeps at most: the scope's row is
+# rewritten on every change, and 100,000 holders made it 8.2 MB. A level held this many times is
+# tripped whatever one more holder says; the one more is refused (outcome ``holder_limit``).
+MAX_HOLDERS = 1000
 # Kinds of the rows :meth:`Breaker.changes` and :meth:`Breaker.apply` exchange with the store.
 SCOPE_ROW, RESOLVED_ROW = "s", "r"
 # Seconds without a holder before a level is released (``fusebox fuse serve --hold``'s default).
@@ -119,7 +124,8 @@ class Outcome:
     "resolved" (a holder left), "release_pending" (the last one left; hold started),
     "not_held" (a resolved alert that held nothing); refused, with a ``reason``: "untrusted" (not an
     alert and action the spec generates), "no_scope" (no scope label, fleet-wide alerts not
-    allowed), "scope_limit" (no room for another scope)."""
+    allowed), "scope_limit" (no room for another scope), "holder_limit" (the level already has
+    :data:`MAX_HOLDERS` holders)."""
 
     fingerprint: str
     alertname: str
@@ -539,6 +545,10 @@ class Breaker:
             held = cur.holders.get(a.fingerprint) if cur is not None else None
             if held is not None and a.starts_at <= held["start"]:
                 return None, Outcome(a.fingerprint, name, "duplicate")
+            if held is None and cur is not None and len(cur.holders) >= MAX_HOLDERS:
+                return None, Outcome(a.fingerprint, name, "holder_limit", (
+                    f"alert {name!r} on {key}: level {target.level} already has {MAX_HOLDERS} firing alerts holding "
+                    "it (the most one level keeps; it stays tripped while they fire): ignored"))
             if not self._room_for(key):
                 return None, Outcome(a.fingerprint, name, "scope_limit", (
                     f"alert {name!r} on {key}: the fuse keeps at most {self.max_scopes} scopes and every one has "

@@ -224,7 +224,10 @@ def build_service(args, spec=None):
     service = FuseService(FuseRules.from_spec(spec), store, adapters, hold_s=args.hold,
                           backoff_s=max(args.retry_backoff, 0.001), backoff_max_s=max(args.retry_max, 0.001),
                           tick_s=max(args.tick, 0.01), dry_run=args.dry_run, lease_s=lease,
-                          max_level_series=args.max_level_series, reconcile_s=args.reconcile)
+                          max_level_series=args.max_level_series, reconcile_s=args.reconcile,
+                          audit_refused_per_minute=spec.audit.refused_per_minute,
+                          audit_refused_max_rows=spec.audit.refused_max_rows)
+    token.observe(service.metrics.token_file)  # fusebox_fuse_token_file_valid / _refused_total
     return service, token
 
 
@@ -291,6 +294,14 @@ def serve(args) -> int:
     from .logs import json_line, setup
 
     setup(args.log_level, args.log_format)
+    import faulthandler
+
+    # a SIGBUS (SQLite's -shm mmap on a volume that cannot back it, fuse/store.py SHM_RESERVE_BYTES)
+    # or SIGSEGV prints "Fatal Python error: Bus error" and every thread's traceback on stderr
+    try:
+        faulthandler.enable()
+    except (OSError, ValueError, AttributeError):  # stderr without a file descriptor (run in-process, captured)
+        pass
     try:
         spec = load_spec(args.spec)
     except (OSError, UnicodeDecodeError) as e:

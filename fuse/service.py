@@ -98,7 +98,7 @@ log = install(logging.getLogger("fusebox.fuse"))
 __all__ = ["FuseService", "Unavailable", "OverrideError"]
 
 _CHANGED = {"tripped", "held", "overridden", "resolved", "release_pending", "not_held"}
-_REFUSED = {"untrusted", "no_scope", "scope_limit"}  # audited as kind "ignored", with the reason
+_REFUSED = {"untrusted", "no_scope", "scope_limit", "holder_limit"}  # audited as kind "ignored", with the reason
 # Distinct Alertmanagers (externalURL) with a last-notification series of their own; an HA pair
 # or a few clusters' worth, far below what would burden /metrics.
 MAX_ALERTMANAGERS = 16
@@ -113,9 +113,75 @@ MAX_BATCH = 64
 MAX_REFUSED_EPISODES = 100_000
 # Refused episodes read back from the audit at start (the newest ones).
 EPISODES_READ_BACK = 10_000
+# The refused-alert audit's bound (fuse.audit's defaults, fusebox/spec/model.py: RawAudit).
+AUDIT_REFUSED_PER_MINUTE = 100
+AUDIT_REFUSED_MAX_ROWS = 100_000
 
 
 TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
+
+
+class _AuditBudget:
+    """The bound on audit rows of refused alerts (``fuse.audit``): at most ``per_minute`` rows per
+    60 s window of this replica, and none once the audit holds ``max_rows`` rows of kind
+    ``ignored`` (counted at start and at each window's start: the other replicas' rows too). What
+    is left out is counted (``dropped_now`` after each :meth:`take`, for the metric) and summed up
+    in one ``ignored`` row per window that dropped any (itself within ``max_rows``).
+
+    Not thread-safe: the service calls it under its lock."""
+
+    WINDOW_S = 60.0
+
+    def __init__(self, per_minute: int, max_rows: int, count: Callable[[], int]):
+        self.per_minute, self.max_rows, self._count = per_minute, max_rows, count
+        self._start: float | None = None  # the window's start (Unix s); None: none yet
+        self._used = 0  # rows audited in the window
+        self._held: int | None = None  # rows of kind ignored in the audit (counted, then kept up to date)
+        self._dropped = {"rate": 0, "full": 0}  # in the window
+        self.dropped_now = {"rate": 0, "full": 0}
+
+    def take(self, refused: list[tuple], now: float) -> tuple[list[tuple], AuditRecord | None]:
+        """The refusals of ``refused`` to audit (the first that fit) and the summary row of the
+        previous window when it dropped some (None otherwise). Raises StoreError (counting)."""
+        summary = None
+        self.dropped_now = {"rate": 0, "full": 0}
+        if self._start is None or now >= self._start + self.WINDOW_S or now < self._start:
+            self._held = self._count()  # first: a prune since may have made room for the summary
+            if self._start is not None and any(self._dropped.values()):
+                summary = self._summary(now)
+            self._start, self._used, self._dropped = now, 0, {"rate": 0, "full": 0}
+            if summary is not None:
+                self._held += 1
+        assert self._held is not None
+        room = max(0, min(self.per_minute - self._used, self.max_rows - self._held))
+        kept = refused[:room]
+        for _ in refused[room:]:
+            why = "full" if self._held + len(kept) >= self.max_rows else "rate"
+            self._dropped[why] += 1
+            self.dropped_now[why] += 1
+        if len(refused) > room and not any(v - self.dropped_now[k] for k, v in self._dropped.items()):
+            log.warning("refused alerts: %s; the rest are counted (%s), not audited or logged, until %s",
+                        f"the audit holds {self.max_rows} rows of them (fuse.audit.refused_max_rows): prune it "
+                        "(fusebox fuse audit prune)" if self.dropped_now["full"] else
+                        f"{self.per_minute} audited this minute (fuse.audit.refused_per_minute)",
+                        C.FUSE_METRICS["audit_refused_dropped"],
+                        "a prune" if self.dropped_now["full"] else "the next minute")
+        self._used += len(kept)
+        self._held += len(kept)
+        return kept, summary
+
+    def _summary(self, now: float) -> AuditRecord | None:
+        if self._held is not None and self._held >= self.max_rows:
+            return None  # full: the metric alone counts
+        assert self._start is not None
+        n = sum(self._dropped.values())
+        return {"at": now, "kind": "ignored", "source": "alert",
+                "reason": (f"{n} refused alert(s) not audited from {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self._start))} "
+                           f"for {self.WINDOW_S:g} s: {self._dropped['rate']} over fuse.audit.refused_per_minute "
+                           f"({self.per_minute}), {self._dropped['full']} with the audit full "
+                           f"(fuse.audit.refused_max_rows, {self.max_rows})"),
+                "detail": {"result": "not_audited", "dropped": dict(self._dropped), "window_start": self._start,
+                           "window_s": self.WINDOW_S}}
 
 
 class Unavailable(RuntimeError):
@@ -191,9 +257,29 @@ class _Metrics:
         self.level_dropped = Gauge(M["level_series_dropped"],
                                    "Scopes held without a fusebox_fuse_level series (over the cap; the least severe).",
                                    registry=r)
+        self.token_file_valid = Gauge(M["token_file_valid"],
+                                      "1 while a token file is in force as written, 0 while refused (malformed or "
+                                      "unreadable: a people or read file's tokens dropped, the webhook's last good "
+                                      "token kept).", ["file"], registry=r)
+        self.token_file_refused = Counter(M["token_file_refused"].removesuffix("_total"),
+                                          "Reads of a token file (on change, on SIGHUP) that refused it.", ["file"],
+                                          registry=r)
+        self.audit_dropped = Counter(M["audit_refused_dropped"].removesuffix("_total"),
+                                     "Refused alerts not audited: over fuse.audit.refused_per_minute (rate) or the "
+                                     "audit holding fuse.audit.refused_max_rows of them (full).", ["reason"],
+                                     registry=r)
+        for reason in ("rate", "full"):
+            self.audit_dropped.labels(reason)
         self.unapplied = Gauge(M["unapplied_levels"],
                                "Tripped levels that no adapter applied (yet): refused, given up, pending or no adapter.",
                                registry=r)
+
+    def token_file(self, file: str, valid: bool, refused: bool) -> None:
+        """A token file's state (:meth:`fusebox.fuse.tokens.TokenFiles.observe`'s callback)."""
+        self.token_file_valid.labels(file).set(1 if valid else 0)
+        c = self.token_file_refused.labels(file)  # at 0 from the start
+        if refused:
+            c.inc()
 
     def zero(self, adapters: Sequence[str]) -> None:
         """Every series labelled by adapter at 0 from start, so the first failure or give-up is an
@@ -294,13 +380,16 @@ class FuseService:
             over after that (it must exceed an adapter call's timeout).
         reconcile_s: seconds between two passes of the reconciler (:meth:`reconcile`); 0: none.
         replica: this replica's name in the outbox's ``claimed_by`` (default host:pid:random).
+        audit_refused_per_minute, audit_refused_max_rows: the refused-alert audit's bound
+            (``fuse.audit`` of the spec; :class:`_AuditBudget`).
     """
 
     def __init__(self, rules: FuseRules, store: Store, adapters: Sequence[Adapter], *, hold_s: float = 300.0,
                  backoff_s: float = 0.5, backoff_max_s: float = 30.0, tick_s: float = 1.0,
                  clock: Callable[[], float] | None = None, dry_run: bool = False, max_scopes: int = MAX_SCOPES,
                  lease_s: float = 30.0, replica: str | None = None, max_level_series: int = MAX_LEVEL_SERIES,
-                 reconcile_s: float = 0.0):
+                 reconcile_s: float = 0.0, audit_refused_per_minute: int = AUDIT_REFUSED_PER_MINUTE,
+                 audit_refused_max_rows: int = AUDIT_REFUSED_MAX_ROWS):
         self.rules = rules
         self.store = store
         self.adapters = {a.name: a for a in adapters}
@@ -349,6 +438,9 @@ class FuseService:
             d = row["detail"]
             if isinstance(d, dict) and "starts_at" in d:
                 self._episodes[(d.get("fingerprint"), d["starts_at"], d.get("result"))] = None
+        self._after: list[Callable[[], None]] = []  # run once a change is committed (_change)
+        self._audit_budget = _AuditBudget(audit_refused_per_minute, audit_refused_max_rows,
+                                          lambda: store.audit_count("ignored"))
         self._senders: set[str] = set()  # externalURLs with a last-notification series
         self._senders_lock = threading.Lock()
         self._wakes = {name: threading.Event() for name in self.adapters}
@@ -442,6 +534,11 @@ class FuseService:
                     batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                 self._run_batch(batch)
         if job.error is not None:
+            # what the webhook answers 503: refused, never a trip. DEBUG: the store's ERROR line said
+            # why, once per outage, and fusebox_fuse_notifications_total{outcome="http_503"} counts each
+            if isinstance(job.error, Unavailable):
+                log.debug("notification of %d alert(s) not applied (state not persisted, nothing decided; "
+                         "Alertmanager retries): %s", len(note.alerts), job.error)
             raise job.error
         assert job.result is not None
         return job.result
@@ -474,6 +571,7 @@ class FuseService:
             now = self.clock()
             changed = False
             fresh: dict = {}  # episodes first refused in this batch, audited by this commit
+            dropped = {"rate": 0, "full": 0}  # refusals over the audit's bound, counted once committed
             for j in batch:
                 note, cut = j.note, j.note.truncated_alerts
                 decisions, outcomes = self.breaker.on_notification(note, now)
@@ -481,6 +579,12 @@ class FuseService:
                     [*((o.fingerprint, a.starts_at, o.result, o.reason) for a, o in zip(note.alerts, outcomes, strict=False)
                        if o.result in _REFUSED),
                      *((r.fingerprint, r.starts_at, r.result, r.reason) for r in note.refused)]) if e[:3] not in fresh]
+                refused, summary = self._audit_budget.take(refused, now)
+                for why, n in self._audit_budget.dropped_now.items():
+                    dropped[why] += n
+                if summary is not None:
+                    audit.append(summary)
+                    changed = True
                 fresh.update((e[:3], None) for e in refused)
                 audit += [{"at": now, "kind": "ignored", "source": "alert", "reason": reason[:1000],
                            "detail": {"result": result, "fingerprint": fp[:64], "starts_at": starts}}
@@ -495,6 +599,8 @@ class FuseService:
                 per_job.append((len(decisions), outcomes, refused, trunc))
             ids = self._commit(pending, changed or self.breaker.dirty(), audit)
         self._episodes.update(fresh)  # committed: audited
+        for why, n in dropped.items():
+            self.metrics.audit_dropped.labels(why).inc(n)
         while len(self._episodes) > MAX_REFUSED_EPISODES:
             self._episodes.popitem(last=False)
         at = 0
@@ -738,6 +844,7 @@ class FuseService:
         first takes back what another replica committed since; what :meth:`_commit` writes is
         committed on leaving. Raises Unavailable when the store fails (nothing kept)."""
         self._wrote = False
+        self._after = []  # run once the change is committed (_commit's log lines)
         try:
             with self.store.change(self._version) as head:
                 if head.version != self._version:
@@ -751,6 +858,9 @@ class FuseService:
             self._version += 1
         self.breaker.done()
         self._sync_gauges()
+        after, self._after = self._after, []
+        for f in after:
+            f()
 
     @contextlib.contextmanager
     def _all_or_nothing(self):
@@ -793,6 +903,14 @@ class FuseService:
             log.debug("state not persisted, change dropped: %s", e)
             raise Unavailable(str(e)) from e
         self._wrote = bool(changes)
+        # logged, counted and recorded once the change is committed (on leaving _change): a
+        # notification answered 503 (the commit failed) logs its refusal, never a trip it did not store
+        self._after.append(lambda: self._committed(decisions, out, d_wanted))
+        return out
+
+    def _committed(self, decisions: list[tuple[Decision, float, dict | None]], out: list[dict],
+                   d_wanted: list[list[str]]) -> None:
+        """What :meth:`_commit` wrote is committed: record, count and log each decision."""
         for (d, _, _), o, wanted in zip(decisions, out, d_wanted, strict=False):
             self.applied.decided(d.scope_key, d.level, d.kind, str(o["decision_id"]), wanted, d.action)
             if d.kind == "trip" and not wanted:
@@ -803,11 +921,13 @@ class FuseService:
                      extra={"decision_id": o["decision_id"], "scope": d.scope_key, "action": d.action,
                             "fuse_level": d.level, "state": d.kind, "source": d.source})
         if decisions:
-            self._pending_known = self.store.pending_count()
+            try:
+                self._pending_known = self.store.pending_count()
+            except self._store_errors as e:  # committed; the gauge catches up at the next read
+                log.debug("pending actions not counted: %s", e)
             self.metrics.pending.set(self._pending_known)
             for w in self._wakes.values():
                 w.set()
-        return out
 
     def _sync_gauges(self) -> None:
         """Set ``fusebox_fuse_level`` of the scopes whose level may have changed, and only those."""

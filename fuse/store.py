@@ -61,6 +61,7 @@ checkpointed every :data:`WAL_AUTOCHECKPOINT_PAGES` pages and cut back to :data:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -93,6 +94,13 @@ _PG_LOCK = 0x66757365626F78
 # reset after a checkpoint (PRAGMA journal_size_limit; SQLite's default keeps it at its largest).
 WAL_AUTOCHECKPOINT_PAGES = 64
 WAL_LIMIT_BYTES = 256 * 1024
+# SQLite's shared-memory WAL index (the ``-shm`` file beside the store) is used through mmap: a page
+# of it the volume cannot back (full, a quota) stops the process with SIGBUS, no log line. So its
+# first 128 KiB (four 32 KiB regions: an index of 16,384 WAL frames, 64 MiB of WAL, far past the
+# bound above) are allocated at open, and a volume that cannot give them stops the start with a
+# StoreError naming the file. The serve command also enables faulthandler (fuse/cli.py), so a
+# SIGBUS that still comes prints "Fatal Python error: Bus error" and the traceback.
+SHM_RESERVE_BYTES = 128 * 1024
 # Free space the SQLite file's volume must have for /readyz (Store.free_bytes): more than a
 # notification of a few alerts writes, so that a volume with room for less, where writes fail or
 # are about to, is not called ready (nor ready again between two failed writes).
@@ -214,6 +222,31 @@ def _bound_wal(db: sqlite3.Connection) -> sqlite3.Connection:
     db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
     db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
     return db
+
+
+def _reserve_shm(shm: str) -> None:
+    """Allocate the first :data:`SHM_RESERVE_BYTES` of SQLite's ``-shm`` file (created by the WAL
+    connection just opened), so its mmap never touches a page the volume cannot back (SIGBUS).
+    A missing file (another journal mode) is left alone. Raises StoreError naming the file and
+    the cause (no space, a quota, not writable)."""
+    try:
+        fd = os.open(shm, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StoreError(f"{shm}: SQLite's shared-memory file cannot be opened for writing ({e.strerror}): the "
+                         "store needs it writable -- fix its owner and mode, or the volume") from None
+    try:
+        if os.fstat(fd).st_blocks * 512 < SHM_RESERVE_BYTES:
+            os.posix_fallocate(fd, 0, SHM_RESERVE_BYTES)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: SQLite's own writes
+            return
+        raise StoreError(f"{shm}: SQLite's shared-memory file cannot be given {SHM_RESERVE_BYTES // 1024} KiB "
+                         f"({e.strerror}): writing through its mmap would stop the process with SIGBUS -- free "
+                         "space on the store's volume (or raise its quota) and start again") from None
+    finally:
+        os.close(fd)
 
 
 class StoreError(RuntimeError):
@@ -377,6 +410,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         _bound_wal(self._db)
+        if self.path != ":memory:":
+            self._db.execute("SELECT count(*) FROM sqlite_master").fetchall()  # a read makes the -shm file
+            _reserve_shm(self.path + "-shm")
 
     def _errors(self) -> tuple[type[BaseException], ...]:
         return (sqlite3.Error,)
@@ -883,6 +919,11 @@ class Store:
 
     # ----------------------------------------------------------------- audit retention
     _AUDIT_COLUMNS = ("seq", "at", "kind", "decision_id", "scope_key", "level", "action", "source", "reason", "detail")
+
+    def audit_count(self, kind: str) -> int:
+        """How many audit rows of ``kind`` the audit holds (the refused-alert bound counts
+        ``ignored``). Raises StoreError."""
+        return int(self._read("SELECT COUNT(*) FROM audit WHERE kind = ?", (kind,))[0][0])
 
     def audit_through(self, before: float) -> int:
         """The highest audit ``seq`` of a row older than ``before`` (Unix seconds); 0 when none."""

@@ -26,11 +26,20 @@ did not change while being read (its size, mtime and inode the same before and a
 * a token removed from the people or read file is revoked (fail closed), and so are all of that
   role's tokens when its file is missing, empty or holds only comments (no one may override; no
   read token reads: the webhook token does not take its place);
-* a file that cannot be read whole (unreadable, changed while read) or is malformed (a token
-  under 32 characters, a line that is not ``NAME TOKEN``...) keeps the last good tokens, with an
-  error in the log: a file rewritten in two steps never makes a partial token live. The webhook
-  file keeps its last good token when missing or empty too (Alertmanager would otherwise be
-  locked out).
+* a people or read file that cannot be read whole (unreadable, changed while read) or is malformed
+  (a token under 32 characters, a line that is not ``NAME TOKEN``, a token another role holds...)
+  is *refused*, and every token of that file is dropped until it is fixed (fail closed: a file
+  that is wrong on one line cannot be trusted on the others, so an edit that revokes someone and
+  breaks the file revokes them too). A file rewritten in two steps never makes a partial token live;
+  between the steps that file's tokens are refused.
+* each file is judged on its own: a refused people file leaves the webhook and read tokens as
+  they were. The webhook file alone keeps its last good token when it is missing, empty or
+  malformed: Alertmanager reads the same token, and a fuse that refuses it trips nothing.
+
+A refused file is logged (an ERROR line naming the file, the line and what is wrong, once per change
+and on every SIGHUP) and shown in ``/metrics``: :meth:`TokenFiles.observe` reports each file's state
+(``fusebox_fuse_token_file_valid{file}`` 1 or 0, ``fusebox_fuse_token_file_refused_total{file}``),
+and the generated alert ``FuseboxFuseTokenFileRefused`` pages while one is 0.
 
 Write token files atomically (a new file renamed over the old, as Kubernetes does for a Secret
 volume): a file rewritten in place may be read between two writes.
@@ -52,7 +61,7 @@ from .logsafe import install
 log = install(logging.getLogger("fusebox.fuse"))
 
 __all__ = ["Tokens", "TokenFiles", "KeyFile", "read_token_file", "read_people_file", "permission_warnings", "match",
-           "MIN_TOKEN_LENGTH", "NoTokens", "check_token_length"]
+           "MIN_TOKEN_LENGTH", "NoTokens", "check_token_length", "FILES"]
 
 # Shortest token accepted from a file, characters (32 random bytes in base64 are 44).
 MIN_TOKEN_LENGTH = 32
@@ -268,6 +277,10 @@ def _stamp(path, missing_raises: bool = False) -> tuple | None:
     return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
+# The token files, in the order they are read; each is judged on its own (``/metrics``' ``file`` label).
+FILES = ("webhook", "people", "read")
+
+
 class TokenFiles:
     """Tokens read from files, read again when a file changes or on :meth:`reload`.
 
@@ -277,7 +290,9 @@ class TokenFiles:
         read: the read token file, or None: the webhook token reads.
 
     Raises (at construction): OSError, ValueError, as :func:`read_token_file`, :func:`read_people_file`
-    and :class:`Tokens`.
+    and :class:`Tokens`. After that nothing raises: a people or read file that cannot be read or is
+    malformed drops its tokens (fail closed), the webhook file keeps its last good token; both are
+    logged and reported to the :meth:`observe` callbacks.
     """
 
     def __init__(self, webhook, people=None, read=None):
@@ -285,50 +300,90 @@ class TokenFiles:
         self._lock = threading.RLock()  # reentrant: SIGHUP's handler may run while the main thread holds it
         self._stamps = self._all_stamps()
         self._tokens = self._load()
+        # file -> True while the file is in force as written (valid), False while refused
+        self.valid: dict[str, bool] = {k: True for k, v in self.paths.items() if v is not None}
+        self._observers: list = []
 
     def _all_stamps(self) -> dict:
         return {k: _stamp(p) for k, p in self.paths.items() if p is not None}
 
-    def _load(self, previous: Tokens | None = None) -> Tokens:
-        """The tokens of the files. With ``previous`` (a reload), a people or read file that is
-        missing or holds no token revokes that role's tokens (logged); at start it is an error."""
+    def _load(self) -> Tokens:
+        """The tokens of the files, each read strictly (at start: any error stops the start)."""
         p = self.paths
-
-        def role(kind, reader):
-            try:
-                return reader(p[kind])
-            except NoTokens as e:
-                if previous is None:
-                    raise
-                log.warning("token files: %s: every %s token is revoked", e, "override" if kind == "people" else kind)
-                return None
-
-        read = role("read", read_token_file) if p["read"] is not None else None
+        read = read_token_file(p["read"]) if p["read"] is not None else None
         return Tokens(webhook=read_token_file(p["webhook"]),
-                      people=(role("people", read_people_file) or {}) if p["people"] is not None else {},
-                      read=read, no_read=p["read"] is not None and read is None)
+                      people=read_people_file(p["people"]) if p["people"] is not None else {}, read=read)
+
+    def observe(self, callback) -> None:
+        """Call ``callback(file, valid, refused)`` now for every configured file (``refused``
+        False) and after every read of the files: ``file`` one of :data:`FILES`, ``valid`` whether
+        the file is in force as written, ``refused`` True when this read refused it (a counter's
+        increment). Callbacks must not raise."""
+        with self._lock:
+            self._observers.append(callback)
+            for kind, ok in self.valid.items():
+                callback(kind, ok, False)
 
     def current(self) -> Tokens:
         """The tokens in force, read again first when a file's size, mtime, ctime or inode changed."""
         if self._all_stamps() != self._stamps:
-            self.reload()
+            self._reread(explicit=False)
         return self._tokens
 
     def reload(self) -> bool:
-        """Read every file again. True when the new tokens are in force; False when a file cannot
-        be read whole or is malformed (logged; the last good tokens stay)."""
+        """Read every file again (SIGHUP). True when every file is valid; False when one is refused
+        (logged; a refused people or read file's tokens are dropped, the webhook's last good token
+        stays)."""
+        return self._reread(explicit=True)
+
+    def _reread(self, explicit: bool) -> bool:
         with self._lock:
             stamps = self._all_stamps()
-            try:
-                tokens = self._load(self._tokens)
-            except (OSError, ValueError) as e:
-                if stamps != self._stamps:
-                    log.error("token files not reloaded, the previous tokens stay: %s", e)
-                # logged once per change, not once per request (the stamps are taken before the
-                # read: a file that changed while read differs from them and is read again)
-                self._stamps = stamps
-                return False
-            self._stamps, self._tokens = stamps, tokens
-        log.info("token files read: webhook, %d override token(s)%s", len(tokens.people),
-                 ", read" if tokens.read else "")
-        return True
+            # an error is logged once per change of the files, and on every SIGHUP (not per request;
+            # the stamps are taken before the read: a file that changed while read is read again)
+            loud = explicit or stamps != self._stamps
+            self._stamps = stamps
+            old, p = self._tokens, self.paths
+            errors: dict[str, str] = {}
+
+            def role(kind, reader, dropped):
+                try:
+                    return reader(p[kind])
+                except NoTokens as e:
+                    if kind == "webhook":
+                        errors[kind] = f"{e}; the last good webhook token stays in use"
+                        return dropped
+                    if loud:
+                        log.warning("token files: %s: every %s token is revoked", e,
+                                    "override" if kind == "people" else kind)
+                    return dropped
+                except (OSError, ValueError) as e:
+                    errors[kind] = (f"{e}; the last good webhook token stays in use" if kind == "webhook" else
+                                    f"{e}; every {'override' if kind == 'people' else 'read'} token of this file is "
+                                    "revoked until it is fixed (a malformed file is not trusted line by line)")
+                    return dropped
+
+            webhook = role("webhook", read_token_file, old.webhook)
+            people = (role("people", read_people_file, {}) or {}) if p["people"] is not None else {}
+            read = role("read", read_token_file, None) if p["read"] is not None else None
+            # tokens shared between roles: the file that reuses another role's token is refused
+            if read is not None and hmac.compare_digest(read.encode(), webhook.encode()):
+                errors["read"], read = f"{p['read']}: the read token is the webhook token; give each role its own", None
+            for name, tok in people.items():
+                if any(t is not None and hmac.compare_digest(tok.encode(), t.encode()) for t in (webhook, read)):
+                    errors["people"] = (f"{p['people']}: the override token of {name} is the webhook or read token; "
+                                        "give each role its own -- every override token is revoked until it is fixed")
+                    people = {}
+                    break
+            tokens = Tokens(webhook=webhook, people=people, read=read, no_read=p["read"] is not None and read is None)
+            self._tokens = tokens
+            for kind in self.valid:
+                self.valid[kind] = kind not in errors
+                if kind in errors and loud:
+                    log.error("token file %s refused: %s", kind, errors[kind])
+                for cb in self._observers:
+                    cb(kind, kind not in errors, kind in errors and loud)
+        if not errors:
+            log.info("token files read: webhook, %d override token(s)%s", len(tokens.people),
+                     ", read" if tokens.read else "")
+        return not errors

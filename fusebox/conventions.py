@@ -237,6 +237,7 @@ SELF_ALERTS = {
     "level_unapplied": "FuseboxFuseLevelUnapplied",  # a tripped level no adapter applied, past the same bound
     "notifications_failing": "FuseboxFuseNotificationsFailing",  # Alertmanager failing to deliver webhooks
     "heartbeat_missing": "FuseboxFuseHeartbeatMissing",  # no notification reached the fuse for too long
+    "token_file_refused": "FuseboxFuseTokenFileRefused",  # a token file malformed: its tokens dropped (fail closed)
     "collector_scrape": "FuseboxCollectorScrapeFailing",  # collectors failing to scrape their engines
     "collector_gpu": "FuseboxCollectorGPUErrors",  # the GPU collector failing to read GPUs
 }
@@ -286,6 +287,13 @@ FUSE_METRICS = {
     # per adapter (its label: the spec's fuse.adapters name, ``gateway``, ``vllm:<engine>``)
     "adapter_calls": "fusebox_fuse_adapter_calls_total",  # counter {adapter, outcome}: outcome ok|error
     "adapter_call_duration": "fusebox_fuse_adapter_call_duration_seconds",  # histogram {adapter}: one apply()
+    # per token file (label file: webhook, people, read): 1 in force as written, 0 refused (malformed
+    # or unreadable: a people or read file's tokens dropped, the webhook's last good token kept)
+    "token_file_valid": "fusebox_fuse_token_file_valid",
+    "token_file_refused": "fusebox_fuse_token_file_refused_total",  # counter {file}: reads that refused it
+    # counter {reason}: refused alerts not audited: "rate" (over fuse.audit.refused_per_minute),
+    # "full" (the audit holds fuse.audit.refused_max_rows of them)
+    "audit_refused_dropped": "fusebox_fuse_audit_refused_dropped_total",
 }
 
 # Fuse adapter kinds (the spec's fuse.adapters.<name>.kind) and the fuse levels each can apply

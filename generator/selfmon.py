@@ -19,6 +19,8 @@ rule, test and runbook renderers ask this module. From ``fuse.self_monitoring`` 
   per Alertmanager and trips nothing on it;
 * ``FuseboxFuseHeartbeatMissing``: no notification from an Alertmanager for
   ``heartbeat_silent_after``, or the gauge absent that long;
+* ``FuseboxFuseTokenFileRefused``: ``fusebox_fuse_token_file_valid == 0``: a token file refused
+  (malformed or unreadable), its tokens revoked (the webhook's last good one kept);
 * ``FuseboxCollectorScrapeFailing`` / ``FuseboxCollectorGPUErrors``: the collectors' own error
   counters rose (engine /metrics scrapes failed or refused at a limit; NVML errors per GPU).
 
@@ -146,6 +148,13 @@ def self_alerts(spec: Spec) -> list[SelfAlert]:
                   f"though {C.HEARTBEAT_ALERT} is always firing: the feed from "
                   "Alertmanager to the fuse is broken.",
                   "the feed from Prometheus through Alertmanager to the fuse has fallen silent"),
+        SelfAlert(A["token_file_refused"], "warning",
+                  "The fuse refused its {{ $labels.file }} token file: instance {{ $labels.instance }}",
+                  "The fuse service {{ $labels.instance }} refused its {{ $labels.file }} token file (malformed or "
+                  "unreadable; its log names the line). A people or read file's tokens are all revoked until it is "
+                  "fixed (fail closed: no one may override, or no read token reads); the webhook file's last good "
+                  "token stays in use.",
+                  "a token file is malformed or unreadable: its tokens are revoked (the webhook's last good one kept)"),
         SelfAlert(A["collector_scrape"], "warning",
                   "The collector {{ $labels.job }} fails to scrape engine {{ $labels.engine }}",
                   f"The collector {{{{ $labels.job }}}} on {{{{ $labels.host_name }}}} failed or refused to scrape "
@@ -215,6 +224,7 @@ def _exprs(spec: Spec) -> dict[str, list[tuple[str, float]]]:
              f"\"{C.ALERTMANAGER_LABEL}\", \"{ANY_AM}\", \"\", \"\")", 0.0),
             (f"label_replace(absent({last}), \"{C.ALERTMANAGER_LABEL}\", \"{ANY_AM}\", \"\", \"\")", m.heartbeat_silent_after_s),
             (f"time() - max by ({C.ALERTMANAGER_LABEL}) ({last}) > {format_number(m.heartbeat_silent_after_s)}", 0.0)],
+        A["token_file_refused"]: [(f"{_sel(M['token_file_valid'], f)} == 0", 0.0)],
         # `or` keeps both: the refused series carry a `reason` label the errors do not
         A["collector_scrape"]: [(f"increase({_sel(C.PROM_SELF['scrape_errors'], coll)}[{w}]) > 0 "
                                  f"or increase({_sel(C.PROM_SELF['scrape_refused'], coll)}[{w}]) > 0", 0.0)],
@@ -295,6 +305,15 @@ _RUNBOOK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # alert -> (di
          f"test alertname={C.HEARTBEAT_ALERT} fusebox=<metadata.name>`."),
         ("Repair the path (rules loaded, Alertmanager reachable, the fuse's route and token).",
          "An Alertmanager removed for good keeps its series on the fuse until the fuse restarts: restart it.")),
+    A["token_file_refused"]: (
+        ("The fuse's log: `token file <file> refused: <path>: line <n>: ...` names the file, the line and what is wrong "
+         "(a line that is not `NAME TOKEN`, a trailing comment, a token under 32 characters, a name twice).",
+         f"`{M['token_file_valid']}` by `file` (1 in force, 0 refused) and `{M['token_file_refused']}` (reads that "
+         "refused it, on change and on SIGHUP)."),
+        ("Fix the file (one `NAME TOKEN` per line, `#` comments on lines of their own) and write it atomically (a new "
+         "file renamed over the old, or the Secret updated); the fuse reads it again on change or on `kill -HUP`.",
+         "Until then the file's tokens are revoked: people override with a token of a valid file only, or act at the "
+         "gateway by hand. A refused webhook file keeps its last good token: Alertmanager's notifications still work.")),
     A["collector_scrape"]: (
         ("The collector's log names the engine endpoint and the error.",
          "`fusebox_collector_scrape_refused_total` by reason: `body_too_large`, `decompressed_too_large` or "
@@ -450,6 +469,15 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                            _check(quiet2 * I + S - I, A["heartbeat_missing"], [_exp(spec, hm, one, 2)]),
                            _check(quiet2 * I + S + I, A["heartbeat_missing"],
                                   [_exp(spec, hm, {C.ALERTMANAGER_LABEL: ANY_AM}, 0), _exp(spec, hm, one, 2), _exp(spec, hm, two, 2)])]}))
+    # 6. a refused token file alerts at once, naming the file; a valid one does not
+    tf = alerts[A["token_file_refused"]]
+    people, hook = {**fuse, "file": "people"}, {**fuse, "file": "webhook"}
+    groups.append((f"{A['token_file_refused']}: a refused token file (gauge 0) alerts naming it; a valid one does not", {
+        "interval": itv,
+        "input_series": [{"series": M["token_file_valid"] + label_str(people), "values": segments([(2, 1, 0), (4, 0, 0)])},
+                         {"series": M["token_file_valid"] + label_str(hook), "values": segments([(6, 1, 0)])}],
+        "alert_rule_test": [_check(I, A["token_file_refused"], []),
+                            _check(3 * I, A["token_file_refused"], [_exp(spec, tf, people)])]}))
     for _, g in groups:
         g["alert_rule_test"] = [c for c in g["alert_rule_test"] if c is not None]
     return groups

@@ -342,9 +342,10 @@ def test_token_files_are_read_again_when_they_change(tmp_path, svc):
     assert c.post("/override", json=_override(level=1), headers=ALICE).status_code == 401
     carol = {"Authorization": "Bearer carol-token-0123456789-abcdefghij"}
     assert c.post("/override", json=_override(level=1), headers=carol).status_code == 200
-    people.write_text("carol\n")  # broken: the last good tokens stay
+    people.write_text("carol\n")  # broken: the file is refused whole, carol's token with it (fail closed)
     os.utime(people, ns=(time.time_ns() + 2 * 10**9,) * 2)
-    assert c.post("/override", json=_override(level=3), headers=carol).status_code == 200
+    assert c.post("/override", json=_override(level=3), headers=carol).status_code == 401
+    assert c.get("/state", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200  # the webhook's stays
 
 
 def test_sighup_reads_the_token_files_again(tmp_path):

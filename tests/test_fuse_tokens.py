@@ -77,7 +77,9 @@ def test_a_file_rewritten_in_two_steps_never_makes_a_partial_token_live(tmp_path
         f.write(f"alice {new[:21]}")
         f.flush()
         assert c.get("/state", headers=bearer(new[:21])).status_code == 401
-        assert c.get("/state", headers=bearer(PEOPLE["alice"])).status_code == 200  # the previous set stays
+        # the file is malformed between the steps: refused whole (fail closed), the old token too
+        assert c.get("/state", headers=bearer(PEOPLE["alice"])).status_code == 401
+        assert c.get("/state", headers=bearer(TOKEN)).status_code == 200  # the webhook file is its own
         f.write(new[21:] + "\n")  # step two
     assert c.get("/state", headers=bearer(new)).status_code == 200
     assert c.get("/state", headers=bearer(PEOPLE["alice"])).status_code == 401

@@ -165,6 +165,15 @@ class RawSelfMonitoring(_Strict):
     heartbeat_silent_after: Scalar = "5m"  # FuseboxFuseHeartbeatMissing: no notification for this long
 
 
+class RawAudit(_Strict):
+    """``fuse.audit``: the bound on audit rows of refused alerts (docs/fuse.md "Audit retention")."""
+
+    # Refused-alert rows one replica writes per minute at most; the rest are counted, not audited.
+    refused_per_minute: int = Field(default=100, strict=True, ge=1, le=100_000)
+    # Refused-alert rows the audit may hold at most (until `fusebox fuse audit prune`); past it, counted only.
+    refused_max_rows: int = Field(default=100_000, strict=True, ge=100, le=10_000_000)
+
+
 class RawFuse(_Strict):
     """The fuse service and the Alertmanager routing to it."""
 
@@ -184,6 +193,7 @@ class RawFuse(_Strict):
     actions: dict[str, RawAction]
     # What the fuse service calls (fusebox/spec/adapters.py; docs/fuse.md "Adapters").
     adapters: dict[str, RawAdapter] = {}
+    audit: RawAudit = RawAudit()
 
 
 class RawAbsent(_Strict):
@@ -332,6 +342,14 @@ class SelfMonitoring:
 
 
 @dataclass(frozen=True)
+class Audit:
+    """``fuse.audit``, normalised: refused-alert audit rows per minute (per replica) and in all."""
+
+    refused_per_minute: int = 100
+    refused_max_rows: int = 100_000
+
+
+@dataclass(frozen=True)
 class FuseAction:
     name: str
     level: int
@@ -379,6 +397,7 @@ class Spec:
     rule_engine: str = "prometheus"  # global.rule_engine: one of RULE_ENGINES
     budget: Budget = field(default_factory=Budget)  # budget: sizes `fusebox budget` reads (spec/budget.py)
     inpath: Inpath = field(default_factory=Inpath)  # inpath: the in-path shedders (spec/inpath.py)
+    audit: Audit = field(default_factory=Audit)  # fuse.audit: the refused-alert audit's bound
 
     def selector_for(self, backend: str) -> dict[str, str]:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
@@ -597,6 +616,7 @@ class _Normaliser:
             kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
             budget=budget, inpath=inpath,
+            audit=Audit(r.fuse.audit.refused_per_minute, r.fuse.audit.refused_max_rows),
         )
         # runbook queries: references to records replaced, record-shaped names checked (spec/diagnosis.py)
         queries = resolve_diagnosis(spec, self.err)
