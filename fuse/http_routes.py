@@ -17,6 +17,7 @@ import asyncio
 import email.message
 import json
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
@@ -52,10 +53,17 @@ STATUS_SCOPES = 100
 # ``next_offset`` says where the next page starts. 10,000 scopes with 256-character labels were
 # one 58 MB answer, and eight of them in flight 786 MB of the fuse's 512 MiB.
 STATE_MAX_BYTES = 4 << 20
-# Reads of /state and the status page served at once, each in a thread of their own (not the
-# webhook's, not the event loop's); one more is answered 503 with Retry-After at once, never queued.
+# Reads of /state and the status page built at once, in a thread of their own (not the webhook's,
+# not the event loop's); one more is answered 503 with Retry-After at once, never queued.
 READERS = 1
+# A page built is served again to every reader of the same URL for this long while the state's
+# version is the same (its "now" says when it was read), at most READ_SNAPSHOTS pages kept (each
+# at most STATE_MAX_BYTES).
+READ_SNAPSHOT_S = 1.0
+READ_SNAPSHOTS = 8
 READ_RETRY_AFTER_S = 1
+# While a read runs, a thread waiting for the interpreter gets it after this many seconds at most.
+READ_SWITCH_S = 0.0005
 # Scopes a reader encodes between two hand-overs of the interpreter to other threads.
 YIELD_EVERY = 50
 # Worker threads for /readyz's store read, apart from those notifications wait in.
@@ -224,23 +232,50 @@ READ_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 async def bounded_read(request: Request, work) -> Response:
-    """``work()`` (a page of /state or the status page) in one of :data:`READERS` reader threads
-    of the app (apart from the webhook's and the event loop's), or, when that many are in flight,
-    503 with ``Retry-After`` at once: reads never queue up behind each other nor in front of the
+    """``work()`` (a page of /state or the status page), served from a snapshot when the same page
+    was built less than :data:`READ_SNAPSHOT_S` ago and the state has not changed since (this
+    replica's version of it: a reader sees its own change at once), else built in the app's one reader thread
+    (apart from the webhook's and the event loop's). While a build runs, another is answered 503
+    with ``Retry-After`` at once: reads never queue up behind each other nor in front of the
     writers."""
     st = request.app.state
+    key = (request.url.path, request.url.query, getattr(service_of(request), "_version", None))
+    now = time.monotonic()
+    snapshots: dict = getattr(st, "read_snapshots", None) or {}
+    hit = snapshots.get(key)
+    if hit is not None and now - hit[0] < READ_SNAPSHOT_S:
+        return Response(hit[1], media_type=hit[2], headers=hit[3])
     busy = getattr(st, "readers_busy", 0)
     if busy >= READERS:
-        return problem(503, f"{READERS} reads of the state in flight already: retry in {READ_RETRY_AFTER_S} s",
+        return problem(503, f"the state is being read already: retry in {READ_RETRY_AFTER_S} s",
                        headers={"Retry-After": str(READ_RETRY_AFTER_S), "Cache-Control": "no-store"})
     pool = getattr(st, "reader_threads", None)
     if pool is None:  # the event loop runs this: no other request creates one meanwhile
         pool = st.reader_threads = ThreadPoolExecutor(READERS, thread_name_prefix="fuse-read")
     st.readers_busy = busy + 1
     try:
-        return await asyncio.get_running_loop().run_in_executor(pool, work)
+        out: Response = await asyncio.get_running_loop().run_in_executor(pool, _handing_over, work)
     finally:
         st.readers_busy -= 1
+    done = time.monotonic()
+    if out.status_code == 200:
+        snapshots = {k: v for k, v in snapshots.items() if done - v[0] < READ_SNAPSHOT_S}
+        if len(snapshots) < READ_SNAPSHOTS:
+            snapshots[key] = (done, out.body, out.media_type,
+                              {k: v for k, v in out.headers.items() if k.lower() not in ("content-length", "content-type")})
+        st.read_snapshots = snapshots
+    return out
+
+
+def _handing_over(work):
+    """``work()`` with the interpreter handed to a waiting thread every READ_SWITCH_S (Python's
+    default, 5 ms, let a read make a notification wait that long at each of its steps)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, READ_SWITCH_S))
+    try:
+        return work()
+    finally:
+        sys.setswitchinterval(before)
 
 
 def state_body(view: StateView, max_bytes: int = STATE_MAX_BYTES) -> bytes:
