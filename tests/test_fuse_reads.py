@@ -181,3 +181,22 @@ def test_the_status_page_and_state_send_security_headers_and_refuse_a_page_over_
             assert over.status_code == 400 and over.json()["field"].endswith("limit"), over.text
     finally:
         svc.store.close()
+
+
+def test_a_read_while_another_is_built_is_answered_503_with_retry_after_at_once(tmp_path):
+    svc = dry_run_service(tmp_path)
+    try:
+        app = create_app(svc, TOKEN)
+        client = TestClient(app)
+        app.state.readers_busy = 1  # a build under way (the one reader thread)
+        busy = client.get("/state", headers=AUTH)
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1", busy.text
+        page = client.get("/", headers=AUTH)  # a browser's: a page that asks again by itself
+        assert page.status_code == 503 and page.headers["retry-after"] == "1"
+        assert '<meta http-equiv="refresh" content="1">' in page.text
+        assert page.headers["x-frame-options"] == "DENY"
+        assert client.get("/state").status_code == 401  # the token first, busy or not
+        app.state.readers_busy = 0
+        assert client.get("/state", headers=AUTH).status_code == 200
+    finally:
+        svc.store.close()
