@@ -32,9 +32,21 @@
    notification of 3,000 resolved alerts (target < 1 s); the CPU busy share during the run, and
    "CPU SATURATED" when it is over 90% of every core (the figures then measure the machine).
 
+5. ``--hostile``: the webhook beside a hostile neighbour (issue 34). One `fusebox fuse serve` (SQLite,
+   dry-run) holding 10,000 tripped scopes whose five scope labels are 256 characters each; one
+   sender posts notifications that each change one scope (level 3 of a held scope), one at a time,
+   in three phases: alone; while eight readers ask ``/state`` for the largest page over and over
+   (at once again after each answer; after its Retry-After when refused, or at once with
+   ``--ignore-retry-after``); while about 1,100 sockets each send a
+   webhook head (``Content-Length: 1000000``, no token) and then one body byte every 5 s (a socket
+   the fuse closes is opened again). Printed per phase: the webhook's p50/p99/max, answers other
+   than 200, ``/healthz``'s max, the process's peak memory (VmHWM); the ratio of each phase's p99 to
+   the p99 alone (target <= 2x); the CPU busy share of each phase, and "CPU SATURATED" over 90%.
+
 Usage: python bench/bench_fuse.py [--notifications 3000] [--concurrency 8] [--no-postgresql]
        [--adapter-trips 40] [--no-adapters | --only-adapters]
        python bench/bench_fuse.py --fleet [--scopes 10000] [--changes 600] [--concurrency 4] [--no-postgresql]
+       python bench/bench_fuse.py --hostile [--scopes 10000] [--changes 300] [--readers 8] [--slow-sockets 1100]
 """
 
 from __future__ import annotations
@@ -180,7 +192,15 @@ def main() -> int:
     ap.add_argument("--fleet", action="store_true",
                     help="the cost of a change with --scopes held, beside an empty fuse and a bare echo")
     ap.add_argument("--scopes", type=_positive, default=10_000, help="--fleet: scopes held (default 10000)")
-    ap.add_argument("--changes", type=_positive, default=600, help="--fleet: notifications per target (default 600)")
+    ap.add_argument("--changes", type=_positive, default=None,
+                    help="--fleet: notifications per target (default 600); --hostile: per phase (default 300)")
+    ap.add_argument("--hostile", action="store_true",
+                    help="the webhook's p99 alone, under --readers heavy readers and under a slow-body flood")
+    ap.add_argument("--readers", type=_positive, default=8, help="--hostile: concurrent readers of /state (default 8)")
+    ap.add_argument("--ignore-retry-after", action="store_true",
+                    help="--hostile: the readers ask again at once after a 503 (default: after its Retry-After)")
+    ap.add_argument("--slow-sockets", type=_positive, default=1100,
+                    help="--hostile: sockets sending a body one byte every 5 s (default 1100)")
     ap.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--echo-gateway", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -189,6 +209,10 @@ def main() -> int:
         return 0
     if args.concurrency is None:
         args.concurrency = 4 if args.fleet else 8
+    if args.changes is None:
+        args.changes = 300 if args.hostile else 600
+    if args.hostile:
+        return bench_hostile(args)
     if args.fleet:
         return bench_fleet(args)
     if args.only_adapters:
@@ -604,6 +628,196 @@ def bench_fleet(args) -> int:
         print(f"{'':24} the machine's CPU (every process on it, not only the bench's) {r['busy'] * 100:.0f}% busy "
               f"of {r['cores']} core(s) during the side-by-side run ({r['wall']:.1f} s); seeding {args.scopes} scopes "
               f"took {r['seed_s']:.1f} s{sat}")
+    return 0
+
+
+# ------------------------------------------------------------------ --hostile
+LONG_LABEL = 256  # characters of each scope label in --hostile
+DRIP_S = 5.0  # the slow bodies: one byte every DRIP_S seconds
+
+
+def _long_scope(i: int) -> dict:
+    return {k: f"{k[0]}{i:05d}".ljust(LONG_LABEL, "x") for k in ("cluster", "host_name", "instance", "hw_id", "engine")}
+
+
+def _vm_hwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class _SlowBodies:
+    """``n`` sockets to ``port`` that each send a webhook head announcing 1,000,000 body bytes and no
+    token, then one body byte every DRIP_S seconds, from one thread; a socket the server closes
+    (or that fails to connect) is opened again at the next drip. ``closed`` counts those."""
+
+    HEAD = (b"POST /alertmanager HTTP/1.1\r\nHost: fuse\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000\r\n\r\n")
+
+    def __init__(self, port: int, n: int):
+        self.port, self.n, self.closed, self.open = port, n, 0, 0
+        self.stop = threading.Event()
+        self.socks: list = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _connect(self):
+        import socket
+
+        s = socket.socket()
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", self.port))
+            s.sendall(self.HEAD)
+            s.setblocking(False)
+            return s
+        except OSError:
+            s.close()
+            self.closed += 1
+            return None
+
+    def _run(self) -> None:
+        self.socks = [self._connect() for _ in range(self.n)]
+        while not self.stop.wait(DRIP_S):
+            for i, s in enumerate(self.socks):
+                try:
+                    if s is None:
+                        raise OSError
+                    s.send(b"{")
+                except OSError:
+                    if s is not None:
+                        s.close()
+                        self.closed += 1
+                    self.socks[i] = self._connect()
+            self.open = sum(s is not None for s in self.socks)
+
+    def __enter__(self):
+        self.thread.start()
+        wait_for(lambda: len(self.socks) == self.n, 120, 0.1, "the slow sockets")
+        self.open = sum(s is not None for s in self.socks)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+        for s in self.socks:
+            if s is not None:
+                s.close()
+
+
+def bench_hostile(args) -> int:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, max(soft, args.slow_sockets * 2 + 1024))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # the fuse (spawned below) inherits it too
+    t0 = time.time() - 120
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        (t / "token").write_text(TOKEN)
+        (t / "token").chmod(0o600)
+        store = f"sqlite:///{t / 'fuse.sqlite'}"
+        b = Breaker(FuseRules.from_spec(load_spec(SPEC)), 3600, max_scopes=max(args.scopes, 10_000))
+        b.on_notification(parse_payload(payload(*[alert("GPUMemoryUtilizationHigh", starts=t0, **_long_scope(i))
+                                                  for i in range(args.scopes)]), t0), t0)
+        from fusebox.fuse.store import open_store
+
+        st = open_store(store)
+        st.commit(b.snapshot())
+        st.close()
+        del b
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = _spawn(["fuse", "serve", "--spec", str(SPEC), "--listen", f"127.0.0.1:{port}", "--store", store,
+                       "--token-file", str(t / "token"), "--dry-run", "--hold", "3600", "--log-level", "error"])
+        phases: dict[str, dict] = {}
+        try:
+            wait_for(lambda: _up(url), 120, 0.1, "service start")
+            seq = itertools.count()
+
+            def phase(name: str) -> None:
+                lat, bad, probes = [], 0, []
+                busy0 = _cpu_busy()
+                with httpx.Client(headers=headers, timeout=60) as c, httpx.Client(timeout=60) as pc:
+                    for _ in range(args.changes):
+                        i = next(seq) % args.scopes
+                        body = _compact([alert("KVCacheGrowthRateHigh", starts=t0 + 1 + i // args.scopes,
+                                               **_long_scope(i))])
+                        s0 = time.perf_counter()
+                        try:
+                            ok = c.post(url + "/alertmanager", content=body).status_code == 200
+                        except httpx.HTTPError:
+                            ok = False
+                        lat.append(time.perf_counter() - s0 if ok else float("inf"))
+                        bad += not ok
+                        if len(lat) % 10 == 0:
+                            s0 = time.perf_counter()
+                            try:
+                                ok = pc.get(url + "/healthz").status_code == 200
+                            except httpx.HTTPError:
+                                ok = False
+                            probes.append(time.perf_counter() - s0 if ok else float("inf"))
+                busy1 = _cpu_busy()
+                phases[name] = {"lat": lat, "bad": bad, "probes": probes, "hwm": _vm_hwm_mib(proc.pid),
+                                "busy": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1])}
+
+            phase("alone")
+            stop = threading.Event()
+            reads: dict[int, int] = {}
+
+            def read() -> None:
+                with httpx.Client(headers=headers, timeout=120) as c:
+                    while not stop.is_set():
+                        try:
+                            r = c.get(url + "/state", params={"limit": 1000})
+                            code, after = r.status_code, r.headers.get("retry-after", "")
+                        except httpx.HTTPError:
+                            code, after = 0, ""
+                        reads[code] = reads.get(code, 0) + 1
+                        if after.isdigit() and not args.ignore_retry_after:
+                            stop.wait(float(after))
+
+            readers = [threading.Thread(target=read, daemon=True) for _ in range(args.readers)]
+            for th in readers:
+                th.start()
+            wait_for(lambda: sum(reads.values()) >= args.readers, 120, 0.05, "the readers under way")
+            phase("readers")
+            stop.set()
+            for th in readers:
+                th.join(120)
+            phases["readers"]["reads"] = dict(reads)
+            with _SlowBodies(port, args.slow_sockets) as flood:
+                time.sleep(DRIP_S + 1)  # every socket has dripped once: the fuse holds them as busy
+                phase("slow bodies")
+                phases["slow bodies"]["flood"] = (flood.open, flood.closed)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    print(f"hostile: one fuse (SQLite, dry-run) holding {args.scopes} scopes with {LONG_LABEL}-character labels; "
+          f"{args.changes} notifications per phase, one at a time, each changing one scope")
+    print(f"{'phase':12} {'p50':>8} {'p99':>8} {'max':>8} {'not 200':>8} {'healthz max':>12} {'VmHWM':>8} "
+          f"{'CPU busy':>8} {'p99 / alone':>12}")
+    alone = pct(phases["alone"]["lat"], .99)
+    for name, r in phases.items():
+        p99 = pct(r["lat"], .99)
+        ratio = p99 / alone
+        target = "" if name == "alone" else f"{ratio:9.2f}x{'' if ratio <= 2 else ' NOT MET'}"
+        hz = max(r["probes"]) if r["probes"] else float("nan")
+        print(f"{name:12} {pct(r['lat'], .5) * 1e3:6.1f}ms {p99 * 1e3:6.1f}ms {max(r['lat']) * 1e3:6.1f}ms "
+              f"{r['bad']:8d} {hz * 1e3:10.1f}ms {r['hwm']:6.0f}MB {r['busy'] * 100:7.0f}% {target}")
+    reads = phases["readers"]["reads"]
+    print(f"readers: {args.readers} clients asked /state?limit=1000 again at once after each answer"
+          f"{'' if args.ignore_retry_after else ' (after Retry-After when refused)'}: "
+          + ", ".join(f"{n} answered {code or 'no answer'}" for code, n in sorted(reads.items())))
+    opened, closed = phases["slow bodies"]["flood"]
+    print(f"slow bodies: {args.slow_sockets} sockets, each a head (Content-Length: 1000000, no token) then one byte "
+          f"every {DRIP_S:g} s; {opened} open at the last drip, {closed} closed by the fuse (or refused) and opened again")
+    sat = [name for name, r in phases.items() if r["busy"] > 0.9]
+    if sat:
+        print(f"CPU SATURATED during {', '.join(sat)} (over 90% of {os.cpu_count()} core(s), every process on the "
+              "machine): those latencies measure the machine as much as the fuse")
+    print("target: each phase's p99 within 2x the p99 alone (issue 34)")
     return 0
 
 

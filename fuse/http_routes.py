@@ -17,7 +17,9 @@ import asyncio
 import email.message
 import json
 import os
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -36,15 +38,39 @@ from .http_errors import BadQuery, encodable, problem
 from .http_models import OverrideRequest, WebhookPayload
 from .override import UsageError, parse_scope
 from .payload import PayloadError, parse_payload
+from .rows import StateView
 from .service import FuseService, Unavailable
-from .status import CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, render_status, state_view, web_url
+from .status import CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, render_status, state_view, status_headers, web_url
 from .store import HEADROOM_BYTES
 
 # /state's page: scopes per answer by default and at most (the default holds every scope of a
-# small fleet, so readers that do not page see them all); the status page's default.
+# small fleet, so readers that do not page see them all; a larger limit is a 400); the status
+# page's default and most (it shows STATUS_ROWS rows).
 STATE_LIMIT = 1000
-STATE_LIMIT_MAX = 10_000
+STATE_LIMIT_MAX = 1000
 STATUS_SCOPES = 100
+# A /state answer's scopes stop before their JSON passes this many bytes (one scope at least):
+# ``next_offset`` says where the next page starts. 10,000 scopes with 256-character labels were
+# one 58 MB answer, and eight of them in flight 786 MB of the fuse's 512 MiB.
+STATE_MAX_BYTES = 4 << 20
+# Reads of /state and the status page built at once, in a thread of their own (not the webhook's,
+# not the event loop's); one more is answered 503 with Retry-After at once, never queued.
+READERS = 1
+# A page built is served again to every reader of the same URL for this long while the state's
+# version is the same (its "now" says when it was read), at most READ_SNAPSHOTS pages kept (each
+# at most STATE_MAX_BYTES).
+READ_SNAPSHOT_S = 1.0
+READ_SNAPSHOTS = 8
+READ_RETRY_AFTER_S = 1
+# After a build of READ_HEAVY_BYTES or more, none other for (READ_SHARE - 1) times as long as it took:
+# heavy reads take at most 1 / READ_SHARE of the time (a 4 MiB page of 10,000 long scopes: 50-100
+# ms here); lighter ones (a small fleet's whole state) are not held back.
+READ_HEAVY_BYTES = 1 << 20
+READ_SHARE = 3
+# While a read runs, a thread waiting for the interpreter gets it after this many seconds at most.
+READ_SWITCH_S = 0.0005
+# Scopes a reader encodes between two hand-overs of the interpreter to other threads.
+YIELD_EVERY = 50
 # Worker threads for /readyz's store read, apart from those notifications wait in.
 PROBE_THREADS = 4
 # Threads notifications are handled in (and wait in for the service's lock, where those waiting are
@@ -206,15 +232,115 @@ ScopeFilter = Annotated[str | None, Query(max_length=2000, description=(
 LevelFilter = Annotated[int, Query(ge=0, le=99, description="only scopes tripped at this level or higher")]
 
 
-@router.get("/state", responses={400: {"description": "bad query"}, 401: {"description": "no or wrong token"}})
-def state(service: Service, _: Annotated[str, Depends(reader_token)], limit: Limit = STATE_LIMIT, offset: Offset = 0,
-          scope: ScopeFilter = None, level: LevelFilter = 0):
+READ_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "bad query"}, 401: {"description": "no or wrong token"},
+    503: {"description": f"{READERS} reads in flight already: retry after Retry-After seconds"}}
+
+
+async def bounded_read(request: Request, work) -> Response:
+    """``work()`` (a page of /state or the status page), served from a snapshot when the same page
+    was built less than :data:`READ_SNAPSHOT_S` ago and the state has not changed since (this
+    replica's version of it: a reader sees its own change at once), else built in the app's one reader thread
+    (apart from the webhook's and the event loop's). While a build runs, another is answered 503
+    with ``Retry-After`` at once: reads never queue up behind each other nor in front of the
+    writers; after a build of :data:`READ_HEAVY_BYTES` or more that took ``d`` seconds, for
+    ``2 d`` more (heavy builds take at most a third of the time, whatever the readers do)."""
+    st = request.app.state
+    key = (request.url.path, request.url.query, getattr(service_of(request), "_version", None))
+    now = time.monotonic()
+    snapshots: dict = getattr(st, "read_snapshots", None) or {}
+    hit = snapshots.get(key)
+    if hit is not None and now - hit[0] < READ_SNAPSHOT_S:
+        return Response(hit[1], media_type=hit[2], headers=hit[3])
+    busy = getattr(st, "readers_busy", 0)
+    if busy >= READERS or now < getattr(st, "read_free_at", 0.0):
+        why = f"the state is being read already: retry in {READ_RETRY_AFTER_S} s"
+        headers = {"Retry-After": str(READ_RETRY_AFTER_S), "Cache-Control": "no-store"}
+        if request.url.path == "/":  # a browser: a page that asks again by itself
+            return HTMLResponse(f'<!doctype html><meta http-equiv="refresh" content="{READ_RETRY_AFTER_S}">'
+                                f"<title>fusebox fuse: busy</title><p>{why}</p>", status_code=503,
+                                headers={**status_headers(), **headers})
+        return problem(503, why, headers=headers)
+    pool = getattr(st, "reader_threads", None)
+    if pool is None:  # the event loop runs this: no other request creates one meanwhile
+        pool = st.reader_threads = ThreadPoolExecutor(READERS, thread_name_prefix="fuse-read")
+    st.readers_busy = busy + 1
+    try:
+        out: Response = await asyncio.get_running_loop().run_in_executor(pool, _handing_over, work)
+    finally:
+        st.readers_busy -= 1
+    done = time.monotonic()
+    if len(out.body) >= READ_HEAVY_BYTES:  # a heavy build: the next waits twice as long (reads <= 1/3 of the time)
+        st.read_free_at = done + (READ_SHARE - 1) * (done - now)
+    if out.status_code == 200:
+        snapshots = {k: v for k, v in snapshots.items() if done - v[0] < READ_SNAPSHOT_S}
+        if len(snapshots) < READ_SNAPSHOTS:
+            snapshots[key] = (done, out.body, out.media_type,
+                              {k: v for k, v in out.headers.items() if k.lower() not in ("content-length", "content-type")})
+        st.read_snapshots = snapshots
+    return out
+
+
+def _handing_over(work):
+    """``work()`` with the interpreter handed to a waiting thread every READ_SWITCH_S (Python's
+    default, 5 ms, let a read make a notification wait that long at each of its steps)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, READ_SWITCH_S))
+    try:
+        return work()
+    finally:
+        sys.setswitchinterval(before)
+
+
+def state_body(view: StateView, max_bytes: int = STATE_MAX_BYTES) -> bytes:
+    """``view`` (:func:`state_view`) as JSON (as FastAPI writes it: UTF-8, compact) of at most
+    ``max_bytes``, its scopes cut where the next one (with its ``levels`` entry) would pass them
+    (one scope at least): ``scopes``, ``levels`` and ``next_offset`` then say what the answer holds;
+    ``max_bytes`` is in it as ``limit_bytes``."""
+    levels = view["levels"]
+    head: dict[str, Any] = {**view, "scopes": [], "levels": {}, "limit_bytes": max_bytes, "next_offset": None}
+    size = len(_dumps(head).encode()) + 20  # + a next_offset's digits
+    pieces: list[bytes] = []
+    for i, sc in enumerate(view["scopes"]):
+        if i % YIELD_EVERY == 0:
+            time.sleep(0)  # let a waiting thread (a notification) have the interpreter
+        piece = _dumps(sc).encode()
+        cost = len(piece) + 1 + (len(_dumps({sc["key"]: levels[sc["key"]]}).encode()) if sc["key"] in levels else 0)
+        if pieces and size + cost > max_bytes:
+            break
+        pieces.append(piece)
+        size += cost
+    kept = [sc["key"] for sc in view["scopes"][:len(pieces)]]
+    head["levels"] = {k: levels[k] for k in kept if k in levels}
+    head["next_offset"] = view["offset"] + len(pieces) if len(pieces) < len(view["scopes"]) else view["next_offset"]
+    text = _dumps(head)
+    marker = '"scopes":[]'
+    at = text.index(marker) + len(marker) - 1
+    return text[:at].encode() + b",".join(pieces) + text[at:].encode()
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+@router.get("/state", responses=READ_RESPONSES)
+async def state(request: Request, service: Service, _: Annotated[str, Depends(reader_token)],
+                limit: Limit = STATE_LIMIT, offset: Offset = 0, scope: ScopeFilter = None, level: LevelFilter = 0):
     """``levels``: scope key -> highest tripped level of the page's scopes (absent: none);
-    ``scopes``: details, in key order, ``limit`` from ``offset``; ``total`` scopes match the
-    filters (``scope``: labels they include, ``level``: tripped at least), ``tripped`` maps
-    every one tripped to its level, ``next_offset`` starts the next page (null: none). Times
-    are Unix seconds with an ISO-8601 twin (``tripped_at`` and ``tripped_at_iso``...)."""
-    return state_view(service.state(**page_query(limit, offset, scope, level)), service.clock())
+    ``scopes``: details, in key order, ``limit`` (at most 1000) from ``offset``, fewer when their
+    JSON would pass ``limit_bytes`` (4 MiB); ``total`` scopes match the filters (``scope``: labels
+    they include, ``level``: tripped at least), ``tripped`` maps the first 100 tripped to their
+    level, ``tripped_total`` counts them all, ``next_offset`` starts the next page (null: none).
+    Times are Unix seconds with an ISO-8601 twin (``tripped_at`` and ``tripped_at_iso``...). At
+    most 2 reads (this and the status page) at once: 503 with ``Retry-After`` over that."""
+    query = page_query(limit, offset, scope, level)
+
+    def work() -> Response:
+        body = state_body(state_view(service.state(**query), service.clock()))
+        return Response(body, media_type="application/json",
+                        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"})
+
+    return await bounded_read(request, work)
 
 
 @router.get("/openapi.json", include_in_schema=False)
@@ -246,24 +372,35 @@ async def readyz(request: Request, service: Service):
     return {"status": "ready", "adapters": sorted(service.labels.values()), "dry_run": service.dry_run}
 
 
-@router.get("/", response_class=HTMLResponse, responses={400: {"description": "bad query"},
-                                                         401: {"description": "no or wrong token"}})
-def status_page(request: Request, service: Service, _: Annotated[str, Depends(reader_token)], limit: Limit = STATUS_SCOPES,
-                offset: Offset = 0, scope: ScopeFilter = None, level: LevelFilter = 0):
+StatusLimit = Annotated[int, Query(ge=1, le=STATUS_SCOPES, description="scopes per page")]
+
+
+@router.get("/", response_class=HTMLResponse, responses=READ_RESPONSES)
+async def status_page(request: Request, service: Service, _: Annotated[str, Depends(reader_token)],
+                      limit: StatusLimit = STATUS_SCOPES, offset: Offset = 0, scope: ScopeFilter = None,
+                      level: LevelFilter = 0):
     """Read-only status: per scope and level, since when, the alerts holding it (with links),
     the adapter calls made and pending, last decisions, the last truncated notification. A page
-    of ``limit`` scopes from ``offset``, filtered as ``GET /state``."""
-    st = service.state(**page_query(limit, offset, scope, level))
-    keep = {k: v for k, v in (("limit", limit), ("scope", scope), ("level", level)) if v}
-    pages = {}
-    if offset > 0:
-        pages["prev"] = "?" + urlencode({**keep, "offset": max(0, offset - limit)})
-    if st["next_offset"] is not None:
-        pages["next"] = "?" + urlencode({**keep, "offset": st["next_offset"]})
-    return render_status(st, service.store.audit_log(STATUS_DECISIONS), now=service.clock(),
-                         calls=service.store.audit_log(STATUS_CALL_ROWS, kinds=CALL_KINDS),
-                         pending=pending_calls(service), links=request.app.state.links,
-                         alertmanager=request.app.state.alertmanager_url, pages=pages)
+    of ``limit`` (at most 100) scopes from ``offset``, filtered as ``GET /state``; served as
+    ``/state`` is (at most 2 reads at once), with security headers (:func:`status_headers`)."""
+    query = page_query(limit, offset, scope, level)
+    app = request.app.state
+
+    def work() -> Response:
+        st = service.state(**query)
+        keep = {k: v for k, v in (("limit", limit), ("scope", scope), ("level", level)) if v}
+        pages = {}
+        if offset > 0:
+            pages["prev"] = "?" + urlencode({**keep, "offset": max(0, offset - limit)})
+        if st["next_offset"] is not None:
+            pages["next"] = "?" + urlencode({**keep, "offset": st["next_offset"]})
+        html = render_status(st, service.store.audit_log(STATUS_DECISIONS), now=service.clock(),
+                             calls=service.store.audit_log(STATUS_CALL_ROWS, kinds=CALL_KINDS),
+                             pending=pending_calls(service), links=app.links, alertmanager=app.alertmanager_url,
+                             pages=pages)
+        return HTMLResponse(html, headers=status_headers())
+
+    return await bounded_read(request, work)
 
 
 def not_ready(service: FuseService) -> str:
@@ -300,7 +437,7 @@ def pending_calls(service: FuseService) -> list[dict]:
 
     out = []
     for name, label in service.labels.items():
-        for row in service.store.pending(name)[:STATUS_ROWS]:
+        for row in service.store.pending(name, limit=STATUS_ROWS):  # not the whole outbox of a backlog
             p = row["payload"]
             out.append({"scope_key": scope_key(scope_of(p.get("scope") or {})), "level": p.get("level"),
                         "state": p.get("state"), "adapter": label, "attempts": row["attempts"]})

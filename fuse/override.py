@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from urllib.parse import urlencode
 
 import httpx
@@ -168,9 +169,25 @@ def _token(args) -> str:
     return tok
 
 
+# A read of the state answered 503 with Retry-After (the service's reads all in flight) is asked
+# again this many times, after the seconds it says (at most READ_RETRY_MAX_S each).
+READ_RETRIES = 5
+READ_RETRY_MAX_S = 5.0
+
+
 def _request(method: str, url: str, token: str, timeout: float, body: dict | None = None) -> dict:
+    for _ in range(READ_RETRIES):
+        r = _send(method, url, token, timeout, body)
+        after = r.headers.get("retry-after", "")
+        if method != "GET" or r.status_code != 503 or not after.isdigit():
+            break
+        time.sleep(min(float(after), READ_RETRY_MAX_S))
+    return _answer(r, url)
+
+
+def _send(method: str, url: str, token: str, timeout: float, body: dict | None) -> httpx.Response:
     try:
-        r = httpx.request(method, url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+        return httpx.request(method, url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
     except httpx.ConnectError as e:
         raise Unreachable(f"cannot reach the fuse service at {url}: {_why(e)} -- is `fusebox fuse serve` running "
                           f"there? check --url or {URL_ENV}") from None
@@ -179,6 +196,9 @@ def _request(method: str, url: str, token: str, timeout: float, body: dict | Non
                           "--timeout") from None
     except httpx.HTTPError as e:
         raise Unreachable(f"{url}: {type(e).__name__}: {e}") from None
+
+
+def _answer(r: httpx.Response, url: str) -> dict:
     try:
         data = r.json()
     except ValueError:
@@ -250,7 +270,7 @@ def run(args, out=None, err=None) -> int:
         query = ""
         if text and not text.strip().isdigit():
             # only the scopes with these labels: the service may hold more than one page of scopes
-            query = "?" + urlencode({"scope": scope_key(parse_scope(text)), "limit": 10_000})
+            query = "?" + urlencode({"scope": scope_key(parse_scope(text)), "limit": 1000})
         state = _request("GET", base + "/state" + query, token, args.timeout)
         if args.override_command == "list":
             _list(state, out)

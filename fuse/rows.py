@@ -183,6 +183,7 @@ class _State(TypedDict):
     total: int
     rows: int
     tripped: dict[str, int]
+    tripped_total: int
     offset: int
     limit: int | None
     next_offset: int | None

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -116,6 +117,11 @@ EPISODES_READ_BACK = 10_000
 # The refused-alert audit's bound (fuse.audit's defaults, fusebox/spec/model.py: RawAudit).
 AUDIT_REFUSED_PER_MINUTE = 100
 AUDIT_REFUSED_MAX_ROWS = 100_000
+
+# Tripped scopes named in one state answer's ``tripped`` map at most (the first in key order;
+# ``tripped_total`` counts them all): the whole map of 10,000 scopes with long labels made an
+# empty page of /state 13 MB.
+TRIPPED_SHOWN = 100
 
 
 TEST_HANG_ENV = "FUSEBOX_FUSE_TEST_HANG_AFTER_CLAIM_S"
@@ -778,7 +784,12 @@ class FuseService:
         tripped level is at least ``min_level``, in key order, ``limit`` of them (None: all) from
         ``offset``; ``levels`` is of the page's scopes; ``total`` counts the scopes matching,
         ``rows`` their (scope, level) rows, ``tripped`` maps every matching tripped scope to its
-        level, ``next_offset`` is where the next page starts (None: the last page)."""
+        level, ``next_offset`` is where the next page starts (None: the last page). ``tripped``
+        maps the first :data:`TRIPPED_SHOWN` of them (key order), ``tripped_total`` counts them all.
+
+        The service's lock (which every change needs) is held only while the page is chosen and
+        its scopes copied: a page of ``limit`` scopes costs a change that much wait, never the
+        answer's encoding or sending (callers bound ``limit``: ``GET /state``)."""
         read = True
         with self._lock:
             try:
@@ -801,7 +812,8 @@ class FuseService:
         health = self.store.health
         since = None if read else (health.down_since or self.clock())
         return {"levels": page["levels"], "scopes": page["scopes"], "total": page["total"], "rows": page["rows"],
-                "tripped": page["tripped"], "offset": offset, "limit": limit,
+                "tripped": dict(itertools.islice(page["tripped"].items(), TRIPPED_SHOWN)),
+                "tripped_total": len(page["tripped"]), "offset": offset, "limit": limit,
                 "next_offset": end if end < page["total"] else None, "hold_s": self.hold_s,
                 "dry_run": self.dry_run, "pending_actions": self._pending_known, "truncated": truncated,
                 "stale": not read,

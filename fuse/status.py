@@ -12,7 +12,10 @@ notification (Alertmanager sends it in every one). Only ``http`` and ``https`` U
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,7 +31,7 @@ from .logsafe import escape_control
 from .rows import AuditRow, FuseState, LevelStateView, LevelView, ScopeStateView, StateView
 from .rules import scope_key
 
-__all__ = ["StatusLinks", "render_status", "state_view", "iso", "for_text", "web_url", "STATUS_ROWS",
+__all__ = ["StatusLinks", "render_status", "status_headers", "state_view", "iso", "for_text", "web_url", "STATUS_ROWS",
            "STATUS_DECISIONS", "STATUS_CALLS_PER_ROW", "STATUS_CALL_ROWS", "CALL_KINDS"]
 
 # The status page lists at most this many scope rows (scope x level) and audit rows, and clips the
@@ -170,13 +173,38 @@ def state_view(state: FuseState, now: float) -> StateView:
     return out
 
 
+def _template_text() -> str:
+    return resources.files("fusebox.fuse").joinpath("static/status.html").read_text(encoding="utf-8")
+
+
 @lru_cache(maxsize=1)
 def _template():
     import jinja2
 
-    text = resources.files("fusebox.fuse").joinpath("static/status.html").read_text(encoding="utf-8")
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    return env.from_string(text)
+    return env.from_string(_template_text())
+
+
+@lru_cache(maxsize=1)
+def status_headers() -> dict[str, str]:
+    """The status page's security headers: a Content-Security-Policy that allows nothing but the
+    page's own ``<style>`` block (by its SHA-256; the page has no script, image, form or frame), no
+    framing (``frame-ancestors 'none'`` and ``X-Frame-Options: DENY``), no MIME sniffing, no
+    Referer sent with its links (they carry scope labels to Grafana and Alertmanager), and no
+    caching of a page that a token unlocked.
+
+    Raises:
+        RuntimeError: the template's ``<style>`` block is not exactly one static block (its hash
+            would not match what the browser sees).
+    """
+    blocks = re.findall(r"<style>(.*?)</style>", _template_text(), flags=re.S)
+    if len(blocks) != 1 or "{{" in blocks[0] or "{%" in blocks[0] or "{#" in blocks[0]:
+        raise RuntimeError("static/status.html must hold exactly one <style> block without template syntax")
+    digest = base64.b64encode(hashlib.sha256(blocks[0].encode("utf-8")).digest()).decode("ascii")
+    csp = (f"default-src 'none'; style-src 'sha256-{digest}'; base-uri 'none'; form-action 'none'; "
+           "frame-ancestors 'none'")
+    return {"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+            "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
 
 def _call(row: AuditRow) -> dict:
@@ -278,7 +306,8 @@ def render_status(state: FuseState, audit: Sequence[AuditRow], *, now: float, ca
     return _template().render(
         truncated=truncated, now=iso(now),
         tripped=[(_clip(k), v) for k, v in tripped_levels[:STATUS_TRIPPED_IN_SUMMARY]],
-        tripped_more=max(0, len(tripped_levels) - STATUS_TRIPPED_IN_SUMMARY),
+        tripped_more=max(0, state.get("tripped_total", len(tripped_levels)) - min(len(tripped_levels),
+                                                                             STATUS_TRIPPED_IN_SUMMARY)),
         rows=rows, rows_more=total - len(rows), decisions=decisions, dry_run=bool(state["dry_run"]),
         prev_page=(pages or {}).get("prev", ""), next_page=(pages or {}).get("next", ""),
         alertmanager=am, dashboard=links.dashboard,

@@ -873,11 +873,15 @@ class Store:
         """How many rows hold the breaker's state (removed ones included until purged)."""
         return self._read("SELECT count(*) FROM breaker_state")[0][0]
 
-    def pending(self, adapter: str) -> list[OutboxRow]:
-        """The pending rows of ``adapter``, oldest first: ``{"seq", "decision_id", "adapter", "payload",
-        "received", "attempts", "claimed_by", "lease_until"}``. Raises StoreError or sqlite3.Error when
-        the database cannot be read."""
-        rows = self._read("SELECT {} FROM outbox WHERE status='pending' AND adapter=? ORDER BY seq".format(", ".join(_COLUMNS)), (adapter,))
+    def pending(self, adapter: str, limit: int | None = None) -> list[OutboxRow]:
+        """The pending rows of ``adapter``, oldest first (the first ``limit``; None: all): ``{"seq",
+        "decision_id", "adapter", "payload", "received", "attempts", "claimed_by", "lease_until"}``.
+        Raises StoreError or sqlite3.Error when the database cannot be read."""
+        q = "SELECT {} FROM outbox WHERE status='pending' AND adapter=? ORDER BY seq".format(", ".join(_COLUMNS))
+        args: tuple = (adapter,)
+        if limit is not None:
+            q, args = q + " LIMIT ?", (adapter, limit)
+        rows = self._read(q, args)
         return [{"seq": r[0], "decision_id": r[1], "adapter": r[2], "payload": json.loads(r[3]), "received": r[4],
                  "attempts": r[5], "claimed_by": r[6], "lease_until": r[7]} for r in rows]
 

@@ -43,3 +43,21 @@ def test_fleet_mode_refuses_a_count_under_one_before_starting_anything(arg):
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and out.stdout == ""
     assert f"argument {arg}: 0 is too small: give 1 or more" in out.stderr
+
+
+def test_hostile_mode_prints_the_webhooks_p99_alone_under_readers_and_under_slow_bodies():
+    """--hostile at a small size: three phases of 40 notifications, every one answered 200 alone;
+    the readers' answers and the flood's sockets counted (no timing is asserted)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_fuse.py"), "--hostile", "--scopes", "300",
+                          "--changes", "40", "--readers", "3", "--slow-sockets", "60"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {m[1]: m for m in re.finditer(r"^(alone|readers|slow bodies) +([\d.]+)ms +([\d.]+|inf)ms +(\S+)ms +(\d+) ",
+                                         out.stdout, re.M)}
+    assert set(rows) == {"alone", "readers", "slow bodies"}, out.stdout
+    assert rows["alone"][5] == "0", out.stdout  # no reader, no flood: every notification answered 200
+    assert "40 notifications per phase" in out.stdout and "300 scopes with 256-character labels" in out.stdout
+    assert re.search(r"^readers: 3 clients .*: (\d+) answered 200", out.stdout, re.M), out.stdout
+    # how many stay open is the fuse's choice (its connection caps): the flood ran and was counted
+    assert re.search(r"^slow bodies: 60 sockets, .*; \d+ open at the last drip, \d+ closed", out.stdout, re.M), out.stdout
+    assert "target: each phase's p99 within 2x the p99 alone" in out.stdout

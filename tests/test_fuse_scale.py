@@ -385,7 +385,7 @@ def test_state_filters_by_scope_labels_and_by_level(paged):
     assert r.json()["total"] == 5 and len(_keys(r)) == 2 and len(r.json()["tripped"]) == 5
 
 
-@pytest.mark.parametrize("query,field", [({"limit": 0}, "limit"), ({"limit": 10_001}, "limit"),
+@pytest.mark.parametrize("query,field", [({"limit": 0}, "limit"), ({"limit": 1001}, "limit"),
                                          ({"offset": -1}, "offset"), ({"level": "x"}, "level"),
                                          ({"scope": "cluster"}, "scope")])
 def test_a_bad_page_or_filter_is_a_400_naming_the_parameter(paged, query, field):
