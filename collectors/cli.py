@@ -142,6 +142,9 @@ def register(subparsers) -> None:
     g = sub.add_parser("gpu", help="GPU memory, utilization, PCIe, power via NVML (or --replay a capture)")
     g.add_argument("--replay", metavar="PATH", help="nvidia-smi -q -x XML, --query-gpu CSV or exporter capture")
     g.add_argument("--replay-section", default="load", help="section of an exporter capture (load|idle)")
+    g.add_argument("--sysfs", default=None, metavar="DIR",
+                   help="sysfs to read the GPUs' PCIe topology from, for the links they share "
+                        "(fusebox_gpu_pcie_upstream_utilization_ratio; default /sys, none with --replay)")
     _common(g)
     g.set_defaults(func=cmd_gpu)
 
@@ -283,7 +286,8 @@ def _spec_buckets(path: str):
 
 # ------------------------------------------------------------------------- commands
 GPU_KEYS = ("gpu_up", "gpu_memory_usage", "gpu_memory_limit", "gpu_memory_ratio", "gpu_memory_reserved",
-            "gpu_utilization", "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power")  # fmt: skip
+            "gpu_utilization", "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power",
+            "pcie_upstream_utilization")  # fmt: skip
 
 
 def cmd_gpu(args) -> int:
@@ -302,7 +306,7 @@ def cmd_gpu(args) -> int:
         import pynvml
 
         nvml = pynvml
-    col = GpuCollector(nvml)
+    col = GpuCollector(nvml, sysfs=args.sysfs or (None if args.replay else "/sys"))
     try:
         col.open()
     except NoGpuError as e:
@@ -315,6 +319,7 @@ def cmd_gpu(args) -> int:
     def one_round() -> None:
         pipe.set_readings(col.collect())
         pipe.set_gpu_errors(col.error_readings())
+        pipe.set_pcie_skipped(col.pcie_skipped())
         if args.replay:
             nvml.advance()
 

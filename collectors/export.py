@@ -293,7 +293,7 @@ class Pipeline:
         # self-metrics: dropped export batches and endpoint errors
         self._self_counts: dict[tuple[str, tuple], float] = {}
         for skey in ("export_dropped", "scrape_errors", "scrape_refused", "scrape_dropped", "kv_incomplete",
-                     "gpu_errors", "discovery_skipped", "discovery_errors"):
+                     "gpu_errors", "discovery_skipped", "discovery_errors", "pcie_skipped"):
             name, unit, _kind = C.OTEL_SELF[skey]
             self.meter.create_observable_counter(name, callbacks=[self._self_cb(skey)], unit=unit,
                                                  description=_DESCRIPTIONS.get(skey, ""))
@@ -338,6 +338,10 @@ class Pipeline:
     def set_gpu_errors(self, items: Iterable[tuple[dict, int]]) -> None:
         """GPU collection-error counts by GPU and reason, from :meth:`GpuCollector.error_readings`."""
         self._set_self("gpu_errors", items)
+
+    def set_pcie_skipped(self, items: Iterable[tuple[dict, int]]) -> None:
+        """GPUs whose PCIe topology was not followed, by GPU and reason (:meth:`PcieTopology.skipped`)."""
+        self._set_self("pcie_skipped", items)
 
     def set_discovery(self, skipped: Iterable[tuple[dict, int]], errors: Iterable[tuple[dict, int]]) -> None:
         """Engine discovery's counts: pods skipped by engine and reason, its sources' errors by
@@ -417,6 +421,8 @@ _DESCRIPTIONS = {
     "gpu_io": "PCIe bytes transferred (integrated NVML throughput)",
     "gpu_power": "GPU power draw, watts",
     "gpu_up": "1 while NVML answers for the device, 0 when it is lost or errors",
+    "pcie_upstream_utilization": "PCIe link several GPUs share: max(sum tx, sum rx) of the GPUs below it over its "
+                                 "trained capacity (sysfs speed x width), 0-1",
     "kv_cache_usage": "KV-cache bytes in use (engine usage fraction x pool bytes / tp)",
     "kv_cache_limit": "KV-cache pool bytes (num_gpu_blocks x block_size x bytes/token / tp)",
     "alignment_duration": "Vision-encoder to language-decoder hand-off time, seconds",
@@ -429,6 +435,7 @@ _DESCRIPTIONS = {
                      "size; model_config: --model-config not the served model's; unknown_model: a discovered engine's "
                      "model is not in the engines file)",
     "gpu_errors": "GPU collection rounds that failed for a device (NVML error), by GPU and reason",
+    "pcie_skipped": "GPUs whose PCIe topology (sysfs) was not followed, by GPU and reason",
     "discovery_skipped": "Rounds in which a discovered engine pod was not scraped, by engine and reason (no_pod_ip, "
                          "no_port, over_cap)",
     "discovery_errors": "Engine discovery's sources failing (the kubelet's pod-resources socket, the Kubernetes API), "

@@ -18,6 +18,9 @@ Per GPU and per MIG instance it reports (OTel name, unit; Prometheus name after 
 * ``hw.gpu.io`` (By, counter, ``network.io.direction``) = PCIe throughput integrated over time;
 * ``fusebox.gpu.pcie.utilization`` (1) = max(tx, rx) / (per-lane bandwidth of the link's max
   generation x max width);
+* ``fusebox.gpu.pcie.upstream.utilization`` (1), with ``sysfs`` given: per PCIe link several GPUs
+  share (up to their root port), max(sum tx, sum rx) / the link's trained capacity
+  (:mod:`fusebox.collectors.pcie`; the topology is read from sysfs once, at :meth:`GpuCollector.open`);
 * ``hw.power`` (W) = power usage / 1000;
 * ``fusebox.gpu.up`` (1): 1 while NVML answers for the device, 0 when it is lost or errors;
   a down device drops every other series until it answers again.
@@ -50,19 +53,10 @@ from typing import Any
 from fusebox import conventions as C
 
 from ._model import Reading
+from .pcie import PCIE_LANE_BYTES_PER_S, PcieTopology
 
 A = C.ATTR
 
-# PCIe usable bandwidth per lane and direction, bytes/s, after line encoding
-# (8b/10b for gen 1-2, 128b/130b for gen 3-5; gen 6 FLIT approximated as 2x gen 5).
-PCIE_LANE_BYTES_PER_S = {
-    1: 250e6,
-    2: 500e6,
-    3: 8e9 * 128 / 130 / 8,
-    4: 16e9 * 128 / 130 / 8,
-    5: 32e9 * 128 / 130 / 8,
-    6: 64e9 * 128 / 130 / 8,
-}
 # NVML reports PCIe throughput in KB/s (nvmlDeviceGetPcieThroughput); KB = 1024 bytes.
 KB = 1024
 
@@ -76,6 +70,7 @@ NVML_CALLS = (
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetPciInfo",
     "nvmlDeviceGetMaxPcieLinkGeneration",
     "nvmlDeviceGetMaxPcieLinkWidth",
     "nvmlDeviceGetPowerUsage",
@@ -107,6 +102,7 @@ class _Device:
     last_error: str = ""
     last_reason: str = ""  # the reason label of last_error (error_readings)
     io_total: dict[str, float] = field(default_factory=lambda: {"transmit": 0.0, "receive": 0.0})
+    throughput: tuple[float, float] | None = None  # (tx, rx) bytes/s of the last round, None when unread
 
     def attrs(self) -> dict[str, str]:
         a = {A["gpu_id"]: self.uuid, A["gpu_index"]: self.index, A["gpu_name"]: self.name}
@@ -124,6 +120,8 @@ class GpuCollector:
             ``NVMLError`` class and the ``nvmlMemory_v2``, ``NVML_PCIE_UTIL_TX_BYTES``,
             ``NVML_PCIE_UTIL_RX_BYTES``, ``NVML_DEVICE_MIG_ENABLE`` constants.
         clock: monotonic seconds, used to integrate PCIe throughput into ``hw.gpu.io``.
+        sysfs: the sysfs mount to read the GPUs' PCIe topology from (``/sys``; a copied tree in
+            tests), or None for no shared-link readings (:mod:`fusebox.collectors.pcie`).
 
     NVML is initialised once (:meth:`open`) and device handles are cached: re-initialising
     per poll multiplies its cost. :meth:`collect` never raises for a device
@@ -133,9 +131,11 @@ class GpuCollector:
         NoGpuError: from :meth:`open` when NVML cannot be initialised or sees no device.
     """
 
-    def __init__(self, nvml: Any, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, nvml: Any, *, clock: Callable[[], float] = time.monotonic, sysfs: str | None = None):
         self.nvml = nvml
         self.clock = clock
+        self.sysfs = sysfs
+        self.topology: PcieTopology | None = None
         self.devices: list[_Device] = []
         self._opened = False
         self._last_t: float | None = None
@@ -166,8 +166,17 @@ class GpuCollector:
             dev.pcie_bytes_per_s = self._link_bandwidth(h)
             self.devices.append(dev)
             self.devices.extend(self._mig_devices(dev))
+        if self.sysfs is not None:
+            self.topology = PcieTopology.read(
+                {d.uuid: self._bus_id(d.handle) for d in self.devices if not d.mig and d.handle is not None}, self.sysfs)
         self._opened = True
         return self
+
+    def _bus_id(self, h: Any) -> str | None:
+        try:
+            return _s(self.nvml.nvmlDeviceGetPciInfo(h).busId)
+        except Exception:  # NVMLError (NOT_SUPPORTED), a binding without the call: counted as no_bus_id
+            return None
 
     def close(self) -> None:
         if self._opened:
@@ -231,8 +240,15 @@ class GpuCollector:
         self._last_t = now
         out: list[Reading] = []
         for dev in self.devices:
+            dev.throughput = None
             out.extend(self._collect_device(dev, dt))
+        if self.topology is not None:
+            out.extend(self.topology.readings({d.uuid: d.throughput for d in self.devices if d.throughput}))
         return out
+
+    def pcie_skipped(self) -> Iterable[tuple[dict, int]]:
+        """GPUs whose PCIe topology was not followed, ``({hw.id, reason}, 1)`` (empty without ``sysfs``)."""
+        return self.topology.skipped() if self.topology is not None else ()
 
     def _collect_device(self, dev: _Device, dt: float) -> list[Reading]:
         nv = self.nvml
@@ -277,6 +293,7 @@ class GpuCollector:
             try:
                 tx = float(nv.nvmlDeviceGetPcieThroughput(dev.handle, nv.NVML_PCIE_UTIL_TX_BYTES)) * KB
                 rx = float(nv.nvmlDeviceGetPcieThroughput(dev.handle, nv.NVML_PCIE_UTIL_RX_BYTES)) * KB
+                dev.throughput = (tx, rx)
                 dev.io_total["transmit"] += tx * dt
                 dev.io_total["receive"] += rx * dt
                 for direction, total_b in dev.io_total.items():

@@ -55,6 +55,7 @@ class DeviceState:
     pcie_width_max: int | None = None
     tx_kbps: float | None = None  # KB/s, as NVML reports
     rx_kbps: float | None = None
+    pci_bus_id: str | None = None  # as NVML gives it, "00000000:1B:00.0"
     mig: tuple[DeviceState, ...] = ()
     lost: bool = False
 
@@ -148,6 +149,7 @@ def parse_smi_xml(text: str, source: str = "<xml>") -> list[DeviceState]:
                 else None,
                 tx_kbps=_num(pci.findtext("tx_util")) if pci is not None else None,
                 rx_kbps=_num(pci.findtext("rx_util")) if pci is not None else None,
+                pci_bus_id=(pci.findtext("pci_bus_id") or "").strip() or None if pci is not None else None,
                 mig=tuple(migs),
             )
         )
@@ -338,6 +340,11 @@ class _Mem:
 
 
 @dataclass
+class _PciInfo:
+    busId: str  # noqa: N815 -- nvmlPciInfo_t's field
+
+
+@dataclass
 class _Util:
     gpu: int
     memory: int
@@ -455,6 +462,12 @@ class SyntheticNvml:
         if h.mig is not None or v is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(v)
+
+    def nvmlDeviceGetPciInfo(self, h: _Handle) -> _PciInfo:
+        d = self._dev(h)
+        if h.mig is not None or not d.pci_bus_id:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return _PciInfo(d.pci_bus_id)
 
     def nvmlDeviceGetMaxPcieLinkGeneration(self, h: _Handle) -> int:
         d = self._dev(h)

@@ -46,7 +46,9 @@ from fusebox import conventions as C
 from fusebox import promsim
 from fusebox.spec.kinds import kind_of
 
+from .gpu import KB
 from .kvcache import KvCollector, KvGeometry
+from .pcie import PCIE_LANE_BYTES_PER_S, sysfs_bus_id
 from .replay import DeviceState, SyntheticNvml
 
 A = C.ATTR
@@ -68,6 +70,7 @@ class ScenarioGpu:
     power_idle_w: float = 70.0
     power_max_w: float = 700.0
     role: str = ""
+    pci_bus_id: str | None = None  # NVML's, "00000000:1B:00.0": where the GPU sits in the scenario's sysfs
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ class Phase:
     kv_growth: dict[str, float] = field(default_factory=dict)
     alignment_p95: dict[str, float] = field(default_factory=dict)
     alignment_rate: dict[str, float] = field(default_factory=dict)
+    # busier-direction PCIe throughput per GPU, as a share of its own link (NVML's max gen x width);
+    # a GPU without one moves a few GB/s with its utilization
+    pcie: dict[str, float] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:
@@ -157,6 +163,7 @@ class Scenario:
     engines: list[ScenarioEngine]
     phases: list[Phase]
     path: str = ""
+    sysfs: str | None = None  # the sysfs tree the GPUs' PCIe topology is read from (pci_bus_id)
 
     @property
     def gpu_ids(self) -> tuple[str, ...]:
@@ -254,6 +261,11 @@ class Scenario:
             usage = int(round(self.device_usage_bytes(g.uuid, t)))
             util = self._ramp("gpu_utilization", g.uuid, t)
             bw = self._ramp("memory_bandwidth", g.uuid, t)
+            share = self.phase_at(t).pcie.get(g.uuid)
+            # KB/s, as NVML reports: the phase's share of the link (receive: host-to-device uploads
+            # of images and KV, transmit half of it), else a few GB/s of image uploads
+            rx = share * PCIE_LANE_BYTES_PER_S[g.pcie_gen] * g.pcie_width / KB if share is not None else util * 4e6
+            tx = rx / 2 if share is not None else util * 2e6
             out.append(
                 DeviceState(
                     uuid=g.uuid, index=g.index, name=g.name, total=g.total, free=g.total - usage,
@@ -261,7 +273,7 @@ class Scenario:
                     util_gpu=100 * util, util_mem=100 * bw,
                     power_w=g.power_idle_w + (g.power_max_w - g.power_idle_w) * util,
                     pcie_gen_max=g.pcie_gen, pcie_width_max=g.pcie_width,
-                    tx_kbps=util * 2e6, rx_kbps=util * 4e6,  # KB/s: a few GB/s of image uploads
+                    tx_kbps=tx, rx_kbps=rx, pci_bus_id=g.pci_bus_id,
                 )  # fmt: skip
             )
         return out
@@ -427,6 +439,7 @@ class RawScenarioGpu(_Shape):
     role: str = ""
     reserved: Scalar = "0 MiB"
     pcie: RawPcie | None = None
+    pci_bus_id: str | None = None
     power_idle_w: float = 70
     power_max_w: float = 700
 
@@ -458,6 +471,7 @@ class RawPhase(_Shape):
     kv_growth: PerEntity | None = None
     alignment_p95: PerEntity | None = None
     alignment_rate: PerEntity | None = None
+    pcie: PerEntity | None = None
 
 
 class RawMetadata(_Shape):
@@ -474,6 +488,7 @@ class RawScenario(_Shape):
     cluster: str = ""
     host: str = "fusebox-scenario"
     tick: Scalar = "1s"
+    sysfs: str | None = None
     gpus: list[RawScenarioGpu] = Field(default_factory=list)
     engines: list[RawScenarioEngine] = Field(default_factory=list)
     phases: list[RawPhase] = Field(default_factory=list)
@@ -555,6 +570,8 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
         if not isinstance(g, dict) or "uuid" not in g or "memory" not in g:
             bad(w, "a GPU needs uuid and memory", "e.g. {uuid: GPU-..., index: 0, memory: 81559 MiB}")
             continue
+        if g.get("pci_bus_id") is not None and sysfs_bus_id(str(g["pci_bus_id"])) is None:
+            bad(w + ("pci_bus_id",), f"{g['pci_bus_id']!r} is not a PCI bus id", "write it as NVML does, e.g. '00000000:1B:00.0'")
         gpus.append(
             ScenarioGpu(
                 uuid=str(g["uuid"]), index=int(g.get("index", i)), name=str(g.get("name", "Synthetic GPU")),
@@ -562,7 +579,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
                 reserved=int(qty(g.get("reserved", "0 MiB"), "bytes", w + ("reserved",), "'479 MiB'")),
                 pcie_gen=int((g.get("pcie") or {}).get("gen", 5)), pcie_width=int((g.get("pcie") or {}).get("width", 16)),
                 power_idle_w=float(g.get("power_idle_w", 70)), power_max_w=float(g.get("power_max_w", 700)),
-                role=str(g.get("role", "")),
+                role=str(g.get("role", "")), pci_bus_id=g.get("pci_bus_id"),
             )  # fmt: skip
         )
     if not gpus:
@@ -605,7 +622,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     phases: list[Phase] = []
     t = 0.0
     last: dict[str, dict[str, float]] = {k: {} for k in ("gpu_memory", "gpu_utilization", "memory_bandwidth",
-                                                          "kv_growth", "alignment_p95", "alignment_rate")}
+                                                          "kv_growth", "alignment_p95", "alignment_rate", "pcie")}
     for i, ph in enumerate(raw.get("phases") or []):
         w = ("phases", i)
         if not isinstance(ph, dict) or "name" not in ph or "duration" not in ph:
@@ -617,6 +634,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
             ("gpu_memory", "ratio", "'76%'", "gpu"), ("gpu_utilization", "ratio", "'60%'", "gpu"),
             ("memory_bandwidth", "ratio", "'40%'", "gpu"), ("kv_growth", "bytes_per_second", "'18 MB/s'", "engine"),
             ("alignment_p95", "seconds", "'1.6s'", "engine"), ("alignment_rate", "rate", "20", "engine"),
+            ("pcie", "ratio", "'48%'", "gpu"),
         ):  # fmt: skip
             cur = dict(last[key])
             given = ph.get(key) or {}
@@ -641,6 +659,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
                 memory_bandwidth=vals["memory_bandwidth"],
                 memory_bandwidth_from=dict(last["memory_bandwidth"]) if phases else vals["memory_bandwidth"],
                 kv_growth=vals["kv_growth"], alignment_p95=vals["alignment_p95"], alignment_rate=vals["alignment_rate"],
+                pcie=vals["pcie"],
             )  # fmt: skip
         )
         last = vals
@@ -651,11 +670,17 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     for i, n in enumerate(names):
         if names.index(n) != i:
             bad(("phases", i, "name"), f"phase name {n!r} used twice", "give each phase its own name")
+    sysfs = None
+    if raw.get("sysfs") is not None:  # relative to the scenario file
+        sysfs = str((p.parent / str(raw["sysfs"])).resolve())
+        if not Path(sysfs, "devices").is_dir():
+            bad(("sysfs",), f"{sysfs} holds no devices/ folder", "give a sysfs tree (a copy of /sys with devices/pci*), "
+                "relative to the scenario file, e.g. 'sysfs: sysfs-a300-8'")
     if problems:
         raise ScenarioError("\n".join(str(pr) for pr in problems))
     meta = raw.get("metadata") or {}
     sc = Scenario(str(meta.get("name", p.stem)), str(meta.get("description", "")), str(raw.get("cluster", "")),
-                  str(raw.get("host", "fusebox-scenario")), tick, gpus, engines, phases, str(p))
+                  str(raw.get("host", "fusebox-scenario")), tick, gpus, engines, phases, str(p), sysfs)
     # physical sanity: usage may never exceed the card
     for g in gpus:
         for k in range(int(sc.duration_s) + 1):
@@ -677,7 +702,7 @@ class ScenarioRunner:
 
     KEYS = ("gpu_up", "gpu_memory_usage", "gpu_memory_limit", "gpu_memory_ratio", "gpu_memory_reserved",
             "gpu_utilization", "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power",
-            "kv_cache_usage", "kv_cache_limit")  # fmt: skip
+            "kv_cache_usage", "kv_cache_limit", "pcie_upstream_utilization")  # fmt: skip
 
     def __init__(self, scenario: Scenario, pipeline: Any):
         from .gpu import GpuCollector
@@ -686,7 +711,7 @@ class ScenarioRunner:
         self.pipeline = pipeline
         self.t = 0.0
         self.nvml = SyntheticNvml(lambda: self.sc.device_states(self.t))
-        self.gpu = GpuCollector(self.nvml, clock=lambda: self.t).open()
+        self.gpu = GpuCollector(self.nvml, clock=lambda: self.t, sysfs=scenario.sysfs).open()
         self.kv = {
             e.id: KvCollector([f"scenario://{e.id}/metrics"], e.geometry, gpus=e.gpus, engine_id=e.id, model=e.model,
                               fetch=self._engine_text(e.id))

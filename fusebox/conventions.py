@@ -52,6 +52,9 @@ OTEL = {
     "gpu_memory_bandwidth_utilization": ("fusebox.gpu.memory_bandwidth.utilization", "1", "gauge"),
     "gpu_pcie_utilization": ("fusebox.gpu.pcie.utilization", "1", "gauge"),
     "gpu_up": ("fusebox.gpu.up", "1", "updowncounter"),
+    # a PCIe link several GPUs share (collectors/pcie.py): max(sum tx, sum rx) of the GPUs below it
+    # over its trained capacity, per {pcie.root_complex, pcie.port, numa.node}
+    "pcie_upstream_utilization": ("fusebox.gpu.pcie.upstream.utilization", "1", "gauge"),
     "kv_cache_usage": ("fusebox.kv_cache.usage", "By", "updowncounter"),
     "kv_cache_limit": ("fusebox.kv_cache.limit", "By", "updowncounter"),
     "alignment_duration": ("fusebox.alignment.duration", "s", "histogram"),
@@ -400,6 +403,9 @@ ATTR = {
     "service": "service.name",
     "instance_id": "service.instance.id",  # the Collector's prometheus exporter makes it `instance`
     "alignment_source": ALIGNMENT_SOURCE_LABEL,  # handoff | encoder | ttft, on the alignment histogram
+    "pcie_root_complex": "pcie.root_complex",  # the host bridge in sysfs, pci<domain>:<bus> (pci0000:17)
+    "pcie_port": "pcie.port",  # the downstream port (root port, switch port) at the top of a shared link, its BDF
+    "numa_node": "numa.node",  # the root port's NUMA node as sysfs gives it (-1: the platform gives none)
 }
 
 # Collector self-metrics (health of the collectors themselves; no rule reads them).
@@ -428,6 +434,9 @@ OTEL_SELF = {
     # GPU collection rounds that failed for a device, per hw.id, hw.gpu.index and reason: the NVML
     # error's name in snake case (NVML_ERROR_GPU_IS_LOST -> gpu_is_lost), "unexpected" for others
     "gpu_errors": ("fusebox.collector.gpu.errors", "{error}", "counter"),
+    # GPUs whose PCIe topology was not followed (collectors/pcie.py), per hw.id and reason: no_bus_id,
+    # not_in_sysfs, over_cap, too_deep, deadline, unreadable, no_upstream_link; counted once at start
+    "pcie_skipped": ("fusebox.collector.pcie.skipped", "{gpu}", "counter"),
 }
 PROM_SELF = {key: otel_to_prometheus(*v) for key, v in OTEL_SELF.items()}
 

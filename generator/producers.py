@@ -69,7 +69,8 @@ _TARGET = frozenset(C.TARGET_LABELS)
 # What each fusebox collector labels its series with (collectors/export.py; `--cluster` and
 # `--host-name` are set by k8s/collectors.yml).
 COLLECTOR_LABELS = {
-    "gpu": frozenset({"cluster", "host_name", "hw_id", "hw_gpu_index"}),
+    # and, on the shared PCIe links' series (collectors/pcie.py), the root complex, port and NUMA node
+    "gpu": frozenset({"cluster", "host_name", "hw_id", "hw_gpu_index", "pcie_root_complex", "pcie_port", "numa_node"}),
     "kv": frozenset({"cluster", "host_name", "hw_id", "engine", "model"}),
     "latency": frozenset({"cluster", "host_name", "engine", "model"}),
 }

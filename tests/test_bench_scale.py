@@ -160,13 +160,15 @@ def test_same_signals_leaves_out_exactly_the_signals_the_before_spec_lacks(tmp_p
     from fusebox.spec import load_spec
 
     spec, dropped = bench_scale.same_signals_spec(bench_scale.BEFORE_FALLBACK, tmp_path)
-    assert dropped == ["kv_cache_time_to_full", "gpu_memory_time_to_full"]
+    assert dropped == ["kv_cache_time_to_full", "gpu_memory_time_to_full", "pcie_root_complex_utilization"]
     assert [s.name for s in spec.signals] == ["gpu_memory_utilization", "alignment_latency_p95", "kv_cache_growth_rate",
                                               "memory_bandwidth_saturation", "kv_cache_growth_oom", "pcie_link_utilization"]
     same = yaml.safe_load(render_all(spec)[RULE_FILE])["groups"]
     today = {g["name"]: g for g in yaml.safe_load(render_all(load_spec(ROOT / "fusebox.yaml"))[RULE_FILE])["groups"]}
     assert not [g["name"] for g in same if "time_to_full" in g["name"]]
-    assert {g["name"] for g in same} == set(today) - {"fusebox-kv_cache_time_to_full", "fusebox-gpu_memory_time_to_full"}
+    assert {g["name"] for g in same} == set(today) - {"fusebox-kv_cache_time_to_full", "fusebox-gpu_memory_time_to_full",
+                                                      "fusebox-pcie_root_complex_utilization",
+                                                      "fusebox-pcie_root_complex_utilization-panels"}
     for g in same:
         if g["name"].startswith("fusebox-") and g["name"] not in ("fusebox-absent", "fusebox-self", "fusebox-health"):
             assert g == today[g["name"]], g["name"]

@@ -29,6 +29,7 @@ GOLDEN = {
     "gpu_memory_bandwidth_utilization": "fusebox_gpu_memory_bandwidth_utilization_ratio",
     "gpu_pcie_utilization": "fusebox_gpu_pcie_utilization_ratio",
     "gpu_up": "fusebox_gpu_up",
+    "pcie_upstream_utilization": "fusebox_gpu_pcie_upstream_utilization_ratio",
     "kv_cache_usage": "fusebox_kv_cache_usage_bytes",
     "kv_cache_limit": "fusebox_kv_cache_limit_bytes",
     "alignment_duration": "fusebox_alignment_duration_seconds",
@@ -48,6 +49,7 @@ def test_golden_otel_to_prometheus_names():
                            "scrape_dropped": "fusebox_collector_scrape_dropped_total",
                            "kv_incomplete": "fusebox_collector_kv_incomplete_total",
                            "gpu_errors": "fusebox_collector_gpu_errors_total",
+                           "pcie_skipped": "fusebox_collector_pcie_skipped_total",
                            "discovery_skipped": "fusebox_collector_discovery_skipped_total",
                            "discovery_errors": "fusebox_collector_discovery_errors_total"}
 

@@ -31,6 +31,7 @@ EXPECTED = {
     "GPUMemoryBandwidthSaturated": ("percentunit", [0.92]),
     "KVCacheGrowthOOMImminent": ("Bps", [145_000_000.0]),
     "GPUPCIeLinkSaturated": ("percentunit", [0.95]),
+    "PCIeRootComplexLinkSaturated": ("percentunit", [0.95]),
     # lower bounds (direction: below): lines ascending, critical first; red below it, green above the warning
     "KVCacheTimeToFullLow": ("s", [60.0, 300.0]),
     "GPUMemoryTimeToFullLow": ("s", [45.0, 300.0]),

@@ -4,15 +4,16 @@ Two deployments, traced query by query by hand from the dashboards the spec rend
 
 * the shipped spec: the fusebox GPU collector (``kubernetes.collectors.run: {gpu: []}``), the fuse,
   the SGLang Model Gateway (``inpath.shedders``), engines of either kind scraped by the user's own
-  monitor (no ``kubernetes.engines``). 33 panels: 14 stay empty -- the alignment histogram (4
+  monitor (no ``kubernetes.engines``). 35 panels: 14 stay empty -- the alignment histogram (4
   panels: the overview's and the drill-down's 3) and KV bytes (overview: growth, OOM, time to full;
   KV drill-down: 4; GPU memory: KV pool free bytes; time to full: the KV pool's) have no producer,
   and energy per token joins node power with engine tokens that carry no node.
 * a dcgm + vLLM cluster (:func:`dcgm_vllm`): ``global.source: dcgm`` (GPU memory, bandwidth and
   GPU time to full from dcgm-exporter), KV time to full from ``vllm:kv_cache_usage_perc``,
   alignment from the fusebox latency collector, the engines' PodMonitor (``kubernetes.engines``),
-  no KV collector (so no KV growth signals), PCIe disabled as docs/spec.md says. 25 panels
-  (PCIe's two are left out: nothing can feed them), one empty: KV pool free bytes per GPU.
+  no KV collector (so no KV growth signals), PCIe (per GPU and per shared link) disabled as
+  docs/spec.md says. 25 panels (PCIe's four are left out: nothing can feed them), one empty: KV
+  pool free bytes per GPU.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def dcgm_vllm(**edit) -> dict:
     data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"
     for name in ("kv_cache_growth_rate", "kv_cache_growth_oom"):  # KV bytes: no collector here
         data["signals"].pop(name)
-    data["overrides"] = [{"alert": "GPUPCIeLinkSaturated", "enabled": False}]  # no dcgm source (docs/spec.md)
+    data["overrides"] = [{"alert": "GPUPCIeLinkSaturated", "enabled": False},  # no dcgm source (docs/spec.md)
+                         {"alert": "PCIeRootComplexLinkSaturated", "enabled": False}]
     data.update(edit)
     return data
 
@@ -77,13 +79,14 @@ def _trace(spec):
     return trace_dashboards(spec, render_dashboards.dashboards(spec, groups=groups), groups)
 
 
-def test_the_shipped_spec_leaves_14_of_36_panels_empty_and_every_variable_with_values():
+def test_the_shipped_spec_leaves_14_of_38_panels_empty_and_every_variable_with_values():
     feds = _trace(load_spec(SPEC))
     panels = [f for f in feds if f.what == "panel"]
-    # 33 before the preemption signal (its overview panel) and the alignment row's two stage panels
-    assert len(panels) == 36
+    # 33 before the preemption signal (its overview panel), the alignment row's two stage panels and
+    # the shared PCIe links' two panels (overview, secondary)
+    assert len(panels) == 38
     assert {(f.dashboard, f.title) for f in panels if not f.fed} == SHIPPED_EMPTY
-    assert sum(f.fed for f in panels) == 22
+    assert sum(f.fed for f in panels) == 24
     variables = {f.title: f for f in feds if f.what == "variable"}
     # namespace and pod filter no panel: left out; engine and model list the preemption record, which
     # vLLM's own counter feeds (the alignment record they listed before has no collector here)
@@ -108,7 +111,7 @@ def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_
     data["kubernetes"]["engines"] = dict(ENGINES, models={
         "llava-hf/llava-1.5-7b-hf": {"layers": 32, "kv_heads": 32, "head_dim": 128, "dtype": "float16"}})
     feds = _trace(_load(tmp_path, data))
-    assert len([f for f in feds if f.what == "panel"]) == 36
+    assert len([f for f in feds if f.what == "panel"]) == 38
     assert [(f.dashboard, f.title) for f in feds if not f.fed] == []
 
 

@@ -75,7 +75,7 @@ def test_alert_names_labels_and_runbook_links(generated, spec):
                       "fusebox_kv_cache_usage_bytes",
                       "fusebox_kv_cache_limit_bytes",
                       "fusebox_alignment_duration_seconds_count", "fusebox_gpu_memory_bandwidth_utilization_ratio",
-                      "fusebox_gpu_pcie_utilization_ratio",
+                      "fusebox_gpu_pcie_utilization_ratio", "fusebox_gpu_pcie_upstream_utilization_ratio",
                       "vllm:num_preemptions_total"}  # the preemption signal reads vLLM's counter: a spec signal's source
 
 
@@ -307,7 +307,7 @@ def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_
     # the engine-level signals on the collectors are named too (issue 21): KV bytes, alignment histogram
     assert {re.split(" reads | subtracts ", w.split("warning: ")[1])[0] for w in warnings if w is not pcie} == {
         "signal 'gpu_memory_utilization'", "signal 'kv_cache_growth_rate'", "signal 'kv_cache_growth_oom'",
-        "signal 'alignment_latency_p95'", "signal 'kv_cache_time_to_full'"}
+        "signal 'alignment_latency_p95'", "signal 'kv_cache_time_to_full'", "signal 'pcie_root_complex_utilization'"}
     absent = {a["labels"]["metric"] for a in _alerts(tmp_path / "out")[C.ABSENT_ALERT]}
     assert "fusebox_gpu_pcie_utilization_ratio" in absent
     # and its two panels (overview, secondary) are named as staying empty (issue 33)
@@ -317,7 +317,8 @@ def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_
 
 
 def test_a_signal_with_every_tier_disabled_has_no_alert_and_no_absent_alert(tmp_path):
-    text = DCGM_NO_COLLECTORS.replace("overrides: []", "overrides:\n  - alert: GPUPCIeLinkSaturated\n    enabled: false\n")
+    text = DCGM_NO_COLLECTORS.replace("overrides: []", "overrides:\n  - alert: GPUPCIeLinkSaturated\n    enabled: false\n"
+                                      "  - alert: PCIeRootComplexLinkSaturated\n    enabled: false\n")
     r = _generate(tmp_path, text)
     assert r.returncode == 0, r.stderr
     assert "pcie" not in r.stderr, r.stderr

@@ -232,7 +232,8 @@ def test_above_gauge_alerts_filter_first_and_their_record_runs_at_the_slow_inter
     by_name = {g["name"]: g for g in groups}
     gauges = {s.name: s for s in spec.signals if s.kind == "gauge"}
     assert {n: s.direction for n, s in gauges.items()} == {"memory_bandwidth_saturation": "above",
-                                                            "pcie_link_utilization": "above"}
+                                                            "pcie_link_utilization": "above",
+                                                            "pcie_root_complex_utilization": "above"}
     expected = {"memory_bandwidth_saturation": ("fusebox_gpu_memory_bandwidth_utilization_ratio", "0.92"),
                 "pcie_link_utilization": ("fusebox_gpu_pcie_utilization_ratio", "0.95")}
     for name, (metric, threshold) in expected.items():
@@ -244,6 +245,13 @@ def test_above_gauge_alerts_filter_first_and_their_record_runs_at_the_slow_inter
         panels = by_name[f"fusebox-{name}-panels"]
         assert parse_duration(panels["interval"]) == spec.slow_evaluation_interval_s
         assert [r["record"] for r in panels["rules"]] == [f"gpu:fusebox_{name}:ratio"]
+    # the shared PCIe links: one series per link, kept apart by its `by` (not per GPU)
+    own = by_name["fusebox-pcie_root_complex_utilization"]
+    assert [" ".join(r["expr"].split()) for r in own["rules"]] == [
+        "max by (cluster, host_name, pcie_root_complex, pcie_port, numa_node) "
+        "(fusebox_gpu_pcie_upstream_utilization_ratio >= 0.95)"]
+    assert [r["record"] for r in by_name["fusebox-pcie_root_complex_utilization-panels"]["rules"]] == [
+        "pcie_port:fusebox_pcie_root_complex_utilization:ratio"]
 
 
 def test_a_below_gauge_keeps_reading_its_value_record(tmp_path):

@@ -39,7 +39,8 @@ def dcgm_vllm(text: str) -> str:
     data["global"]["selectors"] = {"vllm": {}}
     data["kubernetes"]["collectors"]["enabled"] = False
     data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"
-    for name in ("pcie_link_utilization", "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_growth_oom"):
+    for name in ("pcie_link_utilization", "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_growth_oom",
+                 "pcie_root_complex_utilization"):
         data["signals"].pop(name)
     return yaml.safe_dump(data, sort_keys=False)
 

@@ -349,7 +349,8 @@ def test_dcgm_vllm_and_discovery_leave_no_kv_or_alignment_signal_unproduced():
     data["kubernetes"]["engines"] = _engines(_both_models(), ["inference"])
     warnings = spec_warnings(_parse(yaml.safe_dump(data, sort_keys=False)))
     unproduced = [w for w in warnings if "nothing k8s/ deploys produces" in w]
-    assert [w.split(" reads ")[0] for w in unproduced] == ["signal 'pcie_link_utilization'"]
+    assert [w.split(" reads ")[0] for w in unproduced] == ["signal 'pcie_link_utilization'",
+                                                           "signal 'pcie_root_complex_utilization'"]
     assert not [w for w in warnings if "fusebox_kv_cache" in w or "alignment" in w]
 
 

@@ -326,6 +326,9 @@ class Signal:
     runbook: Runbook
     secondary: bool
     path: tuple
+    # the source was chosen (the signal's or an override's `source:`, global.source, or the only one
+    # listed), not the first of several taken by default: only a chosen one names the cluster's engine
+    source_chosen: bool = True
 
 
 @dataclass(frozen=True)
@@ -408,12 +411,12 @@ class Spec:
     @property
     def engines(self) -> tuple[str, ...]:
         """The serving engines (``vllm``, ``sglang``) the spec names, in that order: a backend of
-        ``global.selectors`` or a signal's selected source, and where that source is an engine's,
-        the signal's other engine sources too (one role, one metric per engine: the preemption
-        signal reads vLLM's counter and lists SGLang's, docs/metrics.md section 7). None named:
-        both (the dashboard records then read either engine's metrics, whichever the cluster has)."""
-        named = set(self.selectors) | {s.source.backend for s in self.signals}
-        named |= {b for s in self.signals if s.source.backend in ENGINES for b in s.sources}
+        ``global.selectors`` or a signal's chosen source (its or an override's ``source:``,
+        ``global.source``, or the only one listed; not the first of several taken by default: the
+        preemption signal lists vLLM's counter and SGLang's and reads vLLM's unless told, which
+        says nothing of the cluster, docs/metrics.md section 7). None named: both (the dashboard
+        records then read either engine's metrics, whichever the cluster has)."""
+        named = set(self.selectors) | {s.source.backend for s in self.signals if s.source_chosen}
         return tuple(e for e in ENGINES if e in named) or ENGINES
 
     @property
@@ -687,10 +690,12 @@ class _Normaliser:
         n_before = len(self.problems)
         # an override's source, else the signal's own, else global.source when listed, else the first listed
         source_name = s.source or (self.raw.global_.source if self.raw.global_.source in s.sources else next(iter(s.sources), ""))
+        chosen = bool(s.source) or self.raw.global_.source in s.sources or len(s.sources) == 1
         whole = ovr.get("*")
         source_path = path + ("source",)
         if whole and whole[0].source:
             source_name, source_path = whole[0].source, ("overrides", whole[1], "source")
+            chosen = True
         for tname, (_o, idx) in ovr.items():
             if tname in TIER_ORDER and tname not in s.tiers:  # it would change nothing
                 self.err(("overrides", idx, "tier"), f"override of {s.alert} tier {tname!r}: signal {name} has no {tname} tier",
@@ -831,7 +836,7 @@ class _Normaliser:
             source=sources[source_name], sources=sources, tiers=tuple(tiers),
             runbook=Runbook(rb.symptom.strip(), rb.impact.strip(), tuple((d.title, d.query) for d in rb.diagnosis),
                             {k: tuple(v) for k, v in rb.sop.items()}),
-            secondary=s.secondary, path=path,
+            secondary=s.secondary, path=path, source_chosen=chosen,
         )
 
     def _check_promql(self, expr: str, path: tuple) -> None:
