@@ -55,6 +55,12 @@ OTEL = {
     "kv_cache_usage": ("fusebox.kv_cache.usage", "By", "updowncounter"),
     "kv_cache_limit": ("fusebox.kv_cache.limit", "By", "updowncounter"),
     "alignment_duration": ("fusebox.alignment.duration", "s", "histogram"),
+    # long-lived connections between gateway and engines, from the kernel's TCP_INFO (collect conns):
+    # the longest idle time now among a peer's followed connections, the idle time each use of a
+    # connection ended (a request after idle), and the uses after more than connections.cold_after
+    "connection_idle_time": ("fusebox.connection.idle_time", "s", "gauge"),
+    "connection_idle_before_use": ("fusebox.connection.idle_before_use", "s", "histogram"),
+    "connection_cold_starts": ("fusebox.connection.cold_starts", "{use}", "counter"),
 }
 
 # What an alignment-latency observation measures: the attribute (and, after export, the label)
@@ -381,6 +387,10 @@ ATTR = {
     "service": "service.name",
     "instance_id": "service.instance.id",  # the Collector's prometheus exporter makes it `instance`
     "alignment_source": ALIGNMENT_SOURCE_LABEL,  # handoff | encoder | ttft, on the alignment histogram
+    # the connections collector's (semantic conventions: service.peer.name replaces peer.service;
+    # network.peer.address is the peer's IP, or "other" past connections.max_peers)
+    "peer_service": "service.peer.name",
+    "peer_address": "network.peer.address",
 }
 
 # Collector self-metrics (health of the collectors themselves; no rule reads them).
@@ -409,6 +419,11 @@ OTEL_SELF = {
     # GPU collection rounds that failed for a device, per hw.id, hw.gpu.index and reason: the NVML
     # error's name in snake case (NVML_ERROR_GPU_IS_LOST -> gpu_is_lost), "unexpected" for others
     "gpu_errors": ("fusebox.collector.gpu.errors", "{error}", "counter"),
+    # the connections collector (collect conns): connections matching the spec left out per round, by
+    # reason (over_cap: past connections.max_connections), and netlink dumps that failed, by reason
+    # (deadline: the dump ran past its deadline; netlink: the kernel refused or the socket failed)
+    "conns_skipped": ("fusebox.collector.conns.skipped", "{connection}", "counter"),
+    "conns_errors": ("fusebox.collector.conns.errors", "{error}", "counter"),
 }
 PROM_SELF = {key: otel_to_prometheus(*v) for key, v in OTEL_SELF.items()}
 
@@ -418,6 +433,7 @@ SERVICE = {
     "kv": "fusebox-kv-collector",
     "latency": "fusebox-latency",
     "scenario": "fusebox-scenario",
+    "conns": "fusebox-conns-collector",
 }
 
 

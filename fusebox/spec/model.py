@@ -24,6 +24,7 @@ from . import deploy, sourceunits, units
 from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
 from .budget import Budget, RawBudget, normalise_budget
+from .connections import Connections, RawConnections, normalise_connections
 from .deploy import Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana, normalise_kubernetes, normalise_otelcol
 from .diagnosis import resolve_diagnosis
 from .errors import Problem, SpecError
@@ -243,6 +244,7 @@ class RawSpec(_Strict):
     otelcol: RawOtelcol = RawOtelcol()
     budget: RawBudget = RawBudget()
     inpath: RawInpath = RawInpath()
+    connections: RawConnections = RawConnections()
     signals: dict[str, RawSignal]
     overrides: list[RawOverride] = []
 
@@ -256,7 +258,7 @@ class RawSpec(_Strict):
         return data
 
 
-_DEFAULTED_SECTIONS = ("defaults", "kubernetes", "grafana", "otelcol", "budget", "inpath")
+_DEFAULTED_SECTIONS = ("defaults", "kubernetes", "grafana", "otelcol", "budget", "inpath", "connections")
 
 
 # ----------------------------------------------------------------------- normalised model
@@ -379,6 +381,7 @@ class Spec:
     rule_engine: str = "prometheus"  # global.rule_engine: one of RULE_ENGINES
     budget: Budget = field(default_factory=Budget)  # budget: sizes `fusebox budget` reads (spec/budget.py)
     inpath: Inpath = field(default_factory=Inpath)  # inpath: the in-path shedders (spec/inpath.py)
+    connections: Connections = field(default_factory=Connections)  # connections: what `collect conns` follows (spec/connections.py)
 
     def selector_for(self, backend: str) -> dict[str, str]:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
@@ -576,6 +579,7 @@ class _Normaliser:
         adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
         deploy.check_gateway_secret(kube.fuse, adapters, self.err)
         budget = normalise_budget(r.budget, self.err)
+        connections = normalise_connections(r.connections, self.duration, self.err)
         inpath = normalise_inpath(r.inpath, {s.name: s for s in signals}, set(r.signals), self.err)
         self._check_after_shedding(signals, inpath)
         if self.problems:
@@ -593,7 +597,7 @@ class _Normaliser:
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
             kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
-            budget=budget, inpath=inpath,
+            budget=budget, inpath=inpath, connections=connections,
         )
         # runbook queries: references to records replaced, record-shaped names checked (spec/diagnosis.py)
         queries = resolve_diagnosis(spec, self.err)
