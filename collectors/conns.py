@@ -42,7 +42,7 @@ import ipaddress
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,10 +103,34 @@ class TcpConn:
         return min(self.last_data_sent_ms, self.last_data_recv_ms) / 1000.0
 
 
+INET_DIAG_REQ_BYTECODE = 1
+INET_DIAG_BC_JMP, INET_DIAG_BC_S_EQ, INET_DIAG_BC_D_EQ = 1, 11, 12
+_OP = struct.Struct("=BBH")  # struct inet_diag_bc_op: code, yes, no
+
+
+def port_filter(remote_ports: Iterable[int], local_ports: Iterable[int]) -> bytes:
+    """inet_diag bytecode keeping the sockets whose remote port is one of ``remote_ports`` or whose
+    local port is one of ``local_ports``, so the kernel fills TCP_INFO for those alone.
+
+    As iproute2's ``ss`` compiles ``dport = :P or sport = :L``: each test is an op
+    (``INET_DIAG_BC_D_EQ`` / ``_S_EQ``, Linux 4.17+) with ``yes`` 8 (go on) and ``no`` 12 (skip
+    the test and the jump after it), followed by an op holding the port; between tests a
+    ``INET_DIAG_BC_JMP`` whose ``no`` jumps past the rest (accepted: the program ends exactly at
+    its end). The last test's ``no`` lands 4 bytes past the end: rejected (net/ipv4/inet_diag.c,
+    ``inet_diag_bc_run`` and ``inet_diag_bc_audit``)."""
+    tests = [(INET_DIAG_BC_D_EQ, p) for p in sorted(set(remote_ports))] + [(INET_DIAG_BC_S_EQ, p) for p in sorted(set(local_ports))]
+    out = b""
+    for code, port in reversed(tests):
+        test = _OP.pack(code, 8, 12) + _OP.pack(0, 0, port)
+        out = test + (_OP.pack(INET_DIAG_BC_JMP, 4, len(out) + 4) + out if out else b"")
+    return out
+
+
 def dump_tcp(match: Callable[[int, int, bytes, int], bool], *, deadline_s: float = 2.0,
-             families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6)) -> Iterator[TcpConn]:
+             families: tuple[int, ...] = (socket.AF_INET, socket.AF_INET6), bytecode: bytes = b"") -> Iterator[TcpConn]:
     """Every established TCP socket of this network namespace that ``match(family, local_port,
-    raw remote address (16 bytes), remote port)`` accepts, with its TCP_INFO times.
+    raw remote address (16 bytes), remote port)`` accepts, with its TCP_INFO times. ``bytecode``
+    (:func:`port_filter`) lets the kernel leave the others out first.
 
     Raises :class:`DumpError` (``deadline`` when the whole dump takes over ``deadline_s``,
     ``netlink`` when the kernel answers an error or the socket fails)."""
@@ -121,6 +145,8 @@ def dump_tcp(match: Callable[[int, int, bytes, int], bool], *, deadline_s: float
         for seq, family in enumerate(families, 1):
             req = _REQ.pack(family, socket.IPPROTO_TCP, 1 << (INET_DIAG_INFO - 1), 0, 1 << TCP_ESTABLISHED,
                             0, 0, b"", b"", 0, b"\xff" * 8)
+            if bytecode:
+                req += _ATTR.pack(_ATTR.size + len(bytecode), INET_DIAG_REQ_BYTECODE) + bytecode
             sock.sendto(_NLH.pack(_NLH.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + req,
                         (0, 0))
             done = False
@@ -214,6 +240,7 @@ class ConnCollector:
         ports = {p: pe for pe in config.peers for p in pe.ports}
         local = {p: pe for pe in config.peers for p in pe.local_ports}
         self._by_port, self._by_local = ports, local
+        self._bytecode = port_filter(ports, local)
 
     def _peer(self, family: int, local_port: int, raw: bytes, remote_port: int) -> Peer | None:
         for peer in (self._by_port.get(remote_port), self._by_local.get(local_port)):
@@ -232,7 +259,10 @@ class ConnCollector:
         return None
 
     def _match(self, family: int, local_port: int, raw: bytes, remote_port: int) -> bool:
-        if remote_port not in self._by_port and local_port not in self._by_local:
+        p = self._by_port.get(remote_port)
+        if p is not None and not p.networks:
+            return True
+        if p is None and local_port not in self._by_local:
             return False
         return self._peer(family, local_port, raw, remote_port) is not None
 
@@ -246,7 +276,14 @@ class ConnCollector:
         (counted in :attr:`errors`; the followed connections keep their state)."""
         self.idle_before_use = []
         try:
-            conns = list(self._dump(self._match, deadline_s=self.config.deadline_s))
+            try:
+                conns = list(self._dump(self._match, deadline_s=self.config.deadline_s, bytecode=self._bytecode))
+            except DumpError as e:
+                if not self._bytecode or e.reason != "netlink":
+                    raise
+                self._bytecode = b""  # a kernel before 4.17 (no port equality ops): filter here alone
+                self._say("bytecode", f"conns: the kernel refused the port filter ({e}); filtering every socket here")
+                conns = list(self._dump(self._match, deadline_s=self.config.deadline_s))
         except DumpError as e:
             self.errors[e.reason] = self.errors.get(e.reason, 0) + 1
             self._say(f"error:{e.reason}", f"conns: {e} (counted in fusebox_collector_conns_errors_total; "

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from fusebox import conventions as C
-from fusebox.collectors.conns import ConnCollector
+from fusebox.collectors.conns import ConnCollector, dump_tcp, port_filter
 from fusebox.collectors.export import Pipeline
 from fusebox.spec import SpecError, load_spec
 from fusebox.spec.connections import Connections, Peer
@@ -88,7 +88,13 @@ def test_idle_time_and_cold_starts_from_the_kernel():
         assert col.uses == {PEER: 2} and col.cold_starts == {PEER: 1}
         (peer, gap), = col.idle_before_use
         assert peer == PEER and gap >= slept - 0.01
-        assert conns  # the dump saw the test's connections at all
+        # the kernel's own filter (inet_diag bytecode) keeps exactly the 4 client ends (remote port
+        # = the server's) or exactly the 4 server ends (local port), out of every socket here
+        clients = list(dump_tcp(_everything, bytecode=port_filter([lo.port], [])))
+        servers = list(dump_tcp(_everything, bytecode=port_filter([], [lo.port])))
+        assert sorted(c.local_port for c in clients) == sorted(c.getsockname()[1] for c, _s in lo.pairs)
+        assert {c.local_port for c in servers} == {lo.port} and len(servers) == 4
+        assert len(conns) == 4
     finally:
         lo.close()
 
@@ -141,6 +147,10 @@ def test_connections_section_errors_name_the_line(tmp_path):
     assert "peer 'bare' names no port" in msg
 
 
+def _everything(*_args) -> bool:
+    return True
+
+
 def _sample(text: str, name: str, contains: str) -> float:
     for line in text.splitlines():
         if line.startswith(name + "{") and contains in line:
@@ -149,8 +159,6 @@ def _sample(text: str, name: str, contains: str) -> float:
 
 
 def _client_conns(port: int):
-    from fusebox.collectors.conns import dump_tcp
-
     return list(dump_tcp(lambda fam, lport, raw, rport: rport == port))
 
 

@@ -69,6 +69,9 @@ class RawTier(_Strict):
     # Fire only while the signal's in-path gateways are refusing requests too (spec/inpath.py):
     # the fast path has been trying for the tier's `for` and has not brought the signal back.
     after_shedding: StrictBool = False
+    # What to do, as the alert's `advice` annotation: text, with {{ $value | humanizePercentage }}
+    # (the alert's value) and {{ $labels.NAME }} (a label the alert keeps) where the value belongs.
+    advice: str | None = None
 
 
 class RawSource(_Strict):
@@ -276,6 +279,7 @@ class Tier:
     fuse_level: int  # 0 when no fuse
     path: tuple  # YAML path, for error reports
     after_shedding: bool = False  # fires only while the in-path gateways shed (generator/render_rules.shedding_gate)
+    advice: str | None = None  # the alert's `advice` annotation (a template: $value, $labels)
 
 
 @dataclass(frozen=True)
@@ -779,6 +783,7 @@ class _Normaliser:
                 name=tname, threshold=threshold, threshold_text=str(threshold_raw), for_s=for_s, keep_firing_for_s=kff,
                 severity=pick("severity", t.severity or tname), fuse=t.fuse,
                 fuse_level=actions[t.fuse].level if t.fuse in actions else 0, path=tpath, after_shedding=t.after_shedding,
+                advice=t.advice,
             ))
         tiers.sort(key=lambda t: TIER_ORDER.index(t.name))
         by_name = {t.name: t for t in tiers}

@@ -227,6 +227,13 @@ class Quantile(Kind):
         at_or_below = round(OBS_PER_STEP * (1 - share_above))
         return [0.0] * i + [at_or_below] * (1) + [OBS_PER_STEP] * (len(bounds) - i)
 
+    def alert_value(self, synth: Synth, tier: Any, v: float) -> float:
+        """The share of observations over the tier's threshold (what the alert reads, not the quantile)."""
+        cum = self.distribution(synth, v)
+        bounds = list(synth.sig.buckets)
+        i = bounds.index(min(bounds, key=lambda b: abs(b - tier.threshold)))
+        return 1 - cum[i] / cum[-1]
+
     def exact(self, synth: Synth, v: float) -> float:
         return promsim.histogram_quantile(synth.sig.quantile, list(synth.sig.buckets), self.distribution(synth, v))
 
