@@ -662,9 +662,13 @@ def cmd_scenario(args) -> int:
     if once and not 0 <= args.once_at <= sc.duration_s:
         _err(f"--once-at {args.once_at:g} is outside the scenario (0..{sc.duration_s:g} s at speed 1)")
         return 2
+    from fusebox.spec import load_spec
+
+    spec = load_spec(args.spec)  # read above: no error left
+    conns = conn_buckets(spec)
     pipe = _pipeline(args, "scenario", ScenarioRunner.KEYS, buckets=buckets, once=once, host=sc.host,
-                     cluster=sc.cluster or None)
-    runner = ScenarioRunner(sc, pipe)
+                     cluster=sc.cluster or None, histograms={"connection_idle_before_use": conns} if conns else None)
+    runner = ScenarioRunner(sc, pipe, cold_after_s=spec.connections.cold_after_s)
     if once:
         runner.step(min(args.once_at, sc.duration_s))
         p = sc.phase_at(args.once_at)

@@ -167,3 +167,26 @@ def _cookies_in_order(lo: _Loopback) -> list[bytes]:
     (matched by the client's local port)."""
     by_port = {c.local_port: c.cookie for c in _client_conns(lo.port)}
     return [by_port[c.getsockname()[1]] for c, _s in lo.pairs]
+
+
+def test_breach_scenario_cold_starts_trip_only_the_cold_start_line():
+    """The demo's scenario: its baseline's 25 % of requests after long idle (the YAML's figure)
+    reach the connection histogram as uses idle past connections.cold_after but under the P95
+    line (45 s), so the cold-start alert fires and the keep-alive one does not."""
+    from fusebox.collectors.scenario import load_scenario
+
+    spec = load_spec(ROOT / "fusebox.yaml")
+    raw = yaml.safe_load((ROOT / "collectors" / "scenarios" / "breach.yaml").read_text())
+    base = raw["phases"][0]
+    sc = load_scenario()
+    eid = next(iter(base["cold_starts"]))
+    cold_after = spec.connections.cold_after_s
+    ticks = int(sc.phases[0].duration_s / sc.tick_s)
+    obs = [v for k in range(ticks) for v in sc.connection_idle_observations(eid, k, cold_after)]
+    cold = [v for v in obs if v > cold_after]
+    assert len(obs) == base["alignment_rate"][eid] * ticks
+    assert len(cold) / len(obs) == float(base["cold_starts"][eid].rstrip("%")) / 100
+    idle_p95 = next(s for s in spec.signals if s.alert == "ConnectionIdleP95High")
+    assert all(v < idle_p95.tiers[0].threshold for v in cold)
+    # the next phase sets it to 0 %: busy connections
+    assert not [v for k in range(ticks, ticks + 10) for v in sc.connection_idle_observations(eid, k, cold_after) if v > cold_after]

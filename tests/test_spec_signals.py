@@ -264,7 +264,8 @@ def test_global_source_switches_every_signal_with_a_dcgm_source():
     got = {s.name: s.source.backend for s in spec.signals}
     assert got == {"gpu_memory_utilization": "dcgm", "memory_bandwidth_saturation": "dcgm", "alignment_latency_p95": "fusebox",
                    "kv_cache_growth_rate": "fusebox", "kv_cache_growth_oom": "fusebox", "pcie_link_utilization": "fusebox",
-                   "kv_cache_time_to_full": "fusebox", "gpu_memory_time_to_full": "dcgm"}
+                   "kv_cache_time_to_full": "fusebox", "gpu_memory_time_to_full": "dcgm",
+                   "connection_idle_p95": "fusebox", "connection_cold_start_share": "fusebox"}
 
 
 def test_a_signals_own_source_and_an_override_win_over_global_source():

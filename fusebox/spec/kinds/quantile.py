@@ -19,7 +19,7 @@ the share divides by a positive count rate, so it has no sample either.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from fusebox import conventions as C
 from fusebox import promsim
@@ -81,7 +81,7 @@ class Quantile(Kind):
     window_min_scrapes = 2
     metric_only = True
     growth_only = True
-    variable_source = ("engine", 0)
+    variable_source: ClassVar[tuple[str, int] | None] = ("engine", 0)
     # The alert reads the share over the threshold's bucket: the generated tests also drive the
     # quantile to exactly each threshold (Pq == T fires, as the share == 1 - q does).
     edge_tested = True
