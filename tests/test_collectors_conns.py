@@ -97,6 +97,7 @@ def test_idle_time_and_cold_starts_from_the_kernel():
         assert len(conns) == 4
     finally:
         lo.close()
+    _check_deadline()
 
 
 @pytest.mark.process
@@ -190,3 +191,19 @@ def test_breach_scenario_cold_starts_trip_only_the_cold_start_line():
     assert all(v < idle_p95.tiers[0].threshold for v in cold)
     # the next phase sets it to 0 %: busy connections
     assert not [v for k in range(ticks, ticks + 10) for v in sc.connection_idle_observations(eid, k, cold_after) if v > cold_after]
+
+
+def _check_deadline() -> None:
+    """The kernel's dump under a deadline it cannot meet raises DumpError('deadline'); the
+    collector counts it, keeps what it followed and says so once."""
+    from fusebox.collectors.conns import DumpError
+
+    with pytest.raises(DumpError) as e:
+        list(dump_tcp(_everything, deadline_s=1e-9))
+    assert e.value.reason == "deadline"
+    said: list[str] = []
+    col = ConnCollector(Connections(peers=(Peer(PEER, frozenset({1})),), deadline_s=1e-9), log=said.append)
+    assert not col.poll() and not col.poll()
+    assert col.errors == {"deadline": 2} and col.followed == {}
+    assert col.self_counts() == ([], [({"reason": "deadline"}, 2)])
+    assert len(said) == 1 and "fusebox_collector_conns_errors_total" in said[0]
