@@ -235,7 +235,6 @@ class ConnCollector:
         self.idle_before_use: list[tuple[str, float]] = []  # (peer, seconds) of the last poll
         self.skipped: dict[str, int] = {}
         self.errors: dict[str, int] = {}
-        self._addresses: dict[str, None] = {}  # peer addresses with a label of their own, in order seen
         self._said: set[str] = set()
         ports = {p: pe for pe in config.peers for p in pe.ports}
         local = {p: pe for pe in config.peers for p in pe.local_ports}
@@ -243,16 +242,11 @@ class ConnCollector:
         self._bytecode = port_filter(ports, local)
 
     def _peer(self, family: int, local_port: int, raw: bytes, remote_port: int) -> Peer | None:
-        for peer in (self._by_port.get(remote_port), self._by_local.get(local_port)):
-            if peer is None:
-                continue
-            if not peer.networks:
-                return peer
-            addr = ipaddress.ip_address(raw[:4] if family == socket.AF_INET else raw)
-            if any(addr in n for n in peer.networks):
-                return peer
-        for peer in self.config.peers:  # a port shared by several peers told apart by their networks
-            if (remote_port in peer.ports or local_port in peer.local_ports) and peer.networks:
+        """The first peer, in the spec's order, whose ports (or local ports) and networks hold the socket."""
+        for peer in self.config.peers:
+            if remote_port in peer.ports or local_port in peer.local_ports:
+                if not peer.networks:
+                    return peer
                 addr = ipaddress.ip_address(raw[:4] if family == socket.AF_INET else raw)
                 if any(addr in n for n in peer.networks):
                     return peer
@@ -318,7 +312,7 @@ class ConnCollector:
             if len(seen) >= self.config.max_connections:
                 over += 1
                 continue
-            seen[c.cookie] = _Followed(peer.name, self._address(c.peer_address), now - c.idle_s, c.idle_s, c.data_segs)
+            seen[c.cookie] = _Followed(peer.name, c.peer_address, now - c.idle_s, c.idle_s, c.data_segs)
         self.followed = seen
         if over:
             self.skipped["over_cap"] = self.skipped.get("over_cap", 0) + over
@@ -326,21 +320,18 @@ class ConnCollector:
                                   f"({self.config.max_connections}) not followed (counted each round as over_cap)")
         return True
 
-    def _address(self, addr: str) -> str:
-        if addr in self._addresses:
-            return addr
-        if len(self._addresses) < self.config.max_peers:
-            self._addresses[addr] = None
-            return addr
-        self._say("max_peers", f"conns: more than connections.max_peers ({self.config.max_peers}) peer addresses; "
-                               f"the others export as network_peer_address=\"{OTHER_PEER}\"")
-        return OTHER_PEER
-
     def readings(self) -> list[Reading]:
-        """The longest idle time per (peer service, address) and the cold starts per peer service."""
+        """The longest idle time per (peer service, address) and the cold starts per peer service.
+        The first ``max_peers`` addresses of the followed connections (the longest followed first)
+        get a label of their own, the others share :data:`OTHER_PEER`; an address whose connections
+        all closed frees its place."""
+        own = set(list(dict.fromkeys(f.address for f in self.followed.values()))[:self.config.max_peers])
         longest: dict[tuple[str, str], float] = {}
         for f in self.followed.values():
-            k = (f.peer, f.address)
+            if f.address not in own:
+                self._say("max_peers", f"conns: more than connections.max_peers ({self.config.max_peers}) peer "
+                                       f"addresses; the others export as network_peer_address=\"{OTHER_PEER}\"")
+            k = (f.peer, f.address if f.address in own else OTHER_PEER)
             longest[k] = max(longest.get(k, 0.0), f.idle_s)
         out = [Reading("connection_idle_time", v, {A["peer_service"]: p, A["peer_address"]: a})
                for (p, a), v in sorted(longest.items())]

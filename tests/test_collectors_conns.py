@@ -129,9 +129,38 @@ def test_shipped_spec_default_and_the_exported_histogram():
         assert _sample(text, f"{h}_bucket", 'le="1.0"') == 0 and _sample(text, f"{h}_bucket", 'le="5.0"') == 1
         assert _sample(text, f"{h}_bucket", 'le="30.0"') == 1
         assert _sample(text, C.PROM["connection_cold_starts"], lab) == 0
+        _check_peers_and_networks(lo.port)
     finally:
         lo.close()
         pipe.shutdown()
+
+
+def _check_peers_and_networks(port: int) -> None:
+    """Engines on three loopback addresses (127.0.0.1-3, one port): a peer's networks select by
+    the remote address, and past max_peers (2) the third address exports as "other"."""
+    import ipaddress
+
+    servers, clients = [], []
+    try:
+        for last in (2, 3):
+            srv = socket.socket()
+            srv.bind((f"127.0.0.{last}", port))
+            srv.listen(2)
+            servers.append(srv)
+            clients.append(socket.create_connection((f"127.0.0.{last}", port)))
+            clients.append(srv.accept()[0])
+        only_2 = Connections(peers=(Peer("two", frozenset({port}), networks=(ipaddress.ip_network("127.0.0.2/32"),)),))
+        col = ConnCollector(only_2)
+        col.poll()
+        assert [f.address for f in col.followed.values()] == ["127.0.0.2"]
+        col = ConnCollector(Connections(peers=(Peer(PEER, frozenset({port})),), max_peers=2))
+        col.poll()  # 127.0.0.1 (the test's 2 connections), .2 and .3
+        addrs = [r.attrs[C.ATTR["peer_address"]] for r in col.readings() if r.key == "connection_idle_time"]
+        assert len(addrs) == 3 and addrs.count("other") == 1
+        assert set(addrs) - {"other"} < {"127.0.0.1", "127.0.0.2", "127.0.0.3"}
+    finally:
+        for x in clients + servers:
+            x.close()
 
 
 def test_connections_section_errors_name_the_line(tmp_path):
