@@ -9,6 +9,12 @@ and one Prometheus text rendering.
 Baseline: a plain prometheus-client exporter of the same values (Gauges set, then
 ``generate_latest`` once per round), as a hand-written exporter would do it.
 
+The connections collector (``fusebox collect conns``) runs as its own variant: 1,000 real TCP
+connections on loopback (2,000 sockets in the namespace: both ends), a tenth of them used
+between rounds (not timed), each round one inet_diag dump, the idle histogram, the readings, one
+OTLP export and one text rendering. Its share of a core is printed at a 1 s interval and at its
+default 5 s (``--interval``).
+
 Each variant runs in its own process so peak RSS is its own. Usage:
 
     python bench/bench_collectors.py [--rounds 1000]
@@ -35,6 +41,7 @@ N_GPUS, N_ENGINES = 8, 4
 # the eight accelerators of the tree, four behind each root port (collectors/scenarios/sysfs-a300-8/README.md)
 SYSFS = ROOT / "collectors" / "scenarios" / "sysfs-a300-8"
 BUS_IDS = ("1b", "1c", "1d", "1e", "3d", "3f", "40", "41")
+N_CONNS = 1000
 
 
 def _gpu_states():
@@ -117,6 +124,52 @@ def _topology_walk(repeat: int = 100) -> dict:
     return {"walk_ms": (time.process_time() - t0) / repeat * 1000, "walk_gpus": sum(map(len, topo.gpus_below.values()))}
 
 
+def run_conns(rounds: int) -> dict:
+    import socket
+
+    from fusebox.collectors.cli import CONN_KEYS
+    from fusebox.collectors.conns import ConnCollector
+    from fusebox.collectors.export import Pipeline
+    from fusebox.spec.connections import Connections, Peer
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * N_CONNS + 64)), hard))
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(N_CONNS)
+    port = srv.getsockname()[1]
+    pairs = []
+    for _ in range(N_CONNS):
+        c = socket.create_connection(("127.0.0.1", port))
+        pairs.append((c, srv.accept()[0]))
+    col = ConnCollector(Connections(peers=(Peer("vllm", frozenset({port})),), max_connections=N_CONNS))
+    sink = _NullOtlp()
+    pipe = Pipeline("conns", CONN_KEYS, histograms={"connection_idle_before_use": [1, 5, 15, 30, 45, 60, 120, 300, 600]},
+                    host="bench", exporter=sink)
+    step = N_CONNS // 10
+    cpu = 0.0
+    w0 = time.perf_counter()
+    for r in range(rounds):
+        for c, s in pairs[(r * step) % N_CONNS:(r * step) % N_CONNS + step]:  # a tenth used (not timed)
+            c.send(b"x")
+            s.recv(1)
+        t0 = time.process_time()
+        col.poll()
+        col.record(pipe.histograms["connection_idle_before_use"])
+        readings = col.readings()
+        pipe.set_readings(readings)
+        pipe.set_conns(*col.self_counts())
+        pipe.export_round()
+        text = pipe.prometheus_text()
+        cpu += time.process_time() - t0
+    pipe.bounded.flush(30)
+    wall = time.perf_counter() - w0
+    pipe.shutdown()
+    assert len(col.followed) == N_CONNS and sum(col.uses.values()) > 0
+    return {"cpu_s": cpu, "wall_s": wall, "series": len(readings), "text_bytes": len(text),
+            "otlp_bytes": sink.bytes // rounds, "followed": len(col.followed)}
+
+
 def run_baseline(rounds: int) -> dict:
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
@@ -143,7 +196,7 @@ def run_baseline(rounds: int) -> dict:
 
 def child(variant: str, rounds: int) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    res = (run_fusebox if variant == "fusebox" else run_baseline)(rounds)
+    res = {"fusebox": run_fusebox, "conns": run_conns, "baseline": run_baseline}[variant](rounds)
     res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     res["rss_before_mib"] = before / 1024
     print(json.dumps(res))
@@ -152,13 +205,13 @@ def child(variant: str, rounds: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1000)
-    ap.add_argument("--variant", choices=("fusebox", "baseline"))
+    ap.add_argument("--variant", choices=("fusebox", "conns", "baseline"))
     args = ap.parse_args()
     if args.variant:
         child(args.variant, args.rounds)
         return 0
     out = {}
-    for v in ("baseline", "fusebox"):
+    for v in ("baseline", "fusebox", "conns"):
         p = subprocess.run([sys.executable, __file__, "--variant", v, "--rounds", str(args.rounds)],
                            capture_output=True, text=True, check=True)
         out[v] = json.loads(p.stdout.strip().splitlines()[-1])
@@ -174,6 +227,14 @@ def main() -> int:
           f"start); {f['pcie_links']} shared-link series summed every round (in the rounds above)")
     print(f"at a 1 s interval: {per_round_ms / 10:.2f} % of one core (target < 1 %); "
           f"peak RSS {f['peak_rss_mib']:.1f} MiB (target < 80 MiB)")
+    c = out["conns"]
+    c_ms = c["cpu_s"] / args.rounds * 1000
+    print(f"connections collector: {c['followed']} connections followed on loopback ({2 * c['followed']} sockets in the "
+          f"namespace; the kernel's port filter returns the {c['followed']} client ends), "
+          f"a tenth used per round ({c['series']} series; OTLP {c['otlp_bytes']} B/round, text {c['text_bytes']} B)")
+    print(f"{'':24s}{'CPU s/1000 rounds':>20s}{'peak RSS MiB':>14s}{'% core at 1 s':>15s}{'at 5 s':>8s}")
+    print(f"{'fusebox collectors':24s}{per_round_ms:>20.3f}{f['peak_rss_mib']:>14.1f}{per_round_ms / 10:>15.2f}{per_round_ms / 50:>8.2f}")
+    print(f"{'collect conns':24s}{c_ms:>20.3f}{c['peak_rss_mib']:>14.1f}{c_ms / 10:>15.2f}{c_ms / 50:>8.2f}")
     return 0
 
 

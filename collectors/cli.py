@@ -134,7 +134,7 @@ def _check_discover(p: argparse.ArgumentParser, args, needed: tuple[str, ...]) -
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("collect", help="run a collector (gpu, kv, latency, scenario)",
+    p = subparsers.add_parser("collect", help="run a collector (gpu, kv, latency, conns, scenario)",
                               description="Collect GPU, KV-cache or alignment-latency signals and push them as OTLP "
                                           "(and/or serve them on /metrics); scenario plays a scenario file through them.")
     sub = p.add_subparsers(dest="collector", required=True, metavar="COLLECTOR")
@@ -186,6 +186,18 @@ def register(subparsers) -> None:
     _common(lat)
     lat.set_defaults(func=cmd_latency, check=lambda a: _check_discover(lat, a, ("endpoint", "engine_id")))
 
+    c = sub.add_parser("conns", help="idle time and cold starts of gateway-engine connections (kernel TCP_INFO)",
+                       description="Follow the long-lived TCP connections the spec's connections.peers select "
+                                   "(inet_diag netlink, no eBPF): the longest idle time per peer address, the idle "
+                                   "time each use ended (histogram on the spec's buckets) and the cold starts (uses "
+                                   "after more than connections.cold_after idle). Run it in the gateway's network "
+                                   "namespace (hostNetwork, or a sidecar of the gateway pod).")
+    c.add_argument("--spec", default="fusebox.yaml", help="spec giving the peers, caps and buckets (default fusebox.yaml)")
+    c.add_argument("--cold-after", type=_positive_seconds, default=None, metavar="S",
+                   help="a use after more than S seconds idle is a cold start (default: the spec's connections.cold_after)")
+    _common(c)
+    c.set_defaults(func=cmd_conns)
+
     s = sub.add_parser("scenario", help="play a scenario file through the real collectors (demo)")
     s.add_argument("path", nargs="?", default=None, metavar="PATH", help="scenario YAML (default: the packaged 'breach')")
     s.add_argument("--speed", type=float, default=1.0, metavar="X", help="scenario seconds per wall second (default 1)")
@@ -204,7 +216,7 @@ def _err(msg: str) -> None:
 
 
 def _pipeline(args, service: str, keys, *, buckets=None, once: bool = False, host=None, cluster=None,
-              instance_part: str | None = None):
+              instance_part: str | None = None, histograms=None):
     """The collector's Pipeline. ``instance_part`` (the engine id of a per-engine collector) is
     appended to the default ``service.instance.id`` so two such collectors on a host differ."""
     import socket
@@ -216,7 +228,7 @@ def _pipeline(args, service: str, keys, *, buckets=None, once: bool = False, hos
     endpoint = None if (once or args.no_otlp) else (args.otlp_endpoint or _default_endpoint(args))
     host_name = args.host_name or host or socket.gethostname()
     instance_id = resolve_instance_id(args.instance_id, host_name, C.SERVICE.get(service, service), instance_part)
-    return Pipeline(service, keys, histogram_buckets=buckets, host=host_name, instance_id=instance_id,
+    return Pipeline(service, keys, histogram_buckets=buckets, histograms=histograms, host=host_name, instance_id=instance_id,
                     cluster=args.cluster or cluster, otlp_endpoint=endpoint, otlp_protocol=args.otlp_protocol,
                     log=log_stderr)
 
@@ -516,6 +528,55 @@ def _source_of(metric: str, encoder_metrics) -> str:
     return source_of(metric, encoder_metrics)
 
 
+CONN_KEYS = ("connection_idle_time", "connection_cold_starts")
+
+
+def conn_buckets(spec) -> tuple[float, ...]:
+    """The idle-before-use histogram's bounds: every bucket of the spec's signals that read it
+    (the quantile kind over ``fusebox_connection_idle_before_use_seconds``), merged."""
+    from fusebox import conventions as C
+
+    metric = C.PROM["connection_idle_before_use"]
+    return tuple(sorted({b for s in spec.signals if s.source.metric == metric for b in s.buckets}))
+
+
+def cmd_conns(args) -> int:
+    from .conns import ConnCollector
+    from .export import log_stderr
+
+    try:
+        from fusebox.spec import load_spec
+
+        spec = load_spec(args.spec)
+    except Exception as e:  # SpecError (file:line:col lines), missing file
+        _spec_unreadable(args.spec, "connections to follow", e)
+        return 2
+    if not spec.connections.peers:
+        _err(f"{args.spec}: connections.peers is empty, so there is nothing to follow -- name the engines' port, "
+             "e.g. connections: {peers: {vllm: {ports: [8000]}}} (docs/spec.md)")
+        return 2
+    buckets = conn_buckets(spec)
+    if not buckets:
+        _err(f"{args.spec}: no signal reads fusebox_connection_idle_before_use_seconds, so the idle histogram has no "
+             "buckets -- add the connection signals of the shipped fusebox.yaml (kind quantile, with buckets)")
+        return 2
+    col = ConnCollector(spec.connections, cold_after_s=args.cold_after, log=log_stderr)
+    pipe = _pipeline(args, "conns", CONN_KEYS, once=args.once, histograms={"connection_idle_before_use": buckets})
+
+    def one_round() -> None:
+        col.poll()
+        col.record(pipe.histograms["connection_idle_before_use"])
+        pipe.set_readings(col.readings())
+        pipe.set_conns(*col.self_counts())
+
+    if args.once:
+        one_round()
+        sys.stdout.write(pipe.prometheus_text())
+        return 1 if col.errors else 0
+    _announce(args, "conns")
+    return _loop(args, pipe, one_round)
+
+
 def cmd_latency(args) -> int:
     from .fetch import redact_url
     from .latency import FALLBACK_SOURCES as LAT_SOURCES
@@ -609,9 +670,13 @@ def cmd_scenario(args) -> int:
     if once and not 0 <= args.once_at <= sc.duration_s:
         _err(f"--once-at {args.once_at:g} is outside the scenario (0..{sc.duration_s:g} s at speed 1)")
         return 2
+    from fusebox.spec import load_spec
+
+    spec = load_spec(args.spec)  # read above: no error left
+    conns = conn_buckets(spec)
     pipe = _pipeline(args, "scenario", ScenarioRunner.KEYS, buckets=buckets, once=once, host=sc.host,
-                     cluster=sc.cluster or None)
-    runner = ScenarioRunner(sc, pipe)
+                     cluster=sc.cluster or None, histograms={"connection_idle_before_use": conns} if conns else None)
+    runner = ScenarioRunner(sc, pipe, cold_after_s=spec.connections.cold_after_s)
     if once:
         runner.step(min(args.once_at, sc.duration_s))
         p = sc.phase_at(args.once_at)

@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fusebox import conventions as C
@@ -208,6 +208,8 @@ class Pipeline:
             instruments are created for them).
         histogram_buckets: boundaries (seconds) of the alignment-latency histogram; when
             given, :attr:`alignment` is the histogram instrument.
+        histograms: other histograms, :data:`~fusebox.conventions.OTEL` key -> boundaries (in
+            the instrument's unit); each is created with its view, in :attr:`histograms` by key.
         host, cluster: resource attributes ``host.name`` (default: this host) and ``cluster``.
         instance_id: resource attribute ``service.instance.id``, which the Collector's
             prometheus exporter turns into the ``instance`` label. Default: the
@@ -224,6 +226,7 @@ class Pipeline:
         keys: Sequence[str] = (),
         *,
         histogram_buckets: Sequence[float] | None = None,
+        histograms: Mapping[str, Sequence[float]] | None = None,
         host: str | None = None,
         cluster: str | None = None,
         instance_id: str | None = None,
@@ -268,11 +271,20 @@ class Pipeline:
         views = []
         if histogram_buckets is not None:
             views.append(latency_view(histogram_buckets))
+        from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+        for hkey, bounds in (histograms or {}).items():
+            views.append(View(instrument_name=C.OTEL[hkey][0],
+                              aggregation=ExplicitBucketHistogramAggregation(boundaries=list(bounds))))
         self.provider = MeterProvider(resource=Resource.create(attrs), metric_readers=readers, views=views)
         self.meter = self.provider.get_meter("fusebox.collectors")
         self.alignment = None
         if histogram_buckets is not None:
             self.alignment = alignment_histogram(self.meter)
+        self.histograms: dict[str, Any] = {}
+        for hkey in histograms or {}:
+            hname, hunit, _ = C.OTEL[hkey]
+            self.histograms[hkey] = self.meter.create_histogram(hname, unit=hunit, description=_DESCRIPTIONS.get(hkey, ""))
 
         def make_cb(key: str):
             def cb(options: Any) -> Iterable[Any]:
@@ -293,7 +305,8 @@ class Pipeline:
         # self-metrics: dropped export batches and endpoint errors
         self._self_counts: dict[tuple[str, tuple], float] = {}
         for skey in ("export_dropped", "scrape_errors", "scrape_refused", "scrape_dropped", "kv_incomplete",
-                     "gpu_errors", "discovery_skipped", "discovery_errors", "pcie_skipped"):
+                     "gpu_errors", "discovery_skipped", "discovery_errors", "pcie_skipped", "conns_skipped",
+                     "conns_errors"):
             name, unit, _kind = C.OTEL_SELF[skey]
             self.meter.create_observable_counter(name, callbacks=[self._self_cb(skey)], unit=unit,
                                                  description=_DESCRIPTIONS.get(skey, ""))
@@ -348,6 +361,12 @@ class Pipeline:
         endpoint and reason (:class:`~fusebox.collectors.discover.Discovery`)."""
         self._set_self("discovery_skipped", skipped)
         self._set_self("discovery_errors", errors)
+
+    def set_conns(self, skipped: Iterable[tuple[dict, int]], errors: Iterable[tuple[dict, int]]) -> None:
+        """The connections collector's counts: connections left out by reason, netlink dumps that
+        failed by reason (:class:`~fusebox.collectors.conns.ConnCollector`)."""
+        self._set_self("conns_skipped", skipped)
+        self._set_self("conns_errors", errors)
 
     def forget_alignment(self, keep: Callable[[dict], bool]) -> int:
         """Stop exporting the alignment histogram's series whose attributes ``keep`` refuses (an
@@ -426,6 +445,13 @@ _DESCRIPTIONS = {
     "kv_cache_usage": "KV-cache bytes in use (engine usage fraction x pool bytes / tp)",
     "kv_cache_limit": "KV-cache pool bytes (num_gpu_blocks x block_size x bytes/token / tp)",
     "alignment_duration": "Vision-encoder to language-decoder hand-off time, seconds",
+    "connection_idle_time": "The longest idle time (no data sent or received, kernel TCP_INFO) among the followed "
+                            "connections to a peer, seconds",
+    "connection_idle_before_use": "Idle time of a connection when it was used again (TCP_INFO, at the poll before the "
+                                  "use), seconds; its count is the uses seen",
+    "connection_cold_starts": "Uses of a connection after more than connections.cold_after idle",
+    "conns_skipped": "Connections matching the spec not followed, per round, by reason (over_cap)",
+    "conns_errors": "inet_diag netlink dumps that failed, by reason (deadline, netlink)",
     "export_dropped": "OTLP export batches dropped (queue full or retries exhausted)",
     "scrape_errors": "Engine /metrics fetches that failed, by endpoint and reason",
     "scrape_refused": "Engine /metrics fetches refused at a cap or the deadline, by endpoint and reason",

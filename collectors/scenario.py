@@ -23,6 +23,9 @@ Targets (see docs/collectors.md for the full format):
 ``alignment_p95`` {engine: seconds}: P95 of the phase's hand-off times (observations are
     spread evenly over [0, p95 / 0.95], whose 95th percentile is p95).
 ``alignment_rate`` {engine: observations per second}.
+``cold_starts`` {engine: ratio}: the share of the engine's requests (one per hand-off) that
+    reach it over a gateway connection idle past ``connections.cold_after`` (the idle histogram of
+    ``fusebox collect conns``, recorded when the runner is given the spec's ``cold_after``).
 
 Keys a phase leaves out keep their previous value. :func:`load_scenario` returns a
 :class:`Scenario` whose :meth:`Scenario.timeline` lists the phases and whose
@@ -117,6 +120,7 @@ class Phase:
     # busier-direction PCIe throughput per GPU, as a share of its own link (NVML's max gen x width);
     # a GPU without one moves a few GB/s with its utilization
     pcie: dict[str, float] = field(default_factory=dict)
+    cold_starts: dict[str, float] = field(default_factory=dict)  # share 0-1 of the engine's requests after long idle
 
     @property
     def duration_s(self) -> float:
@@ -304,6 +308,19 @@ class Scenario:
         top = p95 / 0.95
         return [top * (i + 0.5) / n for i in range(n)]
 
+    def connection_idle_observations(self, eid: str, tick: int, cold_after_s: float) -> list[float]:
+        """Idle times before the uses of the gateway's connections to engine ``eid`` in tick
+        ``tick``: one use per request (``alignment_rate``), the phase's ``cold_starts`` share of
+        them after ``cold_after_s`` + 5 s idle (a cold start, under the 45 s keep-alive line), the
+        rest after 0.2 s. The cold ones are spread evenly (a running count, rounded down)."""
+        t_end = (tick + 1) * self.tick_s
+        p = self.phase_at(t_end - 1e-9)
+        n = int(round(p.alignment_rate.get(eid, 0.0) * self.tick_s))
+        share = p.cold_starts.get(eid, 0.0)
+        before = math.floor(share * n * tick + 1e-9)
+        cold = math.floor(share * n * (tick + 1) + 1e-9) - before
+        return [cold_after_s + 5.0] * cold + [0.2] * (n - cold)
+
     def ticks(self, t: float) -> int:
         """Number of whole ticks completed by scenario time ``t``."""
         return int(math.floor(t / self.tick_s + 1e-9))
@@ -472,6 +489,7 @@ class RawPhase(_Shape):
     alignment_p95: PerEntity | None = None
     alignment_rate: PerEntity | None = None
     pcie: PerEntity | None = None
+    cold_starts: PerEntity | None = None
 
 
 class RawMetadata(_Shape):
@@ -622,7 +640,8 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     phases: list[Phase] = []
     t = 0.0
     last: dict[str, dict[str, float]] = {k: {} for k in ("gpu_memory", "gpu_utilization", "memory_bandwidth",
-                                                          "kv_growth", "alignment_p95", "alignment_rate", "pcie")}
+                                                          "kv_growth", "alignment_p95", "alignment_rate", "pcie",
+                                                          "cold_starts")}
     for i, ph in enumerate(raw.get("phases") or []):
         w = ("phases", i)
         if not isinstance(ph, dict) or "name" not in ph or "duration" not in ph:
@@ -635,6 +654,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
             ("memory_bandwidth", "ratio", "'40%'", "gpu"), ("kv_growth", "bytes_per_second", "'18 MB/s'", "engine"),
             ("alignment_p95", "seconds", "'1.6s'", "engine"), ("alignment_rate", "rate", "20", "engine"),
             ("pcie", "ratio", "'48%'", "gpu"),
+            ("cold_starts", "ratio", "'25%'", "engine"),
         ):  # fmt: skip
             cur = dict(last[key])
             given = ph.get(key) or {}
@@ -660,6 +680,7 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
                 memory_bandwidth_from=dict(last["memory_bandwidth"]) if phases else vals["memory_bandwidth"],
                 kv_growth=vals["kv_growth"], alignment_p95=vals["alignment_p95"], alignment_rate=vals["alignment_rate"],
                 pcie=vals["pcie"],
+                cold_starts=vals["cold_starts"],
             )  # fmt: skip
         )
         last = vals
@@ -704,10 +725,13 @@ class ScenarioRunner:
             "gpu_utilization", "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power",
             "kv_cache_usage", "kv_cache_limit", "pcie_upstream_utilization")  # fmt: skip
 
-    def __init__(self, scenario: Scenario, pipeline: Any):
+    def __init__(self, scenario: Scenario, pipeline: Any, *, cold_after_s: float | None = None):
+        """``cold_after_s``: the spec's ``connections.cold_after``; with it (and a pipeline holding
+        the connection idle histogram) the phases' ``cold_starts`` are recorded too."""
         from .gpu import GpuCollector
 
         self.sc = scenario
+        self.cold_after_s = cold_after_s
         self.pipeline = pipeline
         self.t = 0.0
         self.nvml = SyntheticNvml(lambda: self.sc.device_states(self.t))
@@ -727,10 +751,15 @@ class ScenarioRunner:
         self.t = t
         done = self.sc.ticks(t)
         hist = self.pipeline.alignment
+        idle = getattr(self.pipeline, "histograms", {}).get("connection_idle_before_use")
+        cold_after = self.cold_after_s
         for k in range(self._ticks_done, done):
             for e in self.sc.engines:
                 for v in self.sc.alignment_observations(e.id, k):
                     hist.record(v, {A["engine"]: e.id, A["model"]: e.model})
+                if idle is not None and cold_after:
+                    for v in self.sc.connection_idle_observations(e.id, k, cold_after):
+                        idle.record(v, {A["peer_service"]: e.id})
         self._ticks_done = max(self._ticks_done, done)
         readings = self.gpu.collect()
         for kv in self.kv.values():

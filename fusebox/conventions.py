@@ -58,6 +58,12 @@ OTEL = {
     "kv_cache_usage": ("fusebox.kv_cache.usage", "By", "updowncounter"),
     "kv_cache_limit": ("fusebox.kv_cache.limit", "By", "updowncounter"),
     "alignment_duration": ("fusebox.alignment.duration", "s", "histogram"),
+    # long-lived connections between gateway and engines, from the kernel's TCP_INFO (collect conns):
+    # the longest idle time now among a peer's followed connections, the idle time each use of a
+    # connection ended (a request after idle), and the uses after more than connections.cold_after
+    "connection_idle_time": ("fusebox.connection.idle_time", "s", "gauge"),
+    "connection_idle_before_use": ("fusebox.connection.idle_before_use", "s", "histogram"),
+    "connection_cold_starts": ("fusebox.connection.cold_starts", "{use}", "counter"),
 }
 
 # What an alignment-latency observation measures: the attribute (and, after export, the label)
@@ -406,6 +412,10 @@ ATTR = {
     "pcie_root_complex": "pcie.root_complex",  # the host bridge in sysfs, pci<domain>:<bus> (pci0000:17)
     "pcie_port": "pcie.port",  # the downstream port (root port, switch port) at the top of a shared link, its BDF
     "numa_node": "numa.node",  # the root port's NUMA node as sysfs gives it (-1: the platform gives none)
+    # the connections collector's (semantic conventions: service.peer.name replaces peer.service;
+    # network.peer.address is the peer's IP, or "other" past connections.max_peers)
+    "peer_service": "service.peer.name",
+    "peer_address": "network.peer.address",
 }
 
 # Collector self-metrics (health of the collectors themselves; no rule reads them).
@@ -437,6 +447,11 @@ OTEL_SELF = {
     # GPUs whose PCIe topology was not followed (collectors/pcie.py), per hw.id and reason: no_bus_id,
     # not_in_sysfs, over_cap, too_deep, deadline, unreadable, no_upstream_link; counted once at start
     "pcie_skipped": ("fusebox.collector.pcie.skipped", "{gpu}", "counter"),
+    # the connections collector (collect conns): connections matching the spec left out per round, by
+    # reason (over_cap: past connections.max_connections), and netlink dumps that failed, by reason
+    # (deadline: the dump ran past its deadline; netlink: the kernel refused or the socket failed)
+    "conns_skipped": ("fusebox.collector.conns.skipped", "{connection}", "counter"),
+    "conns_errors": ("fusebox.collector.conns.errors", "{error}", "counter"),
 }
 PROM_SELF = {key: otel_to_prometheus(*v) for key, v in OTEL_SELF.items()}
 
@@ -446,6 +461,7 @@ SERVICE = {
     "kv": "fusebox-kv-collector",
     "latency": "fusebox-latency",
     "scenario": "fusebox-scenario",
+    "conns": "fusebox-conns-collector",
 }
 
 

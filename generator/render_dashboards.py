@@ -153,7 +153,7 @@ def used_variables(defs: list[DashboardDef]) -> list[str]:
 
 def variable_candidates(spec, var: str) -> list[str]:
     """The records (or raw metrics) ``var`` may list its values from, best first: the variable
-    records (:meth:`Kind.variable_record`) of the kinds that prefer its scope (lowest
+    records (:meth:`Kind.variable_record`) of the kinds that prefer its scope, of signals at that level (lowest
     preference first, the spec's last signal first among equals), then every other signal's, then
     a raw metric of the scope. Namespace and pod: the records of the signals that keep both."""
     if var in ("namespace", "pod"):
@@ -163,7 +163,8 @@ def variable_candidates(spec, var: str) -> list[str]:
     def rank(item: tuple[int, Any]) -> tuple[int, int]:
         i, s = item
         vs = KINDS[s.kind].variable_source
-        return (vs[1] if vs is not None and vs[0] == scope else 100, -i)
+        # a kind's scope holds for its signals of that level (a quantile by peer service lists no engine)
+        return (vs[1] if vs is not None and vs[0] == scope and s.level == scope else 100, -i)
 
     ranked = sorted(enumerate(spec.signals), key=rank)
     out = list(dict.fromkeys(KINDS[s.kind].variable_record(s) for _, s in ranked))

@@ -177,9 +177,11 @@ def _where_parts(sig: Signal) -> str | list[str]:
 
 
 def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
-    """Annotations use only ``$labels`` (no ``$value``), so generated promtool tests can state
-    them exactly; the value is one click away on the dashboard linked from the runbook. They name
-    only labels the alert carries (:func:`alert_where`)."""
+    """Annotations use ``$labels`` (no ``$value``), so generated promtool tests can state them
+    exactly; the value is one click away on the dashboard linked from the runbook. They name only
+    labels the alert carries (:func:`alert_where`). The one exception is a tier's ``advice``
+    (``advice`` annotation), which may show the alert's value (``{{ $value | humanizePercentage }}``):
+    the generated tests state it where the value is known (render_tests)."""
     where = alert_where(sig)
     op = ">=" if sig.direction == "above" else "<="
     action = f" The fuse requests: {spec.actions[tier.fuse].description}" if tier.fuse else ""
@@ -199,6 +201,8 @@ def alert_annotations(sig: Signal, tier: Tier, spec: Spec) -> dict[str, str]:
                                   for v, short, _what, _todo in measured)
         ann["description"] += "".join(f'{{{{ if eq $labels.{label} "{v}" }}}} Measured: {what}.{{{{ end }}}}'
                                       for v, _short, what, _todo in measured)
+    if tier.advice:
+        ann["advice"] = " ".join(tier.advice.split())
     if spec.dashboard_base_url:
         ann["dashboard_url"] = (f"{spec.dashboard_base_url.rstrip('/')}/d/"
                                 f"{C.dashboard_uid(spec.name, C.OVERVIEW_DASHBOARD)}")

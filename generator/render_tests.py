@@ -68,21 +68,33 @@ def _count_target(s: Signal, t: float, target: str) -> float:
     return float(math.floor(t) + 1) if higher else float(max(math.ceil(t) - 1, 0))
 
 
-def _expand(template: str, labels: dict[str, str]) -> str:
-    """The annotation as Alertmanager shows it for an alert with ``labels``.
+_VALUE = re.compile(r"\{\{\s*\$value\s*\|\s*humanizePercentage\s*\}\}")
+
+
+def _expand(template: str, labels: dict[str, str], value: float | None = None) -> str:
+    """The annotation as Alertmanager shows it for an alert with ``labels`` (and, for a tier's
+    advice, the alert's ``value``: ``humanizePercentage`` is Prometheus' ``%.4g%%`` of value x 100).
 
     Raises:
-        ValueError: the template names a label the alert lacks (it would render empty).
+        ValueError: the template names a label the alert lacks (it would render empty), or shows
+            ``$value`` another way than ``humanizePercentage``, or ``value`` is None where it does.
     """
+    if "$value" in template:
+        if value is None:
+            raise ValueError(f"annotation {template!r} shows the alert's value, unknown here")
+        shown = "%.4g%%" % (value * 100)
+        template = _VALUE.sub(lambda _m: shown, template)
+        if "$value" in template:
+            raise ValueError(f"annotation {template!r}: show the value as {{{{ $value | humanizePercentage }}}}")
     # `{{ if eq $labels.L "V" }}TEXT{{ end }}` (render_rules.alert_annotations): TEXT where the alert's L is V
     template = re.sub(r'\{\{\s*if eq \$labels\.([a-zA-Z_][a-zA-Z0-9_]*) "([^"]*)"\s*\}\}(.*?)\{\{\s*end\s*\}\}',
                       lambda m: m.group(3) if labels.get(m.group(1), "") == m.group(2) else "", template, flags=re.S)
 
-    def value(m: re.Match) -> str:
+    def label_value(m: re.Match) -> str:
         if not labels.get(m.group(1)):
             raise ValueError(f"annotation {template!r} names label {m.group(1)!r}, which the alert lacks ({', '.join(sorted(labels))})")
         return labels[m.group(1)]
-    return re.sub(r"\{\{\s*\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}", value, template)
+    return re.sub(r"\{\{\s*\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}", label_value, template)
 
 
 class _Expect:
@@ -115,17 +127,29 @@ class _Expect:
         return None
 
 
-def _alert_case(sig: Signal, spec: Spec, synth: Synth, tiers_firing: list[Tier]) -> list[dict[str, Any]]:
+def _shows_value(tiers: list[Tier]) -> bool:
+    """Whether an alert of these tiers shows its value (a tier's advice with ``$value``)."""
+    return any(t.advice and "$value" in t.advice for t in tiers)
+
+
+def _alert_case(sig: Signal, spec: Spec, synth: Synth, tiers_firing: list[Tier],
+                v: float | None = None) -> list[dict[str, Any]]:
+    """The expected alerts while the input holds target ``v`` (None: unknown), whose alert value
+    (:meth:`Kind.alert_value`) an advice may show."""
     res = kind_of(sig).result_labels(synth)
     out = []
     for t in tiers_firing:
         labels = {**res, **alert_labels(sig, t, spec)}
-        ann = {k: _expand(v, res) for k, v in alert_annotations(sig, t, spec).items()}
+        value = None if v is None else kind_of(sig).alert_value(synth, t, v)
+        ann = {k: _expand(text, res, value) for k, text in alert_annotations(sig, t, spec).items()}
         out.append({"exp_labels": labels, "exp_annotations": ann})
     return out
 
 
-def _checks(sig, spec, synth, value_exact, times, t_drop, comments) -> list[dict[str, Any]]:
+def _checks(sig, spec, synth, value_exact, times, t_drop, comments, v=None) -> list[dict[str, Any]]:
+    """The alert checks at ``times``; where the alert shows its value (:func:`_shows_value`), only
+    while the input holds target ``v`` (before ``t_drop``), since after it the value moves with
+    the rate window."""
     exp = _Expect(sig, synth)
     out = []
     for t, why in zip(times, comments, strict=False):
@@ -135,8 +159,11 @@ def _checks(sig, spec, synth, value_exact, times, t_drop, comments) -> list[dict
         if None in states.values():
             continue
         firing = [tier for tier in sig.tiers if states[tier.name] == "firing"]
+        held = v if t < t_drop else None
+        if _shows_value(firing) and held is None:
+            continue
         out.append({"eval_time": format_duration(t), "alertname": sig.alert,
-                    "exp_alerts": _alert_case(sig, spec, synth, firing), "_why": why})
+                    "exp_alerts": _alert_case(sig, spec, synth, firing, held), "_why": why})
     return out
 
 
@@ -175,7 +202,7 @@ def _tier_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]]:
             else:
                 times = [t_drop - I]
                 why = [f"{tier.name}: a value just inside {tier.threshold_text} never fires this tier"]
-            checks = _checks(sig, spec, synth, v_exact, times, t_drop, why)
+            checks = _checks(sig, spec, synth, v_exact, times, t_drop, why, v)
             if not checks:
                 continue
             side = target if sig.direction == "above" else {"above": "below", "below": "above", "at": "at"}[target]
@@ -220,7 +247,7 @@ def _shedding_groups(sig: Signal, spec: Spec) -> list[tuple[str, dict[str, Any]]
             groups.append((title, {"interval": format_duration(I),
                                    "input_series": kind.series(synth, [(n, v)]) + [allowed, rejected],
                                    "alert_rule_test": [{"eval_time": format_duration(t_check), "alertname": sig.alert,
-                                                        "exp_alerts": _alert_case(sig, spec, synth, firing), "_why": why}]}))
+                                                        "exp_alerts": _alert_case(sig, spec, synth, firing, v), "_why": why}]}))
     return groups
 
 

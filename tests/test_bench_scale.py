@@ -154,13 +154,14 @@ def test_cost_mode_runs_both_rule_files_in_one_prometheus_without_a_shared_serie
 @pytest.mark.process  # git show
 def test_same_signals_leaves_out_exactly_the_signals_the_before_spec_lacks(tmp_path):
     """--same-signals: today's spec without the signals added after 5130cd6 (the two time-to-full ones,
-    preemption, the shared PCIe links; its spec watched six), so the after side evaluates none of their rules and every
+    preemption, the shared PCIe links, the connections; its spec watched six), so the after side evaluates none of their rules and every
     other signal's rules are today's, unchanged."""
     from fusebox.generator.outputs import RULE_FILE, render_all
     from fusebox.spec import load_spec
 
     spec, dropped = bench_scale.same_signals_spec(bench_scale.BEFORE_FALLBACK, tmp_path)
-    assert dropped == ["preemption_rate", "kv_cache_time_to_full", "gpu_memory_time_to_full", "pcie_root_complex_utilization"]
+    assert dropped == ["preemption_rate", "kv_cache_time_to_full", "gpu_memory_time_to_full", "pcie_root_complex_utilization",
+                       "connection_idle_p95", "connection_cold_start_share"]
     assert [s.name for s in spec.signals] == ["gpu_memory_utilization", "alignment_latency_p95", "kv_cache_growth_rate",
                                               "memory_bandwidth_saturation", "kv_cache_growth_oom", "pcie_link_utilization"]
     same = yaml.safe_load(render_all(spec)[RULE_FILE])["groups"]
@@ -169,7 +170,10 @@ def test_same_signals_leaves_out_exactly_the_signals_the_before_spec_lacks(tmp_p
     assert {g["name"] for g in same} == set(today) - {"fusebox-kv_cache_time_to_full", "fusebox-gpu_memory_time_to_full",
                                                       "fusebox-pcie_root_complex_utilization",
                                                       "fusebox-pcie_root_complex_utilization-panels",
-                                                      "fusebox-preemption_rate"}
+                                                      "fusebox-preemption_rate", "fusebox-connection_idle_p95",
+                                                      "fusebox-connection_idle_p95-panels",
+                                                      "fusebox-connection_cold_start_share",
+                                                      "fusebox-connection_cold_start_share-panels"}
     for g in same:
         if g["name"].startswith("fusebox-") and g["name"] not in ("fusebox-absent", "fusebox-self", "fusebox-health"):
             assert g == today[g["name"]], g["name"]

@@ -33,6 +33,9 @@ GOLDEN = {
     "kv_cache_usage": "fusebox_kv_cache_usage_bytes",
     "kv_cache_limit": "fusebox_kv_cache_limit_bytes",
     "alignment_duration": "fusebox_alignment_duration_seconds",
+    "connection_idle_time": "fusebox_connection_idle_time_seconds",
+    "connection_idle_before_use": "fusebox_connection_idle_before_use_seconds",
+    "connection_cold_starts": "fusebox_connection_cold_starts_total",
 }
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.85, 1.0, 1.28, 1.5, 2.0, 2.5, 5.0, 10.0)
 GPU = {"hw.id": "GPU-1", "hw.gpu.index": "0", "hw.name": "H100"}
@@ -51,7 +54,9 @@ def test_golden_otel_to_prometheus_names():
                            "gpu_errors": "fusebox_collector_gpu_errors_total",
                            "pcie_skipped": "fusebox_collector_pcie_skipped_total",
                            "discovery_skipped": "fusebox_collector_discovery_skipped_total",
-                           "discovery_errors": "fusebox_collector_discovery_errors_total"}
+                           "discovery_errors": "fusebox_collector_discovery_errors_total",
+                           "conns_skipped": "fusebox_collector_conns_skipped_total",
+                           "conns_errors": "fusebox_collector_conns_errors_total"}
 
 
 def _pipe(**kw):

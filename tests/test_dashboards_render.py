@@ -36,6 +36,9 @@ EXPECTED = {
     "KVCacheTimeToFullLow": ("s", [60.0, 300.0]),
     "GPUMemoryTimeToFullLow": ("s", [45.0, 300.0]),
     "EnginePreemptionsHigh": ("short", [0.1, 1.0]),  # preemptions per second (fusebox.yaml)
+    # the seed's keep-alive and cold-start lines (fusebox.yaml connection signals)
+    "ConnectionIdleP95High": ("s", [45.0]),
+    "ConnectionColdStartsHigh": ("s", [30.0]),
 }
 LOWER_BOUNDS = {"KVCacheTimeToFullLow", "GPUMemoryTimeToFullLow"}
 
@@ -61,10 +64,11 @@ def substitute(expr: str) -> str:
     return re.sub(r"\$(\w+)", ".*", expr)
 
 
-def test_the_overview_and_six_drill_downs_are_rendered(boards):
-    # in-path-shedding: the shipped spec's inpath names gateway shedders (smg, sglang_router)
-    assert sorted(boards) == ["alignment-latency", "gpu-memory", "in-path-shedding", "kv-cache", "overview", "secondary",
-                              "time-to-full"]
+def test_the_overview_and_seven_drill_downs_are_rendered(boards):
+    # in-path-shedding: the shipped spec's inpath names gateway shedders (smg, sglang_router);
+    # connections: its connection_idle signals (idle time and cold starts)
+    assert sorted(boards) == ["alignment-latency", "connections", "gpu-memory", "in-path-shedding", "kv-cache", "overview",
+                              "secondary", "time-to-full"]
 
 
 def test_every_panel_query_parses_as_promql(boards):

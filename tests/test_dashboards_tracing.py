@@ -4,10 +4,13 @@ Two deployments, traced query by query by hand from the dashboards the spec rend
 
 * the shipped spec: the fusebox GPU collector (``kubernetes.collectors.run: {gpu: []}``), the fuse,
   the SGLang Model Gateway (``inpath.shedders``), engines of either kind scraped by the user's own
-  monitor (no ``kubernetes.engines``). 35 panels: 14 stay empty -- the alignment histogram (4
-  panels: the overview's and the drill-down's 3) and KV bytes (overview: growth, OOM, time to full;
-  KV drill-down: 4; GPU memory: KV pool free bytes; time to full: the KV pool's) have no producer,
-  and energy per token joins node power with engine tokens that carry no node.
+  monitor (no ``kubernetes.engines``). 45 panels: 21 stay empty -- the alignment histogram (4
+  panels: the overview's and the drill-down's 3), KV bytes (overview: growth, OOM, time to full;
+  KV drill-down: 4; GPU memory: KV pool free bytes; time to full: the KV pool's) and the connection
+  idle histogram (7: the overview's 2, the connections drill-down's 5; ``fusebox collect conns``
+  runs in the gateway's network namespace, never in the collectors' DaemonSet) have no producer,
+  and energy per token joins node power with engine tokens that carry no node. The deployments
+  below that run every collector leave the connection signals out for that reason.
 * a dcgm + vLLM cluster (:func:`dcgm_vllm`): ``global.source: dcgm`` (GPU memory, bandwidth and
   GPU time to full from dcgm-exporter), KV time to full from ``vllm:kv_cache_usage_perc``,
   alignment from the fusebox latency collector, the engines' PodMonitor (``kubernetes.engines``),
@@ -48,7 +51,16 @@ SHIPPED_EMPTY = {
     ("gpu-memory", "KV pool free bytes per GPU"),
     ("time-to-full", "KVCacheTimeToFullLow: seconds until full"),
     ("secondary", "Energy per generated token"),
+    ("overview", "ConnectionIdleP95High: connection idle p95"),
+    ("overview", "ConnectionColdStartsHigh: connection cold start share"),
+    ("connections", "ConnectionIdleP95High: idle time before a use, P50 / P95 / P99"),
+    ("connections", "ConnectionIdleP95High: share of uses over warning 45s"),
+    ("connections", "ConnectionColdStartsHigh: idle time before a use, P50 / P92 / P99"),
+    ("connections", "ConnectionColdStartsHigh: share of uses over warning 30s"),
+    ("connections", "Connection uses per second"),
 }
+# The signals of `fusebox collect conns` (the gateway's network namespace, no k8s/ collector).
+CONNECTION_SIGNALS = ("connection_idle_p95", "connection_cold_start_share")
 ENGINES = {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http", "namespaces": ["inference"]}
 
 
@@ -60,7 +72,7 @@ def dcgm_vllm(**edit) -> dict:
     data["kubernetes"]["collectors"]["run"] = {"latency": []}
     data["kubernetes"]["engines"] = dict(ENGINES)
     data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"
-    for name in ("kv_cache_growth_rate", "kv_cache_growth_oom"):  # KV bytes: no collector here
+    for name in ("kv_cache_growth_rate", "kv_cache_growth_oom") + CONNECTION_SIGNALS:  # KV bytes: no collector here
         data["signals"].pop(name)
     data["overrides"] = [{"alert": "GPUPCIeLinkSaturated", "enabled": False},  # no dcgm source (docs/spec.md)
                          {"alert": "PCIeRootComplexLinkSaturated", "enabled": False}]
@@ -79,12 +91,12 @@ def _trace(spec):
     return trace_dashboards(spec, render_dashboards.dashboards(spec, groups=groups), groups)
 
 
-def test_the_shipped_spec_leaves_14_of_38_panels_empty_and_every_variable_with_values():
+def test_the_shipped_spec_leaves_21_of_45_panels_empty_and_every_variable_with_values():
     feds = _trace(load_spec(SPEC))
     panels = [f for f in feds if f.what == "panel"]
-    # 33 before the preemption signal (its overview panel), the alignment row's two stage panels and
-    # the shared PCIe links' two panels (overview, secondary)
-    assert len(panels) == 38
+    # 33 before the preemption signal (its overview panel), the alignment row's two stage panels,
+    # the shared PCIe links' two panels (overview, secondary) and the connection signals' 7
+    assert len(panels) == 45
     assert {(f.dashboard, f.title) for f in panels if not f.fed} == SHIPPED_EMPTY
     assert sum(f.fed for f in panels) == 24
     variables = {f.title: f for f in feds if f.what == "variable"}
@@ -107,6 +119,8 @@ def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_
     engines' with host_name): the tracer agrees, panel by panel."""
     data = yaml.safe_load(SPEC.read_text())
     data["kubernetes"]["collectors"]["run"] = {"gpu": [], "kv": [], "latency": []}
+    for name in CONNECTION_SIGNALS:  # collect conns: not a DaemonSet collector (module doc)
+        data["signals"].pop(name)
     # the KV collector publishes bytes only for the models whose geometry it knows
     data["kubernetes"]["engines"] = dict(ENGINES, models={
         "llava-hf/llava-1.5-7b-hf": {"layers": 32, "kv_heads": 32, "head_dim": 128, "dtype": "float16"}})
@@ -170,7 +184,7 @@ def test_generate_warns_once_per_empty_panel_and_per_variable_without_values():
     spec = load_spec(SPEC)
     warnings = spec_warnings(spec)
     panels = [w for w in warnings if w.startswith("panel ")]
-    assert len(panels) == len(SHIPPED_EMPTY) == 14
+    assert len(panels) == len(SHIPPED_EMPTY) == 21
     for dashboard, title in SHIPPED_EMPTY:
         [w] = [w for w in panels if w.startswith(f"panel {title!r} (dashboards/fusebox-{dashboard}.json) stays empty: ")]
         assert " -- " in w  # and how to fix it

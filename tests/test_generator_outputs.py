@@ -76,6 +76,7 @@ def test_alert_names_labels_and_runbook_links(generated, spec):
                       "fusebox_kv_cache_limit_bytes",
                       "fusebox_alignment_duration_seconds_count", "fusebox_gpu_memory_bandwidth_utilization_ratio",
                       "fusebox_gpu_pcie_utilization_ratio", "fusebox_gpu_pcie_upstream_utilization_ratio",
+                      "fusebox_connection_idle_before_use_seconds_count",
                       "vllm:num_preemptions_total"}  # the preemption signal reads vLLM's counter: a spec signal's source
 
 
@@ -304,10 +305,12 @@ def test_dcgm_without_collectors_warns_that_pcie_still_reads_the_collectors(tmp_
     [pcie] = [w for w in warnings if "fusebox_gpu_pcie_utilization_ratio" in w]
     assert "signal 'pcie_link_utilization' reads fusebox_gpu_pcie_utilization_ratio" in pcie
     assert "kubernetes.collectors.enabled is false" in pcie and "enabled: false" in pcie
-    # the engine-level signals on the collectors are named too (issue 21): KV bytes, alignment histogram
+    # the engine-level signals on the collectors are named too (issue 21): KV bytes, alignment histogram;
+    # and the connection idle histogram (collect conns, which no k8s/ collector runs)
     assert {re.split(" reads | subtracts ", w.split("warning: ")[1])[0] for w in warnings if w is not pcie} == {
         "signal 'gpu_memory_utilization'", "signal 'kv_cache_growth_rate'", "signal 'kv_cache_growth_oom'",
-        "signal 'alignment_latency_p95'", "signal 'kv_cache_time_to_full'", "signal 'pcie_root_complex_utilization'"}
+        "signal 'alignment_latency_p95'", "signal 'kv_cache_time_to_full'", "signal 'pcie_root_complex_utilization'",
+        "signal 'connection_idle_p95'", "signal 'connection_cold_start_share'"}
     absent = {a["labels"]["metric"] for a in _alerts(tmp_path / "out")[C.ABSENT_ALERT]}
     assert "fusebox_gpu_pcie_utilization_ratio" in absent
     # and its two panels (overview, secondary) are named as staying empty (issue 33)

@@ -42,7 +42,8 @@ DCGM_CSV = GEN / "default-counters_4.5.3-4.8.2.csv"
 GATEWAY_CAPTURES = sorted(GEN.glob("smg-1.13.0_*_metrics.txt")) + sorted(GEN.glob("sglang-router-0.3.2_*_metrics.txt"))
 # Signals with neither a dcgm nor a vLLM source in the shipped spec (fusebox collectors only).
 COLLECTOR_ONLY = ("pcie_link_utilization", "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_growth_oom",
-                  "pcie_root_complex_utilization")
+                  "pcie_root_complex_utilization",
+                  "connection_idle_p95", "connection_cold_start_share")
 
 
 def dcgm_names() -> set[str]:

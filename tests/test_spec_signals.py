@@ -266,7 +266,8 @@ def test_global_source_switches_every_signal_with_a_dcgm_source():
                    "kv_cache_growth_rate": "fusebox", "kv_cache_growth_oom": "fusebox", "pcie_link_utilization": "fusebox",
                    "kv_cache_time_to_full": "fusebox", "gpu_memory_time_to_full": "dcgm",
                    "preemption_rate": "vllm",  # no dcgm source: its first listed
-                   "pcie_root_complex_utilization": "fusebox"}
+                   "pcie_root_complex_utilization": "fusebox",
+                   "connection_idle_p95": "fusebox", "connection_cold_start_share": "fusebox"}
 
 
 def test_a_signals_own_source_and_an_override_win_over_global_source():

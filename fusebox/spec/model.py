@@ -24,6 +24,7 @@ from . import deploy, sourceunits, units
 from .adapters import Adapter as FuseAdapter
 from .adapters import RawAdapter, normalise_adapters
 from .budget import Budget, RawBudget, normalise_budget
+from .connections import Connections, RawConnections, normalise_connections
 from .deploy import Grafana, Kubernetes, Otelcol, RawGrafana, RawKubernetes, RawOtelcol, normalise_grafana, normalise_kubernetes, normalise_otelcol
 from .diagnosis import resolve_diagnosis
 from .errors import Problem, SpecError
@@ -68,6 +69,9 @@ class RawTier(_Strict):
     # Fire only while the signal's in-path gateways are refusing requests too (spec/inpath.py):
     # the fast path has been trying for the tier's `for` and has not brought the signal back.
     after_shedding: StrictBool = False
+    # What to do, as the alert's `advice` annotation: text, with {{ $value | humanizePercentage }}
+    # (the alert's value) and {{ $labels.NAME }} (a label the alert keeps) where the value belongs.
+    advice: str | None = None
 
 
 class RawSource(_Strict):
@@ -253,6 +257,7 @@ class RawSpec(_Strict):
     otelcol: RawOtelcol = RawOtelcol()
     budget: RawBudget = RawBudget()
     inpath: RawInpath = RawInpath()
+    connections: RawConnections = RawConnections()
     signals: dict[str, RawSignal]
     overrides: list[RawOverride] = []
 
@@ -266,7 +271,7 @@ class RawSpec(_Strict):
         return data
 
 
-_DEFAULTED_SECTIONS = ("defaults", "kubernetes", "grafana", "otelcol", "budget", "inpath")
+_DEFAULTED_SECTIONS = ("defaults", "kubernetes", "grafana", "otelcol", "budget", "inpath", "connections")
 
 
 # ----------------------------------------------------------------------- normalised model
@@ -284,6 +289,7 @@ class Tier:
     fuse_level: int  # 0 when no fuse
     path: tuple  # YAML path, for error reports
     after_shedding: bool = False  # fires only while the in-path gateways shed (generator/render_rules.shedding_gate)
+    advice: str | None = None  # the alert's `advice` annotation (a template: $value, $labels)
 
 
 @dataclass(frozen=True)
@@ -401,6 +407,7 @@ class Spec:
     budget: Budget = field(default_factory=Budget)  # budget: sizes `fusebox budget` reads (spec/budget.py)
     inpath: Inpath = field(default_factory=Inpath)  # inpath: the in-path shedders (spec/inpath.py)
     audit: Audit = field(default_factory=Audit)  # fuse.audit: the refused-alert audit's bound
+    connections: Connections = field(default_factory=Connections)  # connections: what `collect conns` follows (spec/connections.py)
 
     def selector_for(self, backend: str) -> dict[str, str]:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``
@@ -601,6 +608,7 @@ class _Normaliser:
         adapters = normalise_adapters(r.fuse.adapters, {n: a.level for n, a in actions.items()}, self.duration, self.err)
         deploy.check_gateway_secret(kube.fuse, adapters, self.err)
         budget = normalise_budget(r.budget, self.err)
+        connections = normalise_connections(r.connections, self.duration, self.err)
         inpath = normalise_inpath(r.inpath, {s.name: s for s in signals}, set(r.signals), self.err)
         self._check_after_shedding(signals, inpath)
         if self.problems:
@@ -618,7 +626,7 @@ class _Normaliser:
             allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
             kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
             selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
-            budget=budget, inpath=inpath,
+            budget=budget, inpath=inpath, connections=connections,
             audit=Audit(r.fuse.audit.refused_per_minute, r.fuse.audit.refused_max_rows),
         )
         # runbook queries: references to records replaced, record-shaped names checked (spec/diagnosis.py)
@@ -803,6 +811,7 @@ class _Normaliser:
                 name=tname, threshold=threshold, threshold_text=str(threshold_raw), for_s=for_s, keep_firing_for_s=kff,
                 severity=pick("severity", t.severity or tname), fuse=t.fuse,
                 fuse_level=actions[t.fuse].level if t.fuse in actions else 0, path=tpath, after_shedding=t.after_shedding,
+                advice=t.advice,
             ))
         tiers.sort(key=lambda t: TIER_ORDER.index(t.name))
         by_name = {t.name: t for t in tiers}

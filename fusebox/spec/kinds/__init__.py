@@ -1,4 +1,4 @@
-"""Signal kinds: one module each (gauge, gpu_memory, deriv, time_to_full, quantile, rate), registered here.
+"""Signal kinds: one module each (gauge, gpu_memory, deriv, time_to_full, quantile, rate, connection_idle), registered here.
 
 The order of :data:`KINDS` is the order of the kinds' drill-down dashboards and dashboard records.
 To add a kind: write a module with a :class:`~.base.Kind` subclass and its ``KIND`` instance,
@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..inpath import shedding_records
-from . import deriv, gauge, gpu_memory, quantile, rate, time_to_full
+from . import connection_idle, deriv, gauge, gpu_memory, quantile, rate, time_to_full
 from .base import DashboardDef, Kind, PanelDef, Query, Synth, dashboard_records
 
-KINDS: dict[str, Kind] = {k.name: k for k in (gpu_memory.KIND, deriv.KIND, time_to_full.KIND, quantile.KIND, gauge.KIND, rate.KIND)}
+KINDS: dict[str, Kind] = {k.name: k for k in (gpu_memory.KIND, deriv.KIND, time_to_full.KIND, quantile.KIND, gauge.KIND,
+                                               rate.KIND, connection_idle.KIND)}
 
 __all__ = ["KINDS", "Kind", "kind_of", "records", "dashboard_records", "DashboardDef", "PanelDef", "Query", "Synth",
            "reports_lost_gpus", "lost_gpu_fuses", "recorded_names"]

@@ -511,6 +511,11 @@ class Kind:
         """phases: [(n_samples, target value)] -> promtool input_series."""
         raise NotImplementedError
 
+    def alert_value(self, synth: Synth, tier: Any, v: float) -> float:
+        """The ``tier`` alert's value (``$value``) while the series hold target ``v``: the value
+        record's (:meth:`exact`), where the alert compares it with the threshold."""
+        return self.exact(synth, v)
+
     def result_labels(self, synth: Synth) -> dict[str, str]:
         """The labels of the value record (and so of the alert) for the synthetic input."""
         return dict(synth.labels)

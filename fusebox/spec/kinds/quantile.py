@@ -19,7 +19,7 @@ the share divides by a positive count rate, so it has no sample either.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from fusebox import conventions as C
 from fusebox import promsim
@@ -84,7 +84,7 @@ class Quantile(Kind):
     window_min_scrapes = 2
     metric_only = True
     growth_only = True
-    variable_source = ("engine", 0)
+    variable_source: ClassVar[tuple[str, int] | None] = ("engine", 0)
     # The alert reads the share over the threshold's bucket: the generated tests also drive the
     # quantile to exactly each threshold (Pq == T fires, as the share == 1 - q does).
     edge_tested = True
@@ -300,6 +300,13 @@ class Quantile(Kind):
         share_above = (1 - sig.quantile) + (0.01 if v > t else -0.01 if v < t else 0.0)
         at_or_below = round(OBS_PER_STEP * (1 - share_above))
         return [0.0] * i + [at_or_below] * (1) + [OBS_PER_STEP] * (len(bounds) - i)
+
+    def alert_value(self, synth: Synth, tier: Any, v: float) -> float:
+        """The share of observations over the tier's threshold (what the alert reads, not the quantile)."""
+        cum = self.distribution(synth, v)
+        bounds = list(synth.sig.buckets)
+        i = bounds.index(min(bounds, key=lambda b: abs(b - tier.threshold)))
+        return 1 - cum[i] / cum[-1]
 
     def exact(self, synth: Synth, v: float) -> float:
         return promsim.histogram_quantile(synth.sig.quantile, list(synth.sig.buckets), self.distribution(synth, v))
