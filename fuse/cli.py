@@ -139,6 +139,9 @@ def register(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--request-timeout", type=_seconds, default=30.0, metavar="SECONDS",
                    help="a connection that has not sent a whole request, head and body, within it is closed "
                         "(default 30 s; at least --header-timeout)")
+    s.add_argument("--write-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                   help="a connection whose client has not taken its answer within it (writes paused) is aborted; "
+                        "at most 32 may wait so at once, one more aborts the oldest (default 10 s)")
     s.add_argument("--max-connections-per-client", type=_attempts, default=256, metavar="N",
                    help="connections kept at most per client address; one more closes that address's oldest idle "
                         "one, else only GET /healthz is answered on it (default 256)")
@@ -354,6 +357,7 @@ def serve(args) -> int:
                                     **server_options(args.max_connections, args.header_timeout,
                                                      max_per_client=args.max_connections_per_client,
                                                      request_timeout_s=args.request_timeout,
+                                                     write_timeout_s=args.write_timeout,
                                                      forwarded_allow_ips=args.forwarded_allow_ips,
                                                      on_close=lambda why: service.metrics.connections_closed.labels(why).inc())))
 

@@ -23,6 +23,13 @@ sent a head with ``Content-Length: 1000000`` and then one body byte every 5 s he
 * closes a connection whose answer went out before its request's body was read (401, 413, 404...)
   once the body is over, or after :data:`LINGER_S` (a lingering close: its writing side is shut
   at once, what the client still sends is discarded, so the answer is not lost to a reset);
+* bounds the clients that do not read their answers (a slow reader: 260 connections pipelining
+  ``GET /metrics`` into a 4 KiB receive window held the webhook at 503 for as long as they stayed,
+  and 1,000 of them took the process to 1.07 GB, each holding an unsent answer): a connection
+  whose writes stay paused (its send buffer over the transport's high-water mark) for
+  ``write_timeout_s`` is aborted, its buffer dropped; at most ``max_stalled`` connections may be
+  paused at once (one more aborts the one paused longest); and a paused connection counts as idle
+  for the caps above, so a new client always gets in;
 * accepts at most :data:`BACKLOG` connections in one go (the listen backlog).
 
 The app itself checks the token and the ``Content-Length`` before it reads a body
@@ -47,7 +54,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = ["GuardedH11Protocol", "server_options", "connection_cap", "MAX_CONNECTIONS", "MAX_PER_CLIENT",
            "HEADER_TIMEOUT_S", "REQUEST_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_HEAD_BYTES", "LINGER_S", "FD_RESERVE",
-           "BACKLOG"]
+           "BACKLOG", "WRITE_TIMEOUT_S", "MAX_STALLED"]
 
 log = logging.getLogger("fusebox.fuse")
 
@@ -61,6 +68,11 @@ REQUEST_TIMEOUT_S = 30.0
 KEEP_ALIVE_S = 5.0
 # Largest request head (request line and headers), bytes.
 MAX_HEAD_BYTES = 16 * 1024
+# Seconds a connection's writes may stay paused (the client not reading its answer) before it is
+# aborted, and the connections that may be paused at once (each holds at most one unsent answer:
+# /metrics about 0.5 MB, a /state page at most 4 MiB, so 32 hold at most 128 MiB).
+WRITE_TIMEOUT_S = 10.0
+MAX_STALLED = 32
 # Seconds a connection answered before its body was read keeps discarding that body before it is closed.
 LINGER_S = 2.0
 # Connections accepted in one go (asyncio accepts up to the listen backlog before any is handed
@@ -93,6 +105,7 @@ class _Guard:
         self.idle: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self.by_client: dict[str, dict[Any, None]] = {}
         self.over: set = set()
+        self.stalled: collections.OrderedDict[Any, None] = collections.OrderedDict()  # writes paused, oldest first
 
 
 def _raw(status: int, reason: str, body: str, *extra: str) -> bytes:
@@ -132,7 +145,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with the deadlines, caps and answers of the module's doc. The limits are
     class attributes, set by :func:`server_options` on a subclass; ``on_close(reason)`` is called for
     each connection the guard closes or refuses (reason: ``header_timeout``, ``request_timeout``,
-    ``evicted``, ``over_capacity``, ``head_too_large``)."""
+    ``evicted``, ``over_capacity``, ``head_too_large``, ``write_timeout``, ``slow_reader``)."""
 
     max_connections = MAX_CONNECTIONS
     max_per_client = MAX_PER_CLIENT
@@ -142,6 +155,8 @@ class GuardedH11Protocol(H11Protocol):
     request_timeout_s = REQUEST_TIMEOUT_S
     max_head_bytes = MAX_HEAD_BYTES
     linger_s = LINGER_S
+    write_timeout_s = WRITE_TIMEOUT_S
+    max_stalled = MAX_STALLED
 
     @staticmethod
     def on_close(reason: str) -> None:
@@ -165,10 +180,38 @@ class GuardedH11Protocol(H11Protocol):
         for over, pool in ((len(mine) > self.max_per_client, mine), (len(self.connections) > self.max_connections, g.idle)):
             if over:
                 victim = next((c for c in pool if c is not self and c in g.idle), None)
-                if victim is None:
+                if victim is None:  # a slow reader's connection goes before a new client is refused
+                    victim = next((c for c in (pool if pool is mine else g.stalled) if c in g.stalled), None)
+                    if victim is not None:
+                        victim._abort("slow_reader")
+                        continue
                     self._refuse(g)
                     return
                 victim._drop("evicted")
+
+    def pause_writing(self) -> None:
+        """The send buffer passed the high-water mark: the client is not reading (yet). Aborted after
+        ``write_timeout_s``; over ``max_stalled`` paused connections, the one paused longest is."""
+        super().pause_writing()
+        g = _guard(self.server_state)
+        g.stalled[self] = None
+        self._cancel("write")
+        self._timers["write"] = self.loop.call_later(self.write_timeout_s, self._abort, "write_timeout")
+        if len(g.stalled) > self.max_stalled:
+            next(iter(g.stalled))._abort("slow_reader")
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        _guard(self.server_state).stalled.pop(self, None)
+        self._cancel("write")
+
+    def _abort(self, reason: str) -> None:
+        """Close at once, dropping the unsent answer (a reset: the client was not reading it)."""
+        self._timers.pop("write", None)
+        _guard(self.server_state).stalled.pop(self, None)
+        if not self._sock.is_closing():
+            self.on_close(reason)
+        self._sock.abort()
 
     def _refuse(self, g: _Guard) -> None:
         """Over the caps with no idle connection to close: a probe is answered, nothing else."""
@@ -261,6 +304,7 @@ class GuardedH11Protocol(H11Protocol):
         g = _guard(self.server_state)
         g.idle.pop(self, None)
         g.over.discard(self)
+        g.stalled.pop(self, None)
         mine = g.by_client.get(self._key)
         if mine is not None:
             mine.pop(self, None)
@@ -330,7 +374,8 @@ def _guard(state) -> _Guard:
 
 def server_options(max_connections: int = MAX_CONNECTIONS, header_timeout_s: float = HEADER_TIMEOUT_S, *,
                    max_per_client: int = MAX_PER_CLIENT, request_timeout_s: float = REQUEST_TIMEOUT_S,
-                   forwarded_allow_ips: str = "", on_close=None) -> dict:
+                   forwarded_allow_ips: str = "", on_close=None, write_timeout_s: float = WRITE_TIMEOUT_S,
+                   max_stalled: int = MAX_STALLED) -> dict:
     """Keyword arguments for ``uvicorn.run``: the guarded protocol (``max_connections`` bounded by
     :func:`connection_cap`; ``on_close(reason)`` counts what it closes), ``backlog``,
     ``timeout_keep_alive``, and the proxy headers: ``X-Forwarded-For`` and ``X-Forwarded-Proto``
@@ -339,7 +384,8 @@ def server_options(max_connections: int = MAX_CONNECTIONS, header_timeout_s: flo
     cap = connection_cap(max_connections)
     attrs: dict[str, Any] = {"max_connections": cap, "header_timeout_s": header_timeout_s,
                              "max_per_client": max(1, min(max_per_client, cap)),
-                             "request_timeout_s": max(request_timeout_s, header_timeout_s)}
+                             "request_timeout_s": max(request_timeout_s, header_timeout_s),
+                             "write_timeout_s": write_timeout_s, "max_stalled": max(1, max_stalled)}
     if on_close is not None:
         attrs["on_close"] = staticmethod(on_close)
     protocol = type("GuardedH11", (GuardedH11Protocol,), attrs)

@@ -288,7 +288,7 @@ FUSE_METRICS = {
     "auth_failures": "fusebox_fuse_auth_failures_total",  # counter {role}: requests with no or a wrong token
     "auth_rate_limited": "fusebox_fuse_auth_rate_limited_total",  # counter {role}: answered 429 (too many failures)
     # counter {reason}: connections the server closed or refused itself (header_timeout, request_timeout,
-    # evicted, over_capacity, head_too_large)
+    # evicted, over_capacity, head_too_large, write_timeout, slow_reader)
     "connections_closed": "fusebox_fuse_connections_closed_total",
     # counter {adapter}: calls a gateway answered 401/403: it refused the control-plane credential
     # (or wanted one and none is configured); retried with backoff, never claimed applied

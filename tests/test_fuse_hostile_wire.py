@@ -10,8 +10,10 @@ process, real sockets, a real Alertmanager).
 
 from __future__ import annotations
 
+import re
 import resource
 import socket
+import subprocess
 import threading
 import time
 from datetime import UTC, datetime
@@ -193,3 +195,68 @@ def test_a_neighbour_with_wrong_tokens_on_alertmanagers_address_does_not_delay_i
     assert trip_s < GROUP_WAIT_S + 3, trip_s
     assert neighbour[:20] == [401] * 20 and neighbour.count(429) >= 3, neighbour[:30]
     assert levels == {LEVEL_1: 1}
+
+
+def _slow_reader(port: int, requests: int) -> socket.socket:
+    """A client that pipelines ``requests`` GET /metrics (no token needed) into a 4 KiB receive
+    window and never reads an answer."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: fuse\r\n\r\n" * requests)
+    return s
+
+
+SLOW_READERS = 20  # the per-client cap the test sets, of 127.0.0.1, the address the webhook posts from
+
+
+def _stalled_server_sockets(port: int) -> int:
+    """The server's connections on ``port`` with unsent bytes in the kernel (ss's Send-Q)."""
+    out = subprocess.run(["ss", "-tnH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(1 for line in out.splitlines() if int(line.split()[1]) > 0)
+
+
+def test_clients_that_never_read_their_answers_do_not_lock_out_the_webhook(tmp_path):
+    """The trial of issue 34's fix: 260 connections pipelining GET /metrics (no token) and never
+    reading held the webhook (same address, right token) at 503 for as long as they stayed, each
+    next answer waiting to be written with no deadline; 1,000 of them took the fuse to 1.07 GB. A
+    connection whose writes stay paused gives way to a new client (``slow_reader``), is aborted
+    after --write-timeout (``write_timeout``), and at most 32 wait at once (MAX_STALLED)."""
+    p, port, url = _serve(tmp_path, "--write-timeout", "3", "--max-connections-per-client", str(SLOW_READERS))
+    readers: list[socket.socket] = []
+    try:
+        answer = len(httpx.get(url + "/metrics", timeout=5).content)
+        # enough answers queued on each connection to fill the kernel's buffers and then the
+        # server's transport past its high-water mark (64 KiB), whatever /metrics weighs here
+        per = max(40, (4 << 20) // max(answer, 1))
+        readers = [_slow_reader(port, per) for _ in range(SLOW_READERS)]
+        # every one of them has answers the client does not take: the address's cap is full of
+        # connections busy writing
+        wait_for(lambda: _stalled_server_sockets(port) >= SLOW_READERS, 30, 0.2, "the slow readers stalled")
+        # Alertmanager retries a 503: within 10 s one try gets in (on main every try got 503 for as
+        # long as the readers stayed: their connections were busy writing, with no deadline)
+        codes: list[int] = []
+        end = time.monotonic() + 10
+        while time.monotonic() < end and 200 not in codes:
+            r = _webhook(url)
+            codes.append(r.status_code)
+            time.sleep(0.25)
+        health = httpx.get(url + "/healthz", timeout=5).status_code
+        wait_for(lambda: 'reason="write_timeout"} 0.0' not in _metrics(url), 15, 0.5,
+                 "a slow reader aborted by the write deadline")
+        metrics = _metrics(url)
+    finally:
+        for s in readers:
+            s.close()
+        err = _stop(p)
+    assert codes[-1] == 200 and r.json()["alerts"] == {"tripped": 1}, (codes, per, answer)
+    assert health == 200
+    slow = re.search(r'fusebox_fuse_connections_closed_total\{reason="slow_reader"\} (\d+)', metrics)
+    assert slow and int(slow.group(1)) >= 1, metrics
+    assert "Traceback" not in err, err[-2000:]
+
+
+def _metrics(url: str) -> str:
+    return httpx.get(url + "/metrics", timeout=5).text
