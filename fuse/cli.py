@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import re
 import stat
@@ -59,8 +60,19 @@ def _seconds(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected seconds, e.g. 300") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of seconds, e.g. 300")
     if v < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
+    return v
+
+
+def _positive_seconds(text: str) -> float:
+    """A connection deadline: 0 would drop every connection whose head comes in two reads (the
+    kubelet's /healthz probe among them), so it must be above 0."""
+    v = _seconds(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0 (a deadline of 0 closes connections before their head arrives)")
     return v
 
 
@@ -134,9 +146,9 @@ def register(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--max-connections", type=_attempts, default=1000, metavar="N",
                    help="client connections kept at most (fewer when the open-file limit is lower); one more closes "
                         "the oldest idle one (default 1000)")
-    s.add_argument("--header-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+    s.add_argument("--header-timeout", type=_positive_seconds, default=10.0, metavar="SECONDS",
                    help="a connection that has not sent a request's headers whole within it is closed (default 10 s)")
-    s.add_argument("--request-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+    s.add_argument("--request-timeout", type=_positive_seconds, default=30.0, metavar="SECONDS",
                    help="a connection that has not sent a whole request, head and body, within it is closed "
                         "(default 30 s; at least --header-timeout)")
     s.add_argument("--write-timeout", type=_seconds, default=10.0, metavar="SECONDS",

@@ -81,6 +81,18 @@ def test_vllm_max_attempts_below_1_or_not_a_whole_number_is_refused(tmp_path, va
     assert "--vllm-max-attempts" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag,value", [("--header-timeout", "0"), ("--request-timeout", "0"),
+                                        ("--request-timeout", "nan"), ("--header-timeout", "inf"),
+                                        ("--timeout", "nan"), ("--hold", "inf")])
+def test_a_deadline_of_0_or_a_non_finite_number_of_seconds_is_refused(tmp_path, flag, value, capsys):
+    # --header-timeout 0 used to start a fuse that closed every connection whose head came in two
+    # reads, the liveness probe's among them; nan and inf were taken as numbers
+    with pytest.raises(SystemExit) as e:
+        _serve_args(tmp_path, flag, value)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------- where the state lives
 def _state_args(tmp_path, *where):
     import argparse

@@ -195,7 +195,7 @@ def _parse_count(text: str | int | float) -> float:
         return float(s.replace("_", ""))
     except ValueError:
         raise QuantityError(f"{s!r} is not a plain number; a count threshold has no unit (requests, items)",
-                            "write a plain number, e.g. 50") from None
+                            "write a plain number, e.g. 50 (a kind: rate signal's is per second: 0.1 is six a minute)") from None
 
 
 _DUR = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?\Z")
