@@ -151,7 +151,7 @@ def register(subparsers) -> argparse._SubParsersAction:
     s.add_argument("--request-timeout", type=_positive_seconds, default=30.0, metavar="SECONDS",
                    help="a connection that has not sent a whole request, head and body, within it is closed "
                         "(default 30 s; at least --header-timeout)")
-    s.add_argument("--write-timeout", type=_seconds, default=10.0, metavar="SECONDS",
+    s.add_argument("--write-timeout", type=_positive_seconds, default=10.0, metavar="SECONDS",
                    help="a connection whose client has not taken its answer within it (writes paused) is aborted; "
                         "at most 32 may wait so at once, one more aborts the oldest (default 10 s)")
     s.add_argument("--max-connections-per-client", type=_attempts, default=256, metavar="N",
