@@ -24,8 +24,9 @@ characters (``head -c 32 /dev/urandom | base64`` makes 44). A file is read whole
 did not change while being read (its size, mtime and inode the same before and after); then:
 
 * a token removed from the people or read file is revoked (fail closed), and so are all of that
-  role's tokens when its file is missing, empty or holds only comments (no one may override; no
-  read token reads: the webhook token does not take its place);
+  role's tokens when its file is empty or holds only comments (no one may override; no read token
+  reads: the webhook token does not take its place) or missing (then the file is also *refused*,
+  below: a deleted file or an unmounted Secret is not a way to say "no one");
 * a people or read file that cannot be read whole (unreadable, changed while read) or is malformed
   (a token under 32 characters, a line that is not ``NAME TOKEN``, a token another role holds...)
   is *refused*, and every token of that file is dropped until it is fixed (fail closed: a file
@@ -353,9 +354,11 @@ class TokenFiles:
                     if kind == "webhook":
                         errors[kind] = f"{e}; the last good webhook token stays in use"
                         return dropped
-                    if loud:
-                        log.warning("token files: %s: every %s token is revoked", e,
-                                    "override" if kind == "people" else kind)
+                    who = "override" if kind == "people" else kind
+                    if not os.path.lexists(p[kind]):  # gone (a deleted file, an unmounted Secret): refused
+                        errors[kind] = f"{e}; every {who} token is revoked until the file is back"
+                    elif loud:  # empty or comments only: no one, as written
+                        log.warning("token files: %s: every %s token is revoked", e, who)
                     return dropped
                 except (OSError, ValueError) as e:
                     errors[kind] = (f"{e}; the last good webhook token stays in use" if kind == "webhook" else

@@ -229,3 +229,19 @@ def _tokens():
     from fusebox.fuse.tokens import Tokens
 
     return Tokens(webhook=TOKEN, people=dict(PEOPLE))
+
+
+def test_a_deleted_people_file_is_refused_and_an_emptied_one_is_not(tmp_path):
+    """Both revoke every override token; only the deleted one is an anomaly to page on
+    (``fusebox_fuse_token_file_valid{file="people"}`` 0 -> FuseboxFuseTokenFileRefused): a trial
+    deleted the file and the gauge stayed 1, so nobody learnt that no one could override."""
+    hook, people, _ = _files(tmp_path, PEOPLE)
+    files = TokenFiles(hook, people)
+    assert files.valid == {"webhook": True, "people": True}
+    people.write_text("# nobody may override now\n")
+    assert files.reload() is True and files.valid["people"] is True and files.current().people == {}
+    people.unlink()
+    assert files.reload() is False and files.valid == {"webhook": True, "people": False}
+    assert files.current().people == {}
+    people.write_text(f"alice {PEOPLE['alice']}\n")
+    assert files.reload() is True and files.valid["people"] is True and set(files.current().people) == {"alice"}
