@@ -247,6 +247,7 @@ SELF_ALERTS = {
     "notifications_failing": "FuseboxFuseNotificationsFailing",  # Alertmanager failing to deliver webhooks
     "heartbeat_missing": "FuseboxFuseHeartbeatMissing",  # no notification reached the fuse for too long
     "token_file_refused": "FuseboxFuseTokenFileRefused",  # a token file malformed: its tokens dropped (fail closed)
+    "audit_full": "FuseboxFuseAuditFull",  # the refused-alert audit at fuse.audit.refused_max_rows: refusals no longer audited
     "collector_scrape": "FuseboxCollectorScrapeFailing",  # collectors failing to scrape their engines
     "collector_gpu": "FuseboxCollectorGPUErrors",  # the GPU collector failing to read GPUs
 }

@@ -21,6 +21,7 @@ rule, test and runbook renderers ask this module. From ``fuse.self_monitoring`` 
   ``heartbeat_silent_after``, or the gauge absent that long;
 * ``FuseboxFuseTokenFileRefused``: ``fusebox_fuse_token_file_valid == 0``: a token file refused
   (malformed or unreadable), its tokens revoked (the webhook's last good one kept);
+* ``FuseboxFuseAuditFull``: refused alerts dropped because the audit holds ``fuse.audit.refused_max_rows``;
 * ``FuseboxCollectorScrapeFailing`` / ``FuseboxCollectorGPUErrors``: the collectors' own error
   counters rose (engine /metrics scrapes failed or refused at a limit; NVML errors per GPU).
 
@@ -155,6 +156,13 @@ def self_alerts(spec: Spec) -> list[SelfAlert]:
                   "fixed (fail closed: no one may override, or no read token reads); the webhook file's last good "
                   "token stays in use.",
                   "a token file is malformed or unreadable: its tokens are revoked (the webhook's last good one kept)"),
+        SelfAlert(A["audit_full"], "warning",
+                  "The fuse's refused-alert audit is full: instance {{ $labels.instance }}",
+                  f"The fuse service {{{{ $labels.instance }}}} no longer audits refused alerts: the audit holds "
+                  f"fuse.audit.refused_max_rows ({spec.audit.refused_max_rows:,}) of them, and refusals within the "
+                  f"last {w} were only counted. A sender floods the fuse with alerts it refuses, or the audit is "
+                  "never pruned.",
+                  "the refused-alert audit reached its row bound: refusals are counted, no longer audited"),
         SelfAlert(A["collector_scrape"], "warning",
                   "The collector {{ $labels.job }} fails to scrape engine {{ $labels.engine }}",
                   f"The collector {{{{ $labels.job }}}} on {{{{ $labels.host_name }}}} failed or refused to scrape "
@@ -225,6 +233,7 @@ def _exprs(spec: Spec) -> dict[str, list[tuple[str, float]]]:
             (f"label_replace(absent({last}), \"{C.ALERTMANAGER_LABEL}\", \"{ANY_AM}\", \"\", \"\")", m.heartbeat_silent_after_s),
             (f"time() - max by ({C.ALERTMANAGER_LABEL}) ({last}) > {format_number(m.heartbeat_silent_after_s)}", 0.0)],
         A["token_file_refused"]: [(f"{_sel(M['token_file_valid'], f)} == 0", 0.0)],
+        A["audit_full"]: [(f"increase({_sel(M['audit_refused_dropped'], {**f, 'reason': 'full'})}[{w}]) > 0", 0.0)],
         # `or` keeps both: the refused series carry a `reason` label the errors do not
         A["collector_scrape"]: [(f"increase({_sel(C.PROM_SELF['scrape_errors'], coll)}[{w}]) > 0 "
                                  f"or increase({_sel(C.PROM_SELF['scrape_refused'], coll)}[{w}]) > 0", 0.0)],
@@ -314,6 +323,14 @@ _RUNBOOK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # alert -> (di
          "file renamed over the old, or the Secret updated); the fuse reads it again on change or on `kill -HUP`.",
          "Until then the file's tokens are revoked: people override with a token of a valid file only, or act at the "
          "gateway by hand. A refused webhook file keeps its last good token: Alertmanager's notifications still work.")),
+    A["audit_full"]: (
+        ("`fusebox_fuse_audit_refused_dropped_total` by `reason` (`full`: the row bound; `rate`: the per-minute "
+         "bound) and `fusebox_fuse_alerts_total` by `result`: what the fuse refuses (untrusted, no_scope, ...).",
+         "The audit's refused rows (the status page, or `fusebox fuse audit`): which alert names, fingerprints or "
+         "senders fill it."),
+        ("Stop the sender that posts alerts the fuse refuses (an Alertmanager route sending other alerts to the fuse, "
+         "or a neighbour that can post to Alertmanager), then `fusebox fuse audit prune` to make room.",
+         "Raise `fuse.audit.refused_max_rows` only with room on the state volume (docs/fuse.md, Audit retention).")),
     A["collector_scrape"]: (
         ("The collector's log names the engine endpoint and the error.",
          "`fusebox_collector_scrape_refused_total` by reason: `body_too_large`, `decompressed_too_large` or "
@@ -478,6 +495,15 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
                          {"series": M["token_file_valid"] + label_str(hook), "values": segments([(6, 1, 0)])}],
         "alert_rule_test": [_check(I, A["token_file_refused"], []),
                             _check(3 * I, A["token_file_refused"], [_exp(spec, tf, people)])]}))
+    # 7. refusals dropped because the audit is full alert; those dropped at the per-minute rate do not
+    af = alerts[A["audit_full"]]
+    full, rate = {**fuse, "reason": "full"}, {**fuse, "reason": "rate"}
+    groups.append((f"{A['audit_full']}: refusals dropped at the row bound alert; at the per-minute bound they do not", {
+        "interval": itv,
+        "input_series": [{"series": M["audit_refused_dropped"] + label_str(full), "values": segments([(3, 0, 0), (3, 5, 0)])},
+                         {"series": M["audit_refused_dropped"] + label_str(rate), "values": segments([(1, 0, 0), (5, 0, 9)])}],
+        "alert_rule_test": [_check(2 * I, A["audit_full"], []),
+                            _check(4 * I, A["audit_full"], [_exp(spec, af, full)])]}))
     for _, g in groups:
         g["alert_rule_test"] = [c for c in g["alert_rule_test"] if c is not None]
     return groups
