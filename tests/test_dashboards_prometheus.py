@@ -35,6 +35,7 @@ import threading
 import time
 
 import pytest
+import yaml
 from _dashboards_support import ROOT, prometheus, query, query_range, serve_text
 
 from fusebox import conventions as C
@@ -87,7 +88,25 @@ def exposition(t: float) -> str:
           for stage in ("selection", "dispatch", "pd_admission")),
         f'{C.GATEWAY_BREAKER_STATE}{{cluster="lab-a", worker="http://10.0.0.5:30001"}} 1',
         f'{C.GATEWAY_BREAKER_STATE}{{cluster="lab-a", worker="http://10.0.0.6:30001"}} 0',
+        # the multimodal stages' row (docs/metrics.md section 8): vLLM's multimodal cache counters,
+        # SGLang's encoder forward histogram (its disaggregated encoder server), on engine pods
+        f'vllm:mm_cache_queries_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-1.5-7b"}} {int(100 * t)}',
+        f'vllm:mm_cache_hits_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-1.5-7b"}} {int(60 * t)}',
+        *(f'sglang:encoder_model_forward_seconds_bucket{{{HOST}, namespace="inference", pod="sglang-0", '
+          f'model_name="qwen2-vl", le="{le}"}} {int(10 * t) if le != "0.05" else int(5 * t)}' for le in ("0.05", "0.1", "+Inf")),
+        f'sglang:encoder_model_forward_seconds_count{{{HOST}, namespace="inference", pod="sglang-0", model_name="qwen2-vl"}} {int(10 * t)}',
+        # vLLM's preemption counter (the preemption signal), 2 a second
+        f'vllm:num_preemptions_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-1.5-7b"}} {int(2 * t)}',
+        # a PCIe link several GPUs share (the GPU collector from sysfs), and the connections collector
+        f'{P["pcie_upstream_utilization"]}{{{HOST}, pcie_root_complex="pci0000:17", pcie_port="0000:17:00.0", numa_node="0"}} 0.96',
     ]
+    c = P["connection_idle_before_use"]
+    uses = int(10 * t) + 10  # a tenth of the uses after 60 s idle, the rest within 5 s
+    for le in ("1", "5", "15", "30", "45", "60", "120", "300", "600", "+Inf"):
+        lines.append(f'{c}_bucket{{{HOST}, service_peer_name="engines", le="{le}"}} '
+                     f'{uses - uses // 10 if float(le) < 120 else uses}')
+    lines.append(f'{c}_count{{{HOST}, service_peer_name="engines"}} {uses}')
+    lines.append(f'{c}_sum{{{HOST}, service_peer_name="engines"}} {uses * 3}')
     h = P["alignment_duration"]
     for le in BUCKETS:
         bound = float(le)
@@ -144,7 +163,11 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             wanted = ['ALERTS{alertstate="firing", alertname="GPUPCIeLinkSaturated"}',
                       "engine:fusebox_alignment_latency_p95_over_threshold:ratio_rate5m",
                       "engine:fusebox_alignment_latency_p95:rate5m", "gpu:fusebox_gpu_memory_total:bytes",
-                      *dashboard_records().values()]
+                      *dashboard_records().values(),
+                      # the panels' own records, in slow groups of their own (each runs first at its
+                      # offset within 30 s: without waiting for them a panel could read nothing yet)
+                      *(r["record"] for g in yaml.safe_load(rules.read_text())["groups"]
+                        if g["name"].endswith("-panels") for r in g["rules"] if "record" in r)]
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 wanted = [w for w in wanted if not query(base, w)]

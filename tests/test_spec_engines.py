@@ -341,7 +341,8 @@ def test_kv_and_latency_in_run_with_the_collectors_disabled_is_said_as_the_cause
 def test_dcgm_vllm_and_discovery_leave_no_kv_or_alignment_signal_unproduced():
     """The issue's cluster: dcgm-exporter for the GPUs, vLLM engines, the kv and latency collectors
     discovering them (no gpu collector). Every KV and alignment read is produced; what still
-    warns is PCIe, whose only source is the gpu collector (not run here)."""
+    warns is PCIe, whose only source is the gpu collector (not run here), and the connection
+    signals, whose collector (collect conns) runs beside the gateway, never in k8s/."""
     from test_generator_produced import dcgm_vllm_spec
 
     data = yaml.safe_load(dcgm_vllm_spec(keep_collector_signals=True))
@@ -350,7 +351,9 @@ def test_dcgm_vllm_and_discovery_leave_no_kv_or_alignment_signal_unproduced():
     warnings = spec_warnings(_parse(yaml.safe_dump(data, sort_keys=False)))
     unproduced = [w for w in warnings if "nothing k8s/ deploys produces" in w]
     assert [w.split(" reads ")[0] for w in unproduced] == ["signal 'pcie_link_utilization'",
-                                                           "signal 'pcie_root_complex_utilization'"]
+                                                           "signal 'pcie_root_complex_utilization'",
+                                                           "signal 'connection_idle_p95'",
+                                                           "signal 'connection_cold_start_share'"]
     assert not [w for w in warnings if "fusebox_kv_cache" in w or "alignment" in w]
 
 
