@@ -41,11 +41,13 @@ class AppliedLevels:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._recs: dict[tuple[str, int], dict] = {}
+        self.changes = 0  # bumped by every change of a record: part of /state's snapshot key (fuse/http_routes.py)
 
     def decided(self, key: str, level: int, kind: str, decision_id: str, wanted: Iterable[str],
                 action: str = "") -> None:
         """A decision of ``kind`` (trip|release) was committed; ``wanted``: the labels of the adapters it went to."""
         with self._lock:
+            self.changes += 1
             if kind != "trip":
                 self._recs.pop((key, level), None)
                 return
@@ -61,6 +63,7 @@ class AppliedLevels:
             rec = self._recs.get((key, level))
             if rec is None or (rec["decision_id"] != decision_id and decision_id not in rec.get("again", ())):
                 return
+            self.changes += 1
             if adapter in rec["pending"]:
                 rec["pending"].remove(adapter)
             if applied:  # (again, after a give-up: the reconciler queued it once more) -- no longer "not applied"
@@ -81,6 +84,7 @@ class AppliedLevels:
             rec = self._recs.get((key, level))
             if rec is None or (rec["decision_id"] != decision_id and decision_id not in rec.get("again", ())):
                 return
+            self.changes += 1
             if adapter not in rec["applied_by"]:
                 rec["not_applied"] = [n for n in rec["not_applied"] if n["adapter"] != adapter]
                 rec["not_applied"].append({"adapter": adapter, "why": why})
@@ -92,6 +96,7 @@ class AppliedLevels:
             rec = self._recs.get((key, level))
             if rec is None:
                 return
+            self.changes += 1
             rec.setdefault("again", set()).add(decision_id)
             if adapter not in rec["pending"] and adapter not in rec["applied_by"]:
                 rec["pending"].append(adapter)

@@ -240,13 +240,18 @@ READ_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def bounded_read(request: Request, work) -> Response:
     """``work()`` (a page of /state or the status page), served from a snapshot when the same page
     was built less than :data:`READ_SNAPSHOT_S` ago and the state has not changed since (this
-    replica's version of it: a reader sees its own change at once), else built in the app's one reader thread
+    replica's version of it and its applied records' changes: a reader sees its own change, and an
+    adapter's outcome, at once), else built in the app's one reader thread
     (apart from the webhook's and the event loop's). While a build runs, another is answered 503
     with ``Retry-After`` at once: reads never queue up behind each other nor in front of the
     writers; after a build of :data:`READ_HEAVY_BYTES` or more that took ``d`` seconds, for
     ``2 d`` more (heavy builds take at most a third of the time, whatever the readers do)."""
     st = request.app.state
-    key = (request.url.path, request.url.query, getattr(service_of(request), "_version", None))
+    svc = service_of(request)
+    # the applied records change without the breaker's version (an adapter's outcome, a reconciler's
+    # call): a snapshot built before one must not be served after it
+    key = (request.url.path, request.url.query, getattr(svc, "_version", None),
+           getattr(getattr(svc, "applied", None), "changes", None))
     now = time.monotonic()
     snapshots: dict = getattr(st, "read_snapshots", None) or {}
     hit = snapshots.get(key)
