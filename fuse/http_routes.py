@@ -239,14 +239,19 @@ READ_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 async def bounded_read(request: Request, work) -> Response:
     """``work()`` (a page of /state or the status page), served from a snapshot when the same page
-    was built less than :data:`READ_SNAPSHOT_S` ago and the state has not changed since (this
-    replica's version of it: a reader sees its own change at once), else built in the app's one reader thread
+    was built less than :data:`READ_SNAPSHOT_S` ago and neither the state (this replica's version
+    of it: a reader sees its own change at once) nor the store's reachability has changed since, else built in the app's one reader thread
     (apart from the webhook's and the event loop's). While a build runs, another is answered 503
     with ``Retry-After`` at once: reads never queue up behind each other nor in front of the
     writers; after a build of :data:`READ_HEAVY_BYTES` or more that took ``d`` seconds, for
     ``2 d`` more (heavy builds take at most a third of the time, whatever the readers do)."""
     st = request.app.state
-    key = (request.url.path, request.url.query, getattr(service_of(request), "_version", None))
+    service = service_of(request)
+    # the store's outage too: a page built while the store answered is never served once it is
+    # lost (it would say stale false for up to READ_SNAPSHOT_S), nor one built during it once it is back
+    health = getattr(getattr(service, "store", None), "health", None)
+    key = (request.url.path, request.url.query, getattr(service, "_version", None),
+           getattr(health, "down_since", None))
     now = time.monotonic()
     snapshots: dict = getattr(st, "read_snapshots", None) or {}
     hit = snapshots.get(key)
