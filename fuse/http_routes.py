@@ -239,9 +239,9 @@ READ_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 async def bounded_read(request: Request, work) -> Response:
     """``work()`` (a page of /state or the status page), served from a snapshot when the same page
-    was built less than :data:`READ_SNAPSHOT_S` ago and the state has not changed since (this
-    replica's version of it and its applied records' changes: a reader sees its own change, and an
-    adapter's outcome, at once), else built in the app's one reader thread
+    was built less than :data:`READ_SNAPSHOT_S` ago and neither the state (this replica's version of
+    it and its applied records' changes: a reader sees its own change, and an adapter's outcome, at
+    once) nor the store's reachability has changed since, else built in the app's one reader thread
     (apart from the webhook's and the event loop's). While a build runs, another is answered 503
     with ``Retry-After`` at once: reads never queue up behind each other nor in front of the
     writers; after a build of :data:`READ_HEAVY_BYTES` or more that took ``d`` seconds, for
@@ -249,9 +249,11 @@ async def bounded_read(request: Request, work) -> Response:
     st = request.app.state
     svc = service_of(request)
     # the applied records change without the breaker's version (an adapter's outcome, a reconciler's
-    # call): a snapshot built before one must not be served after it
+    # call): a snapshot built before one must not be served after it; nor one built while the store
+    # answered once it is lost (it would say stale false for up to READ_SNAPSHOT_S), nor the reverse
+    health = getattr(getattr(svc, "store", None), "health", None)
     key = (request.url.path, request.url.query, getattr(svc, "_version", None),
-           getattr(getattr(svc, "applied", None), "changes", None))
+           getattr(getattr(svc, "applied", None), "changes", None), getattr(health, "down_since", None))
     now = time.monotonic()
     snapshots: dict = getattr(st, "read_snapshots", None) or {}
     hit = snapshots.get(key)
