@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from _support import SPEC
 
 # the `unit` marker and its guard: the rule and the hooks live in _unit_rule.py
 from _unit_rule import pytest_collection_modifyitems, pytest_configure, pytest_runtest_call, pytest_runtest_setup  # noqa: F401  (pytest finds hooks by name here)
+
+# Tests live in one folder per area (tests/fuse/, tests/spec/, ...; tests/README.md). A few import a
+# helper from a test module of another area by its file name (unique across the folders), so every
+# area folder is importable, as tests/ itself is for the shared helpers (_support.py, ...).
+for _area in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):
+    if str(_area) not in sys.path:
+        sys.path.append(str(_area))
+
 
 pytest_plugins = ("pytester",)
 
