@@ -373,7 +373,7 @@ def test_the_docs_list_every_audit_kind_the_fuse_writes():
     from _fuse_support import ROOT
 
     written: set[str] = set()
-    for src in (ROOT / "fuse").glob("*.py"):
+    for src in (ROOT / "fuse").rglob("*.py"):  # the sub-packages too (fuse/store/)
         for m in re.finditer(r'"kind":\s*"(\w+)"(?:\s+if\s+[\w.]+\s+else\s+"(\w+)")?', src.read_text()):
             written.update(k for k in m.groups() if k)
     assert {"applied", "dry_run", "override", "pruned"} <= written  # the scan reads the code's forms
