@@ -97,6 +97,7 @@ from fusebox import conventions as C
 from fusebox.collectors.scenario import load_scenario
 from fusebox.demo.gateway import read_log
 from fusebox.demo.spec import Timing, demo_spec_text
+from fusebox.spec.adapter_kinds import ADAPTER_LEVELS
 from fusebox.tooling import free_port
 
 pytestmark = pytest.mark.tools
@@ -174,7 +175,7 @@ def cluster_spec_text(sglang_url: str, workers: dict[str, str], gateway_url: str
                {"match": {"hw_id": GPU_C}, "worker_url": workers["C"]},
                {"match": {"engine": ENGINE}, "worker_url": workers["C"]}]
     adapters = {"sglang": {"kind": "sglang_gateway", "url": sglang_url, "timeout": "5s", "targets": targets,
-                           "actions": [levels[lv] for lv in C.ADAPTER_LEVELS["sglang_gateway"] if lv in levels]}}
+                           "actions": [levels[lv] for lv in ADAPTER_LEVELS["sglang_gateway"] if lv in levels]}}
     text = demo_spec_text(SPEC.read_text(), webhook_url=f"http://{C.K8S['fuse']}.{NS}.svc:9095/alertmanager",
                           credentials_file=f"/etc/alertmanager/secrets/{C.K8S['token_secret']}/token",
                           timing=TIMING, adapters=adapters, source="fusebox.yaml")
