@@ -13,7 +13,7 @@ from fusebox.fuse.adapters.factory import RUNTIME_CLASSES, runtime_class
 from fusebox.spec.adapter_kinds import ADAPTER_KINDS, ADAPTER_LEVELS, CREDENTIAL_KINDS, DISCOVER_KINDS, AdapterKind
 from fusebox.spec.adapters import KINDS, RawAdapter, RawTarget, normalise_adapters
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIELD_CHECKS = ("check_adapter", "check_target", "check_fields")
 
 
