@@ -136,8 +136,6 @@ def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_colle
     import sys
 
     fixture = ROOT / "tests" / "fixtures" / "collectors" / "netdata_rtx-4090-driver-535_nvidia-smi-q-x.xml"
-    if not fixture.exists():
-        pytest.skip("collectors fixtures not merged yet")
     binary, cfg, ports, env, log = collector_setup(tmp_path)
     gpu = 'hw_id="GPU-71d1acc2-662d-2166-bf9f-65272d2fc437", host_name="replay-node", cluster="lab-c"'
     expected = {C.PROM["gpu_memory_limit"]: 24_564 * MIB, C.PROM["gpu_memory_usage"]: 350 * MIB,
