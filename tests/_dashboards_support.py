@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,21 @@ def prometheus(tmp: Path, config: dict, *, storage: Path | None = None, extra_ar
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/-/ready", proc, log=tmp / "prometheus.log")
         yield url
+
+
+def evaluated_since(base: str, since: float, max_interval_s: float) -> list[str]:
+    """The rule groups of the Prometheus at ``base`` that evaluate every ``max_interval_s`` s or
+    faster and have not evaluated since ``since`` (Unix seconds): empty once each has."""
+    body = json.loads(http_get(f"{base}/api/v1/rules"))
+    assert body["status"] == "success", body
+    fast = [g for g in body["data"]["groups"] if g["interval"] <= max_interval_s]
+    assert fast, f"no rule group evaluates every {max_interval_s:g} s or faster"
+    late = []
+    for g in fast:
+        stamp = re.sub(r"(\.\d{6})\d*", r"\1", g["lastEvaluation"]).replace("Z", "+00:00")  # ns -> us
+        if datetime.fromisoformat(stamp).timestamp() <= since:
+            late.append(g["name"])
+    return late
 
 
 def query(base: str, expr: str, at: float | None = None) -> list[dict]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from _cli import run_cli
+from _fuse_support import wait_for
 
 from fusebox.demo.watch import Event
 from fusebox.spec import load_spec
@@ -131,9 +132,8 @@ def test_a_child_that_dies_early_is_named_with_its_status_and_log(tmp_path):
     sup = Supervisor(tmp_path)
     try:
         sup.start("flaky", [sys.executable, "-c", "import sys; print('cannot bind 127.0.0.1:1'); sys.exit(3)"])
-        time.sleep(1.0)
-        with pytest.raises(ChildDied) as e:
-            sup.check()
+        with pytest.raises(ChildDied) as e:  # check() raises once the child has exited: wait on that, not a second
+            wait_for(sup.check, 60, 0.02, "Supervisor.check to see the child's exit")
         msg = str(e.value)
         assert "flaky (pid" in msg and "status 3" in msg and str(tmp_path / "flaky.log") in msg
         assert "cannot bind 127.0.0.1:1" in msg
