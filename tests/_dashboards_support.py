@@ -17,7 +17,7 @@ import urllib.request
 from datetime import datetime
 from pathlib import Path
 
-import pytest
+import _support
 
 from fusebox.tooling import free_port, tools_dir  # noqa: F401  (re-exported to the tests)
 
@@ -26,10 +26,8 @@ OTELCOL_VERSION = "v0.165.0"
 
 
 def missing(what: str, how: str):
-    msg = f"{what} not found: {how}"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(msg)
-    pytest.skip(msg)
+    """Fail (under CI) or skip (elsewhere): _support.missing, the one rule for a missing tool."""
+    _support.missing(f"{what} not found: {how}")
 
 
 def otelcol_binary() -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import pytest
+from _support import missing
 
 from fusebox.tooling import free_port  # noqa: F401  (re-exported to the tests)
 
@@ -70,15 +69,12 @@ def wait_for(pred, timeout: float = 10.0, step: float = 0.02, what: str = "condi
 
 
 def need_tool(*names: str) -> str:
-    """The first of ``names`` on PATH; skip (or fail under CI=true) when none is."""
+    """The first of ``names`` on PATH; when none is, skip, or fail under CI (_support.missing)."""
     for n in names:
         p = shutil.which(n)
         if p:
             return p
-    msg = f"{' or '.join(names)} not found: run `make tools` (tools/bootstrap.sh)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(msg)
-    pytest.skip(msg)
+    missing(f"{' or '.join(names)} not found: run `make tools` (tools/bootstrap.sh)")
 
 
 class LiveService:
