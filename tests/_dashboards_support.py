@@ -111,10 +111,31 @@ def evaluated_since(base: str, since: float, max_interval_s: float) -> list[str]
     assert fast, f"no rule group evaluates every {max_interval_s:g} s or faster"
     late = []
     for g in fast:
-        stamp = re.sub(r"(\.\d{6})\d*", r"\1", g["lastEvaluation"]).replace("Z", "+00:00")  # ns -> us
-        if datetime.fromisoformat(stamp).timestamp() <= since:
+        if _rfc3339(g["lastEvaluation"]) <= since:
             late.append(g["name"])
     return late
+
+
+def _rfc3339(stamp: str) -> float:
+    """Prometheus' RFC 3339 time (nanoseconds, Z) as Unix seconds."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")).timestamp()
+
+
+def wait_scrapes(base: str, since: float, n: int = 2, bound: float = 60.0) -> None:
+    """Wait until each active target of the Prometheus at ``base`` has been scraped ``n`` times after
+    ``since`` (Unix seconds): its last scrape over n - 1 scrape intervals after ``since``.
+    AssertionError past ``bound`` s, naming each target's last scrape."""
+    units = {"ms": 0.001, "s": 1, "m": 60}
+    end, seen = time.monotonic() + bound, []
+    while time.monotonic() < end:
+        targets = json.loads(http_get(f"{base}/api/v1/targets"))["data"]["activeTargets"]
+        seen = [(t["scrapeUrl"], t["lastScrape"]) for t in targets]
+        intervals = [sum(float(v) * units[u] for v, u in re.findall(r"([\d.]+)(ms|s|m)", t["scrapeInterval"]))
+                     for t in targets]
+        if targets and all(_rfc3339(t["lastScrape"]) > since + (n - 1) * i for t, i in zip(targets, intervals, strict=True)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not scraped {n} times within {bound:g} s after {since:.3f}: {seen}")
 
 
 def query(base: str, expr: str, at: float | None = None) -> list[dict]:
