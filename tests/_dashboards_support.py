@@ -8,14 +8,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 
-import pytest
+import _support
 
 from fusebox.tooling import free_port, tools_dir  # noqa: F401  (re-exported to the tests)
 
@@ -24,10 +26,8 @@ OTELCOL_VERSION = "v0.165.0"
 
 
 def missing(what: str, how: str):
-    msg = f"{what} not found: {how}"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(msg)
-    pytest.skip(msg)
+    """Fail (under CI) or skip (elsewhere): _support.missing, the one rule for a missing tool."""
+    _support.missing(f"{what} not found: {how}")
 
 
 def otelcol_binary() -> Path:
@@ -100,6 +100,42 @@ def prometheus(tmp: Path, config: dict, *, storage: Path | None = None, extra_ar
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/-/ready", proc, log=tmp / "prometheus.log")
         yield url
+
+
+def evaluated_since(base: str, since: float, max_interval_s: float) -> list[str]:
+    """The rule groups of the Prometheus at ``base`` that evaluate every ``max_interval_s`` s or
+    faster and have not evaluated since ``since`` (Unix seconds): empty once each has."""
+    body = json.loads(http_get(f"{base}/api/v1/rules"))
+    assert body["status"] == "success", body
+    fast = [g for g in body["data"]["groups"] if g["interval"] <= max_interval_s]
+    assert fast, f"no rule group evaluates every {max_interval_s:g} s or faster"
+    late = []
+    for g in fast:
+        if _rfc3339(g["lastEvaluation"]) <= since:
+            late.append(g["name"])
+    return late
+
+
+def _rfc3339(stamp: str) -> float:
+    """Prometheus' RFC 3339 time (nanoseconds, Z) as Unix seconds."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")).timestamp()
+
+
+def wait_scrapes(base: str, since: float, n: int = 2, bound: float = 60.0) -> None:
+    """Wait until each active target of the Prometheus at ``base`` has been scraped ``n`` times after
+    ``since`` (Unix seconds): its last scrape over n - 1 scrape intervals after ``since``.
+    AssertionError past ``bound`` s, naming each target's last scrape."""
+    units = {"ms": 0.001, "s": 1, "m": 60}
+    end, seen = time.monotonic() + bound, []
+    while time.monotonic() < end:
+        targets = json.loads(http_get(f"{base}/api/v1/targets"))["data"]["activeTargets"]
+        seen = [(t["scrapeUrl"], t["lastScrape"]) for t in targets]
+        intervals = [sum(float(v) * units[u] for v, u in re.findall(r"([\d.]+)(ms|s|m)", t["scrapeInterval"]))
+                     for t in targets]
+        if targets and all(_rfc3339(t["lastScrape"]) > since + (n - 1) * i for t, i in zip(targets, intervals, strict=True)):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not scraped {n} times within {bound:g} s after {since:.3f}: {seen}")
 
 
 def query(base: str, expr: str, at: float | None = None) -> list[dict]:

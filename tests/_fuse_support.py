@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-import pytest
+from _support import missing
 
 from fusebox.tooling import free_port  # noqa: F401  (re-exported to the tests)
 
@@ -68,15 +69,12 @@ def wait_for(pred, timeout: float = 10.0, step: float = 0.02, what: str = "condi
 
 
 def need_tool(*names: str) -> str:
-    """The first of ``names`` on PATH; skip (or fail under CI=true) when none is."""
+    """The first of ``names`` on PATH; when none is, skip, or fail under CI (_support.missing)."""
     for n in names:
         p = shutil.which(n)
         if p:
             return p
-    msg = f"{' or '.join(names)} not found: run `make tools` (tools/bootstrap.sh)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(msg)
-    pytest.skip(msg)
+    missing(f"{' or '.join(names)} not found: run `make tools` (tools/bootstrap.sh)")
 
 
 class LiveService:
@@ -140,3 +138,71 @@ def dry_run_service(tmp_path: Path):
 
     return FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"), [DryRun()],
                        hold_s=60, dry_run=True)
+
+
+def fuse_client(svc, *, raise_server_exceptions: bool = True, **app_kw):
+    """A FastAPI TestClient on ``svc``'s app with the tests' tokens (webhook ``TOKEN``, people
+    ``PEOPLE``); ``app_kw`` goes to create_app (``max_body=...``). ``raise_server_exceptions=False``
+    answers a server error 500, as uvicorn would, instead of raising it into the test."""
+    from fastapi.testclient import TestClient
+
+    from fusebox.fuse.app import create_app
+    from fusebox.fuse.tokens import Tokens
+
+    return TestClient(create_app(svc, Tokens(webhook=TOKEN, people=dict(PEOPLE)), **app_kw),
+                      raise_server_exceptions=raise_server_exceptions)
+
+
+def am_config(group_by: str, group_wait: str, group_interval: str, max_alerts: int | None = None) -> str:
+    """An Alertmanager config (YAML text) routing everything to one receiver, the fuse's webhook
+    (send_resolved, its bearer token from a file), repeat_interval 1h; ``group_by`` the label list's
+    inside (``"alertname, cluster, hw_id"``), ``max_alerts`` the webhook's (None: not set). The text
+    keeps ``{url}`` (the fuse's base URL) and ``{token_file}`` for ``str.format``."""
+    limit = "" if max_alerts is None else f"        max_alerts: {max_alerts}\n"
+    return (f"\nroute:\n  receiver: fusebox-fuse\n  group_by: [{group_by}]\n  group_wait: {group_wait}\n"
+            f"  group_interval: {group_interval}\n  repeat_interval: 1h\nreceivers:\n  - name: fusebox-fuse\n"
+            f"    webhook_configs:\n      - url: {{url}}/alertmanager\n        send_resolved: true\n{limit}"
+            "        http_config:\n          authorization:\n            credentials_file: {token_file}\n")
+
+
+def generated_am_config(text: str):
+    """``(spec, config)``: the spec parsed from ``text`` (the shipped spec's YAML, edited) and the
+    Alertmanager config `fusebox generate` renders from it (YAML text), its fuse webhook URL and
+    token file left as ``{url}/alertmanager`` and ``{token_file}`` for ``str.format`` (the
+    ``alertmanager`` fixture's ``config``)."""
+    from fusebox.generator.render_alertmanager import render_alertmanager
+    from fusebox.generator.yamlout import dump_yaml
+    from fusebox.spec import parse_spec
+
+    spec = parse_spec(text.replace("webhook_url: http://127.0.0.1:9095/alertmanager", "webhook_url: URL", 1)
+                      .replace("credentials_file: /etc/alertmanager/fusebox-fuse.token", "credentials_file: TOKEN_FILE", 1),
+                      "fusebox.yaml")
+    return spec, dump_yaml(render_alertmanager(spec)).replace("URL", "{url}/alertmanager").replace("TOKEN_FILE", "{token_file}")
+
+
+def serve_dry_run(state: Path, token_file: Path) -> tuple[subprocess.Popen, str]:
+    """``fusebox fuse serve --dry-run --hold 3600`` on the shipped spec as a process of its own, its
+    store at ``state``, its webhook token read from ``token_file``, on a free loopback port, log
+    level warning, output discarded: ``(process, base URL)``. Wait for it with wait_ok(URL + "/healthz", process);
+    terminate it after."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--listen",
+                             f"127.0.0.1:{port}", "--state", str(state), "--token-file", str(token_file),
+                             "--dry-run", "--hold", "3600", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ok(url: str, proc: subprocess.Popen, bound: float = 60.0) -> None:
+    """Wait until a GET of ``url`` (a readiness or health path of the server ``proc`` runs) answers
+    200, at most ``bound`` s (AssertionError then); AssertionError at once, naming its exit status,
+    if ``proc`` exits first."""
+    def ok() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[0]} exited with status {proc.returncode} before {url} answered")
+        try:
+            return httpx.get(url, timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ok, bound, 0.1, f"{url} to answer 200")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,21 @@ def promtools() -> list[str]:
     return [need("promtool"), need(str(tools_dir() / "promtool-v0.316.0" / "promtool"), "run `make tools` (builds it with Go)")]
 
 
+
+
+def finish(proc: subprocess.Popen, bound: float = 60.0) -> tuple[int, str, str]:
+    """``(exit status, stdout, stderr)`` of ``proc`` once it exits (the output of the streams that
+    are pipes, else empty), waiting on the exit itself, at most ``bound`` s: a generous bound for a
+    loaded machine. Past it the process is killed and AssertionError says what it had written."""
+    try:
+        out, err = proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=30)
+        raise AssertionError(f"{proc.args!r} had not exited after {bound:g} s; it wrote to stderr: "
+                             f"{_text(err)[-3000:]!r}, to stdout: {_text(out)[-1000:]!r}") from None
+    return proc.returncode, _text(out), _text(err)
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _fuse_support import TOKEN, dry_run_service, free_port, fuse_client, need_tool, wait_ok
+from _pg_support import PgServer
 from _support import SPEC
 
 # the `unit` marker and its guard: the rule and the hooks live in _unit_rule.py
@@ -48,3 +51,55 @@ def generated(tmp_path_factory, spec):
     out = tmp_path_factory.mktemp("generated")
     write_outputs(render_all(spec), out)
     return out
+
+
+@pytest.fixture
+def svc(tmp_path):
+    """The fuse's service for HTTP-level tests (_fuse_support.dry_run_service), its store closed after."""
+    s = dry_run_service(tmp_path)
+    yield s
+    s.store.close()
+
+
+@pytest.fixture
+def client(svc):
+    """A TestClient on ``svc``'s app with the tests' tokens (_fuse_support.fuse_client); a module
+    that wants other app options defines its own ``client`` from fuse_client."""
+    return fuse_client(svc)
+
+
+@pytest.fixture
+def alertmanager(tmp_path):
+    """``start(service_url, config, args=())``: a real Alertmanager on a free port with ``config``
+    (_fuse_support.am_config's text: ``{url}`` is ``service_url``, ``{token_file}`` a file holding
+    TOKEN), ready; its URL. Each one started is stopped after the test; its log is am.log."""
+    exe = need_tool("prometheus-alertmanager", "alertmanager")
+    procs = []
+
+    def start(service_url: str, config: str, args=()) -> str:
+        token_file = tmp_path / "am-token"
+        token_file.write_text(TOKEN + "\n")
+        cfg = tmp_path / "alertmanager.yml"
+        cfg.write_text(config.format(url=service_url, token_file=token_file))
+        port = free_port()
+        p = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
+                              f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+                              "--log.level=warn", *args], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb"))
+        procs.append(p)
+        url = f"http://127.0.0.1:{port}"
+        wait_ok(url + "/-/ready", p)
+        return url
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A PostgreSQL server (Debian's, _pg_support.PgServer) for one test module."""
+    server = PgServer()
+    server.start()
+    yield server
+    server.close()

@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import Result, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
 
-def _fusebox(*args: str, timeout: float = 60, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fusebox.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+def _fusebox(*args: str, cwd: Path = ROOT) -> Result:
+    return run_cli(*args, cwd=cwd)
 
 
 def test_replay_of_a_non_capture_lists_the_formats_it_reads():

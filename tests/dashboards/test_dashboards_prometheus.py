@@ -36,7 +36,7 @@ import time
 
 import pytest
 import yaml
-from _dashboards_support import ROOT, prometheus, query, query_range, serve_text
+from _dashboards_support import ROOT, evaluated_since, prometheus, query, query_range, serve_text
 
 from fusebox import conventions as C
 from fusebox.generator import shedding
@@ -175,7 +175,13 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
                     break
                 time.sleep(1)
             assert not wanted, f"still empty after 120 s: {wanted}"
-            time.sleep(6)  # one more rule evaluation (groups run every 5s)
+            # one more evaluation of each 5 s group, seen on /api/v1/rules (the slow ones wrote above)
+            seen, late = time.time(), ["?"]
+            deadline = time.monotonic() + 60
+            while late and time.monotonic() < deadline:
+                time.sleep(0.2)
+                late = evaluated_since(base, seen, 5)
+            assert not late, f"groups not evaluated again within 60 s: {late}"
             end = time.time()
             empty = []
             n = 0

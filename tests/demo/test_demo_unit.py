@@ -4,12 +4,13 @@ process supervisor (real processes, real process groups)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from _cli import run_cli
+from _fuse_support import wait_for
 
 from fusebox.demo.watch import Event
 from fusebox.spec import load_spec
@@ -131,9 +132,8 @@ def test_a_child_that_dies_early_is_named_with_its_status_and_log(tmp_path):
     sup = Supervisor(tmp_path)
     try:
         sup.start("flaky", [sys.executable, "-c", "import sys; print('cannot bind 127.0.0.1:1'); sys.exit(3)"])
-        time.sleep(1.0)
-        with pytest.raises(ChildDied) as e:
-            sup.check()
+        with pytest.raises(ChildDied) as e:  # check() raises once the child has exited: wait on that, not a second
+            wait_for(sup.check, 60, 0.02, "Supervisor.check to see the child's exit")
         msg = str(e.value)
         assert "flaky (pid" in msg and "status 3" in msg and str(tmp_path / "flaky.log") in msg
         assert "cannot bind 127.0.0.1:1" in msg
@@ -179,8 +179,7 @@ def test_demo_without_tools_fails_clearly(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("FUSEBOX_TOOLS", str(tmp_path / "none"))
     monkeypatch.delenv("FUSEBOX_OTELCOL", raising=False)
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--spec", str(ROOT / "fusebox.yaml"),
-                        "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
+    r = run_cli("demo", "--once", "--spec", str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w"))
     assert r.returncode == 2
     assert r.stdout == ""  # bad input: the error on stderr, as every other fusebox command's
     last = r.stderr.strip().splitlines()[-1]
@@ -398,8 +397,7 @@ def test_the_watcher_merges_the_replicas_alerts_as_alertmanager_does(monkeypatch
 
 
 def test_demo_refuses_replicas_without_victoriametrics(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--replicas", "2", "--spec",
-                        str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
+    r = run_cli("demo", "--once", "--replicas", "2", "--spec", str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w"))
     assert r.returncode == 2 and "--replicas must be 1..3, and above 1 only with --engine victoriametrics" in r.stderr
 
 
@@ -429,8 +427,7 @@ def load_spec_text(path, text):
 
 
 def test_demo_refuses_a_speed_out_of_range_on_stderr(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "demo", "--once", "--speed", "0", "--spec",
-                        str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w")], capture_output=True, text=True)
+    r = run_cli("demo", "--once", "--speed", "0", "--spec", str(ROOT / "fusebox.yaml"), "--workdir", str(tmp_path / "w"))
     assert (r.returncode, r.stdout) == (2, "")
     assert "--speed 0 is out of range: it must be in (0, 10]" in r.stderr
     assert not (tmp_path / "w").exists()

@@ -8,36 +8,19 @@ generated routing (``render_alertmanager``), foreign alerts included.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from _fuse_support import CRITICAL, TOKEN, LiveService, free_port, need_tool, wait_for
+from _fuse_support import CRITICAL, LiveService, am_config, generated_am_config, wait_for
 
 from fusebox.demo.gateway import ReferenceGateway, read_log
 from fusebox.fuse import fingerprint
 
 pytestmark = pytest.mark.tools
 
-CONFIG = """
-route:
-  receiver: fusebox-fuse
-  group_by: [alertname, cluster, host_name, instance, hw_id, engine]
-  group_wait: 100ms
-  group_interval: 500ms
-  repeat_interval: 1h
-receivers:
-  - name: fusebox-fuse
-    webhook_configs:
-      - url: {url}/alertmanager
-        send_resolved: true
-        max_alerts: 0
-        http_config:
-          authorization:
-            credentials_file: {token_file}
-"""
+CONFIG = am_config("alertname, cluster, host_name, instance, hw_id, engine", "100ms", "500ms", max_alerts=0)
 
 
 def _labels():
@@ -60,43 +43,11 @@ def _rfc3339(dt):
     return dt.isoformat().replace("+00:00", "Z")
 
 
-@pytest.fixture
-def alertmanager(tmp_path):
-    exe = need_tool("prometheus-alertmanager", "alertmanager")
-    procs = []
-
-    def start(service_url, config=CONFIG, args=()):
-        token_file = tmp_path / "am-token"
-        token_file.write_text(TOKEN + "\n")
-        cfg = tmp_path / "alertmanager.yml"
-        cfg.write_text(config.format(url=service_url, token_file=token_file))
-        port = free_port()
-        p = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
-                              f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                              "--log.level=warn", *args], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb"))
-        procs.append(p)
-        url = f"http://127.0.0.1:{port}"
-
-        def ready():
-            try:
-                return httpx.get(url + "/-/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 20, 0.1, "alertmanager ready")
-        return url
-
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(10)
-
-
 def test_real_alertmanager_trips_each_level_once_and_releases_after_recovery(tmp_path, alertmanager):
     gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
     try:
         with LiveService(tmp_path / "s.sqlite", gw.url, hold_s=0.5) as svc:
-            am = alertmanager(svc.url)
+            am = alertmanager(svc.url, CONFIG)
             labels = _labels()
             start = datetime.now(UTC) - timedelta(seconds=5)
             body = [{"labels": lb, "startsAt": _rfc3339(start)} for lb in labels]
@@ -132,7 +83,7 @@ def test_real_alertmanager_without_the_right_token_changes_nothing(tmp_path, ale
     gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
     try:
         with LiveService(tmp_path / "s.sqlite", gw.url, hold_s=0.5) as svc:
-            am = alertmanager(svc.url)
+            am = alertmanager(svc.url, CONFIG)
             (tmp_path / "am-token").write_text("not-the-token\n")  # Alertmanager re-reads it per request
             lb = _labels()[0]
             body = [{"labels": lb, "startsAt": _rfc3339(datetime.now(UTC))}]
@@ -185,10 +136,6 @@ def test_generated_routing_sends_only_fusebox_fuse_tiers_to_the_fuse(tmp_path, a
     to the people only; warnings and other teams' criticals reach the people only as well."""
     from _support import SPEC
 
-    from fusebox.generator.render_alertmanager import render_alertmanager
-    from fusebox.generator.yamlout import dump_yaml
-    from fusebox.spec import parse_spec
-
     people = _People()
     text = SPEC.read_text()
     for old, new in (("group_wait_critical: 5s", "group_wait_critical: 100ms"), ("group_wait: 30s", "group_wait: 100ms"),
@@ -197,10 +144,7 @@ def test_generated_routing_sends_only_fusebox_fuse_tiers_to_the_fuse(tmp_path, a
                       f"  human_receiver:\n    name: oncall\n    webhook_configs: [{{url: '{people.url}'}}]\n")):
         assert old in text
         text = text.replace(old, new, 1)
-    spec = parse_spec(text.replace("webhook_url: http://127.0.0.1:9095/alertmanager", "webhook_url: URL", 1)
-                      .replace("credentials_file: /etc/alertmanager/fusebox-fuse.token", "credentials_file: TOKEN_FILE", 1),
-                      "fusebox.yaml")
-    config = dump_yaml(render_alertmanager(spec)).replace("URL", "{url}/alertmanager").replace("TOKEN_FILE", "{token_file}")
+    spec, config = generated_am_config(text)
     gpu = {"alertname": "GPUMemoryUtilizationHigh", "severity": "critical", "signal": "gpu_memory_utilization",
            "fuse_action": "freeze_admissions", "fuse_level": "1", "cluster": "prod-a"}
     labels = [

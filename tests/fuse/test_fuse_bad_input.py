@@ -7,17 +7,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from _fuse_support import PEOPLE, SPEC, TOKEN, alert, dry_run_service, payload
-from fastapi.testclient import TestClient
+from _fuse_support import PEOPLE, SPEC, TOKEN, alert, fuse_client, payload
 
 from fusebox.fuse.actions import DryRun
-from fusebox.fuse.app import create_app
 from fusebox.fuse.breaker import OverrideError
 from fusebox.fuse.payload import AlertEvent, Notification, PayloadError, parse_payload
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store
-from fusebox.fuse.tokens import Tokens
 from fusebox.spec import load_spec
 
 WEBHOOK = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -28,16 +25,9 @@ LONE = "\udfff"  # a lone low surrogate: valid in a JSON string (\udfff), not en
 
 
 @pytest.fixture
-def svc(tmp_path):
-    s = dry_run_service(tmp_path)
-    yield s
-    s.store.close()
-
-
-@pytest.fixture
 def client(svc):
     # a server error is answered 500, as uvicorn would, instead of raised into the test
-    return TestClient(create_app(svc, Tokens(webhook=TOKEN, people=dict(PEOPLE))), raise_server_exceptions=False)
+    return fuse_client(svc, raise_server_exceptions=False)
 
 
 def _raw(doc: dict) -> bytes:

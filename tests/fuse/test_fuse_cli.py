@@ -10,6 +10,7 @@ import sys
 import httpx
 import pytest
 from _fuse_support import SPEC, TOKEN, free_port, wait_for
+from _support import finish
 
 STARTUP = {
     "a dry run says it calls nothing": (
@@ -33,7 +34,7 @@ def test_serve_says_where_it_listens_what_it_calls_its_state_file_and_hold_time(
         wait_for(lambda: _up(port), 20, what="fuse serve to answer /healthz")
     finally:
         p.terminate()
-        _, err = p.communicate(timeout=20)
+        _, _, err = finish(p)
     lines = [ln for ln in err.splitlines() if ln.startswith("fusebox fuse serve:")]
     assert len(lines) == 1, err
     for w in [f"listening on http://127.0.0.1:{port}", f"state {state}", "hold 90s", *words]:

@@ -11,6 +11,7 @@ import sys
 
 import httpx
 from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for
+from _support import finish
 
 IDLE = 1100  # the reproduction: more connections than the server has file descriptors
 
@@ -61,7 +62,7 @@ def test_1100_idle_connections_neither_stop_the_webhook_nor_flood_the_log(tmp_pa
         for s in idle:
             s.close()
         p.terminate()
-        _, err = p.communicate(timeout=60)
+        _, _, err = finish(p)
     assert "Too many open files" not in err, err[-2000:]
     assert len(err) < 10_000, err[-2000:]
 
@@ -76,5 +77,5 @@ def test_a_connection_trickling_its_request_head_is_closed_after_the_header_time
         assert _webhook(url).status_code == 200
     finally:
         p.terminate()
-        _, err = p.communicate(timeout=60)
+        _, _, err = finish(p)
     assert "Traceback" not in err, err

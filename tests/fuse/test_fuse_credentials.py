@@ -17,6 +17,7 @@ import httpx
 import pytest
 import yaml
 from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for
+from _support import finish
 
 from fusebox.fuse.logsafe import redact_url, redact_urls
 from fusebox.fuse.store import store_label
@@ -106,7 +107,7 @@ def test_no_url_credential_nor_echoed_body_reaches_the_start_up_line_the_log_or_
         wait_for(lambda: len(_failed(db, "")) >= 3, 15, 0.05, "the gateway's and vLLM's failures audited")
     finally:
         p.terminate()
-        _, err = p.communicate(timeout=30)
+        _, _, err = finish(p)
     assert ("POST", "/workers") in sglang.requests  # the body with the api_key was sent, and echoed
     with sqlite3.connect(db) as c:
         recorded = json.dumps([c.execute("SELECT * FROM audit").fetchall(), c.execute("SELECT * FROM outbox").fetchall()])

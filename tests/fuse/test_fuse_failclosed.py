@@ -16,6 +16,7 @@ import sys
 import httpx
 import pytest
 from _fuse_support import PEOPLE, SPEC, TOKEN, alert, free_port, payload, wait_for
+from _support import finish
 
 from fusebox.fuse import breaker as breaker_mod
 from fusebox.fuse.actions import DryRun
@@ -132,7 +133,7 @@ def test_each_malformed_edit_of_the_people_file_revokes_every_override_token_aft
         assert p.poll() is None
     finally:
         p.terminate()
-        _, err = p.communicate(timeout=30)
+        _, _, err = finish(p)
     assert err.count("token file people refused") >= len(EDITS), err
     assert "bob REVOKED" not in err and PEOPLE["bob"] not in err  # the line is named, never a token
 
@@ -294,24 +295,13 @@ def test_a_bus_error_in_the_served_fuse_says_so_on_stderr_before_it_exits(tmp_pa
     try:
         wait_for(lambda: _up(f"http://127.0.0.1:{port}"), 30, 0.1, "fuse serve")
         p.send_signal(signal.SIGBUS)
-        _, err = p.communicate(timeout=30)
+        _, _, err = finish(p)
     finally:
         if p.poll() is None:
             p.kill()
             p.communicate(timeout=30)
     assert p.returncode == -signal.SIGBUS
     assert "Fatal Python error: Bus error" in err, err
-
-
-
-@pytest.fixture(scope="module")
-def pg():
-    from _pg_support import PgServer
-
-    server = PgServer()
-    server.start()
-    yield server
-    server.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.tools)])

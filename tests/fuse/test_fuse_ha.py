@@ -58,14 +58,6 @@ HOOK = """      - url: {url}/alertmanager
 """
 
 
-@pytest.fixture(scope="module")
-def pg():
-    server = PgServer()
-    server.start()
-    yield server
-    server.close()
-
-
 class Cluster:
     """The parts of one test: a database on ``pg``, the gateway, replicas and Alertmanagers."""
 

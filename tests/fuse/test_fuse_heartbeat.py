@@ -12,15 +12,15 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from _fuse_support import LiveService, alert, payload, wait_for
+from _fuse_support import LiveService, alert, generated_am_config, payload, wait_for
 from _support import SPEC
 from prometheus_client.parser import text_string_to_metric_families
-from test_fuse_alertmanager import _People, _rfc3339, alertmanager  # noqa: F401  (the fixture)
+from test_fuse_alertmanager import _People, _rfc3339
 
 from fusebox.demo.gateway import ReferenceGateway, read_log
 from fusebox.fuse.rules import FuseRules
 from fusebox.generator.render_rules import render_rules
-from fusebox.spec import load_spec, parse_spec
+from fusebox.spec import load_spec
 
 LAST = "fusebox_fuse_last_notification_timestamp_seconds"  # docs/self-monitoring.md
 
@@ -78,9 +78,6 @@ def test_a_real_alertmanager_sends_the_heartbeat_to_the_fuse_only_and_health_ale
     """Generated routing (shipped spec; heartbeat every second): the heartbeat reaches the fuse again and
     again, recorded under that Alertmanager's externalURL, tripping nothing; FuseboxFuseDown reaches the
     people only."""
-    from fusebox.generator.render_alertmanager import render_alertmanager
-    from fusebox.generator.yamlout import dump_yaml
-
     people = _People()
     text = SPEC.read_text()
     for old, new in (("group_wait: 30s", "group_wait: 100ms"), ("group_interval: 1m", "group_interval: 500ms"),
@@ -90,10 +87,7 @@ def test_a_real_alertmanager_sends_the_heartbeat_to_the_fuse_only_and_health_ale
                       f"  human_receiver:\n    name: oncall\n    webhook_configs: [{{url: '{people.url}'}}]\n")):
         assert old in text
         text = text.replace(old, new, 1)
-    spec = parse_spec(text.replace("webhook_url: http://127.0.0.1:9095/alertmanager", "webhook_url: URL", 1)
-                      .replace("credentials_file: /etc/alertmanager/fusebox-fuse.token", "credentials_file: TOKEN_FILE", 1),
-                      "fusebox.yaml")
-    config = dump_yaml(render_alertmanager(spec)).replace("URL", "{url}/alertmanager").replace("TOKEN_FILE", "{token_file}")
+    spec, config = generated_am_config(text)
     external = "http://alertmanager-heartbeat.example:9093"
     labels = [_rule_labels(spec, "FuseboxHeartbeat"),
               {"alertname": "FuseboxFuseDown", "fusebox": spec.name, "severity": "critical", "job": "fusebox-fuse",

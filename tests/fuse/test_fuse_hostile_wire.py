@@ -20,9 +20,8 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from _fuse_support import TOKEN, alert, payload, wait_for
+from _fuse_support import TOKEN, alert, am_config, payload, wait_for
 from _slow_peers import SlowBodyFlood
-from test_fuse_alertmanager import alertmanager  # noqa: F401  (the fixture: a real Alertmanager)
 from test_fuse_connections import _serve, _webhook
 
 pytestmark = pytest.mark.process
@@ -142,27 +141,12 @@ def test_by_default_x_forwarded_for_is_not_believed_and_a_head_over_16_kib_is_re
     assert right == 200
 
 
-AM_CONFIG = """
-route:
-  receiver: fusebox-fuse
-  group_by: [alertname, cluster, hw_id]
-  group_wait: 1s
-  group_interval: 5m
-  repeat_interval: 1h
-receivers:
-  - name: fusebox-fuse
-    webhook_configs:
-      - url: {url}/alertmanager
-        send_resolved: true
-        http_config:
-          authorization:
-            credentials_file: {token_file}
-"""
+AM_CONFIG = am_config("alertname, cluster, hw_id", "1s", "5m")
 GROUP_WAIT_S = 1.0
 
 
 @pytest.mark.tools
-def test_a_neighbour_with_wrong_tokens_on_alertmanagers_address_does_not_delay_its_trip(tmp_path, alertmanager):  # noqa: F811
+def test_a_neighbour_with_wrong_tokens_on_alertmanagers_address_does_not_delay_its_trip(tmp_path, alertmanager):
     p, port, url = _serve(tmp_path)
     stop = threading.Event()
     neighbour: list[int] = []

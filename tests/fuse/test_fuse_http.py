@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 import pytest
-from _fuse_support import FIXTURES, PEOPLE, TOKEN, alert, dry_run_service, payload
+from _fuse_support import FIXTURES, PEOPLE, TOKEN, alert, dry_run_service, fuse_client, payload
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
@@ -20,15 +20,8 @@ GPU = {"cluster": "a", "hw_id": "GPU-1"}
 
 
 @pytest.fixture
-def svc(tmp_path):
-    s = dry_run_service(tmp_path)
-    yield s
-    s.store.close()
-
-
-@pytest.fixture
 def client(svc):
-    return TestClient(create_app(svc, TOKENS, max_body=64 * 1024))
+    return fuse_client(svc, max_body=64 * 1024)
 
 
 def test_firing_critical_alert_trips_and_state_shows_the_level(client, svc):

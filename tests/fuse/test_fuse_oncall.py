@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-from _fuse_support import PEOPLE, SPEC, TOKEN, alert, free_port, payload, wait_for
+from _fuse_support import PEOPLE, SPEC, TOKEN, alert, free_port, payload, wait_for, wait_ok
 from fastapi.testclient import TestClient
 
 from fusebox.cli import main
@@ -57,15 +57,8 @@ def served(tmp_path_factory):
                           str(tmp / "token"), "--override-tokens", str(tmp / "people"), "--dry-run",
                           "--log-format", "json"], stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
-
-    def up():
-        try:
-            return httpx.get(url + "/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(up, 30, 0.1, "fuse serve ready")
+        wait_ok(url + "/readyz", p)
         r = httpx.post(url + "/alertmanager", json=payload(alert("KVCacheGrowthRateHigh", **KV)), headers=HOOK)
         assert r.status_code == 200
         yield url, tmp, p

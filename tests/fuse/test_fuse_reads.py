@@ -15,8 +15,6 @@ import base64
 import hashlib
 import itertools
 import re
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from _fuse_support import ROOT, SPEC, TOKEN, alert, dry_run_service, free_port, payload, wait_for
+from _fuse_support import ROOT, SPEC, TOKEN, alert, dry_run_service, payload, serve_dry_run, wait_for, wait_ok
 from fastapi.testclient import TestClient
 
 from fusebox.fuse import Breaker, FuseRules, parse_payload
@@ -86,12 +84,7 @@ def test_eight_readers_of_the_largest_page_neither_delay_notifications_nor_pass_
     del breaker
     (tmp_path / "token").write_text(TOKEN)
     (tmp_path / "token").chmod(0o600)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--listen",
-                             f"127.0.0.1:{port}", "--state", str(tmp_path / "fuse.sqlite"), "--token-file",
-                             str(tmp_path / "token"), "--dry-run", "--hold", "3600", "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = serve_dry_run(tmp_path / "fuse.sqlite", tmp_path / "token")
     stop = threading.Event()
     pages: list[tuple[int, int, int, str | None]] = []  # (limit, status, bytes, Retry-After)
 
@@ -106,13 +99,7 @@ def test_eight_readers_of_the_largest_page_neither_delay_notifications_nor_pass_
 
     readers = [threading.Thread(target=read) for _ in range(READERS)]
     try:
-        def up():
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, 60, 0.1, "service start")
+        wait_ok(url + "/healthz", proc)
         first = _get(url + "/state", limit=1000)
         assert first.status_code == 200 and first.json()["total"] == SCOPES
         for t in readers:

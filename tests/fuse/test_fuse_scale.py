@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
-from _fuse_support import PEOPLE, SPEC, TOKEN, alert, dry_run_service, free_port, payload, wait_for
+from _fuse_support import PEOPLE, SPEC, TOKEN, alert, dry_run_service, free_port, payload, serve_dry_run, wait_for, wait_ok
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
@@ -295,20 +293,9 @@ def test_healthz_answers_during_a_3000_alert_notification_on_a_served_fuse_with_
     notification while /healthz is asked over and over: every probe answers 200 (within a
     generous 5 s; the 1 s figure is bench/bench_fuse.py --fleet's), some while the notification runs."""
     (tmp_path / "token").write_text(TOKEN)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "fuse", "serve", "--spec", str(SPEC), "--listen",
-                             f"127.0.0.1:{port}", "--state", str(tmp_path / "s.sqlite"), "--token-file",
-                             str(tmp_path / "token"), "--dry-run", "--hold", "3600", "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, url = serve_dry_run(tmp_path / "s.sqlite", tmp_path / "token")
     try:
-        def up():
-            try:
-                return httpx.get(url + "/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, 60, 0.1, "service start")
+        wait_ok(url + "/healthz", proc)
         for first in range(0, 3000, 1000):
             r = httpx.post(url + "/alertmanager", json=_fleet(1000, first=first), headers=AUTH, timeout=120)
             assert r.status_code == 200, r.text

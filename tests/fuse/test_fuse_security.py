@@ -19,6 +19,7 @@ import time
 import httpx
 import pytest
 from _fuse_support import GW_TOKEN, PEOPLE, ROOT, SPEC, TOKEN, alert, free_port, payload, wait_for
+from _support import finish
 from fastapi.testclient import TestClient
 
 from fusebox.fuse.actions import DryRun
@@ -45,18 +46,6 @@ def _service(tmp_path, spec=None, adapters=None, **kw):
     spec = spec or load_spec(SPEC)
     return FuseService(FuseRules.from_spec(spec), Store(tmp_path / "fuse.sqlite"), adapters or [DryRun()],
                        hold_s=60, dry_run=adapters is None, **kw)
-
-
-@pytest.fixture
-def svc(tmp_path):
-    s = _service(tmp_path)
-    yield s
-    s.store.close()
-
-
-@pytest.fixture
-def client(svc):
-    return TestClient(create_app(svc, Tokens(webhook=TOKEN, people=dict(PEOPLE))))
 
 
 def _override(**changes):
@@ -376,7 +365,7 @@ def test_sighup_reads_the_token_files_again(tmp_path):
         assert p.poll() is None
     finally:
         p.terminate()
-        _, err = p.communicate(timeout=30)
+        _, _, err = finish(p)
     assert "readable by group or others" not in err  # 0600 files: no warning
 
 
@@ -427,7 +416,7 @@ def test_a_token_file_readable_by_others_is_warned_about_at_start(tmp_path):
         wait_for(lambda: _up(f"http://127.0.0.1:{port}"), 30, 0.1, "fuse serve")
     finally:
         p.terminate()
-        _, err = p.communicate(timeout=30)
+        _, _, err = finish(p)
     assert f"{tok} is readable by group or others (mode 0644)" in err, err
 
 

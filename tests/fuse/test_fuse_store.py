@@ -14,7 +14,6 @@ import time
 
 import pytest
 from _fuse_support import SPEC, TOKEN
-from _pg_support import PgServer
 
 from fusebox.fuse.actions import DryRun
 from fusebox.fuse.rules import FuseRules
@@ -37,14 +36,6 @@ INSERT INTO outbox (decision_id, adapter, payload, received) VALUES ('d1', 'gate
 
 
 tools = pytest.mark.tools  # the tests with Debian's PostgreSQL server
-
-
-@pytest.fixture(scope="module")
-def pg():
-    server = PgServer()
-    server.start()
-    yield server
-    server.close()
 
 
 def test_an_old_sqlite_file_is_migrated_keeping_its_pending_row(tmp_path):

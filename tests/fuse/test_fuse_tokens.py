@@ -12,7 +12,8 @@ import sys
 
 import httpx
 import pytest
-from _fuse_support import PEOPLE, SPEC, TOKEN, dry_run_service, free_port, payload, wait_for
+from _fuse_support import PEOPLE, SPEC, TOKEN, free_port, payload, wait_for
+from _support import finish
 from fastapi.testclient import TestClient
 
 from fusebox.fuse.app import create_app
@@ -24,13 +25,6 @@ OVERRIDE = {"scope": {"cluster": "a", "engine": "e0"}, "level": 1, "mode": "trip
 
 def bearer(token: str) -> dict:
     return {"Authorization": f"Bearer {token}"}
-
-
-@pytest.fixture
-def svc(tmp_path):
-    s = dry_run_service(tmp_path)
-    yield s
-    s.store.close()
 
 
 def _files(tmp_path, people: dict, read: str | None = None):
@@ -184,7 +178,7 @@ def test_sighup_revokes_a_removed_token_of_the_served_process(tmp_path):
         assert p.poll() is None
     finally:
         p.terminate()
-        _, err = p.communicate(timeout=30)
+        _, _, err = finish(p)
     assert "every override token is revoked" in err, err
 
 

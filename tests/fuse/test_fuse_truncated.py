@@ -6,35 +6,19 @@ from __future__ import annotations
 
 import html
 import re
-import subprocess
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from _fuse_support import PEOPLE, TOKEN, LiveService, alert, dry_run_service, free_port, need_tool, payload, wait_for
-from fastapi.testclient import TestClient
+from _fuse_support import TOKEN, LiveService, alert, am_config, payload, wait_for
 
 from fusebox import conventions as C
 from fusebox.demo.gateway import ReferenceGateway, read_log
-from fusebox.fuse.app import create_app
-from fusebox.fuse.tokens import Tokens
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GPU = {"cluster": "a", "hw_id": "GPU-1"}
 T0 = 1_700_000_000.0
 COUNTER = C.FUSE_METRICS["truncated_alerts"]
-
-
-@pytest.fixture
-def svc(tmp_path):
-    s = dry_run_service(tmp_path)
-    yield s
-    s.store.close()
-
-
-@pytest.fixture
-def client(svc):
-    return TestClient(create_app(svc, Tokens(webhook=TOKEN, people=dict(PEOPLE))))
 
 
 def _metric(text: str, name: str) -> float:
@@ -86,51 +70,17 @@ def test_a_notification_not_truncated_records_no_truncation(client, svc):
     assert 'id="truncated"' not in page
 
 
-AM_CONFIG = """
-route:
-  receiver: fusebox-fuse
-  group_by: [alertname, cluster, hw_id]
-  group_wait: 200ms
-  group_interval: 1h
-  repeat_interval: 1h
-receivers:
-  - name: fusebox-fuse
-    webhook_configs:
-      - url: {url}/alertmanager
-        send_resolved: true
-        max_alerts: 2
-        http_config:
-          authorization:
-            credentials_file: {token_file}
-"""
+AM_CONFIG = am_config("alertname, cluster, hw_id", "200ms", "1h", max_alerts=2)
 
 
 @pytest.mark.tools
-def test_a_real_alertmanager_with_max_alerts_2_and_5_alerts_sends_truncated_alerts_3(tmp_path):
+def test_a_real_alertmanager_with_max_alerts_2_and_5_alerts_sends_truncated_alerts_3(tmp_path, alertmanager):
     """Five alerts of one group (one GPU, five replicas of the rule's sender), max_alerts 2:
     Alertmanager sends two and says truncatedAlerts 3; the fuse trips level 1 once and records 3."""
-    exe = need_tool("prometheus-alertmanager", "alertmanager")
     gw = ReferenceGateway("127.0.0.1", 0, tmp_path / "gw.jsonl").start()
-    proc = None
     try:
         with LiveService(tmp_path / "s.sqlite", gw.url, hold_s=60) as svc:
-            (tmp_path / "am-token").write_text(TOKEN + "\n")
-            cfg = tmp_path / "alertmanager.yml"
-            cfg.write_text(AM_CONFIG.format(url=svc.url, token_file=tmp_path / "am-token"))
-            port = free_port()
-            proc = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
-                                     f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                                     "--log.level=warn"], stdout=subprocess.DEVNULL,
-                                    stderr=open(tmp_path / "am.log", "wb"))
-            am = f"http://127.0.0.1:{port}"
-
-            def ready():
-                try:
-                    return httpx.get(am + "/-/ready", timeout=1).status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            wait_for(ready, 20, 0.1, "alertmanager ready")
+            am = alertmanager(svc.url, AM_CONFIG)
             start = (datetime.now(UTC) - timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
             labels = [{"alertname": "GPUMemoryUtilizationHigh", "severity": "critical",
                        "signal": "gpu_memory_utilization", "fuse_action": "freeze_admissions", "fuse_level": "1",
@@ -146,9 +96,6 @@ def test_a_real_alertmanager_with_max_alerts_2_and_5_alerts_sends_truncated_aler
             rows = svc.service.store.audit_log(kinds=("truncated",))
             metrics = httpx.get(svc.url + "/metrics", timeout=5).text
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
         gw.stop()
     assert [(r["detail"]["truncated_alerts"], r["detail"]["alerts"]) for r in rows] == [(3, 2)]
     assert _metric(metrics, COUNTER) == 3.0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _cli import Result, run_cli
 from _support import FIXTURES, ROOT, SPEC, need
 
 from fusebox.generator.render_rules import render_rules
@@ -42,9 +43,8 @@ def _amtool_route(amtool: str, cfg: Path, labels: dict[str, str]) -> list[str]:
     return r.stdout.strip().split(",")
 
 
-def _merge(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fusebox.cli", "alertmanager", "merge", *args],
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
+def _merge(*args: str, cwd: Path = ROOT) -> Result:
+    return run_cli("alertmanager", "merge", *args, cwd=cwd)
 
 
 # ------------------------------------------------------------------------ labels on the alerts

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _cli import Result, run_cli
 from _support import SPEC, spec_text_at_30s
 
 from fusebox.spec import parse_spec
@@ -46,13 +47,13 @@ def _floor(for_s: float, lag: float = 0.0, adapter: float = ADAPTER) -> float:
     return SCRAPE + EVAL + for_s + lag + GROUP_WAIT + DECISION + adapter
 
 
-def _budget(tmp_path: Path, text: str, *args: str) -> subprocess.CompletedProcess:
+def _budget(tmp_path: Path, text: str, *args: str) -> Result:
     spec = tmp_path / "fusebox.yaml"
     spec.write_text(text)
-    return subprocess.run([*FUSEBOX, "budget", "--spec", str(spec), *args], capture_output=True, text=True, timeout=120)
+    return run_cli("budget", "--spec", spec, *args)
 
 
-def _rows(r: subprocess.CompletedProcess) -> dict[tuple[str, str], dict]:
+def _rows(r: Result) -> dict[tuple[str, str], dict]:
     doc = json.loads(r.stdout)
     return {(t["alert"], t["tier"]): t for t in doc["tiers"]}
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import promql_parser
 import yaml
+from _cli import Result, run_cli
 from _support import FIXTURES, ROOT, SPEC
 
 from fusebox import conventions as C
@@ -166,8 +165,7 @@ def test_check_generated_detects_drift(tmp_path, spec):
     assert drift(outputs, tmp_path) == []
     (tmp_path / "rules/fusebox.rules.yml").write_text("groups: []\n")
     assert drift(outputs, tmp_path) == ["rules/fusebox.rules.yml: differs from the spec"]
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(SPEC), "--out", str(tmp_path),
-                        "--check"], capture_output=True, text=True, cwd=ROOT)
+    r = run_cli("generate", "--spec", str(SPEC), "--out", str(tmp_path), "--check", cwd=ROOT)
     assert r.returncode == 1 and "rules/fusebox.rules.yml" in r.stderr
     assert f"run `fusebox generate --spec {SPEC} --out {tmp_path}`" in r.stderr and "make generate" not in r.stderr
 
@@ -177,11 +175,11 @@ def test_generate_names_removed_outputs_as_removed(tmp_path):
     spec = tmp_path / "fusebox.yaml"
     spec.write_text(SPEC.read_text(encoding="utf-8"), encoding="utf-8")
     out = tmp_path / "out"
-    gen = [sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(spec), "--out", str(out)]
-    assert subprocess.run(gen, capture_output=True, text=True, cwd=ROOT).returncode == 0
+    gen = ["generate", "--spec", str(spec), "--out", str(out)]
+    assert run_cli(*gen, cwd=ROOT).returncode == 0
     assert (out / "runbooks/FuseboxGPUDown.md").exists()
     spec.write_text(SPEC.read_text(encoding="utf-8").replace("  source: fusebox\n", "  source: dcgm\n", 1), encoding="utf-8")
-    r = subprocess.run(gen, capture_output=True, text=True, cwd=ROOT)
+    r = run_cli(*gen, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert not (out / "runbooks/FuseboxGPUDown.md").exists()
     lines = r.stdout.splitlines()
@@ -280,11 +278,10 @@ DCGM_NO_COLLECTORS = (SPEC.read_text(encoding="utf-8")
                                "https://git.example.com/ops/monitoring/runbooks", 1))
 
 
-def _generate(tmp_path, text: str) -> subprocess.CompletedProcess:
+def _generate(tmp_path, text: str) -> Result:
     spec = tmp_path / "fusebox.yaml"
     spec.write_text(text, encoding="utf-8")
-    return subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(spec), "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return run_cli("generate", "--spec", str(spec), "--out", str(tmp_path / "out"), cwd=ROOT)
 
 
 def _alerts(out) -> dict[str, list[dict]]:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from _cli import Result, run_cli
 from _support import FIXTURES, SPEC
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,7 +32,6 @@ from fusebox import conventions as C
 from fusebox.generator.deadselectors import SYNTHETIC, dead_selectors, load_captures, load_rules
 from fusebox.spec.promql import vector_selectors
 
-FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
 GEN = FIXTURES / "generator"
 VLLM_CAPTURES = [GEN / "hardware-aware-router_vllm-v1_qwen1.5-0.5b-chat_idle_2025-11.txt",
                  GEN / "hardware-aware-router_vllm-v1_tinyllama-1.1b_idle_2025-11.txt"]
@@ -94,11 +93,10 @@ def dcgm_vllm_spec(keep_collector_signals: bool = False) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def _generate(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+def _generate(tmp_path: Path, text: str) -> Result:
     spec = tmp_path / "fusebox.yaml"
     spec.write_text(text)
-    return subprocess.run([*FUSEBOX, "generate", "--spec", str(spec), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=300)
+    return run_cli("generate", "--spec", str(spec), "--out", str(tmp_path / "out"))
 
 
 def rule_reads(rules_file: Path) -> dict[str, set[str]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _cli import run_cli
 from _support import ROOT, SPEC, need, promtools
 
 from fusebox.generator.outputs import render_all
@@ -353,7 +354,7 @@ def test_rule_engine_rejects_an_unknown_engine():
 
 
 def test_rule_engine_is_in_the_schema_and_defaults_to_prometheus():
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "schema"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = run_cli("schema", cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert '"rule_engine"' in r.stdout
     for engine in ("prometheus", "victoriametrics", "mimir", "thanos"):

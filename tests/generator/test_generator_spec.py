@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from _cli import run_cli
 from _support import ROOT, SPEC
 
 from fusebox.spec import SpecError, parse_spec
@@ -159,8 +157,7 @@ def test_cli_exits_2_and_leaves_output_untouched(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(BASE.replace("threshold: 78.3%", "threshold: 78.3 MB/s"))
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(bad), "--out", str(out)],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = run_cli("generate", "--spec", str(bad), "--out", str(out), cwd=ROOT)
     assert r.returncode == 2
     line = _line_of(bad.read_text(), "threshold: 78.3 MB/s")
     assert f"{bad}:{line}:" in r.stderr and "wrong unit" in r.stderr and " -- " in r.stderr
@@ -170,8 +167,7 @@ def test_cli_exits_2_and_leaves_output_untouched(tmp_path):
 
 
 def test_missing_spec_file_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "generate", "--spec", str(tmp_path / "nope.yaml"),
-                        "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    r = run_cli("generate", "--spec", str(tmp_path / "nope.yaml"), "--out", str(tmp_path), cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"fusebox generate: {tmp_path / 'nope.yaml'}: no such file -- pass --spec PATH"), r.stderr
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _dashboards_support import ROOT, collector_setup, process, prometheus, query, serve_text, wait_http
+from _dashboards_support import ROOT, collector_setup, process, prometheus, query, serve_text, wait_http, wait_scrapes
 
 from fusebox import conventions as C
 
@@ -136,8 +136,6 @@ def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_colle
     import sys
 
     fixture = ROOT / "tests" / "fixtures" / "collectors" / "netdata_rtx-4090-driver-535_nvidia-smi-q-x.xml"
-    if not fixture.exists():
-        pytest.skip("collectors fixtures not merged yet")
     binary, cfg, ports, env, log = collector_setup(tmp_path)
     gpu = 'hw_id="GPU-71d1acc2-662d-2166-bf9f-65272d2fc437", host_name="replay-node", cluster="lab-c"'
     expected = {C.PROM["gpu_memory_limit"]: 24_564 * MIB, C.PROM["gpu_memory_usage"]: 350 * MIB,
@@ -168,7 +166,8 @@ def test_the_fusebox_gpu_collector_replaying_a_capture_arrives_through_the_colle
                  "--rounds", "3", "--otlp-endpoint", f"http://127.0.0.1:{ports['http']}", "--host-name", "replay-node",
                  "--cluster", "lab-c"], capture_output=True, text=True, timeout=60)
             assert run.returncode == 0, run.stdout + run.stderr
-            time.sleep(3)  # two scrapes after the last push
+            pushed = time.time()
+            wait_scrapes(base, pushed)  # two scrapes after the last push
             usage = C.PROM["gpu_memory_usage"]
             series = query(base, f"last_over_time({usage}{{{gpu}}}[1m])")
             assert [(s["metric"].get("instance"), s["metric"].get("job")) for s in series] == [

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _cli import run_cli
 from _support import ROOT, SPEC
 
 from fusebox.generator.cli import run_inpath_check
@@ -178,8 +179,7 @@ def test_a_bad_spec_exits_2_and_writes_nothing(tmp_path):
     spec = tmp_path / "fusebox.yaml"
     spec.write_text(_spec(_gw(signal="no_such_signal")))
     out = tmp_path / "out"
-    r = subprocess.run([*FUSEBOX, "generate", "--spec", str(spec), "--out", str(out)], capture_output=True, text=True,
-                       timeout=120)
+    r = run_cli("generate", "--spec", str(spec), "--out", str(out))
     assert r.returncode == 2
     assert f"{spec}:{_line_of(spec.read_text(), 'signal: no_such_signal')}:" in r.stderr
     assert not out.exists() or not any(out.iterdir())
@@ -188,8 +188,7 @@ def test_a_bad_spec_exits_2_and_writes_nothing(tmp_path):
 def test_generate_warns_of_a_shedder_after_its_fuse(tmp_path):
     spec = tmp_path / "fusebox.yaml"
     spec.write_text(_spec(_gw(shed_at="80%")))
-    r = subprocess.run([*FUSEBOX, "generate", "--spec", str(spec), "--out", str(tmp_path / "out")], capture_output=True,
-                       text=True, timeout=120)
+    r = run_cli("generate", "--spec", str(spec), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stderr.splitlines() if "inpath.shedders.gateway" in x)
     assert line.startswith("fusebox generate: warning:") and "80%" in line and f"{CRITICAL}%" in line

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from _cli import run_cli
 from _support import FIXTURES, ROOT, SPEC, promtools
 
 from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
@@ -23,7 +23,6 @@ from fusebox.spec.units import humanize, parse_quantity
 
 DOC = ROOT / "docs/spec.md"
 DCGM_CAPTURE = FIXTURES / "generator/datadog_dcgm_metrics_fixture_t4_mixed.txt"
-FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
 
 
 def example_block() -> str:
@@ -338,7 +337,7 @@ def test_switched_rules_with_per_backend_selectors_pass_their_generated_tests(tm
 
 # --------------------------------------------------------------------- fusebox init / schema
 def _run(args, cwd):
-    return subprocess.run(FUSEBOX + args, cwd=cwd, capture_output=True, text=True, timeout=300)
+    return run_cli(*args, cwd=cwd)
 
 
 def test_the_starter_spec_is_the_shipped_spec():

@@ -8,18 +8,13 @@ FB_* fields MiB: read with no scale they compare a ratio or byte threshold again
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import yaml
+from _cli import run_cli
 from _support import SPEC
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
-
-FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
 
 
 def _spec_with(signal: str, source: dict, **fields) -> str:
@@ -37,8 +32,7 @@ def test_a_fraction_read_as_bytes_per_second_is_refused_at_its_line(tmp_path):
     spec_file.write_text(text)
     line = next(i for i, ln in enumerate(text.splitlines(), 1) if "metric: vllm:kv_cache_usage_perc" in ln)
     out = tmp_path / "out"
-    r = subprocess.run([*FUSEBOX, "generate", "--spec", str(spec_file), "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli("generate", "--spec", str(spec_file), "--out", str(out))
     assert r.returncode == 2, r.stderr
     assert f"{spec_file}:{line}:" in r.stderr
     assert "fraction" in r.stderr and "bytes per second" in r.stderr
