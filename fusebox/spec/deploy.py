@@ -24,36 +24,22 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from fusebox import conventions as C
 
+from .k8snames import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    IMAGE_TAG,
+    K8S_LABEL_NAME,
+    LABEL_FIX,
+    QUANTITY,
+    Err,
+    check_labels,
+    check_port,
+    image_repository_problem,
+    object_name,
+)
 from .kvgeometry import DTYPE_BYTES, ConfigError, KvGeometry, kv_geometry, load_model_config
 
-# Kubernetes object names and label keys/values (k8s.io/apimachinery validation).
-DNS_LABEL = re.compile(r"^(?=.{1,63}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-K8S_LABEL_NAME = re.compile(r"^(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
-# resource.Quantity: a decimal with an optional binary (Ki..Ei), decimal (m, k, M..E) or exponent suffix.
-_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?\Z")
-# An image reference's repository, [registry/]path (the grammar of distribution/reference, which
-# Docker and containerd parse with): the registry is a host name (any case) with an optional port;
-# the path is components of lower-case letters and digits, joined by '.', '_', '__' or dashes. The
-# first component is the registry only when it holds '.' or ':' or is 'localhost' (Docker's own
-# rule for the default registry); else it is the path's first component, lower case like the rest.
-_IMAGE_REGISTRY = re.compile(r"^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?\Z")
-_IMAGE_PATH = re.compile(r"^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*\Z")
-_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 COLLECTORS = ("gpu", "kv", "latency")  # `fusebox collect NAME` that may run in the DaemonSet
-_OBJECT_PREFIX = "fusebox-"
-
-
-def object_name(spec_name: str) -> str:
-    """The Kubernetes object name of the PrometheusRule and the AlertmanagerConfig made from
-    ``metadata.name``: ``fusebox-`` and the name in lower case, each run of characters other
-    than ``a-z0-9`` as one ``-``, no ``-`` at either end, at most 63 characters in all (an RFC
-    1123 label, which every object kind accepts): ``"Multimodal Inference"`` ->
-    ``"fusebox-multimodal-inference"``. The name itself stays the ``cluster`` and ``fusebox``
-    label value of the rules, where any text is fine. ``"fusebox-"`` alone when nothing is left
-    (``normalise_kubernetes`` refuses such a name)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", spec_name.lower()).strip("-")
-    return (_OBJECT_PREFIX + slug[:63 - len(_OBJECT_PREFIX)]).rstrip("-") + ("" if slug else "-")
 
 
 class _Strict(BaseModel):
@@ -317,18 +303,6 @@ class Otelcol:
 
 
 # ------------------------------------------------------------------------ validation
-Err = Callable[..., None]  # (path, what, fix, *, key=False)
-_LABEL_FIX = "use [prefix/]name: a name of at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends)"
-_VALUE_FIX = "use at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends), or ''"
-
-
-def _check_labels(labels: dict[str, str], path: tuple, err: Err) -> None:
-    for key, value in labels.items():
-        prefix, _, name = key.rpartition("/")
-        if not K8S_LABEL_NAME.match(name) or (prefix and not DNS_SUBDOMAIN.match(prefix)):
-            err(path + (key,), f"{key!r} is not a Kubernetes label key", _LABEL_FIX, key=True)
-        if value and not K8S_LABEL_NAME.match(value):
-            err(path + (key,), f"{value!r} is not a Kubernetes label value", _VALUE_FIX)
 
 
 def _check_resources(r: RawResources, path: tuple, err: Err) -> Resources:
@@ -336,32 +310,9 @@ def _check_resources(r: RawResources, path: tuple, err: Err) -> Resources:
         for name, q in getattr(r, part).items():
             if name not in ("cpu", "memory", "ephemeral-storage"):
                 err(path + (part, name), f"unknown resource {name!r}", "use cpu, memory or ephemeral-storage", key=True)
-            elif not _QUANTITY.match(q):
+            elif not QUANTITY.match(q):
                 err(path + (part, name), f"{q!r} is not a Kubernetes quantity", "e.g. cpu: 100m, memory: 256Mi")
     return Resources(dict(r.requests), dict(r.limits))
-
-
-def _check_port(port: int, path: tuple, err: Err) -> None:
-    if not 1 <= port <= 65535:
-        err(path, f"port {port} is out of range", "use a port from 1 to 65535")
-
-
-def image_repository_problem(repo: str) -> str | None:
-    """What is wrong with ``repo`` as an image reference's repository (``[registry/]path``, see
-    :data:`_IMAGE_PATH`), or None: a capital letter in the path ("Acme/fusebox": Docker would take
-    ``Acme`` for a registry host), an empty component, a character a repository cannot hold."""
-    first, slash, rest = repo.partition("/")
-    registry = first if slash and (any(c in first for c in ".:") or first == "localhost") else None
-    path = rest if registry is not None else repo
-    if registry is not None and not _IMAGE_REGISTRY.match(registry):
-        return f"{registry!r} is not a registry host[:port]"
-    if _IMAGE_PATH.match(path):
-        return None
-    if _IMAGE_PATH.match(path.lower()):
-        upper = [c for c in path.split("/") if c != c.lower()]
-        return (f"capital letters in {', '.join(map(repr, upper))}; an image repository's path is lower case"
-                + (" (a registry host goes first and holds a '.' or ':', e.g. ghcr.io)" if registry is None and "/" in path else ""))
-    return "its path must be components of a-z, 0-9 joined by '.', '_' or '-', separated by '/'"
 
 
 def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err, base_dir: Path | None = None) -> Kubernetes:
@@ -375,18 +326,18 @@ def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err, base_dir: P
     if not DNS_LABEL.match(k.namespace):
         err(p + ("namespace",), f"{k.namespace!r} is not a Kubernetes namespace name",
             "use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit")
-    _check_labels(k.labels, p + ("labels",), err)
+    check_labels(k.labels, p + ("labels",), err)
     g = k.grafana
-    _check_labels({g.sidecar_label: g.sidecar_label_value}, p + ("grafana", "sidecar_label"), err)
+    check_labels({g.sidecar_label: g.sidecar_label_value}, p + ("grafana", "sidecar_label"), err)
     prefix, _, name = g.folder_annotation.rpartition("/")
     if not K8S_LABEL_NAME.match(name) or (prefix and not DNS_SUBDOMAIN.match(prefix)):
-        err(p + ("grafana", "folder_annotation"), f"{g.folder_annotation!r} is not a Kubernetes annotation key", _LABEL_FIX)
+        err(p + ("grafana", "folder_annotation"), f"{g.folder_annotation!r} is not a Kubernetes annotation key", LABEL_FIX)
     img = k.image
     bad_repo = image_repository_problem(img.repository)
     if bad_repo:
         err(p + ("image", "repository"), f"{img.repository!r} is not an image repository: {bad_repo}",
             "write [registry/]path with the path in lower case, e.g. ghcr.io/acme/fusebox or acme/fusebox")
-    if not _IMAGE_TAG.match(img.tag):
+    if not IMAGE_TAG.match(img.tag):
         err(p + ("image", "tag"), f"{img.tag!r} is not an image tag", "use letters, digits, '_', '.', '-' (at most 128)")
     return Kubernetes(
         namespace=k.namespace, labels=dict(k.labels),
@@ -402,7 +353,7 @@ def _engines(e: RawEngines, p: tuple, err: Err, base_dir: Path) -> Engines:
     if not e.selector:
         err(p + ("selector",), "the engines' selector is empty: the PodMonitor would scrape every pod",
             "give the engine pods' labels, e.g. {app.kubernetes.io/name: vllm}")
-    _check_labels(e.selector, p + ("selector",), err)
+    check_labels(e.selector, p + ("selector",), err)
     if not K8S_LABEL_NAME.match(e.port) or len(e.port) > 15:
         err(p + ("port",), f"{e.port!r} is not a container port name", "name the engine container's port, e.g. http")
     if not e.path.startswith("/"):
@@ -474,7 +425,7 @@ DISCOVERY_ARGS = frozenset({"--discover", "--node-name", "--pod-resources-socket
 
 
 def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err, *, discovery: bool = False) -> Collectors:
-    _check_labels(c.node_selector, p + ("node_selector",), err)
+    check_labels(c.node_selector, p + ("node_selector",), err)
     if c.runtime_class_name and not DNS_SUBDOMAIN.match(c.runtime_class_name):
         err(p + ("runtime_class_name",), f"{c.runtime_class_name!r} is not a RuntimeClass name",
             "use the name of your cluster's NVIDIA RuntimeClass (the GPU Operator's is 'nvidia'), or '' for the default runtime")
@@ -506,8 +457,8 @@ def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err, *, discove
                 + (", and their models' config.json or geometry" if name == "kv" else "")
                 + "): the collector then discovers the engine pods on its node", key=True)
         ports[name] = c.port + i
-    _check_port(c.port, p + ("port",), err)
-    _check_port(c.port + max(len(c.run) - 1, 0), p + ("port",), err)
+    check_port(c.port, p + ("port",), err)
+    check_port(c.port + max(len(c.run) - 1, 0), p + ("port",), err)
     cluster = spec_name if c.cluster is None else c.cluster
     if c.cluster is not None and not c.cluster.strip():  # an empty metadata.name is reported at its own line
         err(p + ("cluster",), "the cluster name is empty", "name your cluster, or leave the key out for metadata.name")
@@ -520,7 +471,7 @@ def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err, *, discove
 
 
 def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
-    if not _QUANTITY.match(f.state_size):
+    if not QUANTITY.match(f.state_size):
         err(p + ("state_size",), f"{f.state_size!r} is not a Kubernetes quantity", "e.g. 1Gi")
     if f.storage_class is not None and not DNS_SUBDOMAIN.match(f.storage_class):
         err(p + ("storage_class",), f"{f.storage_class!r} is not a StorageClass name", "name one of `kubectl get storageclass`, or leave it out")
@@ -553,7 +504,7 @@ def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
         if not labels:
             err(np + (who,), f"no labels select the {who} pods: an empty selector lets every pod of the namespace in",
                 "e.g. {app.kubernetes.io/name: " + who + "} (the Prometheus Operator's label)")
-        _check_labels(labels, np + (who,), err)
+        check_labels(labels, np + (who,), err)
     return FuseWorkload(enabled=f.enabled, resources=_check_resources(f.resources, p + ("resources",), err),
                         state_size=f.state_size, storage_class=f.storage_class, max_unavailable=f.max_unavailable,
                         args=tuple(f.args), replicas=f.replicas, store_secret=secret, gateway_secret=gateway,
