@@ -16,7 +16,7 @@ export FUSEBOX_TOOLS ?= $(HOME)/.cache/fusebox/tools
 .PHONY: help venv lock tools generate check budget backtest check-generated lint test test-fast bench bench-scale demo clean
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(BIN)/fusebox: pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -66,7 +66,10 @@ lint: venv ## ruff, then mypy on an installed copy of fusebox (imports across ar
 test: lint tools ## lint, then the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector, the k8s/ cluster test)
 	$(BIN)/python -m pytest -q
 
-.PHONY: test-unit
+.PHONY: test-unit test-e2e
+test-e2e: tools ## the end-to-end runs alone (tests/e2e/: the demo, VictoriaMetrics, the cluster tests on a real API server)
+	$(BIN)/python -m pytest -q tests/e2e
+
 test-unit: venv ## the inner loop: the tests that start no process and bind no port (1,100 tests, 47 s of CPU: 46 s on 2 cores at load 3; tests/_unit_rule.py decides, a guard enforces)
 	$(BIN)/python -m pytest -q -m unit
 

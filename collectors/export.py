@@ -376,7 +376,7 @@ class Pipeline:
         histogram keeps every attribute set it ever saw), so this removes them from the SDK's
         per-reader aggregation tables (``MeterProvider._measurement_consumer._reader_storages``
         -> ``_instrument_view_instrument_matches`` -> ``_attributes_aggregation``, SDK 1.2x-1.4x;
-        tests/test_collectors_discover.py holds it to the rendered output, so an SDK that moved them
+        tests/collectors/test_collectors_discover.py holds it to the rendered output, so an SDK that moved them
         fails there). Series recorded later under the same attributes start again from zero.
         """
         from ._alignment import HIST_NAME

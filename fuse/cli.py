@@ -311,7 +311,7 @@ def serve(args) -> int:
     setup(args.log_level, args.log_format)
     import faulthandler
 
-    # a SIGBUS (SQLite's -shm mmap on a volume that cannot back it, fuse/store.py SHM_RESERVE_BYTES)
+    # a SIGBUS (SQLite's -shm mmap on a volume that cannot back it, fuse/store/sqlite.py SHM_RESERVE_BYTES)
     # or SIGSEGV prints "Fatal Python error: Bus error" and every thread's traceback on stderr
     try:
         faulthandler.enable()

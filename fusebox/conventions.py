@@ -29,7 +29,6 @@ __all__ = [
     "ABSENT_ALERT",
     "GPU_DOWN_ALERT",
     "FUSE_METRICS",
-    "ADAPTER_LEVELS",
     "GENERATED_HEADER",
     "FUSE_LEVEL_METRIC",
     "ALERTS_METRIC",
@@ -304,20 +303,6 @@ FUSE_METRICS = {
     # counter {reason}: refused alerts not audited: "rate" (over fuse.audit.refused_per_minute),
     # "full" (the audit holds fuse.audit.refused_max_rows of them)
     "audit_refused_dropped": "fusebox_fuse_audit_refused_dropped_total",
-}
-
-# Fuse adapter kinds (the spec's fuse.adapters.<name>.kind) and the fuse levels each can apply
-# (1 freeze admissions, 2 text-only fallback, 3 KV-cache eviction). A gateway that can only take a
-# worker out of rotation applies level 3 as that (the engine's KV drains as its requests finish);
-# it has no text-only path, so level 2 is refused at start-up. A generic HTTP action does what
-# its templates say: every level.
-ADAPTER_LEVELS: dict[str, tuple[int, ...]] = {
-    "sglang_gateway": (1, 3),
-    "vllm_router": (1, 3),
-    # the runtime API: a server set to drain (running requests finish) / ready; level 2: an entry in
-    # the map that the generated haproxy/fusebox.cfg reads (multimodal requests to a text-only backend)
-    "haproxy": (1, 2, 3),
-    "http": (1, 2, 3),
 }
 
 # Names of the Kubernetes objects fusebox generates (k8s/), shared by the manifests that create

@@ -13,7 +13,7 @@ import random
 import socket
 from pathlib import Path
 
-__all__ = ["THANOS_VERSION", "TOOLS_ENV", "VICTORIAMETRICS_VERSION", "ToolMissing", "free_port", "thanos_tool", "tools_dir",
+__all__ = ["PORTS_ENV", "THANOS_VERSION", "TOOLS_ENV", "VICTORIAMETRICS_VERSION", "ToolMissing", "free_port", "port_slice", "thanos_tool", "tools_dir",
            "victoriametrics_tool"]
 
 # The VictoriaMetrics release tools/build-victoriametrics.sh builds (single node, vmalert, vmalert-tool).
@@ -41,10 +41,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     default 32768-60999), where ``bind(port 0)`` and every outgoing connection draw theirs: a port
     from that range can be taken by a client socket between this call and the child's bind
     ("Address already in use"). Never returns the same port twice in one process.
+
+    ``$FUSEBOX_PORTS`` (``LOW-HIGH``, both included) narrows the draw: parallel test workers each
+    take their own slice, so two processes cannot pick the same port before either binds it.
+    Raises ``ValueError`` for a malformed ``$FUSEBOX_PORTS``.
     """
-    low, high = _EPHEMERAL
+    first, last = _port_range()
     for _ in range(1000):
-        port = random.randrange(max(1024, low - 12000), low)
+        port = random.randint(first, last)
         if port in _GIVEN:
             continue
         with socket.socket() as s:
@@ -57,6 +61,32 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:  # everything below the range is taken: fall back to the OS's pick
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+PORTS_ENV = "FUSEBOX_PORTS"
+
+
+def _port_range() -> tuple[int, int]:
+    """The ports free_port draws from: ``$FUSEBOX_PORTS``, else the 12,000 below the ephemeral range."""
+    text = os.environ.get(PORTS_ENV, "").strip()
+    if not text:
+        low = _EPHEMERAL[0]
+        return max(1024, low - 12000), low - 1
+    try:
+        first, last = (int(part) for part in text.split("-"))
+    except ValueError:
+        raise ValueError(f"${PORTS_ENV}={text!r}: expected LOW-HIGH, e.g. 20768-26767") from None
+    if not 1024 <= first <= last <= 65535:
+        raise ValueError(f"${PORTS_ENV}={text!r}: expected 1024 <= LOW <= HIGH <= 65535")
+    return first, last
+
+
+def port_slice(index: int, count: int) -> str:
+    """Slice ``index`` of ``count`` equal slices of free_port's default range, as ``LOW-HIGH``
+    for ``$FUSEBOX_PORTS`` (one per parallel test worker)."""
+    first, last = max(1024, _EPHEMERAL[0] - 12000), _EPHEMERAL[0] - 1
+    size = (last - first + 1) // count
+    return f"{first + index * size}-{first + (index + 1) * size - 1}"
 
 
 def _ephemeral_range() -> tuple[int, int]:

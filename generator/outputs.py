@@ -11,6 +11,8 @@ import orjson
 
 from fusebox import conventions as C
 from fusebox.spec import Spec
+from fusebox.spec.adapter_kinds import ADAPTER_KINDS
+from fusebox.spec.adapters import Adapter as FuseAdapter
 from fusebox.spec.kinds import kind_of
 from fusebox.spec.kinds.base import DCGM
 from fusebox.spec.units import format_duration
@@ -324,38 +326,35 @@ def adapter_warnings(spec: Spec) -> list[str]:
                        f"by no adapter of fuse.adapters: its trips will show applied: false in the fuse's /state and "
                        f"{C.SELF_ALERTS['level_unapplied']} will fire -- list it in an adapter whose kind applies level "
                        f"{levels.get(action)} (kind http applies every level), or give the fuse --gateway-url")
-    kf = spec.kubernetes.fuse
-    # the Deployment's --prometheus-url: kubernetes.fuse.prometheus_url, or given in its args
-    deployment_has_prometheus = bool(kf.prometheus_url) or any(x.split("=", 1)[0] == "--prometheus-url" for x in kf.args)
+    release = spec.kubernetes.labels.get("release")
+    example = (f"{kps_prometheus_url(release, spec.kubernetes.namespace)} if kube-prometheus-stack's release "
+               f"{release!r} runs in {spec.kubernetes.namespace!r}" if release else
+               "kube-prometheus-stack: http://<fullname>-prometheus.<namespace>:9090, <fullname> being the "
+               "release, or <release>-kube-prometheus-stack cut to 26 characters")
     for a in spec.adapters:
-        if a.discover is not None and not a.discover.prometheus and kf.enabled and not deployment_has_prometheus:
-            release = spec.kubernetes.labels.get("release")
-            example = (f"{kps_prometheus_url(release, spec.kubernetes.namespace)} if kube-prometheus-stack's release "
-                       f"{release!r} runs in {spec.kubernetes.namespace!r}" if release else
-                       "kube-prometheus-stack: http://<fullname>-prometheus.<namespace>:9090, <fullname> being the "
-                       "release, or <release>-kube-prometheus-stack cut to 26 characters")
-            out.append(f"fuse.adapters.{a.name}.discover names no prometheus and kubernetes.fuse.prometheus_url is not "
-                       "set: the generated fuse Deployment cannot start with it -- set kubernetes.fuse.prometheus_url "
-                       f"({example})")
-        if a.credentials_file and spec.kubernetes.fuse.enabled and spec.kubernetes.fuse.gateway_secret is None:
-            out.append(f"fuse.adapters.{a.name}.credentials_file is set and kubernetes.fuse.gateway_secret is not: the "
-                       "generated fuse Deployment mounts no key there and cannot start with it -- set "
-                       f"kubernetes.fuse.gateway_secret: {{name: fusebox-gateway-key, key: key}} and credentials_file: "
-                       f"{C.K8S['gateway_key_dir']}/key")
-        for s in spec.signals:
-            scope = set(_scope(s))
-            if not scope or not any(t.fuse in a.actions for t in s.tiers):
-                continue
-            if any(set(t.match) <= scope or scope <= set(t.match) for t in a.targets):
-                continue
-            if a.discover is not None and ("hw_id" in scope or "engine" in scope):
-                continue
-            hint = ("add discover: {prometheus: <url>} to resolve GPUs to the gateway's workers" if "hw_id" in scope
-                    else f"add targets matching on {', '.join(sorted(scope))}")
-            out.append(f"fuse.adapters.{a.name} applies {', '.join(sorted({t.fuse for t in s.tiers if t.fuse in a.actions}))} "
-                       f"for signal {s.name!r}, whose alerts are scoped by {{{', '.join(sorted(scope))}}}, but none of its "
-                       f"targets can match that scope: those trips will be refused there (scope not mapped) -- {hint}")
+        out += ADAPTER_KINDS[a.kind].warnings(a, spec, example)  # its kind's: discover, credentials_file
+        out += _unmatched_scope_warnings(a, spec)
     return out + dcgm_attribution_warnings(spec)
+
+
+def _unmatched_scope_warnings(a: FuseAdapter, spec: Spec) -> list[str]:
+    """One line per signal whose action adapter ``a`` applies but whose scope none of its targets
+    (nor its ``discover``) can match (:func:`adapter_warnings`)."""
+    out = []
+    for s in spec.signals:
+        scope = set(_scope(s))
+        if not scope or not any(t.fuse in a.actions for t in s.tiers):
+            continue
+        if any(set(t.match) <= scope or scope <= set(t.match) for t in a.targets):
+            continue
+        if a.discover is not None and ("hw_id" in scope or "engine" in scope):
+            continue
+        hint = ("add discover: {prometheus: <url>} to resolve GPUs to the gateway's workers" if "hw_id" in scope
+                else f"add targets matching on {', '.join(sorted(scope))}")
+        out.append(f"fuse.adapters.{a.name} applies {', '.join(sorted({t.fuse for t in s.tiers if t.fuse in a.actions}))} "
+                   f"for signal {s.name!r}, whose alerts are scoped by {{{', '.join(sorted(scope))}}}, but none of its "
+                   f"targets can match that scope: those trips will be refused there (scope not mapped) -- {hint}")
+    return out
 
 
 def dcgm_attribution_warnings(spec: Spec) -> list[str]:

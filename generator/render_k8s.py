@@ -95,7 +95,7 @@ def _operator_labels(spec: Spec, rule: dict[str, Any], keep_own: frozenset[str])
     the chart's default inhibit rule (``severity=critical`` mutes ``severity=~warning|info`` with
     equal ``namespace`` and ``alertname``): while one scope's critical fires, the same alert's
     warnings of other scopes are muted (docs/alertmanager.md, "The Prometheus Operator";
-    tests/test_k8s_cluster.py runs both on the chart's defaults).
+    tests/e2e/test_k8s_cluster.py runs both on the chart's defaults).
     """
     labels = rule.get("labels") or {}
     alert = rule.get("alert")

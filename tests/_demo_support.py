@@ -1,5 +1,5 @@
 """What a whole ``fusebox demo --once`` run must show, shared by the end-to-end runs on each rule
-engine (tests/test_demo_e2e.py on Prometheus, tests/test_vm_e2e.py on VictoriaMetrics).
+engine (tests/e2e/test_demo_e2e.py on Prometheus, tests/e2e/test_vm_e2e.py on VictoriaMetrics).
 
 Expected events, worked out from collectors/scenarios/breach.yaml and fusebox.yaml (not from the
 demo's own checker): GPU 0 (GPU-5ca1ab1e-...-000000000000, the vision encoder) climbs past 72 %

@@ -1,4 +1,4 @@
-"""Helpers shared by tests/test_fuse_*.py: payload builders, free ports, a live service in a thread."""
+"""Helpers shared by tests/fuse/test_fuse_*.py: payload builders, free ports, a live service in a thread."""
 
 from __future__ import annotations
 

@@ -103,14 +103,18 @@ class _Module:
         return dotted
 
 
+TESTS = Path(__file__).resolve().parent  # the shared helpers (_support.py, conftest.py, ...) live here
+
+
 def modules(folder: Path) -> dict[str, _Module]:
-    """The *.py files of one test folder, read (not imported)."""
-    return {p.stem: _Module(p.stem, ast.parse(p.read_text(), filename=str(p))) for p in sorted(folder.glob("*.py"))}
+    """The *.py files of one test folder and of tests/ itself (the shared helpers), read (not imported)."""
+    paths = sorted({*TESTS.glob("*.py"), *folder.resolve().glob("*.py")})
+    return {p.stem: _Module(p.stem, ast.parse(p.read_text(), filename=str(p))) for p in paths}
 
 
 @cache
 def process_defs(folder: Path) -> frozenset[Key]:
-    """Every (module, qualname) in ``folder`` that reaches a process or a port, to a fixed point."""
+    """Every (module, qualname) in ``folder`` and the shared helpers that reaches a process or a port, to a fixed point."""
     return reaching(modules(folder))
 
 
@@ -138,7 +142,7 @@ def reaching(mods: dict[str, _Module]) -> frozenset[Key]:
 
 
 def is_unit(item) -> bool:
-    """The rule in the module docstring, for one collected pytest item (read in the folder of its file)."""
+    """The rule in the module docstring, for one collected pytest item (read in the folder of its file and tests/)."""
     if any(item.get_closest_marker(m) for m in NOT_UNIT_MARKS):
         return False
     found = process_defs(Path(item.path).parent)

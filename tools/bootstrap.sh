@@ -16,9 +16,9 @@ command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v amtool >/dev/null || need_apt+=(prometheus-alertmanager)
 command -v prometheus-alertmanager >/dev/null || command -v alertmanager >/dev/null || need_apt+=(prometheus-alertmanager)
 command -v haproxy >/dev/null || need_apt+=(haproxy)  # the fuse's haproxy adapter tests (runtime API)
-# Headless Chromium renders the fuse service's status page in tests/test_fuse_status_page.py.
+# Headless Chromium renders the fuse service's status page in tests/fuse/test_fuse_status_page.py.
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || need_apt+=(chromium)
-# The PostgreSQL server (initdb, pg_ctl) the fuse's HA tests start: tests/test_fuse_ha.py.
+# The PostgreSQL server (initdb, pg_ctl) the fuse's HA tests start: tests/fuse/test_fuse_ha.py.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null; then

@@ -3,7 +3,7 @@
 # example/prometheus-operator-crd/), from the Go module proxy (pinned) into
 # $TOOLS/prometheus-operator-crds-$VERSION/: the tests that validate the generated k8s/ manifests
 # offline read four of them (PrometheusRule, ServiceMonitor, PodMonitor, AlertmanagerConfig:
-# tests/test_k8s_manifests.py), and the operator tools/build-prometheus-operator.sh builds needs
+# tests/k8s/test_k8s_manifests.py), and the operator tools/build-prometheus-operator.sh builds needs
 # all of them installed in the API server to run (tools/kube/README.md). Nothing is built.
 #
 # Pinned: the prometheus-operator module's h1 hash is in tools/go-modules.sum and checked after
@@ -14,7 +14,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/go-verify.sh
 . "$here/go-verify.sh"
 TOOLS=${1:?usage: build-operator-crds.sh TOOLS_DIR}
-VERSION=v0.85.0   # keep in step with OPERATOR_VERSION in tests/test_k8s_manifests.py
+VERSION=v0.85.0   # keep in step with OPERATOR_VERSION in tests/k8s/test_k8s_manifests.py
 dest="$TOOLS/prometheus-operator-crds-$VERSION"
 # every file of example/prometheus-operator-crd/ at $VERSION (checked against the module below)
 kinds="alertmanagerconfigs alertmanagers podmonitors probes prometheusagents prometheuses

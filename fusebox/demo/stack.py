@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusebox import conventions as C
+from fusebox.spec.adapter_kinds import ADAPTER_LEVELS
 from fusebox.tooling import ToolMissing, free_port, tools_dir
 
 from .rule_engines import Engine, StartContext, engine_class, make_engine, prometheus_config
@@ -189,7 +189,7 @@ class Stack:
                 targets.append({"match": {"engine": eng.id}, "worker_url": url})
                 self.worker_names[url] += f" {eng.id}"
         levels = {a.level: n for n, a in _actions(self.opts.spec).items()}
-        actions = [levels[lv] for lv in C.ADAPTER_LEVELS["sglang_gateway"] if lv in levels]
+        actions = [levels[lv] for lv in ADAPTER_LEVELS["sglang_gateway"] if lv in levels]
         return {"sglang": {"kind": "sglang_gateway", "url": self.urls["sglang"], "actions": actions, "timeout": "5s",
                            "targets": targets}}
 

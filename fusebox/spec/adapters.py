@@ -5,7 +5,7 @@ Shape (``docs/fuse.md`` has an example per kind)::
     fuse:
       adapters:
         <name>:                       # the adapter's label in metrics, the audit and the status page
-          kind: sglang_gateway        # sglang_gateway | vllm_router | haproxy | http (conventions.ADAPTER_LEVELS)
+          kind: sglang_gateway        # sglang_gateway | vllm_router | haproxy | http (adapter_kinds.ADAPTER_LEVELS)
           url: http://127.0.0.1:30000 # the gateway (sglang_gateway, vllm_router)
           actions: [freeze_admissions, kv_cache_eviction]   # fuse.actions it applies
           timeout: 5s                 # per call
@@ -43,19 +43,18 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
-from jinja2 import TemplateSyntaxError
-from jinja2.sandbox import SandboxedEnvironment
 from pydantic import BaseModel, ConfigDict
 
 from fusebox import conventions as C
 
+from .adapter_kinds import ADAPTER_KINDS, CREDENTIAL_KINDS, DISCOVER_KINDS, http_url
+from .adapter_kinds.haproxy import TEXT_ONLY_LEVEL
+
 __all__ = ["RawAdapter", "Adapter", "Target", "Request", "TextOnly", "Discover", "DISCOVER_KINDS", "CREDENTIAL_KINDS",
            "normalise_adapters", "KINDS", "TEXT_ONLY_LEVEL"]
 
-KINDS = tuple(C.ADAPTER_LEVELS)
-TEXT_ONLY_LEVEL = 2  # the fuse level the haproxy adapter applies through its map (text-only fallback)
+KINDS = tuple(ADAPTER_KINDS)  # the spec's kind values, in registry order
 
 
 class _Strict(BaseModel):
@@ -136,10 +135,6 @@ class Discover:
     namespace: str
 
 
-# Kinds whose targets can be discovered (the gateway's own worker list is joined with the pods).
-DISCOVER_KINDS = ("sglang_gateway", "vllm_router")
-# Kinds that send a control-plane credential from ``credentials_file`` (the gateways' own APIs).
-CREDENTIAL_KINDS = ("sglang_gateway", "vllm_router")
 DISCOVER_TTL_RANGE_S = (1.0, 600.0)
 _PROM_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 _PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
@@ -197,112 +192,80 @@ class Adapter:
     credentials_file: str | None = None
 
 
-# HAProxy proxy and server names: letters, digits, '-', '_', '.' and ':' (its cfgparse rule);
-# nothing that could end a runtime-API command or start another (no space, ';' or newline).
-# Checked with fullmatch: with match, '$' also matches before a trailing newline ("be/x\n").
-_HAPROXY_NAME = r"[A-Za-z0-9_.:-]+"
-_HAPROXY_SERVER = re.compile(rf"^{_HAPROXY_NAME}/{_HAPROXY_NAME}\Z")
-_HAPROXY_BACKEND = re.compile(rf"^{_HAPROXY_NAME}\Z")
-# A map file as HAProxy names it on the runtime API: an absolute path, no space, ';' or newline.
-_HAPROXY_MAP = re.compile(r"^/[A-Za-z0-9_.@+/-]+\Z")
-_HEADER = re.compile(r"^[A-Za-z0-9-]+\Z")
-
-
-def _http_url(value: str) -> bool:
-    try:
-        u = urlsplit(value)
-        return u.scheme in ("http", "https") and bool(u.hostname) and (u.port or 0) >= 0
-    except ValueError:
-        return False
-
-
-def _template_strings(body: Any, path: tuple) -> list[tuple[tuple, str]]:
-    if isinstance(body, str):
-        return [(path, body)]
-    if isinstance(body, dict):
-        return [x for k, v in body.items() for x in _template_strings(v, path + (k,))]
-    if isinstance(body, list):
-        return [x for i, v in enumerate(body) for x in _template_strings(v, path + (i,))]
-    return []
-
-
 def normalise_adapters(raw: dict[str, RawAdapter], levels: dict[str, int], duration: Callable[[Any, tuple], float],
                        err: Callable[..., None]) -> tuple[Adapter, ...]:
-    """Check ``fuse.adapters`` against the kinds' levels (:data:`fusebox.conventions.ADAPTER_LEVELS`)
-    and ``levels`` (fuse action name -> level); problems go to ``err(path, what, fix)``."""
-    env = SandboxedEnvironment()
-    out = []
-    for name, a in raw.items():
-        path = ("fuse", "adapters", name)
-        can = C.ADAPTER_LEVELS[a.kind]
-        if not a.actions:
-            err(path + ("actions",), f"adapter {name!r} applies no action", f"list the fuse actions it applies, e.g. [{next(iter(levels), 'x')}]")
-        for i, act in enumerate(a.actions):
-            if act not in levels:
-                err(path + ("actions", i), f"unknown fuse action {act!r}", f"use one of: {', '.join(levels)}")
-            elif levels[act] not in can:
-                err(path + ("actions", i), f"adapter kind {a.kind} cannot apply fuse level {levels[act]} ({act})",
-                    f"it applies levels {', '.join(map(str, can))}: remove {act!r} here and give it to an adapter that can "
-                    "(e.g. kind: http)")
-        if a.kind in ("sglang_gateway", "vllm_router") and not (a.url and _http_url(a.url)):
-            err(path + (("url",) if a.url else ()), f"adapter {name!r} needs the gateway's url", "e.g. url: http://127.0.0.1:30000")
-        if a.max_attempts is not None and a.max_attempts < 1:
-            err(path + ("max_attempts",), "max_attempts must be >= 1", "leave it out to retry until applied")
-        timeout = duration(a.timeout, path + ("timeout",))
-        if not a.targets and a.discover is None:
-            err(path + ("targets",), f"adapter {name!r} has no targets", "map scopes to targets: - match: {engine: engine-0} ...")
-        discover = _check_discover(a, name, path, duration, err)
-        _check_credentials_file(a, path, err)
-        for i, t in enumerate(a.targets):
-            tp = path + ("targets", i)
-            if not t.match:
-                err(tp + ("match",), "a target needs a match", "e.g. match: {engine: engine-0}")
-            for k in t.match:
-                if k not in C.SCOPE_LABELS:
-                    err(tp + ("match", k), f"{k!r} is not a scope label", f"use one of: {', '.join(C.SCOPE_LABELS)}", key=True)
-            if a.kind == "haproxy":
-                if not (t.server and _HAPROXY_SERVER.fullmatch(t.server)):
-                    err(tp + (("server",) if t.server else ()), f"this target needs a server <backend>/<server>, got {t.server!r}",
-                        "e.g. server: be_llm/engine0 (letters, digits, '-', '_', '.', ':')")
-            elif a.kind == "http":
-                if t.worker_url:
-                    err(tp + ("worker_url",), "an http adapter has no worker_url", "put what its templates need under vars:")
-            elif not (t.worker_url and _http_url(t.worker_url)):
-                err(tp, "this target needs a worker_url (http or https)", "e.g. worker_url: http://10.0.0.5:30001")
-        if a.socket and a.kind != "haproxy":
-            err(path + ("socket",), "socket is for kind haproxy only", f"remove it from this {a.kind} adapter", key=True)
-        if a.kind == "haproxy" and not a.socket:
-            err(path, f"haproxy adapter {name!r} needs its runtime API socket", "socket: /run/haproxy/admin.sock")
-        _check_text_only(a, name, path, levels, err)
-        if a.kind == "http":
-            if not a.hosts:
-                err(path, f"http adapter {name!r} lists no hosts", "hosts: [host:port] -- the only ones its URLs may reach")
-            if a.trip is None:
-                err(path, f"http adapter {name!r} has no trip request", "trip: {method: POST, url: ..., body: {...}}")
-            for which in ("trip", "release"):
-                req = getattr(a, which)
-                if req is None:
-                    continue
-                for p, text in [(path + (which, "url"), req.url), *_template_strings(req.body, path + (which, "body"))]:
-                    try:
-                        env.parse(text)
-                    except TemplateSyntaxError as e:
-                        err(p, f"Jinja2 template error: {e.message}", "fix the template ({{ ... }} and {% ... %})")
-        else:
-            for which in ("hosts", "headers_files", "trip", "release"):
-                if getattr(a, which):
-                    err(path + (which,), f"{which} is for kind http only", f"remove it from this {a.kind} adapter", key=True)
-        out.append(Adapter(
-            name=name, kind=a.kind, url=a.url.rstrip("/") if a.url else None, actions=tuple(a.actions),
-            timeout_s=timeout, max_attempts=a.max_attempts,
-            targets=tuple(Target(dict(t.match), t.worker_url.rstrip("/") if t.worker_url else None, dict(t.vars), t.server)
-                          for t in a.targets), socket=a.socket,
-            hosts=tuple(h.lower() for h in a.hosts), headers_files=dict(a.headers_files),
-            trip=Request(a.trip.method, a.trip.url, a.trip.body) if a.trip else None,
-            release=Request(a.release.method, a.release.url, a.release.body) if a.release else None,
-            text_only=TextOnly(a.text_only.map, a.text_only.backend, a.text_only.header) if a.text_only else None,
-            discover=discover, credentials_file=a.credentials_file or None))
-    return tuple(out)
+    """Check ``fuse.adapters`` against the kinds' levels (:data:`fusebox.spec.adapter_kinds.ADAPTER_LEVELS`)
+    and ``levels`` (fuse action name -> level); problems go to ``err(path, what, fix)``.
+
+    The shared checks run here, each kind's own ones in its module of :mod:`fusebox.spec.adapter_kinds`
+    (:class:`~fusebox.spec.adapter_kinds.AdapterKind`), in this order per adapter: actions, the
+    kind's adapter checks, max_attempts, timeout, targets, discover, credentials_file, each target
+    (its match, then the kind's target check), the kind-only fields in registry order."""
+    return tuple(_normalise(name, a, levels, duration, err) for name, a in raw.items())
+
+
+def _normalise(name: str, a: RawAdapter, levels: dict[str, int], duration: Callable[[Any, tuple], float],
+               err: Callable[..., None]) -> Adapter:
+    path = ("fuse", "adapters", name)
+    kind = ADAPTER_KINDS[a.kind]
+    _check_actions(a, name, path, kind.levels, levels, err)
+    kind.check_adapter(a, name, path, err)
+    if a.max_attempts is not None and a.max_attempts < 1:
+        err(path + ("max_attempts",), "max_attempts must be >= 1", "leave it out to retry until applied")
+    timeout = duration(a.timeout, path + ("timeout",))
+    if not a.targets and a.discover is None:
+        err(path + ("targets",), f"adapter {name!r} has no targets", "map scopes to targets: - match: {engine: engine-0} ...")
+    discover = _check_discover(a, name, path, duration, err)
+    _check_credentials_file(a, path, err)
+    for i, t in enumerate(a.targets):
+        _check_match(t, path + ("targets", i), err)
+        kind.check_target(t, path + ("targets", i), err)
+    _check_kind_fields(a, name, path, levels, err)
+    return Adapter(
+        name=name, kind=a.kind, url=a.url.rstrip("/") if a.url else None, actions=tuple(a.actions),
+        timeout_s=timeout, max_attempts=a.max_attempts,
+        targets=tuple(Target(dict(t.match), t.worker_url.rstrip("/") if t.worker_url else None, dict(t.vars), t.server)
+                      for t in a.targets), socket=a.socket,
+        hosts=tuple(h.lower() for h in a.hosts), headers_files=dict(a.headers_files),
+        trip=Request(a.trip.method, a.trip.url, a.trip.body) if a.trip else None,
+        release=Request(a.release.method, a.release.url, a.release.body) if a.release else None,
+        text_only=TextOnly(a.text_only.map, a.text_only.backend, a.text_only.header) if a.text_only else None,
+        discover=discover, credentials_file=a.credentials_file or None)
+
+
+def _check_actions(a: RawAdapter, name: str, path: tuple, can: tuple[int, ...], levels: dict[str, int],
+                   err: Callable[..., None]) -> None:
+    """At least one action, each a fuse action whose level the kind can apply (``can``)."""
+    if not a.actions:
+        err(path + ("actions",), f"adapter {name!r} applies no action", f"list the fuse actions it applies, e.g. [{next(iter(levels), 'x')}]")
+    for i, act in enumerate(a.actions):
+        if act not in levels:
+            err(path + ("actions", i), f"unknown fuse action {act!r}", f"use one of: {', '.join(levels)}")
+        elif levels[act] not in can:
+            err(path + ("actions", i), f"adapter kind {a.kind} cannot apply fuse level {levels[act]} ({act})",
+                f"it applies levels {', '.join(map(str, can))}: remove {act!r} here and give it to an adapter that can "
+                "(e.g. kind: http)")
+
+
+def _check_match(t: RawTarget, tp: tuple, err: Callable[..., None]) -> None:
+    """A target's ``match``: not empty, scope labels only."""
+    if not t.match:
+        err(tp + ("match",), "a target needs a match", "e.g. match: {engine: engine-0}")
+    for k in t.match:
+        if k not in C.SCOPE_LABELS:
+            err(tp + ("match", k), f"{k!r} is not a scope label", f"use one of: {', '.join(C.SCOPE_LABELS)}", key=True)
+
+
+def _check_kind_fields(a: RawAdapter, name: str, path: tuple, levels: dict[str, int], err: Callable[..., None]) -> None:
+    """The kind-only fields (``AdapterKind.fields``), in registry order: the adapter's own kind
+    checks its own; another kind's, when set, is refused."""
+    for other in ADAPTER_KINDS.values():
+        if other.name == a.kind:
+            other.check_fields(a, name, path, levels, err)
+            continue
+        for which in other.fields:
+            if getattr(a, which):
+                err(path + (which,), f"{which} is for kind {other.name} only", f"remove it from this {a.kind} adapter", key=True)
 
 
 def _check_credentials_file(a: RawAdapter, path: tuple, err: Callable[..., None]) -> None:
@@ -313,7 +276,7 @@ def _check_credentials_file(a: RawAdapter, path: tuple, err: Callable[..., None]
         return
     cp = path + ("credentials_file",)
     if a.kind not in CREDENTIAL_KINDS:
-        fix = "put the header under headers_files: {Authorization: FILE}" if a.kind == "http" else f"remove it from this {a.kind} adapter"
+        fix = ADAPTER_KINDS[a.kind].credentials_fix or f"remove it from this {a.kind} adapter"
         err(cp, f"credentials_file is for kinds {', '.join(CREDENTIAL_KINDS)} only", fix, key=True)
     elif not f.strip():
         err(cp, "credentials_file is empty: it names the file holding the gateway's control-plane key",
@@ -333,7 +296,7 @@ def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[A
     dp = path + ("discover",)
     if a.kind not in DISCOVER_KINDS:
         err(dp, f"discover is for kinds {', '.join(DISCOVER_KINDS)} only", f"remove it from this {a.kind} adapter", key=True)
-    if d.prometheus is not None and not _http_url(d.prometheus):
+    if d.prometheus is not None and not http_url(d.prometheus):
         err(dp + ("prometheus",), f"prometheus must be an http(s) URL, got {d.prometheus[:100]!r}",
             "e.g. prometheus: http://kps-kube-prometheus-stack-prometheus.monitoring:9090")
     ttl = duration(d.ttl, dp + ("ttl",))
@@ -349,30 +312,3 @@ def _check_discover(a: RawAdapter, name: str, path: tuple, duration: Callable[[A
             err(dp + ("attribution", k), f"{getattr(at, k)[:100]!r} is not a Prometheus label name",
                 "e.g. gpu: UUID, pod: exported_pod (read as pod where the scrape honors the exporter's labels)")
     return Discover(d.prometheus.rstrip("/") if d.prometheus else None, ttl, at.metric, at.gpu, at.pod, at.namespace)
-
-
-def _check_text_only(a: RawAdapter, name: str, path: tuple, levels: dict[str, int], err: Callable[..., None]) -> None:
-    """haproxy's ``text_only``: needed when the adapter applies a level-2 action, names that HAProxy takes."""
-    t = a.text_only
-    if t is None:
-        if a.kind == "haproxy":
-            for i, act in enumerate(a.actions):
-                if levels.get(act) == TEXT_ONLY_LEVEL:
-                    err(path + ("actions", i), f"haproxy adapter {name!r} applies {act} (level 2) but has no text_only",
-                        "add text_only: {map: /etc/haproxy/fusebox-text-only.map, backend: be_llm_text}")
-        return
-    tp = path + ("text_only",)
-    if a.kind != "haproxy":
-        err(tp, "text_only is for kind haproxy only", f"remove it from this {a.kind} adapter", key=True)
-        return
-    if not _HAPROXY_BACKEND.fullmatch(name):
-        err(path, f"adapter name {name[:100]!r} names the generated HAProxy ACLs: it must be an HAProxy name",
-            "rename it with letters, digits, '-', '_', '.', ':' only", key=True)
-    if not _HAPROXY_MAP.fullmatch(t.map):
-        err(tp + ("map",), f"map must be an absolute file path, got {t.map[:100]!r}",
-            "e.g. map: /etc/haproxy/fusebox-text-only.map (letters, digits, '_.@+/-')")
-    if not _HAPROXY_BACKEND.fullmatch(t.backend):
-        err(tp + ("backend",), f"backend must be an HAProxy backend name, got {t.backend[:100]!r}",
-            "e.g. backend: be_llm_text (letters, digits, '-', '_', '.', ':')")
-    if not _HEADER.fullmatch(t.header):
-        err(tp + ("header",), f"header must be an HTTP header name, got {t.header[:100]!r}", "e.g. header: X-Fusebox-Multimodal")

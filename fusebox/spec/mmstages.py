@@ -11,7 +11,7 @@ runbook names the stage that grew (:func:`stage_rules`, :func:`cache_rules`).
 
 :data:`ALIASES` lists every name vLLM, SGLang, smg, Dynamo and llm-d publish or have proposed,
 each with its status, version and source (docs/metrics.md section 8 is the same table for people;
-``tests/test_mmstages.py`` holds the two to each other). The rules read only ``published`` names
+``tests/spec/test_mmstages.py`` holds the two to each other). The rules read only ``published`` names
 of a producer the spec has (:func:`read_aliases`): the engines of :attr:`Spec.engines`, the SGLang
 Model Gateway when ``inpath.shedders`` names one, fusebox's own histogram. A ``proposed`` name is
 listed so the table says where a stage will come from, never read: a record over a name nobody

@@ -40,7 +40,7 @@ def recorded_names(spec: Any) -> dict[str, str]:
     :meth:`Kind.dashboard_records`, the dashboard records of :func:`dashboard_records` (the
     prefix-cache hit rate per engine of :attr:`Spec.engines`) and the in-path gateways' records
     (:func:`fusebox.spec.inpath.shedding_records`). The spec's check of runbook queries reads it;
-    ``tests/test_runbook_queries.py`` holds it to the rendered rules."""
+    ``tests/generator/test_runbook_queries.py`` holds it to the rendered rules."""
     out: dict[str, str] = {}
     for sig in spec.signals:
         kind = kind_of(sig)
