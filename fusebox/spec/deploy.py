@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from fusebox import conventions as C
 
+from .k8sengines import Engines, RawEngines, normalise_engines
 from .k8snames import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
@@ -37,7 +38,6 @@ from .k8snames import (
     image_repository_problem,
     object_name,
 )
-from .kvgeometry import DTYPE_BYTES, ConfigError, KvGeometry, kv_geometry, load_model_config
 
 COLLECTORS = ("gpu", "kv", "latency")  # `fusebox collect NAME` that may run in the DaemonSet
 
@@ -138,28 +138,6 @@ class RawFuseWorkload(_Strict):
     network_policy: RawNetworkPolicy = RawNetworkPolicy()
 
 
-class RawEngineModel(_Strict):
-    # Either the model's config.json (a path relative to the spec's folder) or its geometry.
-    config: StrictStr | None = Field(None, description="The model's Hugging Face config.json, relative to the spec's folder "
-                                     "(or layers, kv_heads, head_dim and dtype instead).")
-    layers: StrictInt | None = Field(None, description="Attention layers that cache KV (num_hidden_layers).")
-    kv_heads: StrictInt | None = Field(None, description="KV heads (num_key_value_heads; the attention heads without GQA).")
-    head_dim: StrictInt | None = Field(None, description="Head dimension (head_dim, or hidden_size / num_attention_heads).")
-    dtype: StrictStr | None = Field(None, description="The model's dtype: float32, float16, bfloat16, fp8, int8 (or an alias).")
-    kv_dtype: StrictStr | None = Field(None, description="The engine's KV-cache dtype when it is not the model's (e.g. fp8).")
-
-
-class RawEngines(_Strict):
-    # The engine pods' labels (matchLabels of the generated PodMonitor), e.g. {app.kubernetes.io/name: vllm}.
-    selector: dict[StrictStr, StrictStr]
-    port: StrictStr = "http"  # the name of the engine container's port serving /metrics
-    path: StrictStr = "/metrics"
-    namespaces: list[StrictStr] = []  # where the engine pods run; empty: every namespace
-    models: dict[StrictStr, RawEngineModel] = Field(
-        {}, description="Served model name (the engines' model_name label) -> its KV geometry ({config: path} or "
-        "{layers, kv_heads, head_dim, dtype}), for the KV collector that discovers the engine pods.")
-
-
 class RawKubernetes(_Strict):
     # Namespace and labels of every generated Kubernetes object (PrometheusRule, ConfigMaps,
     # AlertmanagerConfig, workloads), e.g. labels: {release: kube-prometheus-stack} for the
@@ -252,20 +230,6 @@ class FuseWorkload:
 
 
 @dataclass(frozen=True)
-class Engines:
-    """``kubernetes.engines``: the engine pods the generated PodMonitor scrapes and the collectors
-    discover (labels, port name, path, namespaces; none: every namespace), and ``models``: served
-    model name -> :class:`~.kvgeometry.KvGeometry` (resolved when the spec loads: a ``config:``
-    file is read then; ``dtype_bytes`` after any ``kv_dtype``)."""
-
-    selector: dict[str, str]
-    port: str = "http"
-    path: str = "/metrics"
-    namespaces: tuple[str, ...] = ()
-    models: dict[str, KvGeometry] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Kubernetes:
     """The ``kubernetes:`` block: namespace and labels of every generated manifest, and the rest."""
 
@@ -345,78 +309,8 @@ def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err, base_dir: P
         image=f"{img.repository}:{img.tag}", pull_policy=img.pull_policy,
         collectors=_collectors(k.collectors, spec_name, p + ("collectors",), err, discovery=k.engines is not None),
         fuse=_fuse(k.fuse, p + ("fuse",), err),
-        engines=_engines(k.engines, p + ("engines",), err, base_dir or Path()) if k.engines is not None else None,
+        engines=normalise_engines(k.engines, p + ("engines",), err, base_dir or Path()) if k.engines is not None else None,
     )
-
-
-def _engines(e: RawEngines, p: tuple, err: Err, base_dir: Path) -> Engines:
-    if not e.selector:
-        err(p + ("selector",), "the engines' selector is empty: the PodMonitor would scrape every pod",
-            "give the engine pods' labels, e.g. {app.kubernetes.io/name: vllm}")
-    check_labels(e.selector, p + ("selector",), err)
-    if not K8S_LABEL_NAME.match(e.port) or len(e.port) > 15:
-        err(p + ("port",), f"{e.port!r} is not a container port name", "name the engine container's port, e.g. http")
-    if not e.path.startswith("/"):
-        err(p + ("path",), f"{e.path!r} is not a path", "e.g. /metrics")
-    for i, ns in enumerate(e.namespaces):
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", ns):
-            err(p + ("namespaces", i), f"{ns!r} is not a namespace name", "e.g. inference")
-    models = {}
-    for name, m in e.models.items():
-        geo = _model_geometry(name, m, p + ("models", name), err, base_dir)
-        if geo is not None:
-            models[name] = geo
-    return Engines(selector=dict(e.selector), port=e.port, path=e.path, namespaces=tuple(e.namespaces), models=models)
-
-
-_GEOMETRY_KEYS = ("layers", "kv_heads", "head_dim", "dtype")
-_DTYPES_FIX = "use one of " + ", ".join(sorted(DTYPE_BYTES))
-
-
-def _model_geometry(name: str, m: RawEngineModel, p: tuple, err: Err, base_dir: Path) -> KvGeometry | None:
-    """The KV geometry of one ``kubernetes.engines.models`` entry: its ``config:`` (a config.json
-    read now, relative to ``base_dir``) or its ``layers``, ``kv_heads``, ``head_dim``, ``dtype``;
-    ``kv_dtype`` overrides the dtype. None after reporting a problem at the entry's line."""
-    if not name.strip():
-        err(p, "a model name is empty", "key each model by the name the engines serve it under (their model_name label)",
-            key=True)
-    given = [k for k in _GEOMETRY_KEYS if getattr(m, k) is not None]
-    if m.kv_dtype is not None and m.kv_dtype.lower() not in DTYPE_BYTES and m.kv_dtype.lower() != "auto":
-        err(p + ("kv_dtype",), f"unknown KV-cache dtype {m.kv_dtype!r}", _DTYPES_FIX)
-        return None
-    kv_dtype = m.kv_dtype if m.kv_dtype is not None and m.kv_dtype.lower() != "auto" else None
-    if m.config is not None:
-        if given:
-            err(p + (given[0],), f"model {name!r} gives both config and {', '.join(given)}",
-                "give the config.json or the geometry (layers, kv_heads, head_dim, dtype), not both")
-            return None
-        path = Path(m.config) if Path(m.config).is_absolute() else base_dir / m.config
-        try:
-            return kv_geometry(load_model_config(path), kv_dtype, source=m.config)
-        except ConfigError as e:
-            err(p + ("config",), f"model {name!r}: {str(e).split(' -- ')[0].replace(str(path), m.config)}",
-                "give the path (relative to this spec) of the config.json the engines serve, with its attention geometry "
-                "and dtype, or the geometry itself: {layers, kv_heads, head_dim, dtype}; add kv_dtype where the config "
-                "names no dtype")
-            return None
-    missing = [k for k in _GEOMETRY_KEYS if getattr(m, k) is None and not (k == "dtype" and kv_dtype)]
-    if missing:
-        err(p, f"model {name!r} has no config and no {', '.join(missing)}",
-            "give config: <path to its config.json>, or the geometry: {layers, kv_heads, head_dim, dtype}", key=True)
-        return None
-    bad = False
-    for k in ("layers", "kv_heads", "head_dim"):
-        if getattr(m, k) < 1:
-            err(p + (k,), f"{k} must be at least 1, got {getattr(m, k)}", "copy it from the model's config.json")
-            bad = True
-    dtype = kv_dtype or m.dtype or ""
-    if dtype.lower() not in DTYPE_BYTES:
-        err(p + ("dtype",), f"unknown dtype {m.dtype!r}", _DTYPES_FIX)
-        bad = True
-    if bad:
-        return None
-    assert m.layers is not None and m.kv_heads is not None and m.head_dim is not None
-    return KvGeometry(m.layers, m.kv_heads, m.head_dim, DTYPE_BYTES[dtype.lower()], "spec")
 
 
 # What the generated DaemonSet passes a discovering collector (kv, latency), and what discovery replaces.
@@ -424,32 +318,46 @@ DISCOVERY_ARGS = frozenset({"--discover", "--node-name", "--pod-resources-socket
                             "--engine-id", "--spec"})
 
 
+# the flags the generated DaemonSet sets on every collector itself
+_DAEMONSET_ARGS = frozenset({"--metrics-port", "--metrics-addr", "--no-otlp", "--cluster", "--host-name"})
+
+
+def _check_tolerations(tolerations: list[RawToleration], p: tuple, err: Err) -> None:
+    for i, t in enumerate(tolerations):
+        if t.operator == "Exists" and t.value:
+            err(p + (i, "value"), "a toleration with operator Exists takes no value", "remove value, or use operator: Equal")
+        if t.tolerationSeconds is not None and t.effect != "NoExecute":
+            err(p + (i, "tolerationSeconds"), "tolerationSeconds applies to effect NoExecute only",
+                "remove it, or set effect: NoExecute")
+
+
+def _check_run_args(name: str, args: list[str], p: tuple, err: Err) -> None:
+    """No argument of collector ``name`` (at ``p``, ``kubernetes.collectors.run.NAME``) may be one
+    the DaemonSet sets, nor, for a discovering collector, one discovery replaces."""
+    for j, a in enumerate(args):
+        flag = a.split("=", 1)[0]
+        if flag in _DAEMONSET_ARGS:
+            err(p, f"{flag} is set by the generated DaemonSet",
+                "remove it (the port is kubernetes.collectors.port, the cluster kubernetes.collectors.cluster)")
+        elif name in ("kv", "latency") and flag in DISCOVERY_ARGS:
+            err(p + (j,), f"{flag} is set by the generated DaemonSet: the {name} collector "
+                "discovers the engine pods on its node (kubernetes.engines)",
+                "remove it; list the engines' models under kubernetes.engines.models")
+
+
 def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err, *, discovery: bool = False) -> Collectors:
     check_labels(c.node_selector, p + ("node_selector",), err)
     if c.runtime_class_name and not DNS_SUBDOMAIN.match(c.runtime_class_name):
         err(p + ("runtime_class_name",), f"{c.runtime_class_name!r} is not a RuntimeClass name",
             "use the name of your cluster's NVIDIA RuntimeClass (the GPU Operator's is 'nvidia'), or '' for the default runtime")
-    for i, t in enumerate(c.tolerations):
-        if t.operator == "Exists" and t.value:
-            err(p + ("tolerations", i, "value"), "a toleration with operator Exists takes no value", "remove value, or use operator: Equal")
-        if t.tolerationSeconds is not None and t.effect != "NoExecute":
-            err(p + ("tolerations", i, "tolerationSeconds"), "tolerationSeconds applies to effect NoExecute only",
-                "remove it, or set effect: NoExecute")
+    _check_tolerations(c.tolerations, p + ("tolerations",), err)
     if c.enabled and not c.run:
         err(p + ("run",), "no collector to run", f"name at least one of {', '.join(COLLECTORS)}, or set enabled: false")
     ports: dict[str, int] = {}
     for i, name in enumerate(c.run):
         if name not in COLLECTORS:
             err(p + ("run", name), f"unknown collector {name!r}", f"use one of {', '.join(COLLECTORS)}", key=True)
-        reserved = {"--metrics-port", "--metrics-addr", "--no-otlp", "--cluster", "--host-name"}
-        for j, a in enumerate(c.run[name]):
-            if a.split("=", 1)[0] in reserved:
-                err(p + ("run", name), f"{a.split('=', 1)[0]} is set by the generated DaemonSet",
-                    "remove it (the port is kubernetes.collectors.port, the cluster kubernetes.collectors.cluster)")
-            elif name in ("kv", "latency") and a.split("=", 1)[0] in DISCOVERY_ARGS:
-                err(p + ("run", name, j), f"{a.split('=', 1)[0]} is set by the generated DaemonSet: the {name} collector "
-                    "discovers the engine pods on its node (kubernetes.engines)",
-                    "remove it; list the engines' models under kubernetes.engines.models")
+        _check_run_args(name, c.run[name], p + ("run", name), err)
         if c.enabled and name in ("kv", "latency") and not discovery:
             err(p + ("run", name), f"the {name} collector has no way to find the engines: in a DaemonSet it cannot be "
                 "given each engine's --endpoint" + (", --model-config and --gpu" if name == "kv" else " and --engine-id"),
