@@ -5,77 +5,15 @@ Exit codes: 0 done, 1 a runtime failure, 2 bad input (file, config, arguments) o
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from typing import Any
 
-from fusebox.conventions import ATTR, ENV
+from fusebox.conventions import ATTR
 
-_EXPORT_HELP = "OTLP receiver (default http://127.0.0.1:4318 for http, :4317 for grpc)"
-
-
-def _common(p: argparse.ArgumentParser, *, once: bool = True) -> None:
-    if once:
-        p.add_argument("--once", action="store_true", help="collect one round, print it in Prometheus text format, exit")
-    p.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between rounds (default 5)")
-    p.add_argument("--otlp-endpoint", metavar="URL", default=None, help=_EXPORT_HELP)
-    p.add_argument("--otlp-protocol", choices=("http", "grpc"), default="http", help="http/protobuf (default) or grpc")
-    p.add_argument("--no-otlp", action="store_true", help="do not push OTLP (use with --metrics-port)")
-    p.add_argument("--metrics-port", type=int, metavar="N", default=None, help="also serve /metrics on 127.0.0.1:N")
-    p.add_argument("--metrics-addr", default=os.environ.get(ENV["metrics_addr"]) or "127.0.0.1",
-                   help=f"address for --metrics-port (default: ${ENV['metrics_addr']} when set, in a cluster the pod IP; "
-                        "else 127.0.0.1)")
-    p.add_argument("--cluster", metavar="NAME", default=os.environ.get(ENV["cluster"]) or None,
-                   help=f"resource attribute `cluster` (label after export; default: ${ENV['cluster']} when set)")
-    p.add_argument("--host-name", metavar="NAME", default=os.environ.get(ENV["host_name"]) or None,
-                   help=f"resource attribute host.name (default: ${ENV['host_name']} when set, in a cluster the node "
-                        "name; else the hostname)")
-    p.add_argument("--instance-id", metavar="ID", default=None,
-                   help="resource attribute service.instance.id, the `instance` label after export (default: "
-                        "OTEL_RESOURCE_ATTRIBUTES' service.instance.id, else HOST/SERVICE[/ENGINE], stable across restarts)")
-    p.add_argument("--rounds", type=int, default=0, help=argparse.SUPPRESS)  # bounded runs for tests
-
-
-def _size(text: str) -> int:
-    from .fetch import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return v
-
-
-def _fetch_options(p: argparse.ArgumentParser) -> None:
-    """Limits and credentials of the engine /metrics fetches (collectors/fetch.py)."""
-    p.add_argument("--timeout", type=_positive_seconds, default=2.0, metavar="S",
-                   help="deadline of one endpoint's whole scrape (connect, headers, body), seconds (default 2)")
-    p.add_argument("--max-body-bytes", type=_size, default="16MiB", metavar="SIZE",
-                   help="refuse an answer over SIZE bytes on the wire, e.g. 16MiB, 50MB (default 16MiB)")
-    p.add_argument("--max-decompressed-bytes", type=_size, default="16MiB", metavar="SIZE",
-                   help="refuse an answer whose text (after gzip) is over SIZE (default 16MiB)")
-    p.add_argument("--max-series", type=_count, default=50_000, metavar="N",
-                   help="sample lines of an answer used at most; the rest are dropped and counted (default 50000)")
-    p.add_argument("--max-label-chars", type=_count, default=4096, metavar="N",
-                   help="drop (and count) a sample whose label set is over N characters (default 4096)")
-    p.add_argument("--max-models", type=_count, default=8, metavar="N",
-                   help="model_name values of an answer used at most; the other models' samples are dropped "
-                        "and counted (default 8; an engine serves one)")
-    p.add_argument("--credentials-file", metavar="PATH", default=None,
-                   help="file holding a bearer token or user:password, read at every scrape (chmod 600); "
-                        "preferred to user:password@ in the URL, which is sent but never shown")
+from .cli_options import check_discover, common_options, discover_options, fetch_options, positive_seconds
 
 
 def _fetcher(args):
@@ -85,52 +23,6 @@ def _fetcher(args):
     creds = Credentials(args.credentials_file, log=log_stderr) if args.credentials_file else None
     return Fetcher(FetchLimits(args.max_body_bytes, args.max_decompressed_bytes, args.max_series,
                                args.max_label_chars, args.max_models), creds)
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1, e.g. 1000")
-    return int(text)
-
-
-def _discover_options(p: argparse.ArgumentParser) -> None:
-    """Engine discovery on Kubernetes (collectors/discover.py)."""
-    from .podresources import DEFAULT_SOCKET
-
-    p.add_argument("--discover", metavar="FILE", default=None,
-                   help="find the engine pods on this node through the Kubernetes API, as FILE says (engines.yaml of "
-                        "the fusebox-engines ConfigMap `fusebox generate` writes); excludes --endpoint, "
-                        "--model-config, --gpu and --engine-id")
-    p.add_argument("--node-name", metavar="NODE", default=None,
-                   help="this node's name (the DaemonSet's spec.nodeName from the downward API); needs --discover")
-    p.add_argument("--pod-resources-socket", metavar="PATH", default=DEFAULT_SOCKET,
-                   help=f"the kubelet's pod-resources socket, which GPUs each pod holds (default {DEFAULT_SOCKET}; "
-                        "collect kv only: alignment latency carries no hw_id)")
-    p.add_argument("--kubeconfig", metavar="PATH", default=None,
-                   help="kubeconfig for the Kubernetes API (default: the in-cluster service account, else "
-                        "~/.kube/config)")
-    p.add_argument("--max-engines", type=_count, default=None, metavar="N",
-                   help="engine pods scraped on this node at most; the rest are counted and skipped (default 64)")
-
-
-_HAND_NAMED = {"endpoint": "--endpoint", "model_config": "--model-config", "gpu": "--gpu", "engine_id": "--engine-id"}
-
-
-def _check_discover(p: argparse.ArgumentParser, args, needed: tuple[str, ...]) -> None:
-    """--discover excludes the per-engine flags; without it, ``needed`` are required (argparse
-    error, exit 2)."""
-    if args.discover:
-        given = [flag for dest, flag in _HAND_NAMED.items() if getattr(args, dest, None)]
-        if given:
-            p.error(f"--discover finds the engines itself: drop {', '.join(given)}")
-        if not args.node_name:
-            p.error("--discover needs --node-name NODE (in a DaemonSet: env NODE_NAME from fieldRef spec.nodeName)")
-    else:
-        if args.node_name or args.max_engines:
-            p.error("--node-name and --max-engines go with --discover FILE")
-        lacking = [_HAND_NAMED[d] for d in needed if not getattr(args, d, None)]
-        if lacking:
-            p.error(f"the following arguments are required: {', '.join(lacking)} (or --discover FILE --node-name NODE)")
 
 
 def register(subparsers) -> None:
@@ -145,7 +37,7 @@ def register(subparsers) -> None:
     g.add_argument("--sysfs", default=None, metavar="DIR",
                    help="sysfs to read the GPUs' PCIe topology from, for the links they share "
                         "(fusebox_gpu_pcie_upstream_utilization_ratio; default /sys, none with --replay)")
-    _common(g)
+    common_options(g)
     g.set_defaults(func=cmd_gpu)
 
     k = sub.add_parser("kv", help="KV-cache bytes from vLLM/SGLang/TGI /metrics and the model's config.json",
@@ -162,10 +54,10 @@ def register(subparsers) -> None:
     k.add_argument("--engine-id", default=None, help="the `engine` attribute (default: the model name)")
     k.add_argument("--model", default=None, help="the `model` attribute when the engine does not label it (TGI)")
     k.add_argument("--max-total-tokens", type=float, default=None, help="TGI --max-batch-total-tokens (TGI exposes no capacity)")
-    _discover_options(k)
-    _fetch_options(k)
-    _common(k)
-    k.set_defaults(func=cmd_kv, check=lambda a: _check_discover(k, a, ("endpoint", "model_config")))
+    discover_options(k)
+    fetch_options(k)
+    common_options(k)
+    k.set_defaults(func=cmd_kv, check=lambda a: check_discover(k, a, ("endpoint", "model_config")))
 
     lat = sub.add_parser("latency", help="fallback: alignment latency derived from an engine's own histogram",
                          description="Re-record the increase of an engine's time-to-first-token histogram between "
@@ -181,10 +73,10 @@ def register(subparsers) -> None:
                      help="an engine's encoder / multimodal-stage histogram, read before time to first token "
                           "(source=\"encoder\"); repeat for several, the first present is used")
     lat.add_argument("--spec", default="fusebox.yaml", help="spec giving the buckets (default fusebox.yaml)")
-    _discover_options(lat)
-    _fetch_options(lat)
-    _common(lat)
-    lat.set_defaults(func=cmd_latency, check=lambda a: _check_discover(lat, a, ("endpoint", "engine_id")))
+    discover_options(lat)
+    fetch_options(lat)
+    common_options(lat)
+    lat.set_defaults(func=cmd_latency, check=lambda a: check_discover(lat, a, ("endpoint", "engine_id")))
 
     c = sub.add_parser("conns", help="idle time and cold starts of gateway-engine connections (kernel TCP_INFO)",
                        description="Follow the long-lived TCP connections the spec's connections.peers select "
@@ -193,9 +85,9 @@ def register(subparsers) -> None:
                                    "after more than connections.cold_after idle). Run it in the gateway's network "
                                    "namespace (hostNetwork, or a sidecar of the gateway pod).")
     c.add_argument("--spec", default="fusebox.yaml", help="spec giving the peers, caps and buckets (default fusebox.yaml)")
-    c.add_argument("--cold-after", type=_positive_seconds, default=None, metavar="S",
+    c.add_argument("--cold-after", type=positive_seconds, default=None, metavar="S",
                    help="a use after more than S seconds idle is a cold start (default: the spec's connections.cold_after)")
-    _common(c)
+    common_options(c)
     c.set_defaults(func=cmd_conns)
 
     s = sub.add_parser("scenario", help="play a scenario file through the real collectors (demo)")
@@ -206,7 +98,7 @@ def register(subparsers) -> None:
     s.add_argument("--timeline", choices=("text", "json"), default=None,
                    help="print the phases and the predicted threshold crossings, then exit")
     s.add_argument("--spec", default="fusebox.yaml", help="spec giving thresholds and buckets (default fusebox.yaml)")
-    _common(s, once=False)
+    common_options(s, once=False)
     s.set_defaults(func=cmd_scenario)
 
 

@@ -126,6 +126,104 @@ def relevant_lines(text: str, families: tuple[str, ...] = KV_FAMILIES) -> str:
     return "\n".join(keep) + "\n"
 
 
+def _fmax(a: float | None, b: float) -> float | None:
+    """The larger of ``a`` (None: none yet) and ``b``; a NaN ``b`` from the engine is ignored."""
+    if b != b:
+        return a
+    return b if a is None else max(a, b)
+
+
+class _Engines(dict[tuple, EngineKv]):
+    """The engines of one dump by (kind, model, engine label, SGLang dp_rank), in the order met."""
+
+    def of(self, kind: str, labels: dict) -> EngineKv:
+        model = labels.get("model_name", "")
+        # SGLang's data-parallel ranks hold separate pools: one entry per rank, summed below
+        ekey = (kind, model, labels.get("engine", ""), labels.get("dp_rank", "") if kind == "sglang" else "")
+        if ekey not in self:
+            self[ekey] = EngineKv(kind, labels.get("engine", ""), model)
+        return self[ekey]
+
+
+def _vllm_usage(samples: dict[str, list], out: _Engines) -> None:
+    """vLLM's KV usage: the new name wins; the old one only where the new one is absent (docs/pitfalls.md P4)."""
+    for name in C.VLLM_KV_USAGE:
+        got = False
+        for s in samples.get(name, ()):
+            e = out.of("vllm", s.labels)
+            if e.source_metric and e.source_metric != name:
+                continue
+            e.source_metric = name
+            e.usage_fraction = _fmax(e.usage_fraction, s.value)
+            got = True
+        if got:
+            break
+
+
+def _vllm_capacity(labels: dict) -> float:
+    """Tokens of KV capacity a cache_config_info sample states.
+
+    Raises:
+        KeyError, ValueError: it states none ("None" before the engine has profiled memory).
+    """
+    # vLLM >= 0.33: kv_cache_size_tokens, the capacity its docs prefer (group-aware: right
+    # for hybrid models, where num_gpu_blocks x block_size is not); else the blocks.
+    if _number(labels.get("kv_cache_size_tokens")):
+        return float(labels["kv_cache_size_tokens"])
+    return float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+
+
+def _vllm_configs(samples: dict[str, list], out: _Engines) -> None:
+    """cache_config_info carries no model_name; it belongs to the engine core with the same
+    `engine` label (or to every engine of the dump when it has none)."""
+    cfgs: dict[str, tuple[float, str | None, float | None]] = {}
+    for s in samples.get(C.VLLM_CACHE_CONFIG, ()):
+        try:
+            cap = _vllm_capacity(s.labels)
+        except (KeyError, ValueError):
+            continue
+        prev = cfgs.get(s.labels.get("engine", ""))
+        if prev is None or cap > prev[0]:
+            util = s.labels.get(C.VLLM_MEMORY_SHARE_LABEL)
+            cfgs[s.labels.get("engine", "")] = (cap, s.labels.get("cache_dtype"),
+                                                float(util) if _number(util) and float(util) <= 1 else None)
+    for e in [e for e in out.values() if e.kind == "vllm"]:
+        cfg = cfgs.get(e.key) or cfgs.get("") or (next(iter(cfgs.values())) if len(cfgs) == 1 else None)
+        if cfg:
+            e.capacity_tokens, e.cache_dtype, e.memory_fraction = cfg
+
+
+def _sglang(samples: dict[str, list], out: _Engines) -> None:
+    """SGLang, either prefix; tp ranks of one engine carry the same values -> max."""
+    for prefix in C.SGLANG_PREFIXES:
+        for s in samples.get(prefix + "token_usage", ()):
+            e = out.of("sglang", s.labels)
+            e.usage_fraction = _fmax(e.usage_fraction, s.value)
+            e.source_metric = prefix + "token_usage"
+        for s in samples.get(prefix + "max_total_num_tokens", ()):
+            e = out.of("sglang", s.labels)
+            e.capacity_tokens = _fmax(e.capacity_tokens, s.value)
+        for s in samples.get(prefix + "num_used_tokens", ()):
+            e = out.of("sglang", s.labels)
+            e.used_tokens = _fmax(e.used_tokens, s.value)
+
+
+def _tgi(samples: dict[str, list], out: _Engines) -> None:
+    for s in samples.get("tgi_batch_current_max_tokens", ()):
+        e = out.of("tgi", s.labels)
+        e.used_tokens = _fmax(e.used_tokens, s.value)
+        e.source_metric = "tgi_batch_current_max_tokens"
+
+
+def _merge_ranks(out: _Engines) -> None:
+    """Each SGLang engine's data-parallel ranks as one engine (:func:`sum_dp_ranks`), after the others."""
+    ranks: dict[tuple, list[EngineKv]] = {}
+    for ekey in [k for k in out if k[3]]:
+        ranks.setdefault(ekey[:3], []).append(out.pop(ekey))
+    for ekey, rs in ranks.items():
+        out[ekey + ("",)] = sum_dp_ranks(rs)
+
+
 def engines_from_text(text: str) -> list[EngineKv]:
     """Every engine whose KV state ``text`` exposes (vLLM, SGLang, TGI).
 
@@ -140,79 +238,12 @@ def engines_from_text(text: str) -> list[EngineKv]:
     for fam in fams:
         for s in fam.samples:
             samples.setdefault(s.name, []).append(s)
-    out: dict[tuple, EngineKv] = {}
-
-    def eng(kind: str, labels: dict) -> EngineKv:
-        model = labels.get("model_name", "")
-        # SGLang's data-parallel ranks hold separate pools: one entry per rank, summed below
-        ekey = (kind, model, labels.get("engine", ""), labels.get("dp_rank", "") if kind == "sglang" else "")
-        if ekey not in out:
-            out[ekey] = EngineKv(kind, labels.get("engine", ""), model)
-        return out[ekey]
-
-    def fmax(a: float | None, b: float) -> float | None:
-        if b != b:  # NaN from the engine: ignore
-            return a
-        return b if a is None else max(a, b)
-
-    # vLLM: the new name wins; the old one only where the new one is absent (docs/pitfalls.md P4).
-    for name in C.VLLM_KV_USAGE:
-        got = False
-        for s in samples.get(name, ()):
-            e = eng("vllm", s.labels)
-            if e.source_metric and e.source_metric != name:
-                continue
-            e.source_metric = name
-            e.usage_fraction = fmax(e.usage_fraction, s.value)
-            got = True
-        if got:
-            break
-    # cache_config_info carries no model_name; it belongs to the engine core with the same
-    # `engine` label (or to every engine of the dump when it has none).
-    cfgs: dict[str, tuple[float, str | None, float | None]] = {}
-    for s in samples.get(C.VLLM_CACHE_CONFIG, ()):
-        try:
-            # vLLM >= 0.33: kv_cache_size_tokens, the capacity its docs prefer (group-aware: right
-            # for hybrid models, where num_gpu_blocks x block_size is not); else the blocks.
-            if _number(s.labels.get("kv_cache_size_tokens")):
-                cap = float(s.labels["kv_cache_size_tokens"])
-            else:
-                cap = float(s.labels["num_gpu_blocks"]) * float(s.labels["block_size"])
-        except (KeyError, ValueError):
-            continue  # "None" before the engine has profiled memory
-        prev = cfgs.get(s.labels.get("engine", ""))
-        if prev is None or cap > prev[0]:
-            util = s.labels.get(C.VLLM_MEMORY_SHARE_LABEL)
-            cfgs[s.labels.get("engine", "")] = (cap, s.labels.get("cache_dtype"),
-                                                float(util) if _number(util) and float(util) <= 1 else None)
-    for e in [e for e in out.values() if e.kind == "vllm"]:
-        cfg = cfgs.get(e.key) or cfgs.get("") or (next(iter(cfgs.values())) if len(cfgs) == 1 else None)
-        if cfg:
-            e.capacity_tokens, e.cache_dtype, e.memory_fraction = cfg
-
-    # SGLang, either prefix; tp ranks of one engine carry the same values -> max.
-    for prefix in C.SGLANG_PREFIXES:
-        for s in samples.get(prefix + "token_usage", ()):
-            e = eng("sglang", s.labels)
-            e.usage_fraction = fmax(e.usage_fraction, s.value)
-            e.source_metric = prefix + "token_usage"
-        for s in samples.get(prefix + "max_total_num_tokens", ()):
-            e = eng("sglang", s.labels)
-            e.capacity_tokens = fmax(e.capacity_tokens, s.value)
-        for s in samples.get(prefix + "num_used_tokens", ()):
-            e = eng("sglang", s.labels)
-            e.used_tokens = fmax(e.used_tokens, s.value)
-
-    for s in samples.get("tgi_batch_current_max_tokens", ()):
-        e = eng("tgi", s.labels)
-        e.used_tokens = fmax(e.used_tokens, s.value)
-        e.source_metric = "tgi_batch_current_max_tokens"
-
-    ranks: dict[tuple, list[EngineKv]] = {}
-    for ekey in [k for k in out if k[3]]:
-        ranks.setdefault(ekey[:3], []).append(out.pop(ekey))
-    for ekey, rs in ranks.items():
-        out[ekey + ("",)] = sum_dp_ranks(rs)
+    out = _Engines()
+    _vllm_usage(samples, out)
+    _vllm_configs(samples, out)
+    _sglang(samples, out)
+    _tgi(samples, out)
+    _merge_ranks(out)
     # drop engines that only had config info and no usage (e.g. a partial dump)
     return [e for e in out.values() if e.usage_fraction is not None or e.used_tokens is not None]
 

@@ -50,17 +50,72 @@ def _first(events: list[Event], **match) -> float | None:
     return None
 
 
+def _sglang_problems(events: list[Event]) -> list[str]:
+    """The SGLang Model Gateway's own worker list lost a worker, and had it back at the end."""
+    views = [e for e in events if e.kind == "workers"]
+    if not any(e.detail.get("out") for e in views):
+        return ["the SGLang gateway's worker list never lost a worker"]
+    if views[-1].detail.get("out"):
+        return ["the SGLang gateway's worker list ended without " + ", ".join(views[-1].detail["out"])]
+    return []
+
+
+def _alert_problems(x: Expectation, events: list[Event]) -> tuple[list[str], float | None]:
+    """Problems with the alert's tiers firing, and when its critical tier fired (None: never)."""
+    problems: list[str] = []
+    w = _first(events, kind="alert", what="firing", alertname=x.alert, severity="warning")
+    c = _first(events, kind="alert", what="firing", alertname=x.alert, severity="critical")
+    if w is None:
+        problems.append(f"{x.alert} warning never fired")
+    if c is None:
+        problems.append(f"{x.alert} critical never fired")
+    # the same evaluation is fine: at the spec's own intervals the critical tier's shorter `for`
+    # can bring both on one tick (ALERTS is polled: 1 s of granularity)
+    if w is not None and c is not None and c < w - 1.0:
+        problems.append(f"{x.alert}: critical fired {w - c:.1f}s before warning")
+    return problems, c
+
+
+def _fuse_problems(x: Expectation, calls: list[Event], critical: float | None, recovery: float | None) -> list[str]:
+    """Problems with the fuse level's calls: one trip and one release, on the breached entity,
+    after the critical tier fired (``critical``) and after the recovery phase began (``recovery``)."""
+    problems: list[str] = []
+    mine = [e for e in calls if e.detail.get("action") == x.action and e.detail.get("level") == x.level]
+    trips = [e for e in mine if e.what == "trip"]
+    rels = [e for e in mine if e.what == "release"]
+    if len(trips) != 1:
+        problems.append(f"level {x.level} ({x.action}) tripped {len(trips)} times, expected once")
+    if len(rels) != 1:
+        problems.append(f"level {x.level} ({x.action}) released {len(rels)} times, expected once")
+    for e in trips + rels:
+        got = e.detail.get("scope", {}).get(x.scope_label)
+        if got != x.entity:
+            problems.append(f"level {x.level} {e.what} on {x.scope_label}={got!r}, expected {x.entity!r}")
+    if trips and critical is not None and trips[0].at < critical - 1.0:  # poll granularity: ALERTS is sampled
+        problems.append(f"level {x.level} tripped before {x.alert} critical fired")
+    if trips and rels and rels[0].at <= trips[0].at:
+        problems.append(f"level {x.level} released before it tripped")
+    if rels and recovery is not None and rels[0].at < recovery:
+        problems.append(f"level {x.level} released before the recovery phase")
+    return problems
+
+
+def _call_problems(calls: list[Event], exp: list[Expectation]) -> list[str]:
+    """Gateway calls no expectation asks for, and duplicate ones."""
+    problems: list[str] = []
+    expected_calls = {(x.action, x.level) for x in exp}
+    for e in calls:
+        if (e.detail.get("action"), e.detail.get("level")) not in expected_calls:
+            problems.append(f"unexpected gateway call: {e.text}")
+        if e.detail.get("duplicate"):
+            problems.append(f"duplicate gateway call: {e.text}")
+    return problems
+
+
 def verify(events: list[Event], spec, scenario, *, sglang: bool = False) -> list[str]:
     """Problems with ``events`` (an ordered log of one scenario run); empty means OK. ``sglang``:
     the SGLang Model Gateway was in the loop (its ``workers`` events are checked too)."""
-    problems: list[str] = []
-    if sglang:
-        views = [e for e in events if e.kind == "workers"]
-        if not any(e.detail.get("out") for e in views):
-            problems.append("the SGLang gateway's worker list never lost a worker")
-        elif views[-1].detail.get("out"):
-            problems.append("the SGLang gateway's worker list ended without "
-                            + ", ".join(views[-1].detail["out"]))
+    problems: list[str] = _sglang_problems(events) if sglang else []
     exp = expectations(spec, scenario)
     want = len(primary_signals(spec))
     if len(exp) != want:
@@ -71,37 +126,6 @@ def verify(events: list[Event], spec, scenario, *, sglang: bool = False) -> list
         problems.append("the scenario never reached its recovery phase")
     calls = [e for e in events if e.kind == "fuse"]
     for x in exp:
-        w = _first(events, kind="alert", what="firing", alertname=x.alert, severity="warning")
-        c = _first(events, kind="alert", what="firing", alertname=x.alert, severity="critical")
-        if w is None:
-            problems.append(f"{x.alert} warning never fired")
-        if c is None:
-            problems.append(f"{x.alert} critical never fired")
-        # the same evaluation is fine: at the spec's own intervals the critical tier's shorter `for`
-        # can bring both on one tick (ALERTS is polled: 1 s of granularity)
-        if w is not None and c is not None and c < w - 1.0:
-            problems.append(f"{x.alert}: critical fired {w - c:.1f}s before warning")
-        mine = [e for e in calls if e.detail.get("action") == x.action and e.detail.get("level") == x.level]
-        trips = [e for e in mine if e.what == "trip"]
-        rels = [e for e in mine if e.what == "release"]
-        if len(trips) != 1:
-            problems.append(f"level {x.level} ({x.action}) tripped {len(trips)} times, expected once")
-        if len(rels) != 1:
-            problems.append(f"level {x.level} ({x.action}) released {len(rels)} times, expected once")
-        for e in trips + rels:
-            got = e.detail.get("scope", {}).get(x.scope_label)
-            if got != x.entity:
-                problems.append(f"level {x.level} {e.what} on {x.scope_label}={got!r}, expected {x.entity!r}")
-        if trips and c is not None and trips[0].at < c - 1.0:  # poll granularity: ALERTS is sampled
-            problems.append(f"level {x.level} tripped before {x.alert} critical fired")
-        if trips and rels and rels[0].at <= trips[0].at:
-            problems.append(f"level {x.level} released before it tripped")
-        if rels and recovery is not None and rels[0].at < recovery:
-            problems.append(f"level {x.level} released before the recovery phase")
-    expected_calls = {(x.action, x.level) for x in exp}
-    for e in calls:
-        if (e.detail.get("action"), e.detail.get("level")) not in expected_calls:
-            problems.append(f"unexpected gateway call: {e.text}")
-        if e.detail.get("duplicate"):
-            problems.append(f"duplicate gateway call: {e.text}")
-    return problems
+        alert_problems, critical = _alert_problems(x, events)
+        problems += alert_problems + _fuse_problems(x, calls, critical, recovery)
+    return problems + _call_problems(calls, exp)

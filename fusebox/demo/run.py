@@ -36,6 +36,64 @@ class RunResult:
     wall_s: float = 0.0
 
 
+def _start(opts: StackOptions, stack: Stack, view: DemoView) -> Watcher:
+    """Generate, start the stack, and a watcher on it."""
+    view.say(f"demo: generating from {opts.spec} into {stack.workdir}")
+    stack.prepare()
+    replicas = f" x{opts.replicas}" if opts.replicas > 1 else ""
+    view.say("demo: starting gateway" + (", SGLang Model Gateway" if opts.gateway == "sglang" else "")
+             + f", fuse service, Alertmanager, OpenTelemetry Collector, {stack.rule_engine.title}{replicas}")
+    stack.start()
+    return Watcher(stack.urls, stack.spec, stack.gateway_log,
+                   fuse_token=stack.token_path.read_text(encoding="utf-8").strip(), worker_names=stack.worker_names,
+                   engine=stack.rule_engine)
+
+
+def _play(stack: Stack, view: DemoView, watcher: Watcher) -> None:
+    """Show the view, then start the scenario's player."""
+    view.t0 = time.time()
+    view.engine = stack.rule_engine.title
+    view.start(stack.urls, watcher)
+    stack.start_scenario(on_line=watcher.scenario_line)
+
+
+def _grace_s(spec, opts: StackOptions) -> float:
+    """How long after the scenario's end the last alert may still resolve and the fuse release."""
+    return max(t.keep_firing_for_s for s in spec.signals for t in s.tiers) + spec.group_interval_s \
+        + spec.evaluation_interval_s + opts.hold_s + 15
+
+
+def _watch(opts: StackOptions, stack: Stack, view: DemoView, watcher: Watcher, sc, *, once: bool, started: float,
+           stop_when: Callable[[Watcher], bool] | None, poll_s: float, max_wall_s: float | None,
+           on_poll: Callable[[Stack, Watcher], None] | None) -> str | None:
+    """Poll until the run is over (see :func:`run`); the error that stopped it, or None."""
+    spec = stack.spec
+    assert spec is not None  # prepare() loaded it
+    grace = _grace_s(spec, opts)
+    limit = max_wall_s or ((sc.duration_s / opts.speed + 120 + grace) if once else float("inf"))
+    done_at = None
+    while True:
+        stack.sup.check()
+        view.update(watcher.poll())
+        now = time.time()
+        child = stack.scenario_child
+        if child is not None and child.proc.poll() == 0 and done_at is None:
+            if once:
+                done_at = now
+            else:
+                view.update(watcher.poll())
+                stack.start_scenario(on_line=watcher.scenario_line)
+        if on_poll is not None:
+            on_poll(stack, watcher)
+        if stop_when is not None and stop_when(watcher):
+            return None
+        if once and done_at is not None and (not verify(watcher.events, spec, sc, sglang=opts.gateway == "sglang") or now - done_at > grace):
+            return None
+        if now - started > limit:
+            return f"stopped after {limit:.0f}s without the scenario finishing"
+        time.sleep(poll_s)
+
+
 def run(opts: StackOptions, *, once: bool, view: DemoView | None = None,
         stop_when: Callable[[Watcher], bool] | None = None, poll_s: float = 0.5,
         max_wall_s: float | None = None, on_poll: Callable[[Stack, Watcher], None] | None = None) -> RunResult:
@@ -63,46 +121,10 @@ def run(opts: StackOptions, *, once: bool, view: DemoView | None = None,
     watcher: Watcher | None = None
     error = None
     try:
-        view.say(f"demo: generating from {opts.spec} into {stack.workdir}")
-        stack.prepare()
-        replicas = f" x{opts.replicas}" if opts.replicas > 1 else ""
-        view.say("demo: starting gateway" + (", SGLang Model Gateway" if opts.gateway == "sglang" else "")
-                 + f", fuse service, Alertmanager, OpenTelemetry Collector, {stack.rule_engine.title}{replicas}")
-        stack.start()
-        watcher = Watcher(stack.urls, stack.spec, stack.gateway_log,
-                          fuse_token=stack.token_path.read_text(encoding="utf-8").strip(), worker_names=stack.worker_names,
-                          engine=stack.rule_engine)
-        view.t0 = time.time()
-        view.engine = stack.rule_engine.title
-        view.start(stack.urls, watcher)
-        stack.start_scenario(on_line=watcher.scenario_line)
-        spec = stack.spec
-        assert spec is not None  # prepare() loaded it
-        grace = max(t.keep_firing_for_s for s in spec.signals for t in s.tiers) + spec.group_interval_s \
-            + spec.evaluation_interval_s + opts.hold_s + 15
-        limit = max_wall_s or ((sc.duration_s / opts.speed + 120 + grace) if once else float("inf"))
-        done_at = None
-        while True:
-            stack.sup.check()
-            view.update(watcher.poll())
-            now = time.time()
-            child = stack.scenario_child
-            if child is not None and child.proc.poll() == 0 and done_at is None:
-                if once:
-                    done_at = now
-                else:
-                    view.update(watcher.poll())
-                    stack.start_scenario(on_line=watcher.scenario_line)
-            if on_poll is not None:
-                on_poll(stack, watcher)
-            if stop_when is not None and stop_when(watcher):
-                break
-            if once and done_at is not None and (not verify(watcher.events, spec, sc, sglang=opts.gateway == "sglang") or now - done_at > grace):
-                break
-            if now - started > limit:
-                error = f"stopped after {limit:.0f}s without the scenario finishing"
-                break
-            time.sleep(poll_s)
+        watcher = _start(opts, stack, view)
+        _play(stack, view, watcher)
+        error = _watch(opts, stack, view, watcher, sc, once=once, started=started, stop_when=stop_when, poll_s=poll_s,
+                       max_wall_s=max_wall_s, on_poll=on_poll)
     except ChildDied as e:
         error = f"{e}"
     except (RuntimeError, TimeoutError, ValueError, OSError) as e:

@@ -175,7 +175,14 @@ class DemoView:
     def _render(self):
         from rich.console import Group
         from rich.panel import Panel
-        from rich.table import Table
+        from rich.text import Text
+
+        ev = Text("\n".join(self._recent) or "waiting for the first events...")
+        return Group(Panel(self._head()), self._signals_table(), self._alerts_table(), self._fuses_table(),
+                     Panel(ev, title="events (wall seconds since scenario start)"))
+
+    def _head(self):
+        """The panel's text: the scenario's time and phase, the URLs, the feed, peers not answering."""
         from rich.text import Text
 
         w = self._watcher
@@ -197,46 +204,72 @@ class DemoView:
         head.append("\nCtrl-C stops everything the demo started.", style="dim")
         if w and w.errors:  # a peer not answering right now: shown, not fatal
             head.append("\n" + "; ".join(f"{k} not answering: {v}" for k, v in sorted(w.errors.items())), style="red")
+        return head
+
+    def _signals_table(self):
+        """One row per signal and entity: its value against the warning and critical thresholds."""
+        from rich.table import Table
+        from rich.text import Text
 
         sig = Table(title=f"signals (recording rules, from {self.engine})", expand=True, title_justify="left")
         for col in ("signal", "entity", "value", "warning", "critical", "state"):
             sig.add_column(col)
+        w = self._watcher
+        if not w:
+            return sig
+        for s in w.signals:
+            warn = next((t for t in s.tiers if t.name == "warning"), None)
+            crit = next((t for t in s.tiers if t.name == "critical"), None)
+            rows = w.values.get(s.name) or [("", float("nan"))]
+            for ent, v in rows:
+                state, style = "ok", "green"
+                if crit and v == v and v >= crit.threshold:
+                    state, style = "CRITICAL", "bold red"
+                elif warn and v == v and v >= warn.threshold:
+                    state, style = "warning", "yellow"
+                sig.add_row(s.name, short(ent), Text(fmt_value(s.unit, v), style=style),
+                            warn.threshold_text if warn else "-", crit.threshold_text if crit else "-",
+                            Text(state, style=style))
+        return sig
+
+    def _alerts_table(self):
+        """The rule engine's alerts, firing ones coloured by severity."""
+        from rich.table import Table
+        from rich.text import Text
+
         alerts = Table(title=f"alerts ({self.engine} /api/v1/alerts)", expand=True, title_justify="left")
         for col in ("alert", "severity", "entity", "state", "for"):
             alerts.add_column(col)
+        w = self._watcher
+        if not w:
+            return alerts
+        arows = alert_rows(w.alerts, w.have_data(), time.time())
+        for alert, sev, ent, state, since in arows:
+            style = ("bold red" if state == "firing" and sev == "critical" else "yellow" if state == "firing"
+                     else "dim")
+            alerts.add_row(alert, sev, ent, Text(state, style=style), since)
+        if not arows:
+            alerts.add_row("-", "", "", Text("none", style="green"), "")
+        return alerts
+
+    def _fuses_table(self):
+        """The fuse's level per scope, with the gateway calls made for it."""
+        from rich.table import Table
+        from rich.text import Text
+
         fuses = Table(title="fuses per scope (fuse service /state; gateway calls, wall seconds since scenario start)",
                       expand=True, title_justify="left")
         for col in ("scope", "on", "level now", "gateway calls"):
             fuses.add_column(col)
-        if w:
-            for s in w.signals:
-                warn = next((t for t in s.tiers if t.name == "warning"), None)
-                crit = next((t for t in s.tiers if t.name == "critical"), None)
-                rows = w.values.get(s.name) or [("", float("nan"))]
-                for ent, v in rows:
-                    state, style = "ok", "green"
-                    if crit and v == v and v >= crit.threshold:
-                        state, style = "CRITICAL", "bold red"
-                    elif warn and v == v and v >= warn.threshold:
-                        state, style = "warning", "yellow"
-                    sig.add_row(s.name, short(ent), Text(fmt_value(s.unit, v), style=style),
-                                warn.threshold_text if warn else "-", crit.threshold_text if crit else "-",
-                                Text(state, style=style))
-            arows = alert_rows(w.alerts, w.have_data(), time.time())
-            for alert, sev, ent, state, since in arows:
-                style = ("bold red" if state == "firing" and sev == "critical" else "yellow" if state == "firing"
-                         else "dim")
-                alerts.add_row(alert, sev, ent, Text(state, style=style), since)
-            if not arows:
-                alerts.add_row("-", "", "", Text("none", style="green"), "")
-            names = {a.level: a.name for a in w.spec.actions.values()}
-            frows = fuse_rows(w.fuses, w.gateway_calls, self._t0())
-            for what, where, level, calls in frows:
-                lv = Text(f"{level} {names.get(level, '')}".strip() if level else "0 closed",
-                          style="bold red" if level else "green")
-                fuses.add_row(what, where, lv, calls)
-            if not frows:
-                fuses.add_row("all scopes", "", Text("0 closed", style="green"), "")
-        ev = Text("\n".join(self._recent) or "waiting for the first events...")
-        return Group(Panel(head), sig, alerts, fuses,
-                     Panel(ev, title="events (wall seconds since scenario start)"))
+        w = self._watcher
+        if not w:
+            return fuses
+        names = {a.level: a.name for a in w.spec.actions.values()}
+        frows = fuse_rows(w.fuses, w.gateway_calls, self._t0())
+        for what, where, level, calls in frows:
+            lv = Text(f"{level} {names.get(level, '')}".strip() if level else "0 closed",
+                      style="bold red" if level else "green")
+            fuses.add_row(what, where, lv, calls)
+        if not frows:
+            fuses.add_row("all scopes", "", Text("0 closed", style="green"), "")
+        return fuses

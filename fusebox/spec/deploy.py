@@ -24,36 +24,22 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from fusebox import conventions as C
 
-from .kvgeometry import DTYPE_BYTES, ConfigError, KvGeometry, kv_geometry, load_model_config
+from .k8sengines import Engines, RawEngines, normalise_engines
+from .k8snames import (
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    IMAGE_TAG,
+    K8S_LABEL_NAME,
+    LABEL_FIX,
+    QUANTITY,
+    Err,
+    check_labels,
+    check_port,
+    image_repository_problem,
+    object_name,
+)
 
-# Kubernetes object names and label keys/values (k8s.io/apimachinery validation).
-DNS_LABEL = re.compile(r"^(?=.{1,63}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-K8S_LABEL_NAME = re.compile(r"^(?=.{1,63}\Z)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
-# resource.Quantity: a decimal with an optional binary (Ki..Ei), decimal (m, k, M..E) or exponent suffix.
-_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?\Z")
-# An image reference's repository, [registry/]path (the grammar of distribution/reference, which
-# Docker and containerd parse with): the registry is a host name (any case) with an optional port;
-# the path is components of lower-case letters and digits, joined by '.', '_', '__' or dashes. The
-# first component is the registry only when it holds '.' or ':' or is 'localhost' (Docker's own
-# rule for the default registry); else it is the path's first component, lower case like the rest.
-_IMAGE_REGISTRY = re.compile(r"^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?\Z")
-_IMAGE_PATH = re.compile(r"^[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*\Z")
-_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 COLLECTORS = ("gpu", "kv", "latency")  # `fusebox collect NAME` that may run in the DaemonSet
-_OBJECT_PREFIX = "fusebox-"
-
-
-def object_name(spec_name: str) -> str:
-    """The Kubernetes object name of the PrometheusRule and the AlertmanagerConfig made from
-    ``metadata.name``: ``fusebox-`` and the name in lower case, each run of characters other
-    than ``a-z0-9`` as one ``-``, no ``-`` at either end, at most 63 characters in all (an RFC
-    1123 label, which every object kind accepts): ``"Multimodal Inference"`` ->
-    ``"fusebox-multimodal-inference"``. The name itself stays the ``cluster`` and ``fusebox``
-    label value of the rules, where any text is fine. ``"fusebox-"`` alone when nothing is left
-    (``normalise_kubernetes`` refuses such a name)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", spec_name.lower()).strip("-")
-    return (_OBJECT_PREFIX + slug[:63 - len(_OBJECT_PREFIX)]).rstrip("-") + ("" if slug else "-")
 
 
 class _Strict(BaseModel):
@@ -152,28 +138,6 @@ class RawFuseWorkload(_Strict):
     network_policy: RawNetworkPolicy = RawNetworkPolicy()
 
 
-class RawEngineModel(_Strict):
-    # Either the model's config.json (a path relative to the spec's folder) or its geometry.
-    config: StrictStr | None = Field(None, description="The model's Hugging Face config.json, relative to the spec's folder "
-                                     "(or layers, kv_heads, head_dim and dtype instead).")
-    layers: StrictInt | None = Field(None, description="Attention layers that cache KV (num_hidden_layers).")
-    kv_heads: StrictInt | None = Field(None, description="KV heads (num_key_value_heads; the attention heads without GQA).")
-    head_dim: StrictInt | None = Field(None, description="Head dimension (head_dim, or hidden_size / num_attention_heads).")
-    dtype: StrictStr | None = Field(None, description="The model's dtype: float32, float16, bfloat16, fp8, int8 (or an alias).")
-    kv_dtype: StrictStr | None = Field(None, description="The engine's KV-cache dtype when it is not the model's (e.g. fp8).")
-
-
-class RawEngines(_Strict):
-    # The engine pods' labels (matchLabels of the generated PodMonitor), e.g. {app.kubernetes.io/name: vllm}.
-    selector: dict[StrictStr, StrictStr]
-    port: StrictStr = "http"  # the name of the engine container's port serving /metrics
-    path: StrictStr = "/metrics"
-    namespaces: list[StrictStr] = []  # where the engine pods run; empty: every namespace
-    models: dict[StrictStr, RawEngineModel] = Field(
-        {}, description="Served model name (the engines' model_name label) -> its KV geometry ({config: path} or "
-        "{layers, kv_heads, head_dim, dtype}), for the KV collector that discovers the engine pods.")
-
-
 class RawKubernetes(_Strict):
     # Namespace and labels of every generated Kubernetes object (PrometheusRule, ConfigMaps,
     # AlertmanagerConfig, workloads), e.g. labels: {release: kube-prometheus-stack} for the
@@ -266,20 +230,6 @@ class FuseWorkload:
 
 
 @dataclass(frozen=True)
-class Engines:
-    """``kubernetes.engines``: the engine pods the generated PodMonitor scrapes and the collectors
-    discover (labels, port name, path, namespaces; none: every namespace), and ``models``: served
-    model name -> :class:`~.kvgeometry.KvGeometry` (resolved when the spec loads: a ``config:``
-    file is read then; ``dtype_bytes`` after any ``kv_dtype``)."""
-
-    selector: dict[str, str]
-    port: str = "http"
-    path: str = "/metrics"
-    namespaces: tuple[str, ...] = ()
-    models: dict[str, KvGeometry] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Kubernetes:
     """The ``kubernetes:`` block: namespace and labels of every generated manifest, and the rest."""
 
@@ -317,18 +267,6 @@ class Otelcol:
 
 
 # ------------------------------------------------------------------------ validation
-Err = Callable[..., None]  # (path, what, fix, *, key=False)
-_LABEL_FIX = "use [prefix/]name: a name of at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends)"
-_VALUE_FIX = "use at most 63 letters, digits, '-', '_', '.' (alphanumeric at both ends), or ''"
-
-
-def _check_labels(labels: dict[str, str], path: tuple, err: Err) -> None:
-    for key, value in labels.items():
-        prefix, _, name = key.rpartition("/")
-        if not K8S_LABEL_NAME.match(name) or (prefix and not DNS_SUBDOMAIN.match(prefix)):
-            err(path + (key,), f"{key!r} is not a Kubernetes label key", _LABEL_FIX, key=True)
-        if value and not K8S_LABEL_NAME.match(value):
-            err(path + (key,), f"{value!r} is not a Kubernetes label value", _VALUE_FIX)
 
 
 def _check_resources(r: RawResources, path: tuple, err: Err) -> Resources:
@@ -336,32 +274,9 @@ def _check_resources(r: RawResources, path: tuple, err: Err) -> Resources:
         for name, q in getattr(r, part).items():
             if name not in ("cpu", "memory", "ephemeral-storage"):
                 err(path + (part, name), f"unknown resource {name!r}", "use cpu, memory or ephemeral-storage", key=True)
-            elif not _QUANTITY.match(q):
+            elif not QUANTITY.match(q):
                 err(path + (part, name), f"{q!r} is not a Kubernetes quantity", "e.g. cpu: 100m, memory: 256Mi")
     return Resources(dict(r.requests), dict(r.limits))
-
-
-def _check_port(port: int, path: tuple, err: Err) -> None:
-    if not 1 <= port <= 65535:
-        err(path, f"port {port} is out of range", "use a port from 1 to 65535")
-
-
-def image_repository_problem(repo: str) -> str | None:
-    """What is wrong with ``repo`` as an image reference's repository (``[registry/]path``, see
-    :data:`_IMAGE_PATH`), or None: a capital letter in the path ("Acme/fusebox": Docker would take
-    ``Acme`` for a registry host), an empty component, a character a repository cannot hold."""
-    first, slash, rest = repo.partition("/")
-    registry = first if slash and (any(c in first for c in ".:") or first == "localhost") else None
-    path = rest if registry is not None else repo
-    if registry is not None and not _IMAGE_REGISTRY.match(registry):
-        return f"{registry!r} is not a registry host[:port]"
-    if _IMAGE_PATH.match(path):
-        return None
-    if _IMAGE_PATH.match(path.lower()):
-        upper = [c for c in path.split("/") if c != c.lower()]
-        return (f"capital letters in {', '.join(map(repr, upper))}; an image repository's path is lower case"
-                + (" (a registry host goes first and holds a '.' or ':', e.g. ghcr.io)" if registry is None and "/" in path else ""))
-    return "its path must be components of a-z, 0-9 joined by '.', '_' or '-', separated by '/'"
 
 
 def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err, base_dir: Path | None = None) -> Kubernetes:
@@ -375,18 +290,18 @@ def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err, base_dir: P
     if not DNS_LABEL.match(k.namespace):
         err(p + ("namespace",), f"{k.namespace!r} is not a Kubernetes namespace name",
             "use at most 63 lower-case letters, digits and '-', starting and ending with a letter or digit")
-    _check_labels(k.labels, p + ("labels",), err)
+    check_labels(k.labels, p + ("labels",), err)
     g = k.grafana
-    _check_labels({g.sidecar_label: g.sidecar_label_value}, p + ("grafana", "sidecar_label"), err)
+    check_labels({g.sidecar_label: g.sidecar_label_value}, p + ("grafana", "sidecar_label"), err)
     prefix, _, name = g.folder_annotation.rpartition("/")
     if not K8S_LABEL_NAME.match(name) or (prefix and not DNS_SUBDOMAIN.match(prefix)):
-        err(p + ("grafana", "folder_annotation"), f"{g.folder_annotation!r} is not a Kubernetes annotation key", _LABEL_FIX)
+        err(p + ("grafana", "folder_annotation"), f"{g.folder_annotation!r} is not a Kubernetes annotation key", LABEL_FIX)
     img = k.image
     bad_repo = image_repository_problem(img.repository)
     if bad_repo:
         err(p + ("image", "repository"), f"{img.repository!r} is not an image repository: {bad_repo}",
             "write [registry/]path with the path in lower case, e.g. ghcr.io/acme/fusebox or acme/fusebox")
-    if not _IMAGE_TAG.match(img.tag):
+    if not IMAGE_TAG.match(img.tag):
         err(p + ("image", "tag"), f"{img.tag!r} is not an image tag", "use letters, digits, '_', '.', '-' (at most 128)")
     return Kubernetes(
         namespace=k.namespace, labels=dict(k.labels),
@@ -394,78 +309,8 @@ def normalise_kubernetes(k: RawKubernetes, spec_name: str, err: Err, base_dir: P
         image=f"{img.repository}:{img.tag}", pull_policy=img.pull_policy,
         collectors=_collectors(k.collectors, spec_name, p + ("collectors",), err, discovery=k.engines is not None),
         fuse=_fuse(k.fuse, p + ("fuse",), err),
-        engines=_engines(k.engines, p + ("engines",), err, base_dir or Path()) if k.engines is not None else None,
+        engines=normalise_engines(k.engines, p + ("engines",), err, base_dir or Path()) if k.engines is not None else None,
     )
-
-
-def _engines(e: RawEngines, p: tuple, err: Err, base_dir: Path) -> Engines:
-    if not e.selector:
-        err(p + ("selector",), "the engines' selector is empty: the PodMonitor would scrape every pod",
-            "give the engine pods' labels, e.g. {app.kubernetes.io/name: vllm}")
-    _check_labels(e.selector, p + ("selector",), err)
-    if not K8S_LABEL_NAME.match(e.port) or len(e.port) > 15:
-        err(p + ("port",), f"{e.port!r} is not a container port name", "name the engine container's port, e.g. http")
-    if not e.path.startswith("/"):
-        err(p + ("path",), f"{e.path!r} is not a path", "e.g. /metrics")
-    for i, ns in enumerate(e.namespaces):
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", ns):
-            err(p + ("namespaces", i), f"{ns!r} is not a namespace name", "e.g. inference")
-    models = {}
-    for name, m in e.models.items():
-        geo = _model_geometry(name, m, p + ("models", name), err, base_dir)
-        if geo is not None:
-            models[name] = geo
-    return Engines(selector=dict(e.selector), port=e.port, path=e.path, namespaces=tuple(e.namespaces), models=models)
-
-
-_GEOMETRY_KEYS = ("layers", "kv_heads", "head_dim", "dtype")
-_DTYPES_FIX = "use one of " + ", ".join(sorted(DTYPE_BYTES))
-
-
-def _model_geometry(name: str, m: RawEngineModel, p: tuple, err: Err, base_dir: Path) -> KvGeometry | None:
-    """The KV geometry of one ``kubernetes.engines.models`` entry: its ``config:`` (a config.json
-    read now, relative to ``base_dir``) or its ``layers``, ``kv_heads``, ``head_dim``, ``dtype``;
-    ``kv_dtype`` overrides the dtype. None after reporting a problem at the entry's line."""
-    if not name.strip():
-        err(p, "a model name is empty", "key each model by the name the engines serve it under (their model_name label)",
-            key=True)
-    given = [k for k in _GEOMETRY_KEYS if getattr(m, k) is not None]
-    if m.kv_dtype is not None and m.kv_dtype.lower() not in DTYPE_BYTES and m.kv_dtype.lower() != "auto":
-        err(p + ("kv_dtype",), f"unknown KV-cache dtype {m.kv_dtype!r}", _DTYPES_FIX)
-        return None
-    kv_dtype = m.kv_dtype if m.kv_dtype is not None and m.kv_dtype.lower() != "auto" else None
-    if m.config is not None:
-        if given:
-            err(p + (given[0],), f"model {name!r} gives both config and {', '.join(given)}",
-                "give the config.json or the geometry (layers, kv_heads, head_dim, dtype), not both")
-            return None
-        path = Path(m.config) if Path(m.config).is_absolute() else base_dir / m.config
-        try:
-            return kv_geometry(load_model_config(path), kv_dtype, source=m.config)
-        except ConfigError as e:
-            err(p + ("config",), f"model {name!r}: {str(e).split(' -- ')[0].replace(str(path), m.config)}",
-                "give the path (relative to this spec) of the config.json the engines serve, with its attention geometry "
-                "and dtype, or the geometry itself: {layers, kv_heads, head_dim, dtype}; add kv_dtype where the config "
-                "names no dtype")
-            return None
-    missing = [k for k in _GEOMETRY_KEYS if getattr(m, k) is None and not (k == "dtype" and kv_dtype)]
-    if missing:
-        err(p, f"model {name!r} has no config and no {', '.join(missing)}",
-            "give config: <path to its config.json>, or the geometry: {layers, kv_heads, head_dim, dtype}", key=True)
-        return None
-    bad = False
-    for k in ("layers", "kv_heads", "head_dim"):
-        if getattr(m, k) < 1:
-            err(p + (k,), f"{k} must be at least 1, got {getattr(m, k)}", "copy it from the model's config.json")
-            bad = True
-    dtype = kv_dtype or m.dtype or ""
-    if dtype.lower() not in DTYPE_BYTES:
-        err(p + ("dtype",), f"unknown dtype {m.dtype!r}", _DTYPES_FIX)
-        bad = True
-    if bad:
-        return None
-    assert m.layers is not None and m.kv_heads is not None and m.head_dim is not None
-    return KvGeometry(m.layers, m.kv_heads, m.head_dim, DTYPE_BYTES[dtype.lower()], "spec")
 
 
 # What the generated DaemonSet passes a discovering collector (kv, latency), and what discovery replaces.
@@ -473,32 +318,46 @@ DISCOVERY_ARGS = frozenset({"--discover", "--node-name", "--pod-resources-socket
                             "--engine-id", "--spec"})
 
 
+# the flags the generated DaemonSet sets on every collector itself
+_DAEMONSET_ARGS = frozenset({"--metrics-port", "--metrics-addr", "--no-otlp", "--cluster", "--host-name"})
+
+
+def _check_tolerations(tolerations: list[RawToleration], p: tuple, err: Err) -> None:
+    for i, t in enumerate(tolerations):
+        if t.operator == "Exists" and t.value:
+            err(p + (i, "value"), "a toleration with operator Exists takes no value", "remove value, or use operator: Equal")
+        if t.tolerationSeconds is not None and t.effect != "NoExecute":
+            err(p + (i, "tolerationSeconds"), "tolerationSeconds applies to effect NoExecute only",
+                "remove it, or set effect: NoExecute")
+
+
+def _check_run_args(name: str, args: list[str], p: tuple, err: Err) -> None:
+    """No argument of collector ``name`` (at ``p``, ``kubernetes.collectors.run.NAME``) may be one
+    the DaemonSet sets, nor, for a discovering collector, one discovery replaces."""
+    for j, a in enumerate(args):
+        flag = a.split("=", 1)[0]
+        if flag in _DAEMONSET_ARGS:
+            err(p, f"{flag} is set by the generated DaemonSet",
+                "remove it (the port is kubernetes.collectors.port, the cluster kubernetes.collectors.cluster)")
+        elif name in ("kv", "latency") and flag in DISCOVERY_ARGS:
+            err(p + (j,), f"{flag} is set by the generated DaemonSet: the {name} collector "
+                "discovers the engine pods on its node (kubernetes.engines)",
+                "remove it; list the engines' models under kubernetes.engines.models")
+
+
 def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err, *, discovery: bool = False) -> Collectors:
-    _check_labels(c.node_selector, p + ("node_selector",), err)
+    check_labels(c.node_selector, p + ("node_selector",), err)
     if c.runtime_class_name and not DNS_SUBDOMAIN.match(c.runtime_class_name):
         err(p + ("runtime_class_name",), f"{c.runtime_class_name!r} is not a RuntimeClass name",
             "use the name of your cluster's NVIDIA RuntimeClass (the GPU Operator's is 'nvidia'), or '' for the default runtime")
-    for i, t in enumerate(c.tolerations):
-        if t.operator == "Exists" and t.value:
-            err(p + ("tolerations", i, "value"), "a toleration with operator Exists takes no value", "remove value, or use operator: Equal")
-        if t.tolerationSeconds is not None and t.effect != "NoExecute":
-            err(p + ("tolerations", i, "tolerationSeconds"), "tolerationSeconds applies to effect NoExecute only",
-                "remove it, or set effect: NoExecute")
+    _check_tolerations(c.tolerations, p + ("tolerations",), err)
     if c.enabled and not c.run:
         err(p + ("run",), "no collector to run", f"name at least one of {', '.join(COLLECTORS)}, or set enabled: false")
     ports: dict[str, int] = {}
     for i, name in enumerate(c.run):
         if name not in COLLECTORS:
             err(p + ("run", name), f"unknown collector {name!r}", f"use one of {', '.join(COLLECTORS)}", key=True)
-        reserved = {"--metrics-port", "--metrics-addr", "--no-otlp", "--cluster", "--host-name"}
-        for j, a in enumerate(c.run[name]):
-            if a.split("=", 1)[0] in reserved:
-                err(p + ("run", name), f"{a.split('=', 1)[0]} is set by the generated DaemonSet",
-                    "remove it (the port is kubernetes.collectors.port, the cluster kubernetes.collectors.cluster)")
-            elif name in ("kv", "latency") and a.split("=", 1)[0] in DISCOVERY_ARGS:
-                err(p + ("run", name, j), f"{a.split('=', 1)[0]} is set by the generated DaemonSet: the {name} collector "
-                    "discovers the engine pods on its node (kubernetes.engines)",
-                    "remove it; list the engines' models under kubernetes.engines.models")
+        _check_run_args(name, c.run[name], p + ("run", name), err)
         if c.enabled and name in ("kv", "latency") and not discovery:
             err(p + ("run", name), f"the {name} collector has no way to find the engines: in a DaemonSet it cannot be "
                 "given each engine's --endpoint" + (", --model-config and --gpu" if name == "kv" else " and --engine-id"),
@@ -506,8 +365,8 @@ def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err, *, discove
                 + (", and their models' config.json or geometry" if name == "kv" else "")
                 + "): the collector then discovers the engine pods on its node", key=True)
         ports[name] = c.port + i
-    _check_port(c.port, p + ("port",), err)
-    _check_port(c.port + max(len(c.run) - 1, 0), p + ("port",), err)
+    check_port(c.port, p + ("port",), err)
+    check_port(c.port + max(len(c.run) - 1, 0), p + ("port",), err)
     cluster = spec_name if c.cluster is None else c.cluster
     if c.cluster is not None and not c.cluster.strip():  # an empty metadata.name is reported at its own line
         err(p + ("cluster",), "the cluster name is empty", "name your cluster, or leave the key out for metadata.name")
@@ -520,7 +379,7 @@ def _collectors(c: RawCollectors, spec_name: str, p: tuple, err: Err, *, discove
 
 
 def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
-    if not _QUANTITY.match(f.state_size):
+    if not QUANTITY.match(f.state_size):
         err(p + ("state_size",), f"{f.state_size!r} is not a Kubernetes quantity", "e.g. 1Gi")
     if f.storage_class is not None and not DNS_SUBDOMAIN.match(f.storage_class):
         err(p + ("storage_class",), f"{f.storage_class!r} is not a StorageClass name", "name one of `kubectl get storageclass`, or leave it out")
@@ -553,7 +412,7 @@ def _fuse(f: RawFuseWorkload, p: tuple, err: Err) -> FuseWorkload:
         if not labels:
             err(np + (who,), f"no labels select the {who} pods: an empty selector lets every pod of the namespace in",
                 "e.g. {app.kubernetes.io/name: " + who + "} (the Prometheus Operator's label)")
-        _check_labels(labels, np + (who,), err)
+        check_labels(labels, np + (who,), err)
     return FuseWorkload(enabled=f.enabled, resources=_check_resources(f.resources, p + ("resources",), err),
                         state_size=f.state_size, storage_class=f.storage_class, max_unavailable=f.max_unavailable,
                         args=tuple(f.args), replicas=f.replicas, store_secret=secret, gateway_secret=gateway,

@@ -153,7 +153,9 @@ def _setting(value: _Value, kind: str, path: tuple, err: Err) -> float | None:
     return float(value)
 
 
-def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[str], err: Err) -> Shedder | None:
+def _shed_signal(name: str, raw: RawShedder, signals: dict[str, Any], written: set[str], err: Err) -> Any:
+    """The signal a shedder named ``name`` reads, or None (reported, unless the signal's own
+    problem is): a file name fusebox can write, a known signal that alerts above its threshold."""
     path = ("inpath", "shedders", name)
     if not _NAME.match(name):
         err(path, f"shedder name {name!r} is not a file name fusebox writes", "lower-case letters, digits, _ and -, "
@@ -170,6 +172,12 @@ def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[s
         err(path + ("signal",), f"signal {raw.signal!r} alerts below its threshold (direction: below): load does not "
             "raise it request by request", "read a signal that grows with load (GPU memory, KV usage, a latency)")
         return None
+    return sig
+
+
+def _levels(raw: RawShedder, sig: Any, path: tuple, err: Err) -> tuple[dict[str, float], bool]:
+    """``idle``, ``per_request`` and ``shed_at`` as given, in the signal's base unit, and whether
+    all (and ``engines``) were valid."""
     ok = True
     if raw.engines < 1:
         err(path + ("engines",), f"engines {raw.engines} is under 1", "the number of engines behind the gateway, e.g. 2")
@@ -185,37 +193,52 @@ def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[s
             err(path + (key,), f"{key}: {getattr(e, 'what', str(e))}",
                 f"write it in the unit of signal {raw.signal!r} ({sig.unit.replace('_', ' ')}), e.g. '2%' for a ratio")
             ok = False
+    return levels, ok
+
+
+def _shed_at(raw: RawShedder, sig: Any, path: tuple, levels: dict[str, float], err: Err) -> tuple[str, str] | None:
+    """(key, text as written) of the shedding level: the shedder's ``shed_at``, else the signal's
+    warning threshold (then put in ``levels``); None (reported) without either."""
     tiers = {t.name: t for t in sig.tiers}
-    fuse = next((t for t in sig.tiers if t.fuse), None)
     if raw.shed_at is not None:
-        shed_key, shed_text = _key(path + ("shed_at",)), str(raw.shed_at)
-    elif "warning" in tiers:
-        shed_key, shed_text = _key(tiers["warning"].path + ("threshold",)), tiers["warning"].threshold_text
+        return _key(path + ("shed_at",)), str(raw.shed_at)
+    if "warning" in tiers:
         levels["shed_at"] = tiers["warning"].threshold
-    else:
-        err(path, f"signal {raw.signal!r} has no warning tier (its safe level) to shed at",
-            "give the shedder 'shed_at:' in the signal's unit, or add a warning tier to the signal")
-        return None
-    if ok and levels["per_request"] <= 0:
+        return _key(tiers["warning"].path + ("threshold",)), tiers["warning"].threshold_text
+    err(path, f"signal {raw.signal!r} has no warning tier (its safe level) to shed at",
+        "give the shedder 'shed_at:' in the signal's unit, or add a warning tier to the signal")
+    return None
+
+
+def _bounded(raw: RawShedder, path: tuple, levels: dict[str, float], shed_key: str, shed_text: str, err: Err) -> bool:
+    """Whether at least one request, and fewer than a billion, fit between idle and the shedding
+    level; the first reason it does not is reported."""
+    if levels["per_request"] <= 0:
         err(path + ("per_request",), "per_request is 0: one request would never reach the shedding level",
             "measure the rise of the signal per running request, e.g. '2%'")
-        ok = False
-    if ok and levels["shed_at"] <= levels["idle"]:
+        return False
+    if levels["shed_at"] <= levels["idle"]:
         err(path + ("shed_at" if raw.shed_at is not None else "idle",),
             f"the shedding level {shed_text} ({shed_key}) is not above idle {raw.idle}: no request could be admitted",
             "idle is the signal with no request running; shed above it")
-        ok = False
-    if ok and not (levels["shed_at"] - levels["idle"]) / levels["per_request"] < 1e9:
+        return False
+    if not (levels["shed_at"] - levels["idle"]) / levels["per_request"] < 1e9:
         err(path + ("per_request",), f"per_request {raw.per_request} is so small that a billion requests would fit "
             "before the shedding level: no bound", "measure the rise of the signal per running request, e.g. '2%'")
-        ok = False
-    if ok and per_engine(levels["shed_at"], levels["idle"], levels["per_request"]) < 1:
+        return False
+    if per_engine(levels["shed_at"], levels["idle"], levels["per_request"]) < 1:
         err(path + ("per_request",), f"not one request of {raw.per_request} fits between idle {raw.idle} and the shedding "
             f"level {shed_text} ({shed_key}): the shedder would refuse everything", "check idle and per_request against the "
             "signal you measure, or shed higher (shed_at)")
-        ok = False
+        return False
+    return True
+
+
+def _settings(raw: RawShedder, path: tuple, err: Err) -> tuple[dict[str, float], bool]:
+    """The ``set:`` overrides in their flags' units, and whether all were valid for the kind."""
     allowed = SETTINGS[raw.kind]
     settings: dict[str, float] = {}
+    ok = True
     for key, value in raw.set.items():
         if key not in allowed:
             err(path + ("set", key), f"kind {raw.kind} has no setting {key!r}", f"use one of: {', '.join(allowed)}", key=True)
@@ -226,8 +249,24 @@ def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[s
             ok = False
         else:
             settings[key] = v
-    if not ok:
+    return settings, ok
+
+
+def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[str], err: Err) -> Shedder | None:
+    path = ("inpath", "shedders", name)
+    sig = _shed_signal(name, raw, signals, written, err)
+    if sig is None:
         return None
+    levels, ok = _levels(raw, sig, path, err)
+    shed = _shed_at(raw, sig, path, levels, err)
+    if shed is None:
+        return None
+    shed_key, shed_text = shed
+    ok = ok and _bounded(raw, path, levels, shed_key, shed_text, err)
+    settings, settings_ok = _settings(raw, path, err)
+    if not (ok and settings_ok):
+        return None
+    fuse = next((t for t in sig.tiers if t.fuse), None)
     return Shedder(name=name, kind=raw.kind, signal=raw.signal, unit=sig.unit, engines=raw.engines,
                    idle=levels["idle"], per_request=levels["per_request"], shed_at=levels["shed_at"],
                    shed_at_key=shed_key, shed_at_text=shed_text,
