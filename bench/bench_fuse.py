@@ -391,7 +391,7 @@ def _echo_server(port: int, gateway: str | None = None) -> None:
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, PlainTextResponse
 
-    from fusebox.fuse.actions import HttpGateway
+    from fusebox.fuse.adapters.gateway import HttpGateway
 
     app = FastAPI()
     calls: queue.SimpleQueue = queue.SimpleQueue()

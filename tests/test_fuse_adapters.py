@@ -22,8 +22,8 @@ from _fuse_support import SPEC, TOKEN, LiveService, alert, payload, wait_for
 from _gateways import StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
 
 from fusebox import conventions as C
-from fusebox.fuse.actions import ActionError
 from fusebox.fuse.adapters import build_adapters, targets_for
+from fusebox.fuse.adapters.protocol import ActionError
 from fusebox.spec import load_spec
 from fusebox.spec.errors import SpecError
 

@@ -10,10 +10,10 @@ import pytest
 from _fuse_support import PEOPLE, SPEC, TOKEN, alert, dry_run_service, payload
 from fastapi.testclient import TestClient
 
-from fusebox.fuse.actions import DryRun
-from fusebox.fuse.app import create_app
-from fusebox.fuse.breaker import OverrideError
-from fusebox.fuse.payload import AlertEvent, Notification, PayloadError, parse_payload
+from fusebox.fuse.adapters.gateway import DryRun
+from fusebox.fuse.http.app import create_app
+from fusebox.fuse.intake.breaker import OverrideError
+from fusebox.fuse.intake.payload import AlertEvent, Notification, PayloadError, parse_payload
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store

@@ -23,9 +23,9 @@ from _fuse_support import SPEC, LiveService, alert, payload, wait_for
 from _gateways import SMG, StandInEngine, sglang_gateway, sglang_workers
 
 from fusebox import conventions as C
-from fusebox.fuse.actions import CredentialRefused
 from fusebox.fuse.adapters import SglangGateway, VllmRouter, build_adapters
-from fusebox.fuse.applied import AppliedLevels
+from fusebox.fuse.adapters.protocol import CredentialRefused
+from fusebox.fuse.dispatch.applied import AppliedLevels
 from fusebox.fuse.tokens import KeyFile, NoTokens
 from fusebox.generator.outputs import adapter_warnings
 from fusebox.generator.render_k8s import render_fuse

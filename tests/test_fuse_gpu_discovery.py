@@ -145,7 +145,7 @@ def test_a_gpu_trip_takes_the_workers_on_that_gpu_out_of_the_real_vllm_router(cl
 
 
 def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryable_refusal(cluster):
-    from fusebox.fuse.discovery import GpuWorkers, ResolveError
+    from fusebox.fuse.adapters.discovery import GpuWorkers, ResolveError
     from fusebox.spec.adapters import Discover
 
     prom, engines, gw = cluster
@@ -173,7 +173,7 @@ def test_mig_instances_of_one_gpu_resolve_to_their_own_pods(tmp_path):
     Scraped as the GPU Operator's ServiceMonitor does by default (no honorLabels, the exporter's
     own namespace and pod as target labels): the pods are read from exported_*, and the idle
     instance 3 is attributed to nobody, not to dcgm-exporter's own pod."""
-    from fusebox.fuse.discovery import GpuWorkers, ResolveError
+    from fusebox.fuse.adapters.discovery import GpuWorkers, ResolveError
     from fusebox.spec.adapters import Discover, RawAttribution
 
     parent = "GPU-0d0d0d0d-0000-4000-8000-00000000000d"
@@ -456,7 +456,7 @@ def test_a_gpu_trip_that_only_engine_targets_could_map_is_refused_and_state_does
 
 def test_applied_survives_a_restart_and_another_replica_reads_it_from_the_store(tmp_path):
     from fusebox.demo.gateway import ReferenceGateway, read_log
-    from fusebox.fuse.actions import HttpGateway
+    from fusebox.fuse.adapters.gateway import HttpGateway
     from fusebox.fuse.rules import FuseRules, scope_key
     from fusebox.fuse.service import FuseService
     from fusebox.fuse.store import Store

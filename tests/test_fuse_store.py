@@ -16,7 +16,7 @@ import pytest
 from _fuse_support import SPEC, TOKEN
 from _pg_support import PgServer
 
-from fusebox.fuse.actions import DryRun
+from fusebox.fuse.adapters.gateway import DryRun
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import SCHEMA_VERSION, PgStore, Store, StoreError, open_store
@@ -373,7 +373,7 @@ def test_the_docs_list_every_audit_kind_the_fuse_writes():
     from _fuse_support import ROOT
 
     written: set[str] = set()
-    for src in (ROOT / "fuse").glob("*.py"):
+    for src in (ROOT / "fuse").rglob("*.py"):
         for m in re.finditer(r'"kind":\s*"(\w+)"(?:\s+if\s+[\w.]+\s+else\s+"(\w+)")?', src.read_text()):
             written.update(k for k in m.groups() if k)
     assert {"applied", "dry_run", "override", "pruned"} <= written  # the scan reads the code's forms

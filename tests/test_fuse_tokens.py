@@ -15,7 +15,7 @@ import pytest
 from _fuse_support import PEOPLE, SPEC, TOKEN, dry_run_service, free_port, payload, wait_for
 from fastapi.testclient import TestClient
 
-from fusebox.fuse.app import create_app
+from fusebox.fuse.http.app import create_app
 from fusebox.fuse.tokens import MIN_TOKEN_LENGTH, TokenFiles
 
 OVERRIDE = {"scope": {"cluster": "a", "engine": "e0"}, "level": 1, "mode": "trip", "reason": "canary",

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
 from fusebox.demo.gateway import ReferenceGateway, read_log
-from fusebox.fuse.app import create_app
+from fusebox.fuse.http.app import create_app
 from fusebox.fuse.tokens import Tokens
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

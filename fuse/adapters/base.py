@@ -3,7 +3,7 @@
 Scope -> target: a target applies to a decision's scope when its ``match`` labels all equal the
 scope's (the scope may carry more), or when every scope label is in ``match`` with the same value
 (a broader scope, e.g. a cluster, covers the targets inside it). A scope no target applies to is
-refused: :class:`~fusebox.fuse.actions.ActionError` (permanent), audited as failed, and no label
+refused: :class:`~fusebox.fuse.adapters.protocol.ActionError` (permanent), audited as failed, and no label
 value of it is sent anywhere (:func:`unmapped`).
 
 :class:`Holds`: a worker stays out of rotation while any (action, scope) that took it out is still
@@ -14,7 +14,7 @@ tripped; the holds (and the recorded settings) live in the service's store (tabl
 and put them back (:mod:`.sglang_gateway`, :mod:`.vllm_router`); a subclass says how. With the
 spec's ``credentials_file`` every call carries the gateway's control-plane key as ``Authorization:
 Bearer`` (:class:`~fusebox.fuse.tokens.KeyFile`: read again when the file changes); a 401 or 403
-raises :class:`~fusebox.fuse.actions.CredentialRefused` (retried, logged once per change).
+raises :class:`~fusebox.fuse.adapters.protocol.CredentialRefused` (retried, logged once per change).
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import httpx
 from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import Target
 
-from ..actions import ActionError, CredentialRefused, answer_text, call_deadline, deadline_client
-from ..discovery import GpuWorkers
 from ..logsafe import install
 from ..rules import scope_key
 from ..tokens import KeyFile
+from .discovery import GpuWorkers
+from .protocol import ActionError, CredentialRefused
+from .transport import answer_text, call_deadline, deadline_client
 
 log = install(logging.getLogger("fusebox.fuse"))
 
@@ -168,7 +169,7 @@ class Rotation:
 
     def _discovered(self, payload: dict, hold: str) -> list[str]:
         """A scope no static target maps: on a trip, the gateway's workers of the scope's engine pod
-        or on its GPU (:class:`~fusebox.fuse.discovery.GpuWorkers`; raises its ResolveError), those another hold
+        or on its GPU (:class:`~fusebox.fuse.adapters.discovery.GpuWorkers`; raises its ResolveError), those another hold
         already took out included (the gateway listed them then); on a release, the workers this
         (action, scope) holds (whatever the attribution says by then)."""
         assert self.discovery is not None
@@ -191,7 +192,7 @@ class Rotation:
         raise NotImplementedError
 
     def observe(self, payloads) -> list[bool]:
-        """:class:`fusebox.fuse.actions.Observable`: one read of the gateway's worker list."""
+        """:class:`fusebox.fuse.adapters.protocol.Observable`: one read of the gateway's worker list."""
         listed = self.listed()
         return [all((t.worker_url not in listed) == (p["state"] == "trip" or self.holds.held(t.worker_url))
                     for t in targets_for(self.spec, p["scope"]) if t.worker_url) for p in payloads]

@@ -10,10 +10,11 @@ from typing import Any
 from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 from fusebox.spec.adapters import Adapter as AdapterSpec
 
-from ..actions import ActionError, call_deadline, remaining
 from ..logsafe import escape_control
 from ..rules import scope_key
 from .base import Holds, targets_for, unmapped
+from .protocol import ActionError
+from .transport import call_deadline, remaining
 
 __all__ = ["HaproxyRuntime"]
 
@@ -105,7 +106,7 @@ class HaproxyRuntime:
             self._run(f"set server {t.server} state {state}")
 
     def observe(self, payloads) -> list[bool]:
-        """:class:`fusebox.fuse.actions.Observable`: ``show servers state <backend>`` (a server is out
+        """:class:`fusebox.fuse.adapters.protocol.Observable`: ``show servers state <backend>`` (a server is out
         when its admin state has the drain bit, 0x08) for each backend named, and ``show map``
         for the text-only level; each read once per call. A target whose name cannot be sent
         (:meth:`command`) is left out of the comparison, so the reconciler does not queue again a

@@ -18,8 +18,9 @@ from jinja2.sandbox import SandboxedEnvironment
 from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import Target
 
-from ..actions import ActionError, answer_text, call_deadline, deadline_client
 from .base import call_error, targets_for, unmapped
+from .protocol import ActionError
+from .transport import answer_text, call_deadline, deadline_client
 
 __all__ = ["HttpAction"]
 

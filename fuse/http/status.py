@@ -27,9 +27,9 @@ from urllib.parse import quote, urlencode, urlsplit
 from fusebox import conventions as C
 from fusebox.spec.kinds.base import VARIABLES
 
-from .logsafe import escape_control
-from .rows import AuditRow, FuseState, LevelStateView, LevelView, ScopeStateView, StateView
-from .rules import scope_key
+from ..logsafe import escape_control
+from ..rows import AuditRow, FuseState, LevelStateView, LevelView, ScopeStateView, StateView
+from ..rules import scope_key
 
 __all__ = ["StatusLinks", "render_status", "status_headers", "state_view", "iso", "for_text", "web_url", "STATUS_ROWS",
            "STATUS_DECISIONS", "STATUS_CALLS_PER_ROW", "STATUS_CALL_ROWS", "CALL_KINDS"]
@@ -174,7 +174,7 @@ def state_view(state: FuseState, now: float) -> StateView:
 
 
 def _template_text() -> str:
-    return resources.files("fusebox.fuse").joinpath("static/status.html").read_text(encoding="utf-8")
+    return resources.files("fusebox.fuse.http").joinpath("static/status.html").read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)

@@ -40,9 +40,9 @@ from dataclasses import asdict, dataclass, field
 
 from fusebox.conventions import SCOPE_LABELS
 
+from ..rows import LevelView, Page, ScopeView
+from ..rules import FuseRules, Refusal, scope_key, scope_of
 from .payload import NOT_STORABLE, AlertEvent, Notification, storable
-from .rows import LevelView, Page, ScopeView
-from .rules import FuseRules, Refusal, scope_key, scope_of
 
 __all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound", "DEFAULT_HOLD_S"]
 
@@ -251,7 +251,7 @@ class Breaker:
             ScopeNotFound: the scope is not exactly a known one (see above); nothing changed.
             OverrideError: unknown level, mode, a duration <= 0, an unknown scope label, an empty
                 label value, a label or reason that is not storable text (a lone surrogate:
-                :func:`~fusebox.fuse.payload.storable`), an empty scope without ``fleet`` or
+                :func:`~fusebox.fuse.intake.payload.storable`), an empty scope without ``fleet`` or
                 ``fleet`` with labels.
         """
         if level not in self.rules.levels:

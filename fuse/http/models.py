@@ -1,7 +1,7 @@
 """The fuse API's request bodies (pydantic): an Alertmanager notification, an override.
 
 Strings the fuse stores or answers hold no lone surrogate (:data:`Text`); label values are capped
-at :data:`fusebox.fuse.payload.MAX_LABEL_VALUE` characters.
+at :data:`fusebox.fuse.intake.payload.MAX_LABEL_VALUE` characters.
 """
 
 # No `from __future__ import annotations`: FastAPI and pydantic read these annotations.
@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from .payload import MAX_LABEL_VALUE, NOT_STORABLE, storable
+from ..intake.payload import MAX_LABEL_VALUE, NOT_STORABLE, storable
 
 # Alertmanager's fingerprints are 16 hex digits.
 MAX_FINGERPRINT = 64
