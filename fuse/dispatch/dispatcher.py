@@ -105,47 +105,22 @@ class Dispatcher(ServiceParts):
         """One pass over the lanes (scopes) of ``adapter``: claim each lane's oldest pending row whose
         backoff has passed and that no other replica holds a lease on, and attempt those claimed.
         Returns seconds until the next pass (0: at once, a row left)."""
-        heads: dict[str, OutboxRow] = {}
-        for row in self.store.pending(adapter.name):
-            heads.setdefault(key_of(row["payload"].get("scope") or {}), row)
-        for k in [k for k, lane in lanes.items() if k not in heads or heads[k]["seq"] != lane.seq]:
-            del lanes[k]
-        for seq in [seq for seq in unrecorded if seq not in {h["seq"] for h in heads.values()}]:
-            del unrecorded[seq]
-        wait, progressed = 1.0, False
-        wall = self.store.clock()  # the leases' clock (the database server's with PostgreSQL)
-        ready: dict[str, OutboxRow] = {}
-        for k, job in heads.items():
-            lane = lanes.get(k)
-            now = time.monotonic()
-            if lane is not None and lane.due > now:
-                wait = min(wait, lane.due - now)
-            elif job["claimed_by"] not in (None, self.replica) and (job["lease_until"] or 0) > wall:
-                wait = min(wait, (job["lease_until"] or 0) - wall)  # another replica's: taken over when its lease ends
-            else:
-                ready[k] = job
+        heads = self._heads(adapter, lanes, unrecorded)
+        ready, wait = self._ready(heads, lanes)
         if self._stop.is_set():
             return 0.0
         claimed = self.store.claim_fenced([j["seq"] for j in ready.values()], self.replica, self.lease_s) if ready else {}
         claimed_at = time.monotonic()
-        longest = getattr(adapter, "timeout_s", None) or 0.0
         if claimed and self._test_hang:
             log.warning("%s set: waiting %gs after claiming outbox rows %s (test only)", TEST_HANG_ENV,
                         self._test_hang, sorted(claimed))
             self._stop.wait(self._test_hang)
+        progressed = False
         for k, job in ready.items():
             if self._stop.is_set():
                 break
-            if job["seq"] not in claimed:  # another replica claimed it meanwhile
+            if not self._hold_claim(adapter, job, claimed, claimed_at):
                 continue
-            if time.monotonic() - claimed_at + longest >= self.lease_s:
-                # the calls before this one took so long that the batch's lease would end before this
-                # call's deadline: renew it (a new token), or leave the row if it was taken over
-                renewed = self.store.claim_fenced([job["seq"]], self.replica, self.lease_s)
-                if job["seq"] not in renewed:
-                    continue
-                claimed[job["seq"]] = renewed[job["seq"]]
-            job["claim"] = (self.replica, claimed[job["seq"]])
             if job["seq"] in unrecorded:  # applied, but recording it failed: record it, do not call again
                 at, audit = unrecorded[job["seq"]]
                 self._recorded(adapter.name, job, self.store.mark_applied(job["seq"], at, audit, job["claim"]))
@@ -158,6 +133,52 @@ class Dispatcher(ServiceParts):
         self._pending_known = self.store.pending_count()
         self.metrics.pending.set(self._pending_known)
         return 0.0 if progressed else wait
+
+    def _heads(self, adapter: Adapter, lanes: dict[str, _Lane],
+               unrecorded: dict[int, tuple[float, AuditRecord]]) -> dict[str, OutboxRow]:
+        """The oldest pending row of each lane (scope key) of ``adapter``; the backoff of a lane whose
+        head changed, and what is left unrecorded of a row no longer pending, are forgotten."""
+        heads: dict[str, OutboxRow] = {}
+        for row in self.store.pending(adapter.name):
+            heads.setdefault(key_of(row["payload"].get("scope") or {}), row)
+        for k in [k for k, lane in lanes.items() if k not in heads or heads[k]["seq"] != lane.seq]:
+            del lanes[k]
+        for seq in [seq for seq in unrecorded if seq not in {h["seq"] for h in heads.values()}]:
+            del unrecorded[seq]
+        return heads
+
+    def _ready(self, heads: dict[str, OutboxRow], lanes: dict[str, _Lane]) -> tuple[dict[str, OutboxRow], float]:
+        """The heads to attempt now (backoff passed, no other replica's lease in force) and the
+        seconds until the first of the others is due (at most 1)."""
+        wait = 1.0
+        wall = self.store.clock()  # the leases' clock (the database server's with PostgreSQL)
+        ready: dict[str, OutboxRow] = {}
+        for k, job in heads.items():
+            lane = lanes.get(k)
+            now = time.monotonic()
+            if lane is not None and lane.due > now:
+                wait = min(wait, lane.due - now)
+            elif job["claimed_by"] not in (None, self.replica) and (job["lease_until"] or 0) > wall:
+                wait = min(wait, (job["lease_until"] or 0) - wall)  # another replica's: taken over when its lease ends
+            else:
+                ready[k] = job
+        return ready, wait
+
+    def _hold_claim(self, adapter: Adapter, job: OutboxRow, claimed: dict[int, int], claimed_at: float) -> bool:
+        """Whether this replica still holds ``job``'s claim for one more call (setting ``job["claim"]``):
+        False when another replica claimed it meanwhile. The calls before this one may have taken so
+        long that the batch's lease would end before this call's deadline: then it is renewed (a new
+        token), or the row left if it was taken over."""
+        if job["seq"] not in claimed:  # another replica claimed it meanwhile
+            return False
+        longest = getattr(adapter, "timeout_s", None) or 0.0
+        if time.monotonic() - claimed_at + longest >= self.lease_s:
+            renewed = self.store.claim_fenced([job["seq"]], self.replica, self.lease_s)
+            if job["seq"] not in renewed:
+                return False
+            claimed[job["seq"]] = renewed[job["seq"]]
+        job["claim"] = (self.replica, claimed[job["seq"]])
+        return True
 
     def _attempt(self, adapter: Adapter, job: OutboxRow, key: str, lanes: dict[str, _Lane],
                  unrecorded: dict[int, tuple[float, AuditRecord]]) -> bool:
