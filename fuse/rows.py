@@ -33,7 +33,7 @@ class OutboxRow(TypedDict):
     seq: int
     decision_id: str
     adapter: str  # the adapter's outbox name, ``<kind>:<name>``, ``gateway``, ``vllm:<engine>``
-    payload: dict[str, Any]  # the control call: action, level, state, reason, scope, decision_id
+    payload: dict[str, Any]  # the control call as JSON (fusebox.fuse.control.ControlCall.to_json, from_json)
     received: float
     attempts: int
     claimed_by: str | None

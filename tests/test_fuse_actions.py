@@ -66,7 +66,7 @@ def test_dry_run_logs_and_calls_nothing(tmp_path):
             assert svc.state()["levels"] == {'{cluster="a",hw_id="GPU-1"}': 1}
     finally:
         gw.stop()
-    assert [(p["state"], p["action"]) for p in dry.seen] == [("trip", "freeze_admissions")]
+    assert [(p.state, p.action) for p in dry.seen] == [("trip", "freeze_admissions")]
     assert read_log(tmp_path / "gw.jsonl") == []
 
 

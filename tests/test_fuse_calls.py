@@ -20,11 +20,12 @@ from _slow_peers import BYTES, GAP, TrickleHttp, TrickleSocket
 from fusebox.fuse.adapters import build_adapters
 from fusebox.fuse.adapters.gateway import HttpGateway, VllmResetPrefixCache
 from fusebox.fuse.adapters.protocol import ActionError
+from fusebox.fuse.control import ControlCall
 from fusebox.spec import load_spec
 
 DEADLINE = 1.0  # seconds, the adapters' timeout in these tests
-TRIP = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test", "decision_id": "d1",
-        "scope": {"cluster": "c1", "engine": "engine-0"}}
+TRIP = ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test",
+                              "decision_id": "d1", "scope": {"cluster": "c1", "engine": "engine-0"}})
 
 
 def _spec_adapter(tmp_path, name: str, a: dict):
@@ -130,8 +131,9 @@ _CALL = r"""
 import json, sys, time
 from fusebox.fuse.adapters.gateway import HttpGateway
 from fusebox.fuse.adapters.protocol import ActionError
-trip = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test", "decision_id": "d1",
-        "scope": {"cluster": "c1", "engine": "engine-0"}}
+from fusebox.fuse.control import ControlCall
+trip = ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test",
+                              "decision_id": "d1", "scope": {"cluster": "c1", "engine": "engine-0"}})
 t0 = time.monotonic()
 try:
     HttpGateway(sys.argv[1], timeout_s=float(sys.argv[2])).apply(trip)
@@ -320,7 +322,7 @@ def test_a_batch_of_claims_is_renewed_before_a_call_its_lease_would_not_cover(tm
         def apply(self, p):
             with sqlite3.connect(path) as db:
                 ((lease_until,),) = db.execute("SELECT lease_until FROM outbox WHERE decision_id = ?",
-                                               (p["decision_id"],)).fetchall()
+                                               (p.decision_id,)).fetchall()
             covered.append(lease_until >= time.time() + self.timeout_s)
             super().apply(p)
 

@@ -17,6 +17,7 @@ from _gateways import SMG, StandInEngine, sglang_gateway, sglang_workers, vllm_r
 from test_fuse_adapters import write_spec
 
 from fusebox.fuse.adapters import build_adapters
+from fusebox.fuse.control import ControlCall
 from fusebox.spec import load_spec
 
 CLUSTER, NODE = "prod-a", "gpu-node-1"
@@ -492,8 +493,8 @@ def test_a_second_level_on_a_gpu_finds_the_workers_the_first_took_out_and_each_r
     b = engines["engine-b"].url
 
     def call(action: str, lvl: int, state: str) -> None:
-        adapter.apply({"action": action, "level": lvl, "state": state, "reason": "r", "scope": gpu(GPU_B),
-                       "decision_id": f"{action}-{state}"})
+        adapter.apply(ControlCall.from_json({"action": action, "level": lvl, "state": state, "reason": "r",
+                                             "scope": gpu(GPU_B), "decision_id": f"{action}-{state}"}))
 
     call("freeze_admissions", 1, "trip")
     wait_for(lambda: b not in sglang_workers(gw.url), 10, what="engine-b out")

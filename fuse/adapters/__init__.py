@@ -1,7 +1,7 @@
 """Adapters built from the spec's ``fuse.adapters`` (:mod:`fusebox.spec.adapters`).
 
 Each follows :class:`fusebox.fuse.adapters.protocol.Adapter`: ``name`` (the outbox key: ``<kind>:<name>``),
-``label`` (the spec's name: metrics, audit, status page), ``wants(payload)``, ``apply(payload)``,
+``label`` (the spec's name: metrics, audit, status page), ``wants(call)``, ``apply(call)`` (a :class:`fusebox.fuse.control.ControlCall`),
 ``max_attempts``. Every call goes through the service's outbox, retried per (adapter, scope) lane.
 
 Scope -> target: a target applies to a decision's scope when its ``match`` labels all equal the

@@ -18,6 +18,7 @@ import os
 
 import httpx
 
+from ..control import ControlCall
 from ..logsafe import install, redact_url
 from ..rules import scope_key, scope_of
 from ..tokens import check_token_length, read_token_file
@@ -75,14 +76,14 @@ class HttpGateway:
         self.timeout_s = timeout_s  # one call in total (call_deadline)
         self._client = deadline_client(timeout_s)
 
-    def wants(self, payload: dict) -> bool:
+    def wants(self, call: ControlCall) -> bool:
         return True
 
-    def apply(self, payload: dict) -> None:
+    def apply(self, call: ControlCall) -> None:
         try:
             with call_deadline(self.timeout_s):
-                r = self._client.post(self.url, json=payload,
-                                      headers={**self._headers, "Idempotency-Key": payload["decision_id"]})
+                r = self._client.post(self.url, json=call.to_json(),
+                                      headers={**self._headers, "Idempotency-Key": call.decision_id})
         except httpx.HTTPError as e:
             raise ActionError(f"{self.url}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
         if not 200 <= r.status_code < 300:
@@ -112,12 +113,12 @@ class VllmResetPrefixCache:
         self.timeout_s = timeout_s  # one call in total (call_deadline)
         self._client = deadline_client(timeout_s)
 
-    def wants(self, payload: dict) -> bool:
-        if payload["state"] != "trip" or payload["action"] != self.action:
+    def wants(self, call: ControlCall) -> bool:
+        if call.state != "trip" or call.action != self.action:
             return False
-        return self.engine is None or payload["scope"].get("engine") == self.engine
+        return self.engine is None or call.scope.get("engine") == self.engine
 
-    def apply(self, payload: dict) -> None:
+    def apply(self, call: ControlCall) -> None:
         try:
             with call_deadline(self.timeout_s):
                 r = self._client.post(self.url)
@@ -137,18 +138,18 @@ class DryRun:
     max_attempts: int | None = None
 
     def __init__(self):
-        self.seen: list[dict] = []
+        self.seen: list[ControlCall] = []
 
-    def wants(self, payload: dict) -> bool:
+    def wants(self, call: ControlCall) -> bool:
         return True
 
-    def apply(self, payload: dict) -> None:
+    def apply(self, call: ControlCall) -> None:
         """Log ``dry-run: would STATE ACTION (level N) on SCOPE_KEY: REASON`` (WARNING), with the
         decision's fields (``decision_id``, ``scope`` as the scope key, ``action``, ``fuse_level``,
         ``state``, ``adapter``) for ``--log-format json``."""
-        self.seen.append(payload)
-        key = scope_key(scope_of(payload.get("scope") or {}))
-        log.warning("dry-run: would %s %s (level %s) on %s: %s", payload["state"], payload["action"],
-                    payload["level"], key, payload["reason"],
-                    extra={"decision_id": payload.get("decision_id"), "scope": key, "action": payload["action"],
-                           "fuse_level": payload["level"], "state": payload["state"], "adapter": self.name})
+        self.seen.append(call)
+        key = scope_key(scope_of(call.scope))
+        log.warning("dry-run: would %s %s (level %s) on %s: %s", call.state, call.action,
+                    call.level, key, call.reason,
+                    extra={"decision_id": call.decision_id, "scope": key, "action": call.action,
+                           "fuse_level": call.level, "state": call.state, "adapter": self.name})

@@ -1,9 +1,9 @@
 """The adapter contract: what a decision does outside the service, and how a call fails.
 
-Every adapter has a stable ``name`` (the outbox key), ``wants(payload) -> bool`` and
-``apply(payload)``, which returns when the action is applied and raises :class:`ActionError`
-otherwise. ``payload`` is the gateway control body:
-``{"action", "level", "state": "trip"|"release", "reason", "scope", "decision_id"}``.
+Every adapter has a stable ``name`` (the outbox key), ``wants(call) -> bool`` and
+``apply(call)``, which returns when the action is applied and raises :class:`ActionError`
+otherwise. ``call`` is a :class:`fusebox.fuse.control.ControlCall` (its JSON is the gateway
+control body: ``{"action", "level", "state": "trip"|"release", "reason", "scope", "decision_id"}``).
 
 Retry classes (what the dispatcher in :mod:`fusebox.fuse.dispatch.dispatcher` does with an :class:`ActionError`):
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from ..control import ControlCall
 from ..logsafe import redact_urls
 
 __all__ = ["ActionError", "CredentialRefused", "is_permanent", "RETRYABLE_4XX", "Adapter", "Observable"]
@@ -79,15 +80,15 @@ class Adapter(Protocol):
     many attempts (read with ``getattr``, so an adapter without it retries until applied).
     ``label`` (optional, default ``name``): how metrics and the status page name it; no URL.
 
-    Optional, ``observe(payloads) -> list[bool]`` (:class:`Observable`): what the target itself
+    Optional, ``observe(calls) -> list[bool]`` (:class:`Observable`): what the target itself
     shows; an adapter without it cannot report, and is not reconciled."""
 
     name: str
     max_attempts: int | None
 
-    def wants(self, payload: dict) -> bool: ...
+    def wants(self, call: ControlCall) -> bool: ...
 
-    def apply(self, payload: dict) -> None: ...
+    def apply(self, call: ControlCall) -> None: ...
 
 
 class Observable(Protocol):
@@ -95,12 +96,12 @@ class Observable(Protocol):
     :mod:`fusebox.fuse.service` compares it with what the fuse decided, and queues the decision again
     where they differ).
 
-    ``observe(payloads)``: for each control payload (the shape :meth:`Adapter.apply` takes), True
+    ``observe(calls)``: for each control call (what :meth:`Adapter.apply` takes), True
     when the target's own state shows it applied -- a trip: every worker it maps to is out of
     rotation (drained, its map entry set); a release: every such worker is back, unless another
     (action, scope) still holds it -- else False. One read of the target per call, whatever the
-    number of payloads; a payload whose scope maps to no target is True (nothing to apply).
+    number of calls; a call whose scope maps to no target is True (nothing to apply).
     Raises :class:`ActionError` when the target's state cannot be read (no answer: nothing is
     concluded)."""
 
-    def observe(self, payloads: Sequence[dict]) -> list[bool]: ...
+    def observe(self, calls: Sequence[ControlCall]) -> list[bool]: ...

@@ -52,6 +52,7 @@ import threading
 import time
 
 from ..adapters.protocol import Adapter, CredentialRefused
+from ..control import ControlCall
 from ..logsafe import install
 from ..rows import AuditRecord, OutboxRow
 from ..rules import key_of
@@ -140,7 +141,7 @@ class Dispatcher(ServiceParts):
         head changed, and what is left unrecorded of a row no longer pending, are forgotten."""
         heads: dict[str, OutboxRow] = {}
         for row in self.store.pending(adapter.name):
-            heads.setdefault(key_of(row["payload"].get("scope") or {}), row)
+            heads.setdefault(key_of(ControlCall.from_json(row["payload"]).scope), row)
         for k in [k for k, lane in lanes.items() if k not in heads or heads[k]["seq"] != lane.seq]:
             del lanes[k]
         for seq in [seq for seq in unrecorded if seq not in {h["seq"] for h in heads.values()}]:
@@ -184,13 +185,13 @@ class Dispatcher(ServiceParts):
                  unrecorded: dict[int, tuple[float, AuditRecord]]) -> bool:
         """Apply one outbox row. True when it left the outbox (applied, or given up and audited as
         ``failed``); False when it is to be retried (``lanes[key]`` holds when)."""
-        name, p, attempt = adapter.name, job["payload"], job["attempts"] + 1
+        name, call, attempt = adapter.name, ControlCall.from_json(job["payload"]), job["attempts"] + 1
         label = self.labels[name]
         started = time.monotonic()
         with self._in_call_lock:
             self._in_call.add(job["seq"])
         try:
-            adapter.apply(p)
+            adapter.apply(call)
         except Exception as e:  # ActionError, or a bug in an adapter (transient: retried)
             self._call_done(job["seq"])
             self.metrics.call_duration.labels(label).observe(time.monotonic() - started)
@@ -206,8 +207,8 @@ class Dispatcher(ServiceParts):
                 # The answer's text and the URL stay in detail (the audit); the reason is shown to readers.
                 recorded = self.store.mark_given_up(job["seq"], str(e), {
                     "at": now, "kind": "failed", "decision_id": job["decision_id"], "scope_key": key,
-                    "level": p.get("level"), "action": p.get("action"), "source": label,
-                    "reason": f"{p.get('state')} not applied by {label} after {attempt} attempt(s), "
+                    "level": call.level, "action": call.action, "source": label,
+                    "reason": f"{call.state} not applied by {label} after {attempt} attempt(s), "
                               f"{'permanent failure' if permanent else 'retries exhausted'}: "
                               f"{getattr(e, 'summary', None) or type(e).__name__}"[:1000],
                     "detail": {"attempts": attempt, "status": status, "class": reason, "adapter": name,
@@ -215,8 +216,8 @@ class Dispatcher(ServiceParts):
                 if not self._recorded(name, job, recorded):
                     return True
                 self.metrics.given_up.labels(label, reason).inc()
-                if p.get("state") == "trip":
-                    self.applied.outcome(key, int(p.get("level") or 0), job["decision_id"], label, False,
+                if call.trip:
+                    self.applied.outcome(key, call.level, job["decision_id"], label, False,
                                          f"{'refused' if permanent else 'gave up'}: "
                                          f"{getattr(e, 'summary', None) or type(e).__name__}"[:300])
                 log.error("action %s for %s given up after %d attempt(s) (%s): %s", name, job["decision_id"],
@@ -227,8 +228,8 @@ class Dispatcher(ServiceParts):
             lanes[key] = _Lane(job["seq"], time.monotonic() + delay, delay)  # before the store, which may fail
             if isinstance(e, CredentialRefused):  # the adapter logged the refusal once
                 self.metrics.credential_refusals.labels(label).inc()
-            if p.get("state") == "trip":  # not applied, and why, while retried (/state: not_applied)
-                self.applied.retrying(key, int(p.get("level") or 0), job["decision_id"], label,
+            if call.trip:  # not applied, and why, while retried (/state: not_applied)
+                self.applied.retrying(key, call.level, job["decision_id"], label,
                                       f"retrying: {getattr(e, 'summary', None) or type(e).__name__}"[:300])
             log.log(logging.DEBUG if getattr(e, "quiet", False) else logging.WARNING,
                     "action %s for %s failed (attempt %d), retrying in %.2fs: %s",
@@ -247,8 +248,8 @@ class Dispatcher(ServiceParts):
         # In dry-run the adapter only logged it: the audit says it was not applied, never "applied".
         audit: AuditRecord = {
             "at": now, "kind": "dry_run" if self.dry_run else "applied", "decision_id": job["decision_id"],
-            "scope_key": key, "level": p["level"], "action": p["action"], "source": label,
-            "reason": f"{p['state']} not applied (dry-run)" if self.dry_run else f"{p['state']} applied by {label}",
+            "scope_key": key, "level": call.level, "action": call.action, "source": label,
+            "reason": f"{call.state} not applied (dry-run)" if self.dry_run else f"{call.state} applied by {label}",
             "detail": {"attempts": attempt, "adapter": name, "call_s": round(took, 6)}}
         try:
             recorded = self.store.mark_applied(job["seq"], now, audit, job["claim"])
@@ -258,10 +259,10 @@ class Dispatcher(ServiceParts):
         if not self._recorded(name, job, recorded):
             return True
         self.metrics.latency.labels(label).observe(max(0.0, now - job["received"]))
-        if p["state"] == "trip":
-            self.applied.outcome(key, int(p["level"]), job["decision_id"], label, not self.dry_run,
+        if call.trip:
+            self.applied.outcome(key, call.level, job["decision_id"], label, not self.dry_run,
                                  "dry-run: nothing was called")
-        log.info("%s %s level %s on %s: %s", p["state"], p["action"], p["level"], key, audit["reason"],
+        log.info("%s %s level %s on %s: %s", call.state, call.action, call.level, key, audit["reason"],
                  extra=_fields(job, key, label, attempt))
         return True
 
@@ -308,6 +309,6 @@ class _Lane:
 
 def _fields(job: OutboxRow, key: str, adapter: str, attempt: int) -> dict:
     """Structured log fields of an outbox row's attempt (``--log-format json``)."""
-    p = job["payload"]
-    return {"decision_id": job["decision_id"], "scope": key, "action": p.get("action"), "fuse_level": p.get("level"),
-            "state": p.get("state"), "adapter": adapter, "attempt": attempt}
+    call = ControlCall.from_json(job["payload"])
+    return {"decision_id": job["decision_id"], "scope": key, "action": call.action, "fuse_level": call.level,
+            "state": call.state, "adapter": adapter, "attempt": attempt}

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 
 from ..adapters.protocol import ActionError
+from ..control import ControlCall
 from ..intake.breaker import Breaker
 from ..logsafe import install
 from ..override import UsageError, parse_scope
@@ -44,7 +45,7 @@ class Reconciler(ServiceParts):
     breaker: Breaker
     reconcile_s: float
     _lock: threading.Lock
-    _unreleased: dict[tuple, dict]
+    _unreleased: dict[tuple[str, str, int], ControlCall]
     _failed_seen: int
 
     _refresh: Callable[[], None]
@@ -65,18 +66,19 @@ class Reconciler(ServiceParts):
             observe = getattr(adapter, "observe", None)
             if observe is None:
                 continue
-            busy = {key_of(r["payload"].get("scope") or {}) for r in self.store.pending(name)}
+            busy = {key_of(ControlCall.from_json(r["payload"]).scope) for r in self.store.pending(name)}
             wanted = []
             for labels, lvl in tripped:
-                p = {"action": self.rules.levels.get(lvl), "level": lvl, "state": "trip", "scope": labels}
-                if p["action"] and key_of(labels) not in busy and adapter.wants(p):
-                    wanted.append(p)
+                action = self.rules.levels.get(lvl)
+                call = ControlCall(action=action or "", level=lvl, state="trip", scope=labels)
+                if action and key_of(labels) not in busy and adapter.wants(call):
+                    wanted.append(call)
             held = {(key_of(labels), lvl) for labels, lvl in tripped}
-            for lane, p in list(self._unreleased.items()):
+            for lane, release in list(self._unreleased.items()):
                 if lane[0] == name and (lane[1:] in held or lane[1] in busy):
                     del self._unreleased[lane]  # tripped again, or a newer action queued: theirs now
                 elif lane[0] == name:
-                    wanted.append(p)
+                    wanted.append(release)
             if not wanted:
                 continue
             try:
@@ -84,11 +86,11 @@ class Reconciler(ServiceParts):
             except ActionError as e:
                 log.debug("reconcile %s: the target's state cannot be read: %s", name, e)
                 continue
-            for p, ok in zip(wanted, seen, strict=False):
-                if p["state"] == "release" and ok:
-                    self._unreleased.pop((name, key_of(p["scope"]), p["level"]), None)
+            for call, ok in zip(wanted, seen, strict=False):
+                if not call.trip and ok:
+                    self._unreleased.pop((name, key_of(call.scope), call.level), None)
                 elif not ok:
-                    self._requeue(name, p)
+                    self._requeue(name, call)
                     queued += 1
         return queued
 
@@ -107,25 +109,25 @@ class Reconciler(ServiceParts):
                 labels = parse_scope(r["scope_key"])
             except UsageError:
                 continue
-            self._unreleased[(name, r["scope_key"], r["level"])] = {
-                "action": r["action"], "level": r["level"], "state": "release", "scope": labels}
+            self._unreleased[(name, r["scope_key"], r["level"])] = ControlCall(
+                action=r["action"] or "", level=int(r["level"] or 0), state="release", scope=labels)
 
-    def _requeue(self, name: str, p: dict) -> None:
+    def _requeue(self, name: str, call: ControlCall) -> None:
         """Queue the trip or release ``p`` again for adapter ``name`` (outbox + a ``reconcile`` audit row)."""
         label, now, did = self.labels[name], self.clock(), uuid.uuid4().hex
-        key = key_of(p["scope"])
-        done = "tripped" if p["state"] == "trip" else "released"
-        reason = (f"level {p['level']} ({p['action']}) {done} on {key} but not seen on {label}: "
+        key = key_of(call.scope)
+        done = "tripped" if call.trip else "released"
+        reason = (f"level {call.level} ({call.action}) {done} on {key} but not seen on {label}: "
                   "queued again")
-        p = {**p, "reason": reason, "decision_id": did}
-        self.store.commit(None, [(did, name, p, now, f"reconcile|{did}")], [
-            {"at": now, "kind": "reconcile", "decision_id": did, "scope_key": key, "level": p["level"],
-             "action": p["action"], "source": label, "reason": reason, "detail": {"adapter": name}}])
+        call = call.queued(reason, did)
+        self.store.commit(None, [(did, name, call.to_json(), now, f"reconcile|{did}")], [
+            {"at": now, "kind": "reconcile", "decision_id": did, "scope_key": key, "level": call.level,
+             "action": call.action, "source": label, "reason": reason, "detail": {"adapter": name}}])
         self.metrics.reconciliations.labels(label).inc()
-        if p["state"] == "trip":  # its outcome counts for the level's applied record (fuse/dispatch/applied.py)
-            self.applied.requeued(key, int(p["level"]), did, label)
-        log.warning("%s", reason, extra={"decision_id": did, "scope": key, "action": p["action"],
-                                         "fuse_level": p["level"], "state": p["state"], "adapter": label})
+        if call.trip:  # its outcome counts for the level's applied record (fuse/dispatch/applied.py)
+            self.applied.requeued(key, call.level, did, label)
+        log.warning("%s", reason, extra={"decision_id": did, "scope": key, "action": call.action,
+                                         "fuse_level": call.level, "state": call.state, "adapter": label})
         self._wakes[name].set()
 
     def _reconcile_loop(self) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from fusebox import conventions as C
 
 from ..adapters.protocol import Adapter
+from ..control import ControlCall
 from ..dispatch.applied import RESTORE_ROWS, AppliedLevels
 from ..dispatch.dispatcher import TEST_HANG_ENV, Backoff, Dispatcher
 from ..dispatch.reconcile import Reconciler
@@ -138,8 +139,8 @@ class FuseService(Dispatcher, Reconciler):
         self._store_errors: tuple[type[BaseException], ...] = (StoreError, *store._errors())
         self._pending_known = 0  # the pending actions' count last read
         self._oldest_known: float | None = None  # ``received`` of the oldest pending action last read
-        # the reconciler's releases given up: (adapter, scope key, level) -> the release payload
-        self._unreleased: dict[tuple, dict] = {}
+        # the reconciler's releases given up: (adapter, scope key, level) -> the release call
+        self._unreleased: dict[tuple[str, str, int], ControlCall] = {}
         failed = store.audit_log(1, kinds=("failed",))
         self._failed_seen = failed[0]["seq"] if failed else 0  # audit rows older were before this start
         last = store.audit_log(1, kinds=("truncated",))
@@ -526,9 +527,10 @@ class FuseService(Dispatcher, Reconciler):
         d_wanted: list[list[str]] = []
         for d, received, note_detail in decisions:
             did = uuid.uuid4().hex
-            payload = {"action": d.action, "level": d.level, "state": d.kind, "reason": d.reason,
-                       "scope": d.scope, "decision_id": did}
-            wanted = [a.name for a in self.adapters.values() if a.wants(payload)]
+            call = ControlCall(action=d.action, level=d.level, state="trip" if d.kind == "trip" else "release",
+                               scope=d.scope, reason=d.reason, decision_id=did)
+            payload = call.to_json()  # the outbox row's JSON
+            wanted = [a.name for a in self.adapters.values() if a.wants(call)]
             rows += [(did, name, payload, received, d.key) for name in wanted]
             d_wanted.append([self.labels[n] for n in wanted])
             audit.append({"at": d.at, "kind": d.kind, "decision_id": did, "scope_key": d.scope_key, "level": d.level,
