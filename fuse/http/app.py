@@ -50,13 +50,13 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from ..intake.payload import MAX_LABEL_VALUE
+from ..intake.webhook import MAX_LABEL_VALUE, WebhookPayload
 from ..service import FuseService
 from ..tokens import TokenFiles, Tokens
 from .deps import AUTH_FAILURES, AUTH_WINDOW_S, ROLES, AuthLimiter, bearer
 from .errors import Denied, Limited, count, problem
 from .handlers import denied, install_handlers, limited
-from .models import OverrideRequest, WebhookPayload
+from .models import OverrideRequest
 from .routes import PROBE_THREADS, WEBHOOK_THREADS, router
 from .status import STATUS_ROWS, StatusLinks, render_status
 

@@ -33,14 +33,15 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
 from ..intake.breaker import OverrideError, ScopeNotFound
-from ..intake.payload import PayloadError, parse_payload
+from ..intake.payload import PayloadError, notification
+from ..intake.webhook import WebhookPayload
 from ..override import UsageError, parse_scope
 from ..rows import StateView
 from ..service import FuseService, Unavailable
 from ..store import HEADROOM_BYTES
 from .deps import Service, bearer, person_token, reader_token, service_of, webhook_token
 from .errors import BadQuery, encodable, problem
-from .models import OverrideRequest, WebhookPayload
+from .models import OverrideRequest
 from .status import CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, render_status, state_view, status_headers, web_url
 
 # /state's page: scopes per answer by default and at most (the default holds every scope of a
@@ -87,7 +88,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 async def notify(request: Request, service: FuseService, body: WebhookPayload) -> Response | dict:
     """Apply a validated notification (in a thread of ``app.state.webhook_threads``: the event loop,
     /healthz, never waits for it) and answer: 200 ``{"status": "ok", "decisions", "alerts"}`` once committed, 400 when the
-    payload does not parse (:func:`parse_payload`), 503 when the store did not persist it."""
+    payload does not parse (:func:`~fusebox.fuse.intake.payload.notification`), 503 when the store did not persist it."""
     t0 = time.perf_counter()
     received = service.clock()
     metrics = service.metrics
@@ -96,7 +97,7 @@ async def notify(request: Request, service: FuseService, body: WebhookPayload) -
 
     def work():
         try:
-            note = parse_payload(body.model_dump(), received)
+            note = notification(body, received)
         except (PayloadError, ValueError) as e:
             return e
         return service.handle(note, received)

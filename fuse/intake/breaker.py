@@ -39,8 +39,9 @@ from dataclasses import asdict, dataclass
 from fusebox.conventions import SCOPE_LABELS
 
 from ..rules import FuseRules, Refusal, scope_key, scope_of
-from .payload import NOT_STORABLE, AlertEvent, Notification, storable
+from .payload import AlertEvent, Notification
 from .scopes import MAX_SCOPES, LevelState, ScopeTable
+from .webhook import NOT_STORABLE, storable
 
 __all__ = ["Decision", "Outcome", "Breaker", "OverrideError", "ScopeNotFound", "DEFAULT_HOLD_S", "MAX_SCOPES"]
 
@@ -217,7 +218,7 @@ class Breaker(ScopeTable):
             ScopeNotFound: the scope is not exactly a known one (see above); nothing changed.
             OverrideError: unknown level, mode, a duration <= 0, an unknown scope label, an empty
                 label value, a label or reason that is not storable text (a lone surrogate:
-                :func:`~fusebox.fuse.intake.payload.storable`), an empty scope without ``fleet`` or
+                :func:`~fusebox.fuse.intake.webhook.storable`), an empty scope without ``fleet`` or
                 ``fleet`` with labels.
         """
         if level not in self.rules.levels:
