@@ -37,7 +37,7 @@ from ..control import ControlCall
 from ..dispatch.applied import RESTORE_ROWS, AppliedLevels
 from ..dispatch.dispatcher import TEST_HANG_ENV, Backoff, Dispatcher
 from ..dispatch.reconcile import Reconciler
-from ..intake.breaker import MAX_SCOPES, Breaker, Decision, OverrideError
+from ..intake.breaker import MAX_SCOPES, Breaker, Decision, Outcome, OverrideError
 from ..intake.payload import Notification
 from ..logsafe import install
 from ..metrics import LevelSeries, Metrics
@@ -292,10 +292,7 @@ class FuseService(Dispatcher, Reconciler):
             for j in batch:
                 note, cut = j.note, j.note.truncated_alerts
                 decisions, outcomes = self.breaker.on_notification(note, now)
-                refused = [e for e in self._first_of_episode(
-                    [*((o.fingerprint, a.starts_at, o.result, o.reason) for a, o in zip(note.alerts, outcomes, strict=False)
-                       if o.result in _REFUSED),
-                     *((r.fingerprint, r.starts_at, r.result, r.reason) for r in note.refused)]) if e[:3] not in fresh]
+                refused = [e for e in self._first_of_episode(_refusals(note, outcomes)) if e[:3] not in fresh]
                 refused, summary = self._audit_budget.take(refused, now)
                 for why, n in self._audit_budget.dropped_now.items():
                     dropped[why] += n
@@ -322,23 +319,28 @@ class FuseService(Dispatcher, Reconciler):
             self._episodes.popitem(last=False)
         at = 0
         for j, (n, outcomes, refused, trunc) in zip(batch, per_job, strict=False):
-            for e in refused:
-                log.warning("%s", e[3])
-            if trunc is not None:
-                self.metrics.truncated.inc(j.note.truncated_alerts)
-                self._truncated = {"notifications": self._truncated["notifications"] + 1,
-                                   "alerts": self._truncated["alerts"] + j.note.truncated_alerts,
-                                   "last": truncated_view(trunc)}
-                log.warning("%s", trunc["reason"])
-            counts: dict[str, int] = {}
-            for name, result in [*((o.alertname, o.result) for o in outcomes),
-                                 *((r.alertname, r.result) for r in j.note.refused)]:
-                # the heartbeat is counted, never audited (it asks for no fuse, so nothing is committed)
-                result = "heartbeat" if name == C.HEARTBEAT_ALERT else result
-                counts[result] = counts.get(result, 0) + 1
-                self.metrics.alerts.labels(result).inc()
-            j.result = {"decisions": ids[at:at + n], "alerts": counts}
+            self._answer(j, ids[at:at + n], outcomes, refused, trunc)
             at += n
+
+    def _answer(self, j: _Job, ids: list[dict], outcomes: list[Outcome], refused: list[tuple],
+                trunc: AuditRecord | None) -> None:
+        """Once committed: log ``j``'s refusals and truncation, count its alerts, set its result."""
+        for e in refused:
+            log.warning("%s", e[3])
+        if trunc is not None:
+            self.metrics.truncated.inc(j.note.truncated_alerts)
+            self._truncated = {"notifications": self._truncated["notifications"] + 1,
+                               "alerts": self._truncated["alerts"] + j.note.truncated_alerts,
+                               "last": truncated_view(trunc)}
+            log.warning("%s", trunc["reason"])
+        counts: dict[str, int] = {}
+        for name, result in [*((o.alertname, o.result) for o in outcomes),
+                             *((r.alertname, r.result) for r in j.note.refused)]:
+            # the heartbeat is counted, never audited (it asks for no fuse, so nothing is committed)
+            result = "heartbeat" if name == C.HEARTBEAT_ALERT else result
+            counts[result] = counts.get(result, 0) + 1
+            self.metrics.alerts.labels(result).inc()
+        j.result = {"decisions": ids, "alerts": counts}
 
     def _first_of_episode(self, refused: list[tuple]) -> list[tuple]:
         """The refusals ``(fingerprint, startsAt, result, reason)`` whose episode (the first three)
@@ -616,6 +618,14 @@ class _Job:
         self.result: dict | None = None
         self.error: BaseException | None = None
         self.finished = False
+
+
+def _refusals(note: Notification, outcomes: list[Outcome]) -> list[tuple]:
+    """``(fingerprint, startsAt, result, reason)`` of every alert of ``note`` refused: by the breaker
+    (``outcomes``, one per alert) or alone at the door (``note.refused``)."""
+    return [*((o.fingerprint, a.starts_at, o.result, o.reason) for a, o in zip(note.alerts, outcomes, strict=False)
+              if o.result in _REFUSED),
+            *((r.fingerprint, r.starts_at, r.result, r.reason) for r in note.refused)]
 
 
 def _labels(adapters) -> dict[str, str]:
