@@ -391,7 +391,8 @@ def _echo_server(port: int, gateway: str | None = None) -> None:
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, PlainTextResponse
 
-    from fusebox.fuse.actions import HttpGateway
+    from fusebox.fuse.adapters.gateway import HttpGateway
+    from fusebox.fuse.control import ControlCall
 
     app = FastAPI()
     calls: queue.SimpleQueue = queue.SimpleQueue()
@@ -401,9 +402,9 @@ def _echo_server(port: int, gateway: str | None = None) -> None:
         adapter = HttpGateway(gateway, timeout_s=5.0)
         while True:
             labels = calls.get()
-            adapter.apply({"action": "kv_cache_eviction", "level": 3, "state": "trip", "reason": "echo",
-                           "scope": {"cluster": labels.get("cluster", ""), "hw_id": labels.get("hw_id", "")},
-                           "decision_id": f"echo-{next(seq)}"})
+            adapter.apply(ControlCall(action="kv_cache_eviction", level=3, state="trip", reason="echo",
+                                      scope={"cluster": labels.get("cluster", ""), "hw_id": labels.get("hw_id", "")},
+                                      decision_id=f"echo-{next(seq)}"))
 
     if gateway:
         threading.Thread(target=call_loop, daemon=True).start()

@@ -62,7 +62,7 @@ def parse_before(text: str, now: float) -> float:
         return float(t)
     except ValueError:
         pass
-    from .payload import PayloadError, parse_time
+    from .intake.payload import PayloadError, parse_time
 
     try:
         value = parse_time(t, "--before")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fusebox import conventions as C
 
-from .breaker import DEFAULT_HOLD_S
+from .intake.breaker import DEFAULT_HOLD_S
 
 DEFAULT_LISTEN = "127.0.0.1:9095"
 
@@ -191,7 +191,8 @@ def build_service(args, spec=None):
     SpecError, OSError, ValueError."""
     from fusebox.spec import load_spec
 
-    from .actions import Adapter, DryRun, HttpGateway, VllmResetPrefixCache, read_token
+    from .adapters.gateway import DryRun, HttpGateway, VllmResetPrefixCache, read_token
+    from .adapters.protocol import Adapter
     from .rules import FuseRules
     from .service import FuseService
     from .tokens import TokenFiles
@@ -225,7 +226,7 @@ def build_service(args, spec=None):
             adapters.append(VllmResetPrefixCache(url, engine, action=eviction, timeout_s=args.timeout,
                                                  max_attempts=args.vllm_max_attempts))
     lease = getattr(args, "lease", 30.0)
-    # every adapter's timeout bounds one call in total (fuse/actions.py call_deadline): the lease must
+    # every adapter's timeout bounds one call in total (fuse/adapters/transport.py call_deadline): the lease must
     # exceed the longest, the spec's adapters included, or a replica could take over a call under way
     timeouts = [(args.timeout, f"--timeout {args.timeout:g}")]
     timeouts += [(a.timeout_s, f"fuse.adapters.{a.name}.timeout ({a.timeout_s:g}s) at {_where(spec, a.name)}")
@@ -287,7 +288,7 @@ def startup_line(args, service) -> str:
     if service.dry_run:
         calls = "DRY RUN: decisions are logged, nothing is called"
     else:
-        from .actions import HttpGateway, VllmResetPrefixCache
+        from .adapters.gateway import HttpGateway, VllmResetPrefixCache
 
         adapters = list(service.adapters.values())
         gw = [a.url for a in adapters if isinstance(a, HttpGateway)]
@@ -323,7 +324,7 @@ def serve(args) -> int:
         return _err(unreadable(args.spec, e, "pass --spec with the fusebox spec the rules were generated from"))
     except SpecError as e:
         return _err(str(e))
-    from .actions import TOKEN_ENV
+    from .adapters.gateway import TOKEN_ENV
 
     for flag, path in (("--webhook-token-file", args.token_file), ("--override-tokens", args.override_tokens),
                        ("--read-token-file", args.read_token_file), ("--gateway-token-file", args.gateway_token_file)):
@@ -344,9 +345,9 @@ def serve(args) -> int:
 
     import uvicorn
 
-    from .app import create_app
-    from .server import server_options
-    from .status import StatusLinks
+    from .http.app import create_app
+    from .http.server import server_options
+    from .http.status import StatusLinks
     from .tokens import permission_warnings
 
     log = logging.getLogger("fusebox.fuse")

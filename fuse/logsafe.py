@@ -9,12 +9,12 @@ category Cf: the bidi embeddings, overrides and isolates U+202A-202E and U+2066-
 zero-width U+200B-200F, U+FEFF, the tag characters ...) are escaped too (``\\u202e``,
 ``\\U000e0041``): shown raw, a right-to-left override makes ``evil\\u202efdp.exe`` read as
 ``evilexe.pdf`` and a zero-width space makes two different label values look the same, in the log and
-on the status page (:mod:`fusebox.fuse.status` writes every cell through :func:`escape_control`).
+on the status page (:mod:`fusebox.fuse.http.status` writes every cell through :func:`escape_control`).
 
 Credentials: :func:`redact_url` leaves a URL's password (and, but for a database URL, its whole
 userinfo: ``https://TOKEN@host``) and the values of secret query parameters (``?token=``,
 ``?password=``, ``?api_key=``...) out; :func:`redact_urls` does it to every URL in a text. The log
-filter applies it to every message, :class:`fusebox.fuse.actions.ActionError` to its message and the
+filter applies it to every message, :class:`fusebox.fuse.adapters.protocol.ActionError` to its message and the
 store to every audit row, so no URL credential reaches the log, the audit or the start-up line.
 """
 

@@ -24,8 +24,8 @@ from urllib.parse import urlencode
 
 import httpx
 
+from .http.status import for_text, iso
 from .rules import scope_key
-from .status import for_text, iso
 
 __all__ = ["register", "run", "parse_scope", "pick_scope", "TOKEN_ENV", "URL_ENV", "DEFAULT_URL", "UsageError"]
 

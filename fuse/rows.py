@@ -12,8 +12,8 @@ spec's fuse levels (ints).
   export writes these, :mod:`fusebox.fuse.audit`).
 * State (:meth:`FuseService.state`): :class:`FuseState`, its :class:`ScopeView` (one per scope, from
   :meth:`Breaker.view_of`) and :class:`LevelView` (one per level, with :class:`AppliedView` of
-  :class:`fusebox.fuse.applied.AppliedLevels` when tripped); ``GET /state`` serves
-  :class:`StateView` (:func:`fusebox.fuse.status.state_view`: the same with ISO-8601 twins).
+  :class:`fusebox.fuse.dispatch.applied.AppliedLevels` when tripped); ``GET /state`` serves
+  :class:`StateView` (:func:`fusebox.fuse.http.status.state_view`: the same with ISO-8601 twins).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class OutboxRow(TypedDict):
     seq: int
     decision_id: str
     adapter: str  # the adapter's outbox name, ``<kind>:<name>``, ``gateway``, ``vllm:<engine>``
-    payload: dict[str, Any]  # the control call: action, level, state, reason, scope, decision_id
+    payload: dict[str, Any]  # the control call as JSON (fusebox.fuse.control.ControlCall.to_json, from_json)
     received: float
     attempts: int
     claimed_by: str | None

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fusebox import conventions as C
 from fusebox.spec.kinds import lost_gpu_fuses
 
-__all__ = ["Target", "Refusal", "FuseRules", "scope_of", "scope_key"]
+__all__ = ["Target", "Refusal", "FuseRules", "scope_of", "scope_key", "key_of"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,12 @@ class Refusal:
 def scope_of(labels: Mapping[str, str]) -> dict[str, str]:
     """The blast radius of an alert: the SCOPE_LABELS present in its labels, in that order."""
     return {k: labels[k] for k in C.SCOPE_LABELS if labels.get(k)}
+
+
+def key_of(labels: Mapping[str, str]) -> str:
+    """:func:`scope_key` of :func:`scope_of` ``labels``: the key of the scope a control call or an
+    override names (its labels may hold more than the scope's)."""
+    return scope_key(scope_of(labels))
 
 
 def _escape(value: str) -> str:

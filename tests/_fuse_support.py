@@ -84,8 +84,8 @@ class LiveService:
                  tick_s=0.02, dry_run=False, adapters=None, clock=None, links=None):
         import uvicorn
 
-        from fusebox.fuse.actions import DryRun, HttpGateway
-        from fusebox.fuse.app import create_app
+        from fusebox.fuse.adapters.gateway import DryRun, HttpGateway
+        from fusebox.fuse.http.app import create_app
         from fusebox.fuse.rules import FuseRules
         from fusebox.fuse.service import FuseService
         from fusebox.fuse.store import Store
@@ -130,7 +130,7 @@ class LiveService:
 def dry_run_service(tmp_path: Path):
     """A FuseService on the shipped spec, a fresh SQLite store under ``tmp_path``, dry-run, 60 s hold:
     what the HTTP-level tests drive through FastAPI's TestClient. Close ``.store`` after."""
-    from fusebox.fuse.actions import DryRun
+    from fusebox.fuse.adapters.gateway import DryRun
     from fusebox.fuse.rules import FuseRules
     from fusebox.fuse.service import FuseService
     from fusebox.fuse.store import Store
@@ -146,7 +146,7 @@ def fuse_client(svc, *, raise_server_exceptions: bool = True, **app_kw):
     answers a server error 500, as uvicorn would, instead of raising it into the test."""
     from fastapi.testclient import TestClient
 
-    from fusebox.fuse.app import create_app
+    from fusebox.fuse.http.app import create_app
     from fusebox.fuse.tokens import Tokens
 
     return TestClient(create_app(svc, Tokens(webhook=TOKEN, people=dict(PEOPLE)), **app_kw),

@@ -1,13 +1,13 @@
 """Adapters built from the spec's ``fuse.adapters`` (:mod:`fusebox.spec.adapters`).
 
-Each follows :class:`fusebox.fuse.actions.Adapter`: ``name`` (the outbox key: ``<kind>:<name>``),
-``label`` (the spec's name: metrics, audit, status page), ``wants(payload)``, ``apply(payload)``,
+Each follows :class:`fusebox.fuse.adapters.protocol.Adapter`: ``name`` (the outbox key: ``<kind>:<name>``),
+``label`` (the spec's name: metrics, audit, status page), ``wants(call)``, ``apply(call)`` (a :class:`fusebox.fuse.control.ControlCall`),
 ``max_attempts``. Every call goes through the service's outbox, retried per (adapter, scope) lane.
 
 Scope -> target: a target applies to a decision's scope when its ``match`` labels all equal the
 scope's (the scope may carry more), or when every scope label is in ``match`` with the same value
 (a broader scope, e.g. a cluster, covers the targets inside it). A scope no target applies to is
-refused: :class:`~fusebox.fuse.actions.ActionError` (permanent), audited as failed, and no label
+refused: :class:`~fusebox.fuse.adapters.protocol.ActionError` (permanent), audited as failed, and no label
 value of it is sent anywhere. Only the spec's values (``match``, ``worker_url``, ``vars``) reach a
 gateway; label values of the alert never do.
 
@@ -27,7 +27,7 @@ gateway; label values of the alert never do.
   in :class:`jinja2.sandbox.SandboxedEnvironment`; every value an URL template prints is
   percent-encoded; the URL must reach one of the spec's ``hosts``; headers are read from files.
 
-What the target itself shows (``observe``, :class:`fusebox.fuse.actions.Observable`, for the
+What the target itself shows (``observe``, :class:`fusebox.fuse.adapters.protocol.Observable`, for the
 service's reconciler): the SGLang gateway's ``GET /workers``, the vLLM router's ``GET
 /list_workers``, HAProxy's ``show servers state`` and ``show map``. :class:`HttpAction` cannot
 report (an arbitrary API): it is not reconciled.

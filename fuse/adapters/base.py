@@ -3,7 +3,7 @@
 Scope -> target: a target applies to a decision's scope when its ``match`` labels all equal the
 scope's (the scope may carry more), or when every scope label is in ``match`` with the same value
 (a broader scope, e.g. a cluster, covers the targets inside it). A scope no target applies to is
-refused: :class:`~fusebox.fuse.actions.ActionError` (permanent), audited as failed, and no label
+refused: :class:`~fusebox.fuse.adapters.protocol.ActionError` (permanent), audited as failed, and no label
 value of it is sent anywhere (:func:`unmapped`).
 
 :class:`Holds`: a worker stays out of rotation while any (action, scope) that took it out is still
@@ -14,13 +14,14 @@ tripped; the holds (and the recorded settings) live in the service's store (tabl
 and put them back (:mod:`.sglang_gateway`, :mod:`.vllm_router`); a subclass says how. With the
 spec's ``credentials_file`` every call carries the gateway's control-plane key as ``Authorization:
 Bearer`` (:class:`~fusebox.fuse.tokens.KeyFile`: read again when the file changes); a 401 or 403
-raises :class:`~fusebox.fuse.actions.CredentialRefused` (retried, logged once per change).
+raises :class:`~fusebox.fuse.adapters.protocol.CredentialRefused` (retried, logged once per change).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -28,11 +29,13 @@ import httpx
 from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import Target
 
-from ..actions import ActionError, CredentialRefused, answer_text, call_deadline, deadline_client
-from ..discovery import GpuWorkers
+from ..control import ControlCall
 from ..logsafe import install
 from ..rules import scope_key
 from ..tokens import KeyFile
+from .discovery import GpuWorkers
+from .protocol import ActionError, CredentialRefused
+from .transport import answer_text, call_deadline, deadline_client
 
 log = install(logging.getLogger("fusebox.fuse"))
 
@@ -149,32 +152,32 @@ class Rotation:
         """Keep the holds and recorded settings in ``store`` (the service calls it)."""
         self.holds.attach(store)
 
-    def wants(self, payload: dict) -> bool:
-        return payload["action"] in self.spec.actions
+    def wants(self, call: ControlCall) -> bool:
+        return call.action in self.spec.actions
 
-    def apply(self, payload: dict) -> None:
-        hold = f"{payload['action']} {scope_key(payload['scope'])}"
+    def apply(self, call: ControlCall) -> None:
+        hold = f"{call.action} {scope_key(call.scope)}"
         with call_deadline(self.timeout_s):
-            workers = [t.worker_url for t in targets_for(self.spec, payload["scope"]) if t.worker_url]
+            workers = [t.worker_url for t in targets_for(self.spec, call.scope) if t.worker_url]
             if not workers and self.discovery is not None:
-                workers = self._discovered(payload, hold)
+                workers = self._discovered(call, hold)
             elif not workers:
                 raise unmapped(self.spec)
             for w in workers:
-                if self.holds.change(w, hold, payload["state"] == "trip"):
+                if self.holds.change(w, hold, call.state == "trip"):
                     self.take_out(w)
                 else:
                     self.put_back(w)
 
-    def _discovered(self, payload: dict, hold: str) -> list[str]:
+    def _discovered(self, call: ControlCall, hold: str) -> list[str]:
         """A scope no static target maps: on a trip, the gateway's workers of the scope's engine pod
-        or on its GPU (:class:`~fusebox.fuse.discovery.GpuWorkers`; raises its ResolveError), those another hold
+        or on its GPU (:class:`~fusebox.fuse.adapters.discovery.GpuWorkers`; raises its ResolveError), those another hold
         already took out included (the gateway listed them then); on a release, the workers this
         (action, scope) holds (whatever the attribution says by then)."""
         assert self.discovery is not None
-        if payload["state"] != "trip":
+        if call.state != "trip":
             return self.holds.held_by(hold)
-        return self.discovery.workers(payload["scope"], [*self.worker_urls(), *self.holds.held_by(None)])
+        return self.discovery.workers(call.scope, [*self.worker_urls(), *self.holds.held_by(None)])
 
     def worker_urls(self) -> list[str]:
         """The gateway's own worker URLs."""
@@ -190,11 +193,11 @@ class Rotation:
         """The worker URLs in the gateway's own rotation (one read). Raises ActionError."""
         raise NotImplementedError
 
-    def observe(self, payloads) -> list[bool]:
-        """:class:`fusebox.fuse.actions.Observable`: one read of the gateway's worker list."""
+    def observe(self, calls: Sequence[ControlCall]) -> list[bool]:
+        """:class:`fusebox.fuse.adapters.protocol.Observable`: one read of the gateway's worker list."""
         listed = self.listed()
-        return [all((t.worker_url not in listed) == (p["state"] == "trip" or self.holds.held(t.worker_url))
-                    for t in targets_for(self.spec, p["scope"]) if t.worker_url) for p in payloads]
+        return [all((t.worker_url not in listed) == (p.state == "trip" or self.holds.held(t.worker_url))
+                    for t in targets_for(self.spec, p.scope) if t.worker_url) for p in calls]
 
     def _req(self, method: str, path: str, **kw) -> httpx.Response:
         """One call to the gateway, with the control-plane key as ``Authorization: Bearer`` when the

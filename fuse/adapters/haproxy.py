@@ -5,15 +5,18 @@ Level 2 (text-only fallback) sets a map entry that the generated ``haproxy/fuseb
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 from fusebox.spec.adapters import Adapter as AdapterSpec
 
-from ..actions import ActionError, call_deadline, remaining
+from ..control import ControlCall
 from ..logsafe import escape_control
 from ..rules import scope_key
 from .base import Holds, targets_for, unmapped
+from .protocol import ActionError
+from .transport import call_deadline, remaining
 
 __all__ = ["HaproxyRuntime"]
 
@@ -51,8 +54,8 @@ class HaproxyRuntime:
         """Keep the holds in ``store`` (the service calls it)."""
         self.holds.attach(store)
 
-    def wants(self, payload: dict) -> bool:
-        return payload["action"] in self.spec.actions
+    def wants(self, call: ControlCall) -> bool:
+        return call.action in self.spec.actions
 
     def command(self, line: str) -> str:
         """Send one runtime-API command (no newline in it), return HAProxy's answer (stripped).
@@ -85,27 +88,27 @@ class HaproxyRuntime:
             raise ActionError(f"{self.socket}: {type(e).__name__}: {e}", summary=type(e).__name__) from None
         return b"".join(chunks).decode(errors="replace").strip()
 
-    def apply(self, payload: dict) -> None:
-        targets = targets_for(self.spec, payload["scope"])
+    def apply(self, call: ControlCall) -> None:
+        targets = targets_for(self.spec, call.scope)
         if not targets:
             raise unmapped(self.spec)
         with call_deadline(self.timeout_s):
-            self._apply(targets, payload)
+            self._apply(targets, call)
 
-    def _apply(self, targets: list[Target], payload: dict) -> None:
-        hold = f"{payload['action']} {scope_key(payload['scope'])}"
-        on = payload["state"] == "trip"
+    def _apply(self, targets: list[Target], call: ControlCall) -> None:
+        hold = f"{call.action} {scope_key(call.scope)}"
+        on = call.state == "trip"
         for t in targets:
             assert t.server
-            if payload["level"] == TEXT_ONLY_LEVEL and self.spec.text_only:
+            if call.level == TEXT_ONLY_LEVEL and self.spec.text_only:
                 backend = t.server.split("/", 1)[0]
                 self.text_only(backend, self.holds.change(f"map {backend}", hold, on))
                 continue
             state = "drain" if self.holds.change(t.server, hold, on) else "ready"
             self._run(f"set server {t.server} state {state}")
 
-    def observe(self, payloads) -> list[bool]:
-        """:class:`fusebox.fuse.actions.Observable`: ``show servers state <backend>`` (a server is out
+    def observe(self, calls: Sequence[ControlCall]) -> list[bool]:
+        """:class:`fusebox.fuse.adapters.protocol.Observable`: ``show servers state <backend>`` (a server is out
         when its admin state has the drain bit, 0x08) for each backend named, and ``show map``
         for the text-only level; each read once per call. A target whose name cannot be sent
         (:meth:`command`) is left out of the comparison, so the reconciler does not queue again a
@@ -126,21 +129,21 @@ class HaproxyRuntime:
             return name in servers[backend]
 
         out = []
-        for p in payloads:
+        for p in calls:
             ok = True
-            for t in targets_for(self.spec, p["scope"]):
+            for t in targets_for(self.spec, p.scope):
                 assert t.server
                 if not _sendable(t.server):
                     continue  # never sent (its call failed for good, audited): nothing to compare or retry
                 backend = t.server.split("/", 1)[0]
-                if p["level"] == TEXT_ONLY_LEVEL and self.spec.text_only:
+                if p.level == TEXT_ONLY_LEVEL and self.spec.text_only:
                     if mapped is None:
                         answer = self.command(f"show map {self.spec.text_only.map}")
                         mapped = {ln.split()[1] for ln in answer.splitlines() if len(ln.split()) >= 3}
-                    want = p["state"] == "trip" or self.holds.held(f"map {backend}")
+                    want = p.state == "trip" or self.holds.held(f"map {backend}")
                     ok = ok and (backend in mapped) == want
                 else:
-                    want = p["state"] == "trip" or self.holds.held(t.server)
+                    want = p.state == "trip" or self.holds.held(t.server)
                     ok = ok and drained(t.server) == want
             out.append(ok)
         return out

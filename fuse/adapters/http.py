@@ -18,8 +18,10 @@ from jinja2.sandbox import SandboxedEnvironment
 from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import Target
 
-from ..actions import ActionError, answer_text, call_deadline, deadline_client
+from ..control import ControlCall
 from .base import call_error, targets_for, unmapped
+from .protocol import ActionError
+from .transport import answer_text, call_deadline, deadline_client
 
 __all__ = ["HttpAction"]
 
@@ -50,16 +52,16 @@ class HttpAction:
         self.timeout_s = spec.timeout_s  # one apply() in total, every target's request (call_deadline)
         self._client = deadline_client(spec.timeout_s)
 
-    def wants(self, payload: dict) -> bool:
-        req = self.spec.trip if payload["state"] == "trip" else self.spec.release
-        return payload["action"] in self.spec.actions and req is not None
+    def wants(self, call: ControlCall) -> bool:
+        req = self.spec.trip if call.state == "trip" else self.spec.release
+        return call.action in self.spec.actions and req is not None
 
-    def render(self, payload: dict, target: Target) -> tuple[str, str, Any]:
+    def render(self, call: ControlCall, target: Target) -> tuple[str, str, Any]:
         """(method, url, body) for ``target``; raises ActionError (permanent) when the URL leaves the spec's hosts."""
-        req = self.spec.trip if payload["state"] == "trip" else self.spec.release
+        req = self.spec.trip if call.state == "trip" else self.spec.release
         assert req is not None
-        ctx = {"scope": dict(target.match), "target": dict(target.vars), "action": payload["action"],
-               "level": payload["level"], "state": payload["state"], "decision_id": payload["decision_id"]}
+        ctx = {"scope": dict(target.match), "target": dict(target.vars), "action": call.action,
+               "level": call.level, "state": call.state, "decision_id": call.decision_id}
         url = self._url_env.from_string(req.url).render(ctx)
         try:
             u = urlsplit(url)
@@ -83,17 +85,17 @@ class HttpAction:
             return [self._body(v, ctx) for v in body]
         return body
 
-    def apply(self, payload: dict) -> None:
-        targets = targets_for(self.spec, payload["scope"])
+    def apply(self, call: ControlCall) -> None:
+        targets = targets_for(self.spec, call.scope)
         if not targets:
             raise unmapped(self.spec)
         with call_deadline(self.timeout_s):
             for t in targets:
-                self._send(payload, t)
+                self._send(call, t)
 
-    def _send(self, payload: dict, t: Target) -> None:
-        method, url, body = self.render(payload, t)
-        headers = {**self.headers, "Idempotency-Key": payload["decision_id"]}
+    def _send(self, call: ControlCall, t: Target) -> None:
+        method, url, body = self.render(call, t)
+        headers = {**self.headers, "Idempotency-Key": call.decision_id}
         try:
             r = self._client.request(method, url, headers=headers, **({"json": body} if body is not None else {}))
         except httpx.HTTPError as e:

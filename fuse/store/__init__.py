@@ -29,7 +29,7 @@ version before deciding, so two replicas never decide the same thing twice. Tabl
   (:meth:`Store.changes_since`).
 * ``outbox(seq, decision_id, adapter, payload, received, status, attempts, last_error, applied_at,
   idem_key, claimed_by, lease_until, claim_gen)``: one row per decision and adapter; ``status`` is
-  ``pending``, ``applied`` or ``failed`` (given up, see :mod:`fusebox.fuse.actions`). ``idem_key``
+  ``pending``, ``applied`` or ``failed`` (given up, see :mod:`fusebox.fuse.adapters.gateway`). ``idem_key``
   (unique with ``adapter``) names the decision by what it changes: ``trip|release``, scope, level and
   the trip's time, so the same change is never queued twice. A replica *claims* a row before it
   calls the adapter (:meth:`Store.claim`: ``claimed_by``, ``lease_until`` in Unix seconds); others

@@ -300,7 +300,7 @@ class StoreCore:
         :meth:`change` around it). A row whose ``(idem_key, adapter)`` is already queued is left out.
 
         The state: ``changes``, the rows a change touched (``(kind, key, value)``, value None: gone;
-        :meth:`fusebox.fuse.breaker.Breaker.changes`), which is what the service writes, or a whole
+        :meth:`fusebox.fuse.intake.breaker.Breaker.changes`), which is what the service writes, or a whole
         ``snapshot`` (:meth:`Breaker.snapshot`), which replaces every row. Neither: the state is
         left as it is, its version too.
 

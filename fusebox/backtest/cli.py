@@ -77,7 +77,7 @@ def _unreadable_spec(args, specs: list[str]) -> str | None:
 
 
 def cmd_backtest(args) -> int:
-    from fusebox.fuse.breaker import DEFAULT_HOLD_S
+    from fusebox.fuse.intake.breaker import DEFAULT_HOLD_S
     from fusebox.spec import SpecError
     from fusebox.tooling import ToolMissing
 

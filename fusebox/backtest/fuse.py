@@ -1,4 +1,4 @@
-"""The fuse's own breaker (:class:`fusebox.fuse.breaker.Breaker`, its levels, hold and scope rules
+"""The fuse's own breaker (:class:`fusebox.fuse.intake.breaker.Breaker`, its levels, hold and scope rules
 from the spec as ``fusebox fuse serve`` builds them) fed the replayed alerts as Alertmanager would
 group and send them to the fuse's receiver. Nothing is called: the decisions are only listed.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusebox import conventions as C
-from fusebox.fuse.breaker import Breaker
-from fusebox.fuse.payload import AlertEvent, Notification, fingerprint
+from fusebox.fuse.intake.breaker import Breaker
+from fusebox.fuse.intake.payload import AlertEvent, Notification, fingerprint
 from fusebox.fuse.rules import FuseRules
 from fusebox.generator.render_alertmanager import routing
 from fusebox.spec.units import parse_duration

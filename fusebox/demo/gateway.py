@@ -22,8 +22,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from fusebox.fuse.actions import CONTROL_PATH, bearer_matches
-from fusebox.fuse.payload import load_json
+from fusebox.fuse.adapters.gateway import CONTROL_PATH, bearer_matches
+from fusebox.fuse.intake.payload import load_json
 from fusebox.fuse.rules import scope_key
 
 __all__ = ["ReferenceGateway", "read_log", "register", "DEFAULT_GATEWAY_LISTEN"]
@@ -197,7 +197,7 @@ def gateway(args) -> int:
     import signal
     import sys
 
-    from fusebox.fuse.actions import read_token
+    from fusebox.fuse.adapters.gateway import read_token
     from fusebox.fuse.cli import _err
 
     try:

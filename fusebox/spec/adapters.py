@@ -21,7 +21,7 @@ Shape (``docs/fuse.md`` has an example per kind)::
             prometheus: http://kps-kube-prometheus-stack-prometheus.monitoring:9090   # default: --prometheus-url
             ttl: 30s                  # how long one resolution is reused (1s..10m)
             # exported_*: read where the scrape renamed them (the GPU Operator's ServiceMonitor,
-            # honorLabels false), the plain label where it did not (fuse/discovery.py)
+            # honorLabels false), the plain label where it did not (fuse/adapters/discovery.py)
             attribution: {metric: DCGM_FI_DEV_FB_USED, gpu: UUID, pod: exported_pod, namespace: exported_namespace}
           text_only:                  # haproxy, level 2: a map entry per backend (haproxy/fusebox.cfg reads it)
             map: /etc/haproxy/fusebox-text-only.map     # the map file HAProxy loads (created empty)
@@ -85,7 +85,7 @@ class RawAttribution(_Strict):
     gpu: str = "UUID"
     # The GPU Operator's dcgm-exporter ServiceMonitor does not honor the exporter's labels: its
     # pod attribution lands in exported_pod/exported_namespace (read as pod/namespace where the
-    # scrape did honor them: fusebox.fuse.discovery.pod_label).
+    # scrape did honor them: fusebox.fuse.adapters.discovery.pod_label).
     pod: str = "exported_pod"
     namespace: str = "exported_namespace"
 

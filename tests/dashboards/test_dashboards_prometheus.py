@@ -246,7 +246,7 @@ def _fuse_jobs() -> dict[str, dict]:
 @pytest.mark.parametrize("config", ["deploy/compose/prometheus.yml", "fusebox demo"])
 def test_fuse_state_panel_groups_by_the_fuse_scope_not_the_fuse_service(tmp_path, config):
     """The fuse service exports fusebox_fuse_level with the scope's labels, `instance` among them
-    (prometheus-client, every SCOPE_LABEL, "" where the scope lacks it, as fuse/service.py does).
+    (prometheus-client, every SCOPE_LABEL, "" where the scope lacks it, as fuse/metrics.py does).
     Scraped as the project's configs scrape it, the overview's fuse-state query must return one
     series per scope with exactly the scope's labels: without honor_labels, `instance` would be
     the fuse service's address and the scope's own one `exported_instance`."""

@@ -13,7 +13,7 @@ import pytest
 from _fuse_support import GW_TOKEN, LiveService, alert, payload, wait_for
 
 from fusebox.demo.gateway import ReferenceGateway, read_log
-from fusebox.fuse.actions import DryRun, HttpGateway, VllmResetPrefixCache
+from fusebox.fuse.adapters.gateway import DryRun, HttpGateway, VllmResetPrefixCache
 
 ENG = {"cluster": "a", "host_name": "h1", "engine": "vllm-0"}
 
@@ -66,7 +66,7 @@ def test_dry_run_logs_and_calls_nothing(tmp_path):
             assert svc.state()["levels"] == {'{cluster="a",hw_id="GPU-1"}': 1}
     finally:
         gw.stop()
-    assert [(p["state"], p["action"]) for p in dry.seen] == [("trip", "freeze_admissions")]
+    assert [(p.state, p.action) for p in dry.seen] == [("trip", "freeze_admissions")]
     assert read_log(tmp_path / "gw.jsonl") == []
 
 
@@ -83,7 +83,7 @@ BEARER = {
 
 @pytest.mark.parametrize("header,ok", BEARER.values(), ids=BEARER.keys())
 def test_bearer_matches(header, ok):
-    from fusebox.fuse.actions import bearer_matches
+    from fusebox.fuse.adapters.gateway import bearer_matches
 
     assert bearer_matches(header, "tok") is ok
 
@@ -164,7 +164,7 @@ def test_an_adapter_client_sends_credentials_of_its_url_and_keeps_cookies_as_htt
     is sent back on the next request."""
     import base64
 
-    from fusebox.fuse.actions import deadline_client
+    from fusebox.fuse.adapters.transport import deadline_client
 
     seen: list[dict] = []
 

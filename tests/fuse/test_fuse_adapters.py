@@ -22,8 +22,9 @@ from _fuse_support import SPEC, TOKEN, LiveService, alert, payload, wait_for
 from _gateways import StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
 
 from fusebox import conventions as C
-from fusebox.fuse.actions import ActionError
 from fusebox.fuse.adapters import build_adapters, targets_for
+from fusebox.fuse.adapters.protocol import ActionError
+from fusebox.fuse.control import ControlCall
 from fusebox.spec import load_spec
 from fusebox.spec.errors import SpecError
 
@@ -105,8 +106,8 @@ def test_sglang_a_worker_stays_out_while_another_level_still_holds_it(sglang, en
 def direct(adapter, value: str, state: str = "trip") -> ActionError:
     """Apply ``adapter`` to a decision on scope {engine: value} without the service (whose webhook
     refuses a 1 MB body with 413 before any decision); returns the refusal."""
-    p = {"action": "freeze_admissions", "level": 1, "state": state, "reason": "r", "scope": {"engine": value},
-         "decision_id": "d" * 32}
+    p = ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state": state, "reason": "r",
+                               "scope": {"engine": value}, "decision_id": "d" * 32})
     with pytest.raises(ActionError) as e:
         adapter.apply(p)
     return e.value
@@ -221,8 +222,8 @@ def test_http_hostile_label_values_never_reach_the_api(capture, tmp_path, value)
     assert e.permanent and value not in str(e)
     assert capture.calls == []
     # mapped by its cluster: the call goes out with the spec's values only, the template as text
-    adapter.apply({"action": "freeze_admissions", "level": 1, "state": "trip", "reason": value,
-                   "scope": {"cluster": "c1", "engine": value}, "decision_id": "d" * 32})
+    adapter.apply(ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state": "trip", "reason": value,
+                                         "scope": {"cluster": "c1", "engine": value}, "decision_id": "d" * 32}))
     (method, path, _h, body) = capture.calls[0]
     assert path == "/busy_threshold/%7B%7B%206%2A6%20%7D%7D"  # a spec value, printed as text, not run
     assert yaml.safe_load(body) == {"model": "{{ 6*6 }}", "active_decode_blocks_threshold": 0.0, "scope": ""}
@@ -544,8 +545,8 @@ def test_haproxy_text_only_hostile_label_values_set_no_map_entry(haproxy_text_on
     (adapter,) = build_adapters(load_spec(write_spec(tmp_path, spec_dict)).adapters)
     for state in ("trip", "release"):
         with pytest.raises(ActionError) as e:
-            adapter.apply({"action": "text_only_fallback", "level": 2, "state": state, "reason": "r",
-                           "scope": {"engine": value}, "decision_id": "d" * 32})
+            adapter.apply(ControlCall.from_json({"action": "text_only_fallback", "level": 2, "state": state,
+                                                 "reason": "r", "scope": {"engine": value}, "decision_id": "d" * 32}))
         assert e.value.permanent and value not in str(e.value)
     assert show_map() == {} and show_servers() == {"engine0": 0}
     assert _answered(front, True) == "multimodal"
@@ -611,8 +612,8 @@ def test_haproxy_replicas_sharing_a_postgresql_store_share_their_holds(haproxy, 
         b.attach(stores[1])
 
         def decide(adapter, action, level, state):
-            adapter.apply({"action": action, "level": level, "state": state, "reason": "r",
-                           "scope": {"engine": "engine-0"}, "decision_id": "d" * 32})
+            adapter.apply(ControlCall.from_json({"action": action, "level": level, "state": state, "reason": "r",
+                                                 "scope": {"engine": "engine-0"}, "decision_id": "d" * 32}))
 
         decide(a, "freeze_admissions", 1, "trip")
         decide(b, "kv_cache_eviction", 3, "trip")

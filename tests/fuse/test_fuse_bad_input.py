@@ -9,9 +9,9 @@ import json
 import pytest
 from _fuse_support import PEOPLE, SPEC, TOKEN, alert, fuse_client, payload
 
-from fusebox.fuse.actions import DryRun
-from fusebox.fuse.breaker import OverrideError
-from fusebox.fuse.payload import AlertEvent, Notification, PayloadError, parse_payload
+from fusebox.fuse.adapters.gateway import DryRun
+from fusebox.fuse.intake.breaker import OverrideError
+from fusebox.fuse.intake.payload import AlertEvent, Notification, PayloadError, parse_payload
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store

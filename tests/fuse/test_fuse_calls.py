@@ -17,13 +17,15 @@ import yaml
 from _fuse_support import GW_TOKEN, SPEC, TOKEN, wait_for
 from _slow_peers import BYTES, GAP, TrickleHttp, TrickleSocket
 
-from fusebox.fuse.actions import ActionError, HttpGateway, VllmResetPrefixCache
 from fusebox.fuse.adapters import build_adapters
+from fusebox.fuse.adapters.gateway import HttpGateway, VllmResetPrefixCache
+from fusebox.fuse.adapters.protocol import ActionError
+from fusebox.fuse.control import ControlCall
 from fusebox.spec import load_spec
 
 DEADLINE = 1.0  # seconds, the adapters' timeout in these tests
-TRIP = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test", "decision_id": "d1",
-        "scope": {"cluster": "c1", "engine": "engine-0"}}
+TRIP = ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test",
+                              "decision_id": "d1", "scope": {"cluster": "c1", "engine": "engine-0"}})
 
 
 def _spec_adapter(tmp_path, name: str, a: dict):
@@ -127,9 +129,11 @@ class _SilentDns:
 # Runs in the child: one gateway call, how long it took and how it ended, as JSON.
 _CALL = r"""
 import json, sys, time
-from fusebox.fuse.actions import ActionError, HttpGateway
-trip = {"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test", "decision_id": "d1",
-        "scope": {"cluster": "c1", "engine": "engine-0"}}
+from fusebox.fuse.adapters.gateway import HttpGateway
+from fusebox.fuse.adapters.protocol import ActionError
+from fusebox.fuse.control import ControlCall
+trip = ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state": "trip", "reason": "test",
+                              "decision_id": "d1", "scope": {"cluster": "c1", "engine": "engine-0"}})
 t0 = time.monotonic()
 try:
     HttpGateway(sys.argv[1], timeout_s=float(sys.argv[2])).apply(trip)
@@ -281,7 +285,7 @@ def test_the_service_counts_a_result_it_could_not_record(tmp_path):
     try:
         from _fuse_support import alert, payload
 
-        from fusebox.fuse.payload import parse_payload
+        from fusebox.fuse.intake.payload import parse_payload
 
         svc.handle(parse_payload(payload(alert("GPUMemoryUtilizationHigh", cluster="c1", hw_id="GPU-1")), time.time()))
         lanes: dict = {}
@@ -306,7 +310,7 @@ def test_a_batch_of_claims_is_renewed_before_a_call_its_lease_would_not_cover(tm
 
     from _fuse_support import alert, payload
 
-    from fusebox.fuse.payload import parse_payload
+    from fusebox.fuse.intake.payload import parse_payload
     from fusebox.fuse.rules import FuseRules
     from fusebox.fuse.service import FuseService
     from fusebox.fuse.store import Store
@@ -318,7 +322,7 @@ def test_a_batch_of_claims_is_renewed_before_a_call_its_lease_would_not_cover(tm
         def apply(self, p):
             with sqlite3.connect(path) as db:
                 ((lease_until,),) = db.execute("SELECT lease_until FROM outbox WHERE decision_id = ?",
-                                               (p["decision_id"],)).fetchall()
+                                               (p.decision_id,)).fetchall()
             covered.append(lease_until >= time.time() + self.timeout_s)
             super().apply(p)
 
@@ -393,7 +397,7 @@ def test_sigterm_on_sqlite_releases_the_claim_closes_the_store_and_exits_0(tmp_p
     import httpx
     from _fuse_support import alert, free_port, payload
 
-    from fusebox.fuse.service import TEST_HANG_ENV
+    from fusebox.fuse.dispatch.dispatcher import TEST_HANG_ENV
 
     (tmp_path / "token").write_text(TOKEN + "\n")
     state, port = tmp_path / "fuse.sqlite", free_port()

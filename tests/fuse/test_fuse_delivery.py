@@ -19,8 +19,9 @@ from _fuse_support import SPEC, alert, free_port, payload, wait_for
 
 from fusebox import conventions as C
 from fusebox.demo.gateway import ReferenceGateway, read_log
-from fusebox.fuse.actions import ActionError, HttpGateway, VllmResetPrefixCache, is_permanent
-from fusebox.fuse.payload import parse_payload
+from fusebox.fuse.adapters.gateway import HttpGateway, VllmResetPrefixCache
+from fusebox.fuse.adapters.protocol import ActionError, is_permanent
+from fusebox.fuse.intake.payload import parse_payload
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store, StoreError

@@ -1,4 +1,4 @@
-"""The resolution tables of ``discover`` (fuse/discovery.py) as Prometheus' query API returns their
+"""The resolution tables of ``discover`` (fuse/adapters/discovery.py) as Prometheus' query API returns their
 series: pod -> IP and IP -> pod from kube_pod_info, with the labels a scrape without honorLabels
 renames (``exported_*``), conflicts refused both ways, series with and without ``cluster``.
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from fusebox.fuse.applied import AppliedLevels
-from fusebox.fuse.discovery import FINISHED_QUERY, GpuWorkers, ResolveError, attribution_table, engine_pod, pod_table, resolve_ips
+from fusebox.fuse.adapters.discovery import FINISHED_QUERY, GpuWorkers, ResolveError, attribution_table, engine_pod, pod_table, resolve_ips
+from fusebox.fuse.dispatch.applied import AppliedLevels
 from fusebox.spec.adapters import Discover, RawAttribution
 
 KSM = {"job": "kube-state-metrics", "namespace": "monitoring", "pod": "kps-kube-state-metrics-7d9f-x2x"}

@@ -18,9 +18,9 @@ import pytest
 from _fuse_support import PEOPLE, SPEC, TOKEN, alert, free_port, payload, wait_for
 from _support import finish
 
-from fusebox.fuse import breaker as breaker_mod
-from fusebox.fuse.actions import DryRun
-from fusebox.fuse.payload import parse_payload
+from fusebox.fuse.adapters.gateway import DryRun
+from fusebox.fuse.intake import breaker as breaker_mod
+from fusebox.fuse.intake.payload import parse_payload
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService, Unavailable
 from fusebox.fuse.store import Store, StoreError

@@ -23,9 +23,10 @@ from _fuse_support import SPEC, LiveService, alert, payload, wait_for
 from _gateways import SMG, StandInEngine, sglang_gateway, sglang_workers
 
 from fusebox import conventions as C
-from fusebox.fuse.actions import CredentialRefused
 from fusebox.fuse.adapters import SglangGateway, VllmRouter, build_adapters
-from fusebox.fuse.applied import AppliedLevels
+from fusebox.fuse.adapters.protocol import CredentialRefused
+from fusebox.fuse.control import ControlCall
+from fusebox.fuse.dispatch.applied import AppliedLevels
 from fusebox.fuse.tokens import KeyFile, NoTokens
 from fusebox.generator.outputs import adapter_warnings
 from fusebox.generator.render_k8s import render_fuse
@@ -233,7 +234,8 @@ def test_both_kinds_send_the_key_as_bearer_and_a_refusal_is_transient_and_logged
 
     adapter = cls(spec)
     adapter._client = httpx.Client(transport=httpx.MockTransport(gateway))
-    p = {"action": "freeze_admissions", "level": 1, "state": "trip", "scope": {"engine": "engine-0"}, "decision_id": "d" * 32}
+    p = ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state": "trip", "scope": {"engine": "engine-0"},
+                               "decision_id": "d" * 32})
     adapter.apply(p)
     assert seen and set(seen) == {f"Bearer {KEY}"}
     _replace(f, WRONG)

@@ -17,6 +17,7 @@ from _gateways import SMG, StandInEngine, sglang_gateway, sglang_workers, vllm_r
 from test_fuse_adapters import write_spec
 
 from fusebox.fuse.adapters import build_adapters
+from fusebox.fuse.control import ControlCall
 from fusebox.spec import load_spec
 
 CLUSTER, NODE = "prod-a", "gpu-node-1"
@@ -145,7 +146,7 @@ def test_a_gpu_trip_takes_the_workers_on_that_gpu_out_of_the_real_vllm_router(cl
 
 
 def test_the_resolution_is_cached_for_its_ttl_and_a_dead_prometheus_is_a_retryable_refusal(cluster):
-    from fusebox.fuse.discovery import GpuWorkers, ResolveError
+    from fusebox.fuse.adapters.discovery import GpuWorkers, ResolveError
     from fusebox.spec.adapters import Discover
 
     prom, engines, gw = cluster
@@ -173,7 +174,7 @@ def test_mig_instances_of_one_gpu_resolve_to_their_own_pods(tmp_path):
     Scraped as the GPU Operator's ServiceMonitor does by default (no honorLabels, the exporter's
     own namespace and pod as target labels): the pods are read from exported_*, and the idle
     instance 3 is attributed to nobody, not to dcgm-exporter's own pod."""
-    from fusebox.fuse.discovery import GpuWorkers, ResolveError
+    from fusebox.fuse.adapters.discovery import GpuWorkers, ResolveError
     from fusebox.spec.adapters import Discover, RawAttribution
 
     parent = "GPU-0d0d0d0d-0000-4000-8000-00000000000d"
@@ -456,7 +457,7 @@ def test_a_gpu_trip_that_only_engine_targets_could_map_is_refused_and_state_does
 
 def test_applied_survives_a_restart_and_another_replica_reads_it_from_the_store(tmp_path):
     from fusebox.demo.gateway import ReferenceGateway, read_log
-    from fusebox.fuse.actions import HttpGateway
+    from fusebox.fuse.adapters.gateway import HttpGateway
     from fusebox.fuse.rules import FuseRules, scope_key
     from fusebox.fuse.service import FuseService
     from fusebox.fuse.store import Store
@@ -492,8 +493,8 @@ def test_a_second_level_on_a_gpu_finds_the_workers_the_first_took_out_and_each_r
     b = engines["engine-b"].url
 
     def call(action: str, lvl: int, state: str) -> None:
-        adapter.apply({"action": action, "level": lvl, "state": state, "reason": "r", "scope": gpu(GPU_B),
-                       "decision_id": f"{action}-{state}"})
+        adapter.apply(ControlCall.from_json({"action": action, "level": lvl, "state": state, "reason": "r",
+                                             "scope": gpu(GPU_B), "decision_id": f"{action}-{state}"}))
 
     call("freeze_admissions", 1, "trip")
     wait_for(lambda: b not in sglang_workers(gw.url), 10, what="engine-b out")

@@ -9,8 +9,8 @@ import threading
 
 from _fuse_support import SPEC, alert, payload, wait_for
 
-from fusebox.fuse.actions import DryRun
-from fusebox.fuse.payload import parse_payload
+from fusebox.fuse.adapters.gateway import DryRun
+from fusebox.fuse.intake.payload import parse_payload
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store

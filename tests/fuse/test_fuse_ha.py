@@ -26,7 +26,7 @@ from _slow_peers import TrickleHttp
 
 from fusebox import conventions as C
 from fusebox.demo.gateway import read_log
-from fusebox.fuse.service import TEST_HANG_ENV
+from fusebox.fuse.dispatch.dispatcher import TEST_HANG_ENV
 
 pytestmark = pytest.mark.tools
 

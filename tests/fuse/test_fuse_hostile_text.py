@@ -15,8 +15,8 @@ import unicodedata
 
 import pytest
 
+from fusebox.fuse.http.status import render_status
 from fusebox.fuse.logsafe import EscapeControl, escape_control
-from fusebox.fuse.status import render_status
 
 # The review's list: bidi embeddings/overrides, isolates, zero-width and marks, the BOM.
 NAMED = [*range(0x202A, 0x202F), *range(0x2066, 0x206A), *range(0x200B, 0x2010), 0xFEFF]

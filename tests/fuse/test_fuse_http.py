@@ -10,7 +10,7 @@ from _fuse_support import FIXTURES, PEOPLE, TOKEN, alert, dry_run_service, fuse_
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
-from fusebox.fuse.app import create_app
+from fusebox.fuse.http.app import create_app
 from fusebox.fuse.tokens import Tokens
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the webhook token (Alertmanager)
@@ -300,7 +300,7 @@ def _with_fastapi_webhook_route(app):
     and body model solved per request): the reference the hot route must answer like."""
     from fastapi.routing import APIRoute
 
-    from fusebox.fuse import http_routes
+    from fusebox.fuse.http import routes as http_routes
 
     # first in the list: Starlette answers with the first route that matches
     app.router.routes.insert(0, APIRoute("/alertmanager", http_routes.alertmanager, methods=["POST"],

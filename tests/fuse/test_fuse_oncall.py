@@ -18,8 +18,8 @@ from _fuse_support import PEOPLE, SPEC, TOKEN, alert, free_port, payload, wait_f
 from fastapi.testclient import TestClient
 
 from fusebox.cli import main
-from fusebox.fuse.actions import DryRun
-from fusebox.fuse.app import create_app
+from fusebox.fuse.adapters.gateway import DryRun
+from fusebox.fuse.http.app import create_app
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store
@@ -309,7 +309,7 @@ def test_the_dashboard_link_of_alerts_and_of_the_status_page_is_the_overview_das
     import dataclasses
 
     from fusebox import conventions as C
-    from fusebox.fuse.status import StatusLinks
+    from fusebox.fuse.http.status import StatusLinks
     from fusebox.generator.render_rules import alert_annotations
 
     uid = json.loads((SPEC.parent / "dashboards" / "fusebox-overview.json").read_text())["uid"]
@@ -333,7 +333,7 @@ def test_alertmanager_links_come_from_the_option_else_the_notifications_external
     page = c.get("/", headers=HOOK).text
     assert "javascript:" not in page and 'href="https://am.example.org/#/alerts"' in page
     # --alertmanager-url wins over what Alertmanager sends
-    from fusebox.fuse.status import StatusLinks
+    from fusebox.fuse.http.status import StatusLinks
 
     c2 = TestClient(create_app(svc, Tokens(webhook=TOKEN), links=StatusLinks(alertmanager="http://am.internal:9093")))
     assert c2.post("/alertmanager", json=body, headers=HOOK).status_code == 200

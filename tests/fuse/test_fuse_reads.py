@@ -26,7 +26,7 @@ from _fuse_support import ROOT, SPEC, TOKEN, alert, dry_run_service, payload, se
 from fastapi.testclient import TestClient
 
 from fusebox.fuse import Breaker, FuseRules, parse_payload
-from fusebox.fuse.app import create_app
+from fusebox.fuse.http.app import create_app
 from fusebox.fuse.store import open_store
 from fusebox.spec import load_spec
 

@@ -19,10 +19,10 @@ from _fuse_support import PEOPLE, SPEC, TOKEN, alert, dry_run_service, free_port
 from fastapi.testclient import TestClient
 
 from fusebox import conventions as C
-from fusebox.fuse.actions import DryRun
-from fusebox.fuse.app import create_app
-from fusebox.fuse.breaker import Breaker
-from fusebox.fuse.payload import parse_payload
+from fusebox.fuse.adapters.gateway import DryRun
+from fusebox.fuse.http.app import create_app
+from fusebox.fuse.intake.breaker import Breaker
+from fusebox.fuse.intake.payload import parse_payload
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import SCHEMA_VERSION, Store

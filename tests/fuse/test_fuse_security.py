@@ -22,8 +22,8 @@ from _fuse_support import GW_TOKEN, PEOPLE, ROOT, SPEC, TOKEN, alert, free_port,
 from _support import finish
 from fastapi.testclient import TestClient
 
-from fusebox.fuse.actions import DryRun
-from fusebox.fuse.app import create_app
+from fusebox.fuse.adapters.gateway import DryRun
+from fusebox.fuse.http.app import create_app
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import Store
@@ -107,7 +107,7 @@ def test_scopes_kept_are_capped_idle_ones_go_first_and_the_refusal_is_audited(tm
 
 
 def _note(*alerts):
-    from fusebox.fuse.payload import parse_payload
+    from fusebox.fuse.intake.payload import parse_payload
 
     return parse_payload(payload(*alerts), time.time())
 
@@ -198,7 +198,7 @@ def test_a_read_token_reads_and_changes_nothing_the_webhook_token_then_no_longer
 
 
 def test_gateway_answers_and_internal_urls_stay_off_the_page_and_metrics_but_in_the_audit(tmp_path):
-    from fusebox.fuse.actions import HttpGateway, VllmResetPrefixCache
+    from fusebox.fuse.adapters.gateway import HttpGateway, VllmResetPrefixCache
 
     secret = "db-password=hunter2 at http://10.1.2.3:5432"
     gw = HttpGateway("http://gateway.internal:8080", GW_TOKEN)

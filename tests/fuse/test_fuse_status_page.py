@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from _fuse_support import ROOT, SPEC, TOKEN, LiveService, alert, need_tool, payload, wait_for
 
-from fusebox.fuse.actions import HttpGateway
-from fusebox.fuse.status import StatusLinks
+from fusebox.fuse.adapters.gateway import HttpGateway
+from fusebox.fuse.http.status import StatusLinks
 from fusebox.spec import load_spec
 
 pytestmark = pytest.mark.tools  # headless Chromium

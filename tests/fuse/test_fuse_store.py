@@ -15,7 +15,7 @@ import time
 import pytest
 from _fuse_support import SPEC, TOKEN
 
-from fusebox.fuse.actions import DryRun
+from fusebox.fuse.adapters.gateway import DryRun
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import SCHEMA_VERSION, PgStore, Store, StoreError, open_store

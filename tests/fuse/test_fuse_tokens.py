@@ -16,7 +16,7 @@ from _fuse_support import PEOPLE, SPEC, TOKEN, free_port, payload, wait_for
 from _support import finish
 from fastapi.testclient import TestClient
 
-from fusebox.fuse.app import create_app
+from fusebox.fuse.http.app import create_app
 from fusebox.fuse.tokens import MIN_TOKEN_LENGTH, TokenFiles
 
 OVERRIDE = {"scope": {"cluster": "a", "engine": "e0"}, "level": 1, "mode": "trip", "reason": "canary",

@@ -18,7 +18,7 @@ GET  /openapi.json          reader    the API description (no /docs, /redoc: no 
 GET  /metrics               none      Prometheus text format (no URL, no answer text)
 GET  /healthz               none      200 "ok" (liveness: the process answers; as a connection's
                                       first request answered by the server before the app and its
-                                      connection caps, :mod:`fusebox.fuse.server`; else on the
+                                      connection caps, :mod:`fusebox.fuse.http.server`; else on the
                                       event loop, which no notification blocks)
 GET  /readyz                none      200 ``{"status": "ready"}`` when the store answers a read (and a
                                       write, when the last one failed) and an adapter is
@@ -36,10 +36,10 @@ client address with ``AUTH_FAILURES`` of them in ``AUTH_WINDOW_S`` seconds has i
 answered 429 (``Retry-After``) on every route that needs a token; a right token is never refused
 by it.
 
-The app in rooms: request bodies in :mod:`~fusebox.fuse.http_models`, the token and service
-dependencies in :mod:`~fusebox.fuse.http_deps`, the routes in :mod:`~fusebox.fuse.http_routes`, the
-error answers in :mod:`~fusebox.fuse.http_errors` and their handlers in
-:mod:`~fusebox.fuse.http_handlers`; :func:`create_app` wires them and keeps what they share in
+The app in rooms: request bodies in :mod:`~fusebox.fuse.http.models`, the token and service
+dependencies in :mod:`~fusebox.fuse.http.deps`, the routes in :mod:`~fusebox.fuse.http.routes`, the
+error answers in :mod:`~fusebox.fuse.http.errors` and their handlers in
+:mod:`~fusebox.fuse.http.handlers`; :func:`create_app` wires them and keeps what they share in
 ``app.state``.
 """
 
@@ -50,15 +50,15 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from .http_deps import AUTH_FAILURES, AUTH_WINDOW_S, ROLES, AuthLimiter, bearer
-from .http_errors import Denied, Limited, count, problem
-from .http_handlers import denied, install_handlers, limited
-from .http_models import OverrideRequest, WebhookPayload
-from .http_routes import PROBE_THREADS, WEBHOOK_THREADS, router
-from .payload import MAX_LABEL_VALUE
-from .service import FuseService
+from ..intake.webhook import MAX_LABEL_VALUE, WebhookPayload
+from ..service import FuseService
+from ..tokens import TokenFiles, Tokens
+from .deps import AUTH_FAILURES, AUTH_WINDOW_S, ROLES, AuthLimiter, bearer
+from .errors import Denied, Limited, count, problem
+from .handlers import denied, install_handlers, limited
+from .models import OverrideRequest
+from .routes import PROBE_THREADS, WEBHOOK_THREADS, router
 from .status import STATUS_ROWS, StatusLinks, render_status
-from .tokens import TokenFiles, Tokens
 
 __all__ = ["create_app", "render_status", "MAX_BODY_BYTES", "MAX_LABEL_VALUE", "STATUS_ROWS", "WebhookPayload",
            "OverrideRequest", "StatusLinks"]

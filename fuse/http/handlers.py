@@ -1,4 +1,4 @@
-"""The fuse API's exception handlers: every refusal is a JSON error (:mod:`fusebox.fuse.http_errors`).
+"""The fuse API's exception handlers: every refusal is a JSON error (:mod:`fusebox.fuse.http.errors`).
 
 =========================  ====  ==============================================================
 exception                  code  notes
@@ -23,9 +23,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from .http_deps import authorized
-from .http_errors import CHALLENGE, DENIED, BadQuery, Denied, Limited, count, problem, validation_problem
-from .store import StoreError
+from ..store import StoreError
+from .deps import authorized
+from .errors import CHALLENGE, DENIED, BadQuery, Denied, Limited, count, problem, validation_problem
 
 
 def _count(request: Request, outcome: str) -> None:

@@ -27,9 +27,9 @@ from urllib.parse import quote, urlencode, urlsplit
 from fusebox import conventions as C
 from fusebox.spec.kinds.base import VARIABLES
 
-from .logsafe import escape_control
-from .rows import AuditRow, FuseState, LevelStateView, LevelView, ScopeStateView, StateView
-from .rules import scope_key
+from ..logsafe import escape_control
+from ..rows import AuditRow, FuseState, LevelStateView, LevelView, ScopeStateView, ScopeView, StateView
+from ..rules import scope_key
 
 __all__ = ["StatusLinks", "render_status", "status_headers", "state_view", "iso", "for_text", "web_url", "STATUS_ROWS",
            "STATUS_DECISIONS", "STATUS_CALLS_PER_ROW", "STATUS_CALL_ROWS", "CALL_KINDS"]
@@ -174,7 +174,7 @@ def state_view(state: FuseState, now: float) -> StateView:
 
 
 def _template_text() -> str:
-    return resources.files("fusebox.fuse").joinpath("static/status.html").read_text(encoding="utf-8")
+    return resources.files("fusebox.fuse.http").joinpath("static/status.html").read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
@@ -229,6 +229,66 @@ def _applied(st: LevelView) -> dict | None:
     return {"css": "yes" if st["applied"] else "no", "text": _clip(text), "why": [_clip(w) for w in why]}
 
 
+def _per_row(items: Sequence, key: Callable[[Any], tuple[str, int]]) -> dict[tuple[str, int], list]:
+    """``items`` grouped by their (scope key, level), in their order."""
+    out: dict[tuple[str, int], list] = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+def _alerts(sc: ScopeView, st: LevelView, links: StatusLinks, am: str) -> list[dict]:
+    """The first ``STATUS_ALERTS_PER_ROW`` alerts holding a level, with their links."""
+    out = []
+    for a in st["alerts"][:STATUS_ALERTS_PER_ROW]:
+        name, _, fp = a.rpartition("/")
+        out.append({"name": _clip(name or a), "fingerprint": _clip(fp, 64), "runbook": links.runbook_href(name or a),
+                    "alertmanager": links.alertmanager_href(am, name or a, sc["labels"])})
+    return out
+
+
+def _scope_row(sc: ScopeView, lvl: str, st: LevelView, now: float, links: StatusLinks, am: str, row_calls: list[AuditRow],
+               waiting: list[dict]) -> dict[str, Any]:
+    """One (scope, level) row of the page: its state, alerts, override, calls and pending calls."""
+    ov = st["override"]
+    tripped, releasing = st["tripped"], st["tripped"] and st["release_at"] is not None
+    return {
+        "key": _clip(sc["key"]), "labels": [(k, _clip(v)) for k, v in sc["labels"].items()],
+        "level": lvl, "action": _clip(st["action"]), "tripped": tripped,
+        "state": "RELEASE PENDING" if releasing else "TRIPPED" if tripped else "ok",
+        "css": "releasing" if releasing else "tripped" if tripped else "ok",
+        "since": _when(st["tripped_at"], now) if tripped else {"iso": "", "ago": ""},
+        "alerts": _alerts(sc, st, links, am), "alerts_more": max(0, len(st["alerts"]) - STATUS_ALERTS_PER_ROW),
+        "release_at": _when(st["release_at"], now, "") if st["release_at"] is not None else None,
+        "override": ({"mode": ov["mode"], "until": _when(ov["until"], now, ""), "reason": _clip(ov["reason"])}
+                     if ov else None),
+        "dashboard": links.dashboard_href(sc["labels"], st["tripped_at"] if tripped else None),
+        "calls": [_call(c) for c in row_calls[:STATUS_CALLS_PER_ROW]],
+        "calls_more": max(0, len(row_calls) - STATUS_CALLS_PER_ROW),
+        "applied": _applied(st) if tripped else None,
+        "pending": [{"adapter": _clip(p["adapter"], 60), "state": p["state"], "attempts": p["attempts"]}
+                    for p in waiting[:STATUS_CALLS_PER_ROW]],
+    }
+
+
+def _decision(a: AuditRow) -> dict:
+    """One audit row of the "last decisions" table."""
+    return {"at": iso(a["at"]) or "", "kind": "not applied (dry-run)" if a["kind"] == "dry_run" else _clip(a["kind"]),
+            "css": a["kind"], "scope": _clip(a["scope_key"]), "level": a["level"] or "",
+            "action": _clip(a["action"]), "source": _clip(a["source"]), "reason": _clip(a["reason"])}
+
+
+def _truncated(state: FuseState) -> dict | None:
+    """The newest notification Alertmanager truncated, and the counts since start (None: none)."""
+    cut = state.get("truncated") or {}
+    last = cut.get("last")
+    if not last:
+        return None
+    return {"at": iso(last["at"]), "left_out": last["truncated_alerts"], "sent": last["alerts"],
+            "group": _clip(last["group_key"]), "notifications": cut.get("notifications", 0),
+            "alerts": cut.get("alerts", 0)}
+
+
 def render_status(state: FuseState, audit: Sequence[AuditRow], *, now: float, calls: Sequence[AuditRow] = (),
                   pending: Sequence[dict] = (), links: StatusLinks | None = None, alertmanager: str = "",
                   pages: dict | None = None) -> str:
@@ -251,60 +311,21 @@ def render_status(state: FuseState, audit: Sequence[AuditRow], *, now: float, ca
     ``STATUS_CELL_CHARS`` characters: the page stays under 1 MB."""
     links = links or StatusLinks()
     am = links.alertmanager or web_url(alertmanager)
-    by_row: dict[tuple[str, int], list[AuditRow]] = {}
-    for c in calls:
-        by_row.setdefault((c.get("scope_key") or "", int(c.get("level") or 0)), []).append(c)
-    waiting: dict[tuple[str, int], list[dict]] = {}
-    for p in pending:
-        waiting.setdefault((p["scope_key"], int(p["level"] or 0)), []).append(p)
+    by_row = _per_row(calls, lambda c: (c.get("scope_key") or "", int(c.get("level") or 0)))
+    waiting = _per_row(pending, lambda p: (p["scope_key"], int(p["level"] or 0)))
     rows: list[dict[str, Any]] = []
     total = 0
     for sc in state["scopes"]:
         for lvl, st in sc["levels"].items():
             total += 1
-            if len(rows) >= STATUS_ROWS:
-                continue
-            ov = st["override"]
-            alerts = []
-            for a in st["alerts"][:STATUS_ALERTS_PER_ROW]:
-                name, _, fp = a.rpartition("/")
-                alerts.append({"name": _clip(name or a), "fingerprint": _clip(fp, 64),
-                               "runbook": links.runbook_href(name or a),
-                               "alertmanager": links.alertmanager_href(am, name or a, sc["labels"])})
-            tripped, releasing = st["tripped"], st["tripped"] and st["release_at"] is not None
-            row_calls = by_row.get((sc["key"], int(lvl)), [])
-            rows.append({
-                "key": _clip(sc["key"]), "labels": [(k, _clip(v)) for k, v in sc["labels"].items()],
-                "level": lvl, "action": _clip(st["action"]), "tripped": tripped,
-                "state": "RELEASE PENDING" if releasing else "TRIPPED" if tripped else "ok",
-                "css": "releasing" if releasing else "tripped" if tripped else "ok",
-                "since": _when(st["tripped_at"], now) if tripped else {"iso": "", "ago": ""},
-                "alerts": alerts, "alerts_more": max(0, len(st["alerts"]) - STATUS_ALERTS_PER_ROW),
-                "release_at": _when(st["release_at"], now, "") if st["release_at"] is not None else None,
-                "override": ({"mode": ov["mode"], "until": _when(ov["until"], now, ""), "reason": _clip(ov["reason"])}
-                             if ov else None),
-                "dashboard": links.dashboard_href(sc["labels"], st["tripped_at"] if tripped else None),
-                "calls": [_call(c) for c in row_calls[:STATUS_CALLS_PER_ROW]],
-                "calls_more": max(0, len(row_calls) - STATUS_CALLS_PER_ROW),
-                "applied": _applied(st) if tripped else None,
-                "pending": [{"adapter": _clip(p["adapter"], 60), "state": p["state"], "attempts": p["attempts"]}
-                            for p in waiting.get((sc["key"], int(lvl)), [])[:STATUS_CALLS_PER_ROW]],
-            })
+            if len(rows) < STATUS_ROWS:
+                rows.append(_scope_row(sc, lvl, st, now, links, am, by_row.get((sc["key"], int(lvl)), []),
+                                       waiting.get((sc["key"], int(lvl)), [])))
     total = max(total, state.get("rows", total))  # a page: the rows of every page
     tripped_levels = sorted(state.get("tripped", state["levels"]).items())
-    decisions = [{"at": iso(a["at"]) or "", "kind": "not applied (dry-run)" if a["kind"] == "dry_run" else _clip(a["kind"]),
-                  "css": a["kind"], "scope": _clip(a["scope_key"]), "level": a["level"] or "",
-                  "action": _clip(a["action"]), "source": _clip(a["source"]), "reason": _clip(a["reason"])}
-                 for a in audit[:STATUS_DECISIONS]]
-    cut = state.get("truncated") or {}
-    last = cut.get("last")
-    truncated = None
-    if last:
-        truncated = {"at": iso(last["at"]), "left_out": last["truncated_alerts"], "sent": last["alerts"],
-                     "group": _clip(last["group_key"]), "notifications": cut.get("notifications", 0),
-                     "alerts": cut.get("alerts", 0)}
+    decisions = [_decision(a) for a in audit[:STATUS_DECISIONS]]
     return _template().render(
-        truncated=truncated, now=iso(now),
+        truncated=_truncated(state), now=iso(now),
         tripped=[(_clip(k), v) for k, v in tripped_levels[:STATUS_TRIPPED_IN_SUMMARY]],
         tripped_more=max(0, state.get("tripped_total", len(tripped_levels)) - min(len(tripped_levels),
                                                                              STATUS_TRIPPED_IN_SUMMARY)),

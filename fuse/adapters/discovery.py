@@ -47,7 +47,8 @@ import httpx
 
 from fusebox.spec.adapters import Discover
 
-from .actions import ActionError, deadline_client
+from .protocol import ActionError
+from .transport import deadline_client
 
 __all__ = ["GpuWorkers", "ResolveError", "POD_INFO_METRIC", "FINISHED_QUERY", "PodIps", "pod_table", "pod_label", "resolve_ips",
            "engine_pod", "Attribution", "attribution_table"]

@@ -1,7 +1,10 @@
-"""The fuse API's request bodies (pydantic): an Alertmanager notification, an override.
+"""The webhook body as the fuse reads it: the one validation of an Alertmanager notification.
 
-Strings the fuse stores or answers hold no lone surrogate (:data:`Text`); label values are capped
-at :data:`fusebox.fuse.payload.MAX_LABEL_VALUE` characters.
+:class:`WebhookPayload` (pydantic) is what ``POST /alertmanager`` accepts (its answers for a body
+that is not one are FastAPI's 400s); :func:`fusebox.fuse.intake.payload.notification` turns a
+valid one into the typed intake objects. Strings the fuse stores or answers hold no lone
+surrogate (:data:`Text`); label values are capped at :data:`MAX_LABEL_VALUE` characters where a
+model says so (an alert's own labels are not: an alert over the cap is refused alone).
 """
 
 # No `from __future__ import annotations`: FastAPI and pydantic read these annotations.
@@ -10,7 +13,30 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from .payload import MAX_LABEL_VALUE, NOT_STORABLE, storable
+__all__ = ["WebhookPayload", "Alert", "Text", "LabelValue", "storable", "NOT_STORABLE", "MAX_LABEL_VALUE",
+           "MAX_FINGERPRINT"]
+
+# Longest label name or value of an alert (and of an override scope), characters. Host names are at
+# most 253 characters (RFC 1035), GPU UUIDs 40; the cap bounds what one alert can make the state and
+# the page hold. An alert over it is refused alone (:class:`fusebox.fuse.intake.payload.Refused`).
+MAX_LABEL_VALUE = 256
+
+# Why a string is refused by :func:`storable`, for error messages.
+NOT_STORABLE = "not valid Unicode text (it holds a lone surrogate such as \\udfff, which UTF-8 cannot encode)"
+
+
+def storable(text: str) -> bool:
+    """Whether ``text`` can be stored and answered: encodable as UTF-8, i.e. no lone surrogate.
+
+    JSON may carry ``"\\udfff"``, which Python decodes to a lone surrogate; SQLite, the status page
+    and JSON answers then fail with UnicodeEncodeError, so such text is refused at the door.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 # Alertmanager's fingerprints are 16 hex digits.
 MAX_FINGERPRINT = 64
@@ -58,24 +84,3 @@ class WebhookPayload(BaseModel):
     commonAnnotations: dict[str, str] = {}
     externalURL: str | None = None
     alerts: list[Alert]
-
-
-# An override lasts at most a week: longer, and it outlives the incident it was for.
-MAX_OVERRIDE_S = 7 * 86400
-
-
-class OverrideRequest(BaseModel):
-    """Force a level of a scope tripped or released until ``expires_in_s`` seconds from now.
-
-    Strict types: ``"level": true`` or ``"expires_in_s": "600"`` are refused, not coerced.
-    """
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-    scope: dict[Text, LabelValue] = Field(description="scope labels (cluster, host_name, instance, hw_id, engine)")
-    level: int = Field(ge=1, le=99, description="the spec's fuse level: 1 freeze_admissions, 2 text_only_fallback, "
-                                                "3 kv_cache_eviction")
-    mode: Literal["trip", "release"]
-    reason: Text = Field(min_length=1, max_length=1000, description="why, for the audit log")
-    expires_in_s: float = Field(gt=0, le=MAX_OVERRIDE_S, description="seconds until the override ends (required)")
-    fleet: bool = Field(False, description='true, with "scope": {}, to override every scope of the fleet at once')
-    new_scope: bool = Field(False, description="true to trip a scope that is part of a known one as a scope of its own")

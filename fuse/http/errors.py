@@ -2,7 +2,7 @@
 
 Every error is JSON: ``{"status": "error", "error": "<what, and how to fix it>", "field": "<the
 request field at fault>"}`` (``field`` when one is). The handlers that turn the exceptions into
-answers are in :mod:`fusebox.fuse.http_handlers`.
+answers are in :mod:`fusebox.fuse.http.handlers`.
 """
 
 import json

@@ -1,8 +1,8 @@
-"""The fuse API's routes (the table in :mod:`fusebox.fuse.app`), on one :data:`router`.
+"""The fuse API's routes (the table in :mod:`fusebox.fuse.http.app`), on one :data:`router`.
 
-Each route reaches the service through ``app.state`` (:data:`~fusebox.fuse.http_deps.Service`) and
-its token through a dependency of :mod:`fusebox.fuse.http_deps`; refusals raise what
-:mod:`fusebox.fuse.http_handlers` answers. Notifications and overrides run in worker threads: the
+Each route reaches the service through ``app.state`` (:data:`~fusebox.fuse.http.deps.Service`) and
+its token through a dependency of :mod:`fusebox.fuse.http.deps`; refusals raise what
+:mod:`fusebox.fuse.http.handlers` answers. Notifications and overrides run in worker threads: the
 event loop (``/healthz``) never waits for the store.
 
 ``POST /alertmanager`` is the hot route (one request per notification): :class:`WebhookRoute` serves
@@ -32,16 +32,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
 
-from .breaker import OverrideError, ScopeNotFound
-from .http_deps import Service, bearer, person_token, reader_token, service_of, webhook_token
-from .http_errors import BadQuery, encodable, problem
-from .http_models import OverrideRequest, WebhookPayload
-from .override import UsageError, parse_scope
-from .payload import PayloadError, parse_payload
-from .rows import StateView
-from .service import FuseService, Unavailable
+from ..intake.breaker import OverrideError, ScopeNotFound
+from ..intake.payload import PayloadError, notification
+from ..intake.webhook import WebhookPayload
+from ..override import UsageError, parse_scope
+from ..rows import StateView
+from ..service import FuseService, Unavailable
+from ..store import HEADROOM_BYTES
+from .deps import Service, bearer, person_token, reader_token, service_of, webhook_token
+from .errors import BadQuery, encodable, problem
+from .models import OverrideRequest
 from .status import CALL_KINDS, STATUS_CALL_ROWS, STATUS_DECISIONS, STATUS_ROWS, render_status, state_view, status_headers, web_url
-from .store import HEADROOM_BYTES
 
 # /state's page: scopes per answer by default and at most (the default holds every scope of a
 # small fleet, so readers that do not page see them all; a larger limit is a 400); the status
@@ -87,7 +88,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 async def notify(request: Request, service: FuseService, body: WebhookPayload) -> Response | dict:
     """Apply a validated notification (in a thread of ``app.state.webhook_threads``: the event loop,
     /healthz, never waits for it) and answer: 200 ``{"status": "ok", "decisions", "alerts"}`` once committed, 400 when the
-    payload does not parse (:func:`parse_payload`), 503 when the store did not persist it."""
+    payload does not parse (:func:`~fusebox.fuse.intake.payload.notification`), 503 when the store did not persist it."""
     t0 = time.perf_counter()
     received = service.clock()
     metrics = service.metrics
@@ -96,7 +97,7 @@ async def notify(request: Request, service: FuseService, body: WebhookPayload) -
 
     def work():
         try:
-            note = parse_payload(body.model_dump(), received)
+            note = notification(body, received)
         except (PayloadError, ValueError) as e:
             return e
         return service.handle(note, received)
@@ -440,7 +441,7 @@ def not_ready(service: FuseService) -> str:
 def pending_calls(service: FuseService) -> list[dict]:
     """Outbox rows not yet applied, for the status page: ``{"scope_key", "level", "state",
     "adapter" (its label, no URL), "attempts"}``."""
-    from .rules import scope_key, scope_of
+    from ..rules import scope_key, scope_of
 
     out = []
     for name, label in service.labels.items():

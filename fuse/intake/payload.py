@@ -4,9 +4,12 @@ Alertmanager's webhook notifier sends ``{"version": "4", "status", "alerts": [..
 "groupKey", "truncatedAlerts", ...}`` (notify/webhook/webhook.go). Older senders and hand-made
 payloads differ: version 0 and 3 have no ``fingerprint``; some alerts carry no ``status``
 (then it is derived from ``endsAt``, as Alertmanager itself does); ``version`` and
-``groupKey`` may be integers. Unknown fields are ignored. What cannot be used (no alerts list,
-an alert without labels or without ``startsAt``) raises :class:`PayloadError`, which the HTTP
-layer turns into a 400 that changes nothing. An alert with a label name or value over
+``groupKey`` may be integers. Unknown fields are ignored. The body is validated once, by
+:class:`fusebox.fuse.intake.webhook.WebhookPayload` (the HTTP route's model, or
+:func:`parse_payload` for a raw body); :func:`notification` turns a valid one into
+:class:`Notification`. What cannot be used (no alerts list, an alert without ``alertname`` or
+without an RFC 3339 ``startsAt``) raises :class:`PayloadError` (or, at the HTTP route, the
+model's own 400), which changes nothing. An alert with a label name or value over
 :data:`MAX_LABEL_VALUE` characters costs only itself: it is set apart in
 :attr:`Notification.refused` (never trips or releases anything) and the rest of the notification
 is used (Alertmanager does not retry a 4xx, so one bad alert must not silence the others).
@@ -15,12 +18,17 @@ is used (Alertmanager does not retry a 4xx, so one bad alert must not silence th
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "load_json", "fingerprint", "parse_time",
-           "storable", "NOT_STORABLE", "MAX_LABEL_VALUE", "Refused"]
+from pydantic import TypeAdapter, ValidationError
+
+from .webhook import MAX_LABEL_VALUE, NOT_STORABLE, WebhookPayload, storable
+
+__all__ = ["AlertEvent", "Notification", "PayloadError", "parse_payload", "notification", "load_json", "fingerprint",
+           "parse_time", "Refused"]
 
 # Alertmanager's model.SeparatorByte and FNV-1a 64 (prometheus/common model/signature.go).
 _SEP = b"\xff"
@@ -30,10 +38,6 @@ _ZERO_YEAR = 1  # Go's zero time, "0001-01-01T00:00:00Z": "no end known"
 # The externalURL is a label value of the fuse's last-notification gauge: bounded, so a sender
 # cannot grow /metrics without limit (one series per distinct value).
 MAX_EXTERNAL_URL = 512
-# Longest label name or value of an alert (and of an override scope), characters. Host names are at
-# most 253 characters (RFC 1035), GPU UUIDs 40; the cap bounds what one alert can make the state and
-# the page hold. An alert over it is refused alone (:class:`Refused`).
-MAX_LABEL_VALUE = 256
 
 
 class PayloadError(ValueError):
@@ -117,23 +121,6 @@ def parse_time(value: Any, where: str) -> float | None:
     return t.timestamp()
 
 
-# Why a string is refused by :func:`storable`, for error messages.
-NOT_STORABLE = "not valid Unicode text (it holds a lone surrogate such as \\udfff, which UTF-8 cannot encode)"
-
-
-def storable(text: str) -> bool:
-    """Whether ``text`` can be stored and answered: encodable as UTF-8, i.e. no lone surrogate.
-
-    JSON may carry ``"\\udfff"``, which Python decodes to a lone surrogate; SQLite, the status page
-    and JSON answers then fail with UnicodeEncodeError, so such text is refused at the door.
-    """
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _kind(value: Any) -> str:
     """A JSON value's type in JSON's words (for messages)."""
     if value is None:
@@ -147,24 +134,6 @@ def _kind(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "a list"
     return type(value).__name__
-
-
-def _str_dict(value: Any, where: str) -> dict[str, str]:
-    """Labels: an object whose names and values are strings (Alertmanager's model.LabelSet). A value
-    that is not a string is refused, never stringified: ``{"a": [1, 2]}`` would otherwise become the
-    scope ``hw_id="{'a': [1, 2]}"``."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise PayloadError(f"{where}: expected an object of strings")
-    for k, v in value.items():
-        if not isinstance(k, str) or not storable(k):
-            raise PayloadError(f"{where}: a label name is {NOT_STORABLE if isinstance(k, str) else _kind(k)}")
-        if not isinstance(v, str):
-            raise PayloadError(f"{where}.{k}: label values are strings (as Alertmanager sends them), got {_kind(v)}")
-        if not storable(v):
-            raise PayloadError(f"{where}.{k}: the value is {NOT_STORABLE}")
-    return dict(value)
 
 
 def load_json(body: bytes | str) -> Any:
@@ -182,72 +151,107 @@ def load_json(body: bytes | str) -> Any:
         raise PayloadError("body is not usable JSON: nested too deeply") from None
 
 
-def parse_payload(body: bytes | str | dict, now: float) -> Notification:
-    """Parse a webhook body.
+def parse_payload(body: bytes | str | Mapping[str, Any], now: float) -> Notification:
+    """Parse a webhook body: JSON (or an already decoded object) validated by
+    :class:`~fusebox.fuse.intake.webhook.WebhookPayload`, then :func:`notification`.
 
     Args:
         body: the raw request body (JSON) or an already decoded object.
         now: Unix seconds, used to derive a missing per-alert status from ``endsAt``.
 
     Raises:
-        PayloadError: malformed or too deeply nested JSON, no ``alerts`` list, an alert without labels, alertname or
-            startsAt, a label value that is not a string, text with a lone surrogate (:func:`storable`), or an
-            unknown status.
+        PayloadError: malformed or too deeply nested JSON, not a notification (no ``alerts`` list, a
+            label value that is not a string, text with a lone surrogate, an unknown status...: the
+            first problem the model finds, in the words below), or what :func:`notification` refuses.
     """
-    if isinstance(body, (bytes, str)):
-        data = load_json(body)
-    else:
-        data = body
-    if not isinstance(data, dict):
-        raise PayloadError("body must be a JSON object (Alertmanager webhook payload)")
-    alerts_raw = data.get("alerts")
-    if not isinstance(alerts_raw, list):
-        raise PayloadError("'alerts' must be a list")
-    group_status = data.get("status")
-    if group_status is not None and group_status not in ("firing", "resolved"):
-        raise PayloadError(f"'status' must be 'firing' or 'resolved', got {group_status!r}")
-    truncated = data.get("truncatedAlerts", 0) or 0
-    if not isinstance(truncated, int) or isinstance(truncated, bool) or truncated < 0:
-        raise PayloadError("'truncatedAlerts' must be a non-negative integer")
+    data = load_json(body) if isinstance(body, (bytes, str)) else body
+    try:
+        model = _PAYLOAD.validate_python(data)
+    except ValidationError as e:
+        raise _payload_error(e.errors()[0]) from None
+    return notification(model, now)
+
+
+def notification(model: WebhookPayload, now: float) -> Notification:
+    """The typed notification of a valid webhook body (what ``POST /alertmanager`` validated).
+
+    Raises:
+        PayloadError: an alert without ``alertname`` or whose ``startsAt``/``endsAt`` is not an RFC 3339
+            time (``startsAt`` not Go's zero time either), or ``groupKey``/``receiver``/``externalURL``
+            holding a lone surrogate.
+    """
     out, refused = [], []
-    for i, a in enumerate(alerts_raw):
+    for i, a in enumerate(model.alerts):
         where = f"alerts[{i}]"
-        if not isinstance(a, dict):
-            raise PayloadError(f"{where}: expected an object")
-        labels = _str_dict(a.get("labels"), f"{where}.labels")
+        labels = dict(a.labels)
         if "alertname" not in labels:
             raise PayloadError(f"{where}.labels: no 'alertname'")
-        starts = parse_time(a.get("startsAt"), f"{where}.startsAt")
+        starts = parse_time(a.startsAt, f"{where}.startsAt")
         if starts is None:
             raise PayloadError(f"{where}.startsAt: zero time")
-        ends = parse_time(a["endsAt"], f"{where}.endsAt") if a.get("endsAt") else None
-        status = a.get("status")
-        if status is None:
-            # Alertmanager: resolved when endsAt is set and not after now (types.Alert.Resolved).
-            status = "resolved" if ends is not None and ends <= now else "firing"
-        if status not in ("firing", "resolved"):
-            raise PayloadError(f"{where}.status must be 'firing' or 'resolved', got {status!r}")
-        fp = a.get("fingerprint")
-        if isinstance(fp, str) and not storable(fp):
-            raise PayloadError(f"{where}.fingerprint: {NOT_STORABLE}")
-        if not isinstance(fp, str) or not fp:
-            fp = fingerprint(labels)
+        ends = parse_time(a.endsAt, f"{where}.endsAt") if a.endsAt else None
+        # Alertmanager: resolved when endsAt is set and not after now (types.Alert.Resolved).
+        status = a.status or ("resolved" if ends is not None and ends <= now else "firing")
+        fp = a.fingerprint or fingerprint(labels)
         too_long = _too_long(labels)
         if too_long:
             refused.append(Refused(fp[:64], labels["alertname"][:MAX_LABEL_VALUE], starts, "label_too_long",
                                    f"{where} ({fp[:64]}) refused: {too_long}"))
             continue
         out.append(AlertEvent(status, labels, fp, starts, ends))
-    group_key, receiver = str(data.get("groupKey", "")), str(data.get("receiver") or "")
-    external_url = str(data.get("externalURL") or "")[:MAX_EXTERNAL_URL]
+    group_key, receiver = str(model.groupKey), str(model.receiver or "")
+    external_url = str(model.externalURL or "")[:MAX_EXTERNAL_URL]
     for name, text in (("groupKey", group_key), ("receiver", receiver), ("externalURL", external_url)):
         if not storable(text):
             raise PayloadError(f"'{name}' is {NOT_STORABLE}")
     return Notification(
-        version=str(data.get("version", "")), status=str(group_status or ""),
-        group_key=group_key, receiver=receiver,
-        truncated_alerts=truncated, alerts=tuple(out), external_url=external_url, refused=tuple(refused),
+        version=str(model.version), status=str(model.status or ""), group_key=group_key, receiver=receiver,
+        truncated_alerts=model.truncatedAlerts, alerts=tuple(out), external_url=external_url, refused=tuple(refused),
     )
+
+
+_PAYLOAD = TypeAdapter(WebhookPayload)
+
+
+def _payload_error(err: Mapping[str, Any]) -> PayloadError:
+    """The model's first problem with a body (a pydantic error: ``loc``, ``type``, ``input``) in the
+    words the fuse has always used for it."""
+    loc, value, kind = tuple(err["loc"]), err.get("input"), err["type"]
+    if not loc:
+        return PayloadError("body must be a JSON object (Alertmanager webhook payload)")
+    head = loc[0]
+    if head == "alerts" and len(loc) == 1:
+        return PayloadError("'alerts' must be a list")
+    if head == "status":
+        return PayloadError(f"'status' must be 'firing' or 'resolved', got {value!r}")
+    if head == "truncatedAlerts":
+        return PayloadError("'truncatedAlerts' must be a non-negative integer")
+    if head != "alerts":
+        return PayloadError(f"'{head}': {err['msg']}")
+    where, field = f"alerts[{loc[1]}]", loc[2] if len(loc) > 2 else None
+    if field is None:
+        return PayloadError(f"{where}: expected an object")
+    if field == "labels":
+        return _labels_error(where, loc[3:], value, kind)
+    if field in ("startsAt", "endsAt"):
+        return PayloadError(f"{where}.{field}: expected an RFC 3339 time string, got {value!r}")
+    if field == "status":
+        return PayloadError(f"{where}.status must be 'firing' or 'resolved', got {value!r}")
+    if field == "fingerprint" and kind == "value_error":
+        return PayloadError(f"{where}.fingerprint: {NOT_STORABLE}")
+    return PayloadError(f"{where}.{field}: {err['msg']}")
+
+
+def _labels_error(where: str, rest: tuple, value: Any, kind: str) -> PayloadError:
+    """:func:`_payload_error` of an alert's ``labels`` (``rest``: the path below them)."""
+    if not rest:
+        return PayloadError(f"{where}.labels: expected an object of strings")
+    name = rest[0]
+    if len(rest) > 1 and rest[1] == "[key]":
+        return PayloadError(f"{where}.labels: a label name is {NOT_STORABLE if kind == 'value_error' else _kind(value)}")
+    if kind == "value_error":
+        return PayloadError(f"{where}.labels.{name}: the value is {NOT_STORABLE}")
+    return PayloadError(f"{where}.labels.{name}: label values are strings (as Alertmanager sends them), got {_kind(value)}")
 
 
 def _too_long(labels: dict[str, str]) -> str:

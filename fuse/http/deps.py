@@ -1,16 +1,16 @@
 """The fuse API's dependencies: the service behind the app, and the token each route needs.
 
-The app keeps what they need in ``app.state`` (:func:`fusebox.fuse.app.create_app` sets it):
+The app keeps what they need in ``app.state`` (:func:`fusebox.fuse.http.app.create_app` sets it):
 ``service`` (the :class:`~fusebox.fuse.service.FuseService`), ``tokens`` (a
 :class:`~fusebox.fuse.tokens.Tokens` or :class:`~fusebox.fuse.tokens.TokenFiles`: ``current()``),
 ``limiter`` (:class:`AuthLimiter`). A token dependency answers the name the token belongs to
-(``"webhook"``, a person's name, a reader's) or raises :class:`~fusebox.fuse.http_errors.Denied`
-(401), or :class:`~fusebox.fuse.http_errors.Limited` (429) when the token is wrong and the client
+(``"webhook"``, a person's name, a reader's) or raises :class:`~fusebox.fuse.http.errors.Denied`
+(401), or :class:`~fusebox.fuse.http.errors.Limited` (429) when the token is wrong and the client
 is over its failures: a right token is never refused by the failure limiter.
 
 The client is the connection's peer address; ``X-Forwarded-For`` replaces it only from the
 proxies ``fuse serve --forwarded-allow-ips`` names (none by default: see
-:func:`fusebox.fuse.server.server_options`).
+:func:`fusebox.fuse.http.server.server_options`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads these annotations.
@@ -24,9 +24,9 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBasic, HTTPBasicCredentials, HTTPBearer
 
-from .http_errors import Denied, Limited
-from .service import FuseService
-from .tokens import match
+from ..service import FuseService
+from ..tokens import match
+from .errors import Denied, Limited
 
 # Failed authentications a client (its address) may make in AUTH_WINDOW_S seconds before its wrong
 # tokens are answered 429 (a right token never is); clients remembered at most (the least recent forgotten).

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from .rows import AppliedView, AuditRow
+from ..rows import AppliedView, AuditRow
 
 __all__ = ["AppliedLevels", "RESTORE_ROWS", "NO_RECORD"]
 
@@ -41,7 +41,7 @@ class AppliedLevels:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._recs: dict[tuple[str, int], dict] = {}
-        self.changes = 0  # bumped by every change of a record: part of /state's snapshot key (fuse/http_routes.py)
+        self.changes = 0  # bumped by every change of a record: part of /state's snapshot key (fuse/http/routes.py)
 
     def decided(self, key: str, level: int, kind: str, decision_id: str, wanted: Iterable[str],
                 action: str = "") -> None:

@@ -33,7 +33,7 @@ sent a head with ``Content-Length: 1000000`` and then one body byte every 5 s he
 * accepts at most :data:`BACKLOG` connections in one go (the listen backlog).
 
 The app itself checks the token and the ``Content-Length`` before it reads a body
-(:mod:`fusebox.fuse.app`), so a client without a token cannot hold a connection in a body.
+(:mod:`fusebox.fuse.http.app`), so a client without a token cannot hold a connection in a body.
 :func:`server_options` gives ``uvicorn.run`` these limits and the others: ``timeout_keep_alive`` (an
 idle keep-alive connection is closed after it), ``proxy_headers`` (``X-Forwarded-For`` trusted only
 from the addresses given, none by default). ``max_connections`` is also kept below the process's
