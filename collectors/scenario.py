@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from fusebox import conventions as C
 from fusebox import promsim
-from fusebox.spec.kinds import kind_of
+from fusebox.signal_kinds import kind_of
 
 from .gpu import KB
 from .kvcache import KvCollector, KvGeometry

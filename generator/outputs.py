@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import kind_of
+from fusebox.signal_kinds.base import DCGM
 from fusebox.spec import Spec
-from fusebox.spec.kinds import kind_of
-from fusebox.spec.kinds.base import DCGM
 from fusebox.spec.units import format_duration
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol
@@ -195,7 +195,7 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
     * an in-path shedder that acts after the fuse, or a gateway breaker window shorter than the
       longest generation (:func:`.render_inpath.inpath_warnings`; ``fusebox check`` fails on them).
     """
-    from fusebox.spec.kinds.base import FUSEBOX
+    from fusebox.signal_kinds.base import FUSEBOX
 
     out = []
     reading = []

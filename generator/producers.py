@@ -36,10 +36,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import kind_of
+from fusebox.signal_kinds.base import DCGM, FUSEBOX
 from fusebox.spec import Spec
 from fusebox.spec.inpath import GATEWAY_KINDS
-from fusebox.spec.kinds import kind_of
-from fusebox.spec.kinds.base import DCGM, FUSEBOX
 from fusebox.spec.promql import vector_selectors
 
 from .deadselectors import SYNTHETIC
