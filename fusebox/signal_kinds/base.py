@@ -4,10 +4,12 @@ A kind (gauge, gpu_memory, deriv, quantile) is one module in this package holdin
 about it: the validation of its spec fields, its recording-rule names and rules, the synthetic
 series its generated promtool tests feed, and its dashboard panels. Renderers ask the kind
 (:func:`fusebox.signal_kinds.kind_of`) and never switch on its name; adding a kind is adding a
-module and listing it in ``fusebox/signal_kinds/__init__.py``.
+module and listing it in ``fusebox/signal_kinds/registry.py`` (docs/architecture.md, "Where to add a signal kind").
 
 Panels are plain data here (:class:`PanelDef`, :class:`DashboardDef`); the generator turns them
-into grafanalib objects. Rules are plain dicts, as in a Prometheus rule file.
+into grafanalib objects. Rules are typed dicts (:class:`Rule`), as in a Prometheus rule file; the
+hooks take the normalised spec's types (:mod:`fusebox.spec.normalised`), imported for the type
+checker only (the spec's loader imports this package).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fusebox.spec.promql import metrics_in_expr
 from fusebox.spec.units import format_duration, format_number
 
 if TYPE_CHECKING:  # the spec's loader imports the kinds: its types are for the checker only
+    from fusebox.spec.budget import Budget
     from fusebox.spec.normalised import Signal, Spec, Tier
     from fusebox.spec.schema import RawSignal, RawSource
 
@@ -98,6 +101,11 @@ def le_regex(bound: float) -> str:
     if re.fullmatch(r"-?\d+", text):
         return f"{text}|{text}\\\\.0"
     return re.escape(text).replace("\\", "\\\\")
+
+
+def gigabytes(x: float) -> str:
+    """Bytes as ``"76.50 GB"`` (decimal gigabytes, two decimals), as ``fusebox budget`` prints them."""
+    return f"{x / 1e9:.2f} GB"
 
 
 def by(labels: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
@@ -441,11 +449,13 @@ class Kind:
     """The interface of a signal kind. Subclasses override what differs from these defaults.
 
     Spec side (called while the spec loads, before any Signal exists):
-      ``check_source``, ``check_window``, ``check_fields``, ``check_threshold``.
+      ``check_raw_source`` (the pool fields, then ``check_source``), ``check_window``, ``check_fields``,
+      ``check_threshold``.
     Rules: ``records``, ``raw_metrics``, ``rules``, ``alert_expr``, ``panel_rules``, ``dashboard_records``,
       ``diagnosis`` (the runbook's standard queries).
     Tests: ``window``, ``first_true``, ``exact``, ``series``, ``result_labels``, ``extra_tests``.
     Panels: ``dashboard`` (one drill-down for all signals of the kind), ``variable_source``, ``variable_record``.
+    Generator: ``time_left``, ``grows_pool_bytes`` (``fusebox budget``), ``reads_gpu_series``, ``unread_inputs_warning``.
     """
 
     name: ClassVar[str] = ""
@@ -468,6 +478,13 @@ class Kind:
 
     # Takes a pool's 'capacity' / 'free' metrics in its sources (time_to_full); refused elsewhere.
     takes_pool: ClassVar[bool] = False
+    # The unit of a source's metric, where known, is judged against the signal's unit
+    # (fusebox/spec/sourceunits.check): False where the kind reads sources of its own (gpu_memory).
+    judges_source_unit: ClassVar[bool] = True
+    # The value is compared as read: a metric in a non-base unit (percent, MiB, ms) needs a scale.
+    needs_base_unit: ClassVar[bool] = False
+    # A source of the wrong dimension is refused saying that a scale does not help.
+    scale_cannot_help: ClassVar[bool] = True
 
     # -- spec --------------------------------------------------------------------------
     def check_raw_source(self, backend: str, src: RawSource, spath: tuple, err: Err) -> None:
@@ -486,6 +503,15 @@ class Kind:
         if self.metric_only and src.expr is not None:
             err(spath + ("expr",), f"a {self.name} signal reads a raw metric, not an expression",
                 "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
+
+    def source_dimension(self, dim: str) -> str | None:
+        """The dimension the kind makes of a metric of dimension ``dim`` (fraction, size, time, rate,
+        count: :data:`fusebox.spec.sourceunits.UNITS`); None where no signal unit names the result."""
+        return dim
+
+    def made_of(self, metric: str) -> str:
+        """What the kind computes from ``metric``, as the unit error names it: ``NAME(metric)``."""
+        return f"{self.name}({metric})"
 
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
         """Called with the parsed window when the kind takes one."""
@@ -558,6 +584,28 @@ class Kind:
     def reports_lost_gpus(self, sig: Signal) -> bool:
         """Whether the signal's source reports a lost GPU as ``fusebox_gpu_up 0``."""
         return False
+
+    # Its source is where the GPUs' own series are read (the GPU-memory signal): GPU power per
+    # host is then read from the same backend (generator/producers.gpu_power_backend).
+    reads_gpu_series: ClassVar[bool] = False
+
+    def grows_pool_bytes(self, sig: Signal) -> bool:
+        """Whether the signal's thresholds are a KV pool's growth in bytes per second: the lowest
+        critical one is the growth ``fusebox budget`` fills a GPU at without ``budget.gpu_growth``."""
+        return False
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """``fusebox budget``: seconds from the ``tier`` firing until its resource is exhausted,
+        with how they were worked out (None and why not where the kind exhausts no pool at a known
+        rate). ``growth_bps``: the growth to assume in bytes per second (``budget.gpu_growth``, else
+        the lowest critical threshold of the :meth:`grows_pool_bytes` signals), None without one."""
+        return None, f"n/a: a {sig.kind} in {sig.unit.replace('_', ' ')} has no pool that fills at a known rate"
+
+    def unread_inputs_warning(self, sig: Signal, metrics: list[str]) -> str | None:
+        """What ``fusebox generate`` says when the signal's rules read ``metrics`` that nothing the
+        deployment runs publishes, where the kind says it better than the general warning (the
+        rules do not stay empty but compute something else); None: the general warning."""
+        return None
 
     # -- scenario player -------------------------------------------------------------------
     def scenario_series(self, sig: Signal, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:

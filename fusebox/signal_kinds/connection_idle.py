@@ -16,16 +16,22 @@ from typing import TYPE_CHECKING, ClassVar
 
 from fusebox.spec.units import format_duration, format_number
 
-from .base import UNITS, DashboardDef, PanelDef, Query, quantile_of, signal_legend, signal_sel
+from .base import UNITS, DashboardDef, Kind, PanelDef, Query, quantile_of, signal_legend, signal_sel
 from .quantile import Quantile
 
 if TYPE_CHECKING:
-    from fusebox.spec.normalised import Signal, Spec
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
 
 
 class ConnectionIdle(Quantile):
     name = "connection_idle"
     variable_source: ClassVar[tuple[str, int] | None] = None  # about peer services, not engines
+    scale_cannot_help = True  # its base Quantile leaves that note out; an idle-time signal keeps it
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """An idle time is no latency of a request, nor a pool: the general answer."""
+        return Kind.time_left(self, sig, tier, budget, growth_bps)
 
     def dashboard(self, spec: Spec, sigs: list[Signal]) -> DashboardDef | None:
         """Per signal: P50 / Pq / P99 of the idle time before a use, the share of uses over each

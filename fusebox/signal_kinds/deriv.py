@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
 from fusebox import promsim
-from fusebox.spec.units import format_duration
+from fusebox.spec.units import format_duration, format_number, humanize
 
 from .base import (
     KV_BASE_BYTES,
@@ -28,6 +28,7 @@ from .base import (
     by,
     dashboard_records,
     engine_labels,
+    gigabytes,
     label_str,
     metric_of,
     segments,
@@ -41,7 +42,8 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from fusebox.spec.normalised import Signal, Spec
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
 
 
 class Deriv(Kind):
@@ -51,6 +53,21 @@ class Deriv(Kind):
     metric_only = True
     growth_only = True
     variable_source = ("engine", 1)
+
+    def source_dimension(self, dim: str) -> str | None:
+        """Per second: a gauge's slope."""
+        return {"size": "rate", "count": "count"}.get(dim)
+
+    def grows_pool_bytes(self, sig: Signal) -> bool:
+        return sig.unit == "bytes_per_second"
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """A byte growth fills the KV pool's free part (``budget.kv_pool``, ``budget.kv_fill``) at the threshold."""
+        if not self.grows_pool_bytes(sig):
+            return super().time_left(sig, tier, budget, growth_bps)
+        free = budget.kv_pool_bytes * (1 - budget.kv_fill)
+        return free / tier.threshold, (f"KV pool {gigabytes(budget.kv_pool_bytes)} at {format_number(budget.kv_fill * 100)}% full: "
+                                       f"{gigabytes(free)} free / {humanize(tier.threshold, 'bytes_per_second')}")
 
     # -- spec --------------------------------------------------------------------------
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:

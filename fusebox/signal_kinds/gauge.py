@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 class Gauge(Kind):
     name = "gauge"
+    needs_base_unit = True  # compared as read
 
     def records(self, sig: Signal) -> dict[str, str]:
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", "ratio" if sig.unit == "ratio" else sig.unit)}

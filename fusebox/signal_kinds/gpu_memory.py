@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
-from fusebox.spec.units import format_number
+from fusebox.spec.units import format_number, humanize
 
 from .base import (
     DCGM_RESERVED_MIB,
@@ -31,6 +31,7 @@ from .base import (
     Synth,
     dashboard_records,
     dcgm_labels,
+    gigabytes,
     label_str,
     segments,
     sel,
@@ -40,7 +41,8 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from fusebox.spec.normalised import Signal, Spec
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
     from fusebox.spec.schema import RawSource
 
 BACKENDS = ("fusebox", "dcgm")
@@ -49,6 +51,33 @@ BACKENDS = ("fusebox", "dcgm")
 class GpuMemory(Kind):
     name = "gpu_memory"
     variable_source = ("gpu", 0)
+    reads_gpu_series = True
+    judges_source_unit = False  # its sources are its own (NVML, DCGM): check_source judges them
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """The GPU's memory above the threshold (``budget.gpu_memory``) filling at ``growth_bps``."""
+        if not growth_bps:
+            return None, "n/a: no growth to fill the GPU at (set budget.gpu_growth)"
+        head = budget.gpu_memory_bytes * (1 - tier.threshold)
+        return head / growth_bps, (f"GPU {gigabytes(budget.gpu_memory_bytes)} from {humanize(tier.threshold, 'ratio')} to full: "
+                                   f"{gigabytes(head)} / {humanize(growth_bps, 'bytes_per_second')}")
+
+    def unread_inputs_warning(self, sig: Signal, metrics: list[str]) -> str | None:
+        """Where only the KV-pool correction's metrics go unpublished, the rules do not stay empty:
+        they read device memory alone, and an engine that preallocates its KV pool holds its GPU
+        over the line for good."""
+        if set(metrics) & set(self.raw_metrics(sig)):
+            return None
+        top = max(sig.tiers, key=lambda t: t.threshold)
+        line = f"its {top.name} tier ({top.threshold_text}{', fuse ' + top.fuse if top.fuse else ''})"
+        return (f"signal {sig.name!r} subtracts the free part of the engines' KV pools ({', '.join(metrics)}), which "
+                "nothing k8s/ deploys produces and no exporter the spec names publishes: without them it reads device "
+                "memory alone, and a GPU whose engine preallocates its pool (vLLM's gpu_memory_utilization, default "
+                "0.9; SGLang's mem_fraction_static) reads about 90% from the engine's start, over "
+                f"{line}, for good -- run the KV collector (kubernetes.collectors.run: {{kv: []}} with kubernetes.engines: "
+                "the engine pods' selector, port and models, each with its config.json or geometry; it discovers the engine "
+                "pods on its node and their GPUs), or `fusebox collect kv` beside each engine, and scrape it; or select only "
+                "GPUs without such an engine (global.selectors)")
 
     # -- spec --------------------------------------------------------------------------
     def check_source(self, backend: str, src: RawSource, spath: tuple, err: Err) -> None:

@@ -57,6 +57,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
+    from fusebox.spec.budget import Budget
     from fusebox.spec.normalised import Signal, Spec, Tier
     from fusebox.spec.schema import RawSignal
 
@@ -89,6 +90,11 @@ ALIGNMENT_MEASURED = {
 
 class Quantile(Kind):
     name = "quantile"
+    scale_cannot_help = False  # (that note speaks of pools and scales; a histogram's fix is another metric)
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        return None, f"n/a: a latency ({sig.unit}) exhausts no resource"
+
     # rate() needs two samples in its window; four or more is safer.
     window_min_scrapes = 2
     metric_only = True

@@ -40,6 +40,10 @@ class Rate(Kind):
     growth_only = True
 
     # -- spec --------------------------------------------------------------------------
+    def source_dimension(self, dim: str) -> str | None:
+        """Per second: a counter's rate."""
+        return {"size": "rate", "count": "count"}.get(dim)
+
     def check_source(self, backend: str, src: RawSource, spath: tuple, err: Err) -> None:
         super().check_source(backend, src, spath, err)
         if src.metric and not src.metric.endswith("_total"):

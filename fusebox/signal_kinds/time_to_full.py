@@ -63,7 +63,8 @@ from .base import (
 from .gpu_memory import KIND as GPU_MEMORY
 
 if TYPE_CHECKING:
-    from fusebox.spec.normalised import Signal, Spec
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
     from fusebox.spec.schema import RawSignal, RawSource
 
 
@@ -88,6 +89,17 @@ class TimeToFull(Kind):
     window_min_scrapes = 4
     metric_only = True
     takes_pool = True  # the sources' 'capacity' / 'free' (refused on every other kind)
+
+    def source_dimension(self, dim: str) -> str | None:
+        """(capacity - used) / deriv(used): the pool's unit cancels out, seconds are left."""
+        return "time" if dim in ("size", "count", "fraction") else None
+
+    def made_of(self, metric: str) -> str:
+        return f"(capacity - {metric}) / deriv({metric})"
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """The tier's threshold is the time left."""
+        return tier.threshold, f"the tier's threshold ({tier.threshold_text})"
     required_direction = "below"  # fires when the time left is at or below the threshold
 
     # -- spec --------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def _source(ck: Checker, s: RawSignal, kind: Kind, backend: str, src: RawSource,
         ck.err(spath + ("metric",), f"{src.metric!r} is not a valid Prometheus metric name",
                "metric names match [a-zA-Z_:][a-zA-Z0-9_:]*")
     elif src.metric is not None:  # a unit the kind cannot turn into the signal's: never fires (or always)
-        bad = sourceunits.check(s.kind, src.metric, s.unit, src.scale)
+        bad = sourceunits.check(kind, src.metric, s.unit, src.scale)
         if bad:
             ck.err(spath + ("metric",), *bad)
     if src.scale == 0:  # the rules divide by it
