@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fusebox import conventions as C
-from fusebox.spec.kinds import lost_gpu_fuses
+from fusebox.signal_kinds import lost_gpu_fuses
 
 __all__ = ["Target", "Refusal", "FuseRules", "scope_of", "scope_key", "key_of"]
 
@@ -91,7 +91,7 @@ class FuseRules:
         """From a :class:`fusebox.spec.Spec`: spec.actions, each tier's ``fuse``,
         ``fuse.allow_fleet_wide_alerts``, and the trusted pairs: (alert, ``fuse_action``) of every
         tier that requests a fuse, and (``FuseboxGPUDown``, action) for each action of
-        :func:`fusebox.spec.kinds.lost_gpu_fuses` -- the pairs the generated alerting rules carry
+        :func:`fusebox.signal_kinds.lost_gpu_fuses` -- the pairs the generated alerting rules carry
         (the rule renderer puts ``fuse_action`` on exactly those; a test compares the two).
         """
         actions = {name: a.level for name, a in spec.actions.items()}

@@ -37,8 +37,9 @@ from typing import Any
 
 from fusebox import conventions as C
 from fusebox import promsim
+from fusebox.signal_kinds import kind_of
 from fusebox.spec import Signal, Spec, Tier
-from fusebox.spec.units import format_number, humanize, parse_duration
+from fusebox.spec.units import format_number, parse_duration
 
 from .render_alertmanager import routing
 from .render_rules import STATIC_GROUP, render_rules
@@ -124,34 +125,16 @@ def cross_group_s(groups: list[dict[str, Any]], group: str, expr: str, default_i
 
 
 def _kv_growth(spec: Spec) -> float | None:
-    """The lowest critical threshold of the byte-growth signals (bytes per second), or None."""
-    rates = [t.threshold for s in spec.signals if s.kind == "deriv" and s.unit == "bytes_per_second"
+    """The lowest critical threshold of the byte-growth signals (bytes per second: their kind's
+    :meth:`~fusebox.signal_kinds.base.Kind.grows_pool_bytes`), or None."""
+    rates = [t.threshold for s in spec.signals if kind_of(s).grows_pool_bytes(s)
              for t in s.tiers if t.name == "critical"]
     return min(rates) if rates else None
 
 
-def _gb(x: float) -> str:
-    return f"{x / 1e9:.2f} GB"
-
-
 def _time_left(spec: Spec, sig: Signal, tier: Tier) -> tuple[float | None, str]:
-    b = spec.budget
-    if sig.kind == "time_to_full":
-        return tier.threshold, f"the tier's threshold ({tier.threshold_text})"
-    if sig.kind == "deriv" and sig.unit == "bytes_per_second":
-        free = b.kv_pool_bytes * (1 - b.kv_fill)
-        return free / tier.threshold, (f"KV pool {_gb(b.kv_pool_bytes)} at {format_number(b.kv_fill * 100)}% full: "
-                                       f"{_gb(free)} free / {humanize(tier.threshold, 'bytes_per_second')}")
-    if sig.kind == "gpu_memory":
-        growth = b.gpu_growth_bps or _kv_growth(spec)
-        if not growth:
-            return None, "n/a: no growth to fill the GPU at (set budget.gpu_growth)"
-        head = b.gpu_memory_bytes * (1 - tier.threshold)
-        return head / growth, (f"GPU {_gb(b.gpu_memory_bytes)} from {humanize(tier.threshold, 'ratio')} to full: "
-                               f"{_gb(head)} / {humanize(growth, 'bytes_per_second')}")
-    if sig.kind == "quantile":
-        return None, f"n/a: a latency ({sig.unit}) exhausts no resource"
-    return None, f"n/a: a {sig.kind} in {sig.unit.replace('_', ' ')} has no pool that fills at a known rate"
+    """The signal's kind works it out (:meth:`~fusebox.signal_kinds.base.Kind.time_left`)."""
+    return kind_of(sig).time_left(sig, tier, spec.budget, spec.budget.gpu_growth_bps or _kv_growth(spec))
 
 
 def budget_rows(spec: Spec) -> list[Row]:

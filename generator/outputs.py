@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import kind_of
+from fusebox.signal_kinds.base import DCGM
 from fusebox.spec import Spec
 from fusebox.spec.adapter_kinds import ADAPTER_KINDS
 from fusebox.spec.adapters import Adapter as FuseAdapter
-from fusebox.spec.kinds import kind_of
-from fusebox.spec.kinds.base import DCGM
 from fusebox.spec.units import format_duration
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol
@@ -197,7 +197,7 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
     * an in-path shedder that acts after the fuse, or a gateway breaker window shorter than the
       longest generation (:func:`.render_inpath.inpath_warnings`; ``fusebox check`` fails on them).
     """
-    from fusebox.spec.kinds.base import FUSEBOX
+    from fusebox.signal_kinds.base import FUSEBOX
 
     out = []
     reading = []
@@ -222,8 +222,9 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
             missing.setdefault(reader, ([], how))[0].append(metric)
     for reader, (metrics, how) in missing.items():
         sig = next((s for s in spec.signals if reader == f"signal {s.name!r}"), None)
-        if sig is not None and sig.kind == "gpu_memory" and not set(metrics) & set(kind_of(sig).raw_metrics(sig)):
-            out.append(_uncorrected_gpu_memory(sig, metrics))
+        kind_says = kind_of(sig).unread_inputs_warning(sig, metrics) if sig is not None else None
+        if kind_says is not None:  # the rules compute something else, not nothing (e.g. GPU memory uncorrected)
+            out.append(kind_says)
             continue
         out.append(f"{reader} reads {', '.join(metrics)}, which nothing k8s/ deploys produces and no exporter the "
                    f"spec names publishes: the rules reading {'it' if len(metrics) == 1 else 'them'} stay empty "
@@ -255,22 +256,6 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
         out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
                    "runbook link leads nowhere -- set it to where your runbooks/ are served")
     return out
-
-
-def _uncorrected_gpu_memory(sig, metrics: list[str]) -> str:
-    """The warning for a GPU-memory signal whose KV-pool correction reads ``metrics`` nothing
-    publishes: its rules do not stay empty, they read device memory alone, and an engine that
-    preallocates its KV pool holds its GPU over the line for good."""
-    top = max(sig.tiers, key=lambda t: t.threshold)
-    line = f"its {top.name} tier ({top.threshold_text}{', fuse ' + top.fuse if top.fuse else ''})"
-    return (f"signal {sig.name!r} subtracts the free part of the engines' KV pools ({', '.join(metrics)}), which "
-            "nothing k8s/ deploys produces and no exporter the spec names publishes: without them it reads device "
-            "memory alone, and a GPU whose engine preallocates its pool (vLLM's gpu_memory_utilization, default "
-            "0.9; SGLang's mem_fraction_static) reads about 90% from the engine's start, over "
-            f"{line}, for good -- run the KV collector (kubernetes.collectors.run: {{kv: []}} with kubernetes.engines: "
-            "the engine pods' selector, port and models, each with its config.json or geometry; it discovers the engine "
-            "pods on its node and their GPUs), or `fusebox collect kv` beside each engine, and scrape it; or select only "
-            "GPUs without such an engine (global.selectors)")
 
 
 # The scope labels of a GPU-level alert (the GPU's series, every scraper label dropped).

@@ -36,10 +36,10 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import kind_of
+from fusebox.signal_kinds.base import DCGM, FUSEBOX
 from fusebox.spec import Spec
 from fusebox.spec.inpath import GATEWAY_KINDS
-from fusebox.spec.kinds import kind_of
-from fusebox.spec.kinds.base import DCGM, FUSEBOX
 from fusebox.spec.promql import vector_selectors
 
 from .deadselectors import SYNTHETIC
@@ -103,10 +103,11 @@ class Producer:
 
 
 def gpu_power_backend(spec: Spec) -> str:
-    """Where GPU power per host comes from: the GPU-memory signal's backend (without one: the
+    """Where GPU power per host comes from: the GPU-memory signal's backend (the first signal
+    whose kind :attr:`~fusebox.signal_kinds.base.Kind.reads_gpu_series`; without one: the
     fusebox collectors where :attr:`Spec.fusebox_collectors` expects them, else dcgm-exporter)."""
-    gpu_memory = next((s for s in spec.signals if s.kind == "gpu_memory"), None)
-    return gpu_memory.source.backend if gpu_memory else (FUSEBOX if spec.fusebox_collectors else DCGM)
+    gpu = next((s for s in spec.signals if kind_of(s).reads_gpu_series), None)
+    return gpu.source.backend if gpu else (FUSEBOX if spec.fusebox_collectors else DCGM)
 
 
 def engine_labels(spec: Spec) -> frozenset[str]:

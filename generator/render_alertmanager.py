@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import lost_gpu_fuses
 from fusebox.spec import Spec
 from fusebox.spec.deploy import object_name
-from fusebox.spec.kinds import lost_gpu_fuses
 from fusebox.spec.units import format_duration
 
 from .render_k8s import object_meta

@@ -17,8 +17,8 @@ fixes what grafanalib writes for Grafana 5 but current Grafana (>= 11) misreads
   ``timepicker.time_options``, panel ``editable``, an empty ``current`` on the data source variable,
   bare panel links (see :func:`_schema_fixes`).
 
-Every query reads the recording rules named by :func:`fusebox.spec.kinds.records` and
-:func:`fusebox.spec.kinds.dashboard_records` (never raw histograms; the overview's fuse state and
+Every query reads the recording rules named by :func:`fusebox.signal_kinds.records` and
+:func:`fusebox.signal_kinds.dashboard_records` (never raw histograms; the overview's fuse state and
 firing alerts, a handful of series, read ``fusebox_fuse_level`` and ``ALERTS``); thresholds are the spec's tiers in base units, so a panel's line is
 the alert's threshold by construction. Units follow the signal's unit (ratio ->
 ``percentunit``, bytes -> ``decbytes``, bytes/s -> ``Bps``, seconds -> ``s``; SI, because the
@@ -37,8 +37,8 @@ from typing import Any
 import orjson
 
 from fusebox import conventions as C
-from fusebox.spec.kinds import KINDS, records
-from fusebox.spec.kinds.base import UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
+from fusebox.signal_kinds import KINDS, records
+from fusebox.signal_kinds.base import UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
 
 from . import shedding, tracing
 from .producers import fed_spec

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, reports_lost_gpus
+from fusebox.signal_kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_labels, le_regex, selector
 from fusebox.spec import Signal, Spec, Tier
-from fusebox.spec.kinds import KINDS, dashboard_records, kind_of, lost_gpu_fuses, reports_lost_gpus
-from fusebox.spec.kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_labels, le_regex, selector
 from fusebox.spec.units import format_duration, humanize
 
 from . import shedding
@@ -90,7 +90,7 @@ def _dashboard_records(spec: Spec) -> list[dict[str, Any]]:
     for kind in KINDS.values():  # in the kinds' order: GPU memory, then KV
         sigs = [s for s in spec.signals if s.kind == kind.name]
         if sigs:
-            out += kind.dashboard_records(sigs, spec)
+            out += [dict(r) for r in kind.dashboard_records(sigs, spec)]
     engines = spec.engines
     token_parts = []
     if VLLM in engines:
@@ -281,7 +281,7 @@ def render_rules(spec: Spec) -> Rules:
         another's, same name and expression, adds its alerts to that signal's group), its
         ``fusebox-<signal>-panels`` group where the kind has panel-only records, a
         ``fusebox-static`` group of static inputs (:meth:`Kind.slow_rules`), a ``fusebox-dashboard`` group of
-        records the dashboards read (:func:`fusebox.spec.kinds.dashboard_records`), a
+        records the dashboards read (:func:`fusebox.signal_kinds.dashboard_records`), a
         ``fusebox-inpath`` group where ``inpath.shedders`` names a gateway (:func:`.shedding.rules`), a
         ``fusebox-absent`` group (one alert per metric an enabled tier's signal reads: a
         signal with every tier disabled keeps its records and adds none), ``fusebox-health``
@@ -310,7 +310,7 @@ def render_rules(spec: Spec) -> Rules:
     static: list[dict[str, Any]] = []
     for sig in spec.signals:
         kind = kind_of(sig)
-        own = kind.rules(sig, spec)
+        own: list[dict[str, Any]] = [dict(r) for r in kind.rules(sig, spec)]
         alerts = [_alert(sig, t, spec) for t in sig.tiers]
         home = _shared_group(sig.name, own, recorded)
         if home is not None:
@@ -322,8 +322,8 @@ def render_rules(spec: Spec) -> Rules:
                 if "record" in r:
                     recorded.setdefault(r["record"], (sig.name, group))
         if kind.panel_rules(sig, spec):
-            panels.append({"name": f"{GROUP_PREFIX}-{sig.name}-panels", "interval": slow, "rules": kind.panel_rules(sig, spec)})
-        static += [r for r in kind.slow_rules(sig, spec) if r not in static]
+            panels.append({"name": f"{GROUP_PREFIX}-{sig.name}-panels", "interval": slow, "rules": [dict(r) for r in kind.panel_rules(sig, spec)]})
+        static += [dict(r) for r in kind.slow_rules(sig, spec) if r not in static]
         # A signal whose tiers are all disabled keeps its records (the dashboards draw it) but
         # makes no absent alert: nothing of it can fire, so its metric's absence loses nothing.
         for m in (signal_raw_metrics(sig) if sig.tiers else ()):

@@ -8,8 +8,8 @@ from typing import Any
 import jinja2
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import kind_of, lost_gpu_fuses, records
 from fusebox.spec import Spec
-from fusebox.spec.kinds import kind_of, lost_gpu_fuses, records
 from fusebox.spec.units import format_duration, format_number, humanize
 
 from . import shedding
@@ -22,7 +22,7 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("fusebox.generator", "temp
 
 def diagnosis(spec: Spec, sig: Any) -> list[tuple[str, str]]:
     """A signal's runbook queries, ``(title, PromQL)``: its kind's standard ones (built from the
-    records its rules write: :meth:`fusebox.spec.kinds.Kind.diagnosis`), the spec's
+    records its rules write: :meth:`fusebox.signal_kinds.Kind.diagnosis`), the spec's
     ``runbook.diagnosis`` (references already replaced by record names: fusebox/spec/diagnosis.py),
     then the in-path gateways' records where they shed on it; a query listed twice is kept once."""
     out: dict[str, str] = {}

@@ -21,9 +21,9 @@ from typing import Any
 
 from fusebox import conventions as C
 from fusebox import promsim
+from fusebox.signal_kinds import kind_of, lost_gpu_fuses
+from fusebox.signal_kinds.base import DELTA, FUSEBOX, GPU_LABELS, Synth, label_str, segments
 from fusebox.spec import Signal, Spec, Tier
-from fusebox.spec.kinds import kind_of, lost_gpu_fuses
-from fusebox.spec.kinds.base import DELTA, FUSEBOX, GPU_LABELS, Synth, label_str, segments
 from fusebox.spec.units import format_duration, format_number, parse_duration
 
 from .render_rules import (
@@ -279,7 +279,8 @@ def _absent_check(spec: Spec, rules: Rules, group: dict[str, Any]) -> dict[str, 
 def _extra_groups(sig: Signal, spec: Spec, rules: Rules) -> list[tuple[str, dict[str, Any]]]:
     """The kind's own extra groups (e.g. zero traffic), each with :func:`_absent_check`."""
     out = []
-    for title, group in kind_of(sig).extra_tests(Synth.of(sig, spec)):
+    for title, typed in kind_of(sig).extra_tests(Synth.of(sig, spec)):
+        group: dict[str, Any] = dict(typed)
         check = _absent_check(spec, rules, group)
         if check:
             group["alert_rule_test"] = [*group["alert_rule_test"], check]

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusebox import conventions as C
+from fusebox.signal_kinds.base import label_str, segments
 from fusebox.spec import Spec
-from fusebox.spec.kinds.base import label_str, segments
 from fusebox.spec.units import format_duration, format_number
 
 __all__ = ["SelfAlert", "self_alerts", "self_rules", "self_tests", "heartbeat_labels", "self_labels",

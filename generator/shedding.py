@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import records as signal_records
+from fusebox.signal_kinds.base import DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
 from fusebox.spec import Spec
 from fusebox.spec.inpath import GATEWAY_KINDS, Shedder
 from fusebox.spec.inpath import shedding_records as records
 from fusebox.spec.inpath import shedding_window_s as window_s
-from fusebox.spec.kinds import records as signal_records
-from fusebox.spec.kinds.base import DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
 from fusebox.spec.units import format_duration, format_number
 
 __all__ = ["GROUP", "DASHBOARD", "window_s", "refused_in_window", "gateways", "records", "rules", "dashboard", "runbook_diagnosis"]

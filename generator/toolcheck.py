@@ -32,8 +32,8 @@ from typing import TypeVar
 import yaml
 
 from fusebox import conventions as C
+from fusebox.signal_kinds import records
 from fusebox.spec import Spec
-from fusebox.spec.kinds import records
 from fusebox.tooling import ToolMissing, thanos_tool, tools_dir, victoriametrics_tool
 
 from . import deadselectors

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusebox import promsim
-from fusebox.spec.kinds import kind_of
+from fusebox.signal_kinds import kind_of
 
 from ..gpu import KB
 from ..kvcache import KvGeometry

@@ -58,7 +58,7 @@ POD_INFO_METRIC = "kube_pod_info"  # kube-state-metrics: {namespace, pod, pod_ip
 # pod's by now, so they hold none. kube-state-metrics: kube_pod_status_phase{namespace, pod, phase}.
 FINISHED_QUERY = 'kube_pod_status_phase{phase=~"Succeeded|Failed"} == 1'
 # dcgm-exporter on a MIG instance: the parent GPU's UUID plus the instance's id in this label. The
-# rules' hw_id is then ``UUID/GPU_I_ID`` (fusebox.spec.kinds.base.dcgm_labels); the join keys alike.
+# rules' hw_id is then ``UUID/GPU_I_ID`` (fusebox.signal_kinds.base.dcgm_labels); the join keys alike.
 MIG_INSTANCE_LABEL = "GPU_I_ID"
 EXPORTED = "exported_"  # what Prometheus prefixes to an exporter's label that a target label overrides
 

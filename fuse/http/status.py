@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from fusebox import conventions as C
-from fusebox.spec.kinds.base import VARIABLES
+from fusebox.signal_kinds.base import VARIABLES
 
 from ..logsafe import escape_control
 from ..rows import AuditRow, FuseState, LevelStateView, LevelView, ScopeStateView, ScopeView, StateView

@@ -23,7 +23,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox import conventions as C
-from fusebox.spec.kinds import records
+from fusebox.signal_kinds import records
 
 from .stack import http_json, http_text
 

@@ -8,17 +8,17 @@ the rules (docs/spec.md, "Runbook queries"):
   ``${kv_cache_growth_rate}`` is ``engine:fusebox_kv_cache_usage_bytes:deriv1m`` at a 1m window,
   ``...:deriv2m`` at 2m);
 * ``${SIGNAL.ROLE}``: another record of the signal, by the role its kind gives it
-  (:func:`fusebox.spec.kinds.records`: ``${gpu_memory_utilization.device}``);
-* ``${dashboard.ROLE}``: a dashboard record (:func:`fusebox.spec.kinds.dashboard_records`:
+  (:func:`fusebox.signal_kinds.records`: ``${gpu_memory_utilization.device}``);
+* ``${dashboard.ROLE}``: a dashboard record (:func:`fusebox.signal_kinds.dashboard_records`:
   ``${dashboard.kv_ratio}``).
 
 After the references are replaced, the query must parse as PromQL, and every series it names
 that is shaped like a record (``level:metric:operations``, three parts) must be one the rules of
-this spec record (:func:`fusebox.spec.kinds.recorded_names`); otherwise it is a spec error at the
+this spec record (:func:`fusebox.signal_kinds.recorded_names`); otherwise it is a spec error at the
 query's line with the record it most likely meant. Raw metrics (one colon at most, as vLLM's
 ``vllm:num_requests_running``) are not judged here: what publishes them is the deployment's.
 
-The standard queries of each signal (its kind's :meth:`~fusebox.spec.kinds.Kind.diagnosis`) come
+The standard queries of each signal (its kind's :meth:`~fusebox.signal_kinds.Kind.diagnosis`) come
 before these in the rendered runbook; the spec lists only the extra ones.
 """
 
@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .kinds import dashboard_records, kind_of, recorded_names
+from fusebox.signal_kinds.registry import dashboard_records, kind_of, recorded_names
 
 __all__ = ["REFERENCE", "resolve_diagnosis", "record_shaped"]
 

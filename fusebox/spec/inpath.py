@@ -324,7 +324,7 @@ def shedding_records(spec: Any) -> dict[str, str]:
     * ``breakers_open``: the workers whose breaker is open, per ``cluster`` (0 when none).
 
     Here, in the spec's layer, so the check of the runbooks' queries knows them too
-    (:func:`fusebox.spec.kinds.recorded_names`)."""
+    (:func:`fusebox.signal_kinds.recorded_names`)."""
     gws = [s for s in spec.inpath.shedders if s.kind in GATEWAY_KINDS]
     if not gws:
         return {}

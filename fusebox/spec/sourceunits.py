@@ -28,7 +28,12 @@ What each kind gives (:func:`check`):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fusebox import conventions as C
+
+if TYPE_CHECKING:  # the kinds import this module
+    from fusebox.signal_kinds.base import Kind
 
 # unit -> (dimension, words for people)
 UNITS: dict[str, tuple[str, str]] = {
@@ -116,41 +121,32 @@ def metric_unit(metric: str) -> str | None:
     return None
 
 
-def gives(kind: str, unit: str) -> str | None:
-    """The dimension ``kind`` makes of a metric in ``unit``: None where no signal unit names it."""
-    dim = UNITS[unit][0]
-    if kind in ("deriv", "rate"):  # a gauge's slope, a counter's rate: per second either way
-        return {"size": "rate", "count": "count"}.get(dim)
-    if kind == "time_to_full":  # (capacity - used) / deriv(used): the pool's unit cancels out
-        return "time" if dim in ("size", "count", "fraction") else None
-    return dim
-
-
 # A unit that is not its dimension's base unit -> the scale to base units.
 TO_BASE = {"percent": 0.01, "mebibytes": 1048576.0, "milliseconds": 0.001}
 
 
-def check(kind: str, metric: str, signal_unit: str, scale: float = 1.0) -> tuple[str, str] | None:
-    """``(what, fix)`` when a ``kind`` signal in ``signal_unit`` cannot be made of ``metric`` read
-    with ``scale``, else None: another dimension (a fraction read as bytes per second), or a
-    non-base unit (percent, MiB, ms) read with no scale on a gauge.
+def check(kind: Kind, metric: str, signal_unit: str, scale: float = 1.0) -> tuple[str, str] | None:
+    """``(what, fix)`` when a signal of ``kind`` in ``signal_unit`` cannot be made of ``metric`` read
+    with ``scale``, else None: another dimension (a fraction read as bytes per second: the kind's
+    :meth:`~fusebox.signal_kinds.base.Kind.source_dimension`), or a non-base unit (percent, MiB, ms)
+    read with no scale where the kind compares the value as read (``needs_base_unit``: a gauge).
 
-    Only a metric whose unit is known is judged; ``gpu_memory`` sources are never judged."""
+    Only a metric whose unit is known is judged, and only for a kind that ``judges_source_unit``
+    (a GPU-memory signal's sources are its own)."""
     unit = metric_unit(metric)
-    if kind == "gpu_memory" or unit is None or signal_unit not in SIGNAL_DIMENSION:
+    if not kind.judges_source_unit or unit is None or signal_unit not in SIGNAL_DIMENSION:
         return None
-    got = gives(kind, unit)
+    got = kind.source_dimension(UNITS[unit][0])
     want = SIGNAL_DIMENSION[signal_unit]
     if got == want:
-        if kind == "gauge" and unit in TO_BASE and scale == 1.0:
+        if kind.needs_base_unit and unit in TO_BASE and scale == 1.0:
             return (f"{metric} is {UNITS[unit][1]}, read with no scale: the {signal_unit} thresholds compare "
                     f"against {unit}", f"add 'scale: {TO_BASE[unit]:g}' to convert it to {signal_unit}")
         return None
-    made = {"gauge": metric, "time_to_full": f"(capacity - {metric}) / deriv({metric})"}.get(kind, f"{kind}({metric})")
     word = UNITS[unit][1]
-    what = (f"{metric} is {word}; {made} cannot give a value in {signal_unit.replace('_', ' ')}"
+    what = (f"{metric} is {word}; {kind.made_of(metric)} cannot give a value in {signal_unit.replace('_', ' ')}"
             + (" (a scale does not help: it converts within a unit's kind, and each engine's pool differs)"
-               if UNITS[unit][0] != want and kind != "quantile" else ""))
+               if UNITS[unit][0] != want and kind.scale_cannot_help else ""))
     if signal_unit == "bytes_per_second" and UNITS[unit][0] == "fraction":
         fix = ("read KV bytes: the fusebox KV collector's fusebox_kv_cache_usage_bytes (usage fraction x the "
                "engine's pool bytes, docs/metrics.md), or give the signal a unit its source can give")

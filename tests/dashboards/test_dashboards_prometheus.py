@@ -42,8 +42,8 @@ from fusebox import conventions as C
 from fusebox.generator import shedding
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
+from fusebox.signal_kinds import dashboard_records
 from fusebox.spec import load_spec
-from fusebox.spec.kinds import dashboard_records
 
 pytestmark = pytest.mark.tools
 

@@ -17,8 +17,8 @@ import pytest
 
 from fusebox import conventions as C
 from fusebox.generator.render_dashboards import dashboards, render_dashboards
+from fusebox.signal_kinds import dashboard_records, records
 from fusebox.spec import load_spec, parse_spec
-from fusebox.spec.kinds import dashboard_records, records
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK_BASE = "https://github.com/your-org/monitoring/blob/main/runbooks"

@@ -49,6 +49,7 @@ def _parent(doc: Any, path: tuple) -> Any:
 
 
 def _mutate(doc: Any, op: str, pick: int, value: Any, number: float) -> Any:
+    value = copy.deepcopy(value)  # VALUES' lists and dicts are shared: one appended into itself made a cycle
     paths = [p for p in _paths(doc) if p]
     if not paths:
         return value

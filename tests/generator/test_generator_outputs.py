@@ -14,7 +14,7 @@ from fusebox import conventions as C
 from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import drift, write_outputs
-from fusebox.spec.kinds import dashboard_records
+from fusebox.signal_kinds import dashboard_records
 
 
 def test_every_file_has_the_generated_header(spec):

@@ -25,8 +25,8 @@ from fusebox import conventions as C
 from fusebox.generator import render_dashboards
 from fusebox.generator.render_rules import render_rules
 from fusebox.generator.render_runbooks import render_runbooks
+from fusebox.signal_kinds import kind_of, recorded_names
 from fusebox.spec import SpecError, parse_spec
-from fusebox.spec.kinds import kind_of, recorded_names
 from fusebox.spec.promql import vector_selectors
 
 HIST = ("_bucket", "_count", "_sum")
@@ -108,7 +108,7 @@ def panel_queries(spec) -> list[tuple[str, str]]:
 
 
 def test_the_records_the_spec_knows_are_those_the_rules_write(spec):
-    """fusebox/spec/kinds.recorded_names (what the spec's check of runbook queries reads) is exactly
+    """fusebox/signal_kinds.recorded_names (what the spec's check of runbook queries reads) is exactly
     what render_rules records, on each spec."""
     rendered = {r["record"] for g in render_rules(spec).groups for r in g["rules"] if "record" in r}
     assert set(recorded_names(spec)) == rendered

@@ -1,7 +1,7 @@
 """The layers of docs/architecture.md, checked on every import statement of the source tree.
 
-Layer 0 (fusebox.conventions, fusebox.promsim) imports nothing of fusebox; layer 1 (fusebox.spec)
-imports layer 0 and itself; layer 2 (generator, collectors, fuse) imports layers 0 and 1 and its
+Layer 0 (fusebox.conventions, fusebox.promsim) imports nothing of fusebox; layer 1 (fusebox.spec
+and fusebox.signal_kinds) imports layer 0 and layer 1; layer 2 (generator, collectors, fuse) imports layers 0 and 1 and its
 own package, never another layer-2 package; only the demo and the top-level CLI wire them.
 Function-level (lazy) imports count too. And the runtime code (collectors, fuse, demo) holds no
 signal id and no mission threshold: it reads them from the spec.
@@ -20,12 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 # source folder -> the package it installs as (pyproject.toml's package-dir)
 FOLDERS = {"fusebox": "fusebox", "generator": "fusebox.generator", "collectors": "fusebox.collectors", "fuse": "fusebox.fuse"}
 FLOOR = ("fusebox.conventions", "fusebox.promsim", "fusebox.tooling")
-SPEC = ("fusebox.spec",)
+SPEC = ("fusebox.spec", "fusebox.signal_kinds")
 ALLOWED = {
     "fusebox.conventions": (),
     "fusebox.promsim": (),
     "fusebox.tooling": (),
     "fusebox.spec": FLOOR + SPEC,
+    "fusebox.signal_kinds": FLOOR + SPEC,
     "fusebox.generator": FLOOR + SPEC + ("fusebox.generator",),
     "fusebox.collectors": FLOOR + SPEC + ("fusebox.collectors",),
     "fusebox.fuse": FLOOR + SPEC + ("fusebox.fuse",),
@@ -208,3 +209,16 @@ def test_the_reference_gateway_is_the_demos_and_fuse_serve_does_not_import_it():
     assert _loads_demo(serve) == (False, ["audit", "override", "serve"])
     for argv in (["fuse", "gateway", "--log", "g.jsonl"], ["fuse"]):
         assert _loads_demo(argv) == (True, ["audit", "gateway", "override", "serve"]), argv
+
+
+@pytest.mark.parametrize("first", ["fusebox.signal_kinds", "fusebox.signal_kinds.base", "fusebox.spec", "fusebox.spec.model"])
+def test_the_spec_and_the_signal_kinds_load_whichever_is_imported_first(first):
+    """The spec's loader asks the kinds and the kinds read the spec's units (both layer 1): a fresh
+    interpreter importing either first gets both, the registry complete."""
+    import subprocess
+    import sys
+
+    code = f"import {first}\nfrom fusebox.signal_kinds import KINDS\nprint(len(KINDS))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "7"  # gpu_memory, deriv, time_to_full, quantile, gauge, rate, connection_idle

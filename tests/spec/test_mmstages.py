@@ -17,8 +17,8 @@ from _support import ROOT, SPEC, promtools
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox.generator.render_rules import render_rules
+from fusebox.signal_kinds import dashboard_records, kind_of
 from fusebox.spec import load_spec, mmstages, parse_spec
-from fusebox.spec.kinds import dashboard_records, kind_of
 
 METRICS_DOC = ROOT / "docs" / "metrics.md"
 CAPTURE = ROOT / "tests" / "fixtures" / "collectors" / "datadog_vllm_metrics_fixture_opt-125m.txt"

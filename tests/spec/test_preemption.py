@@ -20,9 +20,9 @@ from _support import ROOT, SPEC, promtools
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox.generator.render_rules import render_rules
+from fusebox.signal_kinds import kind_of, records
 from fusebox.spec import load_spec, parse_spec
 from fusebox.spec.errors import SpecError
-from fusebox.spec.kinds import kind_of, records
 
 FIXTURES = ROOT / "tests" / "fixtures" / "collectors"
 VLLM_CAPTURE = FIXTURES / "hardware-aware-router_vllm-v1_qwen1.5-0.5b-chat_idle_2025-11.txt"

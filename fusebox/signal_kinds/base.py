@@ -3,11 +3,13 @@
 A kind (gauge, gpu_memory, deriv, quantile) is one module in this package holding everything
 about it: the validation of its spec fields, its recording-rule names and rules, the synthetic
 series its generated promtool tests feed, and its dashboard panels. Renderers ask the kind
-(:func:`fusebox.spec.kinds.kind_of`) and never switch on its name; adding a kind is adding a
-module and listing it in ``fusebox/spec/kinds/__init__.py``.
+(:func:`fusebox.signal_kinds.kind_of`) and never switch on its name; adding a kind is adding a
+module and listing it in ``fusebox/signal_kinds/registry.py`` (docs/architecture.md, "Where to add a signal kind").
 
 Panels are plain data here (:class:`PanelDef`, :class:`DashboardDef`); the generator turns them
-into grafanalib objects. Rules are plain dicts, as in a Prometheus rule file.
+into grafanalib objects. Rules are typed dicts (:class:`Rule`), as in a Prometheus rule file; the
+hooks take the normalised spec's types (:mod:`fusebox.spec.normalised`), imported for the type
+checker only (the spec's loader imports this package).
 """
 
 from __future__ import annotations
@@ -15,12 +17,63 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, NotRequired, Protocol, TypedDict
 
 from fusebox import conventions as C
 from fusebox.spec import mmstages
 from fusebox.spec.promql import metrics_in_expr
 from fusebox.spec.units import format_duration, format_number
+
+if TYPE_CHECKING:  # the spec's loader imports the kinds: its types are for the checker only
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
+    from fusebox.spec.schema import RawSignal, RawSource
+
+# ------------------------------------------------------------------------ what hooks return
+class Rule(TypedDict):
+    """One recording rule, as in a Prometheus rule file."""
+
+    record: str
+    expr: str
+    labels: NotRequired[dict[str, str]]
+
+
+class InputSeries(TypedDict):
+    """One promtool ``input_series`` entry: a series and its values (promtool's expanding notation)."""
+
+    series: str
+    values: str
+
+
+class ExpSample(TypedDict):
+    labels: str  # "{}" or a series' label set
+    value: float
+
+
+class ExprTest(TypedDict):
+    """One promtool ``promql_expr_test``."""
+
+    expr: str
+    eval_time: str
+    exp_samples: list[ExpSample]
+
+
+class AlertTest(TypedDict):
+    """One promtool ``alert_rule_test``: the alerts expected (labels and annotations) at ``eval_time``."""
+
+    eval_time: str
+    alertname: str
+    exp_alerts: list[dict[str, dict[str, str]]]
+
+
+class TestGroup(TypedDict):
+    """One promtool test group beyond the per-tier ones (:meth:`Kind.extra_tests`)."""
+
+    interval: str
+    input_series: list[InputSeries]
+    alert_rule_test: list[AlertTest]
+    promql_expr_test: list[ExprTest]
+
 
 # ------------------------------------------------------------------------------- PromQL
 SENDER = f"{C.LABEL['instance']}, {C.LABEL['job']}"
@@ -33,7 +86,7 @@ FUSEBOX, DCGM, VLLM, SGLANG = "fusebox", "dcgm", "vllm", "sglang"
 KNOWN_BACKENDS = (FUSEBOX, DCGM, VLLM, SGLANG)
 
 
-def selector(metric: str, spec: Any, extra: dict[str, str] | None = None, regex: dict[str, str] | None = None,
+def selector(metric: str, spec: Spec, extra: dict[str, str] | None = None, regex: dict[str, str] | None = None,
              *, backend: str = "fusebox") -> str:
     """``metric{k="v",...}`` with the matchers of the source ``backend`` (``global.selectors[backend]``,
     else ``global.selector``: :meth:`fusebox.spec.Spec.selector_for`), then ``extra`` and ``regex`` matchers."""
@@ -48,6 +101,11 @@ def le_regex(bound: float) -> str:
     if re.fullmatch(r"-?\d+", text):
         return f"{text}|{text}\\\\.0"
     return re.escape(text).replace("\\", "\\\\")
+
+
+def gigabytes(x: float) -> str:
+    """Bytes as ``"76.50 GB"`` (decimal gigabytes, two decimals), as ``fusebox budget`` prints them."""
+    return f"{x / 1e9:.2f} GB"
 
 
 def by(labels: tuple[str, ...], extra: tuple[str, ...] = ()) -> str:
@@ -72,7 +130,7 @@ def dcgm_labels(expr: str) -> str:
 POD_ENGINE = "fusebox_pod"  # namespace/pod of an engine's series, while the engine label is rebuilt
 
 
-def engine_labels(expr: str, sig: Any) -> str:
+def engine_labels(expr: str, sig: Signal) -> str:
     """An engine's identity from its pod where the engine's own label is an index.
 
     vLLM's ``engine`` label (from about 0.10, docs/metrics.md section 1) is the engine's index in
@@ -171,13 +229,28 @@ SYNTH_VALUES = {"cluster": "test", "namespace": "inference", "pod": "vllm-llava-
                 C.ALIGNMENT_SOURCE_LABEL: "ttft"}
 
 
-def reads_alignment_histogram(sig: Any) -> bool:
+def metric_of(sig: Signal) -> str:
+    """The raw metric the signal's source reads, where its kind needs one (a metric-only kind, or a
+    source validated to name a metric). ValueError for a source that gives an expression."""
+    if sig.source.metric is None:
+        raise ValueError(f"signal {sig.name} reads an expression, not a raw metric")
+    return sig.source.metric
+
+
+def quantile_of(sig: Signal) -> float:
+    """The quantile (0-1) a quantile-kind signal alerts on (the spec requires it). ValueError without one."""
+    if sig.quantile is None:
+        raise ValueError(f"signal {sig.name} has no quantile")
+    return sig.quantile
+
+
+def reads_alignment_histogram(sig: Signal) -> bool:
     """Whether the signal reads fusebox's own alignment histogram, whose ``source`` label says
     what was measured (conventions.ALIGNMENT_SOURCES: handoff, encoder or ttft)."""
     return sig.source.backend == "fusebox" and sig.source.metric == C.PROM["alignment_duration"]
 
 
-def kept_by(sig: Any) -> tuple[str, ...]:
+def kept_by(sig: Signal) -> tuple[str, ...]:
     """The labels a ``by`` aggregation keeps: the signal's ``by``, plus ``source`` when it reads
     fusebox's alignment histogram (one engine's hand-off times and its TTFT stand-in are
     different measurements and stay apart; ``source`` is no scope label, so the fuse still sees
@@ -210,17 +283,17 @@ def segments(values: Sequence[tuple[int, float, float]]) -> str:
 class Synth:
     """The world a generated test group runs in: the signal, the spec, the input labels."""
 
-    sig: Any
-    spec: Any
+    sig: Signal
+    spec: Spec
     interval: float
     labels: dict[str, str]
 
     @classmethod
-    def of(cls, sig: Any, spec: Any) -> Synth:
+    def of(cls, sig: Signal, spec: Spec) -> Synth:
         """gpu and host signals get :data:`GPU_LABELS`, engine signals :data:`ENGINE_LABELS`; a
         signal of any other level (pod, model_name, ...) gets its ``by`` labels, valued as a
         Kubernetes scrape of the source would (:data:`SYNTH_VALUES`), plus ``instance`` and ``job``.
-        Any ``by`` label the base lacks is added; the source backend's selector matchers win."""
+        Each ``by`` label the base lacks is added; the source backend's selector matchers win."""
         if sig.level in ("gpu", "host"):
             base = dict(GPU_LABELS)
         elif sig.level == "engine":
@@ -270,7 +343,7 @@ LEGEND = {
 }
 
 
-def signal_vars(sig: Any) -> tuple[str, ...]:
+def signal_vars(sig: Signal) -> tuple[str, ...]:
     """The template variables that filter a signal's records: its level's (gpu, engine, host),
     else those whose label is one of its ``by`` labels (a pod-level signal by cluster, namespace,
     pod, model_name is filtered by cluster)."""
@@ -279,13 +352,13 @@ def signal_vars(sig: Any) -> tuple[str, ...]:
     return tuple(v for v, (label, _) in VARIABLES.items() if label in sig.by)
 
 
-def signal_sel(sig: Any, metric: str) -> str:
+def signal_sel(sig: Signal, metric: str) -> str:
     """:func:`sel` with the filters of :func:`signal_vars`."""
     matchers = [f'{VARIABLES[v][0]}=~"${v}"' for v in signal_vars(sig)]
     return f"{metric}{{{', '.join(matchers)}}}" if matchers else metric
 
 
-def signal_legend(sig: Any) -> str:
+def signal_legend(sig: Signal) -> str:
     """Its level's legend (gpu, engine, host), else the ``by`` labels but cluster ({{pod}} {{model_name}});
     then ``{{source}}`` where :func:`kept_by` adds it (what the alignment histogram measured)."""
     extra = " {{" + C.ALIGNMENT_SOURCE_LABEL + "}}" if kept_by(sig) != tuple(sig.by or ()) else ""
@@ -336,7 +409,7 @@ class DashboardDef:
     annotations: tuple[dict, ...] = field(default_factory=tuple)
 
 
-def signal_panel(sig: Any, title: str, description: str, expr: str, legend: str,
+def signal_panel(sig: Signal, title: str, description: str, expr: str, legend: str,
                  *, tiers: bool = True, width: int = 12, unit: str | None = None) -> PanelDef:
     return PanelDef(
         title=title, description=description, queries=(Query(expr, legend),),
@@ -346,7 +419,7 @@ def signal_panel(sig: Any, title: str, description: str, expr: str, legend: str,
     )
 
 
-def tier_text(sig: Any) -> str:
+def tier_text(sig: Signal) -> str:
     return ", ".join(f"{t.name} {t.threshold_text}" for t in sig.tiers)
 
 
@@ -376,11 +449,13 @@ class Kind:
     """The interface of a signal kind. Subclasses override what differs from these defaults.
 
     Spec side (called while the spec loads, before any Signal exists):
-      ``check_source``, ``check_window``, ``check_fields``, ``check_threshold``.
+      ``check_raw_source`` (the pool fields, then ``check_source``), ``check_window``, ``check_fields``,
+      ``check_threshold``.
     Rules: ``records``, ``raw_metrics``, ``rules``, ``alert_expr``, ``panel_rules``, ``dashboard_records``,
       ``diagnosis`` (the runbook's standard queries).
     Tests: ``window``, ``first_true``, ``exact``, ``series``, ``result_labels``, ``extra_tests``.
     Panels: ``dashboard`` (one drill-down for all signals of the kind), ``variable_source``, ``variable_record``.
+    Generator: ``time_left``, ``grows_pool_bytes`` (``fusebox budget``), ``reads_gpu_series``, ``unread_inputs_warning``.
     """
 
     name: ClassVar[str] = ""
@@ -401,8 +476,26 @@ class Kind:
     # series carry the variable's label (generator/tracing.py), other kinds' records after.
     variable_source: ClassVar[tuple[str, int] | None] = None
 
+    # Takes a pool's 'capacity' / 'free' metrics in its sources (time_to_full); refused elsewhere.
+    takes_pool: ClassVar[bool] = False
+    # The unit of a source's metric, where known, is judged against the signal's unit
+    # (fusebox/spec/sourceunits.check): False where the kind reads sources of its own (gpu_memory).
+    judges_source_unit: ClassVar[bool] = True
+    # The value is compared as read: a metric in a non-base unit (percent, MiB, ms) needs a scale.
+    needs_base_unit: ClassVar[bool] = False
+    # A source of the wrong dimension is refused saying that a scale does not help.
+    scale_cannot_help: ClassVar[bool] = True
+
     # -- spec --------------------------------------------------------------------------
-    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
+    def check_raw_source(self, backend: str, src: RawSource, spath: tuple, err: Err) -> None:
+        """What the spec's loader calls for one entry of ``sources``: the pool fields refused where
+        the kind takes none (:attr:`takes_pool`), then :meth:`check_source`."""
+        if (src.capacity is not None or src.free is not None) and not self.takes_pool:
+            err(spath, f"'capacity' and 'free' belong to time_to_full signals, not to a {self.name} signal",
+                "remove them, or make the signal 'kind: time_to_full'")
+        self.check_source(backend, src, spath, err)
+
+    def check_source(self, backend: str, src: RawSource, spath: tuple, err: Err) -> None:
         """One entry of ``sources``: exactly one of ``metric`` or ``expr``."""
         if (src.metric is None) == (src.expr is None):
             err(spath, f"source {backend!r} needs exactly one of 'metric' or 'expr'",
@@ -411,10 +504,19 @@ class Kind:
             err(spath + ("expr",), f"a {self.name} signal reads a raw metric, not an expression",
                 "use 'metric: NAME' (the gauge for deriv, the histogram family for quantile)")
 
+    def source_dimension(self, dim: str) -> str | None:
+        """The dimension the kind makes of a metric of dimension ``dim`` (fraction, size, time, rate,
+        count: :data:`fusebox.spec.sourceunits.UNITS`); None where no signal unit names the result."""
+        return dim
+
+    def made_of(self, metric: str) -> str:
+        """What the kind computes from ``metric``, as the unit error names it: ``NAME(metric)``."""
+        return f"{self.name}({metric})"
+
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
         """Called with the parsed window when the kind takes one."""
 
-    def check_fields(self, raw: Any, path: tuple, err: Err) -> tuple[float, ...]:
+    def check_fields(self, raw: RawSignal, path: tuple, err: Err) -> tuple[float, ...]:
         """Kind-specific fields; returns the histogram buckets (none for most kinds)."""
         return ()
 
@@ -422,69 +524,91 @@ class Kind:
         """A tier's threshold in base units, beyond the unit check every kind gets."""
 
     # -- rules -------------------------------------------------------------------------
-    def records(self, sig: Any) -> dict[str, str]:
+    def records(self, sig: Signal) -> dict[str, str]:
         """Recording-rule names by role; ``value`` is the one the alert reads."""
         raise NotImplementedError
 
-    def raw_metrics(self, sig: Any) -> list[str]:
+    def raw_metrics(self, sig: Signal) -> list[str]:
         """The raw metric names whose absence blinds the signal's alerts (each gets an absent alert)."""
         src = sig.source
         if src.metric:
             return [src.metric]
         return metrics_in_expr(src.expr or "")
 
-    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         """The signal's recording rules the alert reads, in evaluation order (the alert comes
         after them, in the same group, at ``global.evaluation_interval``)."""
         raise NotImplementedError
 
-    def alert_expr(self, sig: Any, tier: Any, spec: Any) -> str:
+    def alert_expr(self, sig: Signal, tier: Tier, spec: Spec) -> str:
         """The alerting rule's condition for ``tier`` (threshold in base units): the ``value``
         record against the threshold, ``>=`` above or ``<=`` below."""
         op = ">=" if sig.direction == "above" else "<="
         return f"{self.records(sig)['value']} {op} {format_number(tier.threshold)}"
 
-    def panel_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def panel_rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         """Records only panels read, no alert (e.g. a quantile's P50/P99 lines): the generator puts
         them in the signal's own group at ``global.slow_evaluation_interval``
         (``fusebox-<signal>-panels``). They may read the records of :meth:`rules`."""
         return []
 
-    def slow_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def slow_rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         """Records of static inputs the alert's records read (e.g. a GPU's total memory): the
         generator puts them in the ``fusebox-static`` group at ``global.slow_evaluation_interval``.
         A value that has not been recorded yet must leave the alert's record well defined."""
         return []
 
-    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+    def diagnosis(self, sig: Signal, spec: Spec) -> list[tuple[str, str]]:
         """The runbook's standard diagnosis queries, ``(title, PromQL)``, first in its list: built
         from the records :meth:`rules` and :meth:`panel_rules` write (:meth:`records`) and the
         raw series of the signal's own source, so a changed window, level or source renames them
         with the rules. The spec's ``runbook.diagnosis`` entries follow them."""
         return [(f"The value the alert reads, per {sig.level} ({sig.unit.replace('_', ' ')})", self.records(sig)["value"])]
 
-    def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
+    def kept_labels(self, sig: Signal) -> tuple[str, ...] | None:
         """The labels the value record (and so the alert) keeps: its ``by`` labels when it is
         aggregated by them, or None when it keeps those of its source's series (then the level's
         usual ones are assumed: hw_id, host_name for gpu; engine, model, host_name for engine)."""
         return tuple(sig.by) if sig.by else None
 
-    def measured(self, sig: Any) -> list[tuple[str, str, str, str]]:
+    def measured(self, sig: Signal) -> list[tuple[str, str, str, str]]:
         """What the signal's series may have measured, where its source says it in a label:
         ``(label value, short name, what it is, what to do when the alert reads it)``, the
         alert's annotations and the runbook name it. Empty: the signal says it in its description."""
         return []
 
-    def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
+    def dashboard_records(self, sigs: list[Signal], spec: Spec) -> list[Rule]:
         """Records the kind's drill-down panels read beyond the signals' own (no alerts)."""
         return []
 
-    def reports_lost_gpus(self, sig: Any) -> bool:
+    def reports_lost_gpus(self, sig: Signal) -> bool:
         """Whether the signal's source reports a lost GPU as ``fusebox_gpu_up 0``."""
         return False
 
+    # Its source is where the GPUs' own series are read (the GPU-memory signal): GPU power per
+    # host is then read from the same backend (generator/producers.gpu_power_backend).
+    reads_gpu_series: ClassVar[bool] = False
+
+    def grows_pool_bytes(self, sig: Signal) -> bool:
+        """Whether the signal's thresholds are a KV pool's growth in bytes per second: the lowest
+        critical one is the growth ``fusebox budget`` fills a GPU at without ``budget.gpu_growth``."""
+        return False
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """``fusebox budget``: seconds from the ``tier`` firing until its resource is exhausted,
+        with how they were worked out (None and why not where the kind exhausts no pool at a known
+        rate). ``growth_bps``: the growth to assume in bytes per second (``budget.gpu_growth``, else
+        the lowest critical threshold of the :meth:`grows_pool_bytes` signals), None without one."""
+        return None, f"n/a: a {sig.kind} in {sig.unit.replace('_', ' ')} has no pool that fills at a known rate"
+
+    def unread_inputs_warning(self, sig: Signal, metrics: list[str]) -> str | None:
+        """What ``fusebox generate`` says when the signal's rules read ``metrics`` that nothing the
+        deployment runs publishes, where the kind says it better than the general warning (the
+        rules do not stay empty but compute something else); None: the general warning."""
+        return None
+
     # -- scenario player -------------------------------------------------------------------
-    def scenario_series(self, sig: Any, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
+    def scenario_series(self, sig: Signal, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
         """The value the signal's record takes at each of ``times`` (seconds from the scenario's
         start) under ``scenario``, per entity (GPU UUID or engine id), as the generated rules would
         compute it from what the scenario's collectors publish; empty when the scenario does not
@@ -492,14 +616,14 @@ class Kind:
         return {}
 
     # -- generated tests -----------------------------------------------------------------
-    def testable(self, sig: Any) -> bool:
+    def testable(self, sig: Signal) -> bool:
         """Whether synthetic series can drive the signal (a custom expression cannot)."""
         return True
 
-    def window(self, sig: Any) -> float:
+    def window(self, sig: Signal) -> float:
         return sig.window_s if self.window_min_scrapes is not None else 0.0
 
-    def first_true(self, sig: Any, interval: float) -> float:
+    def first_true(self, sig: Signal, interval: float) -> float:
         """When the value record first exists: rate/deriv need two samples, one interval in."""
         return interval if self.window_min_scrapes is not None else 0.0
 
@@ -507,11 +631,11 @@ class Kind:
         """The value the rules compute when the series target ``v``."""
         return v
 
-    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[InputSeries]:
         """phases: [(n_samples, target value)] -> promtool input_series."""
         raise NotImplementedError
 
-    def alert_value(self, synth: Synth, tier: Any, v: float) -> float:
+    def alert_value(self, synth: Synth, tier: Tier, v: float) -> float:
         """The ``tier`` alert's value (``$value``) while the series hold target ``v``: the value
         record's (:meth:`exact`), where the alert compares it with the threshold."""
         return self.exact(synth, v)
@@ -520,15 +644,15 @@ class Kind:
         """The labels of the value record (and so of the alert) for the synthetic input."""
         return dict(synth.labels)
 
-    def extra_tests(self, synth: Synth) -> list[tuple[str, dict[str, Any]]]:
+    def extra_tests(self, synth: Synth) -> list[tuple[str, TestGroup]]:
         """Test groups beyond the per-tier ones (e.g. zero traffic)."""
         return []
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
+    def dashboard(self, spec: Spec, sigs: list[Signal]) -> DashboardDef | None:
         return None
 
-    def variable_record(self, sig: Any) -> str:
+    def variable_record(self, sig: Signal) -> str:
         """The record template variables list values from: one that has a series for every entity
         as long as its source does (the value record, unless it comes and goes with traffic)."""
         return self.records(sig)["value"]

@@ -10,7 +10,7 @@ the panels, at the slow interval).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
 from fusebox.spec.units import format_number
@@ -19,15 +19,18 @@ from .base import (
     LEGEND,
     TARGET,
     DashboardDef,
+    InputSeries,
     Kind,
     PanelDef,
     Query,
+    Rule,
     Synth,
     by,
     dashboard_records,
     dcgm_labels,
     engine_labels,
     label_str,
+    metric_of,
     segments,
     sel,
     selector,
@@ -37,21 +40,25 @@ from .base import (
     tier_text,
 )
 
+if TYPE_CHECKING:
+    from fusebox.spec.normalised import Signal, Spec, Tier
+
 
 class Gauge(Kind):
     name = "gauge"
+    needs_base_unit = True  # compared as read
 
-    def records(self, sig: Any) -> dict[str, str]:
+    def records(self, sig: Signal) -> dict[str, str]:
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", "ratio" if sig.unit == "ratio" else sig.unit)}
 
-    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+    def diagnosis(self, sig: Signal, spec: Spec) -> list[tuple[str, str]]:
         unit = "0-1" if sig.unit == "ratio" else sig.unit.replace("_per_second", "/s").replace("_", " ")
         return [(f"{sig.name.replace('_', ' ').capitalize()} per {sig.level} ({unit})", self.records(sig)["value"])]
 
-    def _value_expr(self, sig: Any, spec: Any) -> tuple[str, str | None]:
+    def _value_expr(self, sig: Signal, spec: Spec) -> tuple[str, str | None]:
         """(the value's expression before its aggregation, the aggregation or None)."""
         src = sig.source
-        expr = src.expr if src.expr else selector(src.metric, spec, backend=src.backend)
+        expr = src.expr if src.expr else selector(metric_of(sig), spec, backend=src.backend)
         if src.scale != 1.0:
             expr = f"({expr}) * {format_number(src.scale)}"
         if src.metric and src.metric.startswith("DCGM_"):
@@ -66,12 +73,12 @@ class Gauge(Kind):
             return expr, f"max without ({TARGET})"
         return expr, None
 
-    def _record(self, sig: Any, spec: Any) -> dict[str, Any]:
+    def _record(self, sig: Signal, spec: Spec) -> Rule:
         expr, agg = self._value_expr(sig, spec)
         return {"record": self.records(sig)["value"], "expr": f"{agg} ({expr})" if agg else expr}
 
     @staticmethod
-    def filters_first(sig: Any) -> bool:
+    def filters_first(sig: Signal) -> bool:
         """Whether the alerts compare the series before aggregating them (``direction: above``).
 
         ``max(x) >= T`` holds exactly where some series of the group is ``>= T``, so
@@ -83,10 +90,10 @@ class Gauge(Kind):
         cannot say: it reads the value record, as the other kinds do."""
         return sig.direction == "above"
 
-    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         return [] if self.filters_first(sig) else [self._record(sig, spec)]
 
-    def alert_expr(self, sig: Any, tier: Any, spec: Any) -> str:
+    def alert_expr(self, sig: Signal, tier: Tier, spec: Spec) -> str:
         """Above: the series over the threshold, then aggregated as the value record is
         (:meth:`filters_first`); below: the value record against the threshold."""
         if not self.filters_first(sig):
@@ -97,18 +104,18 @@ class Gauge(Kind):
         cond = f"{expr} >= {format_number(tier.threshold)}"
         return f"{agg} ({cond})" if agg else cond
 
-    def panel_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def panel_rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         """The value record, for panels and runbooks, when no alert reads it (:meth:`filters_first`):
         in ``fusebox-<signal>-panels`` at ``global.slow_evaluation_interval``."""
         return [self._record(sig, spec)] if self.filters_first(sig) else []
 
     # -- generated tests -----------------------------------------------------------------
-    def testable(self, sig: Any) -> bool:
+    def testable(self, sig: Signal) -> bool:
         return not sig.source.expr  # custom expression: no generic way to synthesise its inputs
 
-    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[InputSeries]:
         s = synth.sig
-        return [{"series": s.source.metric + label_str(synth.labels),
+        return [{"series": metric_of(s) + label_str(synth.labels),
                  "values": segments([(n, v / s.source.scale, 0) for n, v in phases])}]
 
     def result_labels(self, synth: Synth) -> dict[str, str]:
@@ -121,7 +128,7 @@ class Gauge(Kind):
         return dict(synth.labels)
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
+    def dashboard(self, spec: Spec, sigs: list[Signal]) -> DashboardDef | None:
         """Always made: beside the gauges it shows energy per token and prefix-cache hit rate."""
         panels: list[PanelDef] = []
         for sig in sigs:

@@ -31,7 +31,7 @@ GPUs is full when its first share is.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
 from fusebox.spec import sourceunits
@@ -42,12 +42,16 @@ from .base import (
     TARGET,
     DashboardDef,
     Err,
+    InputSeries,
     Kind,
+    Rule,
     Synth,
+    TestGroup,
     by,
     dcgm_labels,
     engine_labels,
     label_str,
+    metric_of,
     segments,
     selector,
     signal_legend,
@@ -58,6 +62,12 @@ from .base import (
 )
 from .gpu_memory import KIND as GPU_MEMORY
 
+if TYPE_CHECKING:
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
+    from fusebox.spec.schema import RawSignal, RawSource
+
+
 _METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 # Growth of the synthetic pools of the generated tests, per second, in the metric's own unit.
 TEST_GROWTH = {"bytes": 10_000_000.0, "mebibytes": 10.0}
@@ -66,11 +76,11 @@ TEST_BASE = {"bytes": float(KV_BASE_BYTES), "mebibytes": 2000.0}
 TEST_BASE_OTHER = 20_000.0
 
 
-def _selectors(sig: Any, spec: Any) -> tuple[str, str | None, str | None]:
+def _selectors(sig: Signal, spec: Spec) -> tuple[str, str | None, str | None]:
     """The source's selectors: the amount in use, the pool's size and its free part (None where not given)."""
     src = sig.source
     capacity, free = (selector(m, spec, backend=src.backend) if m else None for m in (src.capacity, src.free))
-    return selector(src.metric, spec, backend=src.backend), capacity, free
+    return selector(metric_of(sig), spec, backend=src.backend), capacity, free
 
 
 class TimeToFull(Kind):
@@ -79,10 +89,21 @@ class TimeToFull(Kind):
     window_min_scrapes = 4
     metric_only = True
     takes_pool = True  # the sources' 'capacity' / 'free' (refused on every other kind)
+
+    def source_dimension(self, dim: str) -> str | None:
+        """(capacity - used) / deriv(used): the pool's unit cancels out, seconds are left."""
+        return "time" if dim in ("size", "count", "fraction") else None
+
+    def made_of(self, metric: str) -> str:
+        return f"(capacity - {metric}) / deriv({metric})"
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """The tier's threshold is the time left."""
+        return tier.threshold, f"the tier's threshold ({tier.threshold_text})"
     required_direction = "below"  # fires when the time left is at or below the threshold
 
     # -- spec --------------------------------------------------------------------------
-    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
+    def check_source(self, backend: str, src: RawSource, spath: tuple, err: Err) -> None:
         super().check_source(backend, src, spath, err)
         for key in ("capacity", "free"):
             value = getattr(src, key)
@@ -98,7 +119,7 @@ class TimeToFull(Kind):
             err(path + ("window",), f"deriv window {format_duration(window)} is under 4 scrape intervals",
                 f"use at least {format_duration(4 * scrape)}")
 
-    def check_fields(self, raw: Any, path: tuple, err: Err) -> tuple[float, ...]:
+    def check_fields(self, raw: RawSignal, path: tuple, err: Err) -> tuple[float, ...]:
         if raw.unit != "seconds":
             err(path + ("unit",), f"a time_to_full signal is in seconds, not {raw.unit}", "write 'unit: seconds'")
         if raw.direction != "below":
@@ -113,11 +134,11 @@ class TimeToFull(Kind):
                 "give the time left it should fire at, e.g. 60s")
 
     # -- rules -------------------------------------------------------------------------
-    def records(self, sig: Any) -> dict[str, str]:
+    def records(self, sig: Signal) -> dict[str, str]:
         """``value``: seconds until the pool is full (no sample where it does not grow)."""
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", f"seconds_deriv{window_word(sig.window_s)}")}
 
-    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+    def diagnosis(self, sig: Signal, spec: Spec) -> list[tuple[str, str]]:
         """The time left (what the alert reads), then the pool's share in use and its growth per
         second from the source's own series (every series, before the per-``by`` minimum)."""
         src = sig.source
@@ -129,12 +150,11 @@ class TimeToFull(Kind):
                 (f"Share of the pool in use (0-1), per series of {src.metric}", share),
                 (f"Growth of {src.metric} per second, deriv over {w}", f"deriv({used}[{w}])")]
 
-    def raw_metrics(self, sig: Any) -> list[str]:
+    def raw_metrics(self, sig: Signal) -> list[str]:
         src = sig.source
-        return [src.metric] + [m for m in (src.capacity, src.free) if m]
+        return [metric_of(sig)] + [m for m in (src.capacity, src.free) if m]
 
-    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
-        src = sig.source
+    def rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         used, capacity, free = _selectors(sig, spec)
         if capacity:
             head = f"clamp_min({capacity} - {used}, 0)"
@@ -144,7 +164,7 @@ class TimeToFull(Kind):
             head = f"clamp_min(1 - {used}, 0)"
         # `> 0` keeps growing series only: flat, shrinking or restarted pools give no sample.
         expr = f"{head} / (deriv({used}[{format_duration(sig.window_s)}]) > 0)"
-        if src.metric.startswith("DCGM_"):
+        if metric_of(sig).startswith("DCGM_"):
             expr = dcgm_labels(expr)
         expr = engine_labels(expr, sig)
         if sig.by:
@@ -154,35 +174,35 @@ class TimeToFull(Kind):
         return [{"record": self.records(sig)["value"], "expr": expr}]
 
     # -- generated tests -----------------------------------------------------------------
-    def testable(self, sig: Any) -> bool:
+    def testable(self, sig: Signal) -> bool:
         """A pool with a size or free metric; a fraction's headroom (1 - used) cannot hold a time
         left constant while it grows, so it gets no generated cases."""
         src = sig.source
         return bool(src.capacity or src.free)
 
-    def _unit(self, sig: Any) -> str | None:
-        return sourceunits.metric_unit(sig.source.metric)
+    def _unit(self, sig: Signal) -> str | None:
+        return sourceunits.metric_unit(metric_of(sig))
 
-    def _rate(self, sig: Any) -> float:
+    def _rate(self, sig: Signal) -> float:
         return TEST_GROWTH.get(self._unit(sig) or "", TEST_GROWTH_OTHER)
 
     def _labels(self, synth: Synth) -> dict[str, str]:
-        if synth.sig.source.metric.startswith("DCGM_"):
+        if metric_of(synth.sig).startswith("DCGM_"):
             return GPU_MEMORY._dcgm_labels(synth)
         return synth.labels
 
-    def _pool(self, synth: Synth, segs: list[tuple[int, float, float, float, float]]) -> list[dict[str, str]]:
+    def _pool(self, synth: Synth, segs: list[tuple[int, float, float, float, float]]) -> list[InputSeries]:
         """segs: [(n, used start, used step, capacity start, capacity step)] -> the used series and
         the capacity (or free = capacity - used) series."""
         src, lab = synth.sig.source, label_str(self._labels(synth))
-        out = [{"series": src.metric + lab, "values": segments([(n, u, du) for n, u, du, _, _ in segs])}]
+        out: list[InputSeries] = [{"series": metric_of(synth.sig) + lab, "values": segments([(n, u, du) for n, u, du, _, _ in segs])}]
         if src.capacity:
             out.append({"series": src.capacity + lab, "values": segments([(n, c, dc) for n, _, _, c, dc in segs])})
         else:
             out.append({"series": (src.free or "") + lab, "values": segments([(n, c - u, dc - du) for n, u, du, c, dc in segs])})
         return out
 
-    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[InputSeries]:
         """Used grows at a constant rate r the whole time; each phase holds the headroom at
         target x r (the capacity grows with it), so deriv is r and the time left is the target
         from the second sample on, and it changes at once at a phase boundary."""
@@ -200,13 +220,13 @@ class TimeToFull(Kind):
         s = synth.sig
         if s.by:
             return {k: v for k, v in synth.labels.items() if k in s.by}
-        if s.source.metric.startswith("DCGM_"):
+        if metric_of(s).startswith("DCGM_"):
             return GPU_MEMORY.result_labels(synth)
         if s.level == "gpu":  # GPU-level records drop every target label of the scraper (see rules)
             return {k: v for k, v in synth.labels.items() if k not in C.TARGET_LABELS}
         return dict(synth.labels)
 
-    def extra_tests(self, synth: Synth) -> list[tuple[str, dict[str, Any]]]:
+    def extra_tests(self, synth: Synth) -> list[tuple[str, TestGroup]]:
         """Steady, shrinking and idle pools give no sample and no alert; a restarted engine
         (used drops to about 0) resolves its alert: no sample while the drop is in the window,
         a time left far above every tier after."""
@@ -219,7 +239,7 @@ class TimeToFull(Kind):
         t_eval = format_duration((n - 2) * I)
         cap = base + lowest * r * 4  # a pool with little room: a growth would fire at once
 
-        def quiet(title: str, segs: list[tuple[int, float, float, float, float]]) -> tuple[str, dict[str, Any]]:
+        def quiet(title: str, segs: list[tuple[int, float, float, float, float]]) -> tuple[str, TestGroup]:
             return (f"{sig.alert}: {title}: no time-to-full sample (not +Inf, not negative) and no alert", {
                 "interval": format_duration(I), "input_series": self._pool(synth, segs),
                 "alert_rule_test": [{"eval_time": t_eval, "alertname": sig.alert, "exp_alerts": []}],
@@ -261,7 +281,7 @@ class TimeToFull(Kind):
         return groups
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
+    def dashboard(self, spec: Spec, sigs: list[Signal]) -> DashboardDef | None:
         """One panel per signal, seconds left per engine or GPU, red below the critical line."""
         panels = tuple(signal_panel(
             s, f"{s.alert}: seconds until full",

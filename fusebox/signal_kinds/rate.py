@@ -15,12 +15,17 @@ misread as resets (docs/metrics.md section 7).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
 from fusebox.spec.units import format_duration, format_number
 
-from .base import Err, Kind, Synth, by, engine_labels, label_str, segments, selector, window_word
+from .base import Err, InputSeries, Kind, Rule, Synth, by, engine_labels, label_str, metric_of, segments, selector, window_word
+
+if TYPE_CHECKING:
+    from fusebox.spec.normalised import Signal, Spec
+    from fusebox.spec.schema import RawSource
+
 
 # Where the generated tests' counters start: far from 0, so Prometheus extrapolates the rate to
 # the window's start as it does in production (a counter near 0 limits the extrapolation).
@@ -35,7 +40,11 @@ class Rate(Kind):
     growth_only = True
 
     # -- spec --------------------------------------------------------------------------
-    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
+    def source_dimension(self, dim: str) -> str | None:
+        """Per second: a counter's rate."""
+        return {"size": "rate", "count": "count"}.get(dim)
+
+    def check_source(self, backend: str, src: RawSource, spath: tuple, err: Err) -> None:
         super().check_source(backend, src, spath, err)
         if src.metric and not src.metric.endswith("_total"):
             err(spath + ("metric",), f"a rate signal reads a counter, and {src.metric} is not one (no _total suffix)",
@@ -48,18 +57,18 @@ class Rate(Kind):
                 f"use at least {format_duration(2 * scrape)}; 4 intervals or more is safer")
 
     # -- rules -------------------------------------------------------------------------
-    def records(self, sig: Any) -> dict[str, str]:
+    def records(self, sig: Signal) -> dict[str, str]:
         """``value``: events per second, ``LEVEL:fusebox_NAME:rateWINDOW`` (``engine:fusebox_preemption_rate:rate2m``)."""
         return {"value": C.record_name(sig.level, f"fusebox_{sig.name}", f"rate{window_word(sig.window_s)}")}
 
-    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+    def diagnosis(self, sig: Signal, spec: Spec) -> list[tuple[str, str]]:
         return [(f"{sig.source.metric} per second per {sig.level}, rate over {format_duration(sig.window_s)} (the alert reads it)",
                  self.records(sig)["value"])]
 
-    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         """The counter's rate, summed by the signal's ``by`` (an engine's TP ranks are one engine)."""
         src = sig.source
-        inner = f"rate({selector(src.metric, spec, backend=src.backend)}[{format_duration(sig.window_s)}])"
+        inner = f"rate({selector(metric_of(sig), spec, backend=src.backend)}[{format_duration(sig.window_s)}])"
         if src.scale != 1.0:
             inner = f"{inner} * {format_number(src.scale)}"
         inner = engine_labels(inner, sig)
@@ -67,18 +76,18 @@ class Rate(Kind):
         return [{"record": self.records(sig)["value"], "expr": expr}]
 
     # -- generated tests -----------------------------------------------------------------
-    def first_true(self, sig: Any, interval: float) -> float:
+    def first_true(self, sig: Signal, interval: float) -> float:
         """The rate reads the target value once the window holds only the phase's samples."""
         return sig.window_s
 
-    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[InputSeries]:
         """A counter climbing at each phase's target rate (events per second) from :data:`COUNTER_BASE`."""
         segs, level = [], COUNTER_BASE
         for n, per_s in phases:
             step = per_s * synth.interval / synth.sig.source.scale
             segs.append((n, level, step))
             level += step * n
-        return [{"series": synth.sig.source.metric + label_str(synth.labels), "values": segments(segs)}]
+        return [{"series": metric_of(synth.sig) + label_str(synth.labels), "values": segments(segs)}]
 
     def result_labels(self, synth: Synth) -> dict[str, str]:
         if not synth.sig.by:

@@ -9,10 +9,10 @@ vLLM's 90 % reservation does not read as pressure.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
-from fusebox.spec.units import format_number
+from fusebox.spec.units import format_number, humanize
 
 from .base import (
     DCGM_RESERVED_MIB,
@@ -22,13 +22,16 @@ from .base import (
     TARGET,
     DashboardDef,
     Err,
+    InputSeries,
     Kind,
     PanelDef,
     Query,
+    Rule,
     ScenarioModel,
     Synth,
     dashboard_records,
     dcgm_labels,
+    gigabytes,
     label_str,
     segments,
     sel,
@@ -37,21 +40,53 @@ from .base import (
     tier_text,
 )
 
+if TYPE_CHECKING:
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
+    from fusebox.spec.schema import RawSource
+
 BACKENDS = ("fusebox", "dcgm")
 
 
 class GpuMemory(Kind):
     name = "gpu_memory"
     variable_source = ("gpu", 0)
+    reads_gpu_series = True
+    judges_source_unit = False  # its sources are its own (NVML, DCGM): check_source judges them
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """The GPU's memory above the threshold (``budget.gpu_memory``) filling at ``growth_bps``."""
+        if not growth_bps:
+            return None, "n/a: no growth to fill the GPU at (set budget.gpu_growth)"
+        head = budget.gpu_memory_bytes * (1 - tier.threshold)
+        return head / growth_bps, (f"GPU {gigabytes(budget.gpu_memory_bytes)} from {humanize(tier.threshold, 'ratio')} to full: "
+                                   f"{gigabytes(head)} / {humanize(growth_bps, 'bytes_per_second')}")
+
+    def unread_inputs_warning(self, sig: Signal, metrics: list[str]) -> str | None:
+        """Where only the KV-pool correction's metrics go unpublished, the rules do not stay empty:
+        they read device memory alone, and an engine that preallocates its KV pool holds its GPU
+        over the line for good."""
+        if set(metrics) & set(self.raw_metrics(sig)):
+            return None
+        top = max(sig.tiers, key=lambda t: t.threshold)
+        line = f"its {top.name} tier ({top.threshold_text}{', fuse ' + top.fuse if top.fuse else ''})"
+        return (f"signal {sig.name!r} subtracts the free part of the engines' KV pools ({', '.join(metrics)}), which "
+                "nothing k8s/ deploys produces and no exporter the spec names publishes: without them it reads device "
+                "memory alone, and a GPU whose engine preallocates its pool (vLLM's gpu_memory_utilization, default "
+                "0.9; SGLang's mem_fraction_static) reads about 90% from the engine's start, over "
+                f"{line}, for good -- run the KV collector (kubernetes.collectors.run: {{kv: []}} with kubernetes.engines: "
+                "the engine pods' selector, port and models, each with its config.json or geometry; it discovers the engine "
+                "pods on its node and their GPUs), or `fusebox collect kv` beside each engine, and scrape it; or select only "
+                "GPUs without such an engine (global.selectors)")
 
     # -- spec --------------------------------------------------------------------------
-    def check_source(self, backend: str, src: Any, spath: tuple, err: Err) -> None:
+    def check_source(self, backend: str, src: RawSource, spath: tuple, err: Err) -> None:
         if backend not in BACKENDS:
             err(spath, f"gpu_memory signals know the backends 'fusebox' and 'dcgm', not {backend!r}",
                 "use fusebox or dcgm, or kind: gauge with your own expr")
 
     # -- rules -------------------------------------------------------------------------
-    def records(self, sig: Any) -> dict[str, str]:
+    def records(self, sig: Signal) -> dict[str, str]:
         """``value`` (effective ratio), ``device`` (device-basis ratio, no KV correction),
         ``total`` (bytes per GPU, label hw_id), ``kv_free`` (free KV-pool bytes per GPU)."""
         lvl = sig.level
@@ -62,7 +97,7 @@ class GpuMemory(Kind):
             "kv_free": C.record_name(lvl, "fusebox_kv_cache_free", "bytes"),
         }
 
-    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+    def diagnosis(self, sig: Signal, spec: Spec) -> list[tuple[str, str]]:
         """The effective and device-basis ratios per GPU and, where the KV collectors publish pool
         bytes (:attr:`Spec.fusebox_collectors`), the KV pools' free bytes per GPU."""
         names = self.records(sig)
@@ -72,10 +107,10 @@ class GpuMemory(Kind):
             out.append(("Free bytes of the KV pools on each GPU", names["kv_free"]))
         return out
 
-    def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
+    def kept_labels(self, sig: Signal) -> tuple[str, ...] | None:
         return None  # one series per GPU with its source's labels (hw_id, host_name, ...), whatever by says
 
-    def raw_metrics(self, sig: Any) -> list[str]:
+    def raw_metrics(self, sig: Signal) -> list[str]:
         # The KV metrics only refine the signal (without them it falls back to device memory),
         # so their absence does not blind it: no absent alert on their account.
         if sig.source.backend == "dcgm":
@@ -84,7 +119,7 @@ class GpuMemory(Kind):
         # a share of the GPU: without it an engine's pre-allocation reads as pressure.
         return [C.PROM["gpu_memory_ratio"], C.PROM["gpu_memory_limit"]]
 
-    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         names = self.records(sig)
         if sig.source.backend == "dcgm":
             # dcgm-exporter speaks MiB, and USED + FREE is not the total (docs/pitfalls.md P7):
@@ -131,13 +166,13 @@ class GpuMemory(Kind):
                 f"or on (hw_id)\n{names['device']}")},
         ]
 
-    def slow_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def slow_rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         """The total memory per GPU (bytes, label hw_id): it does not change while the GPU is
         there, so it is recorded at the slow interval. The dashboards read it too."""
         return [{"record": self.records(sig)["total"], "expr": self._total(sig, spec)}]
 
     @staticmethod
-    def _total(sig: Any, spec: Any) -> str:
+    def _total(sig: Signal, spec: Spec) -> str:
         if sig.source.backend == "dcgm":
             u, f, r = (selector(C.DCGM[k], spec, backend="dcgm") for k in ("fb_used", "fb_free", "fb_reserved"))
             total_bytes = dcgm_labels(f"({u} + {f} + {r}) * {C.MIB}")
@@ -147,7 +182,7 @@ class GpuMemory(Kind):
         # collector pod moved) must not make the one-to-one join in the value record fail for every GPU.
         return f"max by (hw_id) ({total_bytes})"
 
-    def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
+    def dashboard_records(self, sigs: list[Signal], spec: Spec) -> list[Rule]:
         """Device memory used and driver-reserved per GPU, whichever backend the first signal reads."""
         d = dashboard_records()
         if sigs[0].source.backend == "dcgm":
@@ -161,11 +196,11 @@ class GpuMemory(Kind):
         # whichever backend the GPU-memory signal uses.
         return [{"record": d["gpu_used"], "expr": used}, {"record": d["gpu_reserved"], "expr": reserved}]
 
-    def reports_lost_gpus(self, sig: Any) -> bool:
+    def reports_lost_gpus(self, sig: Signal) -> bool:
         # The fusebox GPU collector reports lost GPUs as fusebox_gpu_up 0 (dcgm-exporter does not).
         return bool(sig.source.backend == "fusebox")
 
-    def scenario_series(self, sig: Any, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
+    def scenario_series(self, sig: Signal, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
         """The effective (KV-corrected) device-memory ratio of every GPU of the scenario, whatever
         the signal's backend: the scenario's GPU collector and the rules agree on it."""
         return {g: [scenario.effective_memory_ratio(g, t) for t in times] for g in scenario.gpu_ids}
@@ -182,7 +217,7 @@ class GpuMemory(Kind):
         return {"UUID": synth.labels["hw_id"], "gpu": "0", "Hostname": "gpu-node-1",
                 "host_name": "gpu-node-1", "modelName": "NVIDIA H100 80GB HBM3", **synth.spec.selector_for(synth.sig.source.backend)}
 
-    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[dict[str, str]]:
+    def series(self, synth: Synth, phases: list[tuple[int, float]]) -> list[InputSeries]:
         if synth.sig.source.backend == "dcgm":
             lab = self._dcgm_labels(synth)
             free = [(n, round((1 - v) * DCGM_TOTAL_MIB), 0) for n, v in phases]
@@ -211,7 +246,7 @@ class GpuMemory(Kind):
         return {k: v for k, v in synth.labels.items() if k not in C.TARGET_LABELS}
 
     # -- panels --------------------------------------------------------------------------
-    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
+    def dashboard(self, spec: Spec, sigs: list[Signal]) -> DashboardDef | None:
         if not sigs:
             return None
         panels: list[PanelDef] = []

@@ -12,19 +12,28 @@ dashboards' variables and get the connections dashboard instead of the alignment
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from fusebox.spec.units import format_duration, format_number
 
-from .base import UNITS, DashboardDef, PanelDef, Query, signal_legend, signal_sel
+from .base import UNITS, DashboardDef, Kind, PanelDef, Query, quantile_of, signal_legend, signal_sel
 from .quantile import Quantile
+
+if TYPE_CHECKING:
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
 
 
 class ConnectionIdle(Quantile):
     name = "connection_idle"
     variable_source: ClassVar[tuple[str, int] | None] = None  # about peer services, not engines
+    scale_cannot_help = True  # its base Quantile leaves that note out; an idle-time signal keeps it
 
-    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        """An idle time is no latency of a request, nor a pool: the general answer."""
+        return Kind.time_left(self, sig, tier, budget, growth_bps)
+
+    def dashboard(self, spec: Spec, sigs: list[Signal]) -> DashboardDef | None:
         """Per signal: P50 / Pq / P99 of the idle time before a use, the share of uses over each
         threshold (what the alert reads: for the cold-start line, the cold starts over the uses),
         and the uses per second."""
@@ -33,7 +42,7 @@ class ConnectionIdle(Quantile):
         panels: list[PanelDef] = []
         for sig in sigs:
             r = self.records(sig)
-            q = format_number(sig.quantile * 100)
+            q = format_number(quantile_of(sig) * 100)
             lg = signal_legend(sig)
             lines = ", ".join(f"{t.name} {t.threshold_text}" for t in sig.tiers)
             panels.append(PanelDef(
@@ -46,7 +55,7 @@ class ConnectionIdle(Quantile):
             panels.append(PanelDef(
                 f"{sig.alert}: share of uses over {lines}",
                 "Share of the uses that came after more idle than the threshold (label le), over the rule window: what "
-                f"the alert reads; at or above {1 - sig.quantile:g} it fires.",
+                f"the alert reads; at or above {1 - quantile_of(sig):g} it fires.",
                 (Query(signal_sel(sig, r["over_threshold"]), "> {{le}}s " + lg),), "percentunit", (sig.alert,),
                 soft_max=1.0, width=12,
             ))

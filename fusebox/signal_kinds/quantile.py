@@ -19,7 +19,7 @@ the share divides by a positive count rate, so it has no sample either.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from fusebox import conventions as C
 from fusebox import promsim
@@ -31,17 +31,22 @@ from .base import (
     UNITS,
     DashboardDef,
     Err,
+    InputSeries,
     Kind,
     PanelDef,
     Query,
+    Rule,
     ScenarioModel,
     Synth,
+    TestGroup,
     by,
     engine_labels,
     kept_by,
     label_str,
     le_regex,
+    metric_of,
     pod_engine,
+    quantile_of,
     reads_alignment_histogram,
     segments,
     sel,
@@ -50,6 +55,11 @@ from .base import (
     signal_sel,
     window_word,
 )
+
+if TYPE_CHECKING:
+    from fusebox.spec.budget import Budget
+    from fusebox.spec.normalised import Signal, Spec, Tier
+    from fusebox.spec.schema import RawSignal
 
 # Rounding allowance of the share comparison (:meth:`Quantile.alert_expr`).
 SHARE_EPSILON = 1e-12
@@ -80,6 +90,11 @@ ALIGNMENT_MEASURED = {
 
 class Quantile(Kind):
     name = "quantile"
+    scale_cannot_help = False  # (that note speaks of pools and scales; a histogram's fix is another metric)
+
+    def time_left(self, sig: Signal, tier: Tier, budget: Budget, growth_bps: float | None) -> tuple[float | None, str]:
+        return None, f"n/a: a latency ({sig.unit}) exhausts no resource"
+
     # rate() needs two samples in its window; four or more is safer.
     window_min_scrapes = 2
     metric_only = True
@@ -95,7 +110,7 @@ class Quantile(Kind):
             err(path + ("window",), f"rate window {format_duration(window)} is under 2 scrape intervals",
                 f"use at least {format_duration(2 * scrape)}; 4 intervals or more is safer")
 
-    def check_fields(self, raw: Any, path: tuple, err: Err) -> tuple[float, ...]:
+    def check_fields(self, raw: RawSignal, path: tuple, err: Err) -> tuple[float, ...]:
         if raw.quantile is None or not 0 < raw.quantile < 1:
             err(path + ("quantile",), "a quantile signal needs 'quantile' between 0 and 1", "e.g. 'quantile: 0.95'")
         if not raw.buckets:
@@ -117,11 +132,11 @@ class Quantile(Kind):
                 "add a larger bucket bound after it (thresholds need neighbours on both sides)")
 
     # -- rules -------------------------------------------------------------------------
-    def records(self, sig: Any) -> dict[str, str]:
+    def records(self, sig: Signal) -> dict[str, str]:
         """``value`` (the quantile; panels only, the alert reads ``over_threshold``), ``p50``, ``p99``, ``rate`` (observations/s), ``bucket_rate``
         (summed bucket rates), ``over_threshold`` (share of observations above each threshold, label ``le``)."""
         w = window_word(sig.window_s)
-        hist, lvl = sig.source.metric, sig.level
+        hist, lvl = metric_of(sig), sig.level
         return {
             "value": C.record_name(lvl, f"fusebox_{sig.name}", f"rate{w}"),
             "p50": C.record_name(lvl, hist, f"p50_rate{w}"),
@@ -131,11 +146,11 @@ class Quantile(Kind):
             "over_threshold": C.record_name(lvl, f"fusebox_{sig.name}_over_threshold", f"ratio_rate{w}"),
         }
 
-    def diagnosis(self, sig: Any, spec: Any) -> list[tuple[str, str]]:
+    def diagnosis(self, sig: Signal, spec: Spec) -> list[tuple[str, str]]:
         """The quantile, the share over each threshold (what the alert reads) and the observations per second."""
         names, w = self.records(sig), format_duration(sig.window_s)
         where = f"per {sig.level}"
-        return [(f"P{format_number(sig.quantile * 100)} {where} over {w}", names["value"]),
+        return [(f"P{format_number(quantile_of(sig) * 100)} {where} over {w}", names["value"]),
                 (f"Share of observations slower than each threshold (label le), {where} (the alert reads it)",
                  names["over_threshold"]),
                 (f"Observations per second, {where}", names["rate"])] + (self._stage_diagnosis(spec) if reads_alignment_histogram(sig) else [])
@@ -147,7 +162,7 @@ class Quantile(Kind):
         ``model`` = model_name); the gateway's and fusebox's own series keep their labels."""
         return pod_engine(expr) if alias.producer in ("vllm", "sglang") else expr
 
-    def _stage_rate(self, alias: mmstages.StageAlias, metric: str, spec: Any, w: str) -> str:
+    def _stage_rate(self, alias: mmstages.StageAlias, metric: str, spec: Spec, w: str) -> str:
         """``sum by (engine...) (rate(metric[w]))``, both SGLang spellings where SGLang writes it."""
         names = C.sglang_names(metric) if alias.producer == "sglang" else (metric,)
         backend = alias.producer if alias.producer in ("vllm", "sglang") else "fusebox"
@@ -155,7 +170,7 @@ class Quantile(Kind):
         extra = ("le",) if metric.endswith("_bucket") else ()
         return f"sum by ({by(mmstages.STAGE_BY, extra)}) ({self._stage_relabel(alias, rates if len(names) == 1 else f'({rates})')})"
 
-    def stage_rules(self, spec: Any) -> list[dict[str, Any]]:
+    def stage_rules(self, spec: Spec) -> list[Rule]:
         """The stage records (:func:`fusebox.spec.mmstages.records`), one rule per published alias
         the spec's producers publish: each timed stage's P95 per engine over the dashboard rate
         window (no sample without traffic, as the quantile's own records), label ``stage``; each
@@ -182,18 +197,18 @@ class Quantile(Kind):
                 q = f"histogram_quantile({format_number(mmstages.STAGE_QUANTILE)}, {self._stage_rate(a, a.metric + '_bucket', spec, w)})"
                 traffic = f"and on ({keep}) ({self._stage_rate(a, a.metric + '_count', spec, w)} > 0)"
                 stages.append(labelled(f"({q}\n    {traffic})", mmstages.STAGE_LABEL, a.stage, a.producer))
-        out: list[dict[str, Any]] = []
+        out: list[Rule] = []
         if stages:
             out.append({"record": names["stage_p95"], "expr": "\n  or ".join(stages)})
         if caches:
             out.append({"record": names["cache_hit"], "expr": "\n  or ".join(caches)})
         return out
 
-    def dashboard_records(self, sigs: list, spec: Any) -> list[dict[str, Any]]:
+    def dashboard_records(self, sigs: list[Signal], spec: Spec) -> list[Rule]:
         """The stage records, when a signal reads fusebox's alignment histogram."""
         return self.stage_rules(spec) if any(reads_alignment_histogram(s) for s in sigs) else []
 
-    def _stage_diagnosis(self, spec: Any) -> list[tuple[str, str]]:
+    def _stage_diagnosis(self, spec: Spec) -> list[tuple[str, str]]:
         """A query per stage the spec's producers time, the stage whose P95 grew most, the caches' hit ratios."""
         names = mmstages.records(window_word(C.DASHBOARD_RATE_WINDOW_S))
         read = mmstages.read_aliases(spec)
@@ -211,29 +226,29 @@ class Quantile(Kind):
                         names["cache_hit"]))
         return out
 
-    def kept_labels(self, sig: Any) -> tuple[str, ...] | None:
+    def kept_labels(self, sig: Signal) -> tuple[str, ...] | None:
         # summed by them (none at all without by), `source` kept on fusebox's alignment
         # histogram: base.kept_by
         return kept_by(sig)
 
-    def measured(self, sig: Any) -> list[tuple[str, str, str, str]]:
+    def measured(self, sig: Signal) -> list[tuple[str, str, str, str]]:
         """On fusebox's alignment histogram, its ``source`` values (:data:`ALIGNMENT_MEASURED`)."""
         if not reads_alignment_histogram(sig) or C.ALIGNMENT_SOURCE_LABEL not in kept_by(sig):
             return []  # not that histogram, or summed by nothing: no alert carries the label
         return [(v, *ALIGNMENT_MEASURED[v]) for v in C.ALIGNMENT_SOURCES]
 
-    def raw_metrics(self, sig: Any) -> list[str]:
+    def raw_metrics(self, sig: Signal) -> list[str]:
         # `_count` alone: the buckets are exported with it, so its absence says the same as an
         # absent() over every bucket series, at a fraction of the cost.
         return [f"{sig.source.metric}_count"]
 
-    def rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         """The count rate and, per tier, the share of observations over its threshold: the
         threshold's bucket and the count, never the other buckets."""
         names = self.records(sig)
         w = format_duration(sig.window_s)
         count = selector(f"{sig.source.metric}_count", spec, backend=sig.source.backend)
-        out: list[dict[str, Any]] = [
+        out: list[Rule] = [
             {"record": names["rate"], "expr": f"sum by ({by(kept_by(sig))}) ({engine_labels(f'rate({count}[{w}])', sig)})"},
         ]
         # The share of observations above each threshold. Pq >= T exactly when this share >= 1 - q,
@@ -248,7 +263,7 @@ class Quantile(Kind):
             })
         return out
 
-    def alert_expr(self, sig: Any, tier: Any, spec: Any) -> str:
+    def alert_expr(self, sig: Signal, tier: Tier, spec: Spec) -> str:
         """The tier's share record (without its ``le`` label, so the alert's labels are the
         quantile's) at or over ``1 - q``, less :data:`SHARE_EPSILON`: the same condition as
         ``Pq >= threshold``. At exactly ``q * count`` in the threshold's bucket histogram_quantile
@@ -256,9 +271,9 @@ class Quantile(Kind):
         (0.04999999999999993 at 1.28 s in the generated edge test); the epsilon absorbs that
         rounding and is far under one observation in a window (a share of 1e-12)."""
         share = f"{self.records(sig)['over_threshold']}{{le=\"{format_number(tier.threshold)}\"}}"
-        return f"max without (le) ({share}) >= {format_number(round(1 - sig.quantile, 12))} - {SHARE_EPSILON:g}"
+        return f"max without (le) ({share}) >= {format_number(round(1 - quantile_of(sig), 12))} - {SHARE_EPSILON:g}"
 
-    def panel_rules(self, sig: Any, spec: Any) -> list[dict[str, Any]]:
+    def panel_rules(self, sig: Signal, spec: Spec) -> list[Rule]:
         """Every bucket's rate and P50 / Pq / P99 over them, for the quantile panel."""
         names = self.records(sig)
         w = format_duration(sig.window_s)
@@ -268,17 +283,17 @@ class Quantile(Kind):
         traffic = f"and on ({by(kept_by(sig))}) ({names['rate']} > 0)"
         return [
             {"record": names["bucket_rate"], "expr": f"sum by ({by(kept_by(sig), ('le',))}) ({engine_labels(f'rate({bucket}[{w}])', sig)})"},
-            {"record": names["value"], "expr": f"histogram_quantile({format_number(sig.quantile)}, {names['bucket_rate']})\n  {traffic}"},
+            {"record": names["value"], "expr": f"histogram_quantile({format_number(quantile_of(sig))}, {names['bucket_rate']})\n  {traffic}"},
             {"record": names["p50"], "expr": f"histogram_quantile(0.5, {names['bucket_rate']})\n  {traffic}"},
             {"record": names["p99"], "expr": f"histogram_quantile(0.99, {names['bucket_rate']})\n  {traffic}"},
         ]
 
-    def scenario_series(self, sig: Any, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
+    def scenario_series(self, sig: Signal, scenario: ScenarioModel, times: list[float]) -> dict[str, list[float]]:
         """The signal's quantile of each engine's hand-off histogram over its window, when it reads
         the fusebox alignment histogram; seconds (NaN without traffic)."""
         if sig.source.backend != "fusebox" or sig.source.metric != C.PROM["alignment_duration"]:
             return {}
-        return {e: scenario.quantile_series(e, times, sig.quantile, sig.buckets, sig.window_s) for e in scenario.engine_ids}
+        return {e: scenario.quantile_series(e, times, quantile_of(sig), sig.buckets, sig.window_s) for e in scenario.engine_ids}
 
     # -- generated tests -----------------------------------------------------------------
     def distribution(self, synth: Synth, v: float) -> list[float]:
@@ -297,11 +312,11 @@ class Quantile(Kind):
         i = bounds.index(t)
         if v < min(x.threshold for x in sig.tiers) * 0.9:  # safe: everything in the first bucket
             return [OBS_PER_STEP] * (len(bounds) + 1)
-        share_above = (1 - sig.quantile) + (0.01 if v > t else -0.01 if v < t else 0.0)
+        share_above = (1 - quantile_of(sig)) + (0.01 if v > t else -0.01 if v < t else 0.0)
         at_or_below = round(OBS_PER_STEP * (1 - share_above))
         return [0.0] * i + [at_or_below] * (1) + [OBS_PER_STEP] * (len(bounds) - i)
 
-    def alert_value(self, synth: Synth, tier: Any, v: float) -> float:
+    def alert_value(self, synth: Synth, tier: Tier, v: float) -> float:
         """The share of observations over the tier's threshold (what the alert reads, not the quantile)."""
         cum = self.distribution(synth, v)
         bounds = list(synth.sig.buckets)
@@ -309,9 +324,9 @@ class Quantile(Kind):
         return 1 - cum[i] / cum[-1]
 
     def exact(self, synth: Synth, v: float) -> float:
-        return promsim.histogram_quantile(synth.sig.quantile, list(synth.sig.buckets), self.distribution(synth, v))
+        return promsim.histogram_quantile(quantile_of(synth.sig), list(synth.sig.buckets), self.distribution(synth, v))
 
-    def series(self, synth: Synth, phases: list[tuple[int, float]], start: list[float] | None = None) -> list[dict[str, str]]:
+    def series(self, synth: Synth, phases: list[tuple[int, float]], start: list[float] | None = None) -> list[InputSeries]:
         bounds = list(synth.sig.buckets)
         les = [format_number(b) for b in bounds] + ["+Inf"]
         per_le: list[list[tuple[int, float, float]]] = [[] for _ in les]
@@ -322,7 +337,7 @@ class Quantile(Kind):
                 per_le[j].append((n, level[j], cum[j]))
                 level[j] += cum[j] * n
         metric = synth.sig.source.metric
-        out = []
+        out: list[InputSeries] = []
         for j, le in enumerate(les):
             out.append({"series": f"{metric}_bucket" + label_str({**synth.labels, "le": le}),
                         "values": segments(per_le[j])})
@@ -332,7 +347,7 @@ class Quantile(Kind):
     def result_labels(self, synth: Synth) -> dict[str, str]:
         return {k: v for k, v in synth.labels.items() if k in kept_by(synth.sig)}
 
-    def extra_tests(self, synth: Synth) -> list[tuple[str, dict[str, Any]]]:
+    def extra_tests(self, synth: Synth) -> list[tuple[str, TestGroup]]:
         """Zero traffic: buckets frozen at earlier counts, every rate 0; no P50/P95/P99 sample at
         all (absent, not NaN: the same on Prometheus and VictoriaMetrics) and no alert. The
         generator adds the absent-signal check (none for these metrics: their series are there)."""
@@ -350,7 +365,7 @@ class Quantile(Kind):
         })]
 
     # -- panels --------------------------------------------------------------------------
-    def _stage_panels(self, spec: Any, sig: Any) -> list[PanelDef]:
+    def _stage_panels(self, spec: Spec, sig: Signal) -> list[PanelDef]:
         """One row under the alignment quantiles: P95 per multimodal stage, and the caches' hit ratios."""
         names = mmstages.records(window_word(C.DASHBOARD_RATE_WINDOW_S))
         read = mmstages.read_aliases(spec)
@@ -371,18 +386,18 @@ class Quantile(Kind):
                      "percentunit", (sig.alert,), width=8, soft_max=1.0),
         ]
 
-    def variable_record(self, sig: Any) -> str:
+    def variable_record(self, sig: Signal) -> str:
         """The observation rate: a series per engine whenever its histogram exists (0 without
         traffic), where the quantiles have none without traffic."""
         return self.records(sig)["rate"]
 
-    def dashboard(self, spec: Any, sigs: list) -> DashboardDef | None:
+    def dashboard(self, spec: Spec, sigs: list[Signal]) -> DashboardDef | None:
         if not sigs:
             return None
         panels: list[PanelDef] = []
         for sig in sigs:
             r = self.records(sig)
-            q = int(round(sig.quantile * 100))
+            q = int(round(quantile_of(sig) * 100))
             lg, per, measured = signal_legend(sig), "per engine", ""
             if self.measured(sig):  # what was measured: base.kept_by keeps it apart (the legend ends with it)
                 per = f"per engine and {C.ALIGNMENT_SOURCE_LABEL}"
@@ -403,7 +418,7 @@ class Quantile(Kind):
             panels.append(PanelDef(
                 "Share of observations over each threshold",
                 "Fraction of observations slower than each tier's threshold (label le), over the rule window: what the alert reads. "
-                f"At or above {1 - sig.quantile:g} at a threshold means P{q} is at or above it.",
+                f"At or above {1 - quantile_of(sig):g} at a threshold means P{q} is at or above it.",
                 (Query(signal_sel(sig, r["over_threshold"]), "> {{le}}s " + lg),),
                 "percentunit", (sig.alert,), soft_max=1.0,
             ))

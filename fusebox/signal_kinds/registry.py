@@ -1,31 +1,33 @@
-"""Signal kinds: one module each (gauge, gpu_memory, deriv, time_to_full, quantile, rate, connection_idle), registered here.
+"""The registry of signal kinds (:data:`KINDS`) and what is asked of all of them at once.
 
 The order of :data:`KINDS` is the order of the kinds' drill-down dashboards and dashboard records.
 To add a kind: write a module with a :class:`~.base.Kind` subclass and its ``KIND`` instance,
-and list it below.
+and list it below (docs/architecture.md, "Where to add a signal kind").
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..inpath import shedding_records
+from fusebox.spec.inpath import shedding_records
+
 from . import connection_idle, deriv, gauge, gpu_memory, quantile, rate, time_to_full
-from .base import DashboardDef, Kind, PanelDef, Query, Synth, dashboard_records
+from .base import Kind, dashboard_records
+
+if TYPE_CHECKING:
+    from fusebox.spec.normalised import Signal, Spec
+
 
 KINDS: dict[str, Kind] = {k.name: k for k in (gpu_memory.KIND, deriv.KIND, time_to_full.KIND, quantile.KIND, gauge.KIND,
                                                rate.KIND, connection_idle.KIND)}
 
-__all__ = ["KINDS", "Kind", "kind_of", "records", "dashboard_records", "DashboardDef", "PanelDef", "Query", "Synth",
-           "reports_lost_gpus", "lost_gpu_fuses", "recorded_names"]
 
-
-def kind_of(sig: Any) -> Kind:
-    """The :class:`Kind` of a signal (anything with a ``kind`` attribute naming one)."""
+def kind_of(sig: Signal) -> Kind:
+    """The :class:`Kind` of a signal (its ``kind`` names one of :data:`KINDS`)."""
     return KINDS[sig.kind]
 
 
-def records(sig: Any) -> dict[str, str]:
+def records(sig: Signal) -> dict[str, str]:
     """Every recording-rule name a signal produces, by role (``value`` is what its alert reads).
 
     Dashboards, runbooks and the demo import these; never spell the names out.
@@ -33,7 +35,7 @@ def records(sig: Any) -> dict[str, str]:
     return KINDS[sig.kind].records(sig)
 
 
-def recorded_names(spec: Any) -> dict[str, str]:
+def recorded_names(spec: Spec) -> dict[str, str]:
     """Every record the rules of ``spec`` write, name -> who writes it (``signal NAME``,
     ``dashboard``, ``in-path``), as ``generator/render_rules.render_rules`` renders them: each
     signal's :meth:`Kind.rules`, :meth:`Kind.panel_rules` and :meth:`Kind.slow_rules`, the kinds'
@@ -61,14 +63,14 @@ def recorded_names(spec: Any) -> dict[str, str]:
     return out
 
 
-def reports_lost_gpus(spec: Any) -> bool:
+def reports_lost_gpus(spec: Spec) -> bool:
     """Whether a signal of ``spec`` reads a source that reports a lost GPU as ``fusebox_gpu_up 0``
     (the fusebox GPU collector does, dcgm-exporter does not): then the GPU-down alert
     (``conventions.GPU_DOWN_ALERT``) is generated."""
     return any(kind_of(s).reports_lost_gpus(s) for s in spec.signals)
 
 
-def lost_gpu_fuses(spec: Any) -> tuple[str, ...]:
+def lost_gpu_fuses(spec: Spec) -> tuple[str, ...]:
     """The fuse actions the GPU-down alert requests, by level: every ``fuse`` of a tier of a
     GPU-level signal (``level: gpu``), since a lost GPU silences them all (its series stop). A GPU
     that is down so holds the fuse it had, and a tier's release waits until the GPU is back.
