@@ -59,7 +59,7 @@ check-generated: venv ## fail when committed outputs drift from the spec, or the
 lint: venv ## ruff, then mypy on an installed copy of fusebox (imports across areas followed)
 	$(BIN)/ruff check .
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	$(BIN)/pip install -q --no-deps --no-build-isolation --target "$$tmp" . ; \
+	rm -rf build; `# setuptools' build/ keeps modules removed since` $(BIN)/pip install -q --no-deps --no-build-isolation --target "$$tmp" . ; \
 	echo "mypy -p fusebox (an installed copy: fusebox.fuse, .generator, .collectors as users import them)"; \
 	cd "$$tmp" && $(CURDIR)/$(BIN)/mypy -p fusebox --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.mypy_cache/installed
 
