@@ -186,6 +186,22 @@ def _check_shared_record(ck: Checker, g: RawGlobal, sig: Signal, earlier: list[S
                    f"give {sig.name} the same source and by as {other.name}, or a different window")
 
 
+_LABEL_REF = re.compile(r"\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)")
+
+
+def _check_advice_labels(ck: Checker, sig: Signal) -> None:
+    """A tier's ``advice`` names only labels its alert keeps: one it lacks renders empty in every
+    notification (an aggregation ``by`` without it drops it)."""
+    kept = KINDS[sig.kind].kept_labels(sig)
+    if kept is None:  # the source series' labels: not known here
+        return
+    for tier in sig.tiers:
+        for label in dict.fromkeys(_LABEL_REF.findall(tier.advice or "")):
+            if label not in kept:
+                ck.err(tier.path + ("advice",), f"advice names label {label!r}, which the alert lacks (it keeps "
+                       f"{', '.join(kept)}: the signal's by)", f"add {label} to the signal's by, or leave it out of the advice")
+
+
 def _check_names(ck: Checker, name: str, s: RawSignal, path: tuple, alerts_seen: dict[str, str]) -> None:
     if not NAME.match(name):
         ck.err(path, f"signal name {name!r} is not snake_case", "use lower-case letters, digits and '_'", key=True)
@@ -208,6 +224,7 @@ def normalise_signals(ck: Checker, raw: dict[str, RawSignal], si: SignalInputs) 
         sig = _signal(ck, name, raw_sig, path, si)
         if sig:
             _check_shared_record(ck, si.g, sig, signals, path)
+            _check_advice_labels(ck, sig)
             signals.append(sig)
     for alert, per_tier in si.overrides.items():
         if alert not in alerts_seen:

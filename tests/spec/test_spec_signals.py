@@ -513,3 +513,20 @@ def test_a_deriv_without_by_keeps_the_gauges_labels_and_says_so(tmp_path):
         r = subprocess.run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=tmp_path / "rules", capture_output=True,
                            text=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_an_advice_naming_a_label_its_alert_drops_is_reported_at_the_advice():
+    # Found by tests/generator/test_generator_fuzz.py: ConnectionColdStartsHigh's advice names
+    # {{ $labels.host_name }}; a `by` without host_name made `fusebox generate` end in a traceback.
+    text = SPEC.read_text()
+    start = text.index("  connection_cold_start_share:")
+    by = text.index("    by: [cluster, host_name, service_peer_name]", start)
+    text = text[:by] + "    by: [cluster, service_peer_name]" + text[by + len("    by: [cluster, host_name, service_peer_name]"):]
+    with pytest.raises(SpecError) as ei:
+        parse_spec(text, "fusebox.yaml")
+    (p,) = ei.value.problems
+    lines = text.splitlines()
+    advice_line = next(i for i in range(text[:start].count("\n"), len(lines)) if lines[i].strip() == "advice: >-") + 1
+    assert (p.line, p.what) == (advice_line, "advice names label 'host_name', which the alert lacks (it keeps cluster, "
+                                             "service_peer_name: the signal's by)")
+    assert p.fix == "add host_name to the signal's by, or leave it out of the advice"
