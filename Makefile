@@ -63,8 +63,11 @@ lint: venv ## ruff, then mypy on an installed copy of fusebox (imports across ar
 	echo "mypy -p fusebox (an installed copy: fusebox.fuse, .generator, .collectors as users import them)"; \
 	cd "$$tmp" && $(CURDIR)/$(BIN)/mypy -p fusebox --config-file $(CURDIR)/pyproject.toml --cache-dir $(CURDIR)/.mypy_cache/installed
 
-test: lint tools ## lint, then the whole test suite (unit, promtool, real Prometheus/Alertmanager/Collector, the k8s/ cluster test)
-	$(BIN)/python -m pytest -q
+# The process tests mostly wait on real servers (rule evaluations, scrapes, timeouts), so four pytest-xdist
+# workers share 2 cores well; each takes its own free-port slice (tests/conftest.py). TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 4
+test: lint tools ## lint, then the whole test suite in TEST_WORKERS (4) workers (unit, promtool, real Prometheus/Alertmanager/Collector, the e2e runs)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 .PHONY: test-unit test-e2e
 test-e2e: tools ## the end-to-end runs alone (tests/e2e/: the demo, VictoriaMetrics, the cluster tests on a real API server)
