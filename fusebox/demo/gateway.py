@@ -159,7 +159,8 @@ class ReferenceGateway:
     def stop(self) -> None:
         """Stop serving and close every connection, kept-alive ones too: a client's next call is
         refused, as by a gateway that is down."""
-        self.server.shutdown()
+        if self._thread:  # serve_forever runs in our thread: ask it to return (else it has returned already)
+            self.server.shutdown()
         self.server.server_close()
         with self._lock:
             for sock in list(self._open):

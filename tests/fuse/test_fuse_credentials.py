@@ -103,7 +103,7 @@ def test_no_url_credential_nor_echoed_body_reaches_the_start_up_line_the_log_or_
         gone = alert("KVCacheGrowthRateHigh", "resolved", cluster="a", engine="engine-0")
         assert httpx.post(url + "/alertmanager", json=payload(gone), headers=hook, timeout=10).status_code == 200
         # the release puts the worker back with its recorded settings; the gateway echoes them in a 400
-        wait_for(lambda: _failed(db, "sglang"), 15, 0.05, "the failed put-back audited")
+        wait_for(lambda: _failed(db, "sglang"), 60, 0.05, "the failed put-back audited")
         wait_for(lambda: len(_failed(db, "")) >= 3, 15, 0.05, "the gateway's and vLLM's failures audited")
     finally:
         p.terminate()

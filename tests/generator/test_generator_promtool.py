@@ -148,6 +148,7 @@ def test_fusebox_check_cli_runs_all_tools(generated):
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 failed" in r.stdout
+    assert f"ok   generated files match {SPEC}" in r.stdout
     assert r.stdout.count("test rules fusebox.rules.test.yml") == 2  # 2.42 and 3.x
     assert "promtool 2.42 test rules" in r.stdout
 
@@ -181,10 +182,7 @@ def test_fusebox_check_fails_files_the_spec_no_longer_generates(generated, tmp_p
         assert f"{generated / rel}: differs from what {spec} generates -- run `fusebox generate --spec {spec}" in r.stdout
     assert "alertmanager.yml: differs" not in r.stdout  # routing does not read the threshold
     assert r.stdout.rstrip().endswith(" passed, 1 failed"), r.stdout  # every tool passed the old files
-    # generated again, it passes
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(generated)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert r.returncode == 0 and f"ok   generated files match {SPEC}" in r.stdout, r.stdout + r.stderr
+    # the same files against the spec that generated them pass: test_fusebox_check_cli_runs_all_tools
 
 
 def test_fusebox_check_against_engine_captures_fails_on_dead_selectors(generated):
