@@ -129,8 +129,10 @@ class Holds:
             return dict(self._settings.get(worker, {}))
 
 
-class Rotation:
-    """Take workers out of a gateway's rotation and put them back; subclasses say how."""
+class FromSpec:
+    """What every adapter built from a ``fuse.adapters`` entry carries: ``spec``, ``name``
+    (``<kind>:<name>``, its outbox name), ``label`` (the entry's name), ``max_attempts`` and
+    ``timeout_s`` (one apply() in total, every request or command of it: call_deadline)."""
 
     kind = ""
 
@@ -139,8 +141,15 @@ class Rotation:
         self.name = f"{self.kind}:{spec.name}"
         self.label = spec.name
         self.max_attempts: int | None = spec.max_attempts
+        self.timeout_s = spec.timeout_s
+
+
+class Rotation(FromSpec):
+    """Take workers out of a gateway's rotation and put them back; subclasses say how."""
+
+    def __init__(self, spec: AdapterSpec):
+        super().__init__(spec)
         self.url = spec.url or ""
-        self.timeout_s = spec.timeout_s  # one apply() in total, every request of it (call_deadline)
         self._client = deadline_client(spec.timeout_s)
         self.holds = Holds(self.name)
         self.discovery = GpuWorkers(spec.discover, spec.timeout_s) if spec.discover else None

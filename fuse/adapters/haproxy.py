@@ -14,7 +14,7 @@ from fusebox.spec.adapters import Adapter as AdapterSpec
 from ..control import ControlCall
 from ..logsafe import escape_control
 from ..rules import scope_key
-from .base import Holds, targets_for, unmapped
+from .base import FromSpec, Holds, targets_for, unmapped
 from .protocol import ActionError
 from .transport import call_deadline, remaining
 
@@ -26,7 +26,7 @@ def _sendable(line: str) -> bool:
     return not any(c in line for c in "\n\r;")
 
 
-class HaproxyRuntime:
+class HaproxyRuntime(FromSpec):
     """HAProxy's runtime API on its UNIX stats socket (``stats socket PATH level admin``).
 
     Trip = ``set server <backend>/<server> state drain`` (no new connections; running ones finish,
@@ -42,12 +42,8 @@ class HaproxyRuntime:
     kind = "haproxy"
 
     def __init__(self, spec: AdapterSpec):
-        self.spec = spec
-        self.name = f"haproxy:{spec.name}"
-        self.label = spec.name
-        self.max_attempts: int | None = spec.max_attempts
+        super().__init__(spec)
         self.socket = spec.socket or ""
-        self.timeout_s = spec.timeout_s  # one apply() in total, every command of it (call_deadline)
         self.holds = Holds(self.name)
 
     def attach(self, store: Any) -> None:

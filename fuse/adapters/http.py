@@ -19,7 +19,7 @@ from fusebox.spec.adapters import Adapter as AdapterSpec
 from fusebox.spec.adapters import Target
 
 from ..control import ControlCall
-from .base import call_error, targets_for, unmapped
+from .base import FromSpec, call_error, targets_for, unmapped
 from .protocol import ActionError
 from .transport import answer_text, call_deadline, deadline_client
 
@@ -31,7 +31,7 @@ def _url_value(value: Any) -> str:
     return quote("" if value is None else str(value), safe="")
 
 
-class HttpAction:
+class HttpAction(FromSpec):
     """The generic HTTP action of kind ``http`` (see the module's doc).
 
     Template context: ``scope`` (the target's ``match``: the spec's values), ``target`` (its ``vars``),
@@ -42,14 +42,10 @@ class HttpAction:
     kind = "http"
 
     def __init__(self, spec: AdapterSpec):
-        self.spec = spec
-        self.name = f"http:{spec.name}"
-        self.label = spec.name
-        self.max_attempts: int | None = spec.max_attempts
+        super().__init__(spec)
         self._url_env = SandboxedEnvironment(finalize=_url_value, autoescape=False)
         self._body_env = SandboxedEnvironment(autoescape=False)
         self.headers = {k: Path(p).read_text(encoding="utf-8").strip() for k, p in spec.headers_files.items()}
-        self.timeout_s = spec.timeout_s  # one apply() in total, every target's request (call_deadline)
         self._client = deadline_client(spec.timeout_s)
 
     def wants(self, call: ControlCall) -> bool:
