@@ -209,6 +209,10 @@ def gateway(args) -> int:
         return _err(str(e))
     print(f"fusebox fuse gateway: listening on {gw.url}, logging to {args.log}", file=sys.stderr, flush=True)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # Ctrl-C stops it even when started with SIGINT ignored or blocked (both survive exec: a parent
+    # that ignores it, a test runner's worker, `cmd &` in a script), as `fusebox fuse serve` does.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         gw.serve_forever()
     except (KeyboardInterrupt, _Stopped) as e:
@@ -218,4 +222,5 @@ def gateway(args) -> int:
               "connection closed, exit 0)", file=sys.stderr, flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     return 0

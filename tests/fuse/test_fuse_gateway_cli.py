@@ -18,11 +18,21 @@ from fusebox.tooling import free_port
 pytestmark = pytest.mark.process
 
 
-@pytest.mark.parametrize("sig, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "SIGINT")])
-def test_the_reference_gateway_stops_on_a_signal_with_exit_0(tmp_path, sig, name):
+# The gateway started with SIGINT ignored and blocked, as both survive exec (a parent that ignores it,
+# a test runner's worker, `cmd &` in a script): Ctrl-C must stop it all the same.
+_IGNORING = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+             "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); os.execv(sys.executable, sys.argv[1:])")
+
+
+@pytest.mark.parametrize("sig, name, parent", [(signal.SIGTERM, "SIGTERM", "plain"), (signal.SIGINT, "SIGINT", "plain"),
+                                               (signal.SIGINT, "SIGINT", "ignoring")])
+def test_the_reference_gateway_stops_on_a_signal_with_exit_0(tmp_path, sig, name, parent):
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "fuse", "gateway", "--listen", f"127.0.0.1:{port}",
-                          "--log", str(tmp_path / "gw.jsonl")], stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "fusebox.cli", "fuse", "gateway", "--listen", f"127.0.0.1:{port}",
+           "--log", str(tmp_path / "gw.jsonl")]
+    if parent == "ignoring":
+        cmd = [sys.executable, "-c", _IGNORING, *cmd]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
 
