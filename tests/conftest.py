@@ -32,7 +32,7 @@ for _area in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is
         sys.path.append(str(_area))
 
 
-pytest_plugins = ("pytester", "_slow_first")  # _slow_first.py: the minutes-long tests first on every parallel worker
+pytest_plugins = ("pytester",)
 
 
 @pytest.fixture(scope="session")
