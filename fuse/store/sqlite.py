@@ -77,15 +77,22 @@ def _bound_wal(db: sqlite3.Connection) -> sqlite3.Connection:
     return db
 
 
-def _reserve_shm(shm: str) -> None:
+def _reserve_shm(shm: str) -> int | None:
     """Allocate the first :data:`SHM_RESERVE_BYTES` of SQLite's ``-shm`` file (created by the WAL
     connection just opened), so its mmap never touches a page the volume cannot back (SIGBUS).
-    A missing file (another journal mode) is left alone. Raises StoreError naming the file and
-    the cause (no space, a quota, not writable)."""
+
+    Returns the open file descriptor, which the caller must keep open until every SQLite
+    connection of this process to the store is closed: POSIX record locks (fcntl) belong to the
+    process, and closing ANY descriptor of a file drops all of them. Closed at once, it dropped
+    the shared "dead man switch" lock SQLite holds on the -shm file; the next process to open the
+    store (a ``fusebox fuse audit``, a test's reader) then took it for the first, truncated the
+    -shm under this process's mmap, and the server died of SIGBUS (exit -7). None for a missing
+    file (another journal mode). Raises StoreError naming the file and the cause (no space, a
+    quota, not writable)."""
     try:
         fd = os.open(shm, os.O_RDWR)
     except FileNotFoundError:
-        return
+        return None
     except OSError as e:
         raise StoreError(f"{shm}: SQLite's shared-memory file cannot be opened for writing ({e.strerror}): the "
                          "store needs it writable -- fix its owner and mode, or the volume") from None
@@ -94,12 +101,12 @@ def _reserve_shm(shm: str) -> None:
             os.posix_fallocate(fd, 0, SHM_RESERVE_BYTES)
     except OSError as e:
         if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: SQLite's own writes
-            return
+            return fd
+        os.close(fd)  # the caller closes its connection next: no lock of SQLite's is left to keep
         raise StoreError(f"{shm}: SQLite's shared-memory file cannot be given {SHM_RESERVE_BYTES // 1024} KiB "
                          f"({e.strerror}): writing through its mmap would stop the process with SIGBUS -- free "
                          "space on the store's volume (or raise its quota) and start again") from None
-    finally:
-        os.close(fd)
+    return fd
 
 
 def _sqlite_has_schema(path: str) -> bool:
@@ -138,9 +145,14 @@ class Store(OutboxOps, AuditOps, AdapterStateOps):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         _bound_wal(self._db)
+        self._shm_fd: int | None = None
         if self.path != ":memory:":
             self._db.execute("SELECT count(*) FROM sqlite_master").fetchall()  # a read makes the -shm file
-            _reserve_shm(self.path + "-shm")
+            try:
+                self._shm_fd = _reserve_shm(self.path + "-shm")
+            except StoreError:
+                self._db.close()
+                raise
 
     def _errors(self) -> tuple[type[BaseException], ...]:
         return (sqlite3.Error,)
@@ -174,6 +186,9 @@ class Store(OutboxOps, AuditOps, AdapterStateOps):
         with self._probe_lock:
             if self._probe is not None:
                 self._probe.close()
+        if self._shm_fd is not None:  # last: closing it drops this process's locks on the -shm file
+            os.close(self._shm_fd)
+            self._shm_fd = None
 
     def free_bytes(self) -> int | None:
         """Bytes free (to this process) on the volume of the SQLite file; None for a database

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -264,6 +265,43 @@ def test_a_store_whose_shm_cannot_be_allocated_stops_with_its_name(tmp_path, mon
         assert st.st_size >= 128 * 1024 and st.st_blocks * 512 >= 128 * 1024
     finally:
         s.close()
+
+
+# SQLite's unix VFS (os_unix.c): the -shm file's "dead man switch" byte, UNIX_SHM_BASE (22 + 8) * 4 +
+# SQLITE_SHM_NLOCK 8 = 128. Every process with the store open holds a shared lock on it; a process
+# that gets it exclusively takes itself for the first and truncates the -shm.
+SHM_DMS_BYTE = 128
+_TAKE_DMS = """
+import fcntl, sys
+with open(sys.argv[1], "r+b") as f:
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, %d)
+    except OSError:
+        print("held")
+    else:
+        print("free")
+""" % SHM_DMS_BYTE
+
+
+def _dms(shm: Path) -> str:
+    return subprocess.run([sys.executable, "-c", _TAKE_DMS, str(shm)], capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip()
+
+
+def test_an_open_store_keeps_sqlites_lock_on_its_shm_so_no_reader_truncates_it(tmp_path):
+    """The -shm reservation once closed its own descriptor, which dropped SQLite's record locks on
+    the file (they belong to the process): the next reader truncated the -shm under the served
+    fuse's mmap and it died of SIGBUS (exit -7) on SIGTERM. A second process must find the lock held
+    while the store is open (and free once it is closed)."""
+    shm = tmp_path / "fuse.sqlite-shm"
+    s = Store(tmp_path / "fuse.sqlite")
+    try:
+        s.ping()  # the probe connection too
+        assert _dms(shm) == "held"
+    finally:
+        s.close()
+    if shm.exists():  # SQLite deletes it when the last connection closes after a checkpoint
+        assert _dms(shm) == "free"
 
 
 def test_the_spec_bounds_the_refused_audit_and_refuses_a_bound_that_is_not_a_whole_positive_number():
