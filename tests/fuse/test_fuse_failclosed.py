@@ -271,16 +271,16 @@ def test_a_store_whose_shm_cannot_be_allocated_stops_with_its_name(tmp_path, mon
 # SQLITE_SHM_NLOCK 8 = 128. Every process with the store open holds a shared lock on it; a process
 # that gets it exclusively takes itself for the first and truncates the -shm.
 SHM_DMS_BYTE = 128
-_TAKE_DMS = """
+_TAKE_DMS = f"""
 import fcntl, sys
 with open(sys.argv[1], "r+b") as f:
     try:
-        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, %d)
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {SHM_DMS_BYTE})
     except OSError:
         print("held")
     else:
         print("free")
-""" % SHM_DMS_BYTE
+"""
 
 
 def _dms(shm: Path) -> str:
