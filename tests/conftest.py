@@ -53,6 +53,34 @@ def generated(tmp_path_factory, spec):
     return out
 
 
+@pytest.fixture(scope="session")
+def shipped_check(tmp_path_factory, spec) -> subprocess.CompletedProcess:
+    """`fusebox check` (every tool: promtool 2.42 and 3, vmalert, vmalert-tool, thanos, amtool) of
+    the shipped spec's outputs, run ONCE for the whole session however many xdist workers ask: the
+    first takes a file lock beside the workers' temporary folders, generates and checks, and writes
+    the result there; the others wait on the lock and read it (one run takes minutes on 2 cores).
+    Its ``args`` is the folder checked."""
+    import fcntl
+    import json
+
+    from fusebox.generator.outputs import render_all
+    from fusebox.generator.writer import write_outputs
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    result = shared / "shipped-check.json"
+    with open(shared / "shipped-check.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not result.exists():
+            out = shared / "shipped-check"
+            write_outputs(render_all(spec), out)
+            r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(out)],
+                               capture_output=True, text=True, cwd=SPEC.parent, timeout=900)
+            result.write_text(json.dumps({"args": str(out), "returncode": r.returncode, "stdout": r.stdout,
+                                          "stderr": r.stderr}))
+    return subprocess.CompletedProcess(**json.loads(result.read_text()))
+
+
 @pytest.fixture
 def svc(tmp_path):
     """The fuse's service for HTTP-level tests (_fuse_support.dry_run_service), its store closed after."""

@@ -3,6 +3,7 @@ amtool's config check and routing tests; plus hand-written promtool tests (tests
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import FIXTURES, ROOT, SPEC, need, promtools
+from _support import FIXTURES, ROOT, SPEC, need, promtools, trimmed_spec
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
@@ -24,14 +25,28 @@ def _run(cmd, cwd=None):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
+def _trimmed(folder: Path, *keep: str) -> tuple[Path, str]:
+    """``folder``/fusebox.yaml, the shipped spec with only GPU memory and ``keep`` (_support.trimmed_spec),
+    and its outputs generated beside it: where a test is about `fusebox check` or a tool's verdict,
+    not about the shipped cases (which ``shipped_check`` runs once for the session)."""
+    text = trimmed_spec(SPEC.read_text(), *keep)
+    spec = folder / "fusebox.yaml"
+    folder.mkdir(parents=True, exist_ok=True)
+    spec.write_text(text)
+    write_outputs(render_all(parse_spec(text, str(spec))), folder)
+    return spec, text
+
+
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
-def test_generated_rules_pass_check_and_generated_tests(generated, which):
+def test_generated_rules_pass_check_and_generated_tests(shipped_check, which):
+    """promtool's `check rules` and `test rules` on the shipped outputs, as `fusebox check` ran them
+    (conftest's shipped_check: one run for the session, promtool 2.42 then the pinned 3.x)."""
     pt = promtools()[which]
-    r = _run([pt, "check", "rules", str(generated / "rules/fusebox.rules.yml")])
-    assert r.returncode == 0, r.stdout + r.stderr
-    r = _run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=generated / "rules")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS" in r.stdout + r.stderr
+    version = "2.42" if which == 0 else r"3\.\d+"
+    assert re.search(rf"^ok   promtool {version} check rules \S+/rules/fusebox\.rules\.yml$", shipped_check.stdout, re.M), \
+        (pt, shipped_check.stdout + shipped_check.stderr)
+    assert re.search(rf"^ok   promtool {version} test rules fusebox\.rules\.test\.yml$", shipped_check.stdout, re.M), \
+        (pt, shipped_check.stdout + shipped_check.stderr)
 
 
 def test_generated_tests_cover_every_tier_both_sides(generated, spec):
@@ -59,10 +74,11 @@ def test_generated_tests_cover_every_tier_both_sides(generated, spec):
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
-def test_generated_tests_fail_when_a_threshold_drifts(generated, tmp_path, which):
-    """The generated tests can fail: nudge the critical GPU line from 0.783 to 0.7839."""
+def test_generated_tests_fail_when_a_threshold_drifts(tmp_path, which):
+    """The generated tests can fail: nudge the critical GPU line from 0.783 to 0.7839 (on the
+    GPU-memory-only spec: its cases are the shipped spec's GPU cases)."""
     pt = promtools()[which]
-    shutil.copytree(generated / "rules", tmp_path / "rules")
+    _trimmed(tmp_path)
     rules = tmp_path / "rules/fusebox.rules.yml"
     text = rules.read_text()
     assert ">= 0.783\n" in text
@@ -142,10 +158,9 @@ def test_alertmanager_config_and_routes(generated, spec):
         assert r.returncode == 0 and r.stdout.strip() == receivers, (labels, r.stdout + r.stderr)
 
 
-def test_fusebox_check_cli_runs_all_tools(generated):
+def test_fusebox_check_cli_runs_all_tools(shipped_check):
     promtools()
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(generated)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = shipped_check
     assert r.returncode == 0, r.stdout + r.stderr
     assert "0 failed" in r.stdout
     assert f"ok   generated files match {SPEC}" in r.stdout
@@ -153,25 +168,26 @@ def test_fusebox_check_cli_runs_all_tools(generated):
     assert "promtool 2.42 test rules" in r.stdout
 
 
-def test_fusebox_check_reports_failure_against_the_spec(generated, tmp_path):
+def test_fusebox_check_reports_failure_against_the_spec(tmp_path):
     promtools()
     out = tmp_path / "g"
-    shutil.copytree(generated, out)
+    spec, text = _trimmed(out, "kv_cache_growth_rate")
     rules = out / "rules/fusebox.rules.yml"
+    assert rules.read_text().count(">= 14700000\n") == 1
     rules.write_text(rules.read_text().replace(">= 14700000\n", ">= 15000000\n"))
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(spec), "--out", str(out)],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 1
-    line = next(i for i, l in enumerate(SPEC.read_text().splitlines(), 1) if l.startswith("  kv_cache_growth_rate:"))
-    assert f"{SPEC}:{line}:" in r.stdout and "KVCacheGrowthRateHigh" in r.stdout
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if l.startswith("  kv_cache_growth_rate:"))
+    assert f"{spec}:{line}:" in r.stdout and "KVCacheGrowthRateHigh" in r.stdout
 
 
-def test_fusebox_check_fails_files_the_spec_no_longer_generates(generated, tmp_path):
+def test_fusebox_check_fails_files_the_spec_no_longer_generates(tmp_path):
     """The spec's GPU memory critical tier moved from 78.3 % to 80 % without `fusebox generate`: the
     tools pass the old files, the check does not (exit 1), naming each stale file and the fix."""
     promtools()
-    spec = tmp_path / "fusebox.yaml"
-    text = SPEC.read_text()
+    generated = tmp_path / "g"
+    spec, text = _trimmed(generated)
     assert text.count("threshold: 78.3%") == 1
     spec.write_text(text.replace("threshold: 78.3%", "threshold: 80%"))
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(spec), "--out", str(generated)],
@@ -185,12 +201,14 @@ def test_fusebox_check_fails_files_the_spec_no_longer_generates(generated, tmp_p
     # the same files against the spec that generated them pass: test_fusebox_check_cli_runs_all_tools
 
 
-def test_fusebox_check_against_engine_captures_fails_on_dead_selectors(generated):
+def test_fusebox_check_against_engine_captures_fails_on_dead_selectors(tmp_path):
     """An engine's own /metrics holds none of the collectors' series: the check fails (exit 1)
     and names them, with the hint to capture the collectors too."""
     promtools()
+    spec, _ = _trimmed(tmp_path, "kv_cache_growth_rate")
     captures = sorted(str(p) for p in FIXTURES.glob("generator/*vllm*.txt"))
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(generated),
+    assert captures
+    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(spec), "--out", str(tmp_path),
                         "--against", *captures], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr
     assert ": FuseboxGPUDown: fusebox_gpu_up matches no series: no metric fusebox_gpu_up in the captures" in r.stdout
@@ -212,7 +230,7 @@ def test_missing_promtool_is_a_clear_message(generated, tmp_path, monkeypatch):
 def test_selector_and_extra_labels_reach_rules_and_generated_tests(tmp_path, which):
     text = SPEC.read_text().replace("  selector: {}", '  selector: {cluster: prod-a}').replace(
         "  labels: {}", "  labels: {team: ml-infra}")
-    spec = parse_spec(text, "fusebox.yaml")
+    spec = parse_spec(trimmed_spec(text, "kv_cache_growth_rate"), "fusebox.yaml")  # the tools' run in seconds
     write_outputs(render_all(spec), tmp_path)
     rules = (tmp_path / "rules/fusebox.rules.yml").read_text()
     assert 'hw_gpu_memory_usage_bytes{cluster="prod-a"}' in rules
@@ -258,7 +276,7 @@ EXTRA_SIGNALS = '''
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
 def test_lower_bound_and_custom_expression_signals(tmp_path, which):
     text = SPEC.read_text().replace("# Per-alert changes without forking", EXTRA_SIGNALS + "\n# Per-alert changes without forking")
-    spec = parse_spec(text, "fusebox.yaml")
+    spec = parse_spec(trimmed_spec(text, "gpu_free_headroom", "custom_expr"), "fusebox.yaml")  # the tools' run in seconds
     write_outputs(render_all(spec), tmp_path)
     rules = yaml.safe_load((tmp_path / "rules/fusebox.rules.yml").read_text())
     alerts = {(r["alert"], r["labels"]["severity"]): r for g in rules["groups"] for r in g["rules"] if "alert" in r}

@@ -9,7 +9,6 @@ generator's own helpers."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import ROOT, SPEC, need, promtools
+from _support import ROOT, SPEC, need, promtools, trimmed_spec
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
@@ -82,23 +81,31 @@ def _lag(group) -> dict[str, int]:
 
 # -------------------------------------------------------------------------- vmalert-tool
 @pytest.mark.tools
-def test_vmalert_dry_run_accepts_the_generated_rules(generated):
-    r = _run([_vm("vmalert"), "-dryRun", f"-rule={generated / 'rules/fusebox.rules.yml'}"])
-    assert r.returncode == 0, r.stdout + r.stderr
+def test_vmalert_dry_run_accepts_the_generated_rules(shipped_check):
+    """vmalert -dryRun on the shipped rules, as `fusebox check` ran it (conftest's shipped_check)."""
+    _vm("vmalert")
+    assert re.search(r"^ok   vmalert -dryRun -rule=\S+/rules/fusebox\.rules\.yml$", shipped_check.stdout, re.M), \
+        shipped_check.stdout + shipped_check.stderr
 
 
 @pytest.mark.tools
-def test_generated_vmalert_tests_pass_under_vmalert_tool(generated):
-    r = _unittest(generated / "rules")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS" in r.stdout and "FAILED" not in r.stdout
+def test_generated_vmalert_tests_pass_under_vmalert_tool(shipped_check):
+    """vmalert-tool unittest on the shipped vmalert test file, as `fusebox check` ran it."""
+    _vm("vmalert-tool")
+    assert re.search(r"^ok   vmalert-tool unittest --files=\S*fusebox\.rules\.vmalert\.test\.yml$", shipped_check.stdout,
+                     re.M), shipped_check.stdout + shipped_check.stderr
+
+
+def _trimmed(tmp_path: Path, *keep: str, text: str | None = None) -> Path:
+    """The outputs of the spec (``text``, else the shipped one) with only GPU memory and ``keep``
+    (_support.trimmed_spec): for a tool's verdict on a change, in seconds rather than minutes."""
+    return _generate(tmp_path, trimmed_spec(text or SPEC.read_text(), *keep))
 
 
 @pytest.mark.tools
-def test_generated_vmalert_tests_fail_when_a_threshold_drifts(generated, tmp_path):
+def test_generated_vmalert_tests_fail_when_a_threshold_drifts(tmp_path):
     """The vmalert-tool tests can fail: nudge the critical GPU line from 0.783 to 0.7839."""
-    rules = tmp_path / "rules"
-    shutil.copytree(generated / "rules", rules)
+    rules = _trimmed(tmp_path) / "rules"
     text = (rules / "fusebox.rules.yml").read_text()
     assert ">= 0.783\n" in text
     (rules / "fusebox.rules.yml").write_text(text.replace(">= 0.783\n", ">= 0.7839\n"))
@@ -108,10 +115,9 @@ def test_generated_vmalert_tests_fail_when_a_threshold_drifts(generated, tmp_pat
 
 
 @pytest.mark.tools
-def test_vmalert_tests_fail_without_the_lag(generated, tmp_path):
+def test_vmalert_tests_fail_without_the_lag(tmp_path):
     """The lag is needed: the P95 alert's cases at the promtool file's times fail on vmalert."""
-    rules = tmp_path / "rules"
-    shutil.copytree(generated / "rules", rules)
+    rules = _trimmed(tmp_path, "alignment_latency_p95") / "rules"
     vm = yaml.safe_load((rules / VM_TESTS).read_text())
     for group in vm["tests"]:
         for c in group.get("alert_rule_test", []):
@@ -234,16 +240,27 @@ def test_a_big_group_splits_with_its_chains_whole():
             assert all(owner[n] == g["name"] for n in _reads(r["expr"], owner))
 
 
+@pytest.fixture(scope="module")
+def few_and_many(tmp_path_factory):
+    """GPU memory and the 20 gauge signals alone (_support.trimmed_spec): 23 absent alerts, still over
+    Mimir's 20 per group, in a test file the tools run in seconds (the shipped cases run once, in
+    conftest's shipped_check)."""
+    text = _spec_text(**{"# Per-alert changes without forking": _many_signals(20) + "\n# Per-alert changes without forking"})
+    return _generate(tmp_path_factory.mktemp("few-and-many"), trimmed_spec(text, *(f"extra_gauge_{i}" for i in range(20))))
+
+
 @pytest.mark.tools
 @pytest.mark.parametrize("tool", ["promtool-2.42", "promtool-3", "vmalert-tool"])
-def test_split_groups_pass_promtool_and_vmalert_tool(many, tool):
-    # one case per tool (each runs minutes on the many-signal file), so parallel workers share them
+def test_split_groups_pass_promtool_and_vmalert_tool(few_and_many, tool):
+    groups = [g["name"] for g in yaml.safe_load((few_and_many / "rules/fusebox.rules.yml").read_text())["groups"]]
+    assert ["fusebox-absent-1", "fusebox-absent-2"] == [g for g in groups if g.startswith("fusebox-absent")]  # split
     if tool == "vmalert-tool":
-        r = _unittest(many / "rules")
+        r = _unittest(few_and_many / "rules")
     else:
         pts = promtools()
         assert len(pts) == 2, pts  # promtool 2.42 (Debian) and the pinned Prometheus 3 build
-        r = _run([pts[0 if tool == "promtool-2.42" else 1], "test", "rules", "fusebox.rules.test.yml"], cwd=many / "rules")
+        r = _run([pts[0 if tool == "promtool-2.42" else 1], "test", "rules", "fusebox.rules.test.yml"],
+                 cwd=few_and_many / "rules")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -273,7 +290,7 @@ def test_thanos_groups_abort_on_partial_responses(tmp_path):
 def test_thanos_rules_are_checked_on_a_copy_without_the_key(tmp_path):
     from fusebox.generator.toolcheck import check_rules_and_tests, rules_for_tools
 
-    out = _generate(tmp_path, _spec_text(**{"rule_engine: prometheus": "rule_engine: thanos"}))
+    out = _trimmed(tmp_path, text=_spec_text(**{"rule_engine: prometheus": "rule_engine: thanos"}))
     pt = promtools()[0]
     r = _run([pt, "check", "rules", str(out / "rules/fusebox.rules.yml")])
     assert r.returncode != 0 and "partial_response_strategy" in r.stdout + r.stderr  # why the copy exists
@@ -369,11 +386,10 @@ def test_rule_engine_is_in_the_schema_and_defaults_to_prometheus():
 
 # --------------------------------------------------------------------------- fusebox check
 @pytest.mark.tools
-def test_fusebox_check_runs_vmalert_and_vmalert_tool(generated):
+def test_fusebox_check_runs_vmalert_and_vmalert_tool(shipped_check):
     promtools()
     _vm("vmalert-tool")
-    r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(SPEC), "--out", str(generated)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=900)
+    r = shipped_check
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^ok   vmalert -dryRun -rule=\S+fusebox.rules.yml$", r.stdout, re.M), r.stdout
     assert re.search(r"^ok   vmalert-tool unittest --files=\S*fusebox.rules.vmalert.test.yml$", r.stdout, re.M), r.stdout

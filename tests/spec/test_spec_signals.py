@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import FIXTURES, ROOT, SPEC, promtools
+from _support import FIXTURES, ROOT, SPEC, promtools, trimmed_spec
 
 from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
 from fusebox.generator.outputs import render_all
@@ -203,13 +203,24 @@ def test_no_generated_annotation_names_an_empty_label(example_out):
                     assert not re.search(r"\(\s*\)|  |on  | \(\)|\b(pod|namespace|model_name|GPU|engine|host) [(,]", text), text
 
 
+@pytest.fixture(scope="module")
+def example_alone(tmp_path_factory):
+    """The worked example beside GPU memory alone (_support.trimmed_spec): its cases under the
+    tools in seconds (the shipped signals' cases run in conftest's shipped_check)."""
+    out = tmp_path_factory.mktemp("queue-depth-alone")
+    spec = _spec(trimmed_spec(example_spec_text(selectors={"vllm": {"namespace": "inference"}}), "queue_depth"))
+    write_outputs(render_all(spec), out)
+    return out
+
+
 @pytest.mark.tools
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
-def test_the_example_passes_promtool(example_out, which):
+def test_the_example_passes_promtool(example_alone, which):
     pt = promtools()[which]
-    r = subprocess.run([pt, "check", "rules", "fusebox.rules.yml"], cwd=example_out / "rules", capture_output=True, text=True)
+    assert "VLLMQueueDepthHigh" in (example_alone / "rules/fusebox.rules.test.yml").read_text()
+    r = subprocess.run([pt, "check", "rules", "fusebox.rules.yml"], cwd=example_alone / "rules", capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=example_out / "rules", capture_output=True,
+    r = subprocess.run([pt, "test", "rules", "fusebox.rules.test.yml"], cwd=example_alone / "rules", capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout + r.stderr
@@ -293,10 +304,13 @@ def test_bad_global_source_and_selectors_are_spec_errors(key, value, needle):
     assert re.search(r"fusebox\.yaml:\d+:\d+: ", str(e.value))
 
 
-def _dcgm_spec(**global_):
+def _dcgm_spec(keep: tuple[str, ...] | None = None, **global_):
+    """The shipped spec on dcgm-exporter's series (``global_`` keys set); with ``keep``, only GPU
+    memory and those signals (_support.trimmed_spec)."""
     data = yaml.safe_load(SPEC.read_text())
     data["global"].update({"source": "dcgm", **global_})
-    return _spec(yaml.safe_dump(data, sort_keys=False))
+    text = yaml.safe_dump(data, sort_keys=False)
+    return _spec(text if keep is None else trimmed_spec(text, *keep))
 
 
 def test_a_global_selector_kept_off_dcgm_series_lets_the_rules_select_a_real_capture():
@@ -326,7 +340,9 @@ def test_a_global_selector_kept_off_dcgm_series_lets_the_rules_select_a_real_cap
 @pytest.mark.tools
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
 def test_switched_rules_with_per_backend_selectors_pass_their_generated_tests(tmp_path, which):
-    spec = _dcgm_spec(selector={"namespace": "inference"}, selectors={"dcgm": {"namespace": "gpu-operator"}})
+    # the signals dcgm switches (GPU memory, its time to full, memory bandwidth) alone: the tools' run in seconds
+    spec = _dcgm_spec(("gpu_memory_time_to_full", "memory_bandwidth_saturation"), selector={"namespace": "inference"},
+                      selectors={"dcgm": {"namespace": "gpu-operator"}})
     write_outputs(render_all(spec), tmp_path)
     text = (tmp_path / "rules/fusebox.rules.test.yml").read_text()
     assert 'DCGM_FI_DEV_FB_FREE{' in text and 'namespace="gpu-operator"' in text
@@ -439,14 +455,17 @@ def test_init_into_a_file_is_refused(tmp_path):
     assert "f:1:1: not a folder -- " in r.stderr
 
 
-def _without_by(*names, empty=False):
+def _without_by(*names, empty=False, alone=False):
+    """The shipped spec with the ``by`` of the signals ``names`` removed (or ``empty``); ``alone``:
+    only GPU memory and those signals (_support.trimmed_spec)."""
     data = yaml.safe_load(SPEC.read_text())
     for n in names:
         if empty:
             data["signals"][n]["by"] = []
         else:
             data["signals"][n].pop("by")
-    return _spec(yaml.safe_dump(data, sort_keys=False))
+    text = yaml.safe_dump(data, sort_keys=False)
+    return _spec(trimmed_spec(text, *names) if alone else text)
 
 
 def test_a_quantile_summed_by_nothing_names_no_label():
@@ -501,7 +520,7 @@ def test_an_alert_without_source_says_nothing_of_it():
 
 @pytest.mark.tools
 def test_a_deriv_without_by_keeps_the_gauges_labels_and_says_so(tmp_path):
-    spec = _without_by("kv_cache_growth_rate", "kv_cache_growth_oom")
+    spec = _without_by("kv_cache_growth_rate", "kv_cache_growth_oom", alone=True)  # the tools' run in seconds
     write_outputs(render_all(spec), tmp_path)
     doc = yaml.safe_load((tmp_path / "rules/fusebox.rules.test.yml").read_text())
     fired = [a for g in doc["tests"] for t in g["alert_rule_test"] if t["alertname"] == "KVCacheGrowthRateHigh"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC, need, promtools
+from _support import SPEC, need, promtools, trimmed_spec
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
@@ -178,7 +178,7 @@ DCGM_TEXT = SPEC.read_text().replace("  source: fusebox\n", "  source: dcgm\n", 
 @pytest.mark.tools
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
 def test_dcgm_time_to_full_cases_pass_promtool(tmp_path, which):
-    rules = _generate(tmp_path, DCGM_TEXT)
+    rules = _generate(tmp_path, trimmed_spec(DCGM_TEXT, "gpu_memory_time_to_full"))  # the tools' run in seconds
     text = (rules / "fusebox.rules.test.yml").read_text()
     assert "DCGM_FI_DEV_FB_FREE" in text and "GPUMemoryTimeToFullLow: an engine restart" in text
     r = _run([promtools()[which], "test", "rules", "fusebox.rules.test.yml"], rules)
@@ -187,7 +187,7 @@ def test_dcgm_time_to_full_cases_pass_promtool(tmp_path, which):
 
 @pytest.mark.tools
 def test_dcgm_time_to_full_cases_pass_vmalert_tool(tmp_path):
-    rules = _generate(tmp_path, DCGM_TEXT)
+    rules = _generate(tmp_path, trimmed_spec(DCGM_TEXT, "gpu_memory_time_to_full"))
     r = _run([_vmalert_tool(), "unittest", "--files=fusebox.rules.vmalert.test.yml"], rules)
     assert r.returncode == 0 and "FAILED" not in r.stdout, r.stdout + r.stderr
 
@@ -196,7 +196,7 @@ def test_dcgm_time_to_full_cases_pass_vmalert_tool(tmp_path):
 def test_the_cases_fail_when_flat_pools_give_a_sample(tmp_path):
     """Without the growth filter a flat pool reads +Inf and a shrinking one a negative time, which
     is below every threshold: the generated cases must catch it."""
-    rules = _generate(tmp_path, SPEC.read_text())
+    rules = _generate(tmp_path, trimmed_spec(SPEC.read_text(), "kv_cache_time_to_full"))
     path = rules / "fusebox.rules.yml"
     text = path.read_text()
     broken, n = re.subn(r"(deriv\(fusebox_kv_cache_usage_bytes\[1m\])\) > 0\)", r"\1))", text)
