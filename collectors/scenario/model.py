@@ -3,6 +3,8 @@ time, and the alert crossings that state predicts (:meth:`Scenario.predict`)."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -343,20 +345,31 @@ class Scenario:
         return out
 
     def cumulative_buckets(self, eid: str, t: float, buckets: Sequence[float]) -> list[float]:
-        """Cumulative histogram counts (le each bound, then +Inf) of observations up to ``t``."""
-        counts = [0.0] * (len(buckets) + 1)
-        for k in range(self.ticks(t)):
-            for v in self.alignment_observations(eid, k):
-                for i, b in enumerate(buckets):
-                    if v <= b:
-                        counts[i] += 1
-                counts[-1] += 1
-        return counts
+        """Cumulative histogram counts (le each bound, then +Inf) of observations up to ``t``;
+        ``buckets`` ascending, as a histogram's bounds are."""
+        return self._cumulative_at(eid, [t], buckets)[0]
+
+    def _cumulative_at(self, eid: str, times: Sequence[float], buckets: Sequence[float]) -> list[list[float]]:
+        """:meth:`cumulative_buckets` at each of ``times``, in one pass over the ticks (the times
+        in any order; each observation counted once, in the first bucket whose bound it does not
+        exceed, then summed up the bounds)."""
+        bounds = list(buckets)
+        per_bucket = [0.0] * (len(bounds) + 1)  # the last: above every bound (+Inf only)
+        out: list[list[float]] = [[] for _ in times]
+        done = 0  # ticks counted so far
+        for i in sorted(range(len(times)), key=times.__getitem__):
+            upto = self.ticks(times[i])
+            while done < upto:
+                for v in self.alignment_observations(eid, done):
+                    per_bucket[bisect.bisect_left(bounds, v)] += 1
+                done += 1
+            out[i] = list(itertools.accumulate(per_bucket))
+        return out
 
     def quantile_series(self, eid: str, times: list[float], q: float, buckets: Sequence[float],
                          window: float) -> list[float]:
         """``histogram_quantile(q, increase over window)`` of the engine's hand-offs at each time."""
-        cum = [self.cumulative_buckets(eid, t, buckets) for t in times]
+        cum = self._cumulative_at(eid, times, buckets)
         step = times[1] - times[0] if len(times) > 1 else 1.0
         back = int(round(window / step))
         out = []
