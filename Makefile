@@ -65,9 +65,11 @@ lint: venv ## ruff, then mypy on an installed copy of fusebox (imports across ar
 
 # The process tests mostly wait on real servers (rule evaluations, scrapes, timeouts), so four pytest-xdist
 # workers share 2 cores well; each takes its own free-port slice (tests/conftest.py). TEST_WORKERS=0 runs serially.
+# --dist loadgroup: a test goes to whichever worker is free, except that the tests of a module marked
+# xdist_group (the e2e runs: their module fixture is the whole run) stay on one worker, which runs it once.
 TEST_WORKERS ?= 4
 test: lint tools ## lint, then the whole test suite in TEST_WORKERS (4) workers (unit, promtool, real Prometheus/Alertmanager/Collector, the e2e runs)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: test-unit test-e2e
 test-e2e: tools ## the end-to-end runs alone (tests/e2e/: the demo, VictoriaMetrics, the cluster tests on a real API server)
