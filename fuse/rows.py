@@ -70,19 +70,12 @@ class AuditRecord(TypedDict, total=False):
     detail: dict[str, Any]
 
 
-class AuditRow(TypedDict):
-    """An audit row read back (:meth:`Store.audit_log`, :meth:`Store.audit_rows`): every column."""
+class AuditRow(AuditRecord):
+    """An audit row read back (:meth:`Store.audit_log`, :meth:`Store.audit_rows`): its ``seq`` and
+    every column of :class:`AuditRecord`, each present (NULL as None; ``detail`` the JSON object
+    written)."""
 
     seq: int
-    at: float
-    kind: str
-    decision_id: str | None
-    scope_key: str | None
-    level: int | None
-    action: str | None
-    source: str | None
-    reason: str | None
-    detail: Any  # the JSON written (an object for every row the fuse writes)
 
 
 # ----------------------------------------------------------------------------- state
