@@ -51,6 +51,14 @@ def need(path_or_name: str, how: str = "run `make tools`") -> str:
     missing(f"{path_or_name} is missing: {how}")
 
 
+def prometheus_and_alertmanager() -> tuple[str, str]:
+    """Debian's ``prometheus`` and Alertmanager (``prometheus-alertmanager``, else ``alertmanager``
+    on PATH), each through :func:`need`."""
+    return (need("prometheus", "install Debian's prometheus package (`make tools`)"),
+            need(shutil.which("prometheus-alertmanager") or "alertmanager",
+                 "install Debian's prometheus-alertmanager package (`make tools`)"))
+
+
 def missing(msg: str):
     """Fail (under CI) or skip (elsewhere) with ``msg``, which says what is missing and how to get it."""
     if os.environ.get("CI"):

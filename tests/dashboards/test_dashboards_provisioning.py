@@ -11,12 +11,6 @@ from _dashboards_support import ROOT
 from fusebox.generator.outputs import render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.generator.render_grafana_provisioning import ProvisioningOptions, render_grafana_provisioning
-from fusebox.spec import load_spec
-
-
-@pytest.fixture(scope="module")
-def spec():
-    return load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from fusebox import conventions as C
 from fusebox.generator.render_dashboards import dashboards, render_dashboards
 from fusebox.signal_kinds import dashboard_records, records
-from fusebox.spec import load_spec, parse_spec
+from fusebox.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK_BASE = "https://github.com/your-org/monitoring/blob/main/runbooks"
@@ -41,11 +41,6 @@ EXPECTED = {
     "ConnectionColdStartsHigh": ("s", [30.0]),
 }
 LOWER_BOUNDS = {"KVCacheTimeToFullLow", "GPUMemoryTimeToFullLow"}
-
-
-@pytest.fixture(scope="module")
-def spec():
-    return load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml")
 
 
 @pytest.fixture(scope="module")

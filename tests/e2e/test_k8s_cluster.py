@@ -90,7 +90,7 @@ from _k8s_pods import Pod, expand
 from _kube_net import ReadinessProber, RunningPod, ServiceProxy, map_service_urls, static_sd
 from _kube_support import ControlPlane, gunzip_text, secret_data, secret_doc, wait_until
 from _pg_support import PgServer
-from _support import FIXTURES, ROOT, SPEC, need
+from _support import FIXTURES, ROOT, SPEC, need, prometheus_and_alertmanager
 from test_fuse_alertmanager import _People
 
 from fusebox import conventions as C
@@ -305,9 +305,7 @@ def run(tmp_path_factory) -> Run:
     res = Run()
     t_start = time.monotonic()
     root = tmp_path_factory.mktemp("cluster")
-    prometheus_exe = need("prometheus", "install Debian's prometheus package (`make tools`)")
-    am_exe = need(shutil.which("prometheus-alertmanager") or "alertmanager",
-                  "install Debian's prometheus-alertmanager package (`make tools`)")
+    prometheus_exe, am_exe = prometheus_and_alertmanager()
     with ExitStack() as stack:
         # 1. the control plane ------------------------------------------------------------
         cp = ControlPlane(root / "control-plane")

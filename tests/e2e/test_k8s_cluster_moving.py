@@ -110,7 +110,7 @@ from _k8s_pods import Pod, host_port, pod_ip
 from _kube_net import ServiceProxy, map_service_urls
 from _kube_support import ControlPlane, secret_doc, wait_until
 from _kubelet import FakeKubelet, answer
-from _support import FIXTURES, SPEC, need
+from _support import FIXTURES, SPEC, prometheus_and_alertmanager
 
 from fusebox import conventions as C
 from fusebox.demo.spec import Timing, demo_spec_text
@@ -312,9 +312,7 @@ def run(tmp_path_factory) -> Run:
     res = Run()
     t_start = time.monotonic()
     root = tmp_path_factory.mktemp("moving")
-    prometheus_exe = need("prometheus", "install Debian's prometheus package (`make tools`)")
-    am_exe = need(shutil.which("prometheus-alertmanager") or "alertmanager",
-                  "install Debian's prometheus-alertmanager package (`make tools`)")
+    prometheus_exe, am_exe = prometheus_and_alertmanager()
     with ExitStack() as stack:
         # 1. the control plane (RBAC), its namespaces ----------------------------------------
         cp = ControlPlane(root / "cp", authorization="RBAC")
