@@ -65,8 +65,8 @@ lint: venv ## ruff, then mypy on an installed copy of fusebox (imports across ar
 
 # The process tests mostly wait on real servers (rule evaluations, scrapes, timeouts), so four pytest-xdist
 # workers share 2 cores well; each takes its own free-port slice (tests/conftest.py). TEST_WORKERS=0 runs serially.
-# --dist loadgroup: a test goes to whichever worker is free, except that the tests of a module marked
-# xdist_group (the e2e runs: their module fixture is the whole run) stay on one worker, which runs it once.
+# --dist loadgroup: a test goes to whichever worker is free, except that the tests of a module whose
+# module fixture is a whole run (tests/e2e/, ONE_WORKER in tests/conftest.py) stay on one worker, which runs it once.
 TEST_WORKERS ?= 4
 test: lint tools ## lint, then the whole test suite in TEST_WORKERS (4) workers (unit, promtool, real Prometheus/Alertmanager/Collector, the e2e runs)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup

@@ -34,6 +34,28 @@ for _area in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is
 
 pytest_plugins = ("pytester",)
 
+# Modules whose module fixture is a whole run (a demo, a cluster, a Prometheus with the real gateways):
+# under pytest-xdist their tests stay on one worker, which sets the run up once. Spread over workers,
+# each set it up again (the VictoriaMetrics run twice, 267 s each; four clusters at once).
+ONE_WORKER = ("tests/e2e/", "tests/fuse/test_fuse_gpu_discovery.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (``make test``) with the modules of ONE_WORKER as the groups: a test goes to
+    whichever worker is free, the tests of such a module to one worker together. (pytest-xdist's own
+    ``xdist_group`` mark does not take under pytest 9: xdist 3.8 tags the items through an attribute
+    pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleRuns(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module.startswith(ONE_WORKER) else super()._split_scope(nodeid)
+
+    return ModuleRuns(config, log)
+
 
 @pytest.fixture(scope="session")
 def spec():

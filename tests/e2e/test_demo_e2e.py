@@ -16,7 +16,7 @@ from _demo_support import (
     run_demo,
 )
 
-pytestmark = [pytest.mark.tools, pytest.mark.otelcol, pytest.mark.xdist_group("demo_e2e")]  # one demo run, one worker
+pytestmark = [pytest.mark.tools, pytest.mark.otelcol]
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ from fusebox.demo.spec import Timing, demo_spec_text
 from fusebox.spec.adapter_kinds import ADAPTER_LEVELS
 from fusebox.tooling import free_port
 
-pytestmark = [pytest.mark.tools, pytest.mark.xdist_group("k8s_cluster")]  # one cluster, one worker
+pytestmark = pytest.mark.tools
 
 NS = "monitoring"
 RELEASE = "kube-prometheus-stack"

@@ -116,7 +116,7 @@ from fusebox import conventions as C
 from fusebox.demo.spec import Timing, demo_spec_text
 from fusebox.demo.standin import StandInEngine
 
-pytestmark = [pytest.mark.tools, pytest.mark.xdist_group("k8s_cluster_moving")]  # one cluster, one worker
+pytestmark = pytest.mark.tools
 
 NS, ENGINES_NS, NODE, CLUSTER = "monitoring", "inference", "gpu-node-a", "prod-a"
 KEY = "smg-admin-" + secrets.token_hex(16)  # the gateway's control-plane key, held by a Secret

@@ -35,7 +35,7 @@ from _demo_support import (
     run_demo,
 )
 
-pytestmark = [pytest.mark.tools, pytest.mark.otelcol, pytest.mark.xdist_group("vm_e2e")]  # each run once, one worker
+pytestmark = [pytest.mark.tools, pytest.mark.otelcol]
 
 
 class KillReplicaOne:

@@ -20,8 +20,6 @@ from fusebox.fuse.adapters import build_adapters
 from fusebox.fuse.control import ControlCall
 from fusebox.spec import load_spec
 
-pytestmark = pytest.mark.xdist_group("fuse_gpu_discovery")  # its module fixtures (a Prometheus, smg) set up once
-
 CLUSTER, NODE = "prod-a", "gpu-node-1"
 GPU_A = "GPU-0a0a0a0a-0000-4000-8000-00000000000a"  # engine-a and engine-c share it
 GPU_B = "GPU-0b0b0b0b-0000-4000-8000-00000000000b"  # engine-b
