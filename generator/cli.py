@@ -288,7 +288,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     from .budget import run_budget
 
-    own = [run_fresh_check(spec, Path(args.out), args.spec),  # the tools below test the files as generated now
+    fresh = run_fresh_check(spec, Path(args.out), args.spec)  # the tools below test the files as generated now
+    if fresh == 2:
+        return 2
+    own = [fresh,
            run_budget(spec, summary=True),  # every fuse must act before its resource is full (docs/budget.md)
            run_inpath_check(spec)]  # every in-path shedder must act before its fuse (docs/inpath.md)
     rc = toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against,
@@ -300,12 +303,18 @@ def run_fresh_check(spec, out: Path, spec_path: str) -> int:
     """``fusebox check``'s first line: the files it checks (the rules, their tests, the Alertmanager
     config and its route tests) hold what the spec generates now. A spec edited without `fusebox
     generate` after it, or a generated file edited by hand, fails it: the tools would pass the old
-    rules. A missing file is left to the tool checks (exit 2). Prints ``ok`` or ``FAIL`` and each file
-    that differs; returns 1 when one does, else 0."""
+    rules. Prints ``ok`` or ``FAIL`` and each file that differs; returns 1 when one does, else 0.
+    A file the spec generates that is not there at all: one line on standard error naming them
+    and `fusebox generate`, nothing on standard output, and 2 (bad input)."""
     from .outputs import render_all
     from .toolcheck import CHECKED_FILES
 
     outputs = render_all(spec)
+    missing = [rel for rel in CHECKED_FILES if rel in outputs and not (out / rel).is_file()]
+    if missing:
+        print(f"fusebox check: {', '.join(missing)} not found under {out}/ -- run `fusebox generate --spec {spec_path} "
+              f"--out {out}` first", file=sys.stderr)
+        return 2
     checked = [rel for rel in CHECKED_FILES if rel in outputs and (out / rel).is_file()]
     stale = [rel for rel in checked if (out / rel).read_bytes() != outputs[rel].encode("utf-8")]
     print(f"{'ok  ' if not stale else 'FAIL'} generated files match {spec_path}: {len(checked) - len(stale)} of "

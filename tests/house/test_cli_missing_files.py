@@ -75,3 +75,15 @@ def test_fuse_serve_names_a_missing_spec_and_token_file(tmp_path, capsys, monkey
 def test_a_folder_where_a_file_belongs_is_named_too(tmp_path, capsys):
     rc, err = _run(capsys, ["generate", "--spec", str(tmp_path), "--out", str(tmp_path / "out")])
     assert rc == 2 and err.startswith(f"fusebox generate: {tmp_path}: a directory, not a file -- pass --spec"), err
+
+
+def test_check_on_a_folder_never_generated_says_so_first_and_claims_nothing(capsys, tmp_path):
+    """`fusebox check --out` a folder without the generated files: no `ok` line for files it never
+    read (it once printed "ok generated files match ...: 0 of 0 checked files"), one line naming the
+    five files the checks read and `fusebox generate`, exit 2, before any tool runs."""
+    rc = main(["check", "--spec", SPEC, "--out", str(tmp_path)])
+    cap = capsys.readouterr()
+    assert rc == 2 and cap.out == "", cap.out
+    assert cap.err == (f"fusebox check: rules/fusebox.rules.yml, rules/fusebox.rules.test.yml, "
+                       f"rules/fusebox.rules.vmalert.test.yml, alertmanager/alertmanager.yml, alertmanager/route-tests.yml "
+                       f"not found under {tmp_path}/ -- run `fusebox generate --spec {SPEC} --out {tmp_path}` first\n")
