@@ -40,6 +40,7 @@ pytest_plugins = ("pytester",)
 ONE_WORKER = ("tests/e2e/", "tests/fuse/test_fuse_gpu_discovery.py")
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown where it is not installed
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` (``make test``) with the modules of ONE_WORKER as the groups: a test goes to
     whichever worker is free, the tests of such a module to one worker together. (pytest-xdist's own
