@@ -142,6 +142,10 @@ def _parse_quantity(text: str | int | float, unit: str) -> float:
         if unit == "ratio":
             if not q.dimensionless:
                 raise DimensionalityError(q.units, "dimensionless")
+            items = list(q.unit_items())
+            if items and (len(items) > 1 or items[0][1] != 1):  # "78.3 %%" is percent squared: 0.00783
+                raise QuantityError(f"{s!r} is in {format(q.units, '~')}, a share of a share, not a percentage",
+                                    f"write the unit once, e.g. '{q.magnitude:g}%'")
             value = _tidy(q.to("dimensionless").magnitude)
             if not math.isfinite(value):
                 raise QuantityError(f"{s!r} is not a finite number")

@@ -65,3 +65,25 @@ def test_gigabytes_on_the_gpu_memory_ratio_is_reported_at_its_line():
     assert p.what == "wrong unit: '78.3 GB' is bytes (GB), not a ratio"
     assert p.fix == "signal gpu_memory_utilization's unit is ratio: write the threshold as e.g. '78.3%'"
     assert "e+11" not in str(p)
+
+
+@pytest.mark.parametrize("text", ["78.3 %%", "78.3 % %"])
+def test_a_doubled_percent_is_refused_not_read_as_a_share_of_a_share(text):
+    """pint reads "78.3 %%" as percent squared, 0.00783: the ratio check passed it."""
+    with pytest.raises(QuantityError) as ei:
+        parse_quantity(text, "ratio")
+    assert ei.value.what == f"{text!r} is in % ** 2, a share of a share, not a percentage"
+    assert ei.value.fix == "write the unit once, e.g. '78.3%'"
+
+
+def test_a_doubled_percent_on_the_pcie_link_is_a_spec_error_at_its_line():
+    """Found by a new user's typo: `threshold: 95 %%` on the PCIe link's critical tier generated
+    every file, exit 0, the alert firing at 0.95 % (>= 0.0095) instead of 95 %."""
+    old = "        threshold: 95%          # seed: PCIe link saturation"
+    assert BASE.count(old) == 1
+    text = BASE.replace(old, "        threshold: 95 %%          # seed: PCIe link saturation")
+    with pytest.raises(SpecError) as ei:
+        parse_spec(text, "fusebox.yaml")
+    (p,) = ei.value.problems
+    assert p.line == BASE.splitlines().index(old) + 1
+    assert p.what == "'95 %%' is in % ** 2, a share of a share, not a percentage"
