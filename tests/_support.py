@@ -42,6 +42,21 @@ def trimmed_spec(text: str, *keep: str) -> str:
     return yaml.safe_dump(data, sort_keys=False)
 
 
+def trimmed_outputs(folder: Path, *keep: str, text: str | None = None) -> Path:
+    """``folder``/fusebox.yaml, :func:`trimmed_spec` of ``text`` (default: the shipped spec) with
+    ``keep``, and the outputs `fusebox generate` writes from it beside it; returns the spec file."""
+    from fusebox.generator.outputs import render_all
+    from fusebox.generator.writer import write_outputs
+    from fusebox.spec import parse_spec
+
+    trimmed = trimmed_spec(SPEC.read_text() if text is None else text, *keep)
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = folder / "fusebox.yaml"
+    spec.write_text(trimmed)
+    write_outputs(render_all(parse_spec(trimmed, str(spec))), folder)
+    return spec
+
+
 def need(path_or_name: str, how: str = "run `make tools`") -> str:
     """Return the tool's path, or fail (under CI) / skip (elsewhere) saying how to get it."""
     p = Path(path_or_name)

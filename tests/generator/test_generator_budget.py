@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import Result, run_cli
-from _support import SPEC, spec_text_at_30s, trimmed_spec
+from _support import SPEC, spec_text_at_30s, trimmed_outputs
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
@@ -187,14 +187,8 @@ def test_a_bad_budget_section_is_refused_at_its_line(tmp_path, key, value, words
 
 @pytest.mark.tools
 def test_fusebox_check_fails_when_the_budget_does(tmp_path):
-    from fusebox.generator.outputs import render_all
-    from fusebox.generator.writer import write_outputs
-
     # the KV time-to-full signal and GPU memory's alone: their tools' cases run in seconds, not minutes
-    text = trimmed_spec(_with(kv_cache_time_to_full__critical={"for": "45s"}), "kv_cache_time_to_full")
-    spec = tmp_path / "fusebox.yaml"
-    spec.write_text(text)
-    write_outputs(render_all(parse_spec(text, str(spec))), tmp_path)
+    spec = trimmed_outputs(tmp_path, "kv_cache_time_to_full", text=_with(kv_cache_time_to_full__critical={"for": "45s"}))
     r = subprocess.run([*FUSEBOX, "check", "--spec", str(spec), "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "KVCacheTimeToFullLow critical (kv_cache_eviction) is late" in r.stderr

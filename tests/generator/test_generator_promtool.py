@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import FIXTURES, ROOT, SPEC, need, promtools, trimmed_spec
+from _support import FIXTURES, ROOT, SPEC, need, promtools, trimmed_outputs, trimmed_spec
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
@@ -23,18 +23,6 @@ HAND = Path(__file__).resolve().parents[1] / "promtool"
 
 def _run(cmd, cwd=None):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
-
-
-def _trimmed(folder: Path, *keep: str) -> tuple[Path, str]:
-    """``folder``/fusebox.yaml, the shipped spec with only GPU memory and ``keep`` (_support.trimmed_spec),
-    and its outputs generated beside it: where a test is about `fusebox check` or a tool's verdict,
-    not about the shipped cases (which ``shipped_check`` runs once for the session)."""
-    text = trimmed_spec(SPEC.read_text(), *keep)
-    spec = folder / "fusebox.yaml"
-    folder.mkdir(parents=True, exist_ok=True)
-    spec.write_text(text)
-    write_outputs(render_all(parse_spec(text, str(spec))), folder)
-    return spec, text
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
@@ -78,7 +66,7 @@ def test_generated_tests_fail_when_a_threshold_drifts(tmp_path, which):
     """The generated tests can fail: nudge the critical GPU line from 0.783 to 0.7839 (on the
     GPU-memory-only spec: its cases are the shipped spec's GPU cases)."""
     pt = promtools()[which]
-    _trimmed(tmp_path)
+    trimmed_outputs(tmp_path)
     rules = tmp_path / "rules/fusebox.rules.yml"
     text = rules.read_text()
     assert ">= 0.783\n" in text
@@ -171,7 +159,8 @@ def test_fusebox_check_cli_runs_all_tools(shipped_check):
 def test_fusebox_check_reports_failure_against_the_spec(tmp_path):
     promtools()
     out = tmp_path / "g"
-    spec, text = _trimmed(out, "kv_cache_growth_rate")
+    spec = trimmed_outputs(out, "kv_cache_growth_rate")
+    text = spec.read_text()
     rules = out / "rules/fusebox.rules.yml"
     assert rules.read_text().count(">= 14700000\n") == 1
     rules.write_text(rules.read_text().replace(">= 14700000\n", ">= 15000000\n"))
@@ -187,7 +176,8 @@ def test_fusebox_check_fails_files_the_spec_no_longer_generates(tmp_path):
     tools pass the old files, the check does not (exit 1), naming each stale file and the fix."""
     promtools()
     generated = tmp_path / "g"
-    spec, text = _trimmed(generated)
+    spec = trimmed_outputs(generated)
+    text = spec.read_text()
     assert text.count("threshold: 78.3%") == 1
     spec.write_text(text.replace("threshold: 78.3%", "threshold: 80%"))
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(spec), "--out", str(generated)],
@@ -205,7 +195,7 @@ def test_fusebox_check_against_engine_captures_fails_on_dead_selectors(tmp_path)
     """An engine's own /metrics holds none of the collectors' series: the check fails (exit 1)
     and names them, with the hint to capture the collectors too."""
     promtools()
-    spec, _ = _trimmed(tmp_path, "kv_cache_growth_rate")
+    spec = trimmed_outputs(tmp_path, "kv_cache_growth_rate")
     captures = sorted(str(p) for p in FIXTURES.glob("generator/*vllm*.txt"))
     assert captures
     r = subprocess.run([sys.executable, "-m", "fusebox.cli", "check", "--spec", str(spec), "--out", str(tmp_path),

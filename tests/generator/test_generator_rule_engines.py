@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import ROOT, SPEC, need, promtools, trimmed_spec
+from _support import ROOT, SPEC, need, promtools, trimmed_outputs, trimmed_spec
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
@@ -96,16 +96,10 @@ def test_generated_vmalert_tests_pass_under_vmalert_tool(shipped_check):
                      re.M), shipped_check.stdout + shipped_check.stderr
 
 
-def _trimmed(tmp_path: Path, *keep: str, text: str | None = None) -> Path:
-    """The outputs of the spec (``text``, else the shipped one) with only GPU memory and ``keep``
-    (_support.trimmed_spec): for a tool's verdict on a change, in seconds rather than minutes."""
-    return _generate(tmp_path, trimmed_spec(text or SPEC.read_text(), *keep))
-
-
 @pytest.mark.tools
 def test_generated_vmalert_tests_fail_when_a_threshold_drifts(tmp_path):
     """The vmalert-tool tests can fail: nudge the critical GPU line from 0.783 to 0.7839."""
-    rules = _trimmed(tmp_path) / "rules"
+    rules = trimmed_outputs(tmp_path).parent / "rules"
     text = (rules / "fusebox.rules.yml").read_text()
     assert ">= 0.783\n" in text
     (rules / "fusebox.rules.yml").write_text(text.replace(">= 0.783\n", ">= 0.7839\n"))
@@ -117,7 +111,7 @@ def test_generated_vmalert_tests_fail_when_a_threshold_drifts(tmp_path):
 @pytest.mark.tools
 def test_vmalert_tests_fail_without_the_lag(tmp_path):
     """The lag is needed: the P95 alert's cases at the promtool file's times fail on vmalert."""
-    rules = _trimmed(tmp_path, "alignment_latency_p95") / "rules"
+    rules = trimmed_outputs(tmp_path, "alignment_latency_p95").parent / "rules"
     vm = yaml.safe_load((rules / VM_TESTS).read_text())
     for group in vm["tests"]:
         for c in group.get("alert_rule_test", []):
@@ -290,7 +284,7 @@ def test_thanos_groups_abort_on_partial_responses(tmp_path):
 def test_thanos_rules_are_checked_on_a_copy_without_the_key(tmp_path):
     from fusebox.generator.toolcheck import check_rules_and_tests, rules_for_tools
 
-    out = _trimmed(tmp_path, text=_spec_text(**{"rule_engine: prometheus": "rule_engine: thanos"}))
+    out = trimmed_outputs(tmp_path, text=_spec_text(**{"rule_engine: prometheus": "rule_engine: thanos"})).parent
     pt = promtools()[0]
     r = _run([pt, "check", "rules", str(out / "rules/fusebox.rules.yml")])
     assert r.returncode != 0 and "partial_response_strategy" in r.stdout + r.stderr  # why the copy exists

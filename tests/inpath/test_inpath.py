@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import ROOT, SPEC, trimmed_spec
+from _support import ROOT, SPEC, trimmed_outputs
 
 from fusebox.generator.cli import run_inpath_check
 from fusebox.generator.outputs import render_all, spec_warnings
@@ -198,13 +198,8 @@ def test_generate_warns_of_a_shedder_after_its_fuse(tmp_path):
 @pytest.mark.tools
 def test_fusebox_check_fails_a_shedder_after_its_fuse(tmp_path):
     """The whole `fusebox check` (its tool checks pass on this spec): exit 1, both numbers named."""
-    from fusebox.generator.writer import write_outputs
-
     # 55 % + 12 x 2 % = 79 %; GPU memory's signal alone (its tools' cases run in seconds, not minutes)
-    text = trimmed_spec(_spec(_gw(set={"max_concurrent_requests": 24})))
-    spec = tmp_path / "fusebox.yaml"
-    spec.write_text(text)
-    write_outputs(render_all(parse_spec(text, str(spec))), tmp_path)
+    spec = trimmed_outputs(tmp_path, text=_spec(_gw(set={"max_concurrent_requests": 24})))
     r = subprocess.run([*FUSEBOX, "check", "--spec", str(spec), "--out", str(tmp_path)], capture_output=True, text=True,
                        timeout=900)
     assert r.returncode == 1, r.stdout + r.stderr
