@@ -310,12 +310,12 @@ def run_fresh_check(spec, out: Path, spec_path: str) -> int:
     from .toolcheck import CHECKED_FILES
 
     outputs = render_all(spec)
-    missing = [rel for rel in CHECKED_FILES if rel in outputs and not (out / rel).is_file()]
+    checked = [rel for rel in CHECKED_FILES if rel in outputs]
+    missing = [rel for rel in checked if not (out / rel).is_file()]
     if missing:
         print(f"fusebox check: {', '.join(missing)} not found under {out}/ -- run `fusebox generate --spec {spec_path} "
               f"--out {out}` first", file=sys.stderr)
         return 2
-    checked = [rel for rel in CHECKED_FILES if rel in outputs and (out / rel).is_file()]
     stale = [rel for rel in checked if (out / rel).read_bytes() != outputs[rel].encode("utf-8")]
     print(f"{'ok  ' if not stale else 'FAIL'} generated files match {spec_path}: {len(checked) - len(stale)} of "
           f"{len(checked)} checked files as the spec generates them")
