@@ -124,7 +124,8 @@ def client(svc):
 def alertmanager(tmp_path):
     """``start(service_url, config, args=())``: a real Alertmanager on a free port with ``config``
     (_fuse_support.am_config's text: ``{url}`` is ``service_url``, ``{token_file}`` a file holding
-    TOKEN), ready; its URL. Each one started is stopped after the test; its log is am.log."""
+    TOKEN), ready; its URL. Each one started is stopped after the test; its log is am.log (debug: each
+    notify attempt and why it failed, for a test to print when it waits in vain)."""
     exe = need_tool("prometheus-alertmanager", "alertmanager")
     procs = []
 
@@ -136,7 +137,7 @@ def alertmanager(tmp_path):
         port = free_port()
         p = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.path={tmp_path / 'am-data'}",
                               f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                              "--log.level=warn", *args], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb"))
+                              "--log.level=debug", *args], stdout=subprocess.DEVNULL, stderr=open(tmp_path / "am.log", "wb"))
         procs.append(p)
         url = f"http://127.0.0.1:{port}"
         wait_ok(url + "/-/ready", p)

@@ -91,7 +91,8 @@ def test_a_real_alertmanager_with_max_alerts_2_and_5_alerts_sends_truncated_aler
             try:
                 wait_for(lambda: svc.service.store.audit_log(kinds=("truncated",)), 60, 0.1, "a truncated notification")
             except AssertionError as e:
-                raise AssertionError(f"{e}; alertmanager log: {(tmp_path / 'am.log').read_text()[-2000:]}") from None
+                raise AssertionError(f"{e}; the fuse's audit: {svc.service.store.audit_log()[-5:]}; alertmanager log: "
+                                     f"{(tmp_path / 'am.log').read_text()[-3000:]}") from None
             wait_for(lambda: read_log(tmp_path / "gw.jsonl"), 10, 0.05, "the trip")
             rows = svc.service.store.audit_log(kinds=("truncated",))
             metrics = httpx.get(svc.url + "/metrics", timeout=5).text
