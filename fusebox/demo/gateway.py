@@ -48,7 +48,7 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 class ReferenceGateway:
-    """Run with :meth:`start` (background thread) or :meth:`serve_forever`; ``port`` 0 picks one."""
+    """Run with :meth:`start` (a background thread), end with :meth:`stop`; ``port`` 0 picks one."""
 
     def __init__(self, host: str, port: int, log_path: str | Path, token: str | None = None):
         self.log_path = Path(log_path)
@@ -153,13 +153,10 @@ class ReferenceGateway:
         self._thread.start()
         return self
 
-    def serve_forever(self) -> None:
-        self.server.serve_forever()
-
     def stop(self) -> None:
         """Stop serving and close every connection, kept-alive ones too: a client's next call is
         refused, as by a gateway that is down."""
-        if self._thread:  # serve_forever runs in our thread: ask it to return (else it has returned already)
+        if self._thread:  # serve_forever runs in our thread: ask it to return
             self.server.shutdown()
         self.server.server_close()
         with self._lock:
@@ -183,12 +180,9 @@ def register(fuse_subcommands) -> None:
     g.set_defaults(func=gateway)
 
 
-class _Stopped(Exception):
-    """SIGTERM arrived (raised by the handler in the main thread, out of ``serve_forever``)."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    raise _Stopped
+def _ignore(signum, frame) -> None:
+    """A handler that is never run (the signals are blocked and taken by ``sigwait``): installed so that
+    a signal the parent left ignored (SIG_IGN survives exec) is not discarded on arrival."""
 
 
 def gateway(args) -> int:
@@ -208,19 +202,22 @@ def gateway(args) -> int:
     except (OSError, ValueError) as e:
         return _err(str(e))
     print(f"fusebox fuse gateway: listening on {gw.url}, logging to {args.log}", file=sys.stderr, flush=True)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    # Ctrl-C stops it even when started with SIGINT ignored or blocked (both survive exec: a parent
-    # that ignores it, a test runner's worker, `cmd &` in a script), as `fusebox fuse serve` does.
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    # The main thread waits for the signal in sigwait, with both signals blocked in every thread (the
+    # server's threads inherit the mask): no handler raises into whatever the main thread runs (an
+    # exception raised in serve_forever's request handling is caught and printed by socketserver, and
+    # the server went on serving). Ctrl-C stops it even when started with SIGINT ignored or blocked
+    # (both survive exec: a parent that ignores it, a test runner's worker, `cmd &` in a script).
+    stops = {signal.SIGINT, signal.SIGTERM}
+    previous = {s: signal.signal(s, _ignore) for s in stops}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
-        gw.serve_forever()
-    except (KeyboardInterrupt, _Stopped) as e:
-        # serve_forever has returned: stop() closes the socket and the kept connections at once
-        gw.stop()
-        print(f"fusebox fuse gateway: {'SIGTERM' if isinstance(e, _Stopped) else 'SIGINT'}: stopped (every "
-              "connection closed, exit 0)", file=sys.stderr, flush=True)
+        gw.start()
+        got = signal.sigwait(stops)
+        gw.stop()  # closes the socket and the kept connections at once
+        print(f"fusebox fuse gateway: {signal.Signals(got).name}: stopped (every connection closed, exit 0)",
+              file=sys.stderr, flush=True)
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return 0
