@@ -472,3 +472,21 @@ FUSE_STORE_ENV = "FUSEBOX_FUSE_STORE"
 # `fusebox fuse serve --timeout`: a gateway or vLLM call's total deadline, seconds, when no spec adapter
 # names its own; `fusebox budget` counts it in every fuse's reaction time (docs/budget.md).
 FUSE_CALL_TIMEOUT_S = 5.0
+
+# --- scaling (the spec's `scaling:` section; generator/render_scaling.py, docs/scaling.md) ------------
+# A workload's load against its set points, summed over its replicas: for each driving signal the sum
+# over the workload's series of value / safe level (SCALING_SIGNAL_LOAD, label `signal`), then the
+# highest of them (SCALING_LOAD). KEDA and the HPA target an average of 1 per replica, so the
+# replica count they want is ceil(load): every replica back at or under its safe level.
+SCALING_LOAD = "fusebox:scaling_load:ratio"
+SCALING_SIGNAL_LOAD = "fusebox:scaling_signal_load:ratio"
+SCALING_LABELS = {"workload": "workload", "signal": "signal"}
+SCALING_GROUP = "fusebox-scaling"
+# The CostQoSScalingPolicy CRD (fusebox/data/costqos-crd.yaml) and what its controller publishes
+# (fusebox/costqos/): its choice per policy, and 1 while no frontier point within the budget meets the QoS.
+COSTQOS_GROUP = "fusebox.dev"
+COSTQOS_VERSION = "v1alpha1"
+COSTQOS_KIND = "CostQoSScalingPolicy"
+COSTQOS_DESIRED_REPLICAS = "fusebox_costqos_desired_replicas"
+COSTQOS_QOS_UNMET = "fusebox_costqos_qos_unmet"
+COSTQOS_ALERT = "CostQoSBudgetCannotMeetQoS"

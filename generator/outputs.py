@@ -17,7 +17,7 @@ from fusebox.spec.adapter_kinds import ADAPTER_KINDS
 from fusebox.spec.adapters import Adapter as FuseAdapter
 from fusebox.spec.units import format_duration
 
-from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol
+from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol, render_scaling
 from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import DISCOVERING, discovering, kustomization_output, render_prometheusrule, workload_outputs
@@ -153,6 +153,7 @@ def render_all(spec: Spec) -> dict[str, str]:
     out.update(workload_outputs(spec, header))
     out.update(render_haproxy.outputs(spec, header))
     out.update(render_inpath.outputs(spec, header))
+    out.update(render_scaling.outputs(spec, header))
     out.update(kustomization_output(spec, header, list(out)))  # last: it lists every k8s/ manifest
     return dict(sorted(out.items()))
 
