@@ -20,21 +20,23 @@ Nothing here renders anything for a spec without ``scaling:``. With it:
 from __future__ import annotations
 
 import functools
+import math
 from importlib import resources
 from typing import Any
 
 import yaml
 
 from fusebox import conventions as C
-from fusebox.signal_kinds import records
+from fusebox.signal_kinds import kind_of, records
+from fusebox.signal_kinds.base import Synth, label_str, segments
 from fusebox.spec import Spec
 from fusebox.spec.scaling import Workload
-from fusebox.spec.units import format_duration, format_number
+from fusebox.spec.units import format_duration, format_number, humanize
 
 from .yamlout import dump_yaml
 
 __all__ = ["SCALING_FILE", "CRD_FILE", "POLICIES_FILE", "place_rules", "load_expr", "signal_load_expr", "scaled_objects", "hpas",
-           "policies", "crd", "outputs", "alert_rule", "runbook_facts", "EXTERNAL_METRICS", "POLICY_LOOKBACK", "UNMET_FOR_S"]
+           "policies", "crd", "outputs", "test_groups", "alert_rule", "runbook_facts", "EXTERNAL_METRICS", "POLICY_LOOKBACK", "UNMET_FOR_S"]
 
 SCALING_FILE = "k8s/scaling.yml"
 CRD_FILE = "k8s/costqos-crd.yml"
@@ -169,6 +171,108 @@ def place_rules(spec: Spec, groups: list[dict[str, Any]], slow: str) -> None:
         own.append(alert_rule(spec))
     if own:
         groups.append({"name": C.SCALING_GROUP, "interval": slow, "rules": own})
+
+
+# ---------------------------------------------------------------------- generated tests
+# Two replicas of the workload's model at 1.11 times a driving signal's safe level: the load is
+# 2 x 1.11 = 2.22 (three replicas wanted). With the trip threshold as the set point instead the
+# load would be under 2 (KV growth: 2 x 10.212 / 14.7 = 1.39), so the case fails on that mistake.
+OVER_SAFE = 1.11
+# A model the workload does not serve: its series (at 5 x the safe level) must add nothing.
+_OTHER_MODEL = "other-model"
+
+
+def _synth(spec: Spec, sig: Any, w: Workload, engine: str, model: str) -> Synth:
+    base = Synth.of(sig, spec)
+    return Synth(sig, spec, base.interval, {**base.labels, C.LABEL["engine"]: engine, C.LABEL["model"]: model})
+
+
+def test_groups(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
+    """promtool test groups: per workload and driving signal (its kind's synthetic series, the
+    other drivers silent), the load at 1.11 x the safe level on two replicas (2.22), the midpoint
+    between safe level and trip on one (over 1), another model's series counting nothing; and the
+    CostQoS alert's ``for`` boundary. [] without ``scaling``."""
+    if spec.scaling is None:
+        return []
+    interval = spec.evaluation_interval_s
+    out: list[tuple[str, dict[str, Any]]] = []
+    wl = C.SCALING_LABELS["workload"]
+    for w in spec.scaling.workloads:
+        for d in w.signals:
+            sig = spec.signal(d.name)
+            kind = kind_of(sig)
+            trip = min((t.threshold for t in sig.tiers if t.fuse), default=None)
+            if not kind.testable(sig) or not sig.tiers:
+                continue
+            window = max(kind.window(sig), interval)
+            at = window + kind.first_true(sig, interval) + 2 * interval
+            n = int(at / interval) + 3
+            cases = []
+            series: list[Any] = []
+            over = d.set_point * OVER_SAFE
+            two = [_synth(spec, sig, w, f"engine-{i}", w.model) for i in range(2)]
+            for syn in two:
+                series += kind.series(syn, [(n, over)])
+            series += kind.series(_synth(spec, sig, w, "engine-9", _OTHER_MODEL), [(n, d.set_point * 5)])
+            load = sum(kind.exact(syn, over) for syn in two) / d.set_point
+            sel = f'{C.SCALING_LOAD}{{{wl}="{w.name}"}}'
+            cases = [_replicas_case(sel, w, at, load)]
+            if all(kind.exact(syn, over) == over for syn in two):  # the value itself where the rules compute it exactly
+                cases.insert(0, {"expr": sel, "eval_time": format_duration(at), "exp_samples": [{"labels": sel, "value": load}]})
+            out.append((f"Scaling {w.name} on {d.name}: two replicas at {format_number(OVER_SAFE)} x its safe level "
+                        f"{d.set_point_text} make load {format_number(round(load, 6))}, {math.ceil(load)} replicas; "
+                        "another model's series count nothing",
+                        {"interval": format_duration(interval), "input_series": series, "alert_rule_test": [],
+                         "promql_expr_test": cases}))
+            if trip is None:
+                continue
+            mid = (d.set_point + trip) / 2
+            one = _synth(spec, sig, w, "engine-0", w.model)
+            load1 = kind.exact(one, mid) / d.set_point
+            out.append((f"Scaling {w.name} on {d.name}: one replica midway between the safe level {d.set_point_text} and "
+                        f"the fuse's {humanize(trip, sig.unit)} reads load {format_number(round(load1, 6))}, "
+                        f"{math.ceil(load1)} replicas: the scaler acts before the fuse (the trip threshold as set point "
+                        f"would read {format_number(round(kind.exact(one, mid) / trip, 6))}, {math.ceil(kind.exact(one, mid) / trip)} replica)",
+                        {"interval": format_duration(interval), "input_series": kind.series(one, [(n, mid)]),
+                         "alert_rule_test": [], "promql_expr_test": [_replicas_case(sel, w, at, load1)]}))
+    out += _unmet_tests(spec)
+    return out
+
+
+def _replicas_case(sel: str, w: Workload, at: float, load: float) -> dict[str, Any]:
+    """The replica count an AverageValue target of 1 asks for, ceil(load): an integer, exact on
+    promtool and on vmalert-tool alike (VictoriaMetrics keeps 12 significant digits of a value).
+    Aggregated by ``workload``: MetricsQL's ceil() keeps the metric name, PromQL's drops it."""
+    wl = C.SCALING_LABELS["workload"]
+    return {"expr": f"max by ({wl}) (ceil({sel}))", "eval_time": format_duration(at),
+            "exp_samples": [{"labels": f'{{{C.SCALING_LABELS["workload"]}="{w.name}"}}', "value": math.ceil(load)}]}
+
+
+def _unmet_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
+    assert spec.scaling is not None
+    pols = [w for w in spec.scaling.workloads if w.cost_qos]
+    if not pols:
+        return []
+    w = pols[0]
+    slow = spec.slow_evaluation_interval_s  # fusebox-scaling's interval
+    base = {"instance": "fusebox-costqos:8080", "job": "fusebox-costqos"}
+    n = int((UNMET_FOR_S + 2 * slow) / spec.evaluation_interval_s) + 1
+    unmet = {**base, "namespace": w.namespace, "policy": w.name}
+    met = {**base, "namespace": w.namespace, "policy": f"{w.name}-met"}
+    rule = alert_rule(spec)
+    labels = {"namespace": w.namespace, "policy": w.name, **rule["labels"]}
+    ann = {k: v.replace("{{ $labels.namespace }}", w.namespace).replace("{{ $labels.policy }}", w.name)
+           for k, v in rule["annotations"].items()}
+    before = UNMET_FOR_S - slow
+    return [(f"{C.COSTQOS_ALERT}: a policy whose budget-capped point is chosen alerts after {format_duration(UNMET_FOR_S)} "
+             f"(not at {format_duration(before)}); one that meets its QoS does not", {
+                 "interval": format_duration(spec.evaluation_interval_s),
+                 "input_series": [{"series": C.COSTQOS_QOS_UNMET + label_str(unmet), "values": segments([(n, 1, 0)])},
+                                  {"series": C.COSTQOS_QOS_UNMET + label_str(met), "values": segments([(n, 0, 0)])}],
+                 "alert_rule_test": [
+                     {"eval_time": format_duration(before), "alertname": C.COSTQOS_ALERT, "exp_alerts": []},
+                     {"eval_time": format_duration(UNMET_FOR_S), "alertname": C.COSTQOS_ALERT,
+                      "exp_alerts": [{"exp_labels": labels, "exp_annotations": ann}]}]})]
 
 
 # ----------------------------------------------------------------------------- scalers

@@ -284,7 +284,7 @@ def _workload(i: int, raw: RawWorkload, signals: dict[str, Any], written: set[st
         ok = ok and qos is not None
         if raw.price_per_replica_hour is None:
             err(path + ("cost_qos",), "cost_qos needs price_per_replica_hour: the policy prices each replica count",
-                "add price_per_replica_hour (USD), e.g. 0.21")
+                "add price_per_replica_hour (USD), e.g. 0.21", key=True)
             ok = False
         elif qos is not None and price is not None and qos.cost_budget < lo * price:
             err(path + ("cost_qos", "cost_budget"), f"cost_budget {qos.cost_budget:g} USD/h does not pay for replicas.min "
