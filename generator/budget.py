@@ -33,6 +33,7 @@ the time the KV pool has left then: its free part at ``budget.kv_fill`` filling 
 growth rate (the lowest critical threshold of the byte-growth signals, as the fuse rows' growth).
 Terms: ``scrape``; ``eval``, the interval of the group holding the workload's load record;
 ``records``, the staleness of the load records it reads from other groups (:func:`cross_group_s`);
+``lag``, on vmalert, one group interval per level of the load's same-group chain;
 ``polling``, KEDA's ``pollingInterval`` (0 with plain HPAs); ``sync``, the HPA controller's sync
 period; ``stabilization``, the scale-up stabilization window; ``pod_start``, the workload's.
 A scale-out that cannot finish before the pool is full fails ``fusebox budget``.
@@ -55,7 +56,7 @@ from fusebox.spec.units import format_number, humanize, parse_duration
 from .render_alertmanager import routing
 from .render_rules import STATIC_GROUP, render_rules
 from .render_scaling import load_expr
-from .render_vmalert_tests import alert_lags
+from .render_vmalert_tests import alert_lags, record_lags
 from .rule_engines import records_read
 
 __all__ = ["FUSE_DECISION_S", "Row", "ScalingRow", "budget_rows", "scaling_rows", "cross_group_s", "run_budget"]
@@ -134,6 +135,9 @@ def scaling_rows(spec: Spec) -> list[ScalingRow]:
                  f"{gigabytes(free)} free / {humanize(growth, 'bytes_per_second')} (the critical growth)")
     else:
         left, basis = None, "n/a: no byte-growth signal gives a critical growth rate"
+    # vmalert stores a record one evaluation late per level of its same-group chain (the load reads the
+    # signal loads, which read the values): the deepest load record's, in its group's intervals
+    lag_levels = record_lags(groups).get(C.SCALING_LOAD, 0) if spec.rule_engine == "victoriametrics" else 0
     rows = []
     for w in s.workloads:
         expr = load_expr(w)
@@ -145,6 +149,7 @@ def scaling_rows(spec: Spec) -> list[ScalingRow]:
             "scrape": spec.scrape_interval_s,
             "eval": interval,
             "records": cross_group_s(groups, g["name"], expr, spec.evaluation_interval_s),
+            "lag": lag_levels * interval,
             "polling": s.polling_interval_s if s.keda else 0.0,
             "sync": s.sync_period_s,
             "stabilization": s.scale_up_stabilization_s,
