@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from fusebox.conventions import SMG_VETO_READS
 from fusebox.spec import Spec
-from fusebox.spec.inpath import GATEWAY_KINDS, OVERLOAD_QUANTITIES, SMG_DEFAULT_KEY, SMG_OVERLOAD_DEFAULTS, Overload, Shedder, Veto
+from fusebox.spec.inpath import GATEWAY_KINDS, Shedder
+from fusebox.spec.overload import OVERLOAD_QUANTITIES, SMG_DEFAULT_KEY, SMG_OVERLOAD_DEFAULTS, Overload, Veto
 from fusebox.spec.units import format_duration, format_number, humanize
 
 __all__ = ["Setting", "settings", "overload_lines", "render_shedder", "outputs", "inpath_warnings", "OUT_DIR", "FLAGS",

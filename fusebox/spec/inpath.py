@@ -16,17 +16,7 @@ Shape::
           per_request: 2%        # what one running request adds to it, per engine
           shed_at: 72%           # optional; default: the signal's warning threshold (its safe level)
           set: {queue_size: 0}   # optional per-setting overrides (SETTINGS lists them per kind)
-          overload:              # kind smg only: smg 1.13's own worker overload veto, stated (on by default)
-            token_usage: 80%     # KV-cache token usage at or above which a worker leaves routing
-            waiting_requests: 8  # waiting requests at or above which it does
-            shed: false          # true: 503 when every worker is over (--worker-overload-shed)
-            # protection: false  # switch the veto off (then neither threshold)
-
-Without ``overload:`` (or without one of its thresholds) the threshold is derived: the warning
-threshold (the safe level) of the spec's signal of the same quantity (a ``gauge`` whose source reads
-what smg reads, ``conventions.SMG_VETO_READS``), else smg 1.13's own default (0.8, 8); the flags
-state it either way. Every veto is checked against every signal of its quantity: at or above its
-safe level, under its fuse tier's threshold.
+          overload: {token_usage: 80%}   # kind smg only: smg's own worker overload veto (spec/overload.py)
 
 Every problem is a :class:`~fusebox.spec.errors.Problem` at its line (exit 2 in the CLI).
 """
@@ -39,27 +29,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from fusebox import conventions as C
 
 from . import units
+from .overload import Overload, RawOverload, normalise_overload
 
-__all__ = ["RawInpath", "Inpath", "Shedder", "Overload", "Veto", "per_engine", "SETTINGS", "KINDS", "GATEWAY_KINDS",
-           "OVERLOAD_KINDS", "OVERLOAD_QUANTITIES", "SMG_OVERLOAD_DEFAULTS", "SMG_DEFAULT_KEY", "normalise_inpath", "shedding_window_s", "shedding_records"]
+__all__ = ["RawInpath", "Inpath", "Shedder", "per_engine", "SETTINGS", "KINDS", "GATEWAY_KINDS", "normalise_inpath",
+           "shedding_window_s", "shedding_records"]
 
 GATEWAY_KINDS = ("smg", "sglang_router")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*\Z")  # a shedder's name is its file's name: inpath/<name>.flags
 KINDS = (*GATEWAY_KINDS, "vllm")
-# The kinds with a worker overload veto of their own: smg 1.13 (sglang-router 0.3.2's --help has none).
-OVERLOAD_KINDS = ("smg",)
-# smg 1.13's veto where its command line says nothing (smg/router_args.py: worker_overload_token_usage
-# 0.8, worker_overload_waiting_requests 8; both compared "at or above"), by quantity: a shedder the
-# spec would not know of unless the flags state it (docs/pitfalls.md P23).
-SMG_OVERLOAD_DEFAULTS = {"token_usage": 0.8, "waiting_requests": 8.0}
-SMG_DEFAULT_KEY = "smg 1.13's default"
-# The veto's quantities: each one's unit in the spec (a signal of it has this unit), and its name for people.
-OVERLOAD_QUANTITIES = {"token_usage": ("ratio", "KV-cache token usage"), "waiting_requests": ("count", "waiting requests")}
 
 # The overrides each kind takes under `set:`, and their type: "count" a whole number of 0 or more,
 # "positive" one of 1 or more, "seconds" a Prometheus duration of whole seconds (the gateways'
@@ -85,15 +67,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class RawOverload(_Strict):
-    """``inpath.shedders.<name>.overload`` (kind smg): smg 1.13's worker overload veto."""
-
-    protection: StrictBool = True
-    token_usage: _Value | None = None
-    waiting_requests: _Int | None = None
-    shed: StrictBool = False
-
-
 class RawShedder(_Strict):
     kind: Literal["smg", "sglang_router", "vllm"]
     signal: str
@@ -111,29 +84,6 @@ class RawInpath(_Strict):
     max_generation: _Value | None = None
     mean_generation: _Value | None = None
     shedders: dict[str, RawShedder] = {}
-
-
-@dataclass(frozen=True)
-class Veto:
-    """One threshold of smg's worker overload veto: a worker whose ``quantity`` is at or above
-    ``at`` is left out of routing while another worker is under (smg 1.13, inclusive)."""
-
-    quantity: str  # "token_usage" (KV-cache token usage, ratio 0-1) | "waiting_requests" (requests)
-    at: float  # ratio 0-1, or requests (a whole number)
-    key: str  # where the number comes from: a spec key, or SMG_DEFAULT_KEY
-    text: str  # as the spec wrote it (or as derived), for humans
-    signals: tuple[str, ...] = ()  # the spec's signals of the same quantity, each checked against it
-
-
-@dataclass(frozen=True)
-class Overload:
-    """smg's worker overload protection as the flags state it: ``vetoes`` empty when it is off."""
-
-    protection: bool
-    shed: bool  # --worker-overload-shed: 503 when every worker is over, instead of the least-loaded one
-    vetoes: tuple[Veto, ...]
-    key: str  # inpath.shedders.<name>.overload (given or not)
-    given: bool  # whether the spec has the block
 
 
 @dataclass(frozen=True)
@@ -316,114 +266,6 @@ def _settings(raw: RawShedder, path: tuple, err: Err) -> tuple[dict[str, float],
     return settings, ok
 
 
-# --- smg's worker overload veto (overload:) -------------------------------------------------------
-def _quantity_signals(signals: dict[str, Any], quantity: str) -> list[Any]:
-    """The spec's signals of ``quantity``, in spec order: gauges that alert above, in its unit,
-    with a source that reads what smg's veto reads (``conventions.SMG_VETO_READS``)."""
-    reads, unit = C.SMG_VETO_READS[quantity], OVERLOAD_QUANTITIES[quantity][0]
-    return [sig for sig in signals.values() if sig.kind == "gauge" and sig.direction == "above" and sig.unit == unit
-            and any(src.metric in reads for src in sig.sources.values())]
-
-
-def _given_veto(quantity: str, value: _Value, path: tuple, err: Err) -> float | None:
-    """An ``overload`` threshold as given, in its base unit, or None after reporting it."""
-    if quantity == "waiting_requests":
-        if isinstance(value, int) and value >= 1:
-            return float(value)
-        err(path, f"overload.waiting_requests {value!r} is under 1", "smg compares at or above, so 0 would take "
-            "every worker out of routing: give a whole number of 1 or more, e.g. 8")
-        return None
-    try:
-        at = units.parse_quantity(value, "ratio")
-    except ValueError as e:
-        err(path, f"overload.token_usage: {getattr(e, 'what', str(e))}", "a share of the KV cache, e.g. '85%' or 0.85")
-        return None
-    if not 0 < at <= 1:
-        err(path, f"overload.token_usage {value} is not over 0% and at most 100%", "smg takes a share of the KV cache in "
-            "(0, 1] (0 would take every worker out of routing), e.g. '85%'")
-        return None
-    return at
-
-
-def _derived_veto(quantity: str, sigs: list[Any]) -> tuple[float, str, str]:
-    """(at, key, text) of a threshold the spec does not give: the warning threshold (the safe level)
-    of the first of ``sigs`` with one (waiting requests: rounded up to a whole request, at least 1),
-    else smg 1.13's default."""
-    for sig in sigs:
-        warn = next((t for t in sig.tiers if t.name == "warning"), None)
-        if warn is None:
-            continue
-        key = _key(warn.path + ("threshold",))
-        if quantity == "token_usage":
-            return warn.threshold, key, warn.threshold_text
-        n = float(max(1, math.ceil(round(warn.threshold, 9))))
-        return n, key, units.format_number(n) if n == warn.threshold else f"{units.format_number(n)} ({warn.threshold_text} rounded up)"
-    at = SMG_OVERLOAD_DEFAULTS[quantity]
-    return at, SMG_DEFAULT_KEY, units.humanize(at, OVERLOAD_QUANTITIES[quantity][0])
-
-
-def _check_veto(v: Veto, sig: Any, path: tuple, err: Err, key: bool) -> bool:
-    """Whether veto ``v`` acts at or above ``sig``'s safe level (its warning threshold) and under its
-    fuse tier's threshold; the problems are reported at ``path`` (at its key with ``key``)."""
-    unit, what = OVERLOAD_QUANTITIES[v.quantity]
-    safe = next((t for t in sig.tiers if t.name == "warning"), None)
-    fuse = next((t for t in sig.tiers if t.fuse), None)
-    span = " and ".join(([f"at or above {safe.threshold_text} ({_key(safe.path + ('threshold',))})"] if safe else [])
-                        + ([f"under {fuse.threshold_text} ({_key(fuse.path + ('threshold',))})"] if fuse else []))
-    at = f"smg's overload veto takes a worker out of routing at {units.humanize(v.at, unit)} {what} ({v.key})"
-    fix = f"state overload.{v.quantity} {span}"
-    ok = True
-    if safe is not None and round(v.at, 9) < safe.threshold:
-        err(path, f"{at}, under signal {sig.name!r}'s safe level {safe.threshold_text} "
-            f"({_key(safe.path + ('threshold',))}): it would shed where the spec calls the engine safe", fix, key=key)
-        ok = False
-    if fuse is not None and round(v.at, 9) >= fuse.threshold:
-        err(path, f"{at}, at or above the fuse's {fuse.threshold_text} ({_key(fuse.path + ('threshold',))}) on signal "
-            f"{sig.name!r}: the veto acts only once the fuse trips", fix, key=key)
-        ok = False
-    return ok
-
-
-def _overload(raw: RawShedder, path: tuple, signals: dict[str, Any], err: Err) -> tuple[Overload | None, bool]:
-    """The shedder's worker overload veto (kind smg; None for the others) and whether it is valid:
-    each threshold as given, else derived (:func:`_derived_veto`), checked against every signal of
-    its quantity (:func:`_check_veto`)."""
-    ov = raw.overload
-    opath = path + ("overload",)
-    if raw.kind not in OVERLOAD_KINDS:
-        if ov is not None:
-            err(opath, f"kind {raw.kind} has no worker overload protection (smg 1.13's --worker-overload-* flags)",
-                "drop overload:, or use kind: smg", key=True)
-            return None, False
-        return None, True
-    given = ov is not None
-    ov = ov or RawOverload()
-    if not ov.protection:
-        extra = [k for k in OVERLOAD_QUANTITIES if getattr(ov, k) is not None] + (["shed"] if ov.shed else [])
-        for k in extra:
-            err(opath + (k,), f"overload.{k} is set but overload.protection is false: smg then leaves no worker out "
-                "of routing", f"drop {k}, or protection: false", key=True)
-        return Overload(protection=False, shed=False, vetoes=(), key=_key(opath), given=given), not extra
-    ok, vetoes = True, []
-    for quantity in OVERLOAD_QUANTITIES:
-        sigs = _quantity_signals(signals, quantity)
-        value = getattr(ov, quantity)
-        if value is not None:
-            at = _given_veto(quantity, value, opath + (quantity,), err)
-            if at is None:
-                ok = False
-                continue
-            v = Veto(quantity, at, _key(opath + (quantity,)), str(value), tuple(s.name for s in sigs))
-            where, at_key = opath + (quantity,), False
-        else:
-            v = Veto(quantity, *_derived_veto(quantity, sigs), tuple(s.name for s in sigs))
-            where, at_key = (opath if given else path), True
-        checked = [_check_veto(v, sig, where, err, at_key) for sig in sigs]
-        ok = ok and all(checked)
-        vetoes.append(v)
-    return Overload(protection=True, shed=ov.shed, vetoes=tuple(vetoes), key=_key(opath), given=given), ok
-
-
 def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[str], err: Err) -> Shedder | None:
     path = ("inpath", "shedders", name)
     sig = _shed_signal(name, raw, signals, written, err)
@@ -436,7 +278,7 @@ def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[s
     shed_key, shed_text = shed
     ok = ok and _bounded(raw, path, levels, shed_key, shed_text, err)
     settings, settings_ok = _settings(raw, path, err)
-    overload, overload_ok = _overload(raw, path, signals, err)
+    overload, overload_ok = normalise_overload(raw.kind, raw.overload, path, signals, err)
     if not (ok and settings_ok and overload_ok):
         return None
     fuse = next((t for t in sig.tiers if t.fuse), None)

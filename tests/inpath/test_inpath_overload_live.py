@@ -25,7 +25,8 @@ from _support import ROOT, SPEC
 from fusebox.generator.outputs import render_all
 from fusebox.generator.render_inpath import FLAGS, OVERLOAD_FLAGS, OVERLOAD_OFF, OVERLOAD_SHED
 from fusebox.spec import parse_spec
-from fusebox.spec.inpath import SETTINGS, SMG_OVERLOAD_DEFAULTS
+from fusebox.spec.inpath import SETTINGS
+from fusebox.spec.overload import SMG_OVERLOAD_DEFAULTS
 
 pytestmark = pytest.mark.process
 
