@@ -22,6 +22,7 @@ from _fuse_support import wait_for
 from _gateways import SMG, StandInEngine, sglang_gateway
 from _support import ROOT, SPEC
 
+from fusebox import conventions as C
 from fusebox.generator.outputs import render_all
 from fusebox.generator.render_inpath import FLAGS, OVERLOAD_FLAGS, OVERLOAD_OFF, OVERLOAD_SHED
 from fusebox.spec import parse_spec
@@ -191,5 +192,8 @@ def test_shed_refuses_when_every_worker_is_over(tmp_path):
         assert r.status_code == 503, r.text
         assert [_posts(e) for e in engines] == [0, 0]
         assert _samples(gw.metrics_url, "smg_worker_overload_shed_total")['{stage="selection"}'] == 1
+        # admitted at the gateway's door, shed at worker selection: not a refusal of the concurrency
+        # bound, so the after_shedding gate (smg_http_rate_limit_total, result rejected) does not count it
+        assert _samples(gw.metrics_url, C.GATEWAY_ADMISSIONS) == {'{result="allowed"}': 1}
     finally:
         _stop(gw, engines)
