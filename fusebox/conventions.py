@@ -361,6 +361,19 @@ FUSE_LEVEL_METRIC = FUSE_METRICS["level"]
 ALERTS_METRIC = "ALERTS"
 
 
+# --- scaling (the spec's `scaling:` section; generator/render_scaling.py, docs/scaling.md) ------------
+# A workload's load against its set points, summed over its replicas: for each driving signal the sum
+# over the workload's series of value / safe level (SCALING_SIGNAL_LOAD, label `signal`), then the
+# highest of them (SCALING_LOAD). KEDA and the HPA target an average of 1 per replica, so the
+# replica count they want is ceil(load): every replica back at or under its safe level.
+SCALING_LOAD = "fusebox:scaling_load:ratio"
+SCALING_SIGNAL_LOAD = "fusebox:scaling_signal_load:ratio"
+SCALING_LABELS = {"workload": "workload", "signal": "signal"}
+SCALING_GROUP = "fusebox-scaling"
+# A policy whose controller chose the budget-capped point for 5 minutes (COSTQOS_METRICS["qos_unmet"]).
+COSTQOS_ALERT = "CostQoSBudgetCannotMeetQoS"
+
+
 # --- recording rules ------------------------------------------------------------------
 def record_name(level: str, metric: str, ops: str) -> str:
     """``level:metric:operations`` (e.g. ``gpu:fusebox_gpu_memory_utilization:ratio``)."""
@@ -483,20 +496,20 @@ FUSE_STORE_ENV = "FUSEBOX_FUSE_STORE"
 # names its own; `fusebox budget` counts it in every fuse's reaction time (docs/budget.md).
 FUSE_CALL_TIMEOUT_S = 5.0
 
-# --- scaling (the spec's `scaling:` section; generator/render_scaling.py, docs/scaling.md) ------------
-# A workload's load against its set points, summed over its replicas: for each driving signal the sum
-# over the workload's series of value / safe level (SCALING_SIGNAL_LOAD, label `signal`), then the
-# highest of them (SCALING_LOAD). KEDA and the HPA target an average of 1 per replica, so the
-# replica count they want is ceil(load): every replica back at or under its safe level.
-SCALING_LOAD = "fusebox:scaling_load:ratio"
-SCALING_SIGNAL_LOAD = "fusebox:scaling_signal_load:ratio"
-SCALING_LABELS = {"workload": "workload", "signal": "signal"}
-SCALING_GROUP = "fusebox-scaling"
-# The CostQoSScalingPolicy CRD (fusebox/data/costqos-crd.yaml) and what its controller publishes
-# (fusebox/costqos/): its choice per policy, and 1 while no frontier point within the budget meets the QoS.
-COSTQOS_GROUP = "fusebox.dev"
-COSTQOS_VERSION = "v1alpha1"
-COSTQOS_KIND = "CostQoSScalingPolicy"
-COSTQOS_DESIRED_REPLICAS = "fusebox_costqos_desired_replicas"
-COSTQOS_QOS_UNMET = "fusebox_costqos_qos_unmet"
-COSTQOS_ALERT = "CostQoSBudgetCannotMeetQoS"
+# --- the COST-QoS controller (`fusebox costqos run`, docs/costqos.md) ------------------------
+# Its CRD (fusebox/data/costqos-crd.yaml): group, version, kind, plural.
+COSTQOS_CRD = ("fusebox.dev", "v1alpha1", "CostQoSScalingPolicy", "costqosscalingpolicies")
+# What it publishes on its /metrics, labels {namespace, policy}: the replica count it chose (KEDA's
+# second trigger and the HPA's external metric read it), 1 when no frontier point within the budget
+# meets the QoS (alert CostQoSBudgetCannotMeetQoS), and how long one policy's round takes (histogram,
+# seconds: the three range queries, the frontier, the choice; the status write is kopf's, after it).
+COSTQOS_METRICS = {
+    "desired_replicas": "fusebox_costqos_desired_replicas",
+    "qos_unmet": "fusebox_costqos_qos_unmet",
+    "reconcile_duration": "fusebox_costqos_reconcile_duration_seconds",
+    # the frontier and choice alone (CPU-bound part of a round), histogram, seconds
+    "frontier_duration": "fusebox_costqos_frontier_duration_seconds",
+    # rounds whose metrics could not be read, by reason (counter)
+    "metrics_errors": "fusebox_costqos_metrics_errors_total",
+}
+COSTQOS_LABELS = ("namespace", "policy")

@@ -43,7 +43,7 @@ CRD_FILE = "k8s/costqos-crd.yml"
 POLICIES_FILE = "k8s/costqos-policies.yml"
 # How a Prometheus adapter exposes the two series as external metrics (its rules rename them:
 # a metric name with colons is no name the external metrics API serves; docs/scaling.md).
-EXTERNAL_METRICS = {"load": "fusebox_scaling_load_ratio", "desired": C.COSTQOS_DESIRED_REPLICAS}
+EXTERNAL_METRICS = {"load": "fusebox_scaling_load_ratio", "desired": C.COSTQOS_METRICS["desired_replicas"]}
 POLICY_LOOKBACK = "6h"  # the history a policy's points are built from
 UNMET_FOR_S = 300.0  # CostQoSBudgetCannotMeetQoS's for: the controller's choice capped by the budget for 5 minutes
 _RATE_WINDOW = "5m"  # the policy's latency and error-ratio queries
@@ -84,7 +84,7 @@ def alert_rule(spec: Spec) -> dict[str, Any]:
     """``CostQoSBudgetCannotMeetQoS``: a policy whose budget-capped point was chosen for 5 minutes."""
     return {
         "alert": C.COSTQOS_ALERT,
-        "expr": f"max by (namespace, policy) ({C.COSTQOS_QOS_UNMET}) == 1",
+        "expr": f"max by (namespace, policy) ({C.COSTQOS_METRICS['qos_unmet']}) == 1",
         "for": format_duration(UNMET_FOR_S),
         "labels": {**spec.labels, C.LABEL["marker"]: spec.name, C.LABEL["severity"]: "warning"},
         "annotations": {
@@ -115,7 +115,7 @@ def runbook_facts(spec: Spec) -> dict[str, dict[str, Any]]:
         "diagnosis": [
             "The policy's frontier and choice: `kubectl get cqsp -n <namespace> <policy> -o yaml` (status.frontier, "
             "status.choice, status.conditions).",
-            f"The controller's choice per policy: `{C.COSTQOS_DESIRED_REPLICAS}`; the autoscaler's own load: "
+            f"The controller's choice per policy: `{C.COSTQOS_METRICS['desired_replicas']}`; the autoscaler's own load: "
             f"`{C.SCALING_LOAD}` (ceil of it is the replica count the safe levels ask for).",
             "Which constraint fails: the policy's spec.metrics queries (P95 latency, error ratio) over its lookback.",
         ],
@@ -267,8 +267,8 @@ def _unmet_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     return [(f"{C.COSTQOS_ALERT}: a policy whose budget-capped point is chosen alerts after {format_duration(UNMET_FOR_S)} "
              f"(not at {format_duration(before)}); one that meets its QoS does not", {
                  "interval": format_duration(spec.evaluation_interval_s),
-                 "input_series": [{"series": C.COSTQOS_QOS_UNMET + label_str(unmet), "values": segments([(n, 1, 0)])},
-                                  {"series": C.COSTQOS_QOS_UNMET + label_str(met), "values": segments([(n, 0, 0)])}],
+                 "input_series": [{"series": C.COSTQOS_METRICS["qos_unmet"] + label_str(unmet), "values": segments([(n, 1, 0)])},
+                                  {"series": C.COSTQOS_METRICS["qos_unmet"] + label_str(met), "values": segments([(n, 0, 0)])}],
                  "alert_rule_test": [
                      {"eval_time": format_duration(before), "alertname": C.COSTQOS_ALERT, "exp_alerts": []},
                      {"eval_time": format_duration(UNMET_FOR_S), "alertname": C.COSTQOS_ALERT,
@@ -281,7 +281,7 @@ def _load_query(w: Workload) -> str:
 
 
 def _desired_query(w: Workload) -> str:
-    return f'max({C.COSTQOS_DESIRED_REPLICAS}{{namespace="{w.namespace}",policy="{w.name}"}})'
+    return f'max({C.COSTQOS_METRICS["desired_replicas"]}{{namespace="{w.namespace}",policy="{w.name}"}})'
 
 
 def _behavior(spec: Spec) -> dict[str, Any]:
@@ -375,7 +375,7 @@ def policies(spec: Spec) -> list[dict[str, Any]]:
         if q is None or w.price_per_replica_hour is None:
             continue
         out.append({
-            "apiVersion": f"{C.COSTQOS_GROUP}/{C.COSTQOS_VERSION}", "kind": C.COSTQOS_KIND, "metadata": _meta(spec, w),
+            "apiVersion": f"{C.COSTQOS_CRD[0]}/{C.COSTQOS_CRD[1]}", "kind": C.COSTQOS_CRD[2], "metadata": _meta(spec, w),
             "spec": {"targetRef": _target(w), "costBudget": format_number(q.cost_budget),
                      "qosConstraints": {"p95LatencyMs": _num(q.p95_latency_s * 1000), "errorRatePct": _num(q.error_ratio * 100)},
                      "replicas": {"min": w.min_replicas, "max": w.max_replicas},

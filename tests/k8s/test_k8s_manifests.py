@@ -131,7 +131,7 @@ def _validate(doc: dict) -> None:
     group, _, version = doc["apiVersion"].rpartition("/")
     if group == "keda.sh":
         jsonschema.validate(doc, _own_crd_schema(KEDA_CRD, doc["kind"], version), cls=jsonschema.Draft4Validator)
-    elif group == C.COSTQOS_GROUP:
+    elif group == C.COSTQOS_CRD[0]:
         crd = ROOT / "fusebox" / "data" / "costqos-crd.yaml"
         jsonschema.validate(doc, _own_crd_schema(crd, doc["kind"], version), cls=jsonschema.Draft4Validator)
     elif group == "monitoring.coreos.com":
