@@ -292,3 +292,29 @@ def test_the_costqos_alert_has_its_runbook_and_link():
 
 def test_the_crd_is_one_source():
     assert render_scaling.crd() == next(d for d in yaml.safe_load_all(OUR_CRD.read_text()) if d)
+
+
+def test_smgs_worker_overload_veto_at_the_set_point_fails_check():
+    """A KV usage gauge (vLLM's kv_cache_usage_perc, what smg's veto reads) drives the workload at its
+    safe level 85 %; the shipped smg gateway's veto, stated by default at that signal's safe level,
+    is at 85 % too: smg takes workers out of routing as the scaler starts, not after."""
+    def kv_usage(d):
+        d["signals"]["kv_usage"] = {
+            "alert": "KVCacheUsageHigh", "description": "Share of KV blocks in use per engine.", "kind": "gauge",
+            "unit": "ratio", "level": "engine", "by": ["cluster", "host_name", "engine", "model"],
+            "sources": {"vllm": {"metric": "vllm:kv_cache_usage_perc"}},
+            "tiers": {"warning": {"threshold": "85%"}, "critical": {"threshold": "95%", "fuse": "kv_cache_eviction"}},
+            "runbook": {"symptom": "KV blocks are running out.", "impact": "Preemptions follow."}}
+        d["scaling"]["workloads"][0]["signals"] = ["kv_usage"]
+    spec = parse_spec(_edited(kv_usage), "fusebox.yaml")
+    problems = order_problems(spec)
+    assert [p for p in problems if "worker overload veto" in p] == [
+        "scaling workload 'llava-7b' scales on 'kv_usage' at 85% (signals.kv_usage.tiers.warning.threshold), not before "
+        "inpath.shedders.gateway's worker overload veto at 85% (signals.kv_usage.tiers.warning.threshold): smg takes workers "
+        "out of routing before a replica is added -- set the veto above the safe level (inpath.shedders.gateway.overload), "
+        "or scale on another signal"], problems
+    # the veto stated above the safe level, under the fuse: in order
+    def vetoed_later(d):
+        kv_usage(d)
+        d["inpath"]["shedders"]["gateway"]["overload"] = {"token_usage": "90%"}
+    assert order_problems(parse_spec(_edited(vetoed_later), "fusebox.yaml")) == []
