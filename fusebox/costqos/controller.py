@@ -91,22 +91,35 @@ class Controller:
     """The reconcile logic, apart from kopf (the bench and the tests call :meth:`reconcile` too).
 
     ``prometheus_url``: Prometheus' base URL; ``step_s``: the range queries' step, seconds;
-    ``timeout_s``: one query's deadline, seconds."""
+    ``timeout_s``: one query's deadline, seconds; ``max_queries``: queries in flight at once, over
+    all policies (kopf starts the timers of policies created together together: 1,000 policies
+    are 3,000 queries at once, which would queue in the connection pool past their deadline and
+    load Prometheus with all of them; they wait their turn here instead, untimed)."""
 
-    def __init__(self, prometheus_url: str, step_s: float, metrics: ControllerMetrics, timeout_s: float = 30.0):
+    def __init__(self, prometheus_url: str, step_s: float, metrics: ControllerMetrics, timeout_s: float = 30.0,
+                 max_queries: int = 8):
         self.prometheus_url, self.step_s, self.metrics, self.timeout_s = prometheus_url, step_s, metrics, timeout_s
+        self.max_queries = max_queries
         self._http: httpx.AsyncClient | None = None
+        self._turns: asyncio.Semaphore | None = None
 
     def http(self) -> httpx.AsyncClient:
         # created in the running loop (kopf's), on first use
         if self._http is None:
-            self._http = httpx.AsyncClient(timeout=self.timeout_s)
+            self._http = httpx.AsyncClient(timeout=self.timeout_s, limits=httpx.Limits(max_connections=self.max_queries))
         return self._http
+
+    async def _query(self, query: str, start: float, end: float) -> list[tuple[float, float]]:
+        if self._turns is None:
+            self._turns = asyncio.Semaphore(self.max_queries)
+        async with self._turns:
+            return await query_range(self.http(), self.prometheus_url, query, start, end, self.step_s)
 
     async def close(self) -> None:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        self._turns = None
 
     async def reconcile(self, namespace: str, name: str, generation: int, spec: Mapping[str, Any],
                         status: Mapping[str, Any], now: float | None = None) -> Round:
@@ -123,7 +136,7 @@ class Controller:
         old = status.get("conditions")
         q0 = time.perf_counter()
         try:
-            reps, lat, err = await asyncio.gather(*(query_range(self.http(), self.prometheus_url, q, start, end, self.step_s)
+            reps, lat, err = await asyncio.gather(*(self._query(q, start, end)
                                                     for q in (p.replicas_query, p.latency_query, p.error_query)))
         except MetricsError as e:
             return self._unavailable(p, status, e.reason, e.message, time.perf_counter() - q0)

@@ -12,6 +12,7 @@ from fusebox.cli import main
     ("--listen", "0.0.0.0:70000", "is not HOST:PORT"),
     ("--interval", "0", "'0' is not a positive number of seconds -- e.g. 30"),
     ("--step", "soon", "'soon' is not a positive number of seconds"),
+    ("--max-queries", "0", "'0' is not a whole number >= 1 -- e.g. 8"),
 ])
 def test_a_bad_argument_exits_2_naming_it_and_the_fix(capsys, flag, value, words):
     args = {"--prometheus": "http://127.0.0.1:9", "--listen": "127.0.0.1:9", flag: value}
