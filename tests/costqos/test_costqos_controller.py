@@ -245,6 +245,65 @@ def test_the_controller_writes_status_only_and_no_replicas(run):
         "costqosscalingpolicies", "costqosscalingpolicies/status", "events", "customresourcedefinitions", "namespaces"}
 
 
+@pytest.mark.parametrize("query,reason,words", [
+    ("max(", "QueryFailed", "bad_data"),
+    ('{__name__=~"workload_request_.*"}', "NotOneSeries", "returned 2 series -- aggregate it to one, e.g. max(...)"),
+    ('max(kube_deployment_spec_replicas{deployment="none"})', "NoSamples", "no samples in the last 21600 s"),
+])
+def test_an_unusable_query_is_metrics_unavailable_with_the_reason_and_no_choice(run, query, reason, words):
+    name = f"bad-{reason.lower()}"
+    doc = policy(name, "1.00")
+    doc["spec"]["metrics"]["replicas"] = query
+    run.cp.apply(doc)
+    s = status(run, name, pred=lambda s: "MetricsAvailable" in conditions(s))
+    assert conditions(s)["MetricsAvailable"] == ("False", reason)
+    assert words in next(c["message"] for c in s["conditions"] if c["type"] == "MetricsAvailable")
+    assert "choice" not in s and "frontier" not in s
+    assert ("fusebox_costqos_desired_replicas", NS, name) not in published(run)
+
+
+def test_a_spec_change_is_a_new_choice_and_a_deleted_policy_takes_its_series_along(run):
+    run.cp.apply(policy("moving", "1.00"))
+    assert status(run, "moving")["choice"]["replicas"] == 4
+    run.cp.apply(policy("moving", "0.70"))
+    s = status(run, "moving", pred=lambda s: s.get("observedGeneration") == 2)
+    assert s["choice"] == {"replicas": 3, "costPerHour": 0.63, "reason": "BudgetCapped"}
+    wait_until(lambda: published(run).get(("fusebox_costqos_qos_unmet", NS, "moving")) == 1, 30, "moving's qos_unmet 1")
+    run.cp.client.delete(run.cp.resource("fusebox.dev/v1alpha1", "CostQoSScalingPolicy"), name="moving", namespace=NS)
+    wait_until(lambda: not {k for k in published(run) if k[2] == "moving"}, 30, "moving's series gone", alive=run.ctl.check,
+               why=run.ctl.tail)
+
+
+@pytest.mark.process  # it connects to a closed loopback port
+def test_metrics_unavailable_after_a_restart_publishes_the_choice_the_status_holds():
+    """A controller that starts while Prometheus is down has nothing of its own to publish: it
+    publishes the status' last choice (and qos_unmet from BudgetCapped) rather than nothing."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from fusebox.costqos.controller import Controller, ControllerMetrics
+
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    ctl = Controller(f"http://127.0.0.1:{free_port()}", 60, metrics, timeout_s=5)  # nothing listens there
+    old = {"choice": {"replicas": 3, "costPerHour": 0.63, "reason": "BudgetCapped"},
+           "conditions": [{"type": "BudgetCapped", "status": "True", "reason": "BudgetCapped", "message": "",
+                           "lastTransitionTime": "2026-12-05T00:00:00Z"}]}
+
+    async def once():
+        try:
+            return await ctl.reconcile(NS, "restarted", 7, policy("restarted", "0.70")["spec"], old)
+        finally:
+            await ctl.close()
+
+    r = asyncio.run(once())
+    assert r.published == 3 and metrics.published(NS, "restarted") == 3
+    assert registry.get_sample_value("fusebox_costqos_qos_unmet", {"namespace": NS, "policy": "restarted"}) == 1
+    assert "choice" not in r.status and r.status["observedGeneration"] == 7
+    assert conditions(r.status) == {"BudgetCapped": ("True", "BudgetCapped"), "MetricsAvailable": ("False", "PrometheusUnreachable")}
+
+
 def test_prometheus_stopped_is_metrics_unavailable_and_the_last_choice_stays(run):
     """Last in the module: it stops Prometheus."""
     before = status(run, "fits")
