@@ -7,6 +7,8 @@ import math
 
 import pytest
 from _costqos_support import CHOICES, FRONTIER, GROUPS, POINTS, PRICE, QOS, series
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusebox.costqos.frontier import BUDGET_CAPPED, MET, NOTHING_WITHIN_BUDGET, Constraints, Point, choose, pareto, points_from_samples, quantile
 from fusebox.costqos.policy import PolicyError, decide, duration_s, parse_policy
@@ -121,3 +123,28 @@ def test_an_unusable_spec_names_the_field_and_the_fix(over, words):
     with pytest.raises(PolicyError, match=words) as e:
         parse_policy("inference", "llava", 1, _spec(**over))
     assert " -- " in str(e.value)
+
+
+_point = st.builds(lambda r, lat, err: Point(r, round(r * PRICE, 8), lat, err),
+                   st.integers(1, 12), st.floats(1, 2000, allow_nan=False), st.floats(0, 10, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_point, min_size=1, max_size=12, unique_by=lambda p: p.replicas), st.floats(0, 3), st.integers(1, 4),
+       st.integers(4, 12))
+def test_the_frontier_and_choice_hold_their_definitions_on_any_points(points, budget, lo, hi):
+    front = pareto(points)
+    # nothing on the frontier is dominated, everything off it is
+    assert all(not q.dominates(p) for p in front for q in points)
+    assert all(any(q.dominates(p) for q in points) for p in points if p not in front)
+    c = _c(budget, lo, hi)
+    ch = choose(front, c)
+    assert lo <= ch.replicas <= hi and ch.cost_per_hour == round(ch.replicas * PRICE, 8)
+    meeting = [p for p in points if p.cost_per_hour <= budget and c.meets_qos(p)]
+    assert ch.qos_met == bool(meeting)
+    if meeting:  # the cheapest of ALL points meeting both within the budget is on the frontier, and chosen
+        assert ch.point is not None and ch.point.cost_per_hour == min(p.cost_per_hour for p in meeting)
+    elif any(p.cost_per_hour <= budget for p in front):
+        assert ch.reason == BUDGET_CAPPED and ch.point == max((p for p in front if p.cost_per_hour <= budget), key=lambda p: p.replicas)
+    else:
+        assert ch.reason == NOTHING_WITHIN_BUDGET and ch.replicas == lo
