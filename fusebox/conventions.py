@@ -175,6 +175,8 @@ SGLANG_RETRACTIONS = "sglang:num_retracted_requests_total"  # counter, requests 
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"  # gauge, requests
 GATEWAY_PREEMPTIONS = "smg_scheduler_preemption_total"  # counter (smg 1.13)
 SGLANG_PREFIXES = ("sglang:", "sglang_")
+SGLANG_TOKEN_USAGE = "sglang:token_usage"  # gauge, fraction 0-1 of the KV pool
+SGLANG_REQUESTS_WAITING = "sglang:num_queue_reqs"  # gauge, requests
 
 
 def sglang_names(name: str) -> tuple[str, ...]:
@@ -182,6 +184,14 @@ def sglang_names(name: str) -> tuple[str, ...]:
     ``("sglang:cache_hit_rate", "sglang_cache_hit_rate")`` (the prefix varies by version)."""
     base = next((name[len(p):] for p in SGLANG_PREFIXES if name.startswith(p)), name)
     return tuple(p + base for p in SGLANG_PREFIXES)
+
+# What smg 1.13's worker overload veto reads from each engine, by quantity (its load poll: the
+# names in its binary beside "load poll"; docs/inpath.md, "smg's worker overload protection"): a
+# signal of the spec reading one of these is the same quantity as the veto's threshold.
+SMG_VETO_READS = {
+    "token_usage": (*VLLM_KV_USAGE, *sglang_names(SGLANG_TOKEN_USAGE)),  # KV-cache token usage, 0-1
+    "waiting_requests": (VLLM_REQUESTS_WAITING, *sglang_names(SGLANG_REQUESTS_WAITING)),  # requests
+}
 
 # dcgm-exporter fields (MiB for framebuffer; ratios 0-1 for DCP fields).
 DCGM = {
