@@ -482,3 +482,21 @@ FUSE_STORE_ENV = "FUSEBOX_FUSE_STORE"
 # `fusebox fuse serve --timeout`: a gateway or vLLM call's total deadline, seconds, when no spec adapter
 # names its own; `fusebox budget` counts it in every fuse's reaction time (docs/budget.md).
 FUSE_CALL_TIMEOUT_S = 5.0
+
+# --- the COST-QoS controller (`fusebox costqos run`, docs/costqos.md) ------------------------
+# Its CRD (fusebox/data/costqos-crd.yaml): group, version, kind, plural.
+COSTQOS_CRD = ("fusebox.dev", "v1alpha1", "CostQoSScalingPolicy", "costqosscalingpolicies")
+# What it publishes on its /metrics, labels {namespace, policy}: the replica count it chose (KEDA's
+# second trigger and the HPA's external metric read it), 1 when no frontier point within the budget
+# meets the QoS (alert CostQoSBudgetCannotMeetQoS), and how long one policy's round takes (histogram,
+# seconds: the three range queries, the frontier, the choice; the status write is kopf's, after it).
+COSTQOS_METRICS = {
+    "desired_replicas": "fusebox_costqos_desired_replicas",
+    "qos_unmet": "fusebox_costqos_qos_unmet",
+    "reconcile_duration": "fusebox_costqos_reconcile_duration_seconds",
+    # the frontier and choice alone (CPU-bound part of a round), histogram, seconds
+    "frontier_duration": "fusebox_costqos_frontier_duration_seconds",
+    # rounds whose metrics could not be read, by reason (counter)
+    "metrics_errors": "fusebox_costqos_metrics_errors_total",
+}
+COSTQOS_LABELS = ("namespace", "policy")
