@@ -1,8 +1,8 @@
 """The generated scaling objects on a real kube-apiserver (tests/_kube_support.py's control plane):
 KEDA v2.21.0's ScaledObject CRD (tests/fixtures/k8s/keda/) and fusebox's CostQoSScalingPolicy CRD
 installed as they are, then the shipped spec's ScaledObject, the HPA of the same spec with
-``hpa.enabled`` and the policy, applied server-side with strict field validation, each stored as
-sent. The API server's own checks refuse what the CRD refuses (its CEL rule min <= max, a bare
+``hpa.enabled``, the policy and the controller's objects, applied server-side with strict field
+validation, each stored as sent. The API server's own checks refuse what the CRD refuses (its CEL rule min <= max, a bare
 decimal budget)."""
 
 from __future__ import annotations
@@ -65,6 +65,13 @@ def test_the_scaling_objects_apply_on_a_real_api_server_and_its_checks_hold(tmp_
             assert stored["metadata"]["namespace"] == "inference"
         assert cp.get("keda.sh/v1alpha1", "ScaledObject", "llava-7b", "inference")["spec"]["triggers"][0]["metadata"]["query"] == \
             'fusebox:scaling_load:ratio{workload="llava-7b"}'
+
+        # the controller's account, role, binding and Deployment (its PodMonitor: validated offline, tests/k8s)
+        cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "monitoring"}})
+        for doc in _docs(shipped["k8s/costqos-controller.yml"]):
+            if doc["kind"] != "PodMonitor":
+                cp.apply(doc)
+        assert cp.get("apps/v1", "Deployment", "fusebox-costqos", "monitoring") is not None
 
         # what the API server refuses: min over max (the CRD's CEL rule), a bare 0.42 (no "number or string" type)
         swapped = copy.deepcopy(policy)
