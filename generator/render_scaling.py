@@ -211,7 +211,8 @@ def test_groups(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
             if not kind.testable(sig) or not sig.tiers:
                 continue
             window = max(kind.window(sig), interval)
-            at = window + kind.first_true(sig, interval) + 2 * interval
+            # the workload's load may be recorded at the slow interval (place_rules): one of those after the window fills
+            at = window + kind.first_true(sig, interval) + 2 * interval + spec.slow_evaluation_interval_s
             n = int(at / interval) + 3
             cases = []
             series: list[Any] = []
