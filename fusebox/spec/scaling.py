@@ -64,12 +64,14 @@ class RawHpa(_Strict):
     """``scaling.hpa``: plain autoscaling/v2 HPAs where KEDA is not installed (``enabled``), and the
     HPA controller's timing either way (KEDA scales through an HPA too). Defaults: Kubernetes' own
     (kube-controller-manager --horizontal-pod-autoscaler-sync-period 15s; behavior: scale up at
-    once, scale down over a 300 s window)."""
+    once, scale down over a 300 s window; kube-controller-manager --horizontal-pod-autoscaler-tolerance
+    0.1: the controller leaves the count alone while the load is within 10 % of the target)."""
 
     enabled: StrictBool = False
     sync_period: _Value = "15s"
     scale_up_stabilization: _Value = "0s"
     scale_down_stabilization: _Value = "300s"
+    tolerance: _Value = "10%"
 
 
 class RawTarget(_Strict):
@@ -161,6 +163,7 @@ class Scaling:
     scale_up_stabilization_s: float
     scale_down_stabilization_s: float
     workloads: tuple[Workload, ...]
+    tolerance: float = 0.1  # the HPA controller's: it scales out once the load passes (1 + tolerance) x target
 
 
 def _key(path: tuple) -> str:
@@ -321,6 +324,7 @@ def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: 
             f"where KEDA's Prometheus trigger queries, e.g. {DEFAULT_PROMETHEUS}")
     if not raw.workloads:
         err(("scaling", "workloads"), "scaling names no workload", "list the engine workloads to scale, or drop the section")
+    tolerance = _tolerance(raw.hpa.tolerance, err)
     workloads = []
     for i, w in enumerate(raw.workloads):
         if w.name in [x.name for x in raw.workloads[:i]]:
@@ -331,7 +335,23 @@ def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: 
     return Scaling(prometheus_address=raw.prometheus_address, keda=raw.keda.enabled,
                    polling_interval_s=d["polling_interval"], cooldown_period_s=d["cooldown_period"],
                    sync_period_s=d["sync_period"], scale_up_stabilization_s=d["scale_up_stabilization"],
-                   scale_down_stabilization_s=d["scale_down_stabilization"], workloads=tuple(workloads))
+                   scale_down_stabilization_s=d["scale_down_stabilization"], workloads=tuple(workloads),
+                   tolerance=tolerance)
+
+
+def _tolerance(value: Any, err: Err) -> float:
+    """``scaling.hpa.tolerance`` as a ratio in [0, 1) (0.1 when refused, after the report)."""
+    path = ("scaling", "hpa", "tolerance")
+    try:
+        v = units.parse_quantity(value, "ratio")
+    except ValueError as e:
+        err(path, f"tolerance: {getattr(e, 'what', str(e))}", "the HPA controller's --horizontal-pod-autoscaler-tolerance "
+            "as a percentage, e.g. '10%' (its default)")
+        return 0.1
+    if not 0 <= v < 1:
+        err(path, f"tolerance {value!r} is out of range", "a share in [0%, 100%), e.g. '10%' (the HPA controller's default)")
+        return 0.1
+    return v
 
 
 # --- three speeds in order: scaler, shedder, fuse ----------------------------------------------------
@@ -346,7 +366,10 @@ def order_problems(spec: Any) -> list[str]:
     same quantity, one line each naming both numbers: a shedder's ``shed_at`` or smg's worker
     overload veto at or under the set point (it refuses work, or takes workers out of routing,
     before the scaler adds replicas), or a fuse tier's threshold at or under it (the fuse trips
-    first). ``spec``: the normalised Spec; [] without ``scaling``."""
+    first). The scaler acts above ``set point x (1 + scaling.hpa.tolerance)``: the HPA controller keeps
+    the count while the load is within its tolerance of the target (Kubernetes' HPA algorithm,
+    "tolerance", default 0.1), so that product is what must come first. ``spec``: the normalised
+    Spec; [] without ``scaling``."""
     if spec.scaling is None:
         return []
     sigs = {s.name: s for s in spec.signals}
@@ -356,21 +379,25 @@ def order_problems(spec: Any) -> list[str]:
             q = _quantity(sigs[d.name])
             same = [s for s in spec.signals if _quantity(s) == q]
             names = {s.name for s in same}
-            where = f"scaling workload {w.name!r} scales on {d.name!r} at {d.set_point_text} ({d.set_point_key})"
+            # The HPA adds a replica once the load passes (1 + tolerance) x the target, not at the target.
+            acts = d.set_point * (1 + spec.scaling.tolerance)
+            where = (f"scaling workload {w.name!r} scales on {d.name!r} at {d.set_point_text} ({d.set_point_key}), "
+                     f"adding a replica above {units.humanize(acts, d.unit)} (the HPA's tolerance "
+                     f"{format(spec.scaling.tolerance * 100, 'g')}%: scaling.hpa.tolerance)")
             for sh in spec.inpath.shedders:
-                if sh.signal in names and not d.set_point < sh.shed_at:
+                if sh.signal in names and not acts < sh.shed_at:
                     out.append(f"{where}, not before inpath.shedders.{sh.name}, which sheds at {sh.shed_at_text} "
                                f"({sh.shed_at_key}): the shedder refuses work before a replica is added -- shed above the "
                                "safe level (its shed_at), or scale on another signal")
                 # smg's worker overload veto (spec/overload.py) takes a worker out of routing: a shedder too
                 for v in (sh.overload.vetoes if sh.overload is not None else ()):
-                    if names & set(v.signals) and not d.set_point < v.at:
+                    if names & set(v.signals) and not acts < v.at:
                         out.append(f"{where}, not before inpath.shedders.{sh.name}'s worker overload veto at {v.text} "
                                    f"({v.key}): smg takes workers out of routing before a replica is added -- set the "
                                    f"veto above the safe level (inpath.shedders.{sh.name}.overload), or scale on another signal")
             for s in same:
                 for t in s.tiers:
-                    if t.fuse and not d.set_point < t.threshold:
+                    if t.fuse and not acts < t.threshold:
                         out.append(f"{where}, not before the fuse of {s.alert} {t.name} at {t.threshold_text} "
                                    f"({_key(t.path + ('threshold',))}): the fuse trips before a replica is added -- keep the "
                                    "safe level under every fuse tier's threshold")

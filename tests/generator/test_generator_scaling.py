@@ -273,7 +273,8 @@ def test_a_fuse_on_the_same_quantity_at_the_set_point_fails_check(capsys):
                       "fusebox.yaml")
     (p,) = order_problems(spec)
     assert p.startswith("scaling workload 'llava-7b' scales on 'kv_cache_growth_rate' at 9.2 MB/s "
-                        "(signals.kv_cache_growth_rate.tiers.warning.threshold), not before the fuse of KVCacheGrowthOOMImminent "
+                        "(signals.kv_cache_growth_rate.tiers.warning.threshold), adding a replica above 10.12 MB/s (the HPA's tolerance "
+                        "10%: scaling.hpa.tolerance), not before the fuse of KVCacheGrowthOOMImminent "
                         "critical at 9 MB/s (signals.kv_cache_growth_oom.tiers.critical.threshold)")
     assert run_scaling_check(spec) == 1
     assert "fusebox check: scaling workload 'llava-7b'" in capsys.readouterr().err
@@ -287,7 +288,8 @@ def test_a_shedder_at_the_set_point_fails_check():
         d["inpath"]["shedders"]["kv"] = {"kind": "vllm", "signal": "kv_cache_growth_rate", "idle": "0 MB/s", "per_request": "1 MB/s"}
     spec = parse_spec(_edited(shed), "fusebox.yaml")
     problems = order_problems(spec)
-    assert any(p.endswith("not before inpath.shedders.kv, which sheds at 9.2 MB/s (signals.kv_cache_growth_rate.tiers.warning.threshold): "
+    assert any(p.endswith("10.12 MB/s (the HPA's tolerance 10%: scaling.hpa.tolerance), "
+                          "not before inpath.shedders.kv, which sheds at 9.2 MB/s (signals.kv_cache_growth_rate.tiers.warning.threshold): "
                           "the shedder refuses work before a replica is added -- shed above the safe level (its shed_at), or scale "
                           "on another signal") for p in problems), problems
     # shedding above the safe level, under the fuse: in order
@@ -325,12 +327,33 @@ def test_smgs_worker_overload_veto_at_the_set_point_fails_check():
     spec = parse_spec(_edited(kv_usage), "fusebox.yaml")
     problems = order_problems(spec)
     assert [p for p in problems if "worker overload veto" in p] == [
-        "scaling workload 'llava-7b' scales on 'kv_usage' at 85% (signals.kv_usage.tiers.warning.threshold), not before "
+        "scaling workload 'llava-7b' scales on 'kv_usage' at 85% (signals.kv_usage.tiers.warning.threshold), adding a replica "
+        "above 93.5% (the HPA's tolerance 10%: scaling.hpa.tolerance), not before "
         "inpath.shedders.gateway's worker overload veto at 85% (signals.kv_usage.tiers.warning.threshold): smg takes workers "
         "out of routing before a replica is added -- set the veto above the safe level (inpath.shedders.gateway.overload), "
         "or scale on another signal"], problems
-    # the veto stated above the safe level, under the fuse: in order
+    # the veto stated above 85% x 1.1 = 93.5%, where the HPA adds a replica, and under the fuse's 95%: in order
     def vetoed_later(d):
         kv_usage(d)
-        d["inpath"]["shedders"]["gateway"]["overload"] = {"token_usage": "90%"}
+        d["inpath"]["shedders"]["gateway"]["overload"] = {"token_usage": "94%"}
     assert order_problems(parse_spec(_edited(vetoed_later), "fusebox.yaml")) == []
+
+
+def test_a_shedder_between_the_set_point_and_the_hpas_tolerance_fails_check():
+    """KV growth's safe level 9.2 MB/s: the HPA controller keeps the count until the load passes
+    9.2 x (1 + 0.1) = 10.12 MB/s per replica (its default tolerance), so a shedder at 10 MB/s, above
+    the set point, still sheds first; at 11 MB/s it is after the scaler; with scaling.hpa.tolerance
+    0% (a controller run with --horizontal-pod-autoscaler-tolerance 0) 10 MB/s is in order."""
+    def shed_at(level, tolerance=None):
+        def edit(d):
+            d["inpath"]["shedders"]["kv"] = {"kind": "vllm", "signal": "kv_cache_growth_rate", "idle": "0 MB/s",
+                                             "per_request": "1 MB/s", "shed_at": level}
+            if tolerance is not None:
+                d["scaling"]["hpa"]["tolerance"] = tolerance
+        return order_problems(parse_spec(_edited(edit), "fusebox.yaml"))
+    (p,) = shed_at("10 MB/s")
+    assert "adding a replica above 10.12 MB/s" in p and "which sheds at 10 MB/s" in p
+    assert shed_at("11 MB/s") == []
+    assert shed_at("10 MB/s", "0%") == []
+    assert shed_at("10.2 MB/s", "15%") != []  # 9.2 x 1.15 = 10.58
+

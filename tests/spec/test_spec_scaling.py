@@ -39,6 +39,7 @@ def test_the_shipped_workload_is_normalised_in_base_units():
     assert s is not None and s.keda and s.prometheus_address == "http://prometheus-operated.monitoring.svc:9090"
     assert (s.polling_interval_s, s.cooldown_period_s, s.sync_period_s) == (15.0, 300.0, 15.0)
     assert (s.scale_up_stabilization_s, s.scale_down_stabilization_s) == (0.0, 300.0)
+    assert s.tolerance == 0.1  # the HPA controller's default (--horizontal-pod-autoscaler-tolerance)
     (w,) = s.workloads
     assert (w.name, w.target_kind, w.target_name, w.namespace) == ("llava-7b", "Deployment", "vllm-llava", "inference")
     assert (w.model, w.min_replicas, w.max_replicas, w.price_per_replica_hour, w.pod_start_s) == (
@@ -93,6 +94,10 @@ BAD = {
                           "scaling.keda and scaling.hpa are both enabled", "enable one"),
     "a duplicate workload": (lambda d: d["scaling"]["workloads"].append(dict(d["scaling"]["workloads"][0])), ("name: llava-7b", 2),
                              "workload 'llava-7b' is named twice", "its own name"),
+    "an HPA tolerance of 100%": (lambda d: d["scaling"]["hpa"].update(tolerance="100%"), "tolerance: 100%",
+                                 "tolerance '100%' is out of range", "[0%, 100%)"),
+    "an HPA tolerance in no unit": (lambda d: d["scaling"]["hpa"].update(tolerance="fast"), "tolerance: fast",
+                                    "tolerance:", "--horizontal-pod-autoscaler-tolerance"),
     "an unknown key": (_workload(replica={"min": 1}), "replica:", "unknown key 'replica'", "replicas"),
 }
 
