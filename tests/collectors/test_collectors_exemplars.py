@@ -242,3 +242,32 @@ def test_prometheus_keeps_the_slowest_hand_offs_trace_id_on_its_bucket(pipe, tmp
     (ex,) = {(e["labels"]["trace_id"], e["labels"]["span_id"], e["value"]) for e in series["exemplars"]}
     assert ex == (slow_trace, slow_span, "2.2")
     assert none_on_inf["data"] == []  # the exemplar is on the bucket the value fell in, not above it
+
+
+@pytest.mark.process
+def test_the_otlp_push_carries_the_exemplar_to_a_receiver():
+    import http.server
+    import threading
+
+    from test_collectors_export import _Receiver
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _Receiver.got = []
+    try:
+        p = Pipeline("latency", (), histogram_buckets=spec_buckets(ROOT / "fusebox.yaml"), host="h",
+                     otlp_endpoint=f"http://127.0.0.1:{srv.server_address[1]}")
+        with trace.use_span(span()):
+            timed(p, 1.4)
+        timed(p, 0.3)  # outside a span: counted, no exemplar
+        p.export_round()
+        assert p.bounded.flush(10)
+        p.shutdown()
+    finally:
+        srv.shutdown()
+    (_path, _ctype, req), *_ = _Receiver.got
+    (point,) = [dp for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                if m.name == "fusebox.alignment.duration" for dp in m.histogram.data_points]
+    assert point.count == 2
+    (ex,) = point.exemplars
+    assert (ex.trace_id.hex(), ex.span_id.hex(), ex.as_double) == (TRACE_HEX, SPAN_HEX, 1.4)
