@@ -368,6 +368,19 @@ FUSE_LEVEL_METRIC = FUSE_METRICS["level"]
 ALERTS_METRIC = "ALERTS"
 
 
+# --- scaling (the spec's `scaling:` section; generator/render_scaling.py, docs/scaling.md) ------------
+# A workload's load against its set points, summed over its replicas: for each driving signal the sum
+# over the workload's series of value / safe level (SCALING_SIGNAL_LOAD, label `signal`), then the
+# highest of them (SCALING_LOAD). KEDA and the HPA target an average of 1 per replica, so the
+# replica count they want is ceil(load): every replica back at or under its safe level.
+SCALING_LOAD = "fusebox:scaling_load:ratio"
+SCALING_SIGNAL_LOAD = "fusebox:scaling_signal_load:ratio"
+SCALING_LABELS = {"workload": "workload", "signal": "signal"}
+SCALING_GROUP = "fusebox-scaling"
+# A policy whose controller chose the budget-capped point for 5 minutes (COSTQOS_METRICS["qos_unmet"]).
+COSTQOS_ALERT = "CostQoSBudgetCannotMeetQoS"
+
+
 # --- recording rules ------------------------------------------------------------------
 def record_name(level: str, metric: str, ops: str) -> str:
     """``level:metric:operations`` (e.g. ``gpu:fusebox_gpu_memory_utilization:ratio``)."""
