@@ -7,6 +7,13 @@ instruments report the latest list whenever a reader collects. The alignment-lat
 histogram is a synchronous instrument whose buckets come from a ``View`` with
 ``ExplicitBucketHistogramAggregation`` (the spec's boundaries, docs/pitfalls.md P2).
 
+Exemplars (docs/exemplars.md): the provider's exemplar filter is the SDK's trace-based one, so a
+histogram observation recorded inside a sampled span keeps that span's trace and span id with
+the bucket it falls in (the SDK's aligned-bucket reservoir: the last one per bucket). OTLP pushes
+them on the histogram points; ``/metrics`` serves them as OpenMetrics exemplars
+(``trace_id``/``span_id``) when the scraper asks for ``application/openmetrics-text``, and the
+classic text format, which has none, otherwise.
+
 Names: instruments carry the OTel names of :data:`fusebox.conventions.OTEL`; the Prometheus
 text rendered here uses :func:`fusebox.conventions.otel_to_prometheus`, i.e. the names the
 Collector's prometheus exporter produces (``hw_gpu_memory_usage_bytes``,
@@ -17,6 +24,7 @@ the Collector config's ``resource_to_telemetry_conversion`` does.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import re
@@ -276,7 +284,13 @@ class Pipeline:
         for hkey, bounds in (histograms or {}).items():
             views.append(View(instrument_name=C.OTEL[hkey][0],
                               aggregation=ExplicitBucketHistogramAggregation(boundaries=list(bounds))))
-        self.provider = MeterProvider(resource=Resource.create(attrs), metric_readers=readers, views=views)
+        # Trace-based, explicitly (the SDK's default too, unless OTEL_METRICS_EXEMPLAR_FILTER says
+        # otherwise): only an observation inside a sampled span is offered as an exemplar, so every
+        # exemplar names a trace the tracing backend kept.
+        from opentelemetry.sdk.metrics import TraceBasedExemplarFilter
+
+        self.provider = MeterProvider(resource=Resource.create(attrs), metric_readers=readers, views=views,
+                                      exemplar_filter=TraceBasedExemplarFilter())
         self.meter = self.provider.get_meter("fusebox.collectors")
         self.alignment = None
         if histogram_buckets is not None:
@@ -304,6 +318,10 @@ class Pipeline:
             create(name, callbacks=[make_cb(key)], unit=unit, description=_DESCRIPTIONS.get(key, ""))
         # self-metrics: dropped export batches and endpoint errors
         self._self_counts: dict[tuple[str, tuple], float] = {}
+        # the last exemplar of each histogram bucket series served: the SDK hands an exemplar to
+        # one collection only, a /metrics scrape keeps showing it until a newer one replaces it
+        self._exemplars: dict[tuple[str, tuple], Any] = {}
+        self._render_lock = threading.Lock()
         for skey in ("export_dropped", "scrape_errors", "scrape_refused", "scrape_dropped", "kv_incomplete",
                      "gpu_errors", "discovery_skipped", "discovery_errors", "pcie_skipped", "conns_skipped",
                      "conns_errors"):
@@ -408,12 +426,27 @@ class Pipeline:
         if self.otlp_reader is not None:
             self.otlp_reader.collect(timeout_millis=timeout_s * 1000)
 
+    def families(self) -> list:
+        """One collection as prometheus-client ``Metric`` families (:func:`prometheus_families`),
+        each histogram bucket with the last exemplar it was given (kept across collections while
+        its series is exported)."""
+        with self._render_lock:
+            return prometheus_families(self.memory_reader.get_metrics_data(), exemplars=self._exemplars)
+
     def prometheus_text(self) -> str:
-        """One collection in Prometheus text exposition format, final Prometheus names."""
-        return render_prometheus(self.memory_reader.get_metrics_data())
+        """One collection in Prometheus text exposition format (0.0.4, no exemplars), final
+        Prometheus names."""
+        from prometheus_client.exposition import generate_latest
+
+        return generate_latest(_Families(self.families())).decode("utf-8")
 
     def serve_metrics(self, port: int, addr: str = "127.0.0.1") -> Any:
-        """Start a prometheus-client HTTP server on ``addr:port`` serving this pipeline."""
+        """Start a prometheus-client HTTP server on ``addr:port`` serving this pipeline.
+
+        The format follows the request's ``Accept`` header (prometheus-client's
+        ``choose_encoder``): OpenMetrics 1.0 with the buckets' exemplars for
+        ``application/openmetrics-text`` (what Prometheus asks for first), else the classic text
+        format 0.0.4, which carries no exemplars."""
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = CollectorRegistry(auto_describe=False)
@@ -476,11 +509,47 @@ def _fmt(v: float) -> str:
     return floatToGoString(v)
 
 
-def iter_families(metrics_data: Any) -> Iterable[tuple[str, str, str, list[tuple[str, dict, float]]]]:
-    """(name, type, help, [(sample name, labels, value)]) per metric, Prometheus names."""
+def exemplar_of(exemplar: Any) -> Any:
+    """The prometheus-client ``Exemplar`` of an OTel SDK exemplar: labels ``trace_id`` (32 lowercase
+    hex digits) and ``span_id`` (16), the observed value, its time (Unix seconds). None when it
+    names no valid trace (an id missing or zero) or its labels pass OpenMetrics' 128 characters
+    (:data:`fusebox.conventions.EXEMPLAR_MAX_CHARS`; these two labels take 63)."""
+    from prometheus_client.samples import Exemplar
+
+    if not exemplar.trace_id or not exemplar.span_id:
+        return None
+    labels = {C.EXEMPLAR_TRACE_ID_LABEL: format(exemplar.trace_id, "032x"),
+              C.EXEMPLAR_SPAN_ID_LABEL: format(exemplar.span_id, "016x")}
+    if sum(len(k) + len(v) for k, v in labels.items()) > C.EXEMPLAR_MAX_CHARS:
+        return None
+    return Exemplar(labels, float(exemplar.value), exemplar.time_unix_nano / 1e9)
+
+
+def _bucket_exemplars(point: Any) -> dict[int, Any]:
+    """Bucket index -> prometheus-client exemplar of a histogram point's exemplars: the bucket an
+    exemplar's value falls in, ``value <= bound`` (Prometheus' ``le``, the SDK's reservoir)."""
+    out = {}
+    for e in point.exemplars or ():
+        ex = exemplar_of(e)
+        if ex is not None:
+            out[bisect.bisect_left(list(point.explicit_bounds), e.value)] = ex
+    return out
+
+
+def iter_families(metrics_data: Any, exemplars: dict | None = None
+                  ) -> Iterable[tuple[str, str, str, list[tuple[str, dict, float, Any]]]]:
+    """(name, type, help, [(sample name, labels, value, exemplar or None)]) per metric,
+    Prometheus names; a histogram bucket's exemplar is a prometheus-client ``Exemplar``
+    (:func:`exemplar_of`).
+
+    ``exemplars``: the last exemplar per bucket series (sample name, sorted labels), updated in
+    place: a bucket without a new exemplar keeps its last one; series no longer exported are
+    dropped from it. None: only the exemplars of this collection.
+    """
     from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
 
     fams: dict[str, tuple[str, str, list]] = {}
+    kept: dict[tuple[str, tuple], Any] = {}
     if metrics_data is None:
         return []
     for rm in metrics_data.resource_metrics:
@@ -505,27 +574,38 @@ def iter_families(metrics_data: Any) -> Iterable[tuple[str, str, str, list[tuple
                     labels = {**res, **{_label(k): str(v) for k, v in (p.attributes or {}).items()}}
                     if kind == "histogram":
                         cum = 0
-                        for bound, count in zip(list(p.explicit_bounds) + [math.inf], p.bucket_counts, strict=False):
+                        fresh = _bucket_exemplars(p)
+                        for i, (bound, count) in enumerate(zip(list(p.explicit_bounds) + [math.inf], p.bucket_counts,
+                                                               strict=False)):
                             cum += count
-                            samples.append((name + "_bucket", {**labels, "le": _fmt(bound)}, float(cum)))
-                        samples.append((name + "_sum", labels, float(p.sum)))
-                        samples.append((name + "_count", labels, float(p.count)))
+                            blabels = {**labels, "le": _fmt(bound)}
+                            key = (name + "_bucket", tuple(sorted(blabels.items())))
+                            ex = fresh.get(i) or (exemplars or {}).get(key)
+                            if ex is not None:
+                                kept[key] = ex
+                            samples.append((name + "_bucket", blabels, float(cum), ex))
+                        samples.append((name + "_sum", labels, float(p.sum), None))
+                        samples.append((name + "_count", labels, float(p.count), None))
                     else:
-                        samples.append((name, labels, float(p.value)))
+                        samples.append((name, labels, float(p.value), None))
+    if exemplars is not None:
+        exemplars.clear()
+        exemplars.update(kept)
     return [(n, t, h, s) for n, (t, h, s) in sorted(fams.items())]
 
 
-def prometheus_families(metrics_data: Any) -> list:
+def prometheus_families(metrics_data: Any, exemplars: dict | None = None) -> list:
     """prometheus-client ``Metric`` families of an OTel ``MetricsData`` (final Prometheus
-    names; a counter's family name drops ``_total``, which the exposition adds back)."""
+    names; a counter's family name drops ``_total``, which the exposition adds back), histogram
+    buckets with their exemplars (``exemplars``: see :func:`iter_families`)."""
     from prometheus_client.metrics_core import Metric
 
     out = []
-    for name, ptype, help_, samples in iter_families(metrics_data):
+    for name, ptype, help_, samples in iter_families(metrics_data, exemplars):
         fam = name[: -len("_total")] if ptype == "counter" and name.endswith("_total") else name
         m = Metric(fam, help_, ptype)
-        for sname, labels, value in samples:
-            m.add_sample(sname, labels, value)
+        for sname, labels, value, exemplar in samples:
+            m.add_sample(sname, labels, value, exemplar=exemplar)
         out.append(m)
     return out
 
@@ -555,7 +635,7 @@ class _PromClientBridge:
         self.pipeline = pipeline
 
     def collect(self):
-        yield from prometheus_families(self.pipeline.memory_reader.get_metrics_data())
+        yield from self.pipeline.families()
 
 
 def log_stderr(msg: str) -> None:

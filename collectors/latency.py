@@ -21,6 +21,12 @@ Use::
 
 For servers that cannot be instrumented, :class:`EngineHistogramFallback` derives the signal
 from an engine histogram (vLLM / SGLang time to first token) and says which one it used.
+
+Exemplars (docs/exemplars.md): a hand-off timed or recorded inside a sampled OpenTelemetry span
+(the span current when :class:`alignment_timer` entered, or when :func:`record_alignment` was
+called) keeps that span's trace id as the exemplar of the bucket it falls in; outside a span, or
+in an unsampled one, it carries none. The fallback's observations are re-bucketed engine counts,
+no request's: they never carry one.
 """
 
 from __future__ import annotations
@@ -83,35 +89,44 @@ def install(spec_path: str | Path = "fusebox.yaml", *, buckets: Sequence[float] 
     return pipe
 
 
-def record_alignment(seconds: float, *, engine: str, model: str, meter: Any = None) -> None:
-    """Record one hand-off duration (seconds) for ``engine``/``model`` (``source="handoff"``)."""
+def record_alignment(seconds: float, *, engine: str, model: str, meter: Any = None, context: Any = None) -> None:
+    """Record one hand-off duration (seconds) for ``engine``/``model`` (``source="handoff"``).
+
+    ``context``: the OpenTelemetry ``Context`` whose span the observation belongs to (default:
+    the current one); inside a sampled span, its trace id becomes the bucket's exemplar.
+    """
     if meter is None:
         from opentelemetry import metrics
 
         meter = metrics.get_meter("fusebox.collectors.latency")
     alignment_histogram(meter).record(seconds, {A["engine"]: engine, A["model"]: model,
-                                                A["alignment_source"]: "handoff"})
+                                                A["alignment_source"]: "handoff"}, context=context)
 
 
 class alignment_timer:
     """Context manager and decorator timing the hand-off with ``time.perf_counter``.
 
     The duration is recorded also when the timed block raises (a failed hand-off took that
-    long too). Works on plain and ``async`` functions.
+    long too). Works on plain and ``async`` functions. The observation belongs to the
+    OpenTelemetry context current on entry: its sampled span's trace id is the exemplar.
     """
 
     def __init__(self, *, engine: str, model: str, meter: Any = None, clock: Callable[[], float] = time.perf_counter):
         self.engine, self.model, self.meter, self.clock = engine, model, meter, clock
         self.elapsed: float | None = None
         self._t0 = 0.0
+        self._context: Any = None
 
     def __enter__(self) -> alignment_timer:
+        from opentelemetry import context
+
+        self._context = context.get_current()
         self._t0 = self.clock()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.elapsed = self.clock() - self._t0
-        record_alignment(self.elapsed, engine=self.engine, model=self.model, meter=self.meter)
+        record_alignment(self.elapsed, engine=self.engine, model=self.model, meter=self.meter, context=self._context)
 
     def __call__(self, func: Callable) -> Callable:
         if asyncio.iscoroutinefunction(func):
@@ -298,6 +313,21 @@ class EngineHistogramFallback:
             for interval, inc in self._increases(prev, buckets).items():
                 acc[interval] = acc.get(interval, 0.0) + inc
         self._last = seen  # series that vanished start again from a baseline
+        # re-bucketed engine counts belong to no request: an explicitly invalid span keeps the
+        # SDK's trace-based filter from taking the poller's own span (an empty Context would not:
+        # the SDK reads a falsy one as "the current one")
+        from opentelemetry import context as otel_context
+        from opentelemetry import trace
+
+        token = otel_context.attach(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context()))
+        try:
+            n_total = self._record(fused)
+        finally:
+            otel_context.detach(token)
+        return n_total
+
+    def _record(self, fused: dict[str, dict[tuple, float]]) -> int:
+        """Record the fused per-bucket increases (model -> (lo, hi) -> count); returns how many."""
         n_total = 0
         for model, incs in fused.items():
             attrs = {A["engine"]: self.engine, A["model"]: model,

@@ -73,6 +73,13 @@ OTEL = {
 #            encoder timing, as stock vLLM and SGLang do not): queueing + prefill + encoder, an upper bound
 ALIGNMENT_SOURCE_LABEL = "source"
 ALIGNMENT_SOURCES = ("handoff", "encoder", "ttft")
+# Exemplars (docs/exemplars.md): the labels of an exemplar a histogram bucket carries on /metrics
+# (OpenMetrics), the names Prometheus' and Grafana's exemplar conventions use (Grafana's data source
+# links `trace_id` to the trace data source: exemplarTraceIdDestinations). trace_id is 32 lowercase hex
+# digits, span_id 16 (W3C Trace Context); together 63 characters, under OpenMetrics' 128.
+EXEMPLAR_TRACE_ID_LABEL = "trace_id"
+EXEMPLAR_SPAN_ID_LABEL = "span_id"
+EXEMPLAR_MAX_CHARS = 128  # OpenMetrics 1.0: an exemplar's label names and values, UTF-8 characters
 # Engine histograms `collect latency` reads, in order: encoder / multimodal-stage timings first (none
 # that stock vLLM or SGLang publish yet, vLLM issue #25377: name one with --encoder-metric), then the
 # time to first token.

@@ -4,7 +4,9 @@ Pure renderer: ``render_grafana_provisioning(spec, options) -> {relative_path: t
 
 * ``grafana/provisioning/datasources/fusebox.yaml``: a Prometheus data source with a fixed UID
   (:data:`DATASOURCE_UID`), the default, so the dashboards' ``${datasource}`` variable resolves
-  on first load;
+  on first load; where the spec says where traces go (``grafana.traces_url``), a Jaeger data
+  source (uid :data:`TRACES_DATASOURCE_UID`) too, and the Prometheus one links each exemplar's
+  ``trace_id`` label to it (``exemplarTraceIdDestinations``, docs/exemplars.md);
 * ``grafana/provisioning/dashboards/fusebox.yaml``: a file provider reading the generated
   dashboards from :attr:`ProvisioningOptions.dashboards_path`;
 * ``k8s/grafana-dashboards.yaml``: one ConfigMap per dashboard in the spec's
@@ -28,9 +30,10 @@ from .render_dashboards import dashboard_texts
 from .render_k8s import object_meta
 from .yamlout import dump_yaml
 
-__all__ = ["ProvisioningOptions", "render_grafana_provisioning", "DATASOURCE_UID"]
+__all__ = ["ProvisioningOptions", "render_grafana_provisioning", "DATASOURCE_UID", "TRACES_DATASOURCE_UID"]
 
 DATASOURCE_UID = "fusebox-prometheus"
+TRACES_DATASOURCE_UID = "jaeger"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class ProvisioningOptions:
         labels: more labels of the ConfigMaps (``kubernetes.labels``).
         sidecar_label, sidecar_label_value: the label the dashboard sidecar watches.
         folder_annotation: the annotation key holding ``folder`` (the sidecar's ``folderAnnotation``).
+        traces_url: the Jaeger query service exemplars link to (``grafana.traces_url``); None:
+            no trace data source and no exemplar link.
     """
 
     prometheus_url: str = "http://prometheus:9090"
@@ -55,6 +60,7 @@ class ProvisioningOptions:
     sidecar_label: str = "grafana_dashboard"
     sidecar_label_value: str = "1"
     folder_annotation: str = "grafana_folder"
+    traces_url: str | None = None
 
     @classmethod
     def from_spec(cls, spec) -> ProvisioningOptions:
@@ -62,7 +68,8 @@ class ProvisioningOptions:
         g, k = spec.grafana, spec.kubernetes
         return cls(prometheus_url=g.prometheus_url, dashboards_path=g.dashboards_path, folder=g.folder,
                    namespace=k.namespace, labels=tuple(sorted(k.labels.items())), sidecar_label=k.sidecar_label,
-                   sidecar_label_value=k.sidecar_label_value, folder_annotation=k.folder_annotation)
+                   sidecar_label_value=k.sidecar_label_value, folder_annotation=k.folder_annotation,
+                   traces_url=g.traces_url)
 
 
 def _configmap_meta(spec, options: ProvisioningOptions, name: str) -> dict:
@@ -94,15 +101,22 @@ def render_grafana_provisioning(spec, options: ProvisioningOptions = Provisionin
     header_line = header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)
     header = "# " + header_line + "\n"
     interval = format_duration(spec.scrape_interval_s)
-    datasource = {
-        "apiVersion": 1,
-        "datasources": [{
-            "name": "Prometheus (fusebox)", "type": "prometheus", "uid": DATASOURCE_UID, "access": "proxy",
-            "url": options.prometheus_url, "isDefault": True, "editable": False,
-            # timeInterval: the scrape interval, so Grafana never asks for a step below it.
-            "jsonData": {"timeInterval": interval, "httpMethod": "POST"},
-        }],
+    prom: dict = {
+        "name": "Prometheus (fusebox)", "type": "prometheus", "uid": DATASOURCE_UID, "access": "proxy",
+        "url": options.prometheus_url, "isDefault": True, "editable": False,
+        # timeInterval: the scrape interval, so Grafana never asks for a step below it.
+        "jsonData": {"timeInterval": interval, "httpMethod": "POST"},
     }
+    sources = [prom]
+    if options.traces_url is not None:
+        # an exemplar's trace_id label (the collectors' OpenMetrics exemplars) opens that trace
+        prom["jsonData"]["exemplarTraceIdDestinations"] = [
+            {"name": C.EXEMPLAR_TRACE_ID_LABEL, "datasourceUid": TRACES_DATASOURCE_UID}]
+        sources.append({
+            "name": "Jaeger (fusebox)", "type": "jaeger", "uid": TRACES_DATASOURCE_UID, "access": "proxy",
+            "url": options.traces_url, "isDefault": False, "editable": False,
+        })
+    datasource = {"apiVersion": 1, "datasources": sources}
     provider = {
         "apiVersion": 1,
         "providers": [{

@@ -157,6 +157,10 @@ class RawGrafana(_Strict):
     prometheus_url: StrictStr = "http://prometheus:9090"
     dashboards_path: StrictStr = "/var/lib/grafana/dashboards/fusebox"
     folder: StrictStr = "fusebox"
+    # Where traces go, as Grafana reaches it: a Jaeger query service (docker-compose's would be
+    # http://jaeger:16686). Set: a Jaeger data source (uid jaeger) and the Prometheus data source's
+    # exemplars linked to it by trace_id (docs/exemplars.md). None: neither.
+    traces_url: StrictStr | None = None
 
 
 class RawOtelcol(_Strict):
@@ -252,6 +256,7 @@ class Grafana:
     prometheus_url: str = "http://prometheus:9090"
     dashboards_path: str = "/var/lib/grafana/dashboards/fusebox"
     folder: str = "fusebox"
+    traces_url: str | None = None  # the Jaeger query service exemplars link to; None: no link
 
 
 @dataclass(frozen=True)
@@ -455,7 +460,11 @@ def normalise_grafana(g: RawGrafana, err: Err) -> Grafana:
         err(("grafana", "folder"), "the Grafana folder name is empty", "name a folder, e.g. fusebox")
     if not g.dashboards_path.startswith("/"):
         err(("grafana", "dashboards_path"), f"{g.dashboards_path!r} is not an absolute path", "e.g. /var/lib/grafana/dashboards/fusebox")
-    return Grafana(prometheus_url=g.prometheus_url, dashboards_path=g.dashboards_path, folder=g.folder)
+    if g.traces_url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", g.traces_url):
+        err(("grafana", "traces_url"), f"traces_url must be an http(s) URL, got {g.traces_url[:100]!r}",
+            "the Jaeger query service as Grafana reaches it, e.g. http://jaeger:16686, or leave it out")
+    return Grafana(prometheus_url=g.prometheus_url, dashboards_path=g.dashboards_path, folder=g.folder,
+                   traces_url=g.traces_url)
 
 
 def normalise_otelcol(o: RawOtelcol, duration: Callable[[Any, tuple], float], err: Err) -> Otelcol:

@@ -68,3 +68,48 @@ def test_committed_outputs_match_the_spec(spec):
     for path, text in out.items():
         if path.split("/")[0] in ("dashboards", "grafana", "otel") or path == "k8s/grafana-dashboards.yaml":
             assert (ROOT / path).read_text() == text, f"{path} drifted: run `make generate`"
+
+
+# --- exemplars to traces: grafana.traces_url (docs/exemplars.md) ------------------------------------
+GRAFANA_BLOCK = ("grafana:\n  prometheus_url: http://prometheus:9090\n"
+                 "  dashboards_path: /var/lib/grafana/dashboards/fusebox\n  folder: fusebox\n")
+
+
+def _with_traces_url(url: str) -> str:
+    text = (ROOT / "fusebox.yaml").read_text()
+    assert text.count(GRAFANA_BLOCK) == 1
+    return text.replace(GRAFANA_BLOCK, GRAFANA_BLOCK + f"  traces_url: {url}\n")
+
+
+def test_without_traces_url_no_trace_datasource_and_no_exemplar_link(files):
+    (ds,) = yaml.safe_load(files["grafana/provisioning/datasources/fusebox.yaml"])["datasources"]
+    assert "exemplarTraceIdDestinations" not in ds["jsonData"]
+
+
+def test_traces_url_adds_jaeger_and_links_exemplars_trace_id_to_it(spec, files):
+    from fusebox.spec import parse_spec
+
+    traced = parse_spec(_with_traces_url("http://jaeger:16686"), "fusebox.yaml")
+    assert traced.grafana.traces_url == "http://jaeger:16686"
+    out = render_grafana_provisioning(traced, ProvisioningOptions.from_spec(traced))
+    prom, jaeger = yaml.safe_load(out["grafana/provisioning/datasources/fusebox.yaml"])["datasources"]
+    # Grafana's Prometheus data source: the exemplar label holding the trace id, the data source it opens
+    assert prom["jsonData"]["exemplarTraceIdDestinations"] == [{"name": "trace_id", "datasourceUid": "jaeger"}]
+    assert prom["uid"] == "fusebox-prometheus" and prom["isDefault"] is True
+    assert {k: jaeger[k] for k in ("type", "uid", "url", "isDefault")} == {
+        "type": "jaeger", "uid": "jaeger", "url": "http://jaeger:16686", "isDefault": False}
+    # everything else as without it
+    for path in ("grafana/provisioning/dashboards/fusebox.yaml", "k8s/grafana-dashboards.yaml"):
+        assert out[path] == files[path]
+
+
+def test_a_traces_url_that_is_no_url_is_a_spec_error_at_its_line():
+    from fusebox.spec import parse_spec
+    from fusebox.spec.errors import SpecError
+
+    text = _with_traces_url("jaeger:16686")
+    line = text.splitlines().index("  traces_url: jaeger:16686") + 1
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "fusebox.yaml")
+    assert f"fusebox.yaml:{line}:" in str(e.value) and "traces_url must be an http(s) URL" in str(e.value)
+    assert "http://jaeger:16686" in str(e.value)  # how to fix it

@@ -443,7 +443,8 @@ def test_every_renderer_option_is_reachable_from_the_spec():
     from fusebox.generator.render_otelcol import OtelcolOptions
 
     text = _with_kubernetes(
-        KUBE, grafana={"prometheus_url": "http://kps-prometheus.monitoring:9090", "dashboards_path": "/dash", "folder": "GPU"},
+        KUBE, grafana={"prometheus_url": "http://kps-prometheus.monitoring:9090", "dashboards_path": "/dash", "folder": "GPU",
+                 "traces_url": "http://jaeger-query.monitoring:16686"},
         otelcol={"remote_write_url": "http://prom:9090/api/v1/write", "debug": True, "scrape_targets": ["vllm-0.inference:8000"],
                  "scrape_interval": "30s", "memory_limit_percentage": 70, "memory_spike_percentage": 15})
     spec = parse_spec(text, "fusebox.yaml")
@@ -459,8 +460,9 @@ def test_every_renderer_option_is_reachable_from_the_spec():
     assert scrape["static_configs"] == [{"targets": ["vllm-0.inference:8000"]}] and scrape["scrape_interval"] == "30s"
     assert otel["processors"]["memory_limiter"]["limit_percentage"] == 70
     assert otel["processors"]["memory_limiter"]["spike_limit_percentage"] == 15
-    ds = yaml.safe_load(out["grafana/provisioning/datasources/fusebox.yaml"])["datasources"][0]
+    ds, traces = yaml.safe_load(out["grafana/provisioning/datasources/fusebox.yaml"])["datasources"]
     assert ds["url"] == "http://kps-prometheus.monitoring:9090"
+    assert traces["url"] == "http://jaeger-query.monitoring:16686" and traces["type"] == "jaeger"
     provider = yaml.safe_load(out["grafana/provisioning/dashboards/fusebox.yaml"])["providers"][0]
     assert provider["options"]["path"] == "/dash" and provider["folder"] == "GPU"
 
