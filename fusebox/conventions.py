@@ -175,6 +175,8 @@ SGLANG_RETRACTIONS = "sglang:num_retracted_requests_total"  # counter, requests 
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"  # gauge, requests
 GATEWAY_PREEMPTIONS = "smg_scheduler_preemption_total"  # counter (smg 1.13)
 SGLANG_PREFIXES = ("sglang:", "sglang_")
+SGLANG_TOKEN_USAGE = "sglang:token_usage"  # gauge, fraction 0-1 of the KV pool
+SGLANG_REQUESTS_WAITING = "sglang:num_queue_reqs"  # gauge, requests
 
 
 def sglang_names(name: str) -> tuple[str, ...]:
@@ -182,6 +184,14 @@ def sglang_names(name: str) -> tuple[str, ...]:
     ``("sglang:cache_hit_rate", "sglang_cache_hit_rate")`` (the prefix varies by version)."""
     base = next((name[len(p):] for p in SGLANG_PREFIXES if name.startswith(p)), name)
     return tuple(p + base for p in SGLANG_PREFIXES)
+
+# What smg 1.13's worker overload veto reads from each engine, by quantity (its load poll: the
+# names in its binary beside "load poll"; docs/inpath.md, "smg's worker overload protection"): a
+# signal of the spec reading one of these is the same quantity as the veto's threshold.
+SMG_VETO_READS = {
+    "token_usage": (*VLLM_KV_USAGE, *sglang_names(SGLANG_TOKEN_USAGE)),  # KV-cache token usage, 0-1
+    "waiting_requests": (VLLM_REQUESTS_WAITING, *sglang_names(SGLANG_REQUESTS_WAITING)),  # requests
+}
 
 # dcgm-exporter fields (MiB for framebuffer; ratios 0-1 for DCP fields).
 DCGM = {
@@ -351,6 +361,19 @@ FUSE_LEVEL_METRIC = FUSE_METRICS["level"]
 ALERTS_METRIC = "ALERTS"
 
 
+# --- scaling (the spec's `scaling:` section; generator/render_scaling.py, docs/scaling.md) ------------
+# A workload's load against its set points, summed over its replicas: for each driving signal the sum
+# over the workload's series of value / safe level (SCALING_SIGNAL_LOAD, label `signal`), then the
+# highest of them (SCALING_LOAD). KEDA and the HPA target an average of 1 per replica, so the
+# replica count they want is ceil(load): every replica back at or under its safe level.
+SCALING_LOAD = "fusebox:scaling_load:ratio"
+SCALING_SIGNAL_LOAD = "fusebox:scaling_signal_load:ratio"
+SCALING_LABELS = {"workload": "workload", "signal": "signal"}
+SCALING_GROUP = "fusebox-scaling"
+# A policy whose controller chose the budget-capped point for 5 minutes (COSTQOS_METRICS["qos_unmet"]).
+COSTQOS_ALERT = "CostQoSBudgetCannotMeetQoS"
+
+
 # --- recording rules ------------------------------------------------------------------
 def record_name(level: str, metric: str, ops: str) -> str:
     """``level:metric:operations`` (e.g. ``gpu:fusebox_gpu_memory_utilization:ratio``)."""
@@ -472,3 +495,21 @@ FUSE_STORE_ENV = "FUSEBOX_FUSE_STORE"
 # `fusebox fuse serve --timeout`: a gateway or vLLM call's total deadline, seconds, when no spec adapter
 # names its own; `fusebox budget` counts it in every fuse's reaction time (docs/budget.md).
 FUSE_CALL_TIMEOUT_S = 5.0
+
+# --- the COST-QoS controller (`fusebox costqos run`, docs/costqos.md) ------------------------
+# Its CRD (fusebox/data/costqos-crd.yaml): group, version, kind, plural.
+COSTQOS_CRD = ("fusebox.dev", "v1alpha1", "CostQoSScalingPolicy", "costqosscalingpolicies")
+# What it publishes on its /metrics, labels {namespace, policy}: the replica count it chose (KEDA's
+# second trigger and the HPA's external metric read it), 1 when no frontier point within the budget
+# meets the QoS (alert CostQoSBudgetCannotMeetQoS), and how long one policy's round takes (histogram,
+# seconds: the three range queries, the frontier, the choice; the status write is kopf's, after it).
+COSTQOS_METRICS = {
+    "desired_replicas": "fusebox_costqos_desired_replicas",
+    "qos_unmet": "fusebox_costqos_qos_unmet",
+    "reconcile_duration": "fusebox_costqos_reconcile_duration_seconds",
+    # the frontier and choice alone (CPU-bound part of a round), histogram, seconds
+    "frontier_duration": "fusebox_costqos_frontier_duration_seconds",
+    # rounds whose metrics could not be read, by reason (counter)
+    "metrics_errors": "fusebox_costqos_metrics_errors_total",
+}
+COSTQOS_LABELS = ("namespace", "policy")

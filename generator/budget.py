@@ -26,6 +26,17 @@ Time left at the threshold, by kind: ``time_to_full`` its threshold; a byte grow
 bytes per second) the KV pool's free bytes at ``budget.kv_fill`` over the threshold; ``gpu_memory``
 the headroom from the threshold to full on ``budget.gpu_memory`` bytes at ``budget.gpu_growth``;
 anything else (a latency, a gauge) exhausts no resource at a known rate: "n/a".
+
+With a ``scaling:`` section, the third speed: for every workload, how long after its load crosses
+a set point (a driving signal's safe level) a new replica is Ready (:class:`ScalingRow`), against
+the time the KV pool has left then: its free part at ``budget.kv_fill`` filling at the critical
+growth rate (the lowest critical threshold of the byte-growth signals, as the fuse rows' growth).
+Terms: ``scrape``; ``eval``, the interval of the group holding the workload's load record;
+``records``, the staleness of the load records it reads from other groups (:func:`cross_group_s`);
+``lag``, on vmalert, one group interval per level of the load's same-group chain;
+``polling``, KEDA's ``pollingInterval`` (0 with plain HPAs); ``sync``, the HPA controller's sync
+period; ``stabilization``, the scale-up stabilization window; ``pod_start``, the workload's.
+A scale-out that cannot finish before the pool is full fails ``fusebox budget``.
 """
 
 from __future__ import annotations
@@ -38,15 +49,17 @@ from typing import Any
 from fusebox import conventions as C
 from fusebox import promsim
 from fusebox.signal_kinds import kind_of
+from fusebox.signal_kinds.base import gigabytes
 from fusebox.spec import Signal, Spec, Tier
-from fusebox.spec.units import format_number, parse_duration
+from fusebox.spec.units import format_number, humanize, parse_duration
 
 from .render_alertmanager import routing
 from .render_rules import STATIC_GROUP, render_rules
-from .render_vmalert_tests import alert_lags
+from .render_scaling import load_expr
+from .render_vmalert_tests import alert_lags, record_lags
 from .rule_engines import records_read
 
-__all__ = ["FUSE_DECISION_S", "Row", "budget_rows", "cross_group_s", "run_budget"]
+__all__ = ["FUSE_DECISION_S", "Row", "ScalingRow", "budget_rows", "scaling_rows", "cross_group_s", "run_budget"]
 
 # The fuse's decision time: notification received -> gateway call made, p99, the worst of the four
 # store runs `python bench/bench_fuse.py` measured (docs/fuse.md, "Benchmarks": PostgreSQL, two
@@ -81,6 +94,69 @@ class Row:
         """Whether the tier's ``for`` is not a whole number of its group's evaluation intervals
         (``terms["for"]`` is then longer than the spec's)."""
         return self.terms["for"] != self.for_spec_s
+
+
+@dataclass
+class ScalingRow:
+    """One scaled workload: its scale-out path (``terms`` sum to ``path_s``), the KV pool's time
+    left at the critical growth (None: n/a, ``basis`` says why), ``margin_s`` = time left - path,
+    ``ok`` False when the new replica is Ready only after the pool is full."""
+
+    workload: str
+    group: str  # the rule group holding the workload's load record
+    terms: dict[str, float]
+    path_s: float
+    time_left_s: float | None
+    basis: str
+
+    @property
+    def margin_s(self) -> float | None:
+        return None if self.time_left_s is None else round(self.time_left_s - self.path_s, 6)
+
+    @property
+    def ok(self) -> bool:
+        return self.time_left_s is None or self.path_s <= self.time_left_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "margin_s": self.margin_s, "ok": self.ok}
+
+
+def scaling_rows(spec: Spec) -> list[ScalingRow]:
+    """One :class:`ScalingRow` per ``scaling`` workload ([] without the section)."""
+    if spec.scaling is None:
+        return []
+    s = spec.scaling
+    groups = render_rules(spec).groups
+    growth = _kv_growth(spec)
+    free = spec.budget.kv_pool_bytes * (1 - spec.budget.kv_fill)
+    if growth:
+        left: float | None = free / growth
+        basis = (f"KV pool {gigabytes(spec.budget.kv_pool_bytes)} at {format_number(spec.budget.kv_fill * 100)}% full: "
+                 f"{gigabytes(free)} free / {humanize(growth, 'bytes_per_second')} (the critical growth)")
+    else:
+        left, basis = None, "n/a: no byte-growth signal gives a critical growth rate"
+    # vmalert stores a record one evaluation late per level of its same-group chain (the load reads the
+    # signal loads, which read the values): the deepest load record's, in its group's intervals
+    lag_levels = record_lags(groups).get(C.SCALING_LOAD, 0) if spec.rule_engine == "victoriametrics" else 0
+    rows = []
+    for w in s.workloads:
+        expr = load_expr(w)
+        g = next((g for g in groups for r in g["rules"] if r.get("record") == C.SCALING_LOAD and r["expr"] == expr), None)
+        if g is None:  # no driving signal recorded (each left out of the rules): nothing scales it
+            continue
+        interval = parse_duration(g["interval"]) if g.get("interval") else spec.evaluation_interval_s
+        terms = {
+            "scrape": spec.scrape_interval_s,
+            "eval": interval,
+            "records": cross_group_s(groups, g["name"], expr, spec.evaluation_interval_s),
+            "lag": lag_levels * interval,
+            "polling": s.polling_interval_s if s.keda else 0.0,
+            "sync": s.sync_period_s,
+            "stabilization": s.scale_up_stabilization_s,
+            "pod_start": w.pod_start_s,
+        }
+        rows.append(ScalingRow(w.name, g["name"], terms, round(sum(terms.values()), 6), None if left is None else round(left, 6), basis))
+    return rows
 
 
 def _alert_group(groups: list[dict[str, Any]], sig: Signal, tier: Tier) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -187,7 +263,11 @@ def _for_note(r: Row) -> str:
     return f"for: {format_number(r.for_spec_s)}s in the spec, rounded up to {n} evaluation{'s' if n != 1 else ''} of {format_number(r.terms['eval'])} s"
 
 
-def _print_table(spec: Spec, rows: list[Row]) -> None:
+def _scaling_terms(r: ScalingRow) -> str:
+    return " + ".join(f"{format_number(v)} {k}" for k, v in r.terms.items())
+
+
+def _print_table(spec: Spec, rows: list[Row], scaling: list[ScalingRow]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -199,27 +279,37 @@ def _print_table(spec: Spec, rows: list[Row]) -> None:
         margin = "" if r.margin_s is None else (_s(r.margin_s) if r.ok else f"LATE by {_s(-r.margin_s)}")
         t.add_row(f"{r.alert} {r.tier} {r.threshold}\n{r.fuse} (level {r.fuse_level})",
                   f"{_s(r.floor_s)} = {_terms_text(r)}", f"{left}\n{r.basis}", margin)
+    for sr in scaling:
+        left = "n/a" if sr.time_left_s is None else _s(sr.time_left_s)
+        margin = "" if sr.margin_s is None else (_s(sr.margin_s) if sr.ok else f"LATE by {_s(-sr.margin_s)}")
+        t.add_row(f"scale-out {sr.workload}\n(a replica Ready)", f"{_s(sr.path_s)} = {_scaling_terms(sr)}",
+                  f"{left}\n{sr.basis}", margin)
     Console(width=160).print(t)
 
 
 def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> int:
     """Print the budget of ``spec`` (the table, ``as_json`` one JSON document, ``summary`` one
-    line); 0 when every fuse acts before its resource is full, else 1 (each late tier named on
-    standard error with its floor and time left)."""
+    line); 0 when every fuse acts before its resource is full and every ``scaling`` workload's new
+    replica is Ready before the KV pool is, else 1 (each late tier or workload named on standard
+    error with both numbers)."""
     rows = budget_rows(spec)
     late = [r for r in rows if not r.ok]
+    scaling = scaling_rows(spec)
+    late_scaling = [r for r in scaling if not r.ok]
     if summary:
         timed = [r for r in rows if r.margin_s is not None]
         tight = min(timed, key=lambda r: r.margin_s or 0.0, default=None)
-        print(f"{'ok  ' if not late else 'FAIL'} fusebox budget: {len(rows)} fuse tier(s), {len(timed) - len(late)} in time, "
+        print(f"{'ok  ' if not (late or late_scaling) else 'FAIL'} fusebox budget: {len(rows)} fuse tier(s), {len(timed) - len(late)} in time, "
               f"{len(late)} late, {len(rows) - len(timed)} n/a"
               + (f"; tightest {tight.alert} {tight.tier}: {_s(tight.floor_s)} against {_s(tight.time_left_s or 0.0)}" if tight else "")
-              + (f"; {rounded} tier(s)' for rounded up to their evaluation interval" if (rounded := sum(r.for_rounded for r in rows)) else ""))
+              + (f"; {rounded} tier(s)' for rounded up to their evaluation interval" if (rounded := sum(r.for_rounded for r in rows)) else "")
+              + (f"; scale-out: {len(scaling)} workload(s), {len(late_scaling)} late" if scaling else ""))
     elif as_json:
-        print(json.dumps({"spec": spec.name, "rule_engine": spec.rule_engine, "ok": not late,
-                          "fuse_decision_s": FUSE_DECISION_S, "tiers": [asdict(r) for r in rows]}, indent=2))
+        print(json.dumps({"spec": spec.name, "rule_engine": spec.rule_engine, "ok": not (late or late_scaling),
+                          "fuse_decision_s": FUSE_DECISION_S, "tiers": [asdict(r) for r in rows],
+                          "scaling": [r.as_dict() for r in scaling]}, indent=2))
     else:
-        _print_table(spec, rows)
+        _print_table(spec, rows, scaling)
     for r in late:
         print(f"fusebox budget: {r.alert} {r.tier} ({r.fuse}) is late: the fuse acts {_s(r.floor_s)} after {r.signal} "
               f"crosses {r.threshold}, but the resource is full {_s(r.time_left_s or 0.0)} after "
@@ -227,4 +317,9 @@ def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> i
               f"threshold (so it fires earlier)"
               + (f"; a `for` under the {format_number(r.terms['eval'])} s evaluation interval still waits a whole one: "
                  "shorten global.evaluation_interval, or write for: 0s" if r.for_rounded else ""), file=sys.stderr)
-    return 1 if late else 0
+    for sr in late_scaling:
+        print(f"fusebox budget: scale-out of workload {sr.workload!r} is late: a new replica is Ready {_s(sr.path_s)} after its "
+              f"load crosses a set point ({_scaling_terms(sr)}), but the KV pool is full {_s(sr.time_left_s or 0.0)} after "
+              f"({sr.basis}) -- shorten pod_start (a cached image, a smaller model load), KEDA's polling_interval or the "
+              "HPA's sync period and scale-up stabilization, or scale on a lower safe level", file=sys.stderr)
+    return 1 if late or late_scaling else 0

@@ -21,9 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "check", help="check the generated files (promtool, amtool, vmalert and thanos when built; the reaction budget and "
                       "in-path shedders); with --against, rule selectors that match no series",
         description="With --spec (the default): the generated files it checks are what the spec generates now (else "
-        "run `fusebox generate` first), the reaction budget (docs/budget.md) and the in-path shedders against "
-        "their fuse (docs/inpath.md), then promtool check/test rules (every promtool found), vmalert -dryRun and "
-        "vmalert-tool unittest, thanos tools rules-check (each when built by `make tools`; required when "
+        "run `fusebox generate` first), the reaction budget (docs/budget.md), the in-path shedders against "
+        "their fuse (docs/inpath.md) and the scalers against both (docs/scaling.md), then promtool check/test rules "
+        "(every promtool found), vmalert -dryRun and vmalert-tool unittest, thanos tools rules-check (each when built by `make tools`; required when "
         "global.rule_engine names its engine), amtool check-config and route tests on the "
         "generated files, failures named against the spec. With --rules FILE... --against CAPTURE...: any Prometheus "
         "rule file or PrometheusRule, no spec; every selector that matches no series in the captures is named with why. "
@@ -293,7 +293,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     own = [fresh,
            run_budget(spec, summary=True),  # every fuse must act before its resource is full (docs/budget.md)
-           run_inpath_check(spec)]  # every in-path shedder must act before its fuse (docs/inpath.md)
+           run_inpath_check(spec),  # every in-path shedder must act before its fuse (docs/inpath.md)
+           run_scaling_check(spec)]  # every scaler before its shedders and fuses (docs/scaling.md)
     rc = toolcheck.run_checks(spec, Path(args.out), promtools=args.promtool, captures=args.against,
                               allow_dead=args.allow_dead, prior=(own.count(0), len(own) - own.count(0)))
     return rc or (1 if any(own) else 0)
@@ -334,6 +335,21 @@ def run_inpath_check(spec) -> int:
     n = len(spec.inpath.shedders)
     print(f"{'ok  ' if not found else 'FAIL'} fusebox inpath: {n} shedder(s), {len(found)} acting after the fuse "
           "or with a breaker window shorter than the longest generation")
+    for w in found:
+        print(f"fusebox check: {w}", file=sys.stderr)
+    return 1 if found else 0
+
+
+def run_scaling_check(spec) -> int:
+    """``fusebox check``'s scaling line: ``ok``, or ``FAIL`` and each finding of
+    :func:`fusebox.spec.scaling.order_problems` (a set point not strictly before the shedders and
+    fuses on its quantity) on standard error; 1 when any, else 0."""
+    from fusebox.spec.scaling import order_problems
+
+    found = order_problems(spec)
+    n = len(spec.scaling.workloads) if spec.scaling else 0
+    print(f"{'ok  ' if not found else 'FAIL'} fusebox scaling: {n} workload(s), {len(found)} set point(s) at or after "
+          "a shedder's or a fuse's threshold")
     for w in found:
         print(f"fusebox check: {w}", file=sys.stderr)
     return 1 if found else 0

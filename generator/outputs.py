@@ -15,9 +15,10 @@ from fusebox.signal_kinds.base import DCGM
 from fusebox.spec import Spec
 from fusebox.spec.adapter_kinds import ADAPTER_KINDS
 from fusebox.spec.adapters import Adapter as FuseAdapter
+from fusebox.spec.scaling import order_problems
 from fusebox.spec.units import format_duration
 
-from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol
+from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol, render_scaling
 from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import DISCOVERING, discovering, kustomization_output, render_prometheusrule, workload_outputs
@@ -153,6 +154,7 @@ def render_all(spec: Spec) -> dict[str, str]:
     out.update(workload_outputs(spec, header))
     out.update(render_haproxy.outputs(spec, header))
     out.update(render_inpath.outputs(spec, header))
+    out.update(render_scaling.outputs(spec, header))
     out.update(kustomization_output(spec, header, list(out)))  # last: it lists every k8s/ manifest
     return dict(sorted(out.items()))
 
@@ -196,6 +198,8 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
     * ``fuse.adapters`` that cannot apply what the tiers request (:func:`adapter_warnings`).
     * an in-path shedder that acts after the fuse, or a gateway breaker window shorter than the
       longest generation (:func:`.render_inpath.inpath_warnings`; ``fusebox check`` fails on them).
+    * a ``scaling`` set point at or after a shedder's or a fuse's threshold on the same quantity
+      (:func:`fusebox.spec.scaling.order_problems`; ``fusebox check`` fails on them).
     """
     from fusebox.signal_kinds.base import FUSEBOX
 
@@ -252,6 +256,7 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
                    "or {layers, kv_heads, head_dim, dtype}")
     out += adapter_warnings(spec)
     out += render_inpath.inpath_warnings(spec)
+    out += order_problems(spec)
     if "your-org" in spec.runbook_base_url:
         out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
                    "runbook link leads nowhere -- set it to where your runbooks/ are served")

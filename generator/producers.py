@@ -19,7 +19,9 @@ Producers (:func:`producers`), by metric-name prefix:
   ``kv`` or ``latency`` without it); their ``fusebox_collector_*`` self-metrics wherever
   :attr:`Spec.fusebox_collectors` expects them (the self-monitoring alerts on them exist only then);
 * the SGLang Model Gateway (``smg_``) when ``inpath.shedders`` names one (``smg``, ``sglang_router``):
-  its refusal, overload and breaker series (generator/shedding.py), scraped on its ``--prometheus-port``.
+  its refusal, overload and breaker series (generator/shedding.py), scraped on its ``--prometheus-port``;
+* the CostQoS controller (``fusebox_costqos_``) when a ``scaling`` workload has ``cost_qos``: the
+  policies it reconciles are generated (generator/render_scaling.py).
 
 A signal with every tier disabled is not reported: it keeps its records, but nothing of it fires;
 where nothing publishes its source either, :func:`fed_spec` leaves it out of the rules and the
@@ -151,6 +153,10 @@ def producers(spec: Spec) -> list[Producer]:
         out.append(Producer("the SGLang Model Gateway (inpath.shedders)", (C.GATEWAY_PREFIX,)))
     if spec.fusebox_collectors:  # their self-metrics come with them, wherever they run
         out.append(Producer("the fusebox collectors", ("fusebox_collector_",)))
+    if spec.scaling is not None and any(w.cost_qos for w in spec.scaling.workloads):
+        # the policies k8s/ applies are the controller's to reconcile; it publishes per policy
+        out.append(Producer("the CostQoS controller (scaling.workloads[].cost_qos)", ("fusebox_costqos_",),
+                            labels=_TARGET | {"namespace", "policy"}))
     return out
 
 

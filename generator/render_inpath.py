@@ -25,11 +25,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fusebox.conventions import SMG_VETO_READS
 from fusebox.spec import Spec
 from fusebox.spec.inpath import GATEWAY_KINDS, Shedder
+from fusebox.spec.overload import OVERLOAD_QUANTITIES, SMG_DEFAULT_KEY, SMG_OVERLOAD_DEFAULTS, Overload, Veto
 from fusebox.spec.units import format_duration, format_number, humanize
 
-__all__ = ["Setting", "settings", "render_shedder", "outputs", "inpath_warnings", "OUT_DIR", "FLAGS", "LAUNCH"]
+__all__ = ["Setting", "settings", "overload_lines", "render_shedder", "outputs", "inpath_warnings", "OUT_DIR", "FLAGS",
+           "OVERLOAD_FLAGS", "OVERLOAD_OFF", "OVERLOAD_SHED", "LAUNCH"]
 
 OUT_DIR = "inpath"
 
@@ -47,6 +50,11 @@ FLAGS = {
     "max_num_queued_reqs": "--max-num-queued-reqs",
     "max_num_queued_tokens": "--max-num-queued-tokens",
 }
+# smg 1.13's worker overload veto (python -m smg.launch_router --help): a threshold flag per quantity
+# (each "AT OR ABOVE which a worker is considered overloaded and left out of routing"), the switch
+# that turns both off, and the one that refuses (503) instead of falling back to the least-loaded worker.
+OVERLOAD_FLAGS = {"token_usage": "--worker-overload-token-usage", "waiting_requests": "--worker-overload-waiting-requests"}
+OVERLOAD_OFF, OVERLOAD_SHED = "--disable-worker-overload-protection", "--worker-overload-shed"
 # What reads the file, per kind.
 LAUNCH = {
     "smg": "smg 1.13 (python -m smg.launch_router)",
@@ -115,6 +123,51 @@ def settings(spec: Spec, s: Shedder) -> list[Setting]:
     return out
 
 
+def _veto_why(ov: Overload, v: Veto) -> str:
+    """Where veto threshold ``v`` comes from and what it was checked against, for its comment."""
+    quantity, text, key, signals = v.quantity, v.text, v.key, v.signals
+    what = OVERLOAD_QUANTITIES[quantity][1]
+    if key == SMG_DEFAULT_KEY:
+        origin = f"{text}, smg 1.13's own default, stated ({ov.key}.{quantity} not given, and no safe level of {what} to derive it from)"
+    elif key.startswith(ov.key):
+        origin = f"{text} ({key})"
+    else:
+        origin = f"{text}, the safe level of the spec's {what} ({key})"
+    if signals:
+        checked = f"checked against signal {', '.join(repr(n) for n in signals)}: at or above its safe level, under its fuse"
+    else:
+        reads = SMG_VETO_READS[quantity]
+        engines = ", ".join(next(n for n in reads if n.startswith(p)) for p in ("vllm:", "sglang:"))
+        checked = f"no signal of the spec reads {what} ({engines}) to check it against"
+    return f"{origin}; a worker at or above it leaves routing while another worker is under; {checked}"
+
+
+def overload_lines(s: Shedder) -> list[str]:
+    """The flags file's lines for smg's worker overload veto (kind smg; ``[]`` for the others): each
+    threshold's flag under a comment saying where its number comes from, or the switch that turns
+    the veto off; ``--worker-overload-shed`` where the spec asks for it (a comment where not)."""
+    ov = s.overload
+    if ov is None:
+        return []
+    if not ov.protection:
+        defaults = " or ".join(humanize(SMG_OVERLOAD_DEFAULTS[q], OVERLOAD_QUANTITIES[q][0]) + " " + OVERLOAD_QUANTITIES[q][1]
+                               for q in OVERLOAD_FLAGS)
+        return [f"# {OVERLOAD_OFF}: {ov.key}.protection false: no worker leaves routing for its KV-cache token usage or "
+                f"waiting queue (smg 1.13 vetoes at {defaults} unless told)", OVERLOAD_OFF]
+    out = []
+    for v in ov.vetoes:
+        value = format_number(v.at) if v.quantity == "token_usage" else str(int(v.at))
+        out += [f"# {OVERLOAD_FLAGS[v.quantity]}: {_veto_why(ov, v)}",
+                f"{OVERLOAD_FLAGS[v.quantity]} {value}"]
+    if ov.shed:
+        out += [f"# {OVERLOAD_SHED}: {ov.key}.shed true: refuse with 503 (worker_overload_protection_shed) when every "
+                "worker the request could use is over a threshold", OVERLOAD_SHED]
+    else:
+        out.append(f"# {OVERLOAD_SHED} not given ({ov.key}.shed false, smg's default): when every worker is over a "
+                   "threshold, the request goes to the least-loaded one")
+    return out
+
+
 def render_shedder(spec: Spec, s: Shedder) -> str:
     """The flags file of ``s`` (without the generated-file header)."""
     lines = [f"# inpath.shedders.{s.name}: launch flags for {LAUNCH[s.kind]}; it sheds on signal {s.signal!r}",
@@ -123,6 +176,7 @@ def render_shedder(spec: Spec, s: Shedder) -> str:
              f"# Use: $(grep -v '^#' {OUT_DIR}/{s.name}.flags) on its command line (docs/inpath.md)."]
     for st in settings(spec, s):
         lines += [f"# {st.flag}: {st.why}", f"{st.flag} {st.value}"]
+    lines += overload_lines(s)
     return "\n".join(lines) + "\n"
 
 

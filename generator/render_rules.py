@@ -10,7 +10,9 @@ Groups at ``global.evaluation_interval`` hold what alerts read. What no alert's 
 on runs at ``global.slow_evaluation_interval`` (30 s by default): ``fusebox-<signal>-panels``
 (records only panels read, :meth:`Kind.panel_rules`), ``fusebox-static`` (static inputs,
 :meth:`Kind.slow_rules`), ``fusebox-dashboard``, ``fusebox-inpath`` (the in-path gateways'
-refusals, overload sheds and open breakers, :mod:`.shedding`) and ``fusebox-absent``.
+refusals, overload sheds and open breakers, :mod:`.shedding`) and ``fusebox-absent``. With a
+``scaling:`` section the autoscalers' load records go beside the values they read, and
+``fusebox-scaling`` (:func:`.render_scaling.place_rules`) runs at the slow interval.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from fusebox.signal_kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.units import format_duration, humanize
 
-from . import shedding
+from . import render_scaling, shedding
 from .producers import fed_spec, gpu_power_backend
 from .rule_engines import shape_groups
 from .selfmon import GROUP as SELF_GROUP
@@ -337,6 +339,8 @@ def render_rules(spec: Spec) -> Rules:
     # What the in-path gateways did (generator/shedding.py): panels and runbooks read it, no alert.
     if shedding.rules(spec):
         groups.append({"name": shedding.GROUP, "interval": slow, "rules": shedding.rules(spec)})
+    # What the autoscalers read (generator/render_scaling.py): each load beside the value it reads.
+    render_scaling.place_rules(spec, groups, slow)
     if spec.absent_enabled and raw_metrics:
         absent_rules = []
         for m in sorted(raw_metrics):

@@ -37,6 +37,7 @@ from .render_rules import (
     gpu_down_enabled,
     gpu_down_labels,
 )
+from .render_scaling import test_groups as scaling_tests
 from .selfmon import self_tests
 
 
@@ -320,6 +321,7 @@ def render_rule_tests(spec: Spec, rules: Rules, rule_file: str) -> list[tuple[st
     if gpu_down_enabled(spec):
         groups.append(_gpu_down_group(spec))
     groups += self_tests(spec)
+    groups += scaling_tests(spec)  # the autoscalers' load records and the CostQoS alert (render_scaling)
     if spec.absent_enabled and rules.raw_metrics:
         I = spec.evaluation_interval_s
         t = spec.absent_for_s + I

@@ -27,6 +27,28 @@ def spec_text_at_30s() -> str:
     return out
 
 
+def without_signals(data: dict, *names: str) -> dict:
+    """``data`` (a spec as YAML loads it) less the signals ``names``, and less what scales on them
+    (:func:`unscaled`: the spec would name unknown signals otherwise)."""
+    for n in names:
+        data["signals"].pop(n, None)
+    return unscaled(data, *names)
+
+
+def unscaled(data: dict, *names: str) -> dict:
+    """``data`` (a spec as YAML loads it) with no ``scaling`` workload driven by the signals
+    ``names``: each workload's ``signals`` lose them, a workload left with none goes, and a
+    ``scaling`` left without workloads goes."""
+    scaling = data.get("scaling")
+    if scaling:
+        for w in scaling.get("workloads", []):
+            w["signals"] = [n for n in w["signals"] if n not in names]
+        scaling["workloads"] = [w for w in scaling.get("workloads", []) if w["signals"]]
+        if not scaling["workloads"]:
+            del data["scaling"]
+    return data
+
+
 def trimmed_spec(text: str, *keep: str) -> str:
     """The spec ``text`` with only the signals named in ``keep`` and GPU memory (the shipped in-path
     shedders read it), everything else as it is: for tests of what `fusebox check` and the rule tools
@@ -38,7 +60,7 @@ def trimmed_spec(text: str, *keep: str) -> str:
     data = yaml.safe_load(text)
     unknown = set(keep) - set(data["signals"])
     assert not unknown, f"no such signal in the spec: {sorted(unknown)}"
-    data["signals"] = {k: v for k, v in data["signals"].items() if k in {"gpu_memory_utilization", *keep}}
+    without_signals(data, *(k for k in data["signals"] if k not in {"gpu_memory_utilization", *keep}))
     return yaml.safe_dump(data, sort_keys=False)
 
 

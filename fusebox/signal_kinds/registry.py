@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fusebox import conventions as C
 from fusebox.spec.inpath import shedding_records
 
 from . import connection_idle, deriv, gauge, gpu_memory, quantile, rate, time_to_full
@@ -41,7 +42,8 @@ def recorded_names(spec: Spec) -> dict[str, str]:
     signal's :meth:`Kind.rules`, :meth:`Kind.panel_rules` and :meth:`Kind.slow_rules`, the kinds'
     :meth:`Kind.dashboard_records`, the dashboard records of :func:`dashboard_records` (the
     prefix-cache hit rate per engine of :attr:`Spec.engines`) and the in-path gateways' records
-    (:func:`fusebox.spec.inpath.shedding_records`). The spec's check of runbook queries reads it;
+    (:func:`fusebox.spec.inpath.shedding_records`), and with ``scaling`` the autoscalers' load
+    records. The spec's check of runbook queries reads it;
     ``tests/generator/test_runbook_queries.py`` holds it to the rendered rules."""
     out: dict[str, str] = {}
     for sig in spec.signals:
@@ -60,6 +62,9 @@ def recorded_names(spec: Spec) -> dict[str, str]:
         out.setdefault(d[role], "dashboard")
     for name in shedding_records(spec).values():
         out.setdefault(name, "in-path")
+    if spec.scaling is not None and spec.scaling.workloads:  # generator/render_scaling.py
+        for name in (C.SCALING_SIGNAL_LOAD, C.SCALING_LOAD):
+            out.setdefault(name, "scaling")
     return out
 
 

@@ -16,6 +16,7 @@ Shape::
           per_request: 2%        # what one running request adds to it, per engine
           shed_at: 72%           # optional; default: the signal's warning threshold (its safe level)
           set: {queue_size: 0}   # optional per-setting overrides (SETTINGS lists them per kind)
+          overload: {token_usage: 80%}   # kind smg only: smg's own worker overload veto (spec/overload.py)
 
 Every problem is a :class:`~fusebox.spec.errors.Problem` at its line (exit 2 in the CLI).
 """
@@ -33,6 +34,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from fusebox import conventions as C
 
 from . import units
+from .overload import Overload, RawOverload, normalise_overload
 
 __all__ = ["RawInpath", "Inpath", "Shedder", "per_engine", "SETTINGS", "KINDS", "GATEWAY_KINDS", "normalise_inpath",
            "shedding_window_s", "shedding_records"]
@@ -73,6 +75,7 @@ class RawShedder(_Strict):
     per_request: _Value
     shed_at: _Value | None = None
     set: dict[str, _Value] = {}
+    overload: RawOverload | None = None
 
 
 class RawInpath(_Strict):
@@ -103,6 +106,17 @@ class Shedder:
     fuse_for_s: float | None  # that tier's `for`
     settings: dict[str, float] = field(default_factory=dict)  # `set:` overrides
     path: tuple = ()
+    overload: Overload | None = None  # kind smg: its worker overload veto (None for the other kinds)
+
+    @property
+    def veto_at(self) -> dict[str, float]:
+        """Signal name -> the level, in that signal's base unit, at or above which smg's worker
+        overload veto takes a worker out of routing: one entry per signal of the spec that reads
+        the veto's quantity (KV-cache token usage, waiting requests); ``{}`` without a veto on any.
+        What a check of the order "scale, then shed, then fuse" reads beside ``shed_at``."""
+        if self.overload is None:
+            return {}
+        return {sig: v.at for v in self.overload.vetoes for sig in v.signals}
 
     @property
     def per_engine(self) -> int:
@@ -264,7 +278,8 @@ def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[s
     shed_key, shed_text = shed
     ok = ok and _bounded(raw, path, levels, shed_key, shed_text, err)
     settings, settings_ok = _settings(raw, path, err)
-    if not (ok and settings_ok):
+    overload, overload_ok = normalise_overload(raw.kind, raw.overload, path, signals, err)
+    if not (ok and settings_ok and overload_ok):
         return None
     fuse = next((t for t in sig.tiers if t.fuse), None)
     return Shedder(name=name, kind=raw.kind, signal=raw.signal, unit=sig.unit, engines=raw.engines,
@@ -272,7 +287,7 @@ def _shedder(name: str, raw: RawShedder, signals: dict[str, Any], written: set[s
                    shed_at_key=shed_key, shed_at_text=shed_text,
                    fuse_at=fuse.threshold if fuse else None,
                    fuse_key=_key(fuse.path + ("threshold",)) if fuse else None,
-                   fuse_for_s=fuse.for_s if fuse else None, settings=settings, path=path)
+                   fuse_for_s=fuse.for_s if fuse else None, settings=settings, path=path, overload=overload)
 
 
 def normalise_inpath(raw: RawInpath, signals: dict[str, Any], written: set[str], err: Err) -> Inpath:
@@ -281,7 +296,8 @@ def normalise_inpath(raw: RawInpath, signals: dict[str, Any], written: set[str],
 
     Reports through ``err(path, what, fix)``: an unknown signal or setting, a level that is not in
     the signal's unit, a shedding level at or under idle, a generation time that is not a positive
-    duration. Returns what is valid (the caller raises when anything was reported)."""
+    duration, an smg overload veto under the safe level or at or above the fuse of a signal of its
+    quantity (or out of smg's range, or on another kind). Returns what is valid (the caller raises when anything was reported)."""
     gens: dict[str, float | None] = {}
     for key in ("max_generation", "mean_generation"):
         value = getattr(raw, key)

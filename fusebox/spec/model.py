@@ -26,6 +26,7 @@ from .errors import SpecError
 from .inpath import normalise_inpath
 from .normalised import ENGINES, Audit, FuseAction, Runbook, SelfMonitoring, Signal, Source, Spec, Tier
 from .positions import Positions, load, read_text
+from .scaling import normalise_scaling
 from .schema import RULE_ENGINES, RawSpec
 from .section_fuse import audit, check_after_shedding, check_human_receiver, group_timings, normalise_actions, normalise_self_monitoring
 from .section_global import normalise_defaults, normalise_global
@@ -102,6 +103,7 @@ def _normalise(raw: RawSpec, data: dict, pos: Positions, base_dir: Path | None) 
     connections = normalise_connections(r.connections, ck.duration, ck.err)
     inpath = normalise_inpath(r.inpath, {s.name: s for s in signals}, set(r.signals), ck.err)
     check_after_shedding(ck, signals, inpath)
+    scaling = normalise_scaling(r.scaling, {s.name: s for s in signals}, set(r.signals), ck.duration, ck.err)
     if ck.problems:
         raise SpecError(ck.problems)
     d = r.defaults
@@ -119,7 +121,7 @@ def _normalise(raw: RawSpec, data: dict, pos: Positions, base_dir: Path | None) 
         allow_fleet_wide_alerts=r.fuse.allow_fleet_wide_alerts, adapters=adapters,
         kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
         selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
-        budget=budget, inpath=inpath, connections=connections, audit=audit(r.fuse),
+        budget=budget, inpath=inpath, connections=connections, audit=audit(r.fuse), scaling=scaling,
     )
     # runbook queries: references to records replaced, record-shaped names checked (spec/diagnosis.py)
     queries = resolve_diagnosis(spec, ck.err)

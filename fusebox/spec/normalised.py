@@ -13,6 +13,7 @@ from .budget import Budget
 from .connections import Connections
 from .deploy import Grafana, Kubernetes, Otelcol
 from .inpath import Inpath
+from .scaling import Scaling
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ class Signal:
     # the source was chosen (the signal's or an override's `source:`, global.source, or the only one
     # listed), not the first of several taken by default: only a chosen one names the cluster's engine
     source_chosen: bool = True
+    # the warning tier as written, enabled or not (an override's `enabled: false` turns off its alert,
+    # not the level): the safe level the autoscalers' set point is (spec/scaling.py); None without one
+    safe_level: Tier | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,7 @@ class Spec:
     inpath: Inpath = field(default_factory=Inpath)  # inpath: the in-path shedders (spec/inpath.py)
     audit: Audit = field(default_factory=Audit)  # fuse.audit: the refused-alert audit's bound
     connections: Connections = field(default_factory=Connections)  # connections: what `collect conns` follows (spec/connections.py)
+    scaling: Scaling | None = None  # scaling: the workloads to autoscale (spec/scaling.py); None without the section
 
     def selector_for(self, backend: str) -> dict[str, str]:
         """The label matchers of a source backend's raw selectors: ``global.selectors[backend]``

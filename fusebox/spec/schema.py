@@ -21,6 +21,7 @@ from .budget import RawBudget
 from .connections import RawConnections
 from .deploy import RawGrafana, RawKubernetes, RawOtelcol
 from .inpath import RawInpath
+from .scaling import RawScaling
 
 # global.rule_engine: what evaluates the rules (docs/rule-engines.md); the first is the default.
 RULE_ENGINES = ("prometheus", "victoriametrics", "mimir", "thanos")
@@ -238,6 +239,8 @@ class RawSpec(_Strict):
     budget: RawBudget = RawBudget()
     inpath: RawInpath = RawInpath()
     connections: RawConnections = RawConnections()
+    # optional: absent, no scaling outputs (fusebox/spec/scaling.py, docs/scaling.md)
+    scaling: RawScaling | None = None
     signals: dict[str, RawSignal]
     overrides: list[RawOverride] = []
 

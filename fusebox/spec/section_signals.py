@@ -13,7 +13,7 @@ from fusebox.signal_kinds.registry import KINDS
 
 from . import sourceunits, units
 from .checking import ALERT, LABEL, NAME, STANDARD_LEVELS, TIER_ORDER, Checker
-from .normalised import FuseAction, Runbook, Signal, Source
+from .normalised import FuseAction, Runbook, Signal, Source, Tier
 from .schema import RawGlobal, RawOverride, RawSignal, RawSource
 from .section_global import Defaults
 from .section_tiers import Override, TierInputs, normalise_tiers
@@ -148,7 +148,8 @@ def _signal(ck: Checker, name: str, s: RawSignal, path: tuple, si: SignalInputs)
     by = _level(ck, s, path)
     window = _window(ck, s, path, kind, si.scrape_s)
     buckets = kind.check_fields(s, path, ck.err)
-    tiers = normalise_tiers(ck, TierInputs(name, s, path, ovr, si.defaults, si.actions, kind, buckets))
+    off: list[Tier] = []
+    tiers = normalise_tiers(ck, TierInputs(name, s, path, ovr, si.defaults, si.actions, kind, buckets), off)
     if kind.growth_only and s.direction != "above":
         ck.err(path + ("direction",), f"a {s.kind} signal alerts on growth only", "remove 'direction: below'")
     for tname in s.runbook.sop:
@@ -163,6 +164,7 @@ def _signal(ck: Checker, name: str, s: RawSignal, path: tuple, si: SignalInputs)
         kind=s.kind, unit=s.unit, level=s.level,
         direction=s.direction, by=by, window_s=window, quantile=s.quantile, buckets=buckets,
         source=sources[choice.name], sources=sources, tiers=tiers,
+        safe_level=next((t for t in (*tiers, *off) if t.name == "warning"), None),
         runbook=Runbook(rb.symptom.strip(), rb.impact.strip(), tuple((d.title, d.query) for d in rb.diagnosis),
                         {k: tuple(v) for k, v in rb.sop.items()}),
         secondary=s.secondary, path=path, source_chosen=choice.chosen,

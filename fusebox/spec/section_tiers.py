@@ -70,16 +70,16 @@ def _threshold(ck: Checker, tname: str, t: RawTier, ins: TierInputs, tp: tuple) 
     return threshold, threshold_raw
 
 
-def _tier(ck: Checker, tname: str, t: RawTier, ins: TierInputs, threshold_at: dict[str, tuple]) -> Tier | None:
-    """One tier (None when it is malformed, reported, or disabled)."""
+def _tier(ck: Checker, tname: str, t: RawTier, ins: TierInputs, threshold_at: dict[str, tuple]) -> tuple[Tier | None, bool]:
+    """One tier (None when it is malformed, reported) and whether it is enabled."""
     tpath = ins.path + ("tiers", tname)
     if tname not in TIER_ORDER:
         ck.err(tpath, f"unknown tier {tname!r}", "use 'warning' and/or 'critical'", key=True)
-        return None
+        return None, False
     tp = threshold_at[tname] = _where(tname, "threshold", "threshold", t, ins)
     parsed = _threshold(ck, tname, t, ins, tp)
     if parsed is None:
-        return None
+        return None, False
     threshold, threshold_raw = parsed
     d = ins.defaults
 
@@ -94,14 +94,12 @@ def _tier(ck: Checker, tname: str, t: RawTier, ins: TierInputs, threshold_at: di
     if t.fuse is not None and t.fuse not in ins.actions:
         ck.err(tpath + ("fuse",), f"unknown fuse action {t.fuse!r}", f"use one of: {', '.join(ins.actions)}")
     ins.kind.check_threshold(threshold, ins.buckets, tp, ck.err)
-    if not enabled:
-        return None
     return Tier(
         name=tname, threshold=threshold, threshold_text=str(threshold_raw), for_s=for_s, keep_firing_for_s=kff,
         severity=str(pick("severity", t.severity or tname)), fuse=t.fuse,
         fuse_level=ins.actions[t.fuse].level if t.fuse in ins.actions else 0, path=tpath, after_shedding=t.after_shedding,
         advice=t.advice,
-    )
+    ), bool(enabled)
 
 
 def _check_order(ck: Checker, ins: TierInputs, tiers: list[Tier], threshold_at: dict[str, tuple]) -> None:
@@ -125,14 +123,17 @@ def _check_order(ck: Checker, ins: TierInputs, tiers: list[Tier], threshold_at: 
                fix_both if both else "raise the warning threshold or lower the critical one")
 
 
-def normalise_tiers(ck: Checker, ins: TierInputs) -> tuple[Tier, ...]:
-    """The signal's enabled tiers, warning before critical; problems reported on ``ck``."""
+def normalise_tiers(ck: Checker, ins: TierInputs, disabled: list[Tier] | None = None) -> tuple[Tier, ...]:
+    """The signal's enabled tiers, warning before critical; problems reported on ``ck``. The valid
+    tiers that are disabled (``enabled: false``, or an override's) go to ``disabled`` when given."""
     tiers: list[Tier] = []
     threshold_at: dict[str, tuple] = {}  # tier -> where its threshold was written (the tier or an override)
     for tname, t in ins.raw.tiers.items():
-        tier = _tier(ck, tname, t, ins, threshold_at)
-        if tier is not None:
+        tier, enabled = _tier(ck, tname, t, ins, threshold_at)
+        if tier is not None and enabled:
             tiers.append(tier)
+        elif tier is not None and disabled is not None:
+            disabled.append(tier)
     tiers.sort(key=lambda t: TIER_ORDER.index(t.name))
     _check_order(ck, ins, tiers, threshold_at)
     return tuple(tiers)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC
+from _support import SPEC, without_signals
 
 from fusebox import conventions as C
 from fusebox.generator import render_dashboards
@@ -72,8 +72,7 @@ def dcgm_vllm(**edit) -> dict:
     data["kubernetes"]["collectors"]["run"] = {"latency": []}
     data["kubernetes"]["engines"] = dict(ENGINES)
     data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"
-    for name in ("kv_cache_growth_rate", "kv_cache_growth_oom") + CONNECTION_SIGNALS:  # KV bytes: no collector here
-        data["signals"].pop(name)
+    without_signals(data, "kv_cache_growth_rate", "kv_cache_growth_oom", *CONNECTION_SIGNALS)  # KV bytes: no collector here
     data["overrides"] = [{"alert": "GPUPCIeLinkSaturated", "enabled": False},  # no dcgm source (docs/spec.md)
                          {"alert": "PCIeRootComplexLinkSaturated", "enabled": False}]
     data.update(edit)
@@ -119,8 +118,7 @@ def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_
     engines' with host_name): the tracer agrees, panel by panel."""
     data = yaml.safe_load(SPEC.read_text())
     data["kubernetes"]["collectors"]["run"] = {"gpu": [], "kv": [], "latency": []}
-    for name in CONNECTION_SIGNALS:  # collect conns: not a DaemonSet collector (module doc)
-        data["signals"].pop(name)
+    without_signals(data, *CONNECTION_SIGNALS)  # collect conns: not a DaemonSet collector (module doc)
     # the KV collector publishes bytes only for the models whose geometry it knows
     data["kubernetes"]["engines"] = dict(ENGINES, models={
         "llava-hf/llava-1.5-7b-hf": {"layers": 32, "kv_heads": 32, "head_dim": 128, "dtype": "float16"}})
@@ -149,7 +147,7 @@ def test_without_the_alignment_collector_the_engine_variables_read_vllms_kv_time
     """vLLM writes model_name, not model: the KV record keeps model from it (engine_labels), so the
     model variable lists the served models, and engine the pods (NAMESPACE/POD)."""
     data = dcgm_vllm()
-    data["signals"].pop("alignment_latency_p95")
+    without_signals(data, "alignment_latency_p95")
     data["kubernetes"]["collectors"]["enabled"] = False
     spec = _load(tmp_path, data)
     feds = {f.title: f for f in _trace(spec) if f.what == "variable"}

@@ -184,6 +184,8 @@ def cluster_spec_text(sglang_url: str, workers: dict[str, str], gateway_url: str
     # lines; time to full (its own tiers on the same GPUs and engines) is left out here and checked
     # by its generated tests, the backtest of the recorded breach and the demo
     data["signals"] = {n: sig for n, sig in data["signals"].items() if sig.get("kind") != "time_to_full"}
+    # no autoscaling here: its ScaledObjects need KEDA's CRDs and the engines' namespace (docs/scaling.md)
+    data.pop("scaling", None)
     k = data.setdefault("kubernetes", {})
     k["namespace"] = NS
     k["labels"] = {"release": RELEASE}

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import Result, run_cli
-from _support import FIXTURES, SPEC
+from _support import FIXTURES, SPEC, without_signals
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox import conventions as C
@@ -88,8 +88,7 @@ def dcgm_vllm_spec(keep_collector_signals: bool = False) -> str:
     data["kubernetes"]["collectors"]["enabled"] = False
     data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"  # the engine's own KV fraction, no collector
     if not keep_collector_signals:
-        for name in COLLECTOR_ONLY:
-            data["signals"].pop(name, None)
+        without_signals(data, *COLLECTOR_ONLY)
     return yaml.safe_dump(data, sort_keys=False)
 
 

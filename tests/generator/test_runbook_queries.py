@@ -19,7 +19,7 @@ import re
 
 import pytest
 import yaml
-from _support import SPEC, spec_text_at_30s
+from _support import SPEC, spec_text_at_30s, without_signals
 
 from fusebox import conventions as C
 from fusebox.generator import render_dashboards
@@ -39,9 +39,8 @@ def dcgm_vllm(text: str) -> str:
     data["global"]["selectors"] = {"vllm": {}}
     data["kubernetes"]["collectors"]["enabled"] = False
     data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"
-    for name in ("pcie_link_utilization", "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_growth_oom",
-                 "pcie_root_complex_utilization"):
-        data["signals"].pop(name)
+    without_signals(data, "pcie_link_utilization", "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_growth_oom",
+                    "pcie_root_complex_utilization")
     return yaml.safe_dump(data, sort_keys=False)
 
 

@@ -57,10 +57,11 @@ def _entries() -> set[str]:
 
 
 def test_pitfalls_keeps_the_numbering_of_the_cited_entries():
-    assert _entries() == {f"P{i}" for i in range(1, 9)}
+    assert _entries() == {f"P{i}" for i in range(1, 9)} | {"P23"}
     text = PITFALLS.read_text()
     assert "## P3. `rate()` on a gauge invents growth" in text
     assert "## P8. grafanalib's JSON is not what current Grafana expects" in text
+    assert "## P23. smg sheds on its own, and its control plane is open by default" in text
 
 
 def test_every_cited_pitfall_is_in_docs_pitfalls():

@@ -58,9 +58,13 @@ GATEWAY = {
     "--request-timeout-secs": str(MAX_GENERATION_S),
     "--cb-window-duration-secs": str(MAX_GENERATION_S),
 }
+# smg 1.13 alone also gets its worker overload veto stated: the shipped spec gives no overload block
+# and has no gauge of either quantity, so smg's own defaults (0.8 KV-cache token usage, 8 waiting
+# requests); sglang-router 0.3.2 has no such veto (tests/inpath/test_inpath_overload.py)
+SMG_VETO = {"--worker-overload-token-usage": "0.8", "--worker-overload-waiting-requests": "8"}
 
 
-@pytest.mark.parametrize("name,expect", [("gateway", GATEWAY), ("gateway_0_3", GATEWAY),
+@pytest.mark.parametrize("name,expect", [("gateway", GATEWAY | SMG_VETO), ("gateway_0_3", GATEWAY),
                                          ("engine", {"--max-num-queued-reqs": str(PER_ENGINE)})])
 def test_the_shipped_flags(name, expect):
     text = (ROOT / "inpath" / f"{name}.flags").read_text()
@@ -133,7 +137,7 @@ def test_without_generation_times_the_gateway_gets_no_timeouts():
     def m(ip):
         del ip["max_generation"], ip["mean_generation"]
     flags = _flags(render_all(parse_spec(_spec(m)))["inpath/gateway.flags"])
-    assert set(flags) == {"--max-concurrent-requests", "--queue-size", "--queue-timeout-secs"}
+    assert set(flags) == {"--max-concurrent-requests", "--queue-size", "--queue-timeout-secs", *SMG_VETO}
 
 
 def _problems(text: str) -> list[str]:

@@ -6,7 +6,11 @@
 * the monitoring.coreos.com kinds (PrometheusRule, ServiceMonitor, PodMonitor,
   AlertmanagerConfig) against the CRD schemas of Prometheus Operator :data:`OPERATOR_VERSION`,
   which tools/build-operator-crds.sh copies from the Go module proxy (hash-pinned) into the tools
-  folder; made strict here like ``kubectl apply``'s server-side field validation.
+  folder; made strict here like ``kubectl apply``'s server-side field validation;
+* KEDA's ScaledObject (``keda.sh/v1alpha1``) against KEDA v2.21.0's own CRD schema
+  (tests/fixtures/k8s/keda/, copied from the Go module with its source noted), and the
+  CostQoSScalingPolicy (``fusebox.dev/v1alpha1``) against the CRD fusebox ships
+  (fusebox/data/costqos-crd.yaml), both strict.
 
 Both the committed k8s/ files and the output of a spec with a ``kubernetes:`` block are checked;
 every ``k8s/*.yml`` / ``*.yaml`` is globbed, so a manifest added later is covered too.
@@ -107,10 +111,30 @@ def _crd_schema(kind: str, version: str) -> Any:
     return _CRD_CACHE[kind, version]
 
 
+KEDA_CRD = Path(__file__).parents[1] / "fixtures" / "k8s" / "keda" / "keda.sh_scaledobjects.yaml"
+# The object kinds that live in the scaled workload's namespace (scaling.workloads[].target), not in
+# kubernetes.namespace, and the cluster-scoped CRD: generator/render_scaling.py
+SCALING_FILES = ("scaling.yml", "costqos-policies.yml", "costqos-crd.yml")
+
+
+def _own_crd_schema(path: Path, kind: str, version: str) -> Any:
+    if (kind, version) not in _CRD_CACHE:
+        crd = next(d for d in yaml.safe_load_all(path.read_text()) if d)
+        assert crd["spec"]["names"]["kind"] == kind
+        (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+        _CRD_CACHE[kind, version] = _strict(v["schema"]["openAPIV3Schema"])
+    return _CRD_CACHE[kind, version]
+
+
 def _validate(doc: dict) -> None:
     """Raise (jsonschema or kubernetes-validate ValidationError) when ``doc`` is not a valid object."""
     group, _, version = doc["apiVersion"].rpartition("/")
-    if group == "monitoring.coreos.com":
+    if group == "keda.sh":
+        jsonschema.validate(doc, _own_crd_schema(KEDA_CRD, doc["kind"], version), cls=jsonschema.Draft4Validator)
+    elif group == C.COSTQOS_CRD[0]:
+        crd = ROOT / "fusebox" / "data" / "costqos-crd.yaml"
+        jsonschema.validate(doc, _own_crd_schema(crd, doc["kind"], version), cls=jsonschema.Draft4Validator)
+    elif group == "monitoring.coreos.com":
         # OpenAPI v3's schema dialect is JSON Schema draft 4's (with x-kubernetes-* extensions)
         jsonschema.validate(doc, _crd_schema(doc["kind"], version), cls=jsonschema.Draft4Validator)
     else:
@@ -151,8 +175,16 @@ def test_the_thanos_prometheusrule_validates_with_partial_response_strategy(tmp_
 
 def test_manifests_of_a_spec_with_a_kubernetes_block_validate_and_carry_its_namespace_and_labels(kube_out):
     _check_all(kube_out)
+    spec = parse_spec(_with_kubernetes(KUBE), "fusebox.yaml")
+    assert spec.scaling is not None
+    workloads = {w.name: w.namespace for w in spec.scaling.workloads}
     for name, doc in _manifests(kube_out):
         meta = doc["metadata"]
+        if name.startswith(SCALING_FILES):  # the workload's namespace (a ScaledObject scales only there); the CRD none
+            assert meta.get("namespace") == (None if doc["kind"] == "CustomResourceDefinition" else workloads[meta["name"]]), name
+            assert KUBE["labels"].items() <= meta["labels"].items() or doc["kind"] == "CustomResourceDefinition", name
+            assert meta["labels"]["app.kubernetes.io/part-of"] == "fusebox", name
+            continue
         assert meta["namespace"] == KUBE["namespace"], name
         assert KUBE["labels"].items() <= meta["labels"].items(), name
         # fusebox's own labels, on every object (docs/kubernetes.md, "Namespace and labels")
@@ -505,7 +537,10 @@ def test_a_metadata_name_with_capitals_and_spaces_names_valid_objects_and_stays_
     docs = _manifests(tmp_path)
     named = {d["kind"]: d["metadata"]["name"] for _, d in docs if d["kind"] in ("PrometheusRule", "AlertmanagerConfig")}
     assert named == {"PrometheusRule": "fusebox-multimodal-inference", "AlertmanagerConfig": "fusebox-multimodal-inference"}
-    assert all(_RFC1123_LABEL.fullmatch(d["metadata"]["name"]) for _, d in docs), [d["metadata"]["name"] for _, d in docs]
+    # a CRD's name is PLURAL.GROUP, a DNS subdomain by the API server's rule (the CostQoS CRD is static)
+    assert all(_RFC1123_LABEL.fullmatch(d["metadata"]["name"]) for _, d in docs if d["kind"] != "CustomResourceDefinition"), \
+        [d["metadata"]["name"] for _, d in docs]
+    assert {d["metadata"]["name"] for _, d in docs if d["kind"] == "CustomResourceDefinition"} == {"costqosscalingpolicies.fusebox.dev"}
     rules = yaml.safe_load((tmp_path / "rules" / "fusebox.rules.yml").read_text())
     assert {r["labels"]["fusebox"] for g in rules["groups"] for r in g["rules"] if "alert" in r} == {"Multimodal Inference"}
     (amc,) = [d for _, d in docs if d["kind"] == "AlertmanagerConfig"]

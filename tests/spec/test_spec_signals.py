@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import FIXTURES, ROOT, SPEC, promtools, trimmed_spec
+from _support import FIXTURES, ROOT, SPEC, promtools, trimmed_spec, unscaled
 
 from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
 from fusebox.generator.outputs import render_all
@@ -458,7 +458,7 @@ def test_init_into_a_file_is_refused(tmp_path):
 def _without_by(*names, empty=False, alone=False):
     """The shipped spec with the ``by`` of the signals ``names`` removed (or ``empty``); ``alone``:
     only GPU memory and those signals (_support.trimmed_spec)."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = unscaled(yaml.safe_load(SPEC.read_text()), *names)  # a signal without `model` scales nothing
     for n in names:
         if empty:
             data["signals"][n]["by"] = []

@@ -1,0 +1,294 @@
+"""What `fusebox generate` derives from the spec's ``scaling:`` section (generator/render_scaling.py),
+what `fusebox budget` says of its scale-out and what `fusebox check` says of its order.
+
+Expected numbers are worked out here from the shipped spec's YAML: KV growth's safe level 9.2 MB/s
+and trip 14.7 MB/s, scrape and evaluation 5 s, the slow interval 30 s, KEDA's polling 15 s, the
+HPA's sync 15 s and scale-up stabilization 0 s, pod_start 90 s, the budget's 52 GiB pool at 90 %."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from _cli import run_cli
+from _support import SPEC, promtools
+
+from fusebox import conventions as C
+from fusebox.generator import render_scaling
+from fusebox.generator.budget import scaling_rows
+from fusebox.generator.cli import run_scaling_check
+from fusebox.generator.outputs import render_all, spec_warnings
+from fusebox.spec import parse_spec
+from fusebox.spec.scaling import order_problems
+
+TEXT = SPEC.read_text()
+SHIPPED = parse_spec(TEXT, "fusebox.yaml")
+KEDA_CRD = Path(__file__).parents[1] / "fixtures" / "k8s" / "keda" / "keda.sh_scaledobjects.yaml"
+OUR_CRD = Path(__file__).parents[2] / "fusebox" / "data" / "costqos-crd.yaml"
+SCALING_FILES = {"k8s/scaling.yml", "k8s/costqos-crd.yml", "k8s/costqos-policies.yml", "runbooks/CostQoSBudgetCannotMeetQoS.md"}
+
+# The budget's figures: the KV pool's free part at 90 % over the critical growth.
+FREE = 52 * 2**30 * (1 - 0.9)  # 5,583,457,484.8 B
+KV_TIME_LEFT = FREE / 14.7e6  # 379.827 s
+
+
+def _edited(edit) -> str:
+    data = yaml.safe_load(TEXT)
+    edit(data)
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _schema(crd_path: Path) -> dict:
+    """The CRD's v1alpha1 schema, strict like the API server's field validation (tests/k8s's helper)."""
+    from test_k8s_manifests import _strict
+
+    crd = next(d for d in yaml.safe_load_all(crd_path.read_text()) if d)
+    (v,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    return _strict(v["schema"]["openAPIV3Schema"])
+
+
+def _docs(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+# ------------------------------------------------------------------------------- objects
+def test_the_shipped_scaledobject_scales_on_the_load_and_the_policys_choice():
+    out = render_all(SHIPPED)
+    (so,) = _docs(out["k8s/scaling.yml"])
+    assert (so["apiVersion"], so["kind"], so["metadata"]["name"], so["metadata"]["namespace"]) == (
+        "keda.sh/v1alpha1", "ScaledObject", "llava-7b", "inference")
+    spec = so["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm-llava"}
+    assert (spec["pollingInterval"], spec["cooldownPeriod"], spec["minReplicaCount"], spec["maxReplicaCount"]) == (15, 300, 1, 8)
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == {
+        "scaleUp": {"stabilizationWindowSeconds": 0}, "scaleDown": {"stabilizationWindowSeconds": 300}}
+    load, choice = spec["triggers"]
+    assert load == {"type": "prometheus", "name": "scaling-load", "metricType": "AverageValue", "metadata": {
+        "serverAddress": "http://prometheus-operated.monitoring.svc:9090", "query": 'fusebox:scaling_load:ratio{workload="llava-7b"}',
+        "threshold": "1", "ignoreNullValues": "false"}}
+    assert choice["metadata"]["query"] == 'max(fusebox_costqos_desired_replicas{namespace="inference",policy="llava-7b"})'
+    assert (choice["metricType"], choice["metadata"]["threshold"]) == ("AverageValue", "1")
+    jsonschema.validate(so, _schema(KEDA_CRD), cls=jsonschema.Draft4Validator)  # KEDA v2.21.0's own CRD
+
+
+def test_keda_v2_21s_schema_refuses_a_broken_scaledobject():
+    """Not vacuous: a misspelt field and a replica count that is no integer fail its CRD's schema."""
+    (so,) = _docs(render_all(SHIPPED)["k8s/scaling.yml"])
+    schema = _schema(KEDA_CRD)
+    typo = copy.deepcopy(so)
+    typo["spec"]["maxReplicas"] = typo["spec"].pop("maxReplicaCount")
+    bad = copy.deepcopy(so)
+    bad["spec"]["minReplicaCount"] = "one"
+    for doc in (typo, bad):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, schema, cls=jsonschema.Draft4Validator)
+
+
+def test_with_hpa_enabled_the_hpas_are_autoscaling_v2_on_the_external_metrics():
+    def hpa(d):
+        d["scaling"]["keda"]["enabled"] = False
+        d["scaling"]["hpa"]["enabled"] = True
+    out = render_all(parse_spec(_edited(hpa), "fusebox.yaml"))
+    (h,) = _docs(out["k8s/scaling.yml"])
+    kubernetes_validate.validate(h, "1.32.0", strict=True)  # autoscaling/v2's shape
+    assert (h["kind"], h["spec"]["minReplicas"], h["spec"]["maxReplicas"]) == ("HorizontalPodAutoscaler", 1, 8)
+    assert [m["external"]["metric"] for m in h["spec"]["metrics"]] == [
+        {"name": "fusebox_scaling_load_ratio", "selector": {"matchLabels": {"workload": "llava-7b"}}},
+        {"name": "fusebox_costqos_desired_replicas", "selector": {"matchLabels": {"namespace": "inference", "policy": "llava-7b"}}}]
+    assert {m["external"]["target"]["averageValue"] for m in h["spec"]["metrics"]} == {"1"}
+    bad = copy.deepcopy(h)
+    bad["spec"]["metrics"][0]["external"]["target"]["type"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.32.0", strict=True)
+
+
+def test_the_policy_carries_the_seeds_figures_and_fits_the_crd():
+    out = render_all(SHIPPED)
+    (p,) = _docs(out["k8s/costqos-policies.yml"])
+    assert (p["apiVersion"], p["kind"], p["metadata"]["namespace"]) == ("fusebox.dev/v1alpha1", "CostQoSScalingPolicy", "inference")
+    s = p["spec"]
+    assert (s["costBudget"], s["pricePerReplicaHour"], s["qosConstraints"]) == ("0.42", "0.21", {"p95LatencyMs": 200, "errorRatePct": 0.5})
+    assert s["replicas"] == {"min": 1, "max": 8} and s["lookback"] == "6h"
+    assert s["metrics"]["replicas"] == 'kube_deployment_spec_replicas{namespace="inference",deployment="vllm-llava"}'
+    jsonschema.validate(p, _schema(OUR_CRD), cls=jsonschema.Draft4Validator)
+    (crd,) = _docs(out["k8s/costqos-crd.yml"])
+    names = crd["spec"]["names"]
+    assert (crd["spec"]["group"], names["kind"], names["plural"], names["shortNames"], crd["spec"]["scope"]) == (
+        "fusebox.dev", "CostQoSScalingPolicy", "costqosscalingpolicies", ["cqsp"], "Namespaced")
+    kubernetes_validate.validate(crd, "1.32.0", strict=True)
+
+
+def test_without_scaling_nothing_of_it_is_generated_and_the_rest_is_unchanged():
+    shipped = render_all(SHIPPED)
+    plain = render_all(parse_spec(_edited(lambda d: d.pop("scaling")), "fusebox.yaml"))
+    assert set(shipped) - set(plain) == SCALING_FILES
+    for path in ("rules/fusebox.rules.yml", "rules/fusebox.rules.test.yml", "k8s/prometheusrule.yml"):
+        assert "scaling" not in plain[path] and C.COSTQOS_ALERT not in plain[path], path
+    assert "scaling.yml" not in plain["k8s/kustomization.yaml"]
+    # the rules differ by the scaling rules alone: drop them from the shipped groups and they match
+    shipped_groups = yaml.safe_load(shipped["rules/fusebox.rules.yml"])["groups"]
+    for g in shipped_groups:
+        g["rules"] = [r for r in g["rules"] if r.get("record") not in (C.SCALING_LOAD, C.SCALING_SIGNAL_LOAD)
+                      and r.get("alert") != C.COSTQOS_ALERT]
+    assert [g for g in shipped_groups if g["rules"]] == yaml.safe_load(plain["rules/fusebox.rules.yml"])["groups"]
+
+
+# ------------------------------------------------------------------------------- records
+def test_each_load_record_sits_beside_the_value_it_reads():
+    groups = {g["name"]: g for g in yaml.safe_load(render_all(SHIPPED)["rules/fusebox.rules.yml"])["groups"]}
+    kv = groups["fusebox-kv_cache_growth_rate"]
+    (rule,) = [r for r in kv["rules"] if r.get("record") == C.SCALING_SIGNAL_LOAD]
+    assert rule["labels"] == {"workload": "llava-7b", "signal": "kv_cache_growth_rate"}
+    assert rule["expr"] == ('sum(max by (cluster, host_name, engine, model) (clamp_min(engine:fusebox_kv_cache_usage_bytes:deriv1m'
+                            '{model="llava-hf/llava-1.5-7b-hf"}, 0) >= 0)) / 9200000')
+    assert kv["interval"] == "5s"
+    # the workload's load: in the alignment P95's panels group (30 s), which reads the KV one from a 5 s group
+    panels = groups["fusebox-alignment_latency_p95-panels"]
+    assert panels["interval"] == "30s"
+    assert {"record": C.SCALING_LOAD, "expr": 'max by (workload) (fusebox:scaling_signal_load:ratio{workload="llava-7b"})'} in panels["rules"]
+    assert [r["alert"] for r in groups["fusebox-scaling"]["rules"]] == [C.COSTQOS_ALERT]
+
+
+@pytest.mark.tools
+def test_two_replicas_at_1_11_times_the_safe_level_read_load_2_22_under_promtool(tmp_path):
+    """Hand-written: engines 0 and 1 of the model grow their KV bytes at 10.212 MB/s (1.11 x 9.2 MB/s),
+    an engine of another model at 46 MB/s: load 2 x 1.11 = 2.22, ceil 3 replicas; a trip-threshold
+    set point would read 2 x 10.212 / 14.7 = 1.389. The record is in the 30 s group: read at 90 s."""
+    rules = tmp_path / "fusebox.rules.yml"
+    rules.write_text(render_all(SHIPPED)["rules/fusebox.rules.yml"])
+    lab = 'cluster="test", host_name="h", instance="h:9464", job="fusebox-kv"'
+    series = [{"series": f'fusebox_kv_cache_usage_bytes{{{lab}, engine="e{i}", model="llava-hf/llava-1.5-7b-hf"}}',
+               "values": "1000000000+51060000x30"} for i in range(2)]  # 10.212 MB/s x 5 s = 51.06 MB a scrape
+    series.append({"series": f'fusebox_kv_cache_usage_bytes{{{lab}, engine="e9", model="other"}}', "values": "0+230000000x30"})
+    test = {"rule_files": [rules.name], "evaluation_interval": "5s", "tests": [{
+        "interval": "5s", "input_series": series, "promql_expr_test": [
+            {"expr": 'fusebox:scaling_load:ratio{workload="llava-7b"}', "eval_time": "90s",
+             "exp_samples": [{"labels": 'fusebox:scaling_load:ratio{workload="llava-7b"}', "value": 2.22}]},
+            {"expr": 'fusebox:scaling_signal_load:ratio{signal="kv_cache_growth_rate"}', "eval_time": "90s",
+             "exp_samples": [{"labels": 'fusebox:scaling_signal_load:ratio{signal="kv_cache_growth_rate",workload="llava-7b"}',
+                              "value": 2.22}]}]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    for promtool in promtools():
+        r = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, promtool + r.stdout + r.stderr
+
+
+@pytest.mark.tools
+def test_the_generated_cases_fail_on_rules_whose_set_point_is_the_trip_threshold(tmp_path):
+    """Not vacuous: the generated cases, run against rules rendered with each driving signal's fuse
+    threshold as its set point, fail (load 1.389 instead of 2.22, one replica instead of two)."""
+    out = render_all(SHIPPED)
+    assert SHIPPED.scaling is not None
+    trips = {d.name: min(t.threshold for t in SHIPPED.signal(d.name).tiers if t.fuse)
+             for w in SHIPPED.scaling.workloads for d in w.signals}
+    wrong = dataclasses.replace(SHIPPED, scaling=dataclasses.replace(SHIPPED.scaling, workloads=tuple(
+        dataclasses.replace(w, signals=tuple(dataclasses.replace(d, set_point=trips[d.name]) for d in w.signals))
+        for w in SHIPPED.scaling.workloads)))
+    (tmp_path / "fusebox.rules.yml").write_text(render_all(wrong)["rules/fusebox.rules.yml"])
+    tests = yaml.safe_load(out["rules/fusebox.rules.test.yml"])
+    tests["tests"] = [g for g in tests["tests"] if "promql_expr_test" in g and "scaling_load" in str(g["promql_expr_test"])]
+    assert len(tests["tests"]) == 4  # two driving signals, two cases each
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    r = subprocess.run([promtools()[-1], "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    said = r.stdout + r.stderr
+    assert r.returncode == 1, said
+    assert 'exp: {workload="llava-7b"} 3E+00\n        got: {workload="llava-7b"} 2E+00' in said, said
+    assert 'exp: {workload="llava-7b"} 2E+00\n        got: {workload="llava-7b"} 1E+00' in said, said
+    assert "exp: {__name__=\"fusebox:scaling_load:ratio\", workload=\"llava-7b\"} 2.22E+00" in said, said
+
+
+# -------------------------------------------------------------------------------- budget
+def test_the_shipped_scale_out_is_within_the_kv_pools_time():
+    (row,) = scaling_rows(SHIPPED)
+    # 5 scrape + 30 eval (the load's group) + 5 (the KV load record, from a 5 s group) + 0 lag (Prometheus)
+    # + 15 KEDA polling + 15 HPA sync + 0 stabilization + 90 pod start = 160 s, against 379.827 s
+    assert row.terms == {"scrape": 5.0, "eval": 30.0, "records": 5.0, "lag": 0.0, "polling": 15.0, "sync": 15.0,
+                         "stabilization": 0.0, "pod_start": 90.0}
+    assert row.path_s == 160.0
+    assert row.time_left_s == pytest.approx(KV_TIME_LEFT, abs=1e-6) and round(KV_TIME_LEFT, 3) == 379.827
+    assert row.ok and row.margin_s == pytest.approx(219.827, abs=1e-3)
+
+
+def test_a_scale_out_slower_than_the_kv_pool_fails_budget_naming_both_numbers(tmp_path):
+    """pod_start 400 s: 5 + 30 + 5 + 15 + 15 + 0 + 400 = 470 s, over the 379.827 s the pool has left."""
+    spec = tmp_path / "fusebox.yaml"
+    spec.write_text(_edited(lambda d: d["scaling"]["workloads"][0].update(pod_start="400s")))
+    r = run_cli("budget", "--spec", spec, "--json")
+    assert r.code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert not doc["ok"] and doc["scaling"][0]["path_s"] == 470.0
+    assert "scale-out of workload 'llava-7b' is late: a new replica is Ready 470 s after" in r.stderr
+    assert "the KV pool is full 379.827 s after" in r.stderr
+
+
+def test_on_vmalert_the_load_is_a_chain_of_three_records_late():
+    """The load reads the alignment P95's signal load, which reads its P95, which reads the bucket
+    rates, all in the 30 s panels group: vmalert stores it 3 evaluations late, 90 s: 160 + 90 = 250 s."""
+    (row,) = scaling_rows(parse_spec(TEXT.replace("rule_engine: prometheus", "rule_engine: victoriametrics"), "fusebox.yaml"))
+    assert (row.terms["lag"], row.path_s) == (90.0, 250.0)
+
+
+def test_plain_hpas_have_no_polling_term():
+    def hpa(d):
+        d["scaling"]["keda"]["enabled"] = False
+        d["scaling"]["hpa"].update(enabled=True, scale_up_stabilization="60s")
+    (row,) = scaling_rows(parse_spec(_edited(hpa), "fusebox.yaml"))
+    assert (row.terms["polling"], row.terms["stabilization"], row.path_s) == (0.0, 60.0, 5 + 30 + 5 + 0 + 15 + 60 + 90)
+
+
+# --------------------------------------------------------------------------------- order
+def test_the_shipped_scaler_acts_before_its_shedders_and_fuses(capsys):
+    assert order_problems(SHIPPED) == []
+    assert run_scaling_check(SHIPPED) == 0
+    assert capsys.readouterr().out.startswith("ok   fusebox scaling: 1 workload(s), 0 set point(s)")
+
+
+def test_a_fuse_on_the_same_quantity_at_the_set_point_fails_check(capsys):
+    """KV OOM (the same deriv of KV bytes as KV growth) tripping at 9 MB/s, under KV growth's safe
+    level 9.2 MB/s: the fuse trips before a replica is added."""
+    spec = parse_spec(_edited(lambda d: d["signals"]["kv_cache_growth_oom"]["tiers"]["critical"].update(threshold="9 MB/s")),
+                      "fusebox.yaml")
+    (p,) = order_problems(spec)
+    assert p.startswith("scaling workload 'llava-7b' scales on 'kv_cache_growth_rate' at 9.2 MB/s "
+                        "(signals.kv_cache_growth_rate.tiers.warning.threshold), not before the fuse of KVCacheGrowthOOMImminent "
+                        "critical at 9 MB/s (signals.kv_cache_growth_oom.tiers.critical.threshold)")
+    assert run_scaling_check(spec) == 1
+    assert "fusebox check: scaling workload 'llava-7b'" in capsys.readouterr().err
+    assert p in spec_warnings(spec)  # generate says it too
+
+
+def test_a_shedder_at_the_set_point_fails_check():
+    """A vLLM engine bound shedding on KV growth at its default level, the warning tier: 9.2 MB/s is
+    not strictly before the scaler's 9.2 MB/s."""
+    def shed(d):
+        d["inpath"]["shedders"]["kv"] = {"kind": "vllm", "signal": "kv_cache_growth_rate", "idle": "0 MB/s", "per_request": "1 MB/s"}
+    spec = parse_spec(_edited(shed), "fusebox.yaml")
+    problems = order_problems(spec)
+    assert any(p.endswith("not before inpath.shedders.kv, which sheds at 9.2 MB/s (signals.kv_cache_growth_rate.tiers.warning.threshold): "
+                          "the shedder refuses work before a replica is added -- shed above the safe level (its shed_at), or scale "
+                          "on another signal") for p in problems), problems
+    # shedding above the safe level, under the fuse: in order
+    def shed_later(d):
+        shed(d)
+        d["inpath"]["shedders"]["kv"]["shed_at"] = "12 MB/s"
+    assert order_problems(parse_spec(_edited(shed_later), "fusebox.yaml")) == []
+
+
+def test_the_costqos_alert_has_its_runbook_and_link():
+    out = render_all(SHIPPED)
+    groups = yaml.safe_load(out["rules/fusebox.rules.yml"])["groups"]
+    (alert,) = [r for g in groups for r in g["rules"] if r.get("alert") == C.COSTQOS_ALERT]
+    assert (alert["expr"], alert["for"]) == ("max by (namespace, policy) (fusebox_costqos_qos_unmet) == 1", "5m")
+    assert alert["annotations"]["runbook_url"] == SHIPPED.runbook_url(C.COSTQOS_ALERT)
+    assert "max by (namespace, policy) (fusebox_costqos_qos_unmet) == 1" in out[f"runbooks/{C.COSTQOS_ALERT}.md"]
+
+
+def test_the_crd_is_one_source():
+    assert render_scaling.crd() == next(d for d in yaml.safe_load_all(OUR_CRD.read_text()) if d)
