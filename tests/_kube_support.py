@@ -247,15 +247,17 @@ class ControlPlane:
     def resource(self, api_version: str, kind: str) -> Any:
         return self.client.resources.get(api_version=api_version, kind=kind)
 
-    def apply(self, doc: dict[str, Any], text: str | None = None) -> dict[str, Any]:
+    def apply(self, doc: dict[str, Any], text: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply ``doc`` (sent as ``text`` when given, else as JSON, which is YAML too);
-        the object as the API server stored it (a dict). Raises the client's ApiException when the
-        server refuses it (an unknown field included: Strict)."""
+        the object as the API server stored it (a dict), or with ``dry_run`` as it would store it
+        (``dryRun=All``: validated, defaulted and admitted, not persisted). Raises the client's
+        ApiException when the server refuses it (an unknown field included: Strict)."""
         res = self.resource(doc["apiVersion"], doc["kind"])
         meta = doc["metadata"]
+        params = [("fieldValidation", "Strict")] + ([("dryRun", "All")] if dry_run else [])
         out = self.client.server_side_apply(res, body=text if text is not None else doc, name=meta["name"],
                                             namespace=meta.get("namespace"), field_manager=FIELD_MANAGER,
-                                            force_conflicts=True, query_params=[("fieldValidation", "Strict")])
+                                            force_conflicts=True, query_params=params)
         return out.to_dict()
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:

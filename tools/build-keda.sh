@@ -33,7 +33,7 @@ $have && exit 0
 command -v go >/dev/null || { echo "bootstrap: Go >= 1.26 is needed to build KEDA $VERSION (https://go.dev/dl)" >&2; exit 1; }
 src=$(verified_module_dir "$MODULE" "$VERSION")
 
-echo "bootstrap: building KEDA $VERSION's operator and metrics API server (first run only, about 9 CPU-minutes)"
+echo "bootstrap: building KEDA $VERSION's operator and metrics API server (first run only, about 12 CPU-minutes)"
 # the version stamp of KEDA's Makefile (GO_LDFLAGS); the operator logs it at start
 ldflags="-s -w -X=$MODULE/version.Version=${VERSION#v} -X=$MODULE/version.GitCommit=$VERSION"
 rm -rf "$dest.tmp"; mkdir -p "$dest.tmp/crds"

@@ -2,12 +2,14 @@
 through the REAL scaling path, before any fuse tier fires, and lowers it again.
 
 **Real here** (tests/_scaling_support.py): etcd and kube-apiserver v1.37.2 with its aggregator;
-kube-controller-manager v1.37.2 (its HPA, deployment, replicaset and serviceaccount controllers;
-HPA sync period ``HPA_SYNC_PERIOD_S``); KEDA v2.21.0's operator and metrics API server (the
-APIService ``v1beta1.external.metrics.k8s.io``) with KEDA's own CRDs; Debian's Prometheus running
-the rules ``fusebox generate`` writes for the shipped spec (every fuse tier's alert) with the demo's
-1 s intervals, plus the scaling group: the ``fusebox:scaling_load:ratio`` record; the ScaledObject,
-applied as ``kubectl apply --server-side`` sends it.
+kube-controller-manager v1.37.2 (its HPA, deployment, replicaset and serviceaccount controllers,
+with the HPA sync period the spec's ``scaling.hpa.sync_period`` states: 1 s); KEDA v2.21.0's
+operator and metrics API server (the APIService ``v1beta1.external.metrics.k8s.io``) with KEDA's own
+CRDs; Debian's Prometheus running the rules ``fusebox generate`` writes (every fuse tier's alert and
+the ``fusebox:scaling_load:ratio`` record) for the shipped spec at the demo's 1 s intervals with the
+test's ``scaling:`` section; the generated ``k8s/scaling.yml`` ScaledObject, applied as
+``kubectl apply --server-side`` sends it. Also applied (dry run, strict validation): the ScaledObject
+the shipped spec generates and the HPA its KEDA-less variant generates.
 
 **Substituted**, each a boundary of "no kubelet, no engine, no pod network":
 
@@ -35,6 +37,11 @@ rise       5     3.75           4 (ceil 3.75)
 peak       9     6.75           5 (ceil 7, max 5)
 fall       1     0.75           1, after the 5 s scale-down stabilization of the test's spec
 =========  ====  =============  ================
+
+The fall takes about a minute: the record's ``deriv(...[1m])`` keeps a series that left for as long
+as it has samples in its window (a range vector does not end at a staleness marker), then the 5 s
+stabilization. One run takes 80 to 90 s on 2 shared cores (about 30 s of it the control plane,
+KEDA and the first HPA sync).
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ import yaml
 from _k8s_pods import host_port, pod_ip
 from _kube_net import ServiceProxy, map_service_urls
 from _kube_support import Proc, wait_until
-from _scaling_support import ScalingPlane
+from _scaling_support import HPA_SYNC_PERIOD_S, ScalingPlane
 from _support import SPEC, need
 
 from fusebox.demo.spec import Timing, demo_spec_text
@@ -77,29 +84,6 @@ PHASES = (("start", 1), ("rise", 5), ("peak", 9), ("fall", 1))  # (name, engines
 def expected_replicas(engines: int) -> int:
     """ceil(load), load = engines x 6.9e6 / 9.2e6, clamped to [min, max]."""
     return max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(engines * PER_ENGINE_BPS / SAFE_BPS)))
-
-
-# The scaling outputs of a workload {llava-7b: Deployment inference/vllm-llava, replicas 1..5,
-# signals [kv_cache_growth_rate]} in the contract's shape (the record and the ScaledObject).
-SCALING_RULES = {"groups": [{"name": "fusebox-scaling", "interval": "1s", "rules": [
-    {"record": "fusebox:scaling_signal_load:ratio",
-     "expr": f'sum(clamp_min(engine:fusebox_kv_cache_usage_bytes:deriv1m{{model="{MODEL}"}}, 0)) / 9200000',
-     "labels": {"workload": WORKLOAD, "signal": "kv_cache_growth_rate"}},
-    {"record": "fusebox:scaling_load:ratio", "expr": "max by (workload) (fusebox:scaling_signal_load:ratio)"}]}]}
-SCALED_OBJECT: dict[str, Any] = {
-    "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
-    "metadata": {"name": WORKLOAD, "namespace": NS,
-                 "labels": {"app.kubernetes.io/name": WORKLOAD, "app.kubernetes.io/part-of": "fusebox",
-                            "app.kubernetes.io/component": "scaling"}},
-    "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": DEPLOYMENT},
-             "pollingInterval": 1, "cooldownPeriod": 300, "minReplicaCount": MIN_REPLICAS, "maxReplicaCount": MAX_REPLICAS,
-             "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
-                 "scaleUp": {"stabilizationWindowSeconds": 0},
-                 "scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_STABILIZATION_S}}}},
-             "triggers": [{"type": "prometheus", "name": "scaling-load", "metricType": "AverageValue",
-                           "metadata": {"serverAddress": f"http://prometheus-operated.{MON}.svc:9090",
-                                        "query": f'fusebox:scaling_load:ratio{{workload="{WORKLOAD}"}}',
-                                        "threshold": "1", "ignoreNullValues": "false"}}]}}
 
 
 class Engines:
@@ -151,23 +135,64 @@ class Run:
     firing_fuse: list[dict[str, Any]] = field(default_factory=list)  # fuse-tier alerts seen pending/firing
     hpa: dict[str, Any] = field(default_factory=dict)
     deployment: dict[str, Any] = field(default_factory=dict)
-    applied: dict[str, Any] = field(default_factory=dict)
+    applied: dict[str, Any] = field(default_factory=dict)  # the generated ScaledObject as the API server stored it
+    generated: dict[str, Any] = field(default_factory=dict)  # as `fusebox generate` wrote it
+    shipped_docs: list[dict[str, Any]] = field(default_factory=list)  # the shipped spec's ScaledObjects and HPAs
+    accepted: list[dict[str, Any]] = field(default_factory=list)  # each, as the API server would store it (dry run)
     external: dict[str, Any] = field(default_factory=dict)
     fuse_rules: list[dict[str, Any]] = field(default_factory=list)  # the loaded alerting rules with a fuse_action
 
 
 def _spec_text() -> str:
-    return demo_spec_text(SPEC.read_text(), webhook_url="http://fusebox-fuse.monitoring.svc:9095/alertmanager",
+    """The shipped spec at the demo's 1 s intervals, its ``scaling:`` section the test's: the one
+    workload driven by KV growth alone, 1 to 5 replicas, a 1 s pod start (it must be positive; no pod starts here: no kubelet), the HPA sync
+    period kube-controller-manager runs with and a 5 s scale-down stabilization."""
+    text = demo_spec_text(SPEC.read_text(), webhook_url="http://fusebox-fuse.monitoring.svc:9095/alertmanager",
                           credentials_file="/etc/alertmanager/secrets/token", timing=TIMING)
+    data = yaml.safe_load(text)
+    data["scaling"] = {
+        "prometheus_address": f"http://prometheus-operated.{MON}.svc:9090",
+        "keda": {"enabled": True, "polling_interval": "1s", "cooldown_period": "300s"},
+        "hpa": {"enabled": False, "sync_period": f"{HPA_SYNC_PERIOD_S:g}s", "scale_up_stabilization": "0s",
+                "scale_down_stabilization": f"{SCALE_DOWN_STABILIZATION_S}s"},
+        "workloads": [{"name": WORKLOAD, "target": {"kind": "Deployment", "name": DEPLOYMENT, "namespace": NS},
+                       "model": MODEL, "replicas": {"min": MIN_REPLICAS, "max": MAX_REPLICAS},
+                       "price_per_replica_hour": 0.21, "pod_start": "1s", "signals": ["kv_cache_growth_rate"]}]}
+    return yaml.safe_dump(data, sort_keys=False, width=120)
 
 
-def _generate(out: Path) -> None:
+def _generate(text: str, out: Path) -> Any:
+    """``fusebox generate`` of ``text`` into ``out/gen``; the loaded spec."""
     from fusebox.generator.outputs import render_all
     from fusebox.generator.writer import write_outputs
     from fusebox.spec import load_spec
 
-    (out / "fusebox.yaml").write_text(_spec_text())
-    write_outputs(render_all(load_spec(out / "fusebox.yaml")), out / "gen")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fusebox.yaml").write_text(text)
+    spec = load_spec(out / "fusebox.yaml")
+    write_outputs(render_all(spec), out / "gen")
+    return spec
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _hpa_variant(text: str) -> str:
+    """``text`` with KEDA off and plain HPAs on (the clusters without KEDA)."""
+    data = yaml.safe_load(text)
+    data["scaling"]["keda"] = {**data["scaling"].get("keda", {}), "enabled": False}
+    data["scaling"]["hpa"] = {**data["scaling"].get("hpa", {}), "enabled": True}
+    return yaml.safe_dump(data, sort_keys=False, width=120)
+
+
+def _kept(sent: Any, got: Any) -> bool:
+    """Every field of ``sent`` is in ``got`` with its value (the server only adds defaults)."""
+    if isinstance(sent, dict):
+        return isinstance(got, dict) and all(k in got and _kept(v, got[k]) for k, v in sent.items())
+    if isinstance(sent, list):
+        return isinstance(got, list) and len(sent) == len(got) and all(map(_kept, sent, got))
+    return bool(sent == got)
 
 
 def _quantity(text: str) -> float:
@@ -182,25 +207,31 @@ def _query(prom: str, q: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Run:
+def run(tmp_path_factory, generated) -> Run:
     prometheus = need("prometheus", "install Debian's prometheus package (`make tools`)")
     root = tmp_path_factory.mktemp("scaling")
     res = Run()
     with ExitStack() as stack:
-        plane = ScalingPlane(root / "k8s")
+        spec = _generate(_spec_text(), root)
+        # the HPA sync period the spec states (what `fusebox budget` adds) is the one the controller runs
+        plane = ScalingPlane(root / "k8s", hpa_sync_period_s=spec.scaling.sync_period_s)
         stack.callback(plane.close)
-        _generate(root)
+        (scaled_object,) = _docs(root / "gen" / "k8s" / "scaling.yml")
+        # every ScaledObject and HPA generated from the shipped spec and from its HPA variant
+        shipped = SPEC.read_text()
+        _generate(_hpa_variant(shipped), root / "hpa-variant")
+        res.shipped_docs = (_docs(generated / "k8s" / "scaling.yml")
+                            + _docs(root / "hpa-variant" / "gen" / "k8s" / "scaling.yml"))
         engines = Engines()
         stack.callback(engines.stop)
         engines.set(PHASES[0][1])
 
         (root / "prom").mkdir()
-        (root / "prom" / "scaling.rules.yml").write_text(yaml.safe_dump(SCALING_RULES))
         prom_ip = pod_ip()
         prom_addr = f"{prom_ip}:{host_port(prom_ip, 9090)}"
         prom_url = f"http://{prom_addr}"
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-               "rule_files": [str(root / "gen" / "rules" / "fusebox.rules.yml"), str(root / "prom" / "scaling.rules.yml")],
+               "rule_files": [str(root / "gen" / "rules" / "fusebox.rules.yml")],
                "scrape_configs": [{"job_name": "fusebox-collectors-kv", "honor_labels": True, "scrape_interval": "1s",
                                    "static_configs": [{"targets": [engines.address]}]}]}
         (root / "prom" / "prometheus.yml").write_text(yaml.safe_dump(cfg))
@@ -217,10 +248,12 @@ def run(tmp_path_factory) -> Run:
                      "spec": {"replicas": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": DEPLOYMENT}},
                               "template": {"metadata": {"labels": {"app.kubernetes.io/name": DEPLOYMENT}},
                                            "spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}}}})
-        so = map_service_urls({"url": SCALED_OBJECT["spec"]["triggers"][0]["metadata"]["serverAddress"]},
-                              {(MON, "prometheus-operated"): svc})["url"]
-        doc = yaml.safe_load(yaml.safe_dump(SCALED_OBJECT))
-        doc["spec"]["triggers"][0]["metadata"]["serverAddress"] = so
+        res.accepted = [plane.apply(d, dry_run=True) for d in res.shipped_docs]
+        res.generated = scaled_object
+        doc = yaml.safe_load(yaml.safe_dump(scaled_object))
+        for trigger in doc["spec"]["triggers"]:  # cluster DNS: the Service's stand-in
+            trigger["metadata"]["serverAddress"] = map_service_urls(
+                {"url": trigger["metadata"]["serverAddress"]}, {(MON, "prometheus-operated"): svc})["url"]
         res.applied = plane.apply(doc)
 
         def replicas() -> int:
@@ -268,9 +301,33 @@ def run(tmp_path_factory) -> Run:
     return res
 
 
-def test_the_scaled_object_is_accepted_with_kedas_crds(run):
-    assert run.applied["kind"] == "ScaledObject"
-    assert run.applied["spec"]["triggers"][0]["metricType"] == "AverageValue"
+def test_every_generated_scaled_object_and_hpa_is_accepted_by_the_api_server(run):
+    """The shipped spec's ScaledObject (two triggers: the load and the COST-QoS choice) with KEDA's
+    CRDs installed, and its HPA variant's HPA (autoscaling/v2), server-side applied with strict
+    field validation (dry run): accepted, nothing dropped."""
+    kinds = [d["kind"] for d in run.shipped_docs]
+    assert kinds == ["ScaledObject", "HorizontalPodAutoscaler"], kinds
+    for sent, got in zip(run.shipped_docs, run.accepted, strict=True):
+        assert got["kind"] == sent["kind"] and got["metadata"]["name"] == sent["metadata"]["name"]
+        assert _kept(sent["spec"], got["spec"]), (sent["spec"], got["spec"])
+    so = run.shipped_docs[0]["spec"]
+    assert [t["metadata"]["query"] for t in so["triggers"]] == [
+        'fusebox:scaling_load:ratio{workload="llava-7b"}', 'max(fusebox_costqos_desired_replicas{namespace="inference",policy="llava-7b"})']
+
+
+def test_the_test_specs_scaled_object_is_the_contracts(run):
+    """What the test applied is what `fusebox generate` wrote for its spec: KV growth's record,
+    threshold 1 per replica (AverageValue), 1 to 5 replicas, the 5 s scale-down stabilization."""
+    spec = run.generated["spec"]
+    assert spec["minReplicaCount"] == 1 and spec["maxReplicaCount"] == 5
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": DEPLOYMENT}
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["query"] == f'fusebox:scaling_load:ratio{{workload="{WORKLOAD}"}}'
+    assert trigger["metadata"]["threshold"] == "1"
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"] == {
+        "stabilizationWindowSeconds": SCALE_DOWN_STABILIZATION_S}
+    assert run.applied["spec"]["triggers"][0]["metadata"]["query"] == trigger["metadata"]["query"]
 
 
 def test_replicas_follow_the_load_to_the_counts_worked_out_by_hand(run):
