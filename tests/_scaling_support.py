@@ -46,10 +46,17 @@ import base64
 import ipaddress
 import os
 import subprocess
+import threading
+import time
+from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
+from _k8s_pods import host_port, pod_ip
+from _kube_net import ServiceProxy, map_service_urls
 from _kube_support import ControlPlane, Proc, wait_until
 from _support import missing, need
 
@@ -245,3 +252,141 @@ class ScalingPlane(ControlPlane):
                       headers={"Authorization": f"Bearer {self.token}"})
         r.raise_for_status()
         return dict(r.json())
+
+
+# ------------------------------------------------------------------ a workload's load and its stack
+class KVEngines:
+    """What ``fusebox collect kv`` exports for a workload's engines, played: one
+    ``fusebox_kv_cache_usage_bytes{cluster, host_name, engine, model}`` per engine, growing at
+    ``bytes_per_s`` from when it joined, on /metrics at ``address`` (a loopback address of its own).
+    ``set(n)``: exactly ``n`` engines, the first ones kept (their series continue)."""
+
+    def __init__(self, namespace: str, deployment: str, model: str, bytes_per_s: float):
+        self.namespace, self.deployment, self.model, self.bytes_per_s = namespace, deployment, model, bytes_per_s
+        self.joined: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.ip = pod_ip()
+        engines = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                body = engines.exposition(time.time()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer((self.ip, host_port(self.ip, 9411)), Handler)
+        self.address = f"{self.ip}:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def exposition(self, now: float) -> str:
+        with self.lock:
+            lines = [f'fusebox_kv_cache_usage_bytes{{cluster="prod-a",host_name="gpu-node-a",'
+                     f'engine="{self.namespace}/{e}",model="{self.model}"}} {1e9 + self.bytes_per_s * (now - t):.1f}'
+                     for e, t in self.joined.items()]
+        return "# TYPE fusebox_kv_cache_usage_bytes gauge\n" + "\n".join(lines) + "\n"
+
+    def set(self, n: int) -> None:
+        with self.lock:
+            names = [f"{self.deployment}-7d9c8-{i:02d}" for i in range(n)]
+            self.joined = {e: self.joined.get(e, time.time()) for e in names}
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def prom_query(prom_url: str, q: str) -> list[dict[str, Any]]:
+    """An instant query's result list."""
+    r = httpx.get(prom_url + "/api/v1/query", params={"query": q}, timeout=10)
+    r.raise_for_status()
+    return list(r.json()["data"]["result"])
+
+
+class ScalingStack:
+    """A :class:`ScalingPlane`, Debian's Prometheus running ``rules`` (a generated rule file) and
+    scraping ``engines`` every second, and a stand-in for the Service ``prometheus-operated`` in
+    front of it (cluster DNS, tests/_kube_net.py). ``start(scaled_object)`` starts them, creates
+    the target's Namespace and Deployment (1 replica) and applies the ScaledObject with each
+    trigger's ``serverAddress`` pointed at the stand-in. ``close()`` stops everything."""
+
+    def __init__(self, root: Path, rules: Path, engines: KVEngines, hpa_sync_period_s: float,
+                 prometheus_namespace: str = "monitoring"):
+        self.root, self.engines = Path(root), engines
+        self.stack = ExitStack()
+        self.plane = ScalingPlane(self.root / "k8s", hpa_sync_period_s=hpa_sync_period_s)
+        self.stack.callback(self.plane.close)
+        prometheus = need("prometheus", "install Debian's prometheus package (`make tools`)")
+        prom_dir = self.root / "prom"
+        prom_dir.mkdir(parents=True)
+        ip = pod_ip()
+        self.prom_addr = f"{ip}:{host_port(ip, 9090)}"
+        self.prom_url = f"http://{self.prom_addr}"
+        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
+               "scrape_configs": [{"job_name": "fusebox-collectors-kv", "honor_labels": True, "scrape_interval": "1s",
+                                   "static_configs": [{"targets": [engines.address]}]}]}
+        (prom_dir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        self.prometheus_args = [prometheus, f"--config.file={prom_dir / 'prometheus.yml'}",
+                                f"--storage.tsdb.path={prom_dir / 'data'}", f"--web.listen-address={self.prom_addr}"]
+        self.prometheus: Proc | None = None
+        self.services: dict[tuple[str, str], ServiceProxy] = {}
+        self.prometheus_namespace = prometheus_namespace
+        self.target: tuple[str, str] = ("", "")  # namespace, Deployment
+
+    def start(self, scaled_object: dict[str, Any]) -> dict[str, Any]:
+        """Everything up; the ScaledObject as the API server stored it."""
+        self.prometheus = Proc("prometheus", self.prometheus_args, self.root / "prom" / "log")
+        self.stack.callback(self.prometheus.stop)
+        svc = ServiceProxy("prometheus-operated", 9090, lambda: [self.prom_addr])
+        self.stack.callback(svc.stop)
+        self.services[(self.prometheus_namespace, "prometheus-operated")] = svc
+        self.plane.start()
+        ns = scaled_object["metadata"]["namespace"]
+        ref = scaled_object["spec"]["scaleTargetRef"]
+        self.target = (ns, ref["name"])
+        labels = {"app.kubernetes.io/name": ref["name"]}
+        self.plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        self.plane.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": ref["name"], "namespace": ns},
+                          "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                                   "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                                       {"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}}}})
+        doc = yaml.safe_load(yaml.safe_dump(scaled_object))
+        for trigger in doc["spec"]["triggers"]:
+            trigger["metadata"]["serverAddress"] = map_service_urls(
+                {"url": trigger["metadata"]["serverAddress"]}, self.services)["url"]
+        applied = self.plane.apply(doc)
+        hpa = f"keda-hpa-{scaled_object['metadata']['name']}"
+        wait_until(lambda: prom_query(self.prom_url, "up") != [], 60, "Prometheus' first scrape", alive=self.check)
+        wait_until(lambda: self.plane.get("autoscaling/v2", "HorizontalPodAutoscaler", hpa, ns), 60,
+                   "KEDA's HPA for the ScaledObject", alive=self.check, why=self.why)
+        return applied
+
+    def replicas(self) -> int:
+        """The target Deployment's spec.replicas."""
+        d = self.plane.get("apps/v1", "Deployment", self.target[1], self.target[0]) or {}
+        return int((d.get("spec") or {}).get("replicas") or 0)
+
+    def load(self, workload: str) -> float:
+        """``fusebox:scaling_load:ratio{workload}`` now (NaN when absent)."""
+        got = prom_query(self.prom_url, f'fusebox:scaling_load:ratio{{workload="{workload}"}}')
+        return float(got[0]["value"][1]) if got else float("nan")
+
+    def check(self) -> None:
+        self.plane.check()
+        if self.prometheus is not None:
+            self.prometheus.check()
+
+    def why(self) -> str:
+        p = self.plane
+        hpas = p.list("autoscaling/v2", "HorizontalPodAutoscaler", self.target[0]) if self.target[0] else []
+        return (f"replicas {self.replicas() if self.target[0] else '?'}, HPA status {[h.get('status') for h in hpas]}\n"
+                f"--- keda-operator\n{p.keda_operator.tail(2000) if p.keda_operator else ''}\n"
+                f"--- kube-controller-manager\n{p.controller_manager.tail(2000) if p.controller_manager else ''}")
+
+    def close(self) -> None:
+        self.stack.close()

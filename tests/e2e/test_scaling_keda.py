@@ -47,22 +47,17 @@ KEDA and the first HPA sync).
 from __future__ import annotations
 
 import math
-import threading
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
-from _k8s_pods import host_port, pod_ip
-from _kube_net import ServiceProxy, map_service_urls
-from _kube_support import Proc, wait_until
-from _scaling_support import HPA_SYNC_PERIOD_S, ScalingPlane
-from _support import SPEC, need
+from _kube_support import wait_until
+from _scaling_support import HPA_SYNC_PERIOD_S, KVEngines, ScalingStack, prom_query
+from _support import SPEC
 
 from fusebox.demo.spec import Timing, demo_spec_text
 
@@ -84,47 +79,6 @@ PHASES = (("start", 1), ("rise", 5), ("peak", 9), ("fall", 1))  # (name, engines
 def expected_replicas(engines: int) -> int:
     """ceil(load), load = engines x 6.9e6 / 9.2e6, clamped to [min, max]."""
     return max(MIN_REPLICAS, min(MAX_REPLICAS, math.ceil(engines * PER_ENGINE_BPS / SAFE_BPS)))
-
-
-class Engines:
-    """``fusebox_kv_cache_usage_bytes`` of ``n`` engines, each growing at 6.9 MB/s from when it
-    joined, on /metrics at ``address``."""
-
-    def __init__(self) -> None:
-        self.joined: dict[str, float] = {}
-        self.lock = threading.Lock()
-        self.ip = pod_ip()
-        engines = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                now = time.time()
-                with engines.lock:
-                    lines = [f'fusebox_kv_cache_usage_bytes{{cluster="prod-a",host_name="gpu-node-a",engine="{NS}/{e}",'
-                             f'model="{MODEL}"}} {1e9 + PER_ENGINE_BPS * (now - t):.1f}' for e, t in engines.joined.items()]
-                body = ("# TYPE fusebox_kv_cache_usage_bytes gauge\n" + "\n".join(lines) + "\n").encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer((self.ip, host_port(self.ip, 9411)), Handler)
-        self.address = f"{self.ip}:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def set(self, n: int) -> None:
-        """Exactly ``n`` engines (the first ones kept, so their series continue)."""
-        with self.lock:
-            names = [f"{DEPLOYMENT}-7d9c8-{i:02d}" for i in range(n)]
-            self.joined = {e: self.joined.get(e, time.time()) for e in names}
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @dataclass
@@ -200,104 +154,50 @@ def _quantity(text: str) -> float:
     return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
-def _query(prom: str, q: str) -> list[dict[str, Any]]:
-    r = httpx.get(prom + "/api/v1/query", params={"query": q}, timeout=10)
-    r.raise_for_status()
-    return list(r.json()["data"]["result"])
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, generated) -> Run:
-    prometheus = need("prometheus", "install Debian's prometheus package (`make tools`)")
     root = tmp_path_factory.mktemp("scaling")
     res = Run()
-    with ExitStack() as stack:
-        spec = _generate(_spec_text(), root)
-        # the HPA sync period the spec states (what `fusebox budget` adds) is the one the controller runs
-        plane = ScalingPlane(root / "k8s", hpa_sync_period_s=spec.scaling.sync_period_s)
-        stack.callback(plane.close)
-        (scaled_object,) = _docs(root / "gen" / "k8s" / "scaling.yml")
-        # every ScaledObject and HPA generated from the shipped spec and from its HPA variant
-        shipped = SPEC.read_text()
-        _generate(_hpa_variant(shipped), root / "hpa-variant")
-        res.shipped_docs = (_docs(generated / "k8s" / "scaling.yml")
-                            + _docs(root / "hpa-variant" / "gen" / "k8s" / "scaling.yml"))
-        engines = Engines()
-        stack.callback(engines.stop)
-        engines.set(PHASES[0][1])
-
-        (root / "prom").mkdir()
-        prom_ip = pod_ip()
-        prom_addr = f"{prom_ip}:{host_port(prom_ip, 9090)}"
-        prom_url = f"http://{prom_addr}"
-        cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-               "rule_files": [str(root / "gen" / "rules" / "fusebox.rules.yml")],
-               "scrape_configs": [{"job_name": "fusebox-collectors-kv", "honor_labels": True, "scrape_interval": "1s",
-                                   "static_configs": [{"targets": [engines.address]}]}]}
-        (root / "prom" / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        prom = Proc("prometheus", [prometheus, f"--config.file={root / 'prom' / 'prometheus.yml'}",
-                                   f"--storage.tsdb.path={root / 'prom' / 'data'}", f"--web.listen-address={prom_addr}"],
-                    root / "prom" / "log")
-        stack.callback(prom.stop)
-        svc = ServiceProxy("prometheus-operated", 9090, lambda: [prom_addr])
-        stack.callback(svc.stop)
-
-        plane.start()
-        plane.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        plane.apply({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": DEPLOYMENT, "namespace": NS},
-                     "spec": {"replicas": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": DEPLOYMENT}},
-                              "template": {"metadata": {"labels": {"app.kubernetes.io/name": DEPLOYMENT}},
-                                           "spec": {"containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.11.0"}]}}}})
+    spec = _generate(_spec_text(), root)
+    (scaled_object,) = _docs(root / "gen" / "k8s" / "scaling.yml")
+    res.generated = scaled_object
+    # every ScaledObject and HPA generated from the shipped spec and from its HPA variant
+    _generate(_hpa_variant(SPEC.read_text()), root / "hpa-variant")
+    res.shipped_docs = _docs(generated / "k8s" / "scaling.yml") + _docs(root / "hpa-variant" / "gen" / "k8s" / "scaling.yml")
+    engines = KVEngines(NS, DEPLOYMENT, MODEL, PER_ENGINE_BPS)
+    engines.set(PHASES[0][1])
+    # the HPA sync period the spec states (what `fusebox budget` adds) is the one the controller runs
+    st = ScalingStack(root, root / "gen" / "rules" / "fusebox.rules.yml", engines,
+                      hpa_sync_period_s=spec.scaling.sync_period_s, prometheus_namespace=MON)
+    try:
+        res.applied = st.start(scaled_object)
+        plane, prom_url = st.plane, st.prom_url
         res.accepted = [plane.apply(d, dry_run=True) for d in res.shipped_docs]
-        res.generated = scaled_object
-        doc = yaml.safe_load(yaml.safe_dump(scaled_object))
-        for trigger in doc["spec"]["triggers"]:  # cluster DNS: the Service's stand-in
-            trigger["metadata"]["serverAddress"] = map_service_urls(
-                {"url": trigger["metadata"]["serverAddress"]}, {(MON, "prometheus-operated"): svc})["url"]
-        res.applied = plane.apply(doc)
-
-        def replicas() -> int:
-            d = plane.get("apps/v1", "Deployment", DEPLOYMENT, NS) or {}
-            return int((d.get("spec") or {}).get("replicas") or 0)
-
-        def fuse_alerts() -> None:
-            res.firing_fuse += _query(prom_url, 'ALERTS{fuse_action!=""}')
-
-        def load() -> float:
-            got = _query(prom_url, f'fusebox:scaling_load:ratio{{workload="{WORKLOAD}"}}')
-            return float(got[0]["value"][1]) if got else float("nan")
-
-        def why() -> str:
-            hpa = plane.get("autoscaling/v2", "HorizontalPodAutoscaler", f"keda-hpa-{WORKLOAD}", NS) or {}
-            return (f"replicas {replicas()}, load {load()}, HPA status {hpa.get('status')}\n--- keda-operator\n"
-                    f"{plane.keda_operator.tail(2000) if plane.keda_operator else ''}\n--- kube-controller-manager\n"
-                    f"{plane.controller_manager.tail(2000) if plane.controller_manager else ''}")
 
         def alive() -> None:
-            plane.check()
-            prom.check()
-            fuse_alerts()
+            st.check()
+            res.firing_fuse += prom_query(prom_url, 'ALERTS{fuse_action!=""}')
 
-        wait_until(lambda: _query(prom_url, "up") != [], 60, "Prometheus' first scrape", alive=alive)
         rules = httpx.get(prom_url + "/api/v1/rules", params={"type": "alert"}, timeout=10).json()["data"]["groups"]
         res.fuse_rules = [r for g in rules for r in g["rules"] if r["labels"].get("fuse_action")]
-        wait_until(lambda: plane.get("autoscaling/v2", "HorizontalPodAutoscaler", f"keda-hpa-{WORKLOAD}", NS),
-                   60, "KEDA's HPA for the ScaledObject", alive=alive, why=why)
         for name, n in PHASES:
             engines.set(n)
             t0 = time.monotonic()
             want = expected_replicas(n)
-            wait_until(lambda want=want, n=n: replicas() == want and load() == pytest.approx(n * 0.75, rel=0.01),
-                       120, f"{name}: {n} engines, spec.replicas {want}", step=0.5, alive=alive, why=why)
+            wait_until(lambda want=want, n=n: st.replicas() == want and st.load(WORKLOAD) == pytest.approx(n * 0.75, rel=0.01),
+                       120, f"{name}: {n} engines, spec.replicas {want}", step=0.5, alive=alive, why=st.why)
             res.seconds[name] = time.monotonic() - t0
-            res.replicas[name] = replicas()
-            res.load[name] = load()
+            res.replicas[name] = st.replicas()
+            res.load[name] = st.load(WORKLOAD)
             if name == "peak":
                 res.hpa = plane.get("autoscaling/v2", "HorizontalPodAutoscaler", f"keda-hpa-{WORKLOAD}", NS) or {}
                 res.deployment = plane.get("apps/v1", "Deployment", DEPLOYMENT, NS) or {}
                 ext = res.hpa["spec"]["metrics"][0]["external"]["metric"]
                 sel = ",".join(f"{k}={v}" for k, v in ext["selector"]["matchLabels"].items())
                 res.external = plane.external_metric(NS, ext["name"], sel)
+    finally:
+        st.close()
+        engines.stop()
     return res
 
 
