@@ -390,3 +390,51 @@ class ScalingStack:
 
     def close(self) -> None:
         self.stack.close()
+
+
+# ------------------------------------------------------------------ the spec and what generate writes
+def scaling_section(workload: str, deployment: str, namespace: str, model: str, replicas: tuple[int, int],
+                    sync_period_s: float, scale_down_stabilization_s: float, prometheus_namespace: str = "monitoring") -> dict[str, Any]:
+    """A ``scaling:`` section with one KEDA-scaled workload driven by KV growth alone: ``replicas``
+    (min, max), a 1 s pod start (it must be positive; no pod starts without a kubelet), KEDA polling
+    every second, the HPA sync period kube-controller-manager is started with, no scale-up and
+    ``scale_down_stabilization_s`` of scale-down stabilization."""
+    return {"prometheus_address": f"http://prometheus-operated.{prometheus_namespace}.svc:9090",
+            "keda": {"enabled": True, "polling_interval": "1s", "cooldown_period": "300s"},
+            "hpa": {"enabled": False, "sync_period": f"{sync_period_s:g}s", "scale_up_stabilization": "0s",
+                    "scale_down_stabilization": f"{scale_down_stabilization_s:g}s"},
+            "workloads": [{"name": workload, "target": {"kind": "Deployment", "name": deployment, "namespace": namespace},
+                           "model": model, "replicas": {"min": replicas[0], "max": replicas[1]},
+                           "price_per_replica_hour": 0.21, "pod_start": "1s", "signals": ["kv_cache_growth_rate"]}]}
+
+
+def spec_with_scaling(scaling: dict[str, Any], timing: Any) -> str:
+    """The shipped spec at ``timing`` (fusebox.demo.spec.Timing) with ``scaling`` as its ``scaling:``."""
+    from _support import SPEC
+
+    from fusebox.demo.spec import demo_spec_text
+
+    text = demo_spec_text(SPEC.read_text(), webhook_url="http://fusebox-fuse.monitoring.svc:9095/alertmanager",
+                          credentials_file="/etc/alertmanager/secrets/token", timing=timing)
+    data = yaml.safe_load(text)
+    data["scaling"] = scaling
+    return yaml.safe_dump(data, sort_keys=False, width=120)
+
+
+def generate(text: str, out: Path) -> Any:
+    """``fusebox generate`` of the spec ``text`` (written to ``out/fusebox.yaml``) into ``out/gen``;
+    the loaded Spec."""
+    from fusebox.generator.outputs import render_all
+    from fusebox.generator.writer import write_outputs
+    from fusebox.spec import load_spec
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fusebox.yaml").write_text(text)
+    spec = load_spec(out / "fusebox.yaml")
+    write_outputs(render_all(spec), out / "gen")
+    return spec
+
+
+def yaml_docs(path: Path) -> list[dict[str, Any]]:
+    """The documents of a multi-document YAML file (empty ones left out)."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]

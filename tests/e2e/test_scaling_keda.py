@@ -49,17 +49,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
 from _kube_support import wait_until
-from _scaling_support import HPA_SYNC_PERIOD_S, KVEngines, ScalingStack, prom_query
+from _scaling_support import HPA_SYNC_PERIOD_S, KVEngines, ScalingStack, generate, prom_query, scaling_section, spec_with_scaling, yaml_docs
 from _support import SPEC
 
-from fusebox.demo.spec import Timing, demo_spec_text
+from fusebox.demo.spec import Timing
 
 pytestmark = pytest.mark.tools
 
@@ -98,38 +97,9 @@ class Run:
 
 
 def _spec_text() -> str:
-    """The shipped spec at the demo's 1 s intervals, its ``scaling:`` section the test's: the one
-    workload driven by KV growth alone, 1 to 5 replicas, a 1 s pod start (it must be positive; no pod starts here: no kubelet), the HPA sync
-    period kube-controller-manager runs with and a 5 s scale-down stabilization."""
-    text = demo_spec_text(SPEC.read_text(), webhook_url="http://fusebox-fuse.monitoring.svc:9095/alertmanager",
-                          credentials_file="/etc/alertmanager/secrets/token", timing=TIMING)
-    data = yaml.safe_load(text)
-    data["scaling"] = {
-        "prometheus_address": f"http://prometheus-operated.{MON}.svc:9090",
-        "keda": {"enabled": True, "polling_interval": "1s", "cooldown_period": "300s"},
-        "hpa": {"enabled": False, "sync_period": f"{HPA_SYNC_PERIOD_S:g}s", "scale_up_stabilization": "0s",
-                "scale_down_stabilization": f"{SCALE_DOWN_STABILIZATION_S}s"},
-        "workloads": [{"name": WORKLOAD, "target": {"kind": "Deployment", "name": DEPLOYMENT, "namespace": NS},
-                       "model": MODEL, "replicas": {"min": MIN_REPLICAS, "max": MAX_REPLICAS},
-                       "price_per_replica_hour": 0.21, "pod_start": "1s", "signals": ["kv_cache_growth_rate"]}]}
-    return yaml.safe_dump(data, sort_keys=False, width=120)
-
-
-def _generate(text: str, out: Path) -> Any:
-    """``fusebox generate`` of ``text`` into ``out/gen``; the loaded spec."""
-    from fusebox.generator.outputs import render_all
-    from fusebox.generator.writer import write_outputs
-    from fusebox.spec import load_spec
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fusebox.yaml").write_text(text)
-    spec = load_spec(out / "fusebox.yaml")
-    write_outputs(render_all(spec), out / "gen")
-    return spec
-
-
-def _docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+    """The shipped spec at the demo's 1 s intervals with the test's ``scaling:`` section."""
+    return spec_with_scaling(scaling_section(WORKLOAD, DEPLOYMENT, NS, MODEL, (MIN_REPLICAS, MAX_REPLICAS),
+                                             HPA_SYNC_PERIOD_S, SCALE_DOWN_STABILIZATION_S, MON), TIMING)
 
 
 def _hpa_variant(text: str) -> str:
@@ -158,12 +128,12 @@ def _quantity(text: str) -> float:
 def run(tmp_path_factory, generated) -> Run:
     root = tmp_path_factory.mktemp("scaling")
     res = Run()
-    spec = _generate(_spec_text(), root)
-    (scaled_object,) = _docs(root / "gen" / "k8s" / "scaling.yml")
+    spec = generate(_spec_text(), root)
+    (scaled_object,) = yaml_docs(root / "gen" / "k8s" / "scaling.yml")
     res.generated = scaled_object
     # every ScaledObject and HPA generated from the shipped spec and from its HPA variant
-    _generate(_hpa_variant(SPEC.read_text()), root / "hpa-variant")
-    res.shipped_docs = _docs(generated / "k8s" / "scaling.yml") + _docs(root / "hpa-variant" / "gen" / "k8s" / "scaling.yml")
+    generate(_hpa_variant(SPEC.read_text()), root / "hpa-variant")
+    res.shipped_docs = yaml_docs(generated / "k8s" / "scaling.yml") + yaml_docs(root / "hpa-variant" / "gen" / "k8s" / "scaling.yml")
     engines = KVEngines(NS, DEPLOYMENT, MODEL, PER_ENGINE_BPS)
     engines.set(PHASES[0][1])
     # the HPA sync period the spec states (what `fusebox budget` adds) is the one the controller runs
