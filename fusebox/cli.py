@@ -1,5 +1,5 @@
 """The ``fusebox`` command. It only wires arguments to the library; each area registers its
-own subcommands (generator: generate/check/alertmanager/budget, init/schema; collectors: collect; fuse: fuse; demo; backtest)."""
+own subcommands (generator: generate/check/alertmanager/budget, init/schema; collectors: collect; fuse: fuse; costqos; demo; backtest)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ _AREAS = {
     "fusebox.generator.spec_cli": ("init", "schema"),
     "fusebox.collectors.cli": ("collect",),
     "fusebox.fuse.cli": ("fuse",),
+    "fusebox.costqos.cli": ("costqos",),
     "fusebox.demo.cli": ("demo",),
     "fusebox.backtest.cli": ("backtest",),
 }

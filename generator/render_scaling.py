@@ -12,15 +12,18 @@ Nothing here renders anything for a spec without ``scaling:``. With it:
   they want is ``ceil(load)``: every replica back at or under its safe level; where the workload
   has ``cost_qos``, a second metric, the controller's choice
   (``max(fusebox_costqos_desired_replicas{namespace, policy})``), and the HPA takes the larger;
-* :func:`policies`: a ``CostQoSScalingPolicy`` per workload with ``cost_qos``, and :func:`crd`,
-  the CRD (``fusebox/data/costqos-crd.yaml``, which the controller reads too);
-* :func:`outputs`: ``k8s/scaling.yml``, ``k8s/costqos-crd.yml`` and ``k8s/costqos-policies.yml``.
+* :func:`policies`: a ``CostQoSScalingPolicy`` per workload with ``cost_qos``, :func:`crd`, the
+  CRD (``fusebox/data/costqos-crd.yaml``, which the controller reads too), and :func:`controller`,
+  the controller's objects (``fusebox/data/costqos-controller.yaml`` filled in);
+* :func:`outputs`: ``k8s/scaling.yml``, ``k8s/costqos-crd.yml``, ``k8s/costqos-policies.yml`` and
+  ``k8s/costqos-controller.yml``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import string
 from importlib import resources
 from typing import Any
 
@@ -36,11 +39,14 @@ from fusebox.spec.units import format_duration, format_number, humanize
 from .yamlout import dump_yaml
 
 __all__ = ["SCALING_FILE", "CRD_FILE", "POLICIES_FILE", "place_rules", "load_expr", "signal_load_expr", "scaled_objects", "hpas",
-           "policies", "crd", "outputs", "test_groups", "alert_rule", "runbook_facts", "EXTERNAL_METRICS", "POLICY_LOOKBACK", "UNMET_FOR_S"]
+           "policies", "crd", "controller", "outputs", "test_groups", "alert_rule", "runbook_facts", "EXTERNAL_METRICS", "POLICY_LOOKBACK", "UNMET_FOR_S"]
 
 SCALING_FILE = "k8s/scaling.yml"
 CRD_FILE = "k8s/costqos-crd.yml"
 POLICIES_FILE = "k8s/costqos-policies.yml"
+CONTROLLER_FILE = "k8s/costqos-controller.yml"
+# The controller's rounds (`fusebox costqos run --interval`, `--step`), seconds: its own defaults.
+CONTROLLER_INTERVAL_S, CONTROLLER_STEP_S = 30, 60
 # How a Prometheus adapter exposes the two series as external metrics (its rules rename them:
 # a metric name with colons is no name the external metrics API serves; docs/scaling.md).
 EXTERNAL_METRICS = {"load": "fusebox_scaling_load_ratio", "desired": C.COSTQOS_METRICS["desired_replicas"]}
@@ -205,7 +211,8 @@ def test_groups(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
             if not kind.testable(sig) or not sig.tiers:
                 continue
             window = max(kind.window(sig), interval)
-            at = window + kind.first_true(sig, interval) + 2 * interval
+            # the workload's load may be recorded at the slow interval (place_rules): one of those after the window fills
+            at = window + kind.first_true(sig, interval) + 2 * interval + spec.slow_evaluation_interval_s
             n = int(at / interval) + 3
             cases = []
             series: list[Any] = []
@@ -400,9 +407,25 @@ def crd() -> dict[str, Any]:
     return doc
 
 
+def controller(spec: Spec) -> list[dict[str, Any]]:
+    """The CostQoS controller's objects (``fusebox/data/costqos-controller.yaml``, its placeholders
+    filled: ``kubernetes.namespace`` and ``kubernetes.image``, ``scaling.prometheus_address``, its
+    default interval and step), each with ``kubernetes.labels`` beside its own (its own win)."""
+    assert spec.scaling is not None
+    k = spec.kubernetes
+    text = string.Template(resources.files("fusebox").joinpath("data", "costqos-controller.yaml").read_text(encoding="utf-8"))
+    docs = [d for d in yaml.safe_load_all(text.substitute(
+        namespace=k.namespace, image=k.image, pull_policy=k.pull_policy, prometheus_url=spec.scaling.prometheus_address,
+        interval=str(CONTROLLER_INTERVAL_S), step=str(CONTROLLER_STEP_S))) if d]
+    for d in docs:
+        d["metadata"]["labels"] = {**k.labels, **d["metadata"]["labels"]}
+    return docs
+
+
 def outputs(spec: Spec, header: str) -> dict[str, str]:
     """``{path: text}``: ``k8s/scaling.yml`` (ScaledObjects, or HPAs with ``hpa.enabled``), and with
-    any ``cost_qos`` the CRD and the policies; {} without ``scaling``."""
+    any ``cost_qos`` the CRD, the policies and the controller that reconciles them
+    (``k8s/costqos-controller.yml``, in ``kubernetes.namespace``); {} without ``scaling``."""
     s = spec.scaling
     if s is None or not s.workloads:
         return {}
@@ -413,4 +436,5 @@ def outputs(spec: Spec, header: str) -> dict[str, str]:
     if pols:
         out[CRD_FILE] = h + "---\n" + dump_yaml(crd())
         out[POLICIES_FILE] = h + "".join("---\n" + dump_yaml(p) for p in pols)
+        out[CONTROLLER_FILE] = h + "".join("---\n" + dump_yaml(d) for d in controller(spec))
     return out

@@ -38,7 +38,7 @@ pytest_plugins = ("pytester",)
 # under pytest-xdist their tests stay on one worker, which sets the run up once. Spread over workers,
 # each set it up again (the VictoriaMetrics run twice, 267 s each; four clusters at once).
 ONE_WORKER = ("tests/e2e/", "tests/fuse/test_fuse_gpu_discovery.py", "tests/fuse/test_fuse_deployment.py",
-              "tests/fuse/test_fuse_oncall.py", "tests/demo/test_backtest.py")
+              "tests/fuse/test_fuse_oncall.py", "tests/demo/test_backtest.py", "tests/costqos/test_costqos_controller.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown where it is not installed

@@ -343,9 +343,10 @@ def _quantity(sig: Any) -> tuple:
 
 def order_problems(spec: Any) -> list[str]:
     """Each driving signal whose set point is not strictly before the shedders and the fuses on the
-    same quantity, one line each naming both numbers: a shedder's ``shed_at`` at or under the set
-    point (it refuses work before the scaler adds replicas), or a fuse tier's threshold at or under
-    it (the fuse trips first). ``spec``: the normalised Spec; [] without ``scaling``."""
+    same quantity, one line each naming both numbers: a shedder's ``shed_at`` or smg's worker
+    overload veto at or under the set point (it refuses work, or takes workers out of routing,
+    before the scaler adds replicas), or a fuse tier's threshold at or under it (the fuse trips
+    first). ``spec``: the normalised Spec; [] without ``scaling``."""
     if spec.scaling is None:
         return []
     sigs = {s.name: s for s in spec.signals}
@@ -361,6 +362,12 @@ def order_problems(spec: Any) -> list[str]:
                     out.append(f"{where}, not before inpath.shedders.{sh.name}, which sheds at {sh.shed_at_text} "
                                f"({sh.shed_at_key}): the shedder refuses work before a replica is added -- shed above the "
                                "safe level (its shed_at), or scale on another signal")
+                # smg's worker overload veto (spec/overload.py) takes a worker out of routing: a shedder too
+                for v in (sh.overload.vetoes if sh.overload is not None else ()):
+                    if names & set(v.signals) and not d.set_point < v.at:
+                        out.append(f"{where}, not before inpath.shedders.{sh.name}'s worker overload veto at {v.text} "
+                                   f"({v.key}): smg takes workers out of routing before a replica is added -- set the "
+                                   f"veto above the safe level (inpath.shedders.{sh.name}.overload), or scale on another signal")
             for s in same:
                 for t in s.tiers:
                     if t.fuse and not d.set_point < t.threshold:

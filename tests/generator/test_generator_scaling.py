@@ -32,7 +32,8 @@ TEXT = SPEC.read_text()
 SHIPPED = parse_spec(TEXT, "fusebox.yaml")
 KEDA_CRD = Path(__file__).parents[1] / "fixtures" / "k8s" / "keda" / "keda.sh_scaledobjects.yaml"
 OUR_CRD = Path(__file__).parents[2] / "fusebox" / "data" / "costqos-crd.yaml"
-SCALING_FILES = {"k8s/scaling.yml", "k8s/costqos-crd.yml", "k8s/costqos-policies.yml", "runbooks/CostQoSBudgetCannotMeetQoS.md"}
+SCALING_FILES = {"k8s/scaling.yml", "k8s/costqos-crd.yml", "k8s/costqos-policies.yml", "k8s/costqos-controller.yml",
+                 "runbooks/CostQoSBudgetCannotMeetQoS.md"}
 
 # The budget's figures: the KV pool's free part at 90 % over the critical growth.
 FREE = 52 * 2**30 * (1 - 0.9)  # 5,583,457,484.8 B
@@ -123,6 +124,21 @@ def test_the_policy_carries_the_seeds_figures_and_fits_the_crd():
     assert (crd["spec"]["group"], names["kind"], names["plural"], names["shortNames"], crd["spec"]["scope"]) == (
         "fusebox.dev", "CostQoSScalingPolicy", "costqosscalingpolicies", ["cqsp"], "Namespaced")
     kubernetes_validate.validate(crd, "1.32.0", strict=True)
+
+
+def test_the_controller_runs_in_the_specs_namespace_on_the_scalers_prometheus():
+    """fusebox/data/costqos-controller.yaml filled in: kubernetes.namespace (monitoring), the image
+    fusebox:0.1.0, scaling.prometheus_address, the controller's own 30 s interval and 60 s step."""
+    docs = {d["kind"]: d for d in _docs(render_all(SHIPPED)["k8s/costqos-controller.yml"])}
+    assert set(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "PodMonitor"}
+    dep = docs["Deployment"]
+    assert dep["metadata"]["namespace"] == "monitoring"
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert (c["image"], c["imagePullPolicy"]) == ("fusebox:0.1.0", "IfNotPresent")
+    assert c["args"] == ["costqos", "run", "--prometheus", "http://prometheus-operated.monitoring.svc:9090", "--listen",
+                         "0.0.0.0:8080", "--all-namespaces", "--interval", "30", "--step", "60"]
+    assert docs["ClusterRoleBinding"]["subjects"] == [{"kind": "ServiceAccount", "name": "fusebox-costqos", "namespace": "monitoring"}]
+    kubernetes_validate.validate(dep, "1.32.0", strict=True)
 
 
 def test_without_scaling_nothing_of_it_is_generated_and_the_rest_is_unchanged():
@@ -292,3 +308,29 @@ def test_the_costqos_alert_has_its_runbook_and_link():
 
 def test_the_crd_is_one_source():
     assert render_scaling.crd() == next(d for d in yaml.safe_load_all(OUR_CRD.read_text()) if d)
+
+
+def test_smgs_worker_overload_veto_at_the_set_point_fails_check():
+    """A KV usage gauge (vLLM's kv_cache_usage_perc, what smg's veto reads) drives the workload at its
+    safe level 85 %; the shipped smg gateway's veto, stated by default at that signal's safe level,
+    is at 85 % too: smg takes workers out of routing as the scaler starts, not after."""
+    def kv_usage(d):
+        d["signals"]["kv_usage"] = {
+            "alert": "KVCacheUsageHigh", "description": "Share of KV blocks in use per engine.", "kind": "gauge",
+            "unit": "ratio", "level": "engine", "by": ["cluster", "host_name", "engine", "model"],
+            "sources": {"vllm": {"metric": "vllm:kv_cache_usage_perc"}},
+            "tiers": {"warning": {"threshold": "85%"}, "critical": {"threshold": "95%", "fuse": "kv_cache_eviction"}},
+            "runbook": {"symptom": "KV blocks are running out.", "impact": "Preemptions follow."}}
+        d["scaling"]["workloads"][0]["signals"] = ["kv_usage"]
+    spec = parse_spec(_edited(kv_usage), "fusebox.yaml")
+    problems = order_problems(spec)
+    assert [p for p in problems if "worker overload veto" in p] == [
+        "scaling workload 'llava-7b' scales on 'kv_usage' at 85% (signals.kv_usage.tiers.warning.threshold), not before "
+        "inpath.shedders.gateway's worker overload veto at 85% (signals.kv_usage.tiers.warning.threshold): smg takes workers "
+        "out of routing before a replica is added -- set the veto above the safe level (inpath.shedders.gateway.overload), "
+        "or scale on another signal"], problems
+    # the veto stated above the safe level, under the fuse: in order
+    def vetoed_later(d):
+        kv_usage(d)
+        d["inpath"]["shedders"]["gateway"]["overload"] = {"token_usage": "90%"}
+    assert order_problems(parse_spec(_edited(vetoed_later), "fusebox.yaml")) == []

@@ -1,7 +1,7 @@
 """The layers of docs/architecture.md, checked on every import statement of the source tree.
 
 Layer 0 (fusebox.conventions, fusebox.promsim) imports nothing of fusebox; layer 1 (fusebox.spec
-and fusebox.signal_kinds) imports layer 0 and layer 1; layer 2 (generator, collectors, fuse) imports layers 0 and 1 and its
+and fusebox.signal_kinds) imports layer 0 and layer 1; layer 2 (generator, collectors, fuse, costqos) imports layers 0 and 1 and its
 own package, never another layer-2 package; only the demo and the top-level CLI wire them.
 Function-level (lazy) imports count too. And the runtime code (collectors, fuse, demo) holds no
 signal id and no mission threshold: it reads them from the spec.
@@ -30,6 +30,7 @@ ALLOWED = {
     "fusebox.generator": FLOOR + SPEC + ("fusebox.generator",),
     "fusebox.collectors": FLOOR + SPEC + ("fusebox.collectors",),
     "fusebox.fuse": FLOOR + SPEC + ("fusebox.fuse",),
+    "fusebox.costqos": FLOOR + SPEC + ("fusebox.costqos",),
 }
 
 
@@ -86,7 +87,7 @@ def test_imports_go_down_the_layers_only(name, is_pkg, path):
 
 def _runtime_constants():
     """(file, line, value) of every string and number constant in runtime code, docstrings left out."""
-    for folder in ("collectors", "fuse", "fusebox/demo", "fusebox/backtest"):
+    for folder in ("collectors", "fuse", "fusebox/costqos", "fusebox/demo", "fusebox/backtest"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             tree = ast.parse(path.read_text())
             docstrings = {id(n.body[0].value) for n in ast.walk(tree)

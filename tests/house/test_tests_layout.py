@@ -20,7 +20,7 @@ def test_no_test_module_sits_outside_an_area_folder():
 
 def test_every_folder_with_tests_is_an_area_the_readme_lists():
     folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
-    assert folders == _areas() and len(folders) == 10
+    assert folders == _areas() and len(folders) == 11
 
 
 def test_test_module_names_are_unique_across_the_folders():

@@ -115,6 +115,7 @@ KEDA_CRD = Path(__file__).parents[1] / "fixtures" / "k8s" / "keda" / "keda.sh_sc
 # The object kinds that live in the scaled workload's namespace (scaling.workloads[].target), not in
 # kubernetes.namespace, and the cluster-scoped CRD: generator/render_scaling.py
 SCALING_FILES = ("scaling.yml", "costqos-policies.yml", "costqos-crd.yml")
+CLUSTER_SCOPED = ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding")
 
 
 def _own_crd_schema(path: Path, kind: str, version: str) -> Any:
@@ -180,6 +181,9 @@ def test_manifests_of_a_spec_with_a_kubernetes_block_validate_and_carry_its_name
     workloads = {w.name: w.namespace for w in spec.scaling.workloads}
     for name, doc in _manifests(kube_out):
         meta = doc["metadata"]
+        if name.startswith("costqos-controller.yml") and doc["kind"] in CLUSTER_SCOPED:  # its RBAC: no namespace
+            assert "namespace" not in meta and KUBE["labels"].items() <= meta["labels"].items(), name
+            continue
         if name.startswith(SCALING_FILES):  # the workload's namespace (a ScaledObject scales only there); the CRD none
             assert meta.get("namespace") == (None if doc["kind"] == "CustomResourceDefinition" else workloads[meta["name"]]), name
             assert KUBE["labels"].items() <= meta["labels"].items() or doc["kind"] == "CustomResourceDefinition", name
@@ -422,12 +426,15 @@ def test_the_image_runs_fusebox_as_a_non_root_user():
 
 @pytest.mark.parametrize("kind", ["DaemonSet", "Deployment"])
 def test_the_workloads_arguments_parse_with_the_real_cli(kind):
-    """What the image's entry point (fusebox) receives; --state-dir is the fuse's state directory."""
+    """What the image's entry point (fusebox) receives; --state-dir is the fuse's state directory.
+    Every container of the kind: the fuse's Deployment and the CostQoS controller's (k8s/costqos-controller.yml)."""
     from fusebox.cli import build_parser
 
-    (c,) = [c for _, d in _manifests(ROOT) if d["kind"] == kind for c in d["spec"]["template"]["spec"]["containers"]]
-    parsed, unknown = build_parser().parse_known_args(c["args"])  # argparse exits (SystemExit) on a bad value
-    assert not unknown and callable(parsed.func)
+    containers = [c for _, d in _manifests(ROOT) if d["kind"] == kind for c in d["spec"]["template"]["spec"]["containers"]]
+    assert containers
+    for c in containers:
+        parsed, unknown = build_parser().parse_known_args(c["args"])  # argparse exits (SystemExit) on a bad value
+        assert not unknown and callable(parsed.func), c["name"]
 
 
 def test_every_renderer_option_is_reachable_from_the_spec():

@@ -64,8 +64,9 @@ def test_empty_labels_break_no_selector_of_the_generated_k8s():
         else:
             continue
         checked += 1
-    # collectors: DaemonSet, PodMonitor; fuse: Deployment, Service, PodDisruptionBudget, ServiceMonitor
-    assert checked == 6
+    # collectors: DaemonSet, PodMonitor; fuse: Deployment, Service, PodDisruptionBudget, ServiceMonitor;
+    # the CostQoS controller (scaling.workloads[].cost_qos): Deployment, PodMonitor
+    assert checked == 8
 
 
 @pytest.mark.parametrize("value", ['"monitoring\\n"', '"monitoring\\n\\n"'])
