@@ -76,7 +76,7 @@ for req in "k8s.io/kubernetes $VERSION" "go.etcd.io/etcd/server/v3 $ETCD_VERSION
   grep -q "^	$req\$" "$here/kube/go.mod" || { echo "bootstrap: tools/kube/go.mod does not require $req; run tools/build-kube.sh --refresh" >&2; exit 1; }
 done
 
-echo "bootstrap: building kube-apiserver and kube-controller-manager $VERSION and etcd $ETCD_VERSION (first run only, the longest Go build: about 13.5 CPU-minutes, 2.5 of them kube-controller-manager's own packages)"
+echo "bootstrap: building kube-apiserver and kube-controller-manager $VERSION and etcd $ETCD_VERSION (first run only, the longest Go build: about 13 CPU-minutes, 2 of them for kube-controller-manager)"
 # The version kubernetes' release builds stamp (hack/lib/version.sh); clients such as the
 # Prometheus Operator read it from /version.
 ldflags="-s -w"
