@@ -13,17 +13,16 @@ every 0.1 s) is the reaction time. Then back to 1 engine and 1 replica (about a 
 record's ``deriv(...[1m])`` keeps a series that left while it has samples in its window).
 
 The prediction is ``fusebox budget``'s scale-out row for the workload (generator/budget.py:
-scrape + evaluation + cross-group record staleness + KEDA polling + HPA sync + scale-up
+scrape + evaluation + cross-group record staleness + KEDA polling (0 here: replicas.min 1) + HPA sync + scale-up
 stabilization + pod start), printed with its terms. Its ``pod_start`` term (1 s in this spec: the
 spec wants it positive) is NOT part of what is measured: there is no kubelet, so no pod starts and
 the measured time stops at the new replica count; the bench prints the prediction without it too.
 Also outside the prediction: a new engine's KV growth needs two scrapes before ``deriv`` has a
 slope (one scrape interval more than a changed value would), and the HPA controller's own work.
-Measured below the prediction: KEDA's ``pollingInterval`` is not on this path. Above the minimum
-the HPA controller asks KEDA's metrics API server, which has the operator run the Prometheus query
-there and then (a trigger's ``useCachedMetrics`` is off by default); the polling loop only
-activates a workload from zero and refreshes that cache. So the budget's ``polling`` term is a
-margin here (1 s of the 4 s).
+KEDA's ``pollingInterval`` is not on this path, and the budget no longer counts it here: above
+zero replicas the HPA controller asks KEDA's metrics API server, which has the operator run the
+Prometheus query there and then (a trigger's ``useCachedMetrics`` is off by default); the polling
+loop only activates a workload from zero (``replicas.min: 0``, where the budget counts it).
 
     python bench/bench_scaling.py [--steps 3]
 """

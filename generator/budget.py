@@ -34,7 +34,10 @@ growth rate (the lowest critical threshold of the byte-growth signals, as the fu
 Terms: ``scrape``; ``eval``, the interval of the group holding the workload's load record;
 ``records``, the staleness of the load records it reads from other groups (:func:`cross_group_s`);
 ``lag``, on vmalert, one group interval per level of the load's same-group chain;
-``polling``, KEDA's ``pollingInterval`` (0 with plain HPAs); ``sync``, the HPA controller's sync
+``polling``, KEDA's ``pollingInterval`` where KEDA activates the workload from zero replicas
+(``replicas.min: 0``), else 0: above zero the HPA's query reaches KEDA's Prometheus trigger live
+(KEDA's scale_handler.go; a trigger's ``useCachedMetrics`` is off), and plain HPAs have no polling;
+``sync``, the HPA controller's sync
 period; ``stabilization``, the scale-up stabilization window; ``pod_start``, the workload's.
 A scale-out that cannot finish before the pool is full fails ``fusebox budget``.
 """
@@ -150,7 +153,7 @@ def scaling_rows(spec: Spec) -> list[ScalingRow]:
             "eval": interval,
             "records": cross_group_s(groups, g["name"], expr, spec.evaluation_interval_s),
             "lag": lag_levels * interval,
-            "polling": s.polling_interval_s if s.keda else 0.0,
+            "polling": s.polling_interval_s if s.keda and w.min_replicas == 0 else 0.0,
             "sync": s.sync_period_s,
             "stabilization": s.scale_up_stabilization_s,
             "pod_start": w.pod_start_s,

@@ -224,31 +224,39 @@ def test_the_generated_cases_fail_on_rules_whose_set_point_is_the_trip_threshold
 def test_the_shipped_scale_out_is_within_the_kv_pools_time():
     (row,) = scaling_rows(SHIPPED)
     # 5 scrape + 30 eval (the load's group) + 5 (the KV load record, from a 5 s group) + 0 lag (Prometheus)
-    # + 15 KEDA polling + 15 HPA sync + 0 stabilization + 90 pod start = 160 s, against 379.827 s
-    assert row.terms == {"scrape": 5.0, "eval": 30.0, "records": 5.0, "lag": 0.0, "polling": 15.0, "sync": 15.0,
+    # + 0 KEDA polling (replicas.min 1: the HPA's query reaches the trigger live) + 15 HPA sync
+    # + 0 stabilization + 90 pod start = 145 s, against 379.827 s
+    assert row.terms == {"scrape": 5.0, "eval": 30.0, "records": 5.0, "lag": 0.0, "polling": 0.0, "sync": 15.0,
                          "stabilization": 0.0, "pod_start": 90.0}
-    assert row.path_s == 160.0
+    assert row.path_s == 145.0
     assert row.time_left_s == pytest.approx(KV_TIME_LEFT, abs=1e-6) and round(KV_TIME_LEFT, 3) == 379.827
-    assert row.ok and row.margin_s == pytest.approx(219.827, abs=1e-3)
+    assert row.ok and row.margin_s == pytest.approx(234.827, abs=1e-3)
+
+
+def test_keda_polling_is_on_the_path_only_from_zero_replicas():
+    """replicas.min 0: KEDA's polling loop activates the workload (0 -> 1) before any HPA acts, so its
+    15 s pollingInterval adds: 145 + 15 = 160 s."""
+    (row,) = scaling_rows(parse_spec(_edited(lambda d: d["scaling"]["workloads"][0]["replicas"].update(min=0)), "fusebox.yaml"))
+    assert (row.terms["polling"], row.path_s) == (15.0, 160.0)
 
 
 def test_a_scale_out_slower_than_the_kv_pool_fails_budget_naming_both_numbers(tmp_path):
-    """pod_start 400 s: 5 + 30 + 5 + 15 + 15 + 0 + 400 = 470 s, over the 379.827 s the pool has left."""
+    """pod_start 400 s: 5 + 30 + 5 + 0 + 15 + 0 + 400 = 455 s, over the 379.827 s the pool has left."""
     spec = tmp_path / "fusebox.yaml"
     spec.write_text(_edited(lambda d: d["scaling"]["workloads"][0].update(pod_start="400s")))
     r = run_cli("budget", "--spec", spec, "--json")
     assert r.code == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert not doc["ok"] and doc["scaling"][0]["path_s"] == 470.0
-    assert "scale-out of workload 'llava-7b' is late: a new replica is Ready 470 s after" in r.stderr
+    assert not doc["ok"] and doc["scaling"][0]["path_s"] == 455.0
+    assert "scale-out of workload 'llava-7b' is late: a new replica is Ready 455 s after" in r.stderr
     assert "the KV pool is full 379.827 s after" in r.stderr
 
 
 def test_on_vmalert_the_load_is_a_chain_of_three_records_late():
     """The load reads the alignment P95's signal load, which reads its P95, which reads the bucket
-    rates, all in the 30 s panels group: vmalert stores it 3 evaluations late, 90 s: 160 + 90 = 250 s."""
+    rates, all in the 30 s panels group: vmalert stores it 3 evaluations late, 90 s: 145 + 90 = 235 s."""
     (row,) = scaling_rows(parse_spec(TEXT.replace("rule_engine: prometheus", "rule_engine: victoriametrics"), "fusebox.yaml"))
-    assert (row.terms["lag"], row.path_s) == (90.0, 250.0)
+    assert (row.terms["lag"], row.path_s) == (90.0, 235.0)
 
 
 def test_plain_hpas_have_no_polling_term():
