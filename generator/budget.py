@@ -34,11 +34,11 @@ growth rate (the lowest critical threshold of the byte-growth signals, as the fu
 Terms: ``scrape``; ``eval``, the interval of the group holding the workload's load record;
 ``records``, the staleness of the load records it reads from other groups (:func:`cross_group_s`);
 ``lag``, on vmalert, one group interval per level of the load's same-group chain;
-``polling``, KEDA's ``pollingInterval`` where KEDA activates the workload from zero replicas
-(``replicas.min: 0``), else 0: above zero the HPA's query reaches KEDA's Prometheus trigger live
-(KEDA's scale_handler.go; a trigger's ``useCachedMetrics`` is off), and plain HPAs have no polling;
-``sync``, the HPA controller's sync
-period; ``stabilization``, the scale-up stabilization window; ``pod_start``, the workload's.
+``sync``, the HPA controller's sync period; ``stabilization``, the scale-up stabilization window; ``pod_start``, the workload's.
+KEDA's ``pollingInterval`` is no term: above zero replicas the HPA's query reaches KEDA's
+Prometheus trigger live (KEDA's scale_handler.go; a trigger's ``useCachedMetrics`` is off), and the
+spec refuses ``replicas.min: 0``, the one case where KEDA's polling loop (activation from zero)
+would be on the path (fusebox.spec.scaling); plain HPAs have no polling.
 A scale-out that cannot finish before the pool is full fails ``fusebox budget``.
 """
 
@@ -153,7 +153,6 @@ def scaling_rows(spec: Spec) -> list[ScalingRow]:
             "eval": interval,
             "records": cross_group_s(groups, g["name"], expr, spec.evaluation_interval_s),
             "lag": lag_levels * interval,
-            "polling": s.polling_interval_s if s.keda and w.min_replicas == 0 else 0.0,
             "sync": s.sync_period_s,
             "stabilization": s.scale_up_stabilization_s,
             "pod_start": w.pod_start_s,
@@ -323,6 +322,6 @@ def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> i
     for sr in late_scaling:
         print(f"fusebox budget: scale-out of workload {sr.workload!r} is late: a new replica is Ready {_s(sr.path_s)} after its "
               f"load crosses a set point ({_scaling_terms(sr)}), but the KV pool is full {_s(sr.time_left_s or 0.0)} after "
-              f"({sr.basis}) -- shorten pod_start (a cached image, a smaller model load), KEDA's polling_interval or the "
-              "HPA's sync period and scale-up stabilization, or scale on a lower safe level", file=sys.stderr)
+              f"({sr.basis}) -- shorten pod_start (a cached image, a smaller model load), the HPA's sync period or "
+              "scale-up stabilization, or scale on a lower safe level", file=sys.stderr)
     return 1 if late or late_scaling else 0

@@ -250,9 +250,11 @@ def _workload(i: int, raw: RawWorkload, signals: dict[str, Any], written: set[st
             "as the engines' model_name label carries it, e.g. llava-hf/llava-1.5-7b-hf")
         ok = False
     lo, hi = raw.replicas.min, raw.replicas.max
-    if lo < (0 if keda else 1):
-        err(path + ("replicas", "min"), f"replicas.min {lo} is under {0 if keda else 1}",
-            "KEDA may scale to 0; an HPA keeps at least 1" if keda else "an HPA keeps at least 1 replica")
+    if lo < 1:
+        err(path + ("replicas", "min"), f"replicas.min {lo} is under 1: "
+            + ("at 0 replicas no engine of the workload exports its driving signals, so its load has no series, and "
+               "KEDA's trigger (ignoreNullValues 'false') reports an error instead of activating it: it never scales up"
+               if keda else "an autoscaling/v2 HPA keeps at least 1 replica"), "use min: 1")
         ok = False
     if hi < max(lo, 1):
         err(path + ("replicas", "max"), f"replicas.max {hi} is under replicas.min {lo} (or under 1)", "give max >= min, e.g. {min: 1, max: 8}")
@@ -308,7 +310,9 @@ def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: 
 
     Reports through ``err(path, what, fix)``: an unknown signal, one that alerts below its threshold,
     keeps no ``model`` label or has no warning tier (no safe level); a workload or namespace name
-    Kubernetes refuses, two workloads of one name, min over max, a non-positive ``pod_start`` or
+    Kubernetes refuses, two workloads of one name, ``replicas.min`` under 1 (an HPA
+    keeps 1; KEDA would never activate a workload from 0: its load comes from the workload's own
+    engines), min over max, a non-positive ``pod_start`` or
     price, a ``cost_qos`` without a price or whose budget does not pay for ``replicas.min``; KEDA and
     the HPA both enabled, or neither; a ``prometheus_address`` that is no http(s) URL."""
     if raw is None:

@@ -224,9 +224,9 @@ def test_the_generated_cases_fail_on_rules_whose_set_point_is_the_trip_threshold
 def test_the_shipped_scale_out_is_within_the_kv_pools_time():
     (row,) = scaling_rows(SHIPPED)
     # 5 scrape + 30 eval (the load's group) + 5 (the KV load record, from a 5 s group) + 0 lag (Prometheus)
-    # + 0 KEDA polling (replicas.min 1: the HPA's query reaches the trigger live) + 15 HPA sync
-    # + 0 stabilization + 90 pod start = 145 s, against 379.827 s
-    assert row.terms == {"scrape": 5.0, "eval": 30.0, "records": 5.0, "lag": 0.0, "polling": 0.0, "sync": 15.0,
+    # + 15 HPA sync (no KEDA polling: the HPA's query reaches the trigger live) + 0 stabilization
+    # + 90 pod start = 145 s, against 379.827 s
+    assert row.terms == {"scrape": 5.0, "eval": 30.0, "records": 5.0, "lag": 0.0, "sync": 15.0,
                          "stabilization": 0.0, "pod_start": 90.0}
     assert row.path_s == 145.0
     assert row.time_left_s == pytest.approx(KV_TIME_LEFT, abs=1e-6) and round(KV_TIME_LEFT, 3) == 379.827
@@ -234,10 +234,15 @@ def test_the_shipped_scale_out_is_within_the_kv_pools_time():
 
 
 def test_keda_polling_is_on_the_path_only_from_zero_replicas():
-    """replicas.min 0: KEDA's polling loop activates the workload (0 -> 1) before any HPA acts, so its
-    15 s pollingInterval adds: 145 + 15 = 160 s."""
-    (row,) = scaling_rows(parse_spec(_edited(lambda d: d["scaling"]["workloads"][0]["replicas"].update(min=0)), "fusebox.yaml"))
-    assert (row.terms["polling"], row.path_s) == (15.0, 160.0)
+    """KEDA's polling loop would be on the path only to activate a workload from 0, which the spec
+    refuses (its load comes from its own engines); above 0 the shipped 15 s pollingInterval adds
+    nothing: the path stays 145 s, and a slower polling (60 s) leaves it 145 s too."""
+    from fusebox.spec import SpecError
+    with pytest.raises(SpecError) as e:
+        parse_spec(_edited(lambda d: d["scaling"]["workloads"][0]["replicas"].update(min=0)), "fusebox.yaml")
+    assert any("replicas.min 0 is under 1" in str(p) and "use min: 1" in str(p) for p in e.value.problems)
+    (row,) = scaling_rows(parse_spec(_edited(lambda d: d["scaling"]["keda"].update(polling_interval="60s")), "fusebox.yaml"))
+    assert "polling" not in row.terms and row.path_s == 145.0
 
 
 def test_a_scale_out_slower_than_the_kv_pool_fails_budget_naming_both_numbers(tmp_path):
@@ -264,7 +269,8 @@ def test_plain_hpas_have_no_polling_term():
         d["scaling"]["keda"]["enabled"] = False
         d["scaling"]["hpa"].update(enabled=True, scale_up_stabilization="60s")
     (row,) = scaling_rows(parse_spec(_edited(hpa), "fusebox.yaml"))
-    assert (row.terms["polling"], row.terms["stabilization"], row.path_s) == (0.0, 60.0, 5 + 30 + 5 + 0 + 15 + 60 + 90)
+    assert "polling" not in row.terms
+    assert (row.terms["stabilization"], row.path_s) == (60.0, 5 + 30 + 5 + 0 + 15 + 60 + 90)
 
 
 # --------------------------------------------------------------------------------- order

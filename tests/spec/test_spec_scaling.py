@@ -99,6 +99,13 @@ BAD = {
     "an HPA tolerance in no unit": (lambda d: d["scaling"]["hpa"].update(tolerance="fast"), "tolerance: fast",
                                     "tolerance:", "--horizontal-pod-autoscaler-tolerance"),
     "an unknown key": (_workload(replica={"min": 1}), "replica:", "unknown key 'replica'", "replicas"),
+    # KEDA at 0 replicas: the load comes from the workload's own engines, so none is left to activate it
+    "KEDA from zero replicas": (_workload(replicas={"min": 0, "max": 8}), "min: 0",
+                                "replicas.min 0 is under 1: at 0 replicas no engine of the workload exports its driving signals",
+                                "use min: 1"),
+    "an HPA at zero replicas": (lambda d: (d["scaling"]["keda"].update(enabled=False), d["scaling"]["hpa"].update(enabled=True),
+                                           d["scaling"]["workloads"][0]["replicas"].update(min=0)), "min: 0",
+                                "replicas.min 0 is under 1: an autoscaling/v2 HPA keeps at least 1 replica", "use min: 1"),
 }
 
 
