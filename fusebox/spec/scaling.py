@@ -268,8 +268,9 @@ def _workload(i: int, raw: RawWorkload, signals: dict[str, Any], written: set[st
     if raw.price_per_replica_hour is not None:
         try:
             price = units.parse_quantity(raw.price_per_replica_hour, "count")
-        except ValueError as e:
-            err(path + ("price_per_replica_hour",), getattr(e, "what", str(e)), "USD per replica-hour, a plain number, e.g. 0.21")
+        except ValueError:
+            err(path + ("price_per_replica_hour",), f"price_per_replica_hour {str(raw.price_per_replica_hour).strip()!r} "
+                "is not a plain number", "a price in USD per hour, e.g. 0.21")
             ok = False
         else:
             if not price > 0:
@@ -310,7 +311,7 @@ def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: 
 
     Reports through ``err(path, what, fix)``: an unknown signal, one that alerts below its threshold,
     keeps no ``model`` label or has no warning tier (no safe level); a workload or namespace name
-    Kubernetes refuses, two workloads of one name, ``replicas.min`` under 1 (an HPA
+    Kubernetes refuses, two workloads of one name or of one target, ``replicas.min`` under 1 (an HPA
     keeps 1; KEDA would never activate a workload from 0: its load comes from the workload's own
     engines), min over max, a non-positive ``pod_start`` or
     price, a ``cost_qos`` without a price or whose budget does not pay for ``replicas.min``; KEDA and
@@ -333,6 +334,11 @@ def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: 
     for i, w in enumerate(raw.workloads):
         if w.name in [x.name for x in raw.workloads[:i]]:
             err(("scaling", "workloads", i, "name"), f"workload {w.name!r} is named twice", "give each workload its own name")
+        first = next((x for x in raw.workloads[:i] if x.target == w.target), None)
+        if first is not None:
+            err(("scaling", "workloads", i, "target"), f"workload {w.name!r} targets {w.target.kind} "
+                f"{w.target.namespace}/{w.target.name}, as workload {first.name!r} does: their two autoscalers would fight "
+                "over its replicas", "scale one target from one workload: list every driving signal in that workload's signals", key=True)
         one = _workload(i, w, signals, written, raw.keda.enabled, duration, err)
         if one is not None:
             workloads.append(one)

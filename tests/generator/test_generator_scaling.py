@@ -255,6 +255,7 @@ def test_a_scale_out_slower_than_the_kv_pool_fails_budget_naming_both_numbers(tm
     assert not doc["ok"] and doc["scaling"][0]["path_s"] == 455.0
     assert "scale-out of workload 'llava-7b' is late: a new replica is Ready 455 s after" in r.stderr
     assert "the KV pool is full 379.827 s after" in r.stderr
+    assert "polling" not in r.stderr  # KEDA's polling is no term of the path: the fix does not name it
 
 
 def test_on_vmalert_the_load_is_a_chain_of_three_records_late():

@@ -7,6 +7,8 @@ its critical 14.7 MB/s, the alignment P95's warning 0.85 s, the seed's COST-QoS 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import yaml
 from _support import SPEC
@@ -106,6 +108,12 @@ BAD = {
     "an HPA at zero replicas": (lambda d: (d["scaling"]["keda"].update(enabled=False), d["scaling"]["hpa"].update(enabled=True),
                                            d["scaling"]["workloads"][0]["replicas"].update(min=0)), "min: 0",
                                 "replicas.min 0 is under 1: an autoscaling/v2 HPA keeps at least 1 replica", "use min: 1"),
+    "a price as a percentage": (_workload(price_per_replica_hour="72%"), "price_per_replica_hour: 72%",
+                                "price_per_replica_hour '72%' is not a plain number", "a price in USD per hour, e.g. 0.21"),
+    "two workloads on one target": (lambda d: d["scaling"]["workloads"].append({**copy.deepcopy(d["scaling"]["workloads"][0]), "name": "llava-7b-b"}),
+                                    ("target:", 2),
+                                    "workload 'llava-7b-b' targets Deployment inference/vllm-llava, as workload 'llava-7b' does: "
+                                    "their two autoscalers would fight", "scale one target from one workload"),
 }
 
 
