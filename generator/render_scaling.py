@@ -39,7 +39,8 @@ from fusebox.spec.units import format_duration, format_number, humanize
 from .yamlout import dump_yaml
 
 __all__ = ["SCALING_FILE", "CRD_FILE", "POLICIES_FILE", "place_rules", "load_expr", "signal_load_expr", "scaled_objects", "hpas",
-           "policies", "crd", "controller", "outputs", "test_groups", "alert_rule", "runbook_facts", "EXTERNAL_METRICS", "POLICY_LOOKBACK", "UNMET_FOR_S"]
+           "policies", "pod_regex", "crd", "controller", "outputs", "test_groups", "alert_rule", "runbook_facts",
+           "EXTERNAL_METRICS", "POLICY_LOOKBACK", "UNMET_FOR_S"]
 
 SCALING_FILE = "k8s/scaling.yml"
 CRD_FILE = "k8s/costqos-crd.yml"
@@ -352,17 +353,28 @@ def hpas(spec: Spec) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------------------- policies
 def _replicas_query(w: Workload) -> str:
+    """One series: ``max`` over kube-state-metrics' (two during its restart, or one per HA replica;
+    the controller takes exactly one series per query)."""
     if w.target_kind == "StatefulSet":
-        return f'kube_statefulset_replicas{{namespace="{w.namespace}",statefulset="{w.target_name}"}}'
-    return f'kube_deployment_spec_replicas{{namespace="{w.namespace}",deployment="{w.target_name}"}}'
+        return f'max(kube_statefulset_replicas{{namespace="{w.namespace}",statefulset="{w.target_name}"}})'
+    return f'max(kube_deployment_spec_replicas{{namespace="{w.namespace}",deployment="{w.target_name}"}})'
+
+
+def pod_regex(w: Workload) -> str:
+    """The names of the target's own pods, as a PromQL regex (RE2, fully anchored; a ``.`` of the
+    name escaped for the PromQL string): a Deployment's ReplicaSet pods ``NAME-HASH-XXXXX``, a
+    StatefulSet's ``NAME-ORDINAL``. ``NAME-.*`` would take in another Deployment's pods whose name
+    extends it (``vllm-llava-13b``'s for ``vllm-llava``)."""
+    name = w.target_name.replace(".", "\\\\.")
+    return f"{name}-[0-9]+" if w.target_kind == "StatefulSet" else f"{name}-[a-z0-9]+-[a-z0-9]{{5}}"
 
 
 def _policy_metrics(w: Workload) -> dict[str, str]:
-    """The policy's PromQL: replicas from kube-state-metrics; P95 end-to-end latency from vLLM's
+    """The policy's PromQL: replicas from kube-state-metrics (one series); P95 end-to-end latency from vLLM's
     histogram of the workload's model; the error ratio from the API server's HTTP counter
-    (prometheus-fastapi-instrumentator, status grouped as 5xx) of the target's pods."""
+    (prometheus-fastapi-instrumentator, status grouped as 5xx) of the target's own pods (:func:`pod_regex`)."""
     model = f'namespace="{w.namespace}",model_name="{w.model}"'
-    pods = f'namespace="{w.namespace}",pod=~"{w.target_name}-.*"'
+    pods = f'namespace="{w.namespace}",pod=~"{pod_regex(w)}"'
     return {
         "replicas": _replicas_query(w),
         "p95LatencySeconds": (f"histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket"

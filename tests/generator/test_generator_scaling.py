@@ -117,13 +117,44 @@ def test_the_policy_carries_the_seeds_figures_and_fits_the_crd():
     s = p["spec"]
     assert (s["costBudget"], s["pricePerReplicaHour"], s["qosConstraints"]) == ("0.42", "0.21", {"p95LatencyMs": 200, "errorRatePct": 0.5})
     assert s["replicas"] == {"min": 1, "max": 8} and s["lookback"] == "6h"
-    assert s["metrics"]["replicas"] == 'kube_deployment_spec_replicas{namespace="inference",deployment="vllm-llava"}'
+    assert s["metrics"]["replicas"] == 'max(kube_deployment_spec_replicas{namespace="inference",deployment="vllm-llava"})'
     jsonschema.validate(p, _schema(OUR_CRD), cls=jsonschema.Draft4Validator)
     (crd,) = _docs(out["k8s/costqos-crd.yml"])
     names = crd["spec"]["names"]
     assert (crd["spec"]["group"], names["kind"], names["plural"], names["shortNames"], crd["spec"]["scope"]) == (
         "fusebox.dev", "CostQoSScalingPolicy", "costqosscalingpolicies", ["cqsp"], "Namespaced")
     kubernetes_validate.validate(crd, "1.32.0", strict=True)
+
+
+@pytest.mark.tools
+def test_the_policys_queries_read_one_replica_series_and_only_the_targets_own_pods(tmp_path):
+    """Hand-written series, evaluated by promtool's PromQL engine: kube-state-metrics twice (an HA
+    pair: two series of 3 replicas for vllm-llava) and a vllm-llava-13b Deployment at 5; HTTP
+    counters of vllm-llava's pod vllm-llava-7d9f8b6c5-x2x4q (1 req/s, 0.1 of them 5xx) and of
+    vllm-llava-13b's pod vllm-llava-13b-5c6d7f8b9-abcde (1 req/s, all 5xx). replicas reads one
+    series, 3; the error ratio is vllm-llava's alone: 0.1 (with ``vllm-llava-.*`` it was
+    (0.1 + 1) / 2 = 0.55). A StatefulSet's pods are NAME-ORDINAL: vllm-llava-0, not vllm-llava-13b-0."""
+    (p,) = _docs(render_all(SHIPPED)["k8s/costqos-policies.yml"])
+    m = p["spec"]["metrics"]
+    ksm = [{"series": f'kube_deployment_spec_replicas{{namespace="inference",deployment="{d}",instance="ksm-{i}:8080"}}',
+            "values": f"{n}x40"} for i in (0, 1) for d, n in (("vllm-llava", 3), ("vllm-llava-13b", 5))]
+    http = []
+    for pod, ok, bad in (("vllm-llava-7d9f8b6c5-x2x4q", 54, 6), ("vllm-llava-13b-5c6d7f8b9-abcde", 0, 60)):
+        for status, per_min in (("2xx", ok), ("5xx", bad)):  # per scrape of 1 m: per_min requests
+            if per_min:
+                http.append({"series": f'http_requests_total{{namespace="inference",pod="{pod}",status="{status}"}}',
+                             "values": f"0+{per_min}x40"})
+    test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": ksm + http, "promql_expr_test": [
+            {"expr": m["replicas"], "eval_time": "10m", "exp_samples": [{"labels": "{}", "value": 3}]},
+            {"expr": m["errorRatio"], "eval_time": "10m", "exp_samples": [{"labels": "{}", "value": 0.1}]}]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    for promtool in promtools():
+        r = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, promtool + r.stdout + r.stderr
+    sts = dataclasses.replace(SHIPPED.scaling.workloads[0], target_kind="StatefulSet")
+    assert render_scaling.pod_regex(sts) == "vllm-llava-[0-9]+"
+    assert render_scaling.pod_regex(dataclasses.replace(sts, target_name="llava.v1")) == "llava\\\\.v1-[0-9]+"
 
 
 def test_the_controller_runs_in_the_specs_namespace_on_the_scalers_prometheus():
