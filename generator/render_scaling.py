@@ -31,7 +31,7 @@ import yaml
 
 from fusebox import conventions as C
 from fusebox.signal_kinds import kind_of, records
-from fusebox.signal_kinds.base import Synth, label_str, segments
+from fusebox.signal_kinds.base import Synth, kept_by, label_str, segments
 from fusebox.spec import Spec
 from fusebox.spec.scaling import Workload
 from fusebox.spec.units import format_duration, format_number, humanize
@@ -187,11 +187,25 @@ def place_rules(spec: Spec, groups: list[dict[str, Any]], slow: str) -> None:
 OVER_SAFE = 1.11
 # A model the workload does not serve: its series (at 5 x the safe level) must add nothing.
 _OTHER_MODEL = "other-model"
+# Labels a workload's replicas share: two replicas differ in the others of a signal's ``by``.
+_SHARED = ("namespace", C.LABEL["cluster"])
 
 
-def _synth(spec: Spec, sig: Any, w: Workload, engine: str, model: str) -> Synth:
+def _synth(spec: Spec, sig: Any, w: Workload, engine: str, model: str, replica: int = 0) -> Synth:
+    """The synthetic input of one replica (``engine``) of ``model``. Replica ``replica`` > 0 differs
+    from replica 0 in the labels of the signal's own ``by`` (other than ``model``) where ``engine``
+    is none of them: the value record aggregates by those labels, and two replicas alike in all of
+    them would be one series (the load half the case's). A replica's own labels (``pod``,
+    ``instance``) differ, not the ones replicas share (``namespace``, ``cluster``), unless those
+    are all the ``by`` has; a label the source's selector fixes stays."""
     base = Synth.of(sig, spec)
-    return Synth(sig, spec, base.interval, {**base.labels, C.LABEL["engine"]: engine, C.LABEL["model"]: model})
+    labels = {**base.labels, C.LABEL["engine"]: engine, C.LABEL["model"]: model}
+    fixed = spec.selector_for(sig.source.backend)
+    apart = [label for label in kept_by(sig) if label != C.LABEL["model"] and label not in fixed]
+    if replica and apart and C.LABEL["engine"] not in apart:
+        own = [label for label in apart if label not in _SHARED] or apart[:1]
+        labels.update({label: f"{labels[label]}-{replica}" for label in own})
+    return Synth(sig, spec, base.interval, labels)
 
 
 def test_groups(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
@@ -218,7 +232,7 @@ def test_groups(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
             cases = []
             series: list[Any] = []
             over = d.set_point * OVER_SAFE
-            two = [_synth(spec, sig, w, f"engine-{i}", w.model) for i in range(2)]
+            two = [_synth(spec, sig, w, f"engine-{i}", w.model, i) for i in range(2)]
             for syn in two:
                 series += kind.series(syn, [(n, over)])
             series += kind.series(_synth(spec, sig, w, "engine-9", _OTHER_MODEL), [(n, d.set_point * 5)])

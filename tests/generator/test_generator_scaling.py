@@ -251,6 +251,40 @@ def test_the_generated_cases_fail_on_rules_whose_set_point_is_the_trip_threshold
     assert "exp: {__name__=\"fusebox:scaling_load:ratio\", workload=\"llava-7b\"} 2.22E+00" in said, said
 
 
+def _kv_usage_by_pod(d):
+    """A vLLM KV usage gauge per pod (by namespace, pod, instance, model; no engine label) driving
+    the shipped workload at its safe level 85 %."""
+    d["signals"]["kv_usage"] = {
+        "alert": "KVCacheUsageHigh", "description": "Share of KV blocks in use per pod.", "kind": "gauge",
+        "unit": "ratio", "level": "pod", "by": ["namespace", "pod", "instance", "model"],
+        "sources": {"vllm": {"metric": "vllm:kv_cache_usage_perc"}},
+        "tiers": {"warning": {"threshold": "85%"}, "critical": {"threshold": "95%", "fuse": "kv_cache_eviction"}},
+        "runbook": {"symptom": "KV blocks are running out.", "impact": "Preemptions follow."}}
+    d["scaling"]["workloads"][0]["signals"] = ["kv_usage"]
+
+
+@pytest.mark.tools
+def test_the_generated_cases_pass_on_a_gauge_whose_by_keeps_no_engine_label(tmp_path):
+    """The case's two replicas at 1.11 x 85 % = 94.35 % each must be two series of the gauge's own
+    ``by`` (namespace, pod, instance, model): the load is 2 x 1.11 = 2.22, ceil 3. Replicas apart
+    only in ``engine``, a label the rule's ``max by`` drops, were one series: load 1.11."""
+    spec = parse_spec(_edited(_kv_usage_by_pod), "fusebox.yaml")
+    out = render_all(spec)
+    (tmp_path / "fusebox.rules.yml").write_text(out["rules/fusebox.rules.yml"])
+    tests = yaml.safe_load(out["rules/fusebox.rules.test.yml"])
+    tests["tests"] = [g for g in tests["tests"] if "promql_expr_test" in g and "scaling_load" in str(g["promql_expr_test"])]
+    two = tests["tests"][0]
+    assert [c["exp_samples"][0]["value"] for c in two["promql_expr_test"]] == [2.22, 3]
+    ours = [s["series"] for s in two["input_series"] if 'model="llava-hf/llava-1.5-7b-hf"' in s["series"]]
+    assert len(ours) == 2 and 'namespace="inference"' in ours[0] and 'namespace="inference"' in ours[1]
+    pods = {s.split('pod="')[1].split('"')[0] for s in ours}
+    assert len(pods) == 2  # apart in the replica's own labels, not in the namespace they share
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    for promtool in promtools():
+        r = subprocess.run([promtool, "test", "rules", "t.yml"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, promtool + r.stdout + r.stderr
+
+
 # -------------------------------------------------------------------------------- budget
 def test_the_shipped_scale_out_is_within_the_kv_pools_time():
     (row,) = scaling_rows(SHIPPED)
