@@ -54,13 +54,14 @@ from fusebox import promsim
 from fusebox.signal_kinds import kind_of
 from fusebox.signal_kinds.base import gigabytes
 from fusebox.spec import Signal, Spec, Tier
+from fusebox.spec.promql import vector_selectors
 from fusebox.spec.units import format_number, humanize, parse_duration
 
+from .deadselectors import matcher_accepts
 from .render_alertmanager import routing
 from .render_rules import STATIC_GROUP, render_rules
 from .render_scaling import load_expr
 from .render_vmalert_tests import alert_lags, record_lags
-from .rule_engines import records_read
 
 __all__ = ["FUSE_DECISION_S", "Row", "ScalingRow", "budget_rows", "scaling_rows", "cross_group_s", "run_budget"]
 
@@ -172,30 +173,46 @@ def _alert_group(groups: list[dict[str, Any]], sig: Signal, tier: Tier) -> tuple
     raise LookupError(f"no rendered rule for {sig.alert} {tier.name}")  # the renderer makes one per tier
 
 
+def _selected(sel: Any, labels: dict[str, str]) -> bool:
+    """Whether the vector selector ``sel`` can select the series a recording rule with these static
+    ``labels`` writes: every matcher on a label the rule sets accepts its value (a label the rule's
+    expression carries through is not known here: it may match)."""
+    groups = [sel.matchers.matchers] + list(sel.matchers.or_matchers or [])
+    return any(all(matcher_accepts(m, labels[m.name]) for m in g if m.name in labels) for g in groups if g) or not any(groups)
+
+
 def cross_group_s(groups: list[dict[str, Any]], group: str, expr: str, default_interval: float) -> float:
     """How stale the records ``expr`` reads can be, seconds: each record recorded in another group
     than ``group`` may be up to one of that group's intervals old when read, and so on down its
     chain (the worst path). 0 when every record read is of ``group`` itself, or none is read;
-    records of the static-inputs group (``STATIC_GROUP``) count 0: their value does not change."""
-    owner: dict[str, tuple[str, float, str]] = {}
+    records of the static-inputs group (``STATIC_GROUP``) count 0: their value does not change.
+    A record name recorded by several rules (``fusebox:scaling_signal_load:ratio``, one per workload
+    and signal, in each signal's group) is read only from the rules whose static labels the
+    selector's matchers accept (``{workload="llava-7b"}`` reads llava-7b's rules, not another
+    workload's in a slower group).
+
+    Raises:
+        ValueError: a rule's expression does not parse, or records read each other in a cycle."""
+    owner: dict[str, list[tuple[str, float, str, dict[str, str]]]] = {}
     for g in groups:
         interval = parse_duration(g["interval"]) if g.get("interval") else default_interval
         for r in g["rules"]:
             if "record" in r:
-                owner[r["record"]] = (g["name"], interval, r["expr"])
+                owner.setdefault(r["record"], []).append((g["name"], interval, r["expr"], r.get("labels") or {}))
+    total = sum(len(v) for v in owner.values())
     memo: dict[tuple[str, str], float] = {}
 
     def stale(where: str, text: str, depth: int) -> float:
         if (where, text) in memo:
             return memo[(where, text)]
-        if depth > len(owner):  # a cycle: the renderer never makes one (rule_engines.chain_depths refuses it)
+        if depth > total:  # a cycle: the renderer never makes one (rule_engines.chain_depths refuses it)
             raise ValueError(f"recording rules read each other in a cycle in group {where}")
         worst = 0.0
-        for name in records_read(text, set(owner)):
-            g, interval, rexpr = owner[name]
-            if g == STATIC_GROUP:  # a value that does not change (a GPU's memory size): never stale
-                continue
-            worst = max(worst, (interval if g != where else 0.0) + stale(g, rexpr, depth + 1))
+        for sel in vector_selectors(text):
+            for g, interval, rexpr, labels in owner.get(sel.name or "", ()):
+                if g == STATIC_GROUP or not _selected(sel, labels):  # a value that does not change (a GPU's memory size)
+                    continue
+                worst = max(worst, (interval if g != where else 0.0) + stale(g, rexpr, depth + 1))
         memo[(where, text)] = worst
         return worst
 

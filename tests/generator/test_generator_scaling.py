@@ -323,6 +323,26 @@ def test_a_scale_out_slower_than_the_kv_pool_fails_budget_naming_both_numbers(tm
     assert "polling" not in r.stderr  # KEDA's polling is no term of the path: the fix does not name it
 
 
+def test_a_workloads_path_is_its_own_beside_another_workload():
+    """A second workload (llava-13b on its own Deployment) driven by KV growth alone: its load record
+    sits in KV growth's 5 s group beside its signal load, so 5 scrape + 5 eval + 0 records + 0 lag
+    + 15 sync + 0 stabilization + 90 pod start = 115 s, alone or beside the shipped llava-7b (145 s).
+    The signal load's name is recorded for llava-7b in the 30 s alignment group too: matched by name
+    alone, llava-13b read it from there (35 s of records, 150 s)."""
+    def second(keep_shipped):
+        def edit(d):
+            w = copy.deepcopy(d["scaling"]["workloads"][0])
+            w.update(name="llava-13b", model="llava-hf/llava-1.5-13b-hf", signals=["kv_cache_growth_rate"])
+            w.pop("cost_qos")
+            w["target"]["name"] = "vllm-llava-13b"
+            d["scaling"]["workloads"] = d["scaling"]["workloads"][:1] * keep_shipped + [w]
+        return {r.workload: (r.terms, r.path_s) for r in scaling_rows(parse_spec(_edited(edit), "fusebox.yaml"))}
+    alone, beside = second(False), second(True)
+    terms = {"scrape": 5.0, "eval": 5.0, "records": 0.0, "lag": 0.0, "sync": 15.0, "stabilization": 0.0, "pod_start": 90.0}
+    assert alone == {"llava-13b": (terms, 115.0)}
+    assert beside["llava-13b"] == (terms, 115.0) and beside["llava-7b"][1] == 145.0
+
+
 def test_on_vmalert_the_load_is_a_chain_of_three_records_late():
     """The load reads the alignment P95's signal load, which reads its P95, which reads the bucket
     rates, all in the 30 s panels group: vmalert stores it 3 evaluations late, 90 s: 145 + 90 = 235 s."""
