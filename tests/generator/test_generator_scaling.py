@@ -285,6 +285,30 @@ def test_the_generated_cases_pass_on_a_gauge_whose_by_keeps_no_engine_label(tmp_
         assert r.returncode == 0, promtool + r.stdout + r.stderr
 
 
+def test_check_fails_a_stale_scaling_manifest_naming_it_and_generate(tmp_path, capsys):
+    """k8s/scaling.yml as another spec generates it (KEDA polling 30 s, not the shipped 15 s; as
+    after a hand edit, or an edit of the spec's scaling alone): the rules and Alertmanager files are
+    as the spec generates them, the ScaledObject is not. The check fails (1) naming that file and
+    `fusebox generate`; the files as generated pass."""
+    from fusebox.generator.cli import run_fresh_check
+    from fusebox.generator.writer import write_outputs
+
+    outputs = render_all(SHIPPED)
+    write_outputs(outputs, tmp_path)
+    assert run_fresh_check(SHIPPED, tmp_path, "fusebox.yaml") == 0
+    assert capsys.readouterr().out == (f"ok   generated files match fusebox.yaml: {len(outputs)} of {len(outputs)} "
+                                       "generated files as the spec generates them\n")
+    edited = parse_spec(_edited(lambda d: d["scaling"]["keda"].update(polling_interval="30s")), "fusebox.yaml")
+    (tmp_path / "k8s/scaling.yml").write_text(render_all(edited)["k8s/scaling.yml"])
+    assert "pollingInterval: 30" in (tmp_path / "k8s/scaling.yml").read_text()
+    assert run_fresh_check(SHIPPED, tmp_path, "fusebox.yaml") == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"FAIL generated files match fusebox.yaml: {len(outputs) - 1} of {len(outputs)} generated files"), out
+    assert (f"     {tmp_path / 'k8s/scaling.yml'}: differs from what fusebox.yaml generates -- run `fusebox generate "
+            f"--spec fusebox.yaml --out {tmp_path}` first") in out
+    assert out.count(" differs ") == 1, out
+
+
 # -------------------------------------------------------------------------------- budget
 def test_the_shipped_scale_out_is_within_the_kv_pools_time():
     (row,) = scaling_rows(SHIPPED)
