@@ -391,20 +391,23 @@ def order_problems(spec: Any) -> list[str]:
             names = {s.name for s in same}
             # The HPA adds a replica once the load passes (1 + tolerance) x the target, not at the target.
             acts = d.set_point * (1 + spec.scaling.tolerance)
+            level = units.humanize(acts, d.unit)
             where = (f"scaling workload {w.name!r} scales on {d.name!r} at {d.set_point_text} ({d.set_point_key}), "
-                     f"adding a replica above {units.humanize(acts, d.unit)} (the HPA's tolerance "
+                     f"adding a replica above {level} (the HPA's tolerance "
                      f"{format(spec.scaling.tolerance * 100, 'g')}%: scaling.hpa.tolerance)")
+            need = f"above {level} (set point x (1 + scaling.hpa.tolerance))"
             for sh in spec.inpath.shedders:
                 if sh.signal in names and not acts < sh.shed_at:
                     out.append(f"{where}, not before inpath.shedders.{sh.name}, which sheds at {sh.shed_at_text} "
-                               f"({sh.shed_at_key}): the shedder refuses work before a replica is added -- shed above the "
-                               "safe level (its shed_at), or scale on another signal")
+                               f"({sh.shed_at_key}): the shedder refuses work before a replica is added -- shed {need}: "
+                               f"inpath.shedders.{sh.name}.shed_at, or scale on another signal")
                 # smg's worker overload veto (spec/overload.py) takes a worker out of routing: a shedder too
                 for v in (sh.overload.vetoes if sh.overload is not None else ()):
                     if names & set(v.signals) and not acts < v.at:
-                        out.append(f"{where}, not before inpath.shedders.{sh.name}'s worker overload veto at {v.text} "
-                                   f"({v.key}): smg takes workers out of routing before a replica is added -- set the "
-                                   f"veto above the safe level (inpath.shedders.{sh.name}.overload), or scale on another signal")
+                        out.append(f"{where}, not before inpath.shedders.{sh.name}'s worker overload veto at "
+                                   f"{units.humanize(v.at, d.unit)} ({v.key}): smg takes workers out of routing before a replica "
+                                   f"is added -- set the veto {need}: "
+                                   f"inpath.shedders.{sh.name}.overload, or scale on another signal")
             for s in same:
                 for t in s.tiers:
                     if t.fuse and not acts < t.threshold:

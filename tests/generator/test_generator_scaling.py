@@ -254,13 +254,8 @@ def test_the_generated_cases_fail_on_rules_whose_set_point_is_the_trip_threshold
 def _kv_usage_by_pod(d):
     """A vLLM KV usage gauge per pod (by namespace, pod, instance, model; no engine label) driving
     the shipped workload at its safe level 85 %."""
-    d["signals"]["kv_usage"] = {
-        "alert": "KVCacheUsageHigh", "description": "Share of KV blocks in use per pod.", "kind": "gauge",
-        "unit": "ratio", "level": "pod", "by": ["namespace", "pod", "instance", "model"],
-        "sources": {"vllm": {"metric": "vllm:kv_cache_usage_perc"}},
-        "tiers": {"warning": {"threshold": "85%"}, "critical": {"threshold": "95%", "fuse": "kv_cache_eviction"}},
-        "runbook": {"symptom": "KV blocks are running out.", "impact": "Preemptions follow."}}
-    d["scaling"]["workloads"][0]["signals"] = ["kv_usage"]
+    _kv_usage(d)
+    d["signals"]["kv_usage"].update(level="pod", by=["namespace", "pod", "instance", "model"])
 
 
 @pytest.mark.tools
@@ -414,8 +409,8 @@ def test_a_shedder_at_the_set_point_fails_check():
     problems = order_problems(spec)
     assert any(p.endswith("10.12 MB/s (the HPA's tolerance 10%: scaling.hpa.tolerance), "
                           "not before inpath.shedders.kv, which sheds at 9.2 MB/s (signals.kv_cache_growth_rate.tiers.warning.threshold): "
-                          "the shedder refuses work before a replica is added -- shed above the safe level (its shed_at), or scale "
-                          "on another signal") for p in problems), problems
+                          "the shedder refuses work before a replica is added -- shed above 10.12 MB/s (set point x "
+                          "(1 + scaling.hpa.tolerance)): inpath.shedders.kv.shed_at, or scale on another signal") for p in problems), problems
     # shedding above the safe level, under the fuse: in order
     def shed_later(d):
         shed(d)
@@ -436,29 +431,32 @@ def test_the_crd_is_one_source():
     assert render_scaling.crd() == next(d for d in yaml.safe_load_all(OUR_CRD.read_text()) if d)
 
 
+def _kv_usage(d):
+    """A KV usage gauge (vLLM's kv_cache_usage_perc, what smg's veto reads), safe level 85 %, driving the workload."""
+    d["signals"]["kv_usage"] = {
+        "alert": "KVCacheUsageHigh", "description": "Share of KV blocks in use per engine.", "kind": "gauge",
+        "unit": "ratio", "level": "engine", "by": ["cluster", "host_name", "engine", "model"],
+        "sources": {"vllm": {"metric": "vllm:kv_cache_usage_perc"}},
+        "tiers": {"warning": {"threshold": "85%"}, "critical": {"threshold": "95%", "fuse": "kv_cache_eviction"}},
+        "runbook": {"symptom": "KV blocks are running out.", "impact": "Preemptions follow."}}
+    d["scaling"]["workloads"][0]["signals"] = ["kv_usage"]
+
+
 def test_smgs_worker_overload_veto_at_the_set_point_fails_check():
     """A KV usage gauge (vLLM's kv_cache_usage_perc, what smg's veto reads) drives the workload at its
     safe level 85 %; the shipped smg gateway's veto, stated by default at that signal's safe level,
     is at 85 % too: smg takes workers out of routing as the scaler starts, not after."""
-    def kv_usage(d):
-        d["signals"]["kv_usage"] = {
-            "alert": "KVCacheUsageHigh", "description": "Share of KV blocks in use per engine.", "kind": "gauge",
-            "unit": "ratio", "level": "engine", "by": ["cluster", "host_name", "engine", "model"],
-            "sources": {"vllm": {"metric": "vllm:kv_cache_usage_perc"}},
-            "tiers": {"warning": {"threshold": "85%"}, "critical": {"threshold": "95%", "fuse": "kv_cache_eviction"}},
-            "runbook": {"symptom": "KV blocks are running out.", "impact": "Preemptions follow."}}
-        d["scaling"]["workloads"][0]["signals"] = ["kv_usage"]
-    spec = parse_spec(_edited(kv_usage), "fusebox.yaml")
+    spec = parse_spec(_edited(_kv_usage), "fusebox.yaml")
     problems = order_problems(spec)
     assert [p for p in problems if "worker overload veto" in p] == [
         "scaling workload 'llava-7b' scales on 'kv_usage' at 85% (signals.kv_usage.tiers.warning.threshold), adding a replica "
         "above 93.5% (the HPA's tolerance 10%: scaling.hpa.tolerance), not before "
         "inpath.shedders.gateway's worker overload veto at 85% (signals.kv_usage.tiers.warning.threshold): smg takes workers "
-        "out of routing before a replica is added -- set the veto above the safe level (inpath.shedders.gateway.overload), "
-        "or scale on another signal"], problems
+        "out of routing before a replica is added -- set the veto above 93.5% (set point x (1 + scaling.hpa.tolerance)): "
+        "inpath.shedders.gateway.overload, or scale on another signal"], problems
     # the veto stated above 85% x 1.1 = 93.5%, where the HPA adds a replica, and under the fuse's 95%: in order
     def vetoed_later(d):
-        kv_usage(d)
+        _kv_usage(d)
         d["inpath"]["shedders"]["gateway"]["overload"] = {"token_usage": "94%"}
     assert order_problems(parse_spec(_edited(vetoed_later), "fusebox.yaml")) == []
 
@@ -480,4 +478,25 @@ def test_a_shedder_between_the_set_point_and_the_hpas_tolerance_fails_check():
     assert shed_at("11 MB/s") == []
     assert shed_at("10 MB/s", "0%") == []
     assert shed_at("10.2 MB/s", "15%") != []  # 9.2 x 1.15 = 10.58
+
+
+def test_an_order_finding_says_the_level_its_shedder_or_veto_needs():
+    """A shedder at 9.8 MB/s, above KV growth's 9.2 MB/s set point but under 9.2 x 1.1 = 10.12 MB/s
+    where the HPA adds a replica: the fix names 10.12 MB/s. smg's veto stated as 0.9 under a KV
+    usage gauge's 85 % x 1.1 = 93.5 %: it is printed as the signal's 90 %, and the fix names 93.5 %."""
+    def shed(d):
+        d["inpath"]["shedders"]["kv"] = {"kind": "vllm", "signal": "kv_cache_growth_rate", "idle": "0 MB/s",
+                                         "per_request": "1 MB/s", "shed_at": "9.8 MB/s"}
+    (p,) = order_problems(parse_spec(_edited(shed), "fusebox.yaml"))
+    assert "which sheds at 9.8 MB/s" in p
+    assert p.endswith("-- shed above 10.12 MB/s (set point x (1 + scaling.hpa.tolerance)): inpath.shedders.kv.shed_at, "
+                      "or scale on another signal"), p
+
+    def veto(d):
+        _kv_usage(d)
+        d["inpath"]["shedders"]["gateway"]["overload"] = {"token_usage": 0.9}
+    (v,) = [p for p in order_problems(parse_spec(_edited(veto), "fusebox.yaml")) if "worker overload veto" in p]
+    assert "worker overload veto at 90% (" in v and "0.9" not in v, v
+    assert v.endswith("-- set the veto above 93.5% (set point x (1 + scaling.hpa.tolerance)): inpath.shedders.gateway.overload, "
+                      "or scale on another signal"), v
 
