@@ -63,7 +63,7 @@ from .render_rules import STATIC_GROUP, render_rules
 from .render_scaling import load_expr
 from .render_vmalert_tests import alert_lags, record_lags
 
-__all__ = ["FUSE_DECISION_S", "Row", "ScalingRow", "budget_rows", "scaling_rows", "cross_group_s", "run_budget"]
+__all__ = ["FUSE_DECISION_S", "Row", "ScalingRow", "budget_rows", "scaling_rows", "cross_group_s", "late_scaling_text", "run_budget"]
 
 # The fuse's decision time: notification received -> gateway call made, p99, the worst of the four
 # store runs `python bench/bench_fuse.py` measured (docs/fuse.md, "Benchmarks": PostgreSQL, two
@@ -337,8 +337,14 @@ def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> i
               + (f"; a `for` under the {format_number(r.terms['eval'])} s evaluation interval still waits a whole one: "
                  "shorten global.evaluation_interval, or write for: 0s" if r.for_rounded else ""), file=sys.stderr)
     for sr in late_scaling:
-        print(f"fusebox budget: scale-out of workload {sr.workload!r} is late: a new replica is Ready {_s(sr.path_s)} after its "
-              f"load crosses a set point ({_scaling_terms(sr)}), but the KV pool is full {_s(sr.time_left_s or 0.0)} after "
-              f"({sr.basis}) -- shorten pod_start (a cached image, a smaller model load), the HPA's sync period or "
-              "scale-up stabilization, or scale on a lower safe level", file=sys.stderr)
+        print(f"fusebox budget: {late_scaling_text(sr)}", file=sys.stderr)
     return 1 if late or late_scaling else 0
+
+
+def late_scaling_text(sr: ScalingRow) -> str:
+    """What ``fusebox budget`` (and ``fusebox generate``, as a warning) says of a late scale-out:
+    both numbers, the path's terms, the fix."""
+    return (f"scale-out of workload {sr.workload!r} is late: a new replica is Ready {_s(sr.path_s)} after its "
+            f"load crosses a set point ({_scaling_terms(sr)}), but the KV pool is full {_s(sr.time_left_s or 0.0)} after "
+            f"({sr.basis}) -- shorten pod_start (a cached image, a smaller model load), the HPA's sync period or "
+            "scale-up stabilization, or scale on a lower safe level")
