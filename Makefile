@@ -43,7 +43,7 @@ generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into O
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT)
 	cp fusebox.yaml fusebox/data/fusebox.yaml
 
-check: tools ## generated files match the spec, the reaction budget, the in-path shedders, then promtool/vmalert/amtool checks and the generated tests (promtool 2 and 3, vmalert-tool)
+check: tools ## generated files match the spec, the reaction budget, the in-path shedders, the scaling order, then promtool/vmalert/amtool checks and the generated tests (promtool 2 and 3, vmalert-tool)
 	$(BIN)/fusebox check --spec $(SPEC) --out $(OUT)
 
 budget: venv ## each fuse tier's detection floor against the time its resource has left (docs/budget.md)

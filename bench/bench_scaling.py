@@ -13,7 +13,7 @@ every 0.1 s) is the reaction time. Then back to 1 engine and 1 replica (about a 
 record's ``deriv(...[1m])`` keeps a series that left while it has samples in its window).
 
 The prediction is ``fusebox budget``'s scale-out row for the workload (generator/budget.py:
-scrape + evaluation + cross-group record staleness + KEDA polling (0 here: replicas.min 1) + HPA sync + scale-up
+scrape + evaluation + cross-group record staleness + HPA sync + scale-up
 stabilization + pod start), printed with its terms. Its ``pod_start`` term (1 s in this spec: the
 spec wants it positive) is NOT part of what is measured: there is no kubelet, so no pod starts and
 the measured time stops at the new replica count; the bench prints the prediction without it too.
@@ -22,7 +22,7 @@ slope (one scrape interval more than a changed value would), and the HPA control
 KEDA's ``pollingInterval`` is not on this path, and the budget no longer counts it here: above
 zero replicas the HPA controller asks KEDA's metrics API server, which has the operator run the
 Prometheus query there and then (a trigger's ``useCachedMetrics`` is off by default); the polling
-loop only activates a workload from zero (``replicas.min: 0``, where the budget counts it).
+loop only activates a workload from zero, and the spec refuses ``replicas.min: 0``.
 
     python bench/bench_scaling.py [--steps 3]
 """
