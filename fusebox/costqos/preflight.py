@@ -77,13 +77,11 @@ def wait_for_api(api: Any, host: str, wait_s: float, timeout_s: float = 5.0,
 
 
 def _reason(e: BaseException) -> str:
-    """urllib3's innermost reason (``ConnectionRefusedError: [Errno 111] Connection refused``)."""
+    """urllib3's innermost reason, with its type (``NewConnectionError: HTTPSConnection(host=...,
+    port=...): Failed to establish a new connection: [Errno 111] Connection refused``)."""
     while getattr(e, "reason", None) is not None and isinstance(e.reason, BaseException):  # type: ignore[attr-defined]
         e = e.reason  # type: ignore[attr-defined]
-    text = str(e)
-    if ": " in text and text.startswith("<"):  # NewConnectionError: "<HTTPSConnection ...>: Failed to ..."
-        text = text.split(": ", 1)[1]
-    return f"{type(e).__name__}: {text}"
+    return f"{type(e).__name__}: {e}"
 
 
 async def prometheus_first_query(url: str, step_s: float, timeout_s: float) -> str | None:
