@@ -37,7 +37,7 @@ from fusebox.spec import Spec
 from fusebox.tooling import ToolMissing, thanos_tool, tools_dir, victoriametrics_tool
 
 from . import deadselectors
-from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE, VMALERT_RULE_TEST_FILE
+from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE, SLO_TEST_FILE, VMALERT_RULE_TEST_FILE
 from .rule_engines import promtool_text
 
 # The generated files the checks read (vmalert-tool's test only for the VictoriaMetrics engine).
@@ -142,6 +142,8 @@ def check_rules_and_tests(out_dir: Path, binaries: list[str]) -> list[ToolResult
             results.append(_run([b, "check", "rules", str(rules / Path(RULE_FILE).name)]))
             # run from rules/ so the test file's relative rule_files path resolves
             results.append(_run([b, "test", "rules", Path(RULE_TEST_FILE).name], cwd=rules))
+            if (rules / Path(SLO_TEST_FILE).name).exists():  # the SLOs' burn-rate cases (generator/render_slo.py)
+                results.append(_run([b, "test", "rules", Path(SLO_TEST_FILE).name], cwd=rules))
     return results
 
 
