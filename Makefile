@@ -36,14 +36,14 @@ lock: ## refresh requirements/{test,runtime}.lock from pyproject.toml, keeping p
 	"$$tmp/bin/uv" pip compile pyproject.toml requirements/build.in -c requirements/test.lock $(LOCK_FLAGS) -o requirements/runtime.lock; \
 	echo "requirements/test.lock and requirements/runtime.lock refreshed"
 
-tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt), build the pinned Go tools (promtool 3, otelcol, VictoriaMetrics, Thanos, kube-apiserver and etcd, the Prometheus Operator), fetch the operator CRDs
+tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt), build the pinned Go tools (promtool 3, otelcol, VictoriaMetrics, Thanos, kube-apiserver, kube-controller-manager and etcd, the Prometheus Operator, KEDA), fetch the operator CRDs
 	bash tools/bootstrap.sh
 
 generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into OUT (default .); refresh the starter spec
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT)
 	cp fusebox.yaml fusebox/data/fusebox.yaml
 
-check: tools ## generated files match the spec, the reaction budget, the in-path shedders, then promtool/vmalert/amtool checks and the generated tests (promtool 2 and 3, vmalert-tool)
+check: tools ## generated files match the spec, the reaction budget, the in-path shedders, the scaling order, then promtool/vmalert/amtool checks and the generated tests (promtool 2 and 3, vmalert-tool)
 	$(BIN)/fusebox check --spec $(SPEC) --out $(OUT)
 
 budget: venv ## each fuse tier's detection floor against the time its resource has left (docs/budget.md)

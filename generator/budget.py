@@ -34,8 +34,11 @@ growth rate (the lowest critical threshold of the byte-growth signals, as the fu
 Terms: ``scrape``; ``eval``, the interval of the group holding the workload's load record;
 ``records``, the staleness of the load records it reads from other groups (:func:`cross_group_s`);
 ``lag``, on vmalert, one group interval per level of the load's same-group chain;
-``polling``, KEDA's ``pollingInterval`` (0 with plain HPAs); ``sync``, the HPA controller's sync
-period; ``stabilization``, the scale-up stabilization window; ``pod_start``, the workload's.
+``sync``, the HPA controller's sync period; ``stabilization``, the scale-up stabilization window; ``pod_start``, the workload's.
+KEDA's ``pollingInterval`` is no term: above zero replicas the HPA's query reaches KEDA's
+Prometheus trigger live (KEDA's scale_handler.go; a trigger's ``useCachedMetrics`` is off), and the
+spec refuses ``replicas.min: 0``, the one case where KEDA's polling loop (activation from zero)
+would be on the path (fusebox.spec.scaling); plain HPAs have no polling.
 A scale-out that cannot finish before the pool is full fails ``fusebox budget``.
 """
 
@@ -51,15 +54,16 @@ from fusebox import promsim
 from fusebox.signal_kinds import kind_of
 from fusebox.signal_kinds.base import gigabytes
 from fusebox.spec import Signal, Spec, Tier
+from fusebox.spec.promql import vector_selectors
 from fusebox.spec.units import format_number, humanize, parse_duration
 
+from .deadselectors import matcher_accepts
 from .render_alertmanager import routing
 from .render_rules import STATIC_GROUP, render_rules
 from .render_scaling import load_expr
 from .render_vmalert_tests import alert_lags, record_lags
-from .rule_engines import records_read
 
-__all__ = ["FUSE_DECISION_S", "Row", "ScalingRow", "budget_rows", "scaling_rows", "cross_group_s", "run_budget"]
+__all__ = ["FUSE_DECISION_S", "Row", "ScalingRow", "budget_rows", "scaling_rows", "cross_group_s", "late_scaling_text", "run_budget"]
 
 # The fuse's decision time: notification received -> gateway call made, p99, the worst of the four
 # store runs `python bench/bench_fuse.py` measured (docs/fuse.md, "Benchmarks": PostgreSQL, two
@@ -150,7 +154,6 @@ def scaling_rows(spec: Spec) -> list[ScalingRow]:
             "eval": interval,
             "records": cross_group_s(groups, g["name"], expr, spec.evaluation_interval_s),
             "lag": lag_levels * interval,
-            "polling": s.polling_interval_s if s.keda else 0.0,
             "sync": s.sync_period_s,
             "stabilization": s.scale_up_stabilization_s,
             "pod_start": w.pod_start_s,
@@ -170,30 +173,46 @@ def _alert_group(groups: list[dict[str, Any]], sig: Signal, tier: Tier) -> tuple
     raise LookupError(f"no rendered rule for {sig.alert} {tier.name}")  # the renderer makes one per tier
 
 
+def _selected(sel: Any, labels: dict[str, str]) -> bool:
+    """Whether the vector selector ``sel`` can select the series a recording rule with these static
+    ``labels`` writes: every matcher on a label the rule sets accepts its value (a label the rule's
+    expression carries through is not known here: it may match)."""
+    groups = [sel.matchers.matchers] + list(sel.matchers.or_matchers or [])
+    return any(all(matcher_accepts(m, labels[m.name]) for m in g if m.name in labels) for g in groups if g) or not any(groups)
+
+
 def cross_group_s(groups: list[dict[str, Any]], group: str, expr: str, default_interval: float) -> float:
     """How stale the records ``expr`` reads can be, seconds: each record recorded in another group
     than ``group`` may be up to one of that group's intervals old when read, and so on down its
     chain (the worst path). 0 when every record read is of ``group`` itself, or none is read;
-    records of the static-inputs group (``STATIC_GROUP``) count 0: their value does not change."""
-    owner: dict[str, tuple[str, float, str]] = {}
+    records of the static-inputs group (``STATIC_GROUP``) count 0: their value does not change.
+    A record name recorded by several rules (``fusebox:scaling_signal_load:ratio``, one per workload
+    and signal, in each signal's group) is read only from the rules whose static labels the
+    selector's matchers accept (``{workload="llava-7b"}`` reads llava-7b's rules, not another
+    workload's in a slower group).
+
+    Raises:
+        ValueError: a rule's expression does not parse, or records read each other in a cycle."""
+    owner: dict[str, list[tuple[str, float, str, dict[str, str]]]] = {}
     for g in groups:
         interval = parse_duration(g["interval"]) if g.get("interval") else default_interval
         for r in g["rules"]:
             if "record" in r:
-                owner[r["record"]] = (g["name"], interval, r["expr"])
+                owner.setdefault(r["record"], []).append((g["name"], interval, r["expr"], r.get("labels") or {}))
+    total = sum(len(v) for v in owner.values())
     memo: dict[tuple[str, str], float] = {}
 
     def stale(where: str, text: str, depth: int) -> float:
         if (where, text) in memo:
             return memo[(where, text)]
-        if depth > len(owner):  # a cycle: the renderer never makes one (rule_engines.chain_depths refuses it)
+        if depth > total:  # a cycle: the renderer never makes one (rule_engines.chain_depths refuses it)
             raise ValueError(f"recording rules read each other in a cycle in group {where}")
         worst = 0.0
-        for name in records_read(text, set(owner)):
-            g, interval, rexpr = owner[name]
-            if g == STATIC_GROUP:  # a value that does not change (a GPU's memory size): never stale
-                continue
-            worst = max(worst, (interval if g != where else 0.0) + stale(g, rexpr, depth + 1))
+        for sel in vector_selectors(text):
+            for g, interval, rexpr, labels in owner.get(sel.name or "", ()):
+                if g == STATIC_GROUP or not _selected(sel, labels):  # a value that does not change (a GPU's memory size)
+                    continue
+                worst = max(worst, (interval if g != where else 0.0) + stale(g, rexpr, depth + 1))
         memo[(where, text)] = worst
         return worst
 
@@ -318,8 +337,14 @@ def run_budget(spec: Spec, *, as_json: bool = False, summary: bool = False) -> i
               + (f"; a `for` under the {format_number(r.terms['eval'])} s evaluation interval still waits a whole one: "
                  "shorten global.evaluation_interval, or write for: 0s" if r.for_rounded else ""), file=sys.stderr)
     for sr in late_scaling:
-        print(f"fusebox budget: scale-out of workload {sr.workload!r} is late: a new replica is Ready {_s(sr.path_s)} after its "
-              f"load crosses a set point ({_scaling_terms(sr)}), but the KV pool is full {_s(sr.time_left_s or 0.0)} after "
-              f"({sr.basis}) -- shorten pod_start (a cached image, a smaller model load), KEDA's polling_interval or the "
-              "HPA's sync period and scale-up stabilization, or scale on a lower safe level", file=sys.stderr)
+        print(f"fusebox budget: {late_scaling_text(sr)}", file=sys.stderr)
     return 1 if late or late_scaling else 0
+
+
+def late_scaling_text(sr: ScalingRow) -> str:
+    """What ``fusebox budget`` (and ``fusebox generate``, as a warning) says of a late scale-out:
+    both numbers, the path's terms, the fix."""
+    return (f"scale-out of workload {sr.workload!r} is late: a new replica is Ready {_s(sr.path_s)} after its "
+            f"load crosses a set point ({_scaling_terms(sr)}), but the KV pool is full {_s(sr.time_left_s or 0.0)} after "
+            f"({sr.basis}) -- shorten pod_start (a cached image, a smaller model load), the HPA's sync period or "
+            "scale-up stabilization, or scale on a lower safe level")

@@ -321,7 +321,9 @@ def _compiles(pattern: str) -> bool:
     return True
 
 
-def _match(m: Any, value: str) -> bool:
+def matcher_accepts(m: Any, value: str) -> bool:
+    """Whether the label matcher ``m`` (promql-parser's; ``=``, ``!=``, ``=~``, ``!~``) accepts ``value``
+    (an absent label is the empty value, as in Prometheus)."""
     op = _op(m)
     if op == "=":
         return value == m.value
@@ -338,7 +340,7 @@ def _candidates(sel: Any, caps: Captures) -> list[str]:
         return list(caps.series)  # cannot judge the name: let the label matchers decide
     if sel.name:
         return [sel.name] if sel.name in caps.series else []
-    return [n for n in caps.series if all(_match(m, n) for m in name_ms)]
+    return [n for n in caps.series if all(matcher_accepts(m, n) for m in name_ms)]
 
 
 def _no_metric(name: str, caps: Captures) -> tuple[str, str]:
@@ -383,11 +385,11 @@ def _why(sel: Any, caps: Captures, not_judged: set[str], unsupported: set[str]) 
                 continue
             judged.append(m)
         judged_groups.append(judged)
-    if any(all(_match(m, labels.get(m.name, "")) for m in g) for _, labels in samples for g in judged_groups):
+    if any(all(matcher_accepts(m, labels.get(m.name, "")) for m in g) for _, labels in samples for g in judged_groups):
         return None
     label = " and ".join(sorted(set(names)))[:200]
     for m in judged_groups[0]:
-        if not any(_match(m, labels.get(m.name, "")) for _, labels in samples):
+        if not any(matcher_accepts(m, labels.get(m.name, "")) for _, labels in samples):
             return _excluded_by(m, label, samples)
     return (f"each of its matchers matches some sample of {label}, but no sample matches all of them",
             "compare the matchers with the captured label sets")

@@ -19,6 +19,7 @@ from fusebox.spec.scaling import order_problems
 from fusebox.spec.units import format_duration
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol, render_scaling
+from .budget import late_scaling_text, scaling_rows
 from .producers import unproduced
 from .render_alertmanager import render_alertmanager, render_alertmanagerconfig, render_fragment, route_tests
 from .render_k8s import DISCOVERING, discovering, kustomization_output, render_prometheusrule, workload_outputs
@@ -215,6 +216,8 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
       longest generation (:func:`.render_inpath.inpath_warnings`; ``fusebox check`` fails on them).
     * a ``scaling`` set point at or after a shedder's or a fuse's threshold on the same quantity
       (:func:`fusebox.spec.scaling.order_problems`; ``fusebox check`` fails on them).
+    * a ``scaling`` workload whose new replica is Ready only after the KV pool is full
+      (:func:`.budget.late_scaling_text`; ``fusebox budget`` and ``fusebox check`` fail on it).
     """
     from fusebox.signal_kinds.base import FUSEBOX
 
@@ -272,6 +275,7 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
     out += adapter_warnings(spec)
     out += render_inpath.inpath_warnings(spec)
     out += order_problems(spec)
+    out += [late_scaling_text(r) for r in scaling_rows(spec) if not r.ok]
     if "your-org" in spec.runbook_base_url:
         out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
                    "runbook link leads nowhere -- set it to where your runbooks/ are served")

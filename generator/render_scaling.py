@@ -31,7 +31,7 @@ import yaml
 
 from fusebox import conventions as C
 from fusebox.signal_kinds import kind_of, records
-from fusebox.signal_kinds.base import Synth, label_str, segments
+from fusebox.signal_kinds.base import Synth, kept_by, label_str, segments
 from fusebox.spec import Spec
 from fusebox.spec.scaling import Workload
 from fusebox.spec.units import format_duration, format_number, humanize
@@ -39,7 +39,8 @@ from fusebox.spec.units import format_duration, format_number, humanize
 from .yamlout import dump_yaml
 
 __all__ = ["SCALING_FILE", "CRD_FILE", "POLICIES_FILE", "place_rules", "load_expr", "signal_load_expr", "scaled_objects", "hpas",
-           "policies", "crd", "controller", "outputs", "test_groups", "alert_rule", "runbook_facts", "EXTERNAL_METRICS", "POLICY_LOOKBACK", "UNMET_FOR_S"]
+           "policies", "pod_regex", "crd", "controller", "outputs", "test_groups", "alert_rule", "runbook_facts",
+           "EXTERNAL_METRICS", "POLICY_LOOKBACK", "UNMET_FOR_S"]
 
 SCALING_FILE = "k8s/scaling.yml"
 CRD_FILE = "k8s/costqos-crd.yml"
@@ -186,11 +187,25 @@ def place_rules(spec: Spec, groups: list[dict[str, Any]], slow: str) -> None:
 OVER_SAFE = 1.11
 # A model the workload does not serve: its series (at 5 x the safe level) must add nothing.
 _OTHER_MODEL = "other-model"
+# Labels a workload's replicas share: two replicas differ in the others of a signal's ``by``.
+_SHARED = ("namespace", C.LABEL["cluster"])
 
 
-def _synth(spec: Spec, sig: Any, w: Workload, engine: str, model: str) -> Synth:
+def _synth(spec: Spec, sig: Any, w: Workload, engine: str, model: str, replica: int = 0) -> Synth:
+    """The synthetic input of one replica (``engine``) of ``model``. Replica ``replica`` > 0 differs
+    from replica 0 in the labels of the signal's own ``by`` (other than ``model``) where ``engine``
+    is none of them: the value record aggregates by those labels, and two replicas alike in all of
+    them would be one series (the load half the case's). A replica's own labels (``pod``,
+    ``instance``) differ, not the ones replicas share (``namespace``, ``cluster``), unless those
+    are all the ``by`` has; a label the source's selector fixes stays."""
     base = Synth.of(sig, spec)
-    return Synth(sig, spec, base.interval, {**base.labels, C.LABEL["engine"]: engine, C.LABEL["model"]: model})
+    labels = {**base.labels, C.LABEL["engine"]: engine, C.LABEL["model"]: model}
+    fixed = spec.selector_for(sig.source.backend)
+    apart = [label for label in kept_by(sig) if label != C.LABEL["model"] and label not in fixed]
+    if replica and apart and C.LABEL["engine"] not in apart:
+        own = [label for label in apart if label not in _SHARED] or apart[:1]
+        labels.update({label: f"{labels[label]}-{replica}" for label in own})
+    return Synth(sig, spec, base.interval, labels)
 
 
 def test_groups(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
@@ -217,7 +232,7 @@ def test_groups(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
             cases = []
             series: list[Any] = []
             over = d.set_point * OVER_SAFE
-            two = [_synth(spec, sig, w, f"engine-{i}", w.model) for i in range(2)]
+            two = [_synth(spec, sig, w, f"engine-{i}", w.model, i) for i in range(2)]
             for syn in two:
                 series += kind.series(syn, [(n, over)])
             series += kind.series(_synth(spec, sig, w, "engine-9", _OTHER_MODEL), [(n, d.set_point * 5)])
@@ -352,17 +367,28 @@ def hpas(spec: Spec) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------------------- policies
 def _replicas_query(w: Workload) -> str:
+    """One series: ``max`` over kube-state-metrics' (two during its restart, or one per HA replica;
+    the controller takes exactly one series per query)."""
     if w.target_kind == "StatefulSet":
-        return f'kube_statefulset_replicas{{namespace="{w.namespace}",statefulset="{w.target_name}"}}'
-    return f'kube_deployment_spec_replicas{{namespace="{w.namespace}",deployment="{w.target_name}"}}'
+        return f'max(kube_statefulset_replicas{{namespace="{w.namespace}",statefulset="{w.target_name}"}})'
+    return f'max(kube_deployment_spec_replicas{{namespace="{w.namespace}",deployment="{w.target_name}"}})'
+
+
+def pod_regex(w: Workload) -> str:
+    """The names of the target's own pods, as a PromQL regex (RE2, fully anchored; a ``.`` of the
+    name escaped for the PromQL string): a Deployment's ReplicaSet pods ``NAME-HASH-XXXXX``, a
+    StatefulSet's ``NAME-ORDINAL``. ``NAME-.*`` would take in another Deployment's pods whose name
+    extends it (``vllm-llava-13b``'s for ``vllm-llava``)."""
+    name = w.target_name.replace(".", "\\\\.")
+    return f"{name}-[0-9]+" if w.target_kind == "StatefulSet" else f"{name}-[a-z0-9]+-[a-z0-9]{{5}}"
 
 
 def _policy_metrics(w: Workload) -> dict[str, str]:
-    """The policy's PromQL: replicas from kube-state-metrics; P95 end-to-end latency from vLLM's
+    """The policy's PromQL: replicas from kube-state-metrics (one series); P95 end-to-end latency from vLLM's
     histogram of the workload's model; the error ratio from the API server's HTTP counter
-    (prometheus-fastapi-instrumentator, status grouped as 5xx) of the target's pods."""
+    (prometheus-fastapi-instrumentator, status grouped as 5xx) of the target's own pods (:func:`pod_regex`)."""
     model = f'namespace="{w.namespace}",model_name="{w.model}"'
-    pods = f'namespace="{w.namespace}",pod=~"{w.target_name}-.*"'
+    pods = f'namespace="{w.namespace}",pod=~"{pod_regex(w)}"'
     return {
         "replicas": _replicas_query(w),
         "p95LatencySeconds": (f"histogram_quantile(0.95, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket"

@@ -110,9 +110,10 @@ class Proc:
 class ControlPlane:
     """etcd + kube-apiserver + the Prometheus Operator under ``root``; ``start()``, ``close()``."""
 
-    def __init__(self, root: Path, authorization: str = "AlwaysAllow"):
+    def __init__(self, root: Path, authorization: str = "AlwaysAllow", apiserver_args: Iterable[str] = ()):
         self.tools = kube_tools()
         self.authorization = authorization  # the API server's --authorization-mode (RBAC: the roles apply)
+        self.apiserver_args = list(apiserver_args)  # added to the flags below (the aggregator's, for one)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.procs: list[Proc] = []
@@ -162,7 +163,7 @@ class ControlPlane:
             "--authorization-mode", self.authorization, "--anonymous-auth=false",
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(r / "sa.pub"), "--service-account-signing-key-file", str(r / "sa.key"),
-            "--service-cluster-ip-range", "10.96.0.0/24", "--endpoint-reconciler-type", "none"])
+            "--service-cluster-ip-range", "10.96.0.0/24", "--endpoint-reconciler-type", "none", *self.apiserver_args])
         # a loaded 2-core machine takes tens of seconds to open every API group
         wait_until(self._ready, 180, "kube-apiserver /readyz", step=0.5, alive=api.check)
         self.kubeconfig.write_text(
@@ -195,8 +196,12 @@ class ControlPlane:
     def install_crds(self) -> list[str]:
         """Server-side apply every CRD file of the tool cache as it is (the YAML text, as
         ``kubectl apply --server-side -f`` sends it); wait until each is Established."""
+        return self.install_crd_files(sorted(Path(self.tools["crds"]).glob("*.yaml")))
+
+    def install_crd_files(self, files: Iterable[Path]) -> list[str]:
+        """Server-side apply each CRD file as it is; wait until each is Established; their names."""
         names = []
-        for f in sorted(Path(self.tools["crds"]).glob("*.yaml")):
+        for f in files:
             text = f.read_text()
             doc = yaml.load(text, Loader=_YAML11Loader)
             self.apply(doc, text=text)
@@ -242,15 +247,17 @@ class ControlPlane:
     def resource(self, api_version: str, kind: str) -> Any:
         return self.client.resources.get(api_version=api_version, kind=kind)
 
-    def apply(self, doc: dict[str, Any], text: str | None = None) -> dict[str, Any]:
+    def apply(self, doc: dict[str, Any], text: str | None = None, dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply ``doc`` (sent as ``text`` when given, else as JSON, which is YAML too);
-        the object as the API server stored it (a dict). Raises the client's ApiException when the
-        server refuses it (an unknown field included: Strict)."""
+        the object as the API server stored it (a dict), or with ``dry_run`` as it would store it
+        (``dryRun=All``: validated, defaulted and admitted, not persisted). Raises the client's
+        ApiException when the server refuses it (an unknown field included: Strict)."""
         res = self.resource(doc["apiVersion"], doc["kind"])
         meta = doc["metadata"]
+        params = [("fieldValidation", "Strict")] + ([("dryRun", "All")] if dry_run else [])
         out = self.client.server_side_apply(res, body=text if text is not None else doc, name=meta["name"],
                                             namespace=meta.get("namespace"), field_manager=FIELD_MANAGER,
-                                            force_conflicts=True, query_params=[("fieldValidation", "Strict")])
+                                            force_conflicts=True, query_params=params)
         return out.to_dict()
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:

@@ -1,11 +1,14 @@
 """``fusebox costqos run``: wires arguments to the COST-QoS controller.
 
-Exit codes: 0 stopped (SIGTERM, SIGINT), 2 bad arguments.
+Exit codes: 0 stopped (SIGTERM, SIGINT), 1 the API server did not answer within ``--api-wait``
+seconds at start, 2 bad arguments, no Kubernetes credentials, or ``--listen`` not bindable.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import errno
 import logging
 import os
 import re
@@ -25,6 +28,18 @@ def _host_port(text: str) -> tuple[str, int]:
     if port is None or not port:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT -- e.g. 0.0.0.0:8080")
     return where.hostname or "0.0.0.0", port
+
+
+def _http_url(text: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host."""
+    try:
+        u = urlsplit(text)
+        ok = u.scheme in ("http", "https") and bool(u.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL -- e.g. http://prometheus:9090")
+    return text
 
 
 def _positive(text: str) -> float:
@@ -51,7 +66,7 @@ def register(subparsers) -> None:
     r = sub.add_parser("run", help="run the controller (kopf, standalone: one replica)",
                        description="Reconcile every CostQoSScalingPolicy on create, on spec change and every --interval "
                                    "seconds; serve /metrics on --listen.")
-    r.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus' base URL (its /api/v1/query_range is read)")
+    r.add_argument("--prometheus", required=True, type=_http_url, metavar="URL", help="Prometheus' base URL (its /api/v1/query_range is read)")
     r.add_argument("--listen", required=True, type=_host_port, metavar="HOST:PORT", help="where /metrics is served")
     where = r.add_mutually_exclusive_group()
     where.add_argument("--namespace", action="append", default=None, metavar="NS",
@@ -63,32 +78,70 @@ def register(subparsers) -> None:
     r.add_argument("--query-timeout", type=_positive, default=30.0, metavar="S", help="one query's deadline, seconds (default 30)")
     r.add_argument("--max-queries", type=_count, default=8, metavar="N",
                    help="range queries in flight at once over all policies (default 8); the others wait their turn")
+    r.add_argument("--api-wait", type=_positive, default=60.0, metavar="S",
+                   help="seconds to keep trying an API server that does not answer at start, then exit 1 (default 60)")
     r.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     r.set_defaults(func=cmd_run)
+
+
+def _say(message: str) -> None:
+    print(f"fusebox costqos run: {message}", file=sys.stderr)
+
+
+def _serve(host: str, port: int, registry) -> tuple:
+    """/metrics on ``host:port``; PreflightError when the address cannot be bound."""
+    from prometheus_client import start_http_server
+
+    from .preflight import PreflightError
+
+    try:
+        return start_http_server(port, host, registry=registry)
+    except OSError as e:
+        fix = ("the address is in use -- choose another port" if e.errno == errno.EADDRINUSE
+               else f"{e.strerror or e} -- choose another address or port")
+        raise PreflightError(f"--listen {host}:{port}: {fix}") from None
 
 
 def cmd_run(args) -> int:
     if args.kubeconfig:
         if not os.path.isfile(args.kubeconfig):
-            print(f"fusebox costqos run: --kubeconfig {args.kubeconfig}: no such file -- name an existing kubeconfig", file=sys.stderr)
+            _say(f"--kubeconfig {args.kubeconfig}: no such file -- name an existing kubeconfig")
             return 2
         # kopf logs in through the kubernetes client, which reads $KUBECONFIG once, when it is
         # first imported (kopf imports it): set before either
         os.environ["KUBECONFIG"] = args.kubeconfig
     import kopf
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     from .controller import Controller, ControllerMetrics, operator_registry
+    from .preflight import PreflightError, kube_client, prometheus_first_query, wait_for_api
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.log_level != "DEBUG":  # kopf says "Timer ... succeeded" per policy and round at INFO: 33 lines/s at 1,000 policies
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     registry = CollectorRegistry()
-    ctl = Controller(args.prometheus, args.step, ControllerMetrics(registry), timeout_s=args.query_timeout,
-                     max_queries=args.max_queries)
-    host, port = args.listen
-    server, thread = start_http_server(port, host, registry=registry)
     try:
+        api, api_host = kube_client(os.environ.get("KUBECONFIG"))
+        host, port = args.listen
+        server, thread = _serve(host, port, registry)
+    except PreflightError as e:
+        _say(str(e))
+        return 2
+    try:
+        why = asyncio.run(prometheus_first_query(args.prometheus, args.step, min(args.query_timeout, 5.0)))
+        if why is not None:
+            logging.getLogger("fusebox.costqos").warning(
+                "Prometheus %s: the first query failed: %s; policies show MetricsAvailable False until it answers",
+                args.prometheus, why)
+        try:
+            wait_for_api(api, api_host, args.api_wait)
+        except PreflightError as e:
+            _say(str(e))
+            return 1
+        finally:
+            api.close()
+        ctl = Controller(args.prometheus, args.step, ControllerMetrics(registry), timeout_s=args.query_timeout,
+                         max_queries=args.max_queries)
         kopf.run(registry=operator_registry(ctl, args.interval), standalone=True,
                  clusterwide=not args.namespace, namespaces=args.namespace or ())
     finally:

@@ -250,9 +250,11 @@ def _workload(i: int, raw: RawWorkload, signals: dict[str, Any], written: set[st
             "as the engines' model_name label carries it, e.g. llava-hf/llava-1.5-7b-hf")
         ok = False
     lo, hi = raw.replicas.min, raw.replicas.max
-    if lo < (0 if keda else 1):
-        err(path + ("replicas", "min"), f"replicas.min {lo} is under {0 if keda else 1}",
-            "KEDA may scale to 0; an HPA keeps at least 1" if keda else "an HPA keeps at least 1 replica")
+    if lo < 1:
+        err(path + ("replicas", "min"), f"replicas.min {lo} is under 1: "
+            + ("at 0 replicas no engine of the workload exports its driving signals, so its load has no series, and "
+               "KEDA's trigger (ignoreNullValues 'false') reports an error instead of activating it: it never scales up"
+               if keda else "an autoscaling/v2 HPA keeps at least 1 replica"), "use min: 1")
         ok = False
     if hi < max(lo, 1):
         err(path + ("replicas", "max"), f"replicas.max {hi} is under replicas.min {lo} (or under 1)", "give max >= min, e.g. {min: 1, max: 8}")
@@ -266,8 +268,9 @@ def _workload(i: int, raw: RawWorkload, signals: dict[str, Any], written: set[st
     if raw.price_per_replica_hour is not None:
         try:
             price = units.parse_quantity(raw.price_per_replica_hour, "count")
-        except ValueError as e:
-            err(path + ("price_per_replica_hour",), getattr(e, "what", str(e)), "USD per replica-hour, a plain number, e.g. 0.21")
+        except ValueError:
+            err(path + ("price_per_replica_hour",), f"price_per_replica_hour {str(raw.price_per_replica_hour).strip()!r} "
+                "is not a plain number", "a price in USD per hour, e.g. 0.21")
             ok = False
         else:
             if not price > 0:
@@ -308,7 +311,9 @@ def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: 
 
     Reports through ``err(path, what, fix)``: an unknown signal, one that alerts below its threshold,
     keeps no ``model`` label or has no warning tier (no safe level); a workload or namespace name
-    Kubernetes refuses, two workloads of one name, min over max, a non-positive ``pod_start`` or
+    Kubernetes refuses, two workloads of one name or of one target, ``replicas.min`` under 1 (an HPA
+    keeps 1; KEDA would never activate a workload from 0: its load comes from the workload's own
+    engines), min over max, a non-positive ``pod_start`` or
     price, a ``cost_qos`` without a price or whose budget does not pay for ``replicas.min``; KEDA and
     the HPA both enabled, or neither; a ``prometheus_address`` that is no http(s) URL."""
     if raw is None:
@@ -329,6 +334,11 @@ def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: 
     for i, w in enumerate(raw.workloads):
         if w.name in [x.name for x in raw.workloads[:i]]:
             err(("scaling", "workloads", i, "name"), f"workload {w.name!r} is named twice", "give each workload its own name")
+        first = next((x for x in raw.workloads[:i] if x.target == w.target), None)
+        if first is not None:
+            err(("scaling", "workloads", i, "target"), f"workload {w.name!r} targets {w.target.kind} "
+                f"{w.target.namespace}/{w.target.name}, as workload {first.name!r} does: their two autoscalers would fight "
+                "over its replicas", "scale one target from one workload: list every driving signal in that workload's signals", key=True)
         one = _workload(i, w, signals, written, raw.keda.enabled, duration, err)
         if one is not None:
             workloads.append(one)
@@ -381,20 +391,23 @@ def order_problems(spec: Any) -> list[str]:
             names = {s.name for s in same}
             # The HPA adds a replica once the load passes (1 + tolerance) x the target, not at the target.
             acts = d.set_point * (1 + spec.scaling.tolerance)
+            level = units.humanize(acts, d.unit)
             where = (f"scaling workload {w.name!r} scales on {d.name!r} at {d.set_point_text} ({d.set_point_key}), "
-                     f"adding a replica above {units.humanize(acts, d.unit)} (the HPA's tolerance "
+                     f"adding a replica above {level} (the HPA's tolerance "
                      f"{format(spec.scaling.tolerance * 100, 'g')}%: scaling.hpa.tolerance)")
+            need = f"above {level} (set point x (1 + scaling.hpa.tolerance))"
             for sh in spec.inpath.shedders:
                 if sh.signal in names and not acts < sh.shed_at:
                     out.append(f"{where}, not before inpath.shedders.{sh.name}, which sheds at {sh.shed_at_text} "
-                               f"({sh.shed_at_key}): the shedder refuses work before a replica is added -- shed above the "
-                               "safe level (its shed_at), or scale on another signal")
+                               f"({sh.shed_at_key}): the shedder refuses work before a replica is added -- shed {need}: "
+                               f"inpath.shedders.{sh.name}.shed_at, or scale on another signal")
                 # smg's worker overload veto (spec/overload.py) takes a worker out of routing: a shedder too
                 for v in (sh.overload.vetoes if sh.overload is not None else ()):
                     if names & set(v.signals) and not acts < v.at:
-                        out.append(f"{where}, not before inpath.shedders.{sh.name}'s worker overload veto at {v.text} "
-                                   f"({v.key}): smg takes workers out of routing before a replica is added -- set the "
-                                   f"veto above the safe level (inpath.shedders.{sh.name}.overload), or scale on another signal")
+                        out.append(f"{where}, not before inpath.shedders.{sh.name}'s worker overload veto at "
+                                   f"{units.humanize(v.at, d.unit)} ({v.key}): smg takes workers out of routing before a replica "
+                                   f"is added -- set the veto {need}: "
+                                   f"inpath.shedders.{sh.name}.overload, or scale on another signal")
             for s in same:
                 for t in s.tiers:
                     if t.fuse and not acts < t.threshold:

@@ -304,6 +304,31 @@ def test_metrics_unavailable_after_a_restart_publishes_the_choice_the_status_hol
     assert conditions(r.status) == {"BudgetCapped": ("True", "BudgetCapped"), "MetricsAvailable": ("False", "PrometheusUnreachable")}
 
 
+def test_the_controller_started_quietly_against_a_live_api_server_and_prometheus(run):
+    """Both up at start: the API server answered the first GET /version and the first query
+    succeeded, so neither start-up check said a word."""
+    status(run, "fits")  # it has worked a round
+    log = run.ctl.log.read_text(errors="replace")
+    assert "API server" not in log and "the first query failed" not in log, log[-3000:]
+
+
+def test_an_api_server_that_refuses_the_credentials_still_counts_as_up(run, tmp_path):
+    """GET /version with a token the API server does not know: 401 is an answer (the server is up,
+    kopf reports the credentials' trouble), so the wait ends at the first attempt."""
+    from fusebox.costqos.preflight import kube_client, wait_for_api
+
+    kc = yaml.safe_load(run.cp.kubeconfig.read_text())
+    for u in kc["users"]:
+        u["user"] = {"token": "not-a-token-of-this-cluster"}
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kc))
+    api, host = kube_client(str(tmp_path / "kubeconfig"))
+    try:
+        assert host == run.cp.server
+        assert wait_for_api(api, host, wait_s=5, sleep=lambda s: pytest.fail(f"it waited {s} s for a live server")) == 1
+    finally:
+        api.close()
+
+
 def test_prometheus_stopped_is_metrics_unavailable_and_the_last_choice_stays(run):
     """Last in the module: it stops Prometheus."""
     before = status(run, "fits")
@@ -350,3 +375,4 @@ def test_the_contracts_alert_expression_fires_after_5m_of_qos_unmet_under_promto
     r = subprocess.run([need("promtool", "install Debian's prometheus package (`make tools`)"), "test", "rules", "test.yml"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+

@@ -52,7 +52,8 @@ BUCKETS = ("0.05", "0.1", "0.25", "0.5", "0.75", "0.85", "1.0", "1.28", "1.5", "
 HOST = 'cluster="lab-a", host_name="gpu-node-1"'
 GPU = HOST + ', hw_id="GPU-8f1c2a5e"'
 FILLING = HOST + ', hw_id="GPU-4d2e9b71"'
-ENGINE = HOST + ', hw_id="GPU-8f1c2a5e", engine="vllm-0", model="llava-1.5-7b"'
+# the model the shipped spec's scaling workload scales (scaling.workloads[].model: its load records read it)
+ENGINE = HOST + ', hw_id="GPU-8f1c2a5e", engine="vllm-0", model="llava-hf/llava-1.5-7b-hf"'
 
 
 def exposition(t: float) -> str:
@@ -75,9 +76,9 @@ def exposition(t: float) -> str:
         f"{P['gpu_up']}{{{GPU}}} 1",
         f"{P['kv_cache_usage']}{{{ENGINE}}} {2_000_000_000 + int(20_000_000 * t)}",
         f"{P['kv_cache_limit']}{{{ENGINE}}} 8000000000",
-        f'{C.VLLM_GENERATION_TOKENS}{{{HOST}, model_name="llava-1.5-7b"}} {int(500 * t)}',
-        f'{C.VLLM_PREFIX_CACHE_QUERIES}{{{HOST}, model_name="llava-1.5-7b"}} {int(1000 * t)}',
-        f'{C.VLLM_PREFIX_CACHE_HITS}{{{HOST}, model_name="llava-1.5-7b"}} {int(400 * t)}',
+        f'{C.VLLM_GENERATION_TOKENS}{{{HOST}, model_name="llava-hf/llava-1.5-7b-hf"}} {int(500 * t)}',
+        f'{C.VLLM_PREFIX_CACHE_QUERIES}{{{HOST}, model_name="llava-hf/llava-1.5-7b-hf"}} {int(1000 * t)}',
+        f'{C.VLLM_PREFIX_CACHE_HITS}{{{HOST}, model_name="llava-hf/llava-1.5-7b-hf"}} {int(400 * t)}',
         f'{C.SGLANG_CACHE_HIT_RATE}{{{HOST}, model_name="qwen2-vl"}} 0.35',
         f'{C.FUSE_LEVEL_METRIC}{{cluster="lab-a", host_name="gpu-node-1", instance="", hw_id="", engine="vllm-0"}} 2',
         # the in-path gateway (smg 1.13's series): refusing 5 requests/s, shedding 2/s at selection,
@@ -90,13 +91,13 @@ def exposition(t: float) -> str:
         f'{C.GATEWAY_BREAKER_STATE}{{cluster="lab-a", worker="http://10.0.0.6:30001"}} 0',
         # the multimodal stages' row (docs/metrics.md section 8): vLLM's multimodal cache counters,
         # SGLang's encoder forward histogram (its disaggregated encoder server), on engine pods
-        f'vllm:mm_cache_queries_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-1.5-7b"}} {int(100 * t)}',
-        f'vllm:mm_cache_hits_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-1.5-7b"}} {int(60 * t)}',
+        f'vllm:mm_cache_queries_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-hf/llava-1.5-7b-hf"}} {int(100 * t)}',
+        f'vllm:mm_cache_hits_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-hf/llava-1.5-7b-hf"}} {int(60 * t)}',
         *(f'sglang:encoder_model_forward_seconds_bucket{{{HOST}, namespace="inference", pod="sglang-0", '
           f'model_name="qwen2-vl", le="{le}"}} {int(10 * t) if le != "0.05" else int(5 * t)}' for le in ("0.05", "0.1", "+Inf")),
         f'sglang:encoder_model_forward_seconds_count{{{HOST}, namespace="inference", pod="sglang-0", model_name="qwen2-vl"}} {int(10 * t)}',
         # vLLM's preemption counter (the preemption signal), 2 a second
-        f'vllm:num_preemptions_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-1.5-7b"}} {int(2 * t)}',
+        f'vllm:num_preemptions_total{{{HOST}, namespace="inference", pod="vllm-0", model_name="llava-hf/llava-1.5-7b-hf"}} {int(2 * t)}',
         # a PCIe link several GPUs share (the GPU collector from sysfs), and the connections collector
         f'{P["pcie_upstream_utilization"]}{{{HOST}, pcie_root_complex="pci0000:17", pcie_port="0000:17:00.0", numa_node="0"}} 0.96',
     ]

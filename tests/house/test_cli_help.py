@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from pathlib import Path
 
 import pytest
 from _support import SPEC
@@ -69,3 +70,23 @@ def test_output_into_a_closed_pipe_is_no_traceback():
     p.stdout.close()  # before the child writes: its first write fails with EPIPE
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141 and err == "", err
+
+
+def test_the_readmes_commands_block_lists_every_command():
+    """README's "Commands" block shows a usage line for every command `fusebox --help` lists."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("## Commands\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    shown = {line.split()[1] for line in block.splitlines() if line.startswith("fusebox ")}
+    assert shown == set(_one_liners()), sorted(set(_one_liners()) - shown)
+
+
+def test_check_says_it_checks_the_scaling_order_in_its_help_and_make_help():
+    """`fusebox check` fails a scaler after its shedder or fuse (run_scaling_check): its one-liner
+    and `make help`'s check line say so beside the budget and the in-path shedders."""
+    assert "scaling" in _one_liners()["check"]
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    (line,) = [x for x in makefile.splitlines() if x.startswith("check:")]
+    assert "scaling" in line.split("## ", 1)[1], line
+    phony = {t for x in makefile.splitlines() if x.startswith(".PHONY:") for t in x.split(":", 1)[1].split()}
+    targets = {x.split(":", 1)[0] for x in makefile.splitlines() if " ## " in x and x.split(":", 1)[0].replace("-", "").isalnum()}
+    assert targets <= phony, sorted(targets - phony)

@@ -139,9 +139,11 @@ def test_the_kube_and_operator_builds_use_committed_module_graphs():
     replaces = re.findall(r"^\t(k8s\.io/\S+) => (k8s\.io/\S+) (v\S+)$", gomod, re.M)
     assert len(replaces) > 20
     assert all(left == right and v == staging for left, right, v in replaces)
-    for name in ("kube-apiserver", "etcd"):
+    for name in ("kube-apiserver", "kube-controller-manager", "etcd"):
         assert "package main" in (ROOT / f"tools/kube/cmd/{name}/main.go").read_text()
-    assert "./cmd/kube-apiserver ./cmd/etcd" in kube
+    assert "./cmd/kube-apiserver ./cmd/kube-controller-manager ./cmd/etcd" in kube
+    # the skip check names every binary the one build makes (a cache from before one was added rebuilds)
+    assert '[ -x "$dest/kube-apiserver" ] && [ -x "$dest/kube-controller-manager" ] && [ -x "$dest/etcd" ]' in kube
 
     operator = (ROOT / "tools/build-prometheus-operator.sh").read_text()
     crds = (ROOT / "tools/build-operator-crds.sh").read_text()
@@ -156,3 +158,16 @@ def test_the_kube_and_operator_builds_use_committed_module_graphs():
     for module in (f"{root}/pkg/apis/monitoring", f"{root}/pkg/client"):
         assert f"\t{module} {version}\n" in opmod and f"{module} {version} h1:" in opsum, module
     assert '-modfile="$here/prometheus-operator/go.mod"' in operator
+
+
+def test_keda_builds_in_its_own_hash_checked_module():
+    """KEDA's operator and metrics API server build inside the downloaded module (its go.mod's
+    replace directive holds only there), whose h1 hash tools/go-modules.sum pins; its own go.sum
+    pins the rest (GOFLAGS=-mod=readonly); the version is the one the scaling tests read."""
+    script = (ROOT / "tools/build-keda.sh").read_text()
+    version = re.search(r"^VERSION=(v\S+)", script, re.M).group(1)
+    assert re.search(rf"^github.com/kedacore/keda/v2 {re.escape(version)} h1:\S+$",
+                     (ROOT / "tools/go-modules.sum").read_text(), re.M)
+    assert "MODULE=github.com/kedacore/keda/v2" in script and 'verified_module_dir "$MODULE" "$VERSION"' in script
+    assert '(cd "$src" && GOWORK=off GOFLAGS=-mod=readonly' in script and "./cmd/operator ./cmd/adapter" in script
+    assert f'KEDA_VERSION = "{version}"' in (ROOT / "tests/_scaling_support.py").read_text()

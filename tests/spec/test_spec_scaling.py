@@ -7,6 +7,8 @@ its critical 14.7 MB/s, the alignment P95's warning 0.85 s, the seed's COST-QoS 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import yaml
 from _support import SPEC
@@ -99,6 +101,19 @@ BAD = {
     "an HPA tolerance in no unit": (lambda d: d["scaling"]["hpa"].update(tolerance="fast"), "tolerance: fast",
                                     "tolerance:", "--horizontal-pod-autoscaler-tolerance"),
     "an unknown key": (_workload(replica={"min": 1}), "replica:", "unknown key 'replica'", "replicas"),
+    # KEDA at 0 replicas: the load comes from the workload's own engines, so none is left to activate it
+    "KEDA from zero replicas": (_workload(replicas={"min": 0, "max": 8}), "min: 0",
+                                "replicas.min 0 is under 1: at 0 replicas no engine of the workload exports its driving signals",
+                                "use min: 1"),
+    "an HPA at zero replicas": (lambda d: (d["scaling"]["keda"].update(enabled=False), d["scaling"]["hpa"].update(enabled=True),
+                                           d["scaling"]["workloads"][0]["replicas"].update(min=0)), "min: 0",
+                                "replicas.min 0 is under 1: an autoscaling/v2 HPA keeps at least 1 replica", "use min: 1"),
+    "a price as a percentage": (_workload(price_per_replica_hour="72%"), "price_per_replica_hour: 72%",
+                                "price_per_replica_hour '72%' is not a plain number", "a price in USD per hour, e.g. 0.21"),
+    "two workloads on one target": (lambda d: d["scaling"]["workloads"].append({**copy.deepcopy(d["scaling"]["workloads"][0]), "name": "llava-7b-b"}),
+                                    ("target:", 2),
+                                    "workload 'llava-7b-b' targets Deployment inference/vllm-llava, as workload 'llava-7b' does: "
+                                    "their two autoscalers would fight", "scale one target from one workload"),
 }
 
 

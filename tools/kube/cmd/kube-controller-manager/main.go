@@ -1,0 +1,22 @@
+// kube-controller-manager, as Kubernetes' own cmd/kube-controller-manager/controller-manager.go
+// builds it (k8s.io/kubernetes is not `go install`able: its go.mod replaces its k8s.io/* staging
+// modules with folders that its module zip leaves out, so this wrapper module maps them to their
+// published versions instead).
+package main
+
+import (
+	"os"
+	_ "time/tzdata" // for CronJob Time Zone support
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // for JSON log format registration
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // load all the prometheus client-go plugin
+	_ "k8s.io/component-base/metrics/prometheus/version"  // for version metric registration
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+func main() {
+	command := app.NewControllerManagerCommand()
+	code := cli.Run(command)
+	os.Exit(code)
+}
