@@ -37,6 +37,7 @@ RULE_FILE = "rules/fusebox.rules.yml"
 RULE_TEST_FILE = "rules/fusebox.rules.test.yml"
 VMALERT_RULE_TEST_FILE = "rules/fusebox.rules.vmalert.test.yml"  # the same cases for vmalert-tool unittest
 SLO_TEST_FILE = "rules/fusebox.slo.test.yml"  # the SLOs' burn-rate cases (days of input: their own 1m interval)
+SLO_VMALERT_TEST_FILE = "rules/fusebox.slo.vmalert.test.yml"  # the same cases for vmalert-tool unittest
 # The SLO groups of RULE_FILE alone, which SLO_TEST_FILE reads: promtool evaluates every group of its
 # rule files at each step, and days of one-minute steps over all of RULE_FILE's groups take many minutes.
 SLO_RULE_FILE = "rules/fusebox.slo.rules.yml"
@@ -143,7 +144,11 @@ def _rule_files(spec: Spec, header: str, rules: Rules) -> dict[str, str]:
                       for g in rules.groups if g["name"].startswith(SLO_GROUP_PREFIX)]
         note = f"# The SLO burn-rate groups of {Path(RULE_FILE).name}, alone: what {Path(SLO_TEST_FILE).name} tests.\n"
         out[SLO_RULE_FILE] = h + note + dump_yaml({"groups": slo_groups})
-        out[SLO_TEST_FILE] = _test_text(h, spec, slo_test_groups(spec), cache, TEST_INTERVAL_S, SLO_RULE_FILE)
+        slo_tests = slo_test_groups(spec)
+        out[SLO_TEST_FILE] = _test_text(h, spec, slo_tests, cache, TEST_INTERVAL_S, SLO_RULE_FILE)
+        out[SLO_VMALERT_TEST_FILE] = _test_text(h + lag_note(slo_groups, TEST_INTERVAL_S), spec,
+                                                vmalert_tests(slo_tests, slo_groups, TEST_INTERVAL_S), cache,
+                                                TEST_INTERVAL_S, SLO_RULE_FILE)
 
     out[ALERTMANAGER_FILE] = h + dump_yaml(render_alertmanager(spec))
     out[ROUTE_TEST_FILE] = h + dump_yaml({"tests": route_tests(spec)})

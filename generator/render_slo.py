@@ -17,17 +17,19 @@ and not one evaluation before, and quiet pairs of the other severity throughout.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from fusebox import conventions as C
-from fusebox.signal_kinds.base import le_regex, selector
+from fusebox.signal_kinds.base import DashboardDef, PanelDef, Query, le_regex, selector
 from fusebox.spec import Spec
 from fusebox.spec import slo as spec_slo
 from fusebox.spec.slo import RATIO_WINDOWS, BurnTier, Slo
 from fusebox.spec.units import format_duration, format_number
 
 __all__ = ["WINDOWS", "GROUP_PREFIX", "group_name", "ratio_record", "budget_record", "slo_rules", "slo_alert_labels",
-           "slo_annotations", "detection_s", "slo_test_groups", "TEST_INTERVAL_S", "runbook_facts", "SloCase"]
+           "slo_annotations", "detection_s", "slo_test_groups", "TEST_INTERVAL_S", "runbook_facts", "SloCase", "DASHBOARD",
+           "dashboard"]
 
 WINDOWS = RATIO_WINDOWS
 TEST_INTERVAL_S = 60.0  # the SLO test files' evaluation interval and input step
@@ -285,7 +287,8 @@ def runbook_facts(spec: Spec) -> dict[str, dict[str, Any]]:
                 f"The error ratio per window: `{ratio_record(slo, 3600.0)}` (and the other windows); "
                 f"the budget left: `{budget_record(slo)}`.",
                 f"Which of {_by(slo)} burns: `topk(5, {ratio_record(slo, 3600.0)})`.",
-                "The signal dashboards' latency panels and the threshold alerts of the same engines.",
+                f"Dashboard fusebox / {spec.name} / SLOs (dashboards/fusebox-{DASHBOARD}.json): the budget left and the burn rate "
+                "of each page and ticket window; the signal dashboards' latency panels and the threshold alerts of the same engines.",
             ],
             "sop": [
                 "Page: act now. Find the engines or models that burn (the diagnosis' topk) and the change that started it "
@@ -295,3 +298,58 @@ def runbook_facts(spec: Spec) -> dict[str, dict[str, Any]]:
             ],
         }
     return out
+
+
+# ----------------------------------------------------------------------------- dashboard
+DASHBOARD = "slo"  # dashboards/fusebox-slo.json
+
+
+@dataclass(frozen=True)
+class _Line:
+    """A threshold line of a burn-rate panel: ``name`` the alert's house severity (its colour),
+    ``threshold`` the pair's burn factor."""
+
+    name: str
+    threshold: float
+
+
+def _filter(slo: Slo) -> str:
+    return '{cluster=~"$cluster"}' if "cluster" in slo.by else ""
+
+
+def _burn_panel(slo: Slo, tier: BurnTier, legend: str) -> PanelDef:
+    """The burn rates of ``tier``'s window pairs: each window's error ratio over the budget, with
+    the pair's factor as a line (the alert fires while a pair's long and short windows are both over it)."""
+    queries = tuple(Query(f"{ratio_record(slo, w)}{_filter(slo)} / {format_number(slo.budget)}", f"{format_duration(w)} {legend}")
+                    for _f, long_s, short_s in tier.windows for w in (long_s, short_s))
+    lines = tuple(_Line(tier.severity, f) for f, _l, _s in sorted(tier.windows))
+    return PanelDef(
+        f"{slo.alert}: {slo.name.replace('_', ' ')} burn rate, {tier.name} windows",
+        (f"The error ratio over each window the {tier.name} alert reads, as a multiple of the rate that spends exactly the "
+         f"{format_number(slo.budget * 100)}% budget in {format_duration(slo.window_s)} (1 = sustainable): it fires at "
+         f"{_pairs_text(slo, tier)} (lines at {', '.join(format_number(x.threshold) for x in lines)})."),
+        queries, "none", (slo.alert,), tiers=lines, width=8)
+
+
+def dashboard(spec: Spec) -> DashboardDef | None:
+    """The SLO board (``fusebox / <spec> / SLOs``); None without ``slos:``. One row per SLO, three
+    panels wide: the error budget left over the SLO window (``budget_record``, 1 untouched, below 0
+    overspent), then the burn rates of the page windows (1h and 5m, 6h and 30m) and of the ticket
+    windows (1d and 2h, 3d and 6h): each window's error-ratio record over the budget. Every query reads a record of
+    the SLO's group (:func:`slo_rules`); every panel links to the SLO alert's runbook."""
+    if not spec.slos:
+        return None
+    panels: list[PanelDef] = []
+    for slo in spec.slos:
+        legend = " ".join(f"{{{{{lb}}}}}" for lb in slo.by)
+        panels.append(PanelDef(
+            f"{slo.alert}: {slo.name.replace('_', ' ')} error budget left",
+            (f"{slo.description + ' ' if slo.description else ''}The share of the error budget "
+             f"({format_number(slo.budget * 100)}% of {slo.metric} over {format_number(slo.threshold)}s) not yet spent over the "
+             f"last {format_duration(slo.window_s)}: 100% untouched, 0 spent, below 0 overspent ({budget_record(slo)})."),
+            (Query(f"{budget_record(slo)}{_filter(slo)}", legend),), "percentunit", (slo.alert,), kind="stat",
+            steps=(("red", None), ("green", 0.0)), width=8, no_value="no events yet (or the histogram is not scraped)"))
+        panels += [_burn_panel(slo, tier, legend) for tier in slo.tiers]
+    return DashboardDef(DASHBOARD, f"fusebox / {spec.name} / SLOs",
+                        "Per SLO: the error budget left over its window and the burn rates the multiwindow, multi-burn-rate "
+                        "page and ticket alerts read (docs/slo.md).", tuple(panels))

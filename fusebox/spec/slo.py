@@ -25,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, FiniteFloat
 from fusebox import conventions as C
 
 from . import units
+from .checking import LABEL, LABEL_FIX
 
 __all__ = ["RawSlo", "RawBurnTier", "Slo", "BurnTier", "normalise_slos", "BURN_WINDOWS", "KNOWN_HISTOGRAMS",
            "otel_prometheus_name", "burn_factor", "RATIO_WINDOWS", "ratio_record", "budget_record", "slo_records"]
@@ -177,6 +178,10 @@ def _histogram(name: str, raw: RawSlo, signals: dict[str, Any], written: set[str
     """(metric, backend, buckets, by) of the SLO's histogram, or None after reporting (nothing
     reported for a signal the spec writes that failed to load: its own problem says why)."""
     path = ("slos", name)
+    bad = [lb for lb in raw.by or () if not LABEL.match(lb)]
+    if bad:
+        err(path + ("by",), f"invalid label name {bad[0]!r}", LABEL_FIX)
+        return None
     if raw.signal is not None:
         if raw.metric is not None:
             err(path + ("metric",), "an SLO names either a signal or a metric", "drop 'metric': the signal's source is read")
@@ -231,7 +236,7 @@ def normalise_slos(raw: dict[str, RawSlo], signals: dict[str, Any], written: set
     failed to load adds no problem here); ``actions``: fuse action -> level. Reports through
     ``err(path, what, fix)``: a name that is no snake_case word, an unknown signal or fuse action,
     neither or both of ``signal`` and ``metric``, a metric of unknown buckets without ``buckets``, a
-    threshold that is no bucket bound (naming the nearest bounds), an objective outside (0, 1), a
+    threshold that is no bucket bound (naming the nearest bounds), a ``by`` that is no label name, an objective outside (0, 1), a
     window shorter than the longest alerting window (3d)."""
     out = []
     for name, r in raw.items():

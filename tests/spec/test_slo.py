@@ -78,6 +78,16 @@ def test_slo_spec_errors():
     assert "unknown fuse action 'nope'" in msg
 
 
+def test_a_by_that_is_no_label_name_is_an_error_at_its_line():
+    """Found by the generator's fuzz test: `by: [0s, ...]` reached the rules as `sum by (0s, ...)`,
+    which no PromQL parser accepts; now the spec refuses it where it is written."""
+    block = "slos:\n  ttft:\n    metric: vllm:time_to_first_token_seconds\n    by: [0s, model_name]\n    threshold: 1s\n    objective: 99%\n"
+    msg = _problems(block)
+    text = _with_slos(block)
+    line = text.count("\n", 0, text.index("\n    by: [0s")) + 2
+    assert f"fusebox.yaml:{line}:" in msg and "invalid label name '0s' -- label names match [a-zA-Z_][a-zA-Z0-9_]*" in msg, msg
+
+
 def _group(spec, name):
     doc = yaml.safe_load(render_all(spec)["rules/fusebox.rules.yml"])
     return next(g for g in doc["groups"] if g["name"] == name)
@@ -148,3 +158,24 @@ def test_generated_cases_fire_at_the_detection_time_and_not_one_evaluation_befor
     from fusebox.spec.units import parse_duration
     assert parse_duration(at["eval_time"]) - parse_duration(before["eval_time"]) == 60
     assert "1.9% bad" in first[3] and "1.9x" in first[3]
+
+
+def test_each_burn_rate_alert_links_its_runbook_which_says_what_pages_and_where_to_look():
+    """Both tiers' runbook_url is the SLO alert's runbook, generated beside the others; it names the
+    page and ticket rules as the rule file holds them, the route (the people only in the shipped
+    spec: no SLO requests a fuse) and the SLO board whose panels link back to it."""
+    spec = parse_spec(SPEC.read_text(), "fusebox.yaml")
+    out = render_all(spec)
+    boards = {p["title"]: p for p in yaml.safe_load(out["dashboards/fusebox-slo.json"])["panels"]}
+    for name, alert in (("alignment_latency", "AlignmentLatencyErrorBudgetBurn"), ("time_to_first_token", "TimeToFirstTokenErrorBudgetBurn")):
+        url = f"https://github.com/your-org/monitoring/blob/main/runbooks/{alert}.md"
+        alerts = [r for r in _group(spec, f"fusebox-slo-{name}")["rules"] if "alert" in r]
+        assert [a["annotations"]["runbook_url"] for a in alerts] == [url, url]
+        book = out[f"runbooks/{alert}.md"]
+        assert book.splitlines()[1] == f"# {alert}"
+        for a in alerts:
+            assert f"- `{' '.join(a['expr'].split())}`" in book
+        assert "**Routed to:** page: the people; ticket: the people." in book
+        assert "Dashboard fusebox / multimodal-inference / SLOs (dashboards/fusebox-slo.json)" in book
+        panels = [p for t, p in boards.items() if t.startswith(alert + ":")]
+        assert len(panels) == 3 and all([lk["url"] for lk in p["links"]] == [url] for p in panels)
