@@ -179,3 +179,28 @@ def test_each_burn_rate_alert_links_its_runbook_which_says_what_pages_and_where_
         assert "Dashboard fusebox / multimodal-inference / SLOs (dashboards/fusebox-slo.json)" in book
         panels = [p for t, p in boards.items() if t.startswith(alert + ":")]
         assert len(panels) == 3 and all([lk["url"] for lk in p["links"]] == [url] for p in panels)
+
+
+def test_the_genai_names_read_their_prometheus_histograms_on_the_advisory_buckets():
+    """An SLO per GenAI signal by its OpenTelemetry name: TTFT, inter-token latency (time per output
+    token) and request duration read the Collector's Prometheus names (dots to underscores, unit s
+    as _seconds) on the exact bucket. The semantic conventions' advisory buckets
+    (gen_ai.server.* metrics) hold 1.28 only for request duration; TTFT and time per output token
+    put it between 1 and 2.5, an error at its line."""
+    block = ("slos:\n"
+             "  ttft:\n    metric: gen_ai.server.time_to_first_token\n    threshold: 1s\n    objective: 99%\n"
+             "  itl:\n    metric: gen_ai.server.time_per_output_token\n    threshold: 100ms\n    objective: 99%\n"
+             "  duration:\n    metric: gen_ai.server.request.duration\n    threshold: 1.28s\n    objective: 99.5%\n")
+    spec = parse_spec(_with_slos(block), "fusebox.yaml")
+    got = {s.name: (s.metric, s.threshold) for s in spec.slos}
+    assert got == {"ttft": ("gen_ai_server_time_to_first_token_seconds", 1.0),
+                   "itl": ("gen_ai_server_time_per_output_token_seconds", 0.1),
+                   "duration": ("gen_ai_server_request_duration_seconds", 1.28)}
+    r5 = {g: next(r["expr"] for r in _group(spec, f"fusebox-slo-{g}")["rules"] if r.get("record", "").endswith("rate5m"))
+          for g in got}
+    assert 'gen_ai_server_time_to_first_token_seconds_bucket{le=~"1|1\\\\.0"}[5m]' in r5["ttft"]
+    assert 'gen_ai_server_time_per_output_token_seconds_bucket{le=~"0\\\\.1"}[5m]' in r5["itl"]
+    assert 'gen_ai_server_request_duration_seconds_bucket{le=~"1\\\\.28"}[5m]' in r5["duration"]
+    assert "objective: 99.5%" in block and _group(spec, "fusebox-slo-duration")["rules"][-1]["expr"].endswith(" / 0.005")
+    msg = _problems("slos:\n  itl:\n    metric: gen_ai.server.time_per_output_token\n    threshold: 1.28s\n    objective: 99%\n")
+    assert "threshold 1.28s is not a bucket bound of gen_ai_server_time_per_output_token_seconds (nearest: 1 and 2.5)" in msg
