@@ -232,12 +232,13 @@ def test_the_lease_must_exceed_a_spec_adapters_own_timeout(tmp_path):
 def test_a_stale_claimer_cannot_record_its_result_over_the_replica_that_took_the_row_over(tmp_path):
     """A claims a row, its lease ends (its call outlived it), B takes it over and applies it; A's
     late result is not recorded: one ``applied`` audit row, the row B's."""
+    from fusebox.fuse.control import ControlCall
     from fusebox.fuse.store import Store
 
     path = tmp_path / "fuse.sqlite"
     a, b = Store(path), Store(path)  # two connections on one file, as two processes would have
     try:
-        a.commit(None, [("d1", "gateway", {"x": 1}, 100.0)], [])
+        a.commit(None, [("d1", "gateway", ControlCall("freeze_admissions", 1, "trip"), 100.0)], [])
         (seq,) = [r["seq"] for r in a.outbox()]
         (tok_a,) = a.claim_fenced([seq], "A", 5.0, now=100.0).values()
         (tok_b,) = b.claim_fenced([seq], "B", 5.0, now=106.0).values()  # A's lease ended at 105
