@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,16 @@ def finish(proc: subprocess.Popen, bound: float = 60.0) -> tuple[int, str, str]:
 
 def _text(data: str | bytes | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A test server's HTTP/1.1 request handler that logs nothing; :meth:`body` reads the request's
+    body (``Content-Length`` bytes, none without it)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
