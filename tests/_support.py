@@ -3,6 +3,8 @@ missing, so a green run always means the tool really ran; locally they skip with
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import shutil
 import subprocess
@@ -10,6 +12,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fusebox.tooling import tools_dir
 
@@ -140,3 +143,26 @@ class QuietHandler(BaseHTTPRequestHandler):
 
     def body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> object:
+    return yaml.safe_load(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_docs(text: str) -> list:
+    return list(yaml.safe_load_all(text))
+
+
+def yaml_data(text: str):
+    """``yaml.safe_load(text)``, parsed once per text in a session (PyYAML's loader is pure Python:
+    the shipped spec takes about 30 ms, and dozens of tests read it): a fresh deep copy each call,
+    to edit freely."""
+    return copy.deepcopy(_parsed(text))
+
+
+def yaml_docs(text: str) -> list:
+    """``list(yaml.safe_load_all(text))`` (None for an empty document), as :func:`yaml_data`: parsed
+    once per text, a fresh deep copy each call."""
+    return copy.deepcopy(_parsed_docs(text))

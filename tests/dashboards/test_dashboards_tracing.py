@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC, without_signals
+from _support import SPEC, without_signals, yaml_data
 
 from fusebox import conventions as C
 from fusebox.generator import render_dashboards
@@ -66,7 +66,7 @@ ENGINES = {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http", "name
 
 def dcgm_vllm(**edit) -> dict:
     """The dcgm + vLLM cluster's spec (module doc), from the shipped one."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"]["source"] = "dcgm"
     data["global"]["selectors"] = {"vllm": {}}  # the engines are vLLM
     data["kubernetes"]["collectors"]["run"] = {"latency": []}
@@ -116,7 +116,7 @@ def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_
     """What tests/dashboards/test_dashboards_prometheus.py shows on a real Prometheus (every panel query of the
     shipped dashboards returns data on a breach that publishes every collector's series, the
     engines' with host_name): the tracer agrees, panel by panel."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["kubernetes"]["collectors"]["run"] = {"gpu": [], "kv": [], "latency": []}
     without_signals(data, *CONNECTION_SIGNALS)  # collect conns: not a DaemonSet collector (module doc)
     # the KV collector publishes bytes only for the models whose geometry it knows
@@ -166,7 +166,7 @@ def test_without_the_alignment_collector_the_engine_variables_read_vllms_kv_time
     ("dcgm", None, False),
 ])
 def test_energy_per_token_is_fed_where_the_engines_series_carry_the_node(tmp_path, source, engines, fed):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"]["source"] = source
     if engines:
         data["kubernetes"]["engines"] = engines

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import ROOT, SPEC, need
+from _support import ROOT, SPEC, need, yaml_data
 
 from fusebox.cli import main
 from fusebox.tooling import free_port, victoriametrics_tool
@@ -129,7 +129,7 @@ def test_compare_a_longer_for_moves_firing_at_by_exactly_that(capsys, spec, brea
     sig = _gpu_signal(spec)
     crit = _tier(sig, "critical")
     longer = 30.0
-    raw = yaml.safe_load(SPEC.read_text())
+    raw = yaml_data(SPEC.read_text())
     raw["signals"][sig.name]["tiers"]["critical"]["for"] = f"{int(crit.for_s + longer)}s"
     other = tmp_path / "longer-for.yaml"
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -204,7 +204,7 @@ def test_without_spec_it_reads_fusebox_yaml_of_the_current_folder_as_generate_do
     """A folder whose fusebox.yaml holds the GPU critical for 100 s (the breach is over it 90 s):
     the critical never fires there, so the backtest read that file and not the shipped spec."""
     sig = _gpu_signal(spec)
-    raw = yaml.safe_load(SPEC.read_text())
+    raw = yaml_data(SPEC.read_text())
     raw["signals"][sig.name]["tiers"]["critical"]["for"] = "100s"
     (tmp_path / "fusebox.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     monkeypatch.chdir(tmp_path)
@@ -400,7 +400,7 @@ def test_compare_shows_an_alert_a_longer_for_never_fires(capsys, spec, breach, t
     """Over the threshold for 90 s: with `for` 100 s the critical never fires, so its firing and
     resolution and the trip are in the first run only."""
     sig = _gpu_signal(spec)
-    raw = yaml.safe_load(SPEC.read_text())
+    raw = yaml_data(SPEC.read_text())
     raw["signals"][sig.name]["tiers"]["critical"]["for"] = "100s"
     other = tmp_path / "too-long.yaml"
     other.write_text(yaml.safe_dump(raw, sort_keys=False))

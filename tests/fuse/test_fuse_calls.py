@@ -16,6 +16,7 @@ import pytest
 import yaml
 from _fuse_support import GW_TOKEN, SPEC, TOKEN, wait_for
 from _slow_peers import BYTES, GAP, TrickleHttp, TrickleSocket
+from _support import yaml_data
 
 from fusebox.fuse.adapters import build_adapters
 from fusebox.fuse.adapters.gateway import HttpGateway, VllmResetPrefixCache
@@ -29,7 +30,7 @@ TRIP = ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state"
 
 
 def _spec_adapter(tmp_path, name: str, a: dict):
-    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = {name: a}
     p = tmp_path / "fusebox.yaml"
     p.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -213,7 +214,7 @@ def test_the_lease_must_exceed_a_spec_adapters_own_timeout(tmp_path):
     naming that adapter's timeout, the spec file and the line."""
     from fusebox.fuse.cli import build_service
 
-    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = {"sg": {"kind": "sglang_gateway", "url": "http://127.0.0.1:9", "timeout": "10s",
                                        "actions": ["freeze_admissions"], "targets": TARGET}}
     spec = tmp_path / "fusebox.yaml"

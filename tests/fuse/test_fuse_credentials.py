@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for
-from _support import finish
+from _support import finish, yaml_data
 
 from fusebox.fuse.logsafe import redact_url, redact_urls
 from fusebox.fuse.store import store_label
@@ -77,7 +77,7 @@ def gateways():
 
 def test_no_url_credential_nor_echoed_body_reaches_the_start_up_line_the_log_or_the_audit(tmp_path, gateways):
     sglang, plain = gateways
-    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = {"sglang": {
         "kind": "sglang_gateway", "url": f"http://admin:{SPASS}@127.0.0.1:{sglang.port}",
         "actions": ["kv_cache_eviction"], "timeout": "2s", "max_attempts": 1,

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import Result, run_cli
-from _support import SPEC, spec_text_at_30s, trimmed_outputs
+from _support import SPEC, spec_text_at_30s, trimmed_outputs, yaml_data
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
 
 FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
-RAW = yaml.safe_load(SPEC.read_text())
+RAW = yaml_data(SPEC.read_text())
 SIGNALS = RAW["signals"]
 
 # The shipped spec's figures, checked against its YAML so a spec change shows here first.
@@ -60,7 +60,7 @@ def _rows(r: Result) -> dict[tuple[str, str], dict]:
 
 def _with(**tiers: dict) -> str:
     """The shipped spec with tier fields replaced: signal__tier={field: value}."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     for key, fields in tiers.items():
         sig, tier = key.split("__")
         data["signals"][sig]["tiers"][tier].update(fields)
@@ -138,7 +138,7 @@ def test_vmalert_adds_one_interval_per_same_group_record_the_alert_reads(tmp_pat
 
 
 def test_an_adapters_timeout_replaces_the_default_for_its_actions(tmp_path):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["fuse"]["adapters"] = {"router": {"kind": "vllm_router", "url": "http://127.0.0.1:8001", "actions": ["kv_cache_eviction"],
                                            "timeout": "12s", "targets": [{"match": {"engine": "engine-0"},
                                                                           "worker_url": "http://10.0.0.5:8000"}]}}
@@ -174,7 +174,7 @@ def test_records_from_slower_groups_add_their_interval():
     ("gpu_memory", "0 GB", "out of range"),
 ])
 def test_a_bad_budget_section_is_refused_at_its_line(tmp_path, key, value, words):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["budget"][key] = value
     text = yaml.safe_dump(data, sort_keys=False)
     with pytest.raises(SpecError) as e:

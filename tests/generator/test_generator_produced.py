@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import Result, run_cli
-from _support import FIXTURES, SPEC, without_signals
+from _support import FIXTURES, SPEC, without_signals, yaml_data
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox import conventions as C
@@ -82,7 +82,7 @@ def deployed_names(k8s: Path) -> set[str]:
 
 
 def dcgm_vllm_spec(keep_collector_signals: bool = False) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"]["source"] = "dcgm"
     data["global"]["selectors"] = {"vllm": {}}  # the engines are vLLM (no SGLang)
     data["kubernetes"]["collectors"]["enabled"] = False

@@ -9,14 +9,14 @@ from __future__ import annotations
 import re
 
 import yaml
-from _support import SPEC
+from _support import SPEC, yaml_data
 
 from fusebox.generator import shedding
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.spec.model import parse_spec
 
-RAW = yaml.safe_load(SPEC.read_text())
+RAW = yaml_data(SPEC.read_text())
 REFUSED = "cluster:fusebox_gateway_refused_requests:rate1m"
 OVERLOAD = "stage:fusebox_gateway_overload_shed_requests:rate1m"
 BREAKERS = "cluster:fusebox_gateway_breakers_open:sum"

@@ -23,7 +23,7 @@ import copy
 
 import pytest
 import yaml
-from _support import ROOT, SPEC
+from _support import ROOT, SPEC, yaml_data
 
 from fusebox import conventions as C
 from fusebox.generator.render_k8s import render_fuse_network_policy
@@ -64,7 +64,7 @@ def _admits(pol: dict, pod: dict[str, str], namespace: str) -> bool:
 
 
 def _spec(network_policy: dict | None = None, namespace: str = "monitoring"):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data.setdefault("kubernetes", {})["namespace"] = namespace
     if network_policy is not None:
         data["kubernetes"].setdefault("fuse", {})["network_policy"] = network_policy
@@ -113,7 +113,7 @@ def test_a_disabled_policy_is_not_generated():
     ({"prometheus": {"app kubernetes": "x"}}, "is not a Kubernetes label key"),
 ])
 def test_a_bad_network_policy_block_is_a_spec_error_at_its_line(block, what):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data.setdefault("kubernetes", {}).setdefault("fuse", {})["network_policy"] = block
     text = yaml.safe_dump(data, sort_keys=False)
     with pytest.raises(SpecError) as e:

@@ -21,7 +21,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from _support import FIXTURES, SPEC
+from _support import FIXTURES, SPEC, yaml_data
 from test_k8s_manifests import _validate as validate
 
 from fusebox import conventions as C
@@ -38,7 +38,7 @@ KUBERNETES_VERSION = "1.32.0"  # as tests/k8s/test_k8s_manifests.py
 
 
 def _spec_text(engines: dict | None, run: dict | None = None, **collectors) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     if engines is not None:
         data["kubernetes"]["engines"] = engines
     if run is not None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import pytest
 import yaml
 from _cli import run_cli
-from _support import SPEC
+from _support import SPEC, yaml_data
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
 
 
 def _spec_with(signal: str, source: dict, **fields) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     sig = data["signals"][signal]
     sig["sources"] = {"engine": source}
     sig["source"] = "engine"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC, need, promtools, trimmed_spec
+from _support import SPEC, need, promtools, trimmed_spec, yaml_data
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
@@ -28,7 +28,7 @@ KV, GPU = "kv_cache_time_to_full", "gpu_memory_time_to_full"
 
 
 def _spec_with(signal: str, sources: dict | None = None, **fields) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     sig = data["signals"][signal]
     if sources is not None:
         sig["sources"] = sources
@@ -124,7 +124,7 @@ def test_the_direction_must_be_written_below():
 
 def test_a_time_to_full_signal_is_in_seconds_with_positive_thresholds():
     assert any("in seconds, not ratio" in p.what for p in _problems(_spec_with(KV, unit="ratio")))
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["signals"][KV]["tiers"]["critical"]["threshold"] = "0s"
     text = yaml.safe_dump(data, sort_keys=False)
     [p] = _problems(text)
