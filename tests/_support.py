@@ -166,3 +166,13 @@ def yaml_docs(text: str) -> list:
     """``list(yaml.safe_load_all(text))`` (None for an empty document), as :func:`yaml_data`: parsed
     once per text, a fresh deep copy each call."""
     return copy.deepcopy(_parsed_docs(text))
+
+
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def yaml_text(data, **kw) -> str:
+    """``yaml.safe_dump(data, **kw)`` through libyaml's emitter where PyYAML has it (its own is pure
+    Python: the shipped spec takes about 15 ms, 3 ms in C). The same text for the tests' specs: every
+    call of the unit layer was compared with ``yaml.safe_dump`` when this replaced it."""
+    return yaml.dump(data, Dumper=_DUMPER, **kw)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC, without_signals, yaml_data
+from _support import SPEC, without_signals, yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator import render_dashboards
@@ -81,7 +81,7 @@ def dcgm_vllm(**edit) -> dict:
 
 def _load(tmp_path: Path, data: dict):
     path = tmp_path / "fusebox.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml_text(data, sort_keys=False))
     return load_spec(path)
 
 

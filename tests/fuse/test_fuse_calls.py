@@ -13,10 +13,9 @@ import re
 import time
 
 import pytest
-import yaml
 from _fuse_support import GW_TOKEN, SPEC, TOKEN, wait_for
 from _slow_peers import BYTES, GAP, TrickleHttp, TrickleSocket
-from _support import yaml_data
+from _support import yaml_data, yaml_text
 
 from fusebox.fuse.adapters import build_adapters
 from fusebox.fuse.adapters.gateway import HttpGateway, VllmResetPrefixCache
@@ -33,7 +32,7 @@ def _spec_adapter(tmp_path, name: str, a: dict):
     data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = {name: a}
     p = tmp_path / "fusebox.yaml"
-    p.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    p.write_text(yaml_text(data, sort_keys=False), encoding="utf-8")
     (adapter,) = build_adapters(load_spec(p).adapters)
     return adapter
 
@@ -218,7 +217,7 @@ def test_the_lease_must_exceed_a_spec_adapters_own_timeout(tmp_path):
     data["fuse"]["adapters"] = {"sg": {"kind": "sglang_gateway", "url": "http://127.0.0.1:9", "timeout": "10s",
                                        "actions": ["freeze_admissions"], "targets": TARGET}}
     spec = tmp_path / "fusebox.yaml"
-    spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    spec.write_text(yaml_text(data, sort_keys=False), encoding="utf-8")
     with pytest.raises(ValueError) as e:
         build_service(_args(tmp_path, "--timeout", "2", "--lease", "8", spec=spec))
     msg = str(e.value)

@@ -15,9 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-import yaml
 from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for
-from _support import finish, yaml_data
+from _support import finish, yaml_data, yaml_text
 
 from fusebox.fuse.logsafe import redact_url, redact_urls
 from fusebox.fuse.store import store_label
@@ -83,7 +82,7 @@ def test_no_url_credential_nor_echoed_body_reaches_the_start_up_line_the_log_or_
         "actions": ["kv_cache_eviction"], "timeout": "2s", "max_attempts": 1,
         "targets": [{"match": {"engine": "engine-0"}, "worker_url": WORKER}]}}
     spec = tmp_path / "fusebox.yaml"
-    spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    spec.write_text(yaml_text(data, sort_keys=False), encoding="utf-8")
     (tmp_path / "token").write_text(TOKEN + "\n")
     port, db = free_port(), tmp_path / "s.sqlite"
     url = f"http://127.0.0.1:{port}"

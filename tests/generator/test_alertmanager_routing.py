@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import Result, run_cli
-from _support import FIXTURES, ROOT, SPEC, need, yaml_data
+from _support import FIXTURES, ROOT, SPEC, need, yaml_data, yaml_text
 
 from fusebox.generator.render_rules import render_rules
 from fusebox.spec import SpecError, parse_spec
@@ -418,7 +418,7 @@ EVERY_KIND = {  # fuse.human_receiver in Alertmanager's own format, one config o
 def _with_people(human: dict) -> str:
     data = yaml_data(SPEC.read_text())
     data["fuse"]["human_receiver"] = human
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def test_the_people_in_the_alertmanagerconfig_take_every_secret_from_the_secret():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import ROOT, SPEC, trimmed_outputs, yaml_data
+from _support import ROOT, SPEC, trimmed_outputs, yaml_data, yaml_text
 
 from fusebox.generator.cli import run_inpath_check
 from fusebox.generator.outputs import render_all, spec_warnings
@@ -84,7 +84,7 @@ def test_the_shipped_spec_sheds_before_its_fuse(capsys):
 def _spec(mutate) -> str:
     data = yaml_data(SPEC.read_text())
     mutate(data["inpath"])
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _gw(**fields):
@@ -218,7 +218,7 @@ def _waiting(data: dict, *, keep: tuple[str, ...] = ("gateway", "gateway_0_3", "
     shedders named in ``keep``."""
     data["signals"]["gpu_memory_utilization"]["tiers"]["critical"]["after_shedding"] = True
     data["inpath"]["shedders"] = {k: v for k, v in data["inpath"]["shedders"].items() if k in keep}
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def test_a_waiting_tier_adds_the_gateways_refusals_to_its_alert_and_says_so():

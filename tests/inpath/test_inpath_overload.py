@@ -15,7 +15,7 @@ import re
 import pytest
 import yaml
 from _cli import run_cli
-from _support import ROOT, SPEC, yaml_data
+from _support import ROOT, SPEC, yaml_data, yaml_text
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.render_inpath import OVERLOAD_FLAGS, OVERLOAD_OFF, OVERLOAD_SHED
@@ -50,7 +50,7 @@ def _text(overload: dict | None, *signals: tuple[str, dict], kind: str = "smg") 
         gw["overload"] = overload
     for name, body in signals:
         data["signals"][name] = body
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _flags(text: str) -> dict[str, str | None]:

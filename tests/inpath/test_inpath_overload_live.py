@@ -17,10 +17,9 @@ import sys
 
 import httpx
 import pytest
-import yaml
 from _fuse_support import wait_for
 from _gateways import SMG, StandInEngine, sglang_gateway
-from _support import ROOT, SPEC, yaml_data
+from _support import ROOT, SPEC, yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator.outputs import render_all
@@ -49,7 +48,7 @@ def _spec(overload: dict | None) -> str:
     gw.pop("overload", None)
     if overload is not None:
         gw["overload"] = overload
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _flags(text: str) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import yaml
-from _support import SPEC, yaml_data
+from _support import SPEC, yaml_data, yaml_text
 
 from fusebox.generator import shedding
 from fusebox.generator.outputs import RULE_FILE, render_all
@@ -31,7 +31,7 @@ def _spec(shedders: dict | None = None, scrape: str | None = None):
         data["inpath"]["shedders"] = shedders
     if scrape is not None:
         data["global"]["scrape_interval"] = scrape
-    return parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml")
+    return parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml")
 
 
 def _outputs(spec):

@@ -29,7 +29,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from _support import ROOT, SPEC, need, yaml_data, yaml_docs
+from _support import ROOT, SPEC, need, yaml_data, yaml_docs, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator.outputs import render_all
@@ -48,7 +48,7 @@ def _with_kubernetes(block: dict, **more: dict) -> str:
     """The shipped spec with its ``kubernetes:`` block replaced (and other top-level blocks)."""
     data = yaml_data(SPEC.read_text())
     data.update(kubernetes=block, **more)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +239,7 @@ def test_the_alertmanagerconfig_with_every_kind_of_people_receiver_validates_aga
 
     data = yaml_data(SPEC.read_text())
     data["fuse"]["human_receiver"] = EVERY_KIND
-    cr = render_alertmanagerconfig(parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml"))
+    cr = render_alertmanagerconfig(parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml"))
     _validate(cr)
     people = next(rc for rc in cr["spec"]["receivers"] if rc["name"] == EVERY_KIND["name"])
     assert len(people) == 7  # its name and the six kinds: none left out

@@ -9,9 +9,8 @@ FB_* fields MiB: read with no scale they compare a ratio or byte threshold again
 from __future__ import annotations
 
 import pytest
-import yaml
 from _cli import run_cli
-from _support import SPEC, yaml_data
+from _support import SPEC, yaml_data, yaml_text
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
@@ -23,7 +22,7 @@ def _spec_with(signal: str, source: dict, **fields) -> str:
     sig["sources"] = {"engine": source}
     sig["source"] = "engine"
     sig.update(fields)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def test_a_fraction_read_as_bytes_per_second_is_refused_at_its_line(tmp_path):
