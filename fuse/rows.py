@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-__all__ = ["OutboxRow", "OutboxEntry", "AuditRecord", "AuditRow", "Override", "NotApplied", "AppliedView",
+from .control import ControlCall
+
+__all__ = ["OutboxRow", "OutboxEntry", "QueuedCall", "AuditRecord", "AuditRow", "Override", "NotApplied", "AppliedView",
            "LevelView", "ScopeView", "Page", "StoreView", "TruncatedLast", "TruncatedView", "FuseState", "OverrideView",
            "LevelStateView", "ScopeStateView", "TruncatedLastView", "TruncatedStateView", "StateView"]
 
@@ -33,12 +35,17 @@ class OutboxRow(TypedDict):
     seq: int
     decision_id: str
     adapter: str  # the adapter's outbox name, ``<kind>:<name>``, ``gateway``, ``vllm:<engine>``
-    payload: dict[str, Any]  # the control call as JSON (fusebox.fuse.control.ControlCall.to_json, from_json)
+    call: ControlCall  # the row's control call (its column ``payload`` holds ControlCall.to_json's JSON)
     received: float
     attempts: int
     claimed_by: str | None
     lease_until: float | None
     claim: NotRequired[tuple[str, int]]
+
+
+# An outbox row to queue (:meth:`Store.commit`): ``(decision_id, adapter, call, received, idem_key)``;
+# ``idem_key`` left out: the decision_id.
+QueuedCall = tuple[str, str, ControlCall, float] | tuple[str, str, ControlCall, float, str]
 
 
 class OutboxEntry(TypedDict):

@@ -21,6 +21,7 @@ Nothing here renders anything for a spec without ``scaling:``. With it:
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import string
@@ -439,13 +440,20 @@ def controller(spec: Spec) -> list[dict[str, Any]]:
     default interval and step), each with ``kubernetes.labels`` beside its own (its own win)."""
     assert spec.scaling is not None
     k = spec.kubernetes
-    text = string.Template(resources.files("fusebox").joinpath("data", "costqos-controller.yaml").read_text(encoding="utf-8"))
-    docs = [d for d in yaml.safe_load_all(text.substitute(
-        namespace=k.namespace, image=k.image, pull_policy=k.pull_policy, prometheus_url=spec.scaling.prometheus_address,
-        interval=str(CONTROLLER_INTERVAL_S), step=str(CONTROLLER_STEP_S))) if d]
+    docs = copy.deepcopy(_controller_docs(k.namespace, k.image, k.pull_policy, spec.scaling.prometheus_address))
     for d in docs:
         d["metadata"]["labels"] = {**k.labels, **d["metadata"]["labels"]}
     return docs
+
+
+@functools.lru_cache(maxsize=16)
+def _controller_docs(namespace: str, image: str, pull_policy: str, prometheus_url: str) -> list[dict[str, Any]]:
+    """``fusebox/data/costqos-controller.yaml`` filled in and parsed, once per set of values
+    (PyYAML's loader is pure Python; :func:`controller` copies it before adding labels)."""
+    text = string.Template(resources.files("fusebox").joinpath("data", "costqos-controller.yaml").read_text(encoding="utf-8"))
+    return [d for d in yaml.safe_load_all(text.substitute(
+        namespace=namespace, image=image, pull_policy=pull_policy, prometheus_url=prometheus_url,
+        interval=str(CONTROLLER_INTERVAL_S), step=str(CONTROLLER_STEP_S))) if d]
 
 
 def outputs(spec: Spec, header: str) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import sys
@@ -134,10 +135,17 @@ def dry_run_service(tmp_path: Path):
     from fusebox.fuse.rules import FuseRules
     from fusebox.fuse.service import FuseService
     from fusebox.fuse.store import Store
+
+    return FuseService(FuseRules.from_spec(shipped_spec()), Store(tmp_path / "fuse.sqlite"), [DryRun()],
+                       hold_s=60, dry_run=True)
+
+
+@functools.cache
+def shipped_spec():
+    """The shipped spec, loaded once per session (a frozen Spec, as conftest's ``spec`` fixture shares it)."""
     from fusebox.spec import load_spec
 
-    return FuseService(FuseRules.from_spec(load_spec(SPEC)), Store(tmp_path / "fuse.sqlite"), [DryRun()],
-                       hold_s=60, dry_run=True)
+    return load_spec(SPEC)
 
 
 def fuse_client(svc, *, raise_server_exceptions: bool = True, **app_kw):

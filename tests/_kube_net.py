@@ -27,11 +27,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from _k8s_pods import host_port, pod_ip
+from _support import QuietHandler
 
 _SANITIZE = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -223,14 +224,9 @@ class ServiceProxy:
         self._lock = threading.Lock()
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
+        class Handler(QuietHandler):
             def _forward(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.body()
                 with proxy._lock:
                     ready = proxy.backends()
                     target = ready[proxy._next % len(ready)] if ready else None

@@ -12,7 +12,9 @@ import socket
 import socketserver
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from _support import QuietHandler
 
 GAP = 0.05  # seconds between two bytes of a trickled answer
 BYTES = 200  # a trickled answer's length: 10 s at GAP
@@ -59,14 +61,9 @@ class TrickleHttp(_Tally):
         super().__init__(gap, size)
         tally = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def _answer(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.body()
                 nth = tally.begin()
                 try:
                     self.send_response(200)

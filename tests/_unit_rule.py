@@ -109,7 +109,13 @@ TESTS = Path(__file__).resolve().parent  # the shared helpers (_support.py, conf
 def modules(folder: Path) -> dict[str, _Module]:
     """The *.py files of one test folder and of tests/ itself (the shared helpers), read (not imported)."""
     paths = sorted({*TESTS.glob("*.py"), *folder.resolve().glob("*.py")})
-    return {p.stem: _Module(p.stem, ast.parse(p.read_text(), filename=str(p))) for p in paths}
+    return {p.stem: _read(p) for p in paths}
+
+
+@cache
+def _read(path: Path) -> _Module:
+    """One file, parsed once per session (the shared helpers are read for every folder)."""
+    return _Module(path.stem, ast.parse(path.read_text(), filename=str(path)))
 
 
 @cache

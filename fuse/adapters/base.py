@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
 
 import httpx
 
@@ -34,7 +33,7 @@ from ..logsafe import install
 from ..rules import scope_key
 from ..tokens import KeyFile
 from .discovery import GpuWorkers
-from .protocol import ActionError, CredentialRefused
+from .protocol import ActionError, AdapterStateStore, CredentialRefused
 from .transport import answer_text, call_deadline, deadline_client
 
 log = install(logging.getLogger("fusebox.fuse"))
@@ -79,12 +78,12 @@ class Holds:
 
     def __init__(self, adapter: str):
         self.adapter = adapter
-        self.store: Any = None
+        self.store: AdapterStateStore | None = None
         self._lock = threading.Lock()
         self._holds: dict[str, set[str]] = {}
         self._settings: dict[str, dict] = {}
 
-    def attach(self, store: Any) -> None:
+    def attach(self, store: AdapterStateStore) -> None:
         """Keep them in ``store`` (a :class:`fusebox.fuse.store.Store`) from now on."""
         self.store = store
 
@@ -157,7 +156,7 @@ class Rotation(FromSpec):
         self.key = KeyFile(spec.credentials_file) if spec.credentials_file else None
         self._refused: int | None = None  # the status of the gateway's last refusal of the key, until accepted
 
-    def attach(self, store: Any) -> None:
+    def attach(self, store: AdapterStateStore) -> None:
         """Keep the holds and recorded settings in ``store`` (the service calls it)."""
         self.holds.attach(store)
 

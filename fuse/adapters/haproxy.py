@@ -6,7 +6,6 @@ Level 2 (text-only fallback) sets a map entry that the generated ``haproxy/fuseb
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from fusebox.spec.adapters import TEXT_ONLY_LEVEL, Target
 from fusebox.spec.adapters import Adapter as AdapterSpec
@@ -15,7 +14,7 @@ from ..control import ControlCall
 from ..logsafe import escape_control
 from ..rules import scope_key
 from .base import FromSpec, Holds, targets_for, unmapped
-from .protocol import ActionError
+from .protocol import ActionError, AdapterStateStore
 from .transport import call_deadline, remaining
 
 __all__ = ["HaproxyRuntime"]
@@ -46,7 +45,7 @@ class HaproxyRuntime(FromSpec):
         self.socket = spec.socket or ""
         self.holds = Holds(self.name)
 
-    def attach(self, store: Any) -> None:
+    def attach(self, store: AdapterStateStore) -> None:
         """Keep the holds in ``store`` (the service calls it)."""
         self.holds.attach(store)
 

@@ -9,7 +9,6 @@ cannot report what the target shows (an arbitrary API): it is not reconciled.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -26,7 +25,7 @@ from .transport import answer_text, call_deadline, deadline_client
 __all__ = ["HttpAction"]
 
 
-def _url_value(value: Any) -> str:
+def _url_value(value: object) -> str:
     """What an URL template prints for ``{{ value }}``: percent-encoded, '/' included."""
     return quote("" if value is None else str(value), safe="")
 
@@ -52,7 +51,7 @@ class HttpAction(FromSpec):
         req = self.spec.trip if call.state == "trip" else self.spec.release
         return call.action in self.spec.actions and req is not None
 
-    def render(self, call: ControlCall, target: Target) -> tuple[str, str, Any]:
+    def render(self, call: ControlCall, target: Target) -> tuple[str, str, object]:
         """(method, url, body) for ``target``; raises ActionError (permanent) when the URL leaves the spec's hosts."""
         req = self.spec.trip if call.state == "trip" else self.spec.release
         assert req is not None
@@ -72,7 +71,7 @@ class HttpAction(FromSpec):
             raise e
         return req.method, url, self._body(req.body, ctx)
 
-    def _body(self, body: Any, ctx: dict) -> Any:
+    def _body(self, body: object, ctx: dict) -> object:
         if isinstance(body, str):
             return self._body_env.from_string(body).render(ctx)
         if isinstance(body, dict):
@@ -93,7 +92,8 @@ class HttpAction(FromSpec):
         method, url, body = self.render(call, t)
         headers = {**self.headers, "Idempotency-Key": call.decision_id}
         try:
-            r = self._client.request(method, url, headers=headers, **({"json": body} if body is not None else {}))
+            r = (self._client.request(method, url, headers=headers, json=body) if body is not None
+                 else self._client.request(method, url, headers=headers))
         except httpx.HTTPError as e:
             raise call_error(url, e) from None
         if not 200 <= r.status_code < 300:

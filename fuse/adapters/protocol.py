@@ -25,7 +25,8 @@ from typing import Protocol
 from ..control import ControlCall
 from ..logsafe import redact_urls
 
-__all__ = ["ActionError", "CredentialRefused", "is_permanent", "RETRYABLE_4XX", "Adapter", "Observable"]
+__all__ = ["ActionError", "CredentialRefused", "is_permanent", "RETRYABLE_4XX", "Adapter", "Observable",
+           "AdapterStateStore"]
 
 
 RETRYABLE_4XX = frozenset({408, 425, 429})  # Request Timeout, Too Early, Too Many Requests
@@ -105,3 +106,22 @@ class Observable(Protocol):
     concluded)."""
 
     def observe(self, calls: Sequence[ControlCall]) -> list[bool]: ...
+
+
+class AdapterStateStore(Protocol):
+    """Where an adapter keeps what it needs between calls, shared by every replica (the fuse's
+    store, :class:`fusebox.fuse.store.Store`, table ``adapter_state``): the (action, scope) holds on
+    each worker and the settings recorded per worker. An adapter with an ``attach(store)`` method
+    is handed it at start. Each method raises StoreError when the store cannot be read or written."""
+
+    def adapter_hold(self, adapter: str, worker: str, hold: str, on: bool) -> bool:
+        """Add (``on``) or drop ``hold`` on ``worker``; whether anything still holds it."""
+        ...
+
+    def adapter_record(self, adapter: str, worker: str, settings: dict) -> None:
+        """Record ``settings`` (JSON-able) of ``worker``, replacing earlier ones."""
+        ...
+
+    def adapter_state(self, adapter: str) -> dict[str, dict]:
+        """``{worker: {"holds": [...], "settings": {...}}}`` of ``adapter``."""
+        ...

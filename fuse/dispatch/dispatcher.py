@@ -52,7 +52,6 @@ import threading
 import time
 
 from ..adapters.protocol import Adapter, CredentialRefused
-from ..control import ControlCall
 from ..logsafe import install
 from ..rows import AuditRecord, OutboxRow
 from ..rules import key_of
@@ -141,7 +140,7 @@ class Dispatcher(ServiceParts):
         head changed, and what is left unrecorded of a row no longer pending, are forgotten."""
         heads: dict[str, OutboxRow] = {}
         for row in self.store.pending(adapter.name):
-            heads.setdefault(key_of(ControlCall.from_json(row["payload"]).scope), row)
+            heads.setdefault(key_of(row["call"].scope), row)
         for k in [k for k, lane in lanes.items() if k not in heads or heads[k]["seq"] != lane.seq]:
             del lanes[k]
         for seq in [seq for seq in unrecorded if seq not in {h["seq"] for h in heads.values()}]:
@@ -185,7 +184,7 @@ class Dispatcher(ServiceParts):
                  unrecorded: dict[int, tuple[float, AuditRecord]]) -> bool:
         """Apply one outbox row. True when it left the outbox (applied, or given up and audited as
         ``failed``); False when it is to be retried (``lanes[key]`` holds when)."""
-        name, call, attempt = adapter.name, ControlCall.from_json(job["payload"]), job["attempts"] + 1
+        name, call, attempt = adapter.name, job["call"], job["attempts"] + 1
         label = self.labels[name]
         started = time.monotonic()
         with self._in_call_lock:
@@ -309,6 +308,6 @@ class _Lane:
 
 def _fields(job: OutboxRow, key: str, adapter: str, attempt: int) -> dict:
     """Structured log fields of an outbox row's attempt (``--log-format json``)."""
-    call = ControlCall.from_json(job["payload"])
+    call = job["call"]
     return {"decision_id": job["decision_id"], "scope": key, "action": call.action, "fuse_level": call.level,
             "state": call.state, "adapter": adapter, "attempt": attempt}

@@ -66,7 +66,7 @@ class Reconciler(ServiceParts):
             observe = getattr(adapter, "observe", None)
             if observe is None:
                 continue
-            busy = {key_of(ControlCall.from_json(r["payload"]).scope) for r in self.store.pending(name)}
+            busy = {key_of(r["call"].scope) for r in self.store.pending(name)}
             wanted = []
             for labels, lvl in tripped:
                 action = self.rules.levels.get(lvl)
@@ -120,7 +120,7 @@ class Reconciler(ServiceParts):
         reason = (f"level {call.level} ({call.action}) {done} on {key} but not seen on {label}: "
                   "queued again")
         call = call.queued(reason, did)
-        self.store.commit(None, [(did, name, call.to_json(), now, f"reconcile|{did}")], [
+        self.store.commit(None, [(did, name, call, now, f"reconcile|{did}")], [
             {"at": now, "kind": "reconcile", "decision_id": did, "scope_key": key, "level": call.level,
              "action": call.action, "source": label, "reason": reason, "detail": {"adapter": name}}])
         self.metrics.reconciliations.labels(label).inc()

@@ -446,7 +446,7 @@ def pending_calls(service: FuseService) -> list[dict]:
     out = []
     for name, label in service.labels.items():
         for row in service.store.pending(name, limit=STATUS_ROWS):  # not the whole outbox of a backlog
-            p = row["payload"]
-            out.append({"scope_key": scope_key(scope_of(p.get("scope") or {})), "level": p.get("level"),
-                        "state": p.get("state"), "adapter": label, "attempts": row["attempts"]})
+            call = row["call"]
+            out.append({"scope_key": scope_key(scope_of(call.scope)), "level": call.level,
+                        "state": call.state, "adapter": label, "attempts": row["attempts"]})
     return out

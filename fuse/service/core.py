@@ -531,14 +531,13 @@ class FuseService(Dispatcher, Reconciler):
             did = uuid.uuid4().hex
             call = ControlCall(action=d.action, level=d.level, state="trip" if d.kind == "trip" else "release",
                                scope=d.scope, reason=d.reason, decision_id=did)
-            payload = call.to_json()  # the outbox row's JSON
             wanted = [a.name for a in self.adapters.values() if a.wants(call)]
-            rows += [(did, name, payload, received, d.key) for name in wanted]
+            rows += [(did, name, call, received, d.key) for name in wanted]
             d_wanted.append([self.labels[n] for n in wanted])
             audit.append({"at": d.at, "kind": d.kind, "decision_id": did, "scope_key": d.scope_key, "level": d.level,
                           "action": d.action, "source": d.source, "reason": d.reason,
                           "detail": {"alerts": list(d.alerts), "scope": d.scope, **(note_detail or {})}})
-            out.append({**payload, "source": d.source})
+            out.append({**call.to_json(), "source": d.source})
         changes = self.breaker.changes()
         try:
             self.store.commit(None, rows, audit, changes=changes)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..logsafe import redact_urls
-from ..rows import AuditRecord
+from ..rows import AuditRecord, QueuedCall
 from ..rules import scope_key
 from .dialect import SQLITE, Dialect, upsert
 from .errors import StoreError, store_label
@@ -293,10 +293,11 @@ class StoreCore:
                 raise self._read_error(e) from e
 
     # ----------------------------------------------------------------- writes
-    def commit(self, snapshot: dict | None, outbox: Iterable[tuple] = (), audit: Iterable[AuditRecord] = (), *,
+    def commit(self, snapshot: dict | None, outbox: Iterable[QueuedCall] = (), audit: Iterable[AuditRecord] = (), *,
                changes: Sequence[tuple] | None = None) -> None:
         """Write the breaker's state (its version goes up by one), outbox rows ``(decision_id,
-        adapter, payload, received[, idem_key])`` and audit rows in one transaction (or in the
+        adapter, call, received[, idem_key])`` (:data:`~fusebox.fuse.rows.QueuedCall`; the call
+        stored as :meth:`ControlCall.to_json`'s JSON) and audit rows in one transaction (or in the
         :meth:`change` around it). A row whose ``(idem_key, adapter)`` is already queued is left out.
 
         The state: ``changes``, the rows a change touched (``(kind, key, value)``, value None: gone;
@@ -314,7 +315,7 @@ class StoreCore:
             self._many(
                 "INSERT INTO outbox (decision_id, adapter, payload, received, idem_key) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
-                [(r[0], r[1], dumps(r[2]), r[3], r[4] if len(r) > 4 else r[0]) for r in outbox])
+                [(r[0], r[1], dumps(r[2].to_json()), r[3], r[4] if len(r) > 4 else r[0]) for r in outbox])
             self._audit_rows(audit)
 
     def _write_state(self, snapshot: dict | None, rows: list[tuple]) -> None:

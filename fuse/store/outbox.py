@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from ..control import ControlCall
 from ..rows import AuditRecord, OutboxEntry, OutboxRow
 from .base import StoreCore
 from .dialect import marks, upsert
@@ -120,14 +121,16 @@ class OutboxOps(StoreCore):
     # ----------------------------------------------------------------- reads
     def pending(self, adapter: str, limit: int | None = None) -> list[OutboxRow]:
         """The pending rows of ``adapter``, oldest first (the first ``limit``; None: all): ``{"seq",
-        "decision_id", "adapter", "payload", "received", "attempts", "claimed_by", "lease_until"}``.
-        Raises StoreError or sqlite3.Error when the database cannot be read."""
+        "decision_id", "adapter", "call", "received", "attempts", "claimed_by", "lease_until"}``,
+        ``call`` the :class:`~fusebox.fuse.control.ControlCall` its ``payload`` column holds.
+        Raises StoreError or sqlite3.Error when the database cannot be read, ValueError when a
+        row's payload is not a control call (:meth:`ControlCall.from_json`)."""
         q = "SELECT {} FROM outbox WHERE status='pending' AND adapter=? ORDER BY seq".format(", ".join(_COLUMNS))
         args: tuple = (adapter,)
         if limit is not None:
             q, args = q + " LIMIT ?", (adapter, limit)
         rows = self._read(q, args)
-        return [{"seq": r[0], "decision_id": r[1], "adapter": r[2], "payload": json.loads(r[3]), "received": r[4],
+        return [{"seq": r[0], "decision_id": r[1], "adapter": r[2], "call": ControlCall.from_json(json.loads(r[3])), "received": r[4],
                  "attempts": r[5], "claimed_by": r[6], "lease_until": r[7]} for r in rows]
 
     def pending_by_adapter(self) -> dict[str, int]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, StrictStr
 
@@ -35,6 +35,9 @@ from fusebox import conventions as C
 
 from . import units
 from .k8snames import DNS_LABEL, DNS_SUBDOMAIN
+
+if TYPE_CHECKING:  # the normalised spec holds a Scaling: for the signatures only
+    from .normalised import Signal, Spec
 
 __all__ = ["RawScaling", "Scaling", "Workload", "CostQoS", "DrivingSignal", "normalise_scaling", "order_problems",
            "TARGET_KINDS", "DEFAULT_PROMETHEUS"]
@@ -170,7 +173,7 @@ def _key(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-def _durations(raw: RawScaling, duration: Callable[[Any, tuple], float], err: Err) -> dict[str, float]:
+def _durations(raw: RawScaling, duration: Callable[[object, tuple], float], err: Err) -> dict[str, float]:
     out = {}
     for section, key, positive in (("keda", "polling_interval", True), ("keda", "cooldown_period", False),
                                    ("hpa", "sync_period", True), ("hpa", "scale_up_stabilization", False),
@@ -185,7 +188,7 @@ def _durations(raw: RawScaling, duration: Callable[[Any, tuple], float], err: Er
     return out
 
 
-def _signal(wpath: tuple, i: int, name: str, signals: dict[str, Any], written: set[str], err: Err) -> DrivingSignal | None:
+def _signal(wpath: tuple, i: int, name: str, signals: dict[str, Signal], written: set[str], err: Err) -> DrivingSignal | None:
     """The driving signal ``name`` or None (reported, unless the signal's own problem is)."""
     path = wpath + ("signals", i)
     sig = signals.get(name)
@@ -231,8 +234,8 @@ def _cost_qos(raw: RawCostQoS, path: tuple, err: Err) -> CostQoS | None:
     return CostQoS(vals["cost_budget"], vals["p95_latency"], vals["error_rate"])
 
 
-def _workload(i: int, raw: RawWorkload, signals: dict[str, Any], written: set[str], keda: bool,
-              duration: Callable[[Any, tuple], float], err: Err) -> Workload | None:
+def _workload(i: int, raw: RawWorkload, signals: dict[str, Signal], written: set[str], keda: bool,
+              duration: Callable[[object, tuple], float], err: Err) -> Workload | None:
     path = ("scaling", "workloads", i)
     ok = True
     if not DNS_LABEL.match(raw.name):
@@ -303,8 +306,8 @@ def _workload(i: int, raw: RawWorkload, signals: dict[str, Any], written: set[st
                     signals=tuple(d for d in driving if d is not None), cost_qos=qos, path=path)
 
 
-def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: set[str],
-                      duration: Callable[[Any, tuple], float], err: Err) -> Scaling | None:
+def normalise_scaling(raw: RawScaling | None, signals: dict[str, Signal], written: set[str],
+                      duration: Callable[[object, tuple], float], err: Err) -> Scaling | None:
     """``raw`` checked against the spec's ``signals`` (name -> normalised Signal); ``written`` names
     every signal the spec writes (one that failed to load adds no problem here). None without a
     ``scaling:`` section.
@@ -349,7 +352,7 @@ def normalise_scaling(raw: RawScaling | None, signals: dict[str, Any], written: 
                    tolerance=tolerance)
 
 
-def _tolerance(value: Any, err: Err) -> float:
+def _tolerance(value: _Value, err: Err) -> float:
     """``scaling.hpa.tolerance`` as a ratio in [0, 1) (0.1 when refused, after the report)."""
     path = ("scaling", "hpa", "tolerance")
     try:
@@ -365,13 +368,13 @@ def _tolerance(value: Any, err: Err) -> float:
 
 
 # --- three speeds in order: scaler, shedder, fuse ----------------------------------------------------
-def _quantity(sig: Any) -> tuple:
+def _quantity(sig: Signal) -> tuple:
     """What a signal measures, beyond its name: two signals of one kind over one source series (KV
     growth and KV OOM both deriv fusebox_kv_cache_usage_bytes) are one quantity."""
     return (sig.kind, sig.unit, sig.source.backend, sig.source.metric or sig.source.expr, sig.quantile, sig.window_s)
 
 
-def order_problems(spec: Any) -> list[str]:
+def order_problems(spec: Spec) -> list[str]:
     """Each driving signal whose set point is not strictly before the shedders and the fuses on the
     same quantity, one line each naming both numbers: a shedder's ``shed_at`` or smg's worker
     overload veto at or under the set point (it refuses work, or takes workers out of routing,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC, without_signals
+from _support import SPEC, without_signals, yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator import render_dashboards
@@ -73,7 +73,7 @@ ENGINES = {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http", "name
 
 def dcgm_vllm(**edit) -> dict:
     """The dcgm + vLLM cluster's spec (module doc), from the shipped one."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"]["source"] = "dcgm"
     data["global"]["selectors"] = {"vllm": {}}  # the engines are vLLM
     data["kubernetes"]["collectors"]["run"] = {"latency": []}
@@ -88,7 +88,7 @@ def dcgm_vllm(**edit) -> dict:
 
 def _load(tmp_path: Path, data: dict):
     path = tmp_path / "fusebox.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.write_text(yaml_text(data, sort_keys=False))
     return load_spec(path)
 
 
@@ -123,7 +123,7 @@ def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_
     """What tests/dashboards/test_dashboards_prometheus.py shows on a real Prometheus (every panel query of the
     shipped dashboards returns data on a breach that publishes every collector's series, the
     engines' with host_name): the tracer agrees, panel by panel."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["kubernetes"]["collectors"]["run"] = {"gpu": [], "kv": [], "latency": []}
     without_signals(data, *CONNECTION_SIGNALS)  # collect conns: not a DaemonSet collector (module doc)
     # the KV collector publishes bytes only for the models whose geometry it knows
@@ -174,7 +174,7 @@ def test_without_the_alignment_collector_the_engine_variables_read_vllms_kv_time
     ("dcgm", None, False),
 ])
 def test_energy_per_token_is_fed_where_the_engines_series_carry_the_node(tmp_path, source, engines, fed):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"]["source"] = source
     if engines:
         data["kubernetes"]["engines"] = engines

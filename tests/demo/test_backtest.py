@@ -18,8 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
-from _support import ROOT, SPEC, need
+from _support import ROOT, SPEC, need, yaml_data, yaml_text
 
 from fusebox.cli import main
 from fusebox.tooling import free_port, victoriametrics_tool
@@ -129,10 +128,10 @@ def test_compare_a_longer_for_moves_firing_at_by_exactly_that(capsys, spec, brea
     sig = _gpu_signal(spec)
     crit = _tier(sig, "critical")
     longer = 30.0
-    raw = yaml.safe_load(SPEC.read_text())
+    raw = yaml_data(SPEC.read_text())
     raw["signals"][sig.name]["tiers"]["critical"]["for"] = f"{int(crit.for_s + longer)}s"
     other = tmp_path / "longer-for.yaml"
-    other.write_text(yaml.safe_dump(raw, sort_keys=False))
+    other.write_text(yaml_text(raw, sort_keys=False))
     doc = _json(capsys, "--openmetrics", breach, "--spec", SPEC, "--compare", other)
     moved = {m["event"]: m for m in doc["moves"]["alerts"] if m["alertname"] == sig.alert and m["severity"] == crit.severity}
     assert moved["firing_at"]["delta_s"] == longer
@@ -204,9 +203,9 @@ def test_without_spec_it_reads_fusebox_yaml_of_the_current_folder_as_generate_do
     """A folder whose fusebox.yaml holds the GPU critical for 100 s (the breach is over it 90 s):
     the critical never fires there, so the backtest read that file and not the shipped spec."""
     sig = _gpu_signal(spec)
-    raw = yaml.safe_load(SPEC.read_text())
+    raw = yaml_data(SPEC.read_text())
     raw["signals"][sig.name]["tiers"]["critical"]["for"] = "100s"
-    (tmp_path / "fusebox.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (tmp_path / "fusebox.yaml").write_text(yaml_text(raw, sort_keys=False))
     monkeypatch.chdir(tmp_path)
     doc = _json(capsys, "--openmetrics", breach)
     assert doc["spec"] == "fusebox.yaml"
@@ -400,10 +399,10 @@ def test_compare_shows_an_alert_a_longer_for_never_fires(capsys, spec, breach, t
     """Over the threshold for 90 s: with `for` 100 s the critical never fires, so its firing and
     resolution and the trip are in the first run only."""
     sig = _gpu_signal(spec)
-    raw = yaml.safe_load(SPEC.read_text())
+    raw = yaml_data(SPEC.read_text())
     raw["signals"][sig.name]["tiers"]["critical"]["for"] = "100s"
     other = tmp_path / "too-long.yaml"
-    other.write_text(yaml.safe_dump(raw, sort_keys=False))
+    other.write_text(yaml_text(raw, sort_keys=False))
     doc = _json(capsys, "--openmetrics", breach, "--spec", SPEC, "--compare", other)
     crit = _tier(sig, "critical")
     gone = {m["event"] for m in doc["moves"]["alerts"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from _cli import run_cli
+from _demo_support import alive
 from _fuse_support import wait_for
 
 from fusebox.demo.watch import Event
@@ -162,17 +163,9 @@ def test_stop_all_ends_each_child_and_its_grandchildren_by_process_group(tmp_pat
     assert sup.children == []
     # the grandchild is dead: gone, or a zombie waiting for whoever reaps orphans here
     deadline = time.monotonic() + 5
-    while _alive(grandchild):
+    while alive(grandchild):
         assert time.monotonic() < deadline, f"grandchild {grandchild} survived"
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def test_demo_without_tools_fails_clearly(tmp_path, monkeypatch):

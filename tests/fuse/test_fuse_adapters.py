@@ -20,6 +20,7 @@ import pytest
 import yaml
 from _fuse_support import SPEC, TOKEN, LiveService, alert, payload, wait_for
 from _gateways import StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
+from _support import yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.fuse.adapters import build_adapters, targets_for
@@ -32,10 +33,10 @@ HOSTILE = ["../admin", "a\nshutdown sessions server be/x", "{{ 7*7 }}", "x" * (1
 
 
 def write_spec(tmp_path: Path, adapters: dict) -> Path:
-    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = adapters
     p = tmp_path / "fusebox.yaml"
-    p.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    p.write_text(yaml_text(data, sort_keys=False), encoding="utf-8")
     return p
 
 

@@ -13,9 +13,9 @@ import re
 import time
 
 import pytest
-import yaml
 from _fuse_support import GW_TOKEN, SPEC, TOKEN, wait_for
 from _slow_peers import BYTES, GAP, TrickleHttp, TrickleSocket
+from _support import yaml_data, yaml_text
 
 from fusebox.fuse.adapters import build_adapters
 from fusebox.fuse.adapters.gateway import HttpGateway, VllmResetPrefixCache
@@ -29,10 +29,10 @@ TRIP = ControlCall.from_json({"action": "freeze_admissions", "level": 1, "state"
 
 
 def _spec_adapter(tmp_path, name: str, a: dict):
-    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = {name: a}
     p = tmp_path / "fusebox.yaml"
-    p.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    p.write_text(yaml_text(data, sort_keys=False), encoding="utf-8")
     (adapter,) = build_adapters(load_spec(p).adapters)
     return adapter
 
@@ -213,11 +213,11 @@ def test_the_lease_must_exceed_a_spec_adapters_own_timeout(tmp_path):
     naming that adapter's timeout, the spec file and the line."""
     from fusebox.fuse.cli import build_service
 
-    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = {"sg": {"kind": "sglang_gateway", "url": "http://127.0.0.1:9", "timeout": "10s",
                                        "actions": ["freeze_admissions"], "targets": TARGET}}
     spec = tmp_path / "fusebox.yaml"
-    spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    spec.write_text(yaml_text(data, sort_keys=False), encoding="utf-8")
     with pytest.raises(ValueError) as e:
         build_service(_args(tmp_path, "--timeout", "2", "--lease", "8", spec=spec))
     msg = str(e.value)
@@ -232,12 +232,13 @@ def test_the_lease_must_exceed_a_spec_adapters_own_timeout(tmp_path):
 def test_a_stale_claimer_cannot_record_its_result_over_the_replica_that_took_the_row_over(tmp_path):
     """A claims a row, its lease ends (its call outlived it), B takes it over and applies it; A's
     late result is not recorded: one ``applied`` audit row, the row B's."""
+    from fusebox.fuse.control import ControlCall
     from fusebox.fuse.store import Store
 
     path = tmp_path / "fuse.sqlite"
     a, b = Store(path), Store(path)  # two connections on one file, as two processes would have
     try:
-        a.commit(None, [("d1", "gateway", {"x": 1}, 100.0)], [])
+        a.commit(None, [("d1", "gateway", ControlCall("freeze_admissions", 1, "trip"), 100.0)], [])
         (seq,) = [r["seq"] for r in a.outbox()]
         (tok_a,) = a.claim_fenced([seq], "A", 5.0, now=100.0).values()
         (tok_b,) = b.claim_fenced([seq], "B", 5.0, now=106.0).values()  # A's lease ended at 105

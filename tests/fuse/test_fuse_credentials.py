@@ -15,9 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-import yaml
 from _fuse_support import SPEC, TOKEN, alert, free_port, payload, wait_for
-from _support import finish
+from _support import finish, yaml_data, yaml_text
 
 from fusebox.fuse.logsafe import redact_url, redact_urls
 from fusebox.fuse.store import store_label
@@ -77,13 +76,13 @@ def gateways():
 
 def test_no_url_credential_nor_echoed_body_reaches_the_start_up_line_the_log_or_the_audit(tmp_path, gateways):
     sglang, plain = gateways
-    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = {"sglang": {
         "kind": "sglang_gateway", "url": f"http://admin:{SPASS}@127.0.0.1:{sglang.port}",
         "actions": ["kv_cache_eviction"], "timeout": "2s", "max_attempts": 1,
         "targets": [{"match": {"engine": "engine-0"}, "worker_url": WORKER}]}}
     spec = tmp_path / "fusebox.yaml"
-    spec.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    spec.write_text(yaml_text(data, sort_keys=False), encoding="utf-8")
     (tmp_path / "token").write_text(TOKEN + "\n")
     port, db = free_port(), tmp_path / "s.sqlite"
     url = f"http://127.0.0.1:{port}"

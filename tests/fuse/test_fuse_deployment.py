@@ -23,7 +23,7 @@ import yaml
 from _fuse_support import alert, payload, wait_for
 from _k8s_pods import Pod
 from _pg_support import PgServer
-from _support import SPEC
+from _support import SPEC, yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator.outputs import render_all
@@ -48,11 +48,11 @@ def deployed(tmp_path_factory):
     gw = subprocess.Popen([sys.executable, "-m", "fusebox.cli", "fuse", "gateway", "--listen",
                            gw_url.removeprefix("http://"), "--log", str(gw_log)],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["kubernetes"] = {"namespace": "monitoring", "labels": {"release": "kube-prometheus-stack"},
                           "fuse": {"replicas": 2, "store_secret": {"name": "fusebox-fuse-store", "key": "url"},
                                    "args": ["--gateway-url", gw_url]}}
-    outputs = render_all(parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml"))
+    outputs = render_all(parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml"))
     docs = {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(outputs["k8s/fuse.yml"]) if d}
     dep = docs[f"Deployment/{C.K8S['fuse']}"]
     cms = {"fusebox-spec": docs["ConfigMap/fusebox-spec"]["data"]}

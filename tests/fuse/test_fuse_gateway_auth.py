@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from _fuse_support import SPEC, LiveService, alert, payload, wait_for
 from _gateways import SMG, StandInEngine, sglang_gateway, sglang_workers
+from _support import yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.fuse.adapters import SglangGateway, VllmRouter, build_adapters
@@ -39,12 +39,12 @@ KEY_FILE = f"{C.K8S['gateway_key_dir']}/key"
 
 
 def write_spec(tmp_path: Path, adapters: dict, fuse_k8s: dict | None = None) -> Path:
-    data = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    data = yaml_data(SPEC.read_text(encoding="utf-8"))
     data["fuse"]["adapters"] = adapters
     if fuse_k8s is not None:
         data.setdefault("kubernetes", {}).setdefault("fuse", {}).update(fuse_k8s)
     p = tmp_path / "fusebox.yaml"
-    p.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    p.write_text(yaml_text(data, sort_keys=False), encoding="utf-8")
     return p
 
 

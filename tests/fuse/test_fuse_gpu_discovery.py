@@ -14,6 +14,7 @@ import pytest
 from _dashboards_support import prometheus, query, serve_text
 from _fuse_support import GW_TOKEN, SPEC, TOKEN, LiveService, alert, payload, wait_for
 from _gateways import SMG, StandInEngine, sglang_gateway, sglang_workers, vllm_router, vllm_workers
+from _support import yaml_text
 from test_fuse_adapters import write_spec
 
 from fusebox.fuse.adapters import build_adapters
@@ -337,7 +338,7 @@ def test_generate_warns_when_the_dcgm_selector_hides_the_gpus_the_attribution_re
                                          "discover": {"prometheus": "http://p:9090", "attribution": attribution}}})
     data = yaml.safe_load(p.read_text())
     data["global"].update({"source": "dcgm", "selectors": {"dcgm": selector}})
-    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    p.write_text(yaml_text(data, sort_keys=False))
     found = [w for w in adapter_warnings(load_spec(p)) if w.startswith("global.selectors.dcgm")]
     assert bool(found) == warned, found
     if warned:
@@ -386,7 +387,7 @@ def test_no_prometheus_url_warning_where_the_deployment_has_one_or_none_is_gener
     p = write_spec(tmp_path, _sglang(discover={}))
     data = yaml.safe_load(p.read_text())
     data.setdefault("kubernetes", {})["fuse"] = {**data["kubernetes"].get("fuse", {}), **fuse}
-    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    p.write_text(yaml_text(data, sort_keys=False))
     assert not [w for w in adapter_warnings(load_spec(p)) if "prometheus_url" in w]
 
 
@@ -406,7 +407,7 @@ def test_the_prometheus_url_warning_names_kube_prometheus_stacks_service_for_the
     p = write_spec(tmp_path, _sglang(discover={}))
     data = yaml.safe_load(p.read_text())
     data.setdefault("kubernetes", {})["labels"] = {"release": release}
-    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    p.write_text(yaml_text(data, sort_keys=False))
     (w,) = [w for w in adapter_warnings(load_spec(p)) if "prometheus_url is not set" in w]
     assert url in w, w
 
@@ -424,7 +425,7 @@ def test_the_generated_fuse_deployment_carries_the_prometheus_url_discovery_read
         build_adapters(load_spec(p).adapters)
     data = yaml.safe_load(p.read_text())
     data.setdefault("kubernetes", {}).setdefault("fuse", {})["prometheus_url"] = url
-    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    p.write_text(yaml_text(data, sort_keys=False))
     spec = load_spec(p)
     assert not any("prometheus_url" in w for w in adapter_warnings(spec))
     (deployment,) = [m for m in render_fuse(spec) if m["kind"] == "Deployment"]

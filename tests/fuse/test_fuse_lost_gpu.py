@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 
 import pytest
-import yaml
 from _fuse_support import SPEC, LiveService, alert, iso, payload, wait_for
+from _support import yaml_data
 
 from fusebox import conventions as C
 from fusebox.demo.gateway import ReferenceGateway, read_log
@@ -24,7 +24,7 @@ T0 = time.time() - 600
 
 
 def _raw_spec() -> dict:
-    return yaml.safe_load(SPEC.read_text())
+    return yaml_data(SPEC.read_text())
 
 
 def _gpu_level_fuses() -> set[str]:
@@ -35,7 +35,7 @@ def _gpu_level_fuses() -> set[str]:
 
 
 def _gpu_down_rules(generated) -> list[dict]:
-    doc = yaml.safe_load((generated / "rules" / "fusebox.rules.yml").read_text())
+    doc = yaml_data((generated / "rules" / "fusebox.rules.yml").read_text())
     return [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == C.GPU_DOWN_ALERT]
 
 

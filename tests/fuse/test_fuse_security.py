@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 from _fuse_support import GW_TOKEN, PEOPLE, ROOT, SPEC, TOKEN, alert, free_port, payload, wait_for
-from _support import finish
+from _support import finish, yaml_data
 from fastapi.testclient import TestClient
 
 from fusebox.fuse.adapters.gateway import DryRun
@@ -451,12 +451,11 @@ def test_docs_name_the_trust_boundary_and_compose_keeps_alertmanager_off_public_
 
 
 def test_the_trusted_pairs_are_the_alerting_rules_the_generator_writes(generated):
-    import yaml
 
-    rules = yaml.safe_load((generated / "rules" / "fusebox.rules.yml").read_text())
+    rules = yaml_data((generated / "rules" / "fusebox.rules.yml").read_text())
     written = {(r["alert"], r["labels"]["fuse_action"]) for g in rules["groups"] for r in g["rules"]
                if "alert" in r and "fuse_action" in r.get("labels", {})}
-    raw = yaml.safe_load(SPEC.read_text())  # the spec's tiers with a fuse, read without the loader
+    raw = yaml_data(SPEC.read_text())  # the spec's tiers with a fuse, read without the loader
     fused = {(sig["alert"], t["fuse"]) for sig in raw["signals"].values() for t in sig["tiers"].values()
              if t.get("fuse") and t.get("enabled", True) is not False}
     # five signals' critical tiers, the two time-to-full ones (KV -> eviction, GPU -> freeze) and

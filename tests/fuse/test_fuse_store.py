@@ -16,6 +16,7 @@ import pytest
 from _fuse_support import SPEC, TOKEN
 
 from fusebox.fuse.adapters.gateway import DryRun
+from fusebox.fuse.control import ControlCall
 from fusebox.fuse.rules import FuseRules
 from fusebox.fuse.service import FuseService
 from fusebox.fuse.store import SCHEMA_VERSION, PgStore, Store, StoreError, open_store
@@ -99,9 +100,11 @@ def test_the_audit_is_append_only_on_postgresql(pg):
 def test_a_claimed_row_is_taken_over_only_after_its_lease(pg):
     url = pg.create_db("claims")
     a, b = PgStore(url), PgStore(url)
-    a.commit(None, [("d1", "gateway", {"scope": {}}, 1.0, "k1")])
-    a.commit(None, [("d2", "gateway", {"scope": {}}, 1.0, "k1")])  # the same change again: not queued
+    call = ControlCall("freeze_admissions", 1, "trip")
+    a.commit(None, [("d1", "gateway", call, 1.0, "k1")])
+    a.commit(None, [("d2", "gateway", call, 1.0, "k1")])  # the same change again: not queued
     (seq,) = [r["seq"] for r in a.pending("gateway")]
+    assert [r["call"] for r in a.pending("gateway")] == [call]  # read back as the call queued
     assert a.claim([seq], "A", 100.0, 5.0) == [seq]
     assert b.claim([seq], "B", 104.9, 5.0) == []  # A's lease runs until 105
     assert a.claim([seq], "A", 104.9, 5.0) == [seq]  # A renews its own (until 109.9)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import Result, run_cli
-from _support import FIXTURES, ROOT, SPEC, need
+from _support import FIXTURES, ROOT, SPEC, need, yaml_data, yaml_text
 
 from fusebox.generator.render_rules import render_rules
 from fusebox.spec import SpecError, parse_spec
@@ -27,7 +27,7 @@ from fusebox.spec import SpecError, parse_spec
 AM_FIXTURES = FIXTURES / "alertmanager"
 KPS = AM_FIXTURES / "kube-prometheus-stack.yml"
 WITH_PAGER = AM_FIXTURES / "with-pager.yml"
-RAW = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+RAW = yaml_data(SPEC.read_text(encoding="utf-8"))
 NAME = RAW["metadata"]["name"]  # the marker's value
 FUSE = RAW["fuse"]["receiver"]
 HUMAN = RAW["fuse"]["human_receiver"]["name"]
@@ -86,7 +86,7 @@ def test_standalone_routing_tests_hold_and_foreign_alerts_never_reach_the_fuse(g
     assert f'fusebox="{NAME}"' in inhibit["source_matchers"] and f'fusebox="{NAME}"' in inhibit["target_matchers"]
     assert "fusebox" in inhibit["equal"]
 
-    tests = yaml.safe_load((generated / "alertmanager/route-tests.yml").read_text())["tests"]
+    tests = yaml_data((generated / "alertmanager/route-tests.yml").read_text())["tests"]
     for t in tests:
         assert _amtool_route(amtool, cfg, t["labels"]) == t["receivers"], t["name"]
     by_labels = {tuple(sorted(t["labels"].items())): t["receivers"] for t in tests}
@@ -141,7 +141,7 @@ def test_merged_into_kube_prometheus_stack_routes_ours_to_the_fuse_and_leaves_th
     assert merged["inhibit_rules"][:len(base["inhibit_rules"])] == base["inhibit_rules"]
     assert merged["templates"] == base["templates"] and merged["global"] == base["global"]
 
-    tests = yaml.safe_load((generated / "alertmanager/route-tests.yml").read_text())["tests"]
+    tests = yaml_data((generated / "alertmanager/route-tests.yml").read_text())["tests"]
     for t in tests:
         if t["labels"].get("fusebox") == NAME:  # ours: as in the standalone config
             assert _amtool_route(amtool, out, t["labels"]) == t["receivers"], t["name"]
@@ -417,9 +417,9 @@ EVERY_KIND = {  # fuse.human_receiver in Alertmanager's own format, one config o
 
 
 def _with_people(human: dict) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["fuse"]["human_receiver"] = human
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def test_the_people_in_the_alertmanagerconfig_take_every_secret_from_the_secret():

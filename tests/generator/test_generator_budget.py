@@ -15,15 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from _cli import Result, run_cli
-from _support import SPEC, spec_text_at_30s, trimmed_outputs
+from _support import SPEC, spec_text_at_30s, trimmed_outputs, yaml_data, yaml_text
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
 
 FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
-RAW = yaml.safe_load(SPEC.read_text())
+RAW = yaml_data(SPEC.read_text())
 SIGNALS = RAW["signals"]
 
 # The shipped spec's figures, checked against its YAML so a spec change shows here first.
@@ -60,11 +59,11 @@ def _rows(r: Result) -> dict[tuple[str, str], dict]:
 
 def _with(**tiers: dict) -> str:
     """The shipped spec with tier fields replaced: signal__tier={field: value}."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     for key, fields in tiers.items():
         sig, tier = key.split("__")
         data["signals"][sig]["tiers"][tier].update(fields)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def test_the_shipped_spec_is_within_budget(tmp_path):
@@ -138,11 +137,11 @@ def test_vmalert_adds_one_interval_per_same_group_record_the_alert_reads(tmp_pat
 
 
 def test_an_adapters_timeout_replaces_the_default_for_its_actions(tmp_path):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["fuse"]["adapters"] = {"router": {"kind": "vllm_router", "url": "http://127.0.0.1:8001", "actions": ["kv_cache_eviction"],
                                            "timeout": "12s", "targets": [{"match": {"engine": "engine-0"},
                                                                           "worker_url": "http://10.0.0.5:8000"}]}}
-    rows = _rows(_budget(tmp_path, yaml.safe_dump(data, sort_keys=False), "--json"))
+    rows = _rows(_budget(tmp_path, yaml_text(data, sort_keys=False), "--json"))
     assert rows[("KVCacheTimeToFullLow", "critical")]["terms"]["adapter"] == 12.0
     assert rows[("GPUMemoryTimeToFullLow", "critical")]["terms"]["adapter"] == ADAPTER  # freeze: not this adapter's
 
@@ -174,9 +173,9 @@ def test_records_from_slower_groups_add_their_interval():
     ("gpu_memory", "0 GB", "out of range"),
 ])
 def test_a_bad_budget_section_is_refused_at_its_line(tmp_path, key, value, words):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["budget"][key] = value
-    text = yaml.safe_dump(data, sort_keys=False)
+    text = yaml_text(data, sort_keys=False)
     with pytest.raises(SpecError) as e:
         parse_spec(text, "fusebox.yaml")
     line = next(i for i, ln in enumerate(text.splitlines(), 1) if ln.strip().startswith(f"{key}:") and i > text[:text.index("budget:")].count("\n"))
@@ -199,7 +198,7 @@ def test_an_empty_budget_section_takes_the_defaults(tmp_path):
     """`budget:` with every key commented out (YAML null) is the defaults, the same figures the
     shipped spec writes out (52 GiB at 90 %: the KV critical's time left is FREE / 14.7 MB/s)."""
     raw = dict(RAW, budget=None)
-    r = _budget(tmp_path, yaml.safe_dump(raw, sort_keys=False), "--json")
+    r = _budget(tmp_path, yaml_text(raw, sort_keys=False), "--json")
     assert r.returncode == 0, r.stderr
     row = _rows(r)[(SIGNALS["kv_cache_growth_rate"]["alert"], "critical")]
     assert row["time_left_s"] == pytest.approx(FREE / KV_CRITICAL_GROWTH, abs=1e-3)

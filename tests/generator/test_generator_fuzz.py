@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _support import SPEC
+from _support import SPEC, yaml_data
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fusebox.cli import main
 
-BASE = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+BASE = yaml_data(SPEC.read_text(encoding="utf-8"))
 
 VALUES = [None, True, False, "yes", "off", 0, 1, -1, 0.5, -0.001, 1e400, -1e400, math.nan, 10**30, "", " ", "junk",
           [], {}, [1, "a"], {"k": "v"}, "0s", "0", "1ms", "5m", "292y", "293y", "999999999999999h", "1h30m", "30 seconds",

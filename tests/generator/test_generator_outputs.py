@@ -8,7 +8,7 @@ import re
 import promql_parser
 import yaml
 from _cli import Result, run_cli
-from _support import FIXTURES, ROOT, SPEC
+from _support import FIXTURES, ROOT, SPEC, yaml_data
 
 from fusebox import conventions as C
 from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
@@ -33,7 +33,7 @@ def test_output_is_deterministic(spec):
 
 
 def test_every_rule_expression_parses_and_windows_fit(generated, spec):
-    doc = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
+    doc = yaml_data((generated / "rules/fusebox.rules.yml").read_text())
     n = 0
     for g in doc["groups"]:
         for r in g["rules"]:
@@ -50,7 +50,7 @@ def test_every_rule_expression_parses_and_windows_fit(generated, spec):
 
 
 def test_alert_names_labels_and_runbook_links(generated, spec):
-    doc = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
+    doc = yaml_data((generated / "rules/fusebox.rules.yml").read_text())
     alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
     by = {}
     for a in alerts:
@@ -80,7 +80,7 @@ def test_alert_names_labels_and_runbook_links(generated, spec):
 
 
 def test_dashboard_group_records_what_the_panels_read(generated, spec):
-    doc = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
+    doc = yaml_data((generated / "rules/fusebox.rules.yml").read_text())
     group = next(g for g in doc["groups"] if g["name"] == "fusebox-dashboard")
     assert group["interval"] == "30s"  # the spec's slow_evaluation_interval: panels only
     assert all("alert" not in r for r in group["rules"])
@@ -131,8 +131,8 @@ def test_runbooks_carry_the_tier_sop_and_queries(generated):
 
 
 def test_prometheusrule_has_the_same_groups(generated):
-    rules = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
-    pr = yaml.safe_load((generated / "k8s/prometheusrule.yml").read_text())
+    rules = yaml_data((generated / "rules/fusebox.rules.yml").read_text())
+    pr = yaml_data((generated / "k8s/prometheusrule.yml").read_text())
     assert pr["kind"] == "PrometheusRule" and pr["apiVersion"] == "monitoring.coreos.com/v1"
     # The same groups, but for one label the operator's defaults need (docs/kubernetes.md): every
     # alert carries namespace: monitoring (the AlertmanagerConfig's route takes only those), no record.
@@ -259,7 +259,7 @@ def test_installed_import_names_are_namespaced():
 
 
 def test_a_lost_gpu_has_its_own_alert(generated):
-    doc = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
+    doc = yaml_data((generated / "rules/fusebox.rules.yml").read_text())
     rules = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == C.GPU_DOWN_ALERT]
     assert len(rules) == 1
     assert rules[0]["expr"] == "max without (instance, job, namespace, pod, container, endpoint, service) (fusebox_gpu_up) == 0"

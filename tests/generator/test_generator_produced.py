@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import Result, run_cli
-from _support import FIXTURES, SPEC, without_signals
+from _support import FIXTURES, SPEC, without_signals, yaml_data, yaml_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox import conventions as C
@@ -82,14 +82,14 @@ def deployed_names(k8s: Path) -> set[str]:
 
 
 def dcgm_vllm_spec(keep_collector_signals: bool = False) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"]["source"] = "dcgm"
     data["global"]["selectors"] = {"vllm": {}}  # the engines are vLLM (no SGLang)
     data["kubernetes"]["collectors"]["enabled"] = False
     data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"  # the engine's own KV fraction, no collector
     if not keep_collector_signals:
         without_signals(data, *COLLECTOR_ONLY)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _generate(tmp_path: Path, text: str) -> Result:
@@ -252,7 +252,7 @@ def test_engine_identity_comes_from_the_pod_where_vllms_engine_label_is_an_index
     namespace and pod added by the scrape): two series and two alerts, engine NAMESPACE/POD."""
     data = yaml.safe_load(dcgm_vllm_spec())
     data["signals"].update(yaml.safe_load(KV_POOL_SIGNAL))
-    r = _generate(tmp_path, yaml.safe_dump(data, sort_keys=False))
+    r = _generate(tmp_path, yaml_text(data, sort_keys=False))
     assert r.returncode == 0, r.stderr
     model = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
     series = [{"series": f'vllm:kv_cache_usage_perc{{engine="0",model_name="{model}",namespace="inference",'
@@ -344,7 +344,7 @@ def test_energy_per_token_joins_dcgm_power_and_vllm_tokens_with_the_engines_podm
 
     data = yaml.safe_load(dcgm_vllm_spec())
     data["kubernetes"]["engines"] = {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http"}
-    r = _generate(tmp_path, yaml.safe_dump(data, sort_keys=False))
+    r = _generate(tmp_path, yaml_text(data, sort_keys=False))
     assert r.returncode == 0, r.stderr
     assert "Energy per generated token" not in r.stderr
     [pm] = [d for d in yaml.safe_load_all((tmp_path / "out/k8s/engines.yml").read_text()) if d]
@@ -372,7 +372,7 @@ def test_without_the_engines_node_energy_per_token_stays_empty_as_generate_says(
 
     data = yaml.safe_load(dcgm_vllm_spec())
     data["global"]["slow_evaluation_interval"] = "5s"  # the dashboard records' group at once
-    r = _generate(tmp_path, yaml.safe_dump(data, sort_keys=False))
+    r = _generate(tmp_path, yaml_text(data, sort_keys=False))
     assert r.returncode == 0, r.stderr
     [w] = [ln for ln in r.stderr.splitlines() if "panel 'Energy per generated token'" in ln]
     assert "host:fusebox_generation_tokens:rate5m does not carry" in w

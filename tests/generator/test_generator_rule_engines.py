@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import ROOT, SPEC, need, promtools, trimmed_outputs, trimmed_spec
+from _support import ROOT, SPEC, need, promtools, trimmed_outputs, trimmed_spec, yaml_data
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
@@ -123,7 +123,7 @@ def test_vmalert_tests_fail_without_the_lag(tmp_path):
 
 
 def test_vmalert_tests_are_the_promtool_cases_shifted_by_each_alerts_lag(generated):
-    rules = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
+    rules = yaml_data((generated / "rules/fusebox.rules.yml").read_text())
     lags = {a: lag for g in rules["groups"] for a, lag in _lag(g).items()}
     # worked out by hand from the shipped spec: the P95 alert reads the quantile record, which
     # reads the bucket-rate record (2 levels); the GPU memory alert reads utilization, which reads
@@ -133,7 +133,7 @@ def test_vmalert_tests_are_the_promtool_cases_shifted_by_each_alerts_lag(generat
     text = (generated / "rules" / VM_TESTS).read_text()
     assert "#   AlignmentLatencyP95High (fusebox-alignment_latency_p95): 2 x 5s = 10s" in text
     vm = yaml.safe_load(text)
-    prom = yaml.safe_load((generated / "rules/fusebox.rules.test.yml").read_text())
+    prom = yaml_data((generated / "rules/fusebox.rules.test.yml").read_text())
     assert len(vm["tests"]) == len(prom["tests"]) and vm["rule_files"] == prom["rule_files"]
     def titles(t: str) -> list[str]:
         return re.findall(r"^# (\S.*)$", t.split("\ntests:\n", 1)[1], re.M)
@@ -154,7 +154,7 @@ def test_vmalert_tests_are_the_promtool_cases_shifted_by_each_alerts_lag(generat
 
 # ---------------------------------------------------------------------- zero traffic
 def test_zero_traffic_quantile_is_absent_not_nan_in_the_rules(generated):
-    rules = yaml.safe_load((generated / "rules/fusebox.rules.yml").read_text())
+    rules = yaml_data((generated / "rules/fusebox.rules.yml").read_text())
     group = next(g for g in rules["groups"] if g["name"] == "fusebox-alignment_latency_p95")
     rate = next(r["record"] for r in group["rules"] if r["record"].endswith(":count_rate5m"))
     for r in group["rules"]:

@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from _cli import run_cli
-from _support import SPEC, promtools
+from _support import SPEC, promtools, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator import render_scaling
@@ -43,7 +43,7 @@ KV_TIME_LEFT = FREE / 14.7e6  # 379.827 s
 def _edited(edit) -> str:
     data = yaml.safe_load(TEXT)
     edit(data)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _schema(crd_path: Path) -> dict:

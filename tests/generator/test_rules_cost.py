@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 import yaml
-from _support import FIXTURES, SPEC
+from _support import FIXTURES, SPEC, yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator.outputs import render_all
@@ -153,9 +153,9 @@ def test_quantile_alerts_read_only_the_threshold_buckets_at_the_evaluation_inter
 
 
 def _spec_text(**global_: str) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"].update(global_)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def test_slow_interval_is_never_shorter_than_the_evaluation_interval():
@@ -172,9 +172,9 @@ def test_slow_interval_must_be_a_positive_duration():
 
 
 def test_two_deriv_signals_over_one_gauge_with_different_by_are_a_spec_error_at_the_later_ones_line():
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["signals"]["kv_cache_growth_oom"]["by"] = ["cluster", "host_name", "engine"]
-    text = yaml.safe_dump(data, sort_keys=False)
+    text = yaml_text(data, sort_keys=False)
     with pytest.raises(SpecError) as e:
         parse_spec(text, "fusebox.yaml")
     line = next(i for i, x in enumerate(text.splitlines(), 1) if x.startswith("  kv_cache_growth_oom:"))
@@ -209,9 +209,9 @@ def _shard(target: dict[str, str], relabelings: list[dict], shards: int) -> int 
 def test_shards_keep_a_gpus_collector_and_its_engines_on_one_shard_and_the_fuse_on_every_one():
     from fusebox.generator.render_k8s import render_collectors, render_engines_monitor, render_fuse
 
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["kubernetes"]["engines"] = {"selector": {"app.kubernetes.io/name": "vllm"}, "port": "http"}
-    spec = parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml")
+    spec = parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml")
     collectors = next(m for m in render_collectors(spec) if m["kind"] == "PodMonitor")["spec"]["podMetricsEndpoints"]
     engines = render_engines_monitor(spec)["spec"]["podMetricsEndpoints"]
     fuse = next(m for m in render_fuse(spec) if m["kind"] == "ServiceMonitor")["spec"]["endpoints"]
@@ -259,12 +259,12 @@ def test_above_gauge_alerts_filter_first_and_their_record_runs_at_the_slow_inter
 def test_a_below_gauge_keeps_reading_its_value_record(tmp_path):
     """direction: below fires when the GPU's max is under the line (every series under it), which
     a filter on the series cannot say: the alert reads the value record in its own group."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     sig = data["signals"]["pcie_link_utilization"]
     sig["direction"] = "below"
     for t in sig["tiers"].values():
         t["threshold"] = "5%"
-    groups = yaml.safe_load(render_all(parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml"))["rules/fusebox.rules.yml"])["groups"]
+    groups = yaml.safe_load(render_all(parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml"))["rules/fusebox.rules.yml"])["groups"]
     own = next(g for g in groups if g["name"] == "fusebox-pcie_link_utilization")
     assert [r.get("record") for r in own["rules"]][0] == "gpu:fusebox_pcie_link_utilization:ratio"
     assert [r["expr"] for r in own["rules"] if "alert" in r] == ["gpu:fusebox_pcie_link_utilization:ratio <= 0.05"]

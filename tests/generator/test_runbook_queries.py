@@ -19,7 +19,7 @@ import re
 
 import pytest
 import yaml
-from _support import SPEC, spec_text_at_30s, without_signals
+from _support import SPEC, spec_text_at_30s, without_signals, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator import render_dashboards
@@ -41,7 +41,7 @@ def dcgm_vllm(text: str) -> str:
     data["signals"]["kv_cache_time_to_full"]["source"] = "vllm"
     without_signals(data, "pcie_link_utilization", "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_growth_oom",
                     "pcie_root_complex_utilization")
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 SPECS = {"shipped": lambda: SPEC.read_text(), "30s": spec_text_at_30s, "dcgm-vllm-30s": lambda: dcgm_vllm(spec_text_at_30s())}
@@ -136,7 +136,7 @@ def test_each_runbook_starts_with_the_record_its_alert_reads(spec):
 def _with_query(text: str, signal: str, query: str) -> str:
     data = yaml.safe_load(text)
     data["signals"][signal]["runbook"]["diagnosis"] = [{"title": "mine", "query": query}]
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _problem(text: str) -> str:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from _support import FIXTURES, ROOT, SPEC
+from _support import FIXTURES, ROOT, SPEC, yaml_data
 
 FUSEBOX = str(Path(sys.executable).parent / "fusebox")  # the script pip wrote from [project.scripts]
 
@@ -35,7 +35,7 @@ def test_generate_check_finds_the_committed_outputs_current():
 def test_budget_prints_every_fuse_tier_as_json():
     r = _fusebox("budget", "--spec", SPEC, "--json")
     assert r.returncode == 0, r.stderr
-    fused = {(s["alert"], name) for s in yaml.safe_load(SPEC.read_text())["signals"].values()
+    fused = {(s["alert"], name) for s in yaml_data(SPEC.read_text())["signals"].values()
              for name, t in s["tiers"].items() if t.get("fuse")}
     assert {(t["alert"], t["tier"]) for t in json.loads(r.stdout)["tiers"]} == fused
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import ROOT, SPEC, trimmed_outputs
+from _support import ROOT, SPEC, trimmed_outputs, yaml_data, yaml_text
 
 from fusebox.generator.cli import run_inpath_check
 from fusebox.generator.outputs import render_all, spec_warnings
@@ -24,7 +24,7 @@ from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
 
 FUSEBOX = [str(Path(sys.executable).parent / "fusebox")]
-RAW = yaml.safe_load(SPEC.read_text())
+RAW = yaml_data(SPEC.read_text())
 
 # In percent, so the arithmetic below is exact.
 WARNING, CRITICAL, IDLE, PER_REQUEST, ENGINES = 72, 78.3, 55, 2, 2
@@ -82,9 +82,9 @@ def test_the_shipped_spec_sheds_before_its_fuse(capsys):
 
 
 def _spec(mutate) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     mutate(data["inpath"])
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _gw(**fields):
@@ -218,14 +218,14 @@ def _waiting(data: dict, *, keep: tuple[str, ...] = ("gateway", "gateway_0_3", "
     shedders named in ``keep``."""
     data["signals"]["gpu_memory_utilization"]["tiers"]["critical"]["after_shedding"] = True
     data["inpath"]["shedders"] = {k: v for k, v in data["inpath"]["shedders"].items() if k in keep}
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def test_a_waiting_tier_adds_the_gateways_refusals_to_its_alert_and_says_so():
     """The gate reads the admission counter both gateways publish (smg_http_rate_limit_total,
     result rejected), over a minute at the shipped 5 s scrape (four scrapes would be 20 s), and
     fails open where no gateway is scraped; the warning tier and the other signals are unchanged."""
-    spec = parse_spec(_waiting(yaml.safe_load(SPEC.read_text())), "fusebox.yaml")
+    spec = parse_spec(_waiting(yaml_data(SPEC.read_text())), "fusebox.yaml")
     rules = yaml.safe_load(render_all(spec)["rules/fusebox.rules.yml"])
     gpu = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GPUMemoryUtilizationHigh"]
     crit = next(r for r in gpu if r["labels"]["severity"] == "critical")
@@ -243,7 +243,7 @@ def test_a_waiting_tier_adds_the_gateways_refusals_to_its_alert_and_says_so():
 
 
 def test_a_waiting_tier_without_a_gateway_on_its_signal_is_refused_at_its_line():
-    text = _waiting(yaml.safe_load(SPEC.read_text()), keep=("engine",))  # a vLLM bound publishes no refusals
+    text = _waiting(yaml_data(SPEC.read_text()), keep=("engine",))  # a vLLM bound publishes no refusals
     problems = _problems(text)
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"fusebox.yaml:{_line_of(text, 'after_shedding: true')}:")

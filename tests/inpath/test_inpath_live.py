@@ -17,16 +17,15 @@ import time
 
 import httpx
 import pytest
-import yaml
 from _fuse_support import wait_for
 from _gateways import SGLANG_ROUTER, SMG, StandInEngine, sglang_gateway, sglang_workers
-from _support import ROOT, SPEC
+from _support import ROOT, SPEC, yaml_data
 
 from fusebox import conventions as C
 
 pytestmark = pytest.mark.process
 
-RAW = yaml.safe_load(SPEC.read_text())
+RAW = yaml_data(SPEC.read_text())
 WARNING_PCT, IDLE_PCT, PER_REQUEST_PCT, ENGINES = 72, 55, 2, 2
 BOUND = ENGINES * ((WARNING_PCT - IDLE_PCT) // PER_REQUEST_PCT)  # 16
 

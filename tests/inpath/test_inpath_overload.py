@@ -15,14 +15,14 @@ import re
 import pytest
 import yaml
 from _cli import run_cli
-from _support import ROOT, SPEC
+from _support import ROOT, SPEC, yaml_data, yaml_text
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.render_inpath import OVERLOAD_FLAGS, OVERLOAD_OFF, OVERLOAD_SHED
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
 
-RAW = yaml.safe_load(SPEC.read_text())
+RAW = yaml_data(SPEC.read_text())
 TOKEN, WAITING = OVERLOAD_FLAGS["token_usage"], OVERLOAD_FLAGS["waiting_requests"]
 _RUNBOOK = {"symptom": "s", "impact": "i", "sop": {"warning": ["w"], "critical": ["c"]}}
 
@@ -42,7 +42,7 @@ QUEUE = ("requests_waiting", _gauge("vllm:num_requests_waiting", "count", 4.5, 2
 def _text(overload: dict | None, *signals: tuple[str, dict], kind: str = "smg") -> str:
     """The shipped spec with the gateway's `overload:` replaced (None: removed), its kind set, and
     ``signals`` added."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     gw = data["inpath"]["shedders"]["gateway"]
     gw.pop("overload", None)
     gw["kind"] = kind
@@ -50,7 +50,7 @@ def _text(overload: dict | None, *signals: tuple[str, dict], kind: str = "smg") 
         gw["overload"] = overload
     for name, body in signals:
         data["signals"][name] = body
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _flags(text: str) -> dict[str, str | None]:

@@ -17,10 +17,9 @@ import sys
 
 import httpx
 import pytest
-import yaml
 from _fuse_support import wait_for
 from _gateways import SMG, StandInEngine, sglang_gateway
-from _support import ROOT, SPEC
+from _support import ROOT, SPEC, yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator.outputs import render_all
@@ -37,7 +36,7 @@ MODEL = "stand-in"  # the model the stand-ins name (GET /v1/models)
 def _spec(overload: dict | None) -> str:
     """The shipped spec with a KV-usage gauge (warning 85 %, fuse at 95 %) and the smg gateway's
     `overload:` replaced (None: removed)."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["signals"]["kv_cache_usage"] = {
         "alert": "KVCacheUsageHigh", "description": "Share of KV blocks in use per engine.", "kind": "gauge",
         "unit": "ratio", "level": "engine", "by": ["cluster", "host_name", "engine", "model"],
@@ -49,7 +48,7 @@ def _spec(overload: dict | None) -> str:
     gw.pop("overload", None)
     if overload is not None:
         gw["overload"] = overload
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _flags(text: str) -> list[str]:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import re
 
 import yaml
-from _support import SPEC
+from _support import SPEC, yaml_data, yaml_text
 
 from fusebox.generator import shedding
 from fusebox.generator.outputs import RULE_FILE, render_all
 from fusebox.generator.render_dashboards import dashboards
 from fusebox.spec.model import parse_spec
 
-RAW = yaml.safe_load(SPEC.read_text())
+RAW = yaml_data(SPEC.read_text())
 REFUSED = "cluster:fusebox_gateway_refused_requests:rate1m"
 OVERLOAD = "stage:fusebox_gateway_overload_shed_requests:rate1m"
 BREAKERS = "cluster:fusebox_gateway_breakers_open:sum"
@@ -31,7 +31,7 @@ def _spec(shedders: dict | None = None, scrape: str | None = None):
         data["inpath"]["shedders"] = shedders
     if scrape is not None:
         data["global"]["scrape_interval"] = scrape
-    return parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml")
+    return parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml")
 
 
 def _outputs(spec):

@@ -29,7 +29,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from _support import ROOT, SPEC, need
+from _support import ROOT, SPEC, need, yaml_data, yaml_docs, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator.outputs import render_all
@@ -46,9 +46,9 @@ KUBE = {"namespace": "inference-monitoring", "labels": {"release": "kube-prometh
 
 def _with_kubernetes(block: dict, **more: dict) -> str:
     """The shipped spec with its ``kubernetes:`` block replaced (and other top-level blocks)."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data.update(kubernetes=block, **more)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def _manifests(folder: Path) -> list[tuple[str, dict]]:
     for path in sorted(folder.glob("k8s/*.y*ml")):
         if path.name == "kustomization.yaml":
             continue
-        for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
+        for i, doc in enumerate(yaml_docs(path.read_text())):
             if doc is not None:
                 docs.append((f"{path.name}#{i}:{doc.get('kind')}", doc))
     return docs
@@ -199,7 +199,7 @@ def test_manifests_of_a_spec_with_a_kubernetes_block_validate_and_carry_its_name
 
 def test_the_kustomization_lists_every_manifest(kube_out):
     for folder in (ROOT, kube_out):
-        kust = yaml.safe_load((folder / "k8s" / "kustomization.yaml").read_text())
+        kust = yaml_data((folder / "k8s" / "kustomization.yaml").read_text())
         on_disk = sorted(p.name for p in (folder / "k8s").glob("*.y*ml") if p.name != "kustomization.yaml")
         assert kust["kind"] == "Kustomization" and sorted(kust["resources"]) == on_disk
 
@@ -237,9 +237,9 @@ def test_the_alertmanagerconfig_with_every_kind_of_people_receiver_validates_aga
 
     from fusebox.generator.render_alertmanager import render_alertmanagerconfig
 
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["fuse"]["human_receiver"] = EVERY_KIND
-    cr = render_alertmanagerconfig(parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml"))
+    cr = render_alertmanagerconfig(parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml"))
     _validate(cr)
     people = next(rc for rc in cr["spec"]["receivers"] if rc["name"] == EVERY_KIND["name"])
     assert len(people) == 7  # its name and the six kinds: none left out

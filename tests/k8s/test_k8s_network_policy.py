@@ -23,7 +23,7 @@ import copy
 
 import pytest
 import yaml
-from _support import ROOT, SPEC
+from _support import ROOT, SPEC, yaml_data, yaml_text
 
 from fusebox import conventions as C
 from fusebox.generator.render_k8s import render_fuse_network_policy
@@ -64,11 +64,11 @@ def _admits(pol: dict, pod: dict[str, str], namespace: str) -> bool:
 
 
 def _spec(network_policy: dict | None = None, namespace: str = "monitoring"):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data.setdefault("kubernetes", {})["namespace"] = namespace
     if network_policy is not None:
         data["kubernetes"].setdefault("fuse", {})["network_policy"] = network_policy
-    return parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml")
+    return parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml")
 
 
 def test_the_committed_policy_admits_the_operators_alertmanager_and_prometheus_only():
@@ -113,9 +113,9 @@ def test_a_disabled_policy_is_not_generated():
     ({"prometheus": {"app kubernetes": "x"}}, "is not a Kubernetes label key"),
 ])
 def test_a_bad_network_policy_block_is_a_spec_error_at_its_line(block, what):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data.setdefault("kubernetes", {}).setdefault("fuse", {})["network_policy"] = block
-    text = yaml.safe_dump(data, sort_keys=False)
+    text = yaml_text(data, sort_keys=False)
     with pytest.raises(SpecError) as e:
         parse_spec(text, "fusebox.yaml")
     (p,) = e.value.problems

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _support import SPEC
+from _support import SPEC, yaml_data, yaml_text
 
 from fusebox.generator.outputs import render_all
 from fusebox.spec import parse_spec
@@ -36,9 +36,9 @@ def test_the_scaling_objects_apply_on_a_real_api_server_and_its_checks_hold(tmp_
     from kubernetes.client.exceptions import ApiException
 
     shipped = render_all(parse_spec(SPEC.read_text(), "fusebox.yaml"))
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["scaling"]["keda"]["enabled"], data["scaling"]["hpa"]["enabled"] = False, True
-    with_hpa = render_all(parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml"))
+    with_hpa = render_all(parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml"))
     cp = ControlPlane(tmp_path / "cp")
     try:
         cp.start()

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 import yaml
-from _support import ROOT, SPEC, promtools
+from _support import ROOT, SPEC, promtools, yaml_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusebox.generator.render_rules import render_rules
@@ -87,7 +87,7 @@ def test_a_vllm_only_spec_without_gateway_reads_vllm_and_fusebox():
     data["signals"]["kv_cache_time_to_full"]["sources"].pop("sglang")
     data["signals"]["preemption_rate"]["sources"].pop("sglang")
     data.pop("inpath")
-    spec = parse_spec(yaml.safe_dump(data, sort_keys=False), "fusebox.yaml", base_dir=ROOT)
+    spec = parse_spec(yaml_text(data, sort_keys=False), "fusebox.yaml", base_dir=ROOT)
     assert spec.engines == ("vllm",)
     assert [(a.stage, a.producer) for a in mmstages.read_aliases(spec)] == [
         ("encoder", "fusebox"), ("cache", "vllm"), ("handoff", "fusebox")]

@@ -21,7 +21,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from _support import FIXTURES, SPEC
+from _support import FIXTURES, SPEC, yaml_data, yaml_text
 from test_k8s_manifests import _validate as validate
 
 from fusebox import conventions as C
@@ -38,13 +38,13 @@ KUBERNETES_VERSION = "1.32.0"  # as tests/k8s/test_k8s_manifests.py
 
 
 def _spec_text(engines: dict | None, run: dict | None = None, **collectors) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     if engines is not None:
         data["kubernetes"]["engines"] = engines
     if run is not None:
         data["kubernetes"]["collectors"]["run"] = run
     data["kubernetes"]["collectors"].update(collectors)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _engines(models: dict, namespaces: list[str] | None = None) -> dict:
@@ -348,7 +348,7 @@ def test_dcgm_vllm_and_discovery_leave_no_kv_or_alignment_signal_unproduced():
     data = yaml.safe_load(dcgm_vllm_spec(keep_collector_signals=True))
     data["kubernetes"]["collectors"].update(enabled=True, run={"kv": [], "latency": []})
     data["kubernetes"]["engines"] = _engines(_both_models(), ["inference"])
-    warnings = spec_warnings(_parse(yaml.safe_dump(data, sort_keys=False)))
+    warnings = spec_warnings(_parse(yaml_text(data, sort_keys=False)))
     unproduced = [w for w in warnings if "nothing k8s/ deploys produces" in w]
     assert [w.split(" reads ")[0] for w in unproduced] == ["signal 'pcie_link_utilization'",
                                                            "signal 'pcie_root_complex_utilization'",

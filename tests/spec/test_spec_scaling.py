@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import yaml
-from _support import SPEC
+from _support import SPEC, yaml_text
 
 from fusebox.spec import SpecError, parse_spec
 
@@ -22,7 +22,7 @@ RAW = yaml.safe_load(TEXT)
 def _edited(edit) -> str:
     data = yaml.safe_load(TEXT)
     edit(data)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _problems(text: str) -> list[str]:

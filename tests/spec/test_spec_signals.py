@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _cli import run_cli
-from _support import FIXTURES, ROOT, SPEC, promtools, trimmed_spec, unscaled
+from _support import FIXTURES, ROOT, SPEC, promtools, trimmed_spec, unscaled, yaml_data, yaml_text
 
 from fusebox.generator.deadselectors import dead_selectors, load_captures, load_rules
 from fusebox.generator.outputs import render_all
@@ -35,10 +35,10 @@ def example_block() -> str:
 
 def example_spec_text(**global_) -> str:
     """The shipped spec with the docs' queue_depth signal added, and ``global_`` keys set."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["signals"].update(yaml.safe_load(example_block()))
     data["global"].update(global_)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _spec(text: str):
@@ -53,7 +53,7 @@ def _edit(**changes) -> str:
             sig.pop(k, None)
         else:
             sig[k] = v
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 # ------------------------------------------------------------------------------ unit: count
@@ -77,7 +77,7 @@ def test_a_count_threshold_with_a_unit_says_how_to_write_it():
     data = yaml.safe_load(example_spec_text())
     data["signals"]["queue_depth"]["tiers"]["critical"]["threshold"] = "50 requests"
     with pytest.raises(SpecError) as e:
-        _spec(yaml.safe_dump(data, sort_keys=False))
+        _spec(yaml_text(data, sort_keys=False))
     msg = str(e.value)
     assert "threshold" in msg and "plain number" in msg and "e.g. 50" in msg
 
@@ -102,11 +102,11 @@ def test_a_fuse_on_a_pod_signal_without_a_scope_label_is_refused():
     data = yaml.safe_load(example_spec_text())
     data["signals"]["queue_depth"]["tiers"]["critical"]["fuse"] = "freeze_admissions"
     with pytest.raises(SpecError) as e:
-        _spec(yaml.safe_dump(data, sort_keys=False))
+        _spec(yaml_text(data, sort_keys=False))
     assert "no fuse scope label" in str(e.value)
     # with the engine label in by, the fuse can be scoped
     data["signals"]["queue_depth"]["by"].append("engine")
-    assert _spec(yaml.safe_dump(data, sort_keys=False)).signal("queue_depth").tiers[1].fuse == "freeze_admissions"
+    assert _spec(yaml_text(data, sort_keys=False)).signal("queue_depth").tiers[1].fuse == "freeze_admissions"
 
 
 @pytest.mark.parametrize("level", ["model_name", "namespace"])
@@ -149,7 +149,7 @@ def _group(doc, name):
 
 
 def test_the_example_records_and_alerts(example_out):
-    doc = yaml.safe_load((example_out / "rules/fusebox.rules.yml").read_text())
+    doc = yaml_data((example_out / "rules/fusebox.rules.yml").read_text())
     # the record, for the panels, at the slow interval; the alerts (direction above) filter the
     # series first and take the max per pod (docs/rule-engines.md, "Rule cost")
     panels = _group(doc, "fusebox-queue_depth-panels")
@@ -171,7 +171,7 @@ def test_the_example_records_and_alerts(example_out):
 
 
 def test_the_example_tests_use_vllm_labels_and_real_text(example_out):
-    doc = yaml.safe_load((example_out / "rules/fusebox.rules.test.yml").read_text())
+    doc = yaml_data((example_out / "rules/fusebox.rules.test.yml").read_text())
     groups = [g for g in doc["tests"] if any("vllm:num_requests_waiting" in s["series"] for s in g["input_series"])
               and any(t["alertname"] == "VLLMQueueDepthHigh" for t in g["alert_rule_test"])]
     assert len(groups) == 4  # each tier, just above and just below
@@ -194,7 +194,7 @@ def test_the_example_tests_use_vllm_labels_and_real_text(example_out):
 
 
 def test_no_generated_annotation_names_an_empty_label(example_out):
-    doc = yaml.safe_load((example_out / "rules/fusebox.rules.test.yml").read_text())
+    doc = yaml_data((example_out / "rules/fusebox.rules.test.yml").read_text())
     for g in doc["tests"]:
         for t in g["alert_rule_test"]:
             for a in t["exp_alerts"]:
@@ -281,11 +281,11 @@ def test_global_source_switches_every_signal_with_a_dcgm_source():
 
 
 def test_a_signals_own_source_and_an_override_win_over_global_source():
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"]["source"] = "dcgm"
     data["signals"]["memory_bandwidth_saturation"]["source"] = "fusebox"
     data["overrides"] = [{"alert": "GPUMemoryUtilizationHigh", "source": "fusebox"}]
-    spec = _spec(yaml.safe_dump(data, sort_keys=False))
+    spec = _spec(yaml_text(data, sort_keys=False))
     assert spec.signal("memory_bandwidth_saturation").source.backend == "fusebox"
     assert spec.signal("gpu_memory_utilization").source.backend == "fusebox"
 
@@ -296,10 +296,10 @@ def test_a_signals_own_source_and_an_override_win_over_global_source():
     ("selectors", {"dcgm": {"0bad": "x"}}, "invalid label name '0bad'"),
 ])
 def test_bad_global_source_and_selectors_are_spec_errors(key, value, needle):
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"][key] = value
     with pytest.raises(SpecError) as e:
-        _spec(yaml.safe_dump(data, sort_keys=False))
+        _spec(yaml_text(data, sort_keys=False))
     assert needle in str(e.value)
     assert re.search(r"fusebox\.yaml:\d+:\d+: ", str(e.value))
 
@@ -307,9 +307,9 @@ def test_bad_global_source_and_selectors_are_spec_errors(key, value, needle):
 def _dcgm_spec(keep: tuple[str, ...] | None = None, **global_):
     """The shipped spec on dcgm-exporter's series (``global_`` keys set); with ``keep``, only GPU
     memory and those signals (_support.trimmed_spec)."""
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["global"].update({"source": "dcgm", **global_})
-    text = yaml.safe_dump(data, sort_keys=False)
+    text = yaml_text(data, sort_keys=False)
     return _spec(text if keep is None else trimmed_spec(text, *keep))
 
 
@@ -435,7 +435,7 @@ def test_the_demo_reads_its_own_collectors_whatever_source_and_selectors_the_spe
     data = yaml.safe_load(example_spec_text())
     data["global"].update(source="dcgm", selector={"cluster": "prod-a"}, selectors={"dcgm": {"namespace": "gpu-operator"}})
     data["signals"]["memory_bandwidth_saturation"]["source"] = "dcgm"
-    demo = _spec(demo_spec_text(yaml.safe_dump(data, sort_keys=False), webhook_url="http://127.0.0.1:1/alertmanager",
+    demo = _spec(demo_spec_text(yaml_text(data, sort_keys=False), webhook_url="http://127.0.0.1:1/alertmanager",
                                 credentials_file="/tmp/t"))
     # neither has a fusebox source: the example's queue depth, the engines' preemption counter
     assert {s.name for s in demo.signals if s.source.backend != "fusebox"} == {"queue_depth", "preemption_rate"}
@@ -458,13 +458,13 @@ def test_init_into_a_file_is_refused(tmp_path):
 def _without_by(*names, empty=False, alone=False):
     """The shipped spec with the ``by`` of the signals ``names`` removed (or ``empty``); ``alone``:
     only GPU memory and those signals (_support.trimmed_spec)."""
-    data = unscaled(yaml.safe_load(SPEC.read_text()), *names)  # a signal without `model` scales nothing
+    data = unscaled(yaml_data(SPEC.read_text()), *names)  # a signal without `model` scales nothing
     for n in names:
         if empty:
             data["signals"][n]["by"] = []
         else:
             data["signals"][n].pop("by")
-    text = yaml.safe_dump(data, sort_keys=False)
+    text = yaml_text(data, sort_keys=False)
     return _spec(trimmed_spec(text, *names) if alone else text)
 
 

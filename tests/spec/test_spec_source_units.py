@@ -9,21 +9,20 @@ FB_* fields MiB: read with no scale they compare a ratio or byte threshold again
 from __future__ import annotations
 
 import pytest
-import yaml
 from _cli import run_cli
-from _support import SPEC
+from _support import SPEC, yaml_data, yaml_text
 
 from fusebox.spec import parse_spec
 from fusebox.spec.errors import SpecError
 
 
 def _spec_with(signal: str, source: dict, **fields) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     sig = data["signals"][signal]
     sig["sources"] = {"engine": source}
     sig["source"] = "engine"
     sig.update(fields)
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def test_a_fraction_read_as_bytes_per_second_is_refused_at_its_line(tmp_path):

@@ -15,8 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
-from _support import SPEC, need, promtools, trimmed_spec
+from _support import SPEC, need, promtools, trimmed_spec, yaml_data, yaml_text
 
 from fusebox.generator.outputs import render_all
 from fusebox.generator.writer import write_outputs
@@ -28,7 +27,7 @@ KV, GPU = "kv_cache_time_to_full", "gpu_memory_time_to_full"
 
 
 def _spec_with(signal: str, sources: dict | None = None, **fields) -> str:
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     sig = data["signals"][signal]
     if sources is not None:
         sig["sources"] = sources
@@ -36,7 +35,7 @@ def _spec_with(signal: str, sources: dict | None = None, **fields) -> str:
     sig.update({k: v for k, v in fields.items() if v is not None})
     for k in (k for k, v in fields.items() if v is None):  # None: leave the key out
         del sig[k]
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def _line_of(text: str, signal: str, needle: str) -> int:
@@ -124,9 +123,9 @@ def test_the_direction_must_be_written_below():
 
 def test_a_time_to_full_signal_is_in_seconds_with_positive_thresholds():
     assert any("in seconds, not ratio" in p.what for p in _problems(_spec_with(KV, unit="ratio")))
-    data = yaml.safe_load(SPEC.read_text())
+    data = yaml_data(SPEC.read_text())
     data["signals"][KV]["tiers"]["critical"]["threshold"] = "0s"
-    text = yaml.safe_dump(data, sort_keys=False)
+    text = yaml_text(data, sort_keys=False)
     [p] = _problems(text)
     assert "positive" in p.what and p.line == _line_of(text, KV, "threshold: 0s")
 

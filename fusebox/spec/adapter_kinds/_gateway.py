@@ -6,7 +6,7 @@ may instead be discovered (``discover``), and the gateway's control-plane key ma
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from fusebox import conventions as C
 
@@ -14,6 +14,7 @@ from .base import AdapterKind, Err, http_url
 
 if TYPE_CHECKING:
     from fusebox.spec.adapters import Adapter, RawAdapter, RawTarget
+    from fusebox.spec.normalised import Spec
 
 __all__ = ["GatewayKind"]
 
@@ -36,7 +37,7 @@ class GatewayKind(AdapterKind):
         if not (t.worker_url and http_url(t.worker_url)):
             err(path, "this target needs a worker_url (http or https)", "e.g. worker_url: http://10.0.0.5:30001")
 
-    def warnings(self, a: Adapter, spec: Any, prometheus_example: str) -> list[str]:
+    def warnings(self, a: Adapter, spec: Spec, prometheus_example: str) -> list[str]:
         """A ``discover`` without ``prometheus`` while the generated fuse Deployment passes no
         ``--prometheus-url``, a ``credentials_file`` while ``kubernetes.fuse.gateway_secret`` is
         unset: either way the generated Deployment exits 2 at start."""

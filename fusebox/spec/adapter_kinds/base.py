@@ -16,11 +16,12 @@ places the problem on the key rather than its value.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:  # the spec's types, for the signatures only (fusebox.spec.adapters imports this package)
     from fusebox.spec.adapters import Adapter, RawAdapter, RawTarget
+    from fusebox.spec.normalised import Spec
 
 __all__ = ["AdapterKind", "Err", "http_url"]
 
@@ -64,7 +65,7 @@ class AdapterKind:
     def check_fields(self, a: RawAdapter, name: str, path: tuple, levels: dict[str, int], err: Err) -> None:
         """The checks of the kind's own :attr:`fields`; ``levels``: fuse action name -> level."""
 
-    def warnings(self, a: Adapter, spec: Any, prometheus_example: str) -> list[str]:
+    def warnings(self, a: Adapter, spec: Spec, prometheus_example: str) -> list[str]:
         """What ``fusebox generate`` warns of for adapter ``a`` of ``spec`` (a loaded Spec), one line
         each; ``prometheus_example``: where kube-prometheus-stack's Prometheus would be for the
         spec's release (the text a missing ``--prometheus-url`` warning suggests)."""

@@ -5,7 +5,7 @@ holding its value; targets carry ``vars`` for the templates and no ``worker_url`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import SandboxedEnvironment
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["KIND", "HttpKind"]
 
 
-def _template_strings(body: Any, path: tuple) -> list[tuple[tuple, str]]:
+def _template_strings(body: object, path: tuple) -> list[tuple[tuple, str]]:
     if isinstance(body, str):
         return [(path, body)]
     if isinstance(body, dict):
