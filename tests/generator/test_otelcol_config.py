@@ -172,3 +172,20 @@ def test_the_pinned_collector_rejects_the_logging_exporter(tmp_path):
     r = subprocess.run([str(binary), "validate", f"--config={cfg}"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "logging" in r.stdout + r.stderr
+
+
+@pytest.mark.otelcol
+def test_the_pinned_collector_refuses_traces_into_the_prometheus_exporter(spec, tmp_path):
+    # The seed's traces pipeline ended in the Prometheus exporter: a metrics exporter takes no spans,
+    # which is why the generated one ends in otlp_grpc/traces. Proves that validation can fail here.
+    binary = otelcol_binary()
+    cfg = otelcol_config(spec, TRACES_ONLY)
+    cfg["service"]["pipelines"]["traces"]["exporters"] = ["prometheus"]
+    del cfg["exporters"]["otlp_grpc/traces"]
+    path = tmp_path / "seed.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, FUSEBOX_OTELCOL_TELEMETRY_PORT=str(free_port()))
+    r = subprocess.run([str(binary), "validate", f"--config={path}"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0
+    # v0.165: failed to create "prometheus" exporter for data type "traces": telemetry type is not supported
+    assert 'failed to create "prometheus" exporter for data type "traces"' in r.stdout + r.stderr
