@@ -1,5 +1,5 @@
 """The external programs fusebox runs (promtool, amtool, Prometheus, Alertmanager, the
-OpenTelemetry Collector, VictoriaMetrics, Thanos): where the pinned builds live, the error when one is missing, and a
+OpenTelemetry Collector, VictoriaMetrics, Thanos, Jaeger): where the pinned builds live, the error when one is missing, and a
 free loopback port for the ones it starts.
 
 A leaf module: standard library only. ``fusebox check``, the demo, the benchmarks and the tests
@@ -13,13 +13,16 @@ import random
 import socket
 from pathlib import Path
 
-__all__ = ["PORTS_ENV", "THANOS_VERSION", "TOOLS_ENV", "VICTORIAMETRICS_VERSION", "ToolMissing", "free_port", "port_slice", "thanos_tool", "tools_dir",
-           "victoriametrics_tool"]
+__all__ = ["JAEGER_VERSION", "PORTS_ENV", "THANOS_VERSION", "TOOLS_ENV", "VICTORIAMETRICS_VERSION", "ToolMissing", "free_port",
+           "jaeger_tool", "port_slice", "thanos_tool", "tools_dir", "victoriametrics_tool"]
 
 # The VictoriaMetrics release tools/build-victoriametrics.sh builds (single node, vmalert, vmalert-tool).
 VICTORIAMETRICS_VERSION = "v1.151.0"
 # The Thanos release tools/build-thanos.sh builds (fusebox runs its `tools rules-check`).
 THANOS_VERSION = "v0.42.4"
+# The Jaeger release tools/build-jaeger.sh builds (its v2 `jaeger` command, the trace backend); the Go
+# module's v1.x tag, which Jaeger releases beside the v2.x one.
+JAEGER_VERSION = "v1.75.0"
 
 # Where tools/bootstrap.sh builds the pinned Go tools (the Makefile exports the same default).
 TOOLS_ENV = "FUSEBOX_TOOLS"
@@ -101,6 +104,16 @@ _EPHEMERAL = _ephemeral_range()
 _GIVEN: set[int] = set()
 
 
+def _built(project: str, version: str, name: str) -> Path:
+    """``tools_dir()/<project>-<version>/<name>``, the binary tools/build-<project>.sh builds;
+    ToolMissing (saying to run ``make tools``) when it is not there or not executable."""
+    path = tools_dir() / f"{project}-{version}" / name
+    if not os.access(path, os.X_OK):
+        raise ToolMissing(f"missing {name} {version} ({path}): run `make tools` "
+                          f"(tools/build-{project}.sh builds it with Go)")
+    return path
+
+
 def victoriametrics_tool(name: str) -> Path:
     """The pinned VictoriaMetrics binary ``name`` (``victoria-metrics``, ``vmalert`` or
     ``vmalert-tool``) that tools/build-victoriametrics.sh builds into
@@ -109,11 +122,7 @@ def victoriametrics_tool(name: str) -> Path:
     Raises:
         ToolMissing: the binary is not there; the message says to run ``make tools``.
     """
-    path = tools_dir() / f"victoriametrics-{VICTORIAMETRICS_VERSION}" / name
-    if not os.access(path, os.X_OK):
-        raise ToolMissing(f"missing {name} {VICTORIAMETRICS_VERSION} ({path}): run `make tools` "
-                          "(tools/build-victoriametrics.sh builds it with Go)")
-    return path
+    return _built("victoriametrics", VICTORIAMETRICS_VERSION, name)
 
 
 def thanos_tool() -> Path:
@@ -123,8 +132,14 @@ def thanos_tool() -> Path:
     Raises:
         ToolMissing: the binary is not there; the message says to run ``make tools``.
     """
-    path = tools_dir() / f"thanos-{THANOS_VERSION}" / "thanos"
-    if not os.access(path, os.X_OK):
-        raise ToolMissing(f"missing thanos {THANOS_VERSION} ({path}): run `make tools` "
-                          "(tools/build-thanos.sh builds it with Go)")
-    return path
+    return _built("thanos", THANOS_VERSION, "thanos")
+
+
+def jaeger_tool() -> Path:
+    """The pinned Jaeger v2 ``jaeger`` binary that tools/build-jaeger.sh builds into
+    ``tools_dir()/jaeger-<JAEGER_VERSION>/``; tools/jaeger/loopback.yaml runs it on chosen ports.
+
+    Raises:
+        ToolMissing: the binary is not there; the message says to run ``make tools``.
+    """
+    return _built("jaeger", JAEGER_VERSION, "jaeger")

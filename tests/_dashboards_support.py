@@ -38,6 +38,17 @@ def otelcol_binary() -> Path:
     return p
 
 
+def jaeger_binary() -> Path:
+    """Jaeger v2's ``jaeger`` built by tools/build-jaeger.sh (``fusebox.tooling.jaeger_tool``)."""
+    from fusebox.tooling import ToolMissing, jaeger_tool
+
+    try:
+        return jaeger_tool()
+    except ToolMissing as e:
+        _support.missing(str(e))
+        raise
+
+
 def prometheus_binary() -> str:
     p = shutil.which("prometheus")
     if not p:
@@ -100,6 +111,43 @@ def prometheus(tmp: Path, config: dict, *, storage: Path | None = None, extra_ar
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/-/ready", proc, log=tmp / "prometheus.log")
         yield url
+
+
+@contextlib.contextmanager
+def jaeger(tmp: Path):
+    """A real Jaeger v2 (all-in-one, in-memory storage) from tools/jaeger/loopback.yaml on free
+    loopback ports; yields its endpoints as ``host:port`` strings: ``otlp_grpc``, ``otlp_http``
+    (POST /v1/traces), ``query_grpc``, and ``query`` as a base URL (``/api/traces/{trace id}``).
+    Up once the query API answers and both OTLP receivers accept connections."""
+    ports = {k: free_port() for k in ("otlp_grpc", "otlp_http", "query", "query_grpc")}
+    env = dict(os.environ, FUSEBOX_JAEGER_OTLP_GRPC_ENDPOINT=f"127.0.0.1:{ports['otlp_grpc']}",
+               FUSEBOX_JAEGER_OTLP_HTTP_ENDPOINT=f"127.0.0.1:{ports['otlp_http']}",
+               FUSEBOX_JAEGER_QUERY_HTTP_ENDPOINT=f"127.0.0.1:{ports['query']}",
+               FUSEBOX_JAEGER_QUERY_GRPC_ENDPOINT=f"127.0.0.1:{ports['query_grpc']}")
+    log = tmp / "jaeger.log"
+    args = [str(jaeger_binary()), "--config", str(ROOT / "tools/jaeger/loopback.yaml")]
+    with process(args, log, env=env) as proc:
+        base = f"http://127.0.0.1:{ports['query']}"
+        wait_http(base + "/api/services", proc, log=log)
+        for name in ("otlp_grpc", "otlp_http"):  # the receivers start after the query extension
+            wait_port(ports[name], proc, log)
+        yield {"query": base, **{k: f"127.0.0.1:{v}" for k, v in ports.items() if k != "query"}}
+
+
+def wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    """Until 127.0.0.1:``port`` accepts a TCP connection; AssertionError (with ``log``'s tail) when
+    ``proc`` exits first or ``timeout`` s pass."""
+    import socket
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[0]} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"127.0.0.1:{port} not accepting after {timeout}s:\n{log.read_text()[-4000:]}")
 
 
 def evaluated_since(base: str, since: float, max_interval_s: float) -> list[str]:

@@ -5,7 +5,7 @@
 #  - pinned Go tools (Prometheus 3 promtool, the OpenTelemetry Collector, VictoriaMetrics with
 #    vmalert and vmalert-tool, Thanos for its rules-check, kube-apiserver, kube-controller-manager
 #    and etcd, the Prometheus Operator and its CRDs, KEDA's operator and metrics API server and its
-#    CRDs) built once into $FUSEBOX_TOOLS and reused.
+#    CRDs, Jaeger v2 as the trace backend) built once into $FUSEBOX_TOOLS and reused.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 TOOLS=${FUSEBOX_TOOLS:-$HOME/.cache/fusebox/tools}

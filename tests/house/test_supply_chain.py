@@ -171,3 +171,21 @@ def test_keda_builds_in_its_own_hash_checked_module():
     assert "MODULE=github.com/kedacore/keda/v2" in script and 'verified_module_dir "$MODULE" "$VERSION"' in script
     assert '(cd "$src" && GOWORK=off GOFLAGS=-mod=readonly' in script and "./cmd/operator ./cmd/adapter" in script
     assert f'KEDA_VERSION = "{version}"' in (ROOT / "tests/_scaling_support.py").read_text()
+
+
+def test_jaeger_builds_in_its_own_hash_checked_module():
+    """Jaeger v2's `jaeger` builds inside the downloaded module (its go.mod's replace directive
+    holds only there), whose h1 hash tools/go-modules.sum pins; its own go.sum pins the rest
+    (GOFLAGS=-mod=readonly); the version is the one fusebox.tooling finds the binary by."""
+    from fusebox.tooling import JAEGER_VERSION
+
+    script = (ROOT / "tools/build-jaeger.sh").read_text()
+    version = re.search(r"^VERSION=(v\S+)", script, re.M).group(1)
+    assert version == JAEGER_VERSION == "v1.75.0"  # the approved version; v1.76.0 is not
+    assert re.search(rf"^github.com/jaegertracing/jaeger {re.escape(version)} "
+                     r"h1:OWj6uKRJ8QaH\+AVypRwqINGi3Q/WOchbEfp53FJK0Xk=$",
+                     (ROOT / "tools/go-modules.sum").read_text(), re.M)
+    assert "MODULE=github.com/jaegertracing/jaeger" in script and 'verified_module_dir "$MODULE" "$VERSION"' in script
+    assert '(cd "$src" && GOWORK=off GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath' in script
+    assert '-o "$dest.tmp/jaeger"' in script and script.rstrip().endswith('echo "bootstrap: built $dest/jaeger"')
+    assert f"`jaeger-{version}/jaeger`" in (ROOT / "tools/README.md").read_text()
