@@ -13,8 +13,8 @@ import random
 import socket
 from pathlib import Path
 
-__all__ = ["JAEGER_VERSION", "PORTS_ENV", "THANOS_VERSION", "TOOLS_ENV", "VICTORIAMETRICS_VERSION", "ToolMissing", "free_port",
-           "jaeger_tool", "port_slice", "thanos_tool", "tools_dir", "victoriametrics_tool"]
+__all__ = ["JAEGER_VERSION", "OTELCOL_ENV", "OTELCOL_VERSION", "PORTS_ENV", "THANOS_VERSION", "TOOLS_ENV", "VICTORIAMETRICS_VERSION",
+           "ToolMissing", "free_port", "jaeger_tool", "otelcol_tool", "port_slice", "thanos_tool", "tools_dir", "victoriametrics_tool"]
 
 # The VictoriaMetrics release tools/build-victoriametrics.sh builds (single node, vmalert, vmalert-tool).
 VICTORIAMETRICS_VERSION = "v1.151.0"
@@ -23,6 +23,11 @@ THANOS_VERSION = "v0.42.4"
 # The Jaeger release tools/build-jaeger.sh builds (its v2 `jaeger` command, the trace backend); the Go
 # module's v1.x tag, which Jaeger releases beside the v2.x one.
 JAEGER_VERSION = "v1.75.0"
+# The folder tools/build-otelcol.sh builds the Collector into: its VERSION, the core version and the
+# first 12 hex digits of tools/otelcol/manifest.yaml's sha256 (a manifest change, a new folder).
+OTELCOL_VERSION = "v0.165.0-fad73c3a4fa3"
+# A Collector binary to use instead of the pinned build.
+OTELCOL_ENV = "FUSEBOX_OTELCOL"
 
 # Where tools/bootstrap.sh builds the pinned Go tools (the Makefile exports the same default).
 TOOLS_ENV = "FUSEBOX_TOOLS"
@@ -143,3 +148,20 @@ def jaeger_tool() -> Path:
         ToolMissing: the binary is not there; the message says to run ``make tools``.
     """
     return _built("jaeger", JAEGER_VERSION, "jaeger")
+
+
+def otelcol_tool() -> Path:
+    """``$FUSEBOX_OTELCOL``, else the pinned Collector ``otelcol-fusebox`` that
+    tools/build-otelcol.sh builds into ``tools_dir()/otelcol-<OTELCOL_VERSION>/``.
+
+    Raises:
+        ToolMissing: the binary is not there (or ``$FUSEBOX_OTELCOL`` names no executable file);
+            the message says to run ``make tools``.
+    """
+    chosen = os.environ.get(OTELCOL_ENV)
+    if not chosen:
+        return _built("otelcol", OTELCOL_VERSION, "otelcol-fusebox")
+    if not os.access(chosen, os.X_OK):
+        raise ToolMissing(f"missing the OpenTelemetry Collector ${OTELCOL_ENV}={chosen}: not an executable file "
+                          "(unset it to use the one `make tools` builds)")
+    return Path(chosen)

@@ -14,15 +14,15 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
 import _support
 
-from fusebox.tooling import free_port, tools_dir  # noqa: F401  (re-exported to the tests)
+from fusebox.tooling import ToolMissing, free_port, jaeger_tool, otelcol_tool, tools_dir  # noqa: F401  (re-exported to the tests)
 
 ROOT = Path(__file__).resolve().parents[1]
-OTELCOL_VERSION = "v0.165.0"
 
 
 def missing(what: str, how: str):
@@ -30,23 +30,23 @@ def missing(what: str, how: str):
     _support.missing(f"{what} not found: {how}")
 
 
+def _pinned(find: Callable[[], Path]) -> Path:
+    """``find()``, a fusebox.tooling finder's path, or fail (under CI) / skip with its ToolMissing message."""
+    try:
+        return find()
+    except ToolMissing as e:
+        _support.missing(str(e))
+        raise
+
+
 def otelcol_binary() -> Path:
-    """The Collector built by tools/build-otelcol.sh (or $FUSEBOX_OTELCOL)."""
-    p = Path(os.environ.get("FUSEBOX_OTELCOL") or tools_dir() / f"otelcol-{OTELCOL_VERSION}" / "otelcol-fusebox")
-    if not os.access(p, os.X_OK):
-        missing(f"OpenTelemetry Collector {p}", "run `make tools` (tools/build-otelcol.sh builds it with Go)")
-    return p
+    """The Collector built by tools/build-otelcol.sh (or $FUSEBOX_OTELCOL): ``fusebox.tooling.otelcol_tool``."""
+    return _pinned(otelcol_tool)
 
 
 def jaeger_binary() -> Path:
     """Jaeger v2's ``jaeger`` built by tools/build-jaeger.sh (``fusebox.tooling.jaeger_tool``)."""
-    from fusebox.tooling import ToolMissing, jaeger_tool
-
-    try:
-        return jaeger_tool()
-    except ToolMissing as e:
-        _support.missing(str(e))
-        raise
+    return _pinned(jaeger_tool)
 
 
 def prometheus_binary() -> str:

@@ -29,7 +29,7 @@ dest="$TOOLS/jaeger-$VERSION"
 command -v go >/dev/null || { echo "bootstrap: Go >= 1.26 is needed to build Jaeger $VERSION (https://go.dev/dl)" >&2; exit 1; }
 src=$(verified_module_dir "$MODULE" "$VERSION")
 
-echo "bootstrap: building Jaeger $VERSION's jaeger command (first run only, about 15 CPU-minutes)"
+echo "bootstrap: building Jaeger $VERSION's jaeger command (first run only, about 7 CPU-minutes)"
 # the version stamp of Jaeger's Makefile (BuildInfo.mk); `jaeger version` prints it
 ldflags="-s -w -X=$MODULE/internal/version.latestVersion=$VERSION -X=$MODULE/internal/version.commitSHA=$VERSION"
 rm -rf "$dest.tmp"; mkdir -p "$dest.tmp"

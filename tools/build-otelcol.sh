@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the pinned OpenTelemetry Collector that fusebox's generated config targets, with the
-# collector builder (ocb), into $1/otelcol-$VERSION/otelcol-fusebox. Skipped when the binary is
-# already there, so `make test` stays quick once cached.
+# collector builder (ocb), into $1/otelcol-$VERSION/otelcol-fusebox (VERSION: the core version and
+# a digest of the manifest). Skipped when the binary is already there, so `make test` stays quick
+# once cached.
 #
 # Pinned by files in this repository: tools/otelcol/manifest.yaml (the components and their
 # versions), tools/otelcol/go.mod and go.sum (every module below them, built with
@@ -16,13 +17,21 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tools/go-verify.sh
 . "$here/go-verify.sh"
 CORE=v0.165.0        # the builder and the go.opentelemetry.io/collector/* 0.x modules in the manifest
-VERSION=$CORE
+# The output folder's name: CORE and the first 12 hex digits of otelcol/manifest.yaml's sha256, so
+# a manifest change (a component added) gives a new folder and a cached build of another manifest
+# is never taken for this one. Keep in step with OTELCOL_VERSION in fusebox/tooling.py.
+VERSION=$CORE-fad73c3a4fa3
 refresh=false
 if [ "${1:-}" = "--refresh" ]; then
   refresh=true
   TOOLS=$(mktemp -d)
 else
   TOOLS=${1:?usage: build-otelcol.sh TOOLS_DIR | --refresh}
+  manifest_sum=$(sha256sum "$here/otelcol/manifest.yaml" | cut -c1-12)
+  if [ "$VERSION" != "$CORE-$manifest_sum" ]; then
+    echo "bootstrap: tools/otelcol/manifest.yaml has changed: set VERSION=$CORE-$manifest_sum in tools/build-otelcol.sh and OTELCOL_VERSION in fusebox/tooling.py (after tools/build-otelcol.sh --refresh)" >&2
+    exit 1
+  fi
 fi
 dest="$TOOLS/otelcol-$VERSION"
 if ! $refresh && [ -x "$dest/otelcol-fusebox" ]; then exit 0; fi

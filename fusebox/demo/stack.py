@@ -13,7 +13,6 @@ variables, the rule engine through the config written here.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import secrets
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fusebox.spec.adapter_kinds import ADAPTER_LEVELS
-from fusebox.tooling import ToolMissing, free_port, jaeger_tool, tools_dir
+from fusebox.tooling import OTELCOL_VERSION, ToolMissing, free_port, jaeger_tool, otelcol_tool, tools_dir
 
 from .rule_engines import Engine, StartContext, engine_class, make_engine, prometheus_config
 from .spec import FAST, Timing, demo_spec_text
@@ -91,13 +90,12 @@ def find_tools(engine: str = "prometheus") -> dict[str, str]:
         "alertmanager": os.environ.get("FUSEBOX_ALERTMANAGER") or shutil.which("prometheus-alertmanager")
         or shutil.which("alertmanager"),
     }
-    otel = os.environ.get("FUSEBOX_OTELCOL")
-    if not otel:
-        built = sorted(glob.glob(str(tools_dir() / "otelcol-v*" / "otelcol-fusebox")))
-        otel = built[-1] if built else None
-    found["otelcol"] = otel if otel and os.access(otel, os.X_OK) else None
+    try:
+        found["otelcol"] = str(otelcol_tool())
+    except ToolMissing:
+        found["otelcol"] = None
     where = {"alertmanager": "prometheus-alertmanager (>= 0.25)",
-             "otelcol": f"the OpenTelemetry Collector ({tools_dir()}/otelcol-v*/otelcol-fusebox)"}
+             "otelcol": f"the OpenTelemetry Collector ({tools_dir()}/otelcol-{OTELCOL_VERSION}/otelcol-fusebox)"}
     missing = eng_missing + [where[k] for k, v in found.items() if not v]
     if missing:
         raise ToolMissing("missing " + ", ".join(missing)

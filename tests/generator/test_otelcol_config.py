@@ -189,3 +189,35 @@ def test_the_pinned_collector_refuses_traces_into_the_prometheus_exporter(spec, 
     assert r.returncode != 0
     # v0.165: failed to create "prometheus" exporter for data type "traces": telemetry type is not supported
     assert 'failed to create "prometheus" exporter for data type "traces"' in r.stdout + r.stderr
+
+
+def test_the_collector_binary_is_found_by_its_manifest_folder_or_fusebox_otelcol(tmp_path, monkeypatch):
+    """fusebox.tooling.otelcol_tool: $FUSEBOX_OTELCOL when set (an executable file), else the folder
+    tools/build-otelcol.sh builds (named after the manifest's digest); ToolMissing says how to fix."""
+    from fusebox.tooling import ToolMissing, otelcol_tool
+
+    monkeypatch.setenv("FUSEBOX_TOOLS", str(tmp_path))
+    monkeypatch.delenv("FUSEBOX_OTELCOL", raising=False)
+    built = tmp_path / "otelcol-v0.165.0-fad73c3a4fa3" / "otelcol-fusebox"
+    with pytest.raises(ToolMissing) as e:
+        otelcol_tool()
+    assert str(e.value) == (f"missing otelcol-fusebox v0.165.0-fad73c3a4fa3 ({built}): run `make tools` "
+                            "(tools/build-otelcol.sh builds it with Go)")
+    (tmp_path / "otelcol-v0.165.0").mkdir()  # the build of an older manifest is not taken for this one
+    (tmp_path / "otelcol-v0.165.0" / "otelcol-fusebox").write_text("#!/bin/sh\n")
+    (tmp_path / "otelcol-v0.165.0" / "otelcol-fusebox").chmod(0o755)
+    with pytest.raises(ToolMissing):
+        otelcol_tool()
+    built.parent.mkdir()
+    built.write_text("#!/bin/sh\n")
+    built.chmod(0o755)
+    assert otelcol_tool() == built
+    own = tmp_path / "own-otelcol"
+    monkeypatch.setenv("FUSEBOX_OTELCOL", str(own))
+    with pytest.raises(ToolMissing) as e:
+        otelcol_tool()
+    assert str(e.value) == (f"missing the OpenTelemetry Collector $FUSEBOX_OTELCOL={own}: not an executable file "
+                            "(unset it to use the one `make tools` builds)")
+    own.write_text("#!/bin/sh\n")
+    own.chmod(0o755)
+    assert otelcol_tool() == own

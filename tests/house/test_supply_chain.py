@@ -76,7 +76,12 @@ def test_the_otelcol_build_uses_the_committed_manifest_and_module_graph():
     gomod = (ROOT / "tools/otelcol/go.mod").read_text()
     required = dict(re.findall(r"^\t(\S+) (v\S+)(?: // indirect)?$", gomod, re.M))
     components = re.findall(r"gomod: (\S+) (v\S+)", manifest)
-    assert len(components) == 12
+    assert len(components) == 15
+    # the trace pipeline's parts (issue 35): OTLP out over gRPC and HTTP, span metrics
+    assert {"go.opentelemetry.io/collector/exporter/otlpexporter",
+            "go.opentelemetry.io/collector/exporter/otlphttpexporter",
+            "github.com/open-telemetry/opentelemetry-collector-contrib/connector/spanmetricsconnector"} <= dict(components).keys()
+    assert "\nconnectors:\n  - gomod: github.com/open-telemetry/opentelemetry-collector-contrib/connector/spanmetricsconnector " in manifest
     for module, version in components:
         assert required.get(module) == version, module
     gosum = (ROOT / "tools/otelcol/go.sum").read_text()
@@ -189,3 +194,44 @@ def test_jaeger_builds_in_its_own_hash_checked_module():
     assert '(cd "$src" && GOWORK=off GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -trimpath' in script
     assert '-o "$dest.tmp/jaeger"' in script and script.rstrip().endswith('echo "bootstrap: built $dest/jaeger"')
     assert f"`jaeger-{version}/jaeger`" in (ROOT / "tools/README.md").read_text()
+
+
+def test_the_otelcol_build_folder_is_named_after_the_manifest_it_was_built_from():
+    """tools/build-otelcol.sh skips when its folder holds a binary, so the folder's name carries the
+    manifest's digest: a manifest change (a component added) builds into a new folder instead of
+    taking a cached build of the old one. VERSION, the digest of the committed manifest and the
+    version fusebox.tooling finds the binary by agree; the script refuses a stale VERSION."""
+    import hashlib
+
+    from fusebox.tooling import OTELCOL_VERSION
+
+    script = (ROOT / "tools/build-otelcol.sh").read_text()
+    core = re.search(r"^CORE=(v\S+)", script, re.M).group(1)
+    version = re.search(r"^VERSION=(\S+)$", script, re.M).group(1)
+    digest = hashlib.sha256((ROOT / "tools/otelcol/manifest.yaml").read_bytes()).hexdigest()[:12]
+    assert version == f"$CORE-{digest}" and OTELCOL_VERSION == f"{core}-{digest}"
+    assert 'manifest_sum=$(sha256sum "$here/otelcol/manifest.yaml" | cut -c1-12)' in script
+    assert 'if [ "$VERSION" != "$CORE-$manifest_sum" ]; then' in script and 'dest="$TOOLS/otelcol-$VERSION"' in script
+    assert f"`otelcol-{core}-<digest>/otelcol-fusebox`" in (ROOT / "tools/README.md").read_text()
+
+
+def test_the_otelcol_build_refuses_a_manifest_its_version_was_not_named_after(tmp_path):
+    """A component added to the manifest without a new VERSION: the script stops before building,
+    exit 1, naming the VERSION to set; nothing is written to the tools folder."""
+    import hashlib
+    import shutil
+    import subprocess
+
+    (tmp_path / "otelcol").mkdir()
+    for name in ("build-otelcol.sh", "go-verify.sh"):
+        shutil.copy(ROOT / "tools" / name, tmp_path / name)
+    manifest = (ROOT / "tools/otelcol/manifest.yaml").read_text()
+    manifest += "  - gomod: go.opentelemetry.io/collector/exporter/nopexporter v0.165.0\n"
+    (tmp_path / "otelcol/manifest.yaml").write_text(manifest)
+    digest = hashlib.sha256(manifest.encode()).hexdigest()[:12]
+    r = subprocess.run(["bash", str(tmp_path / "build-otelcol.sh"), str(tmp_path / "tools")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"bootstrap: tools/otelcol/manifest.yaml has changed: set VERSION=v0.165.0-{digest} in "
+                        "tools/build-otelcol.sh and OTELCOL_VERSION in fusebox/tooling.py (after tools/build-otelcol.sh --refresh)\n")
+    assert not (tmp_path / "tools").exists()
