@@ -57,7 +57,7 @@ ENV = {
 
 # The trace backend's address: the spec's otelcol.traces.endpoint is the default.
 TRACES_ENDPOINT_ENV = "FUSEBOX_TRACES_ENDPOINT"
-TRACES_EXPORTER = "otlp_grpc/traces"  # the core otlp exporter's type since v0.163 (alias: otlp)
+TRACES_EXPORTER = "otlp_grpc/traces"  # the core otlp exporter's type in v0.165 (deprecated alias: otlp)
 SPAN_METRICS = "span_metrics"  # the contrib connector's type (alias: spanmetrics)
 
 
