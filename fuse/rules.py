@@ -88,9 +88,9 @@ class FuseRules:
 
     @classmethod
     def from_spec(cls, spec) -> FuseRules:
-        """From a :class:`fusebox.spec.Spec`: spec.actions, each tier's ``fuse``,
-        ``fuse.allow_fleet_wide_alerts``, and the trusted pairs: (alert, ``fuse_action``) of every
-        tier that requests a fuse, and (``FuseboxGPUDown``, action) for each action of
+        """From a :class:`fusebox.spec.Spec`: spec.actions, each tier's ``fuse`` (a signal's, or an
+        SLO's page or ticket), ``fuse.allow_fleet_wide_alerts``, and the trusted pairs: (alert,
+        ``fuse_action``) of every tier that requests a fuse, and (``FuseboxGPUDown``, action) for each action of
         :func:`fusebox.signal_kinds.lost_gpu_fuses` -- the pairs the generated alerting rules carry
         (the rule renderer puts ``fuse_action`` on exactly those; a test compares the two).
         """
@@ -101,6 +101,12 @@ class FuseRules:
                 if t.fuse:
                     by_alert[(s.alert, t.severity)] = t.fuse
         trusted = [(s.alert, t.fuse) for s in spec.signals for t in s.tiers if t.fuse]
+        # An SLO's burn-rate alert that requests a fuse (slos.<name>.page/ticket.fuse) takes the same path.
+        for slo in getattr(spec, "slos", ()):
+            for bt in slo.tiers:
+                if bt.fuse:
+                    by_alert[(slo.alert, bt.severity)] = bt.fuse
+                    trusted.append((slo.alert, bt.fuse))
         # A lost GPU holds the fuse of the signals it silences (the GPU-down rules carry these actions).
         trusted += [(C.GPU_DOWN_ALERT, action) for action in lost_gpu_fuses(spec)]
         return cls(actions, by_alert, allow_fleet_wide=bool(getattr(spec, "allow_fleet_wide_alerts", False)),

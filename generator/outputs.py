@@ -25,6 +25,8 @@ from .render_alertmanager import render_alertmanager, render_alertmanagerconfig,
 from .render_k8s import DISCOVERING, discovering, kustomization_output, render_prometheusrule, workload_outputs
 from .render_rules import Rules, render_rules
 from .render_runbooks import render_runbooks
+from .render_slo import GROUP_PREFIX as SLO_GROUP_PREFIX
+from .render_slo import TEST_INTERVAL_S, slo_test_groups
 from .render_tests import render_rule_tests
 from .render_vmalert_tests import lag_note, vmalert_tests
 from .rule_engines import MAX_GROUPS_PER_TENANT
@@ -34,6 +36,11 @@ from .yamlout import dump_yaml
 RULE_FILE = "rules/fusebox.rules.yml"
 RULE_TEST_FILE = "rules/fusebox.rules.test.yml"
 VMALERT_RULE_TEST_FILE = "rules/fusebox.rules.vmalert.test.yml"  # the same cases for vmalert-tool unittest
+SLO_TEST_FILE = "rules/fusebox.slo.test.yml"  # the SLOs' burn-rate cases (days of input: their own 1m interval)
+SLO_VMALERT_TEST_FILE = "rules/fusebox.slo.vmalert.test.yml"  # the same cases for vmalert-tool unittest
+# The SLO groups of RULE_FILE alone, which SLO_TEST_FILE reads: promtool evaluates every group of its
+# rule files at each step, and days of one-minute steps over all of RULE_FILE's groups take many minutes.
+SLO_RULE_FILE = "rules/fusebox.slo.rules.yml"
 ALERTMANAGER_FILE = "alertmanager/alertmanager.yml"
 ROUTE_TEST_FILE = "alertmanager/route-tests.yml"
 FRAGMENT_FILE = "alertmanager/fragment.yml"
@@ -94,14 +101,15 @@ def _alert_tests_text(cases: list[dict[str, Any]], cache: dict[tuple[int, ...], 
     return "".join(out)
 
 
-def _test_text(head: str, spec: Spec, tests: list[tuple[str, dict[str, Any]]], cache: dict[tuple[int, ...], str]) -> str:
+def _test_text(head: str, spec: Spec, tests: list[tuple[str, dict[str, Any]]], cache: dict[tuple[int, ...], str],
+               interval_s: float | None = None, rule_file: str = RULE_FILE) -> str:
     """A rule-test file (promtool's format, or vmalert-tool's): ``head``, then each group under a
     comment with its title and the reason of each check (the ``_why`` keys, left out of the YAML).
 
     The promtool and vmalert-tool files hold the same input series and expected alerts (the same
     objects): ``cache`` keeps their text, written once for both."""
-    text = [head, dump_yaml({"rule_files": [Path(RULE_FILE).name],
-                             "evaluation_interval": format_duration(spec.evaluation_interval_s)}), "tests:\n"]
+    text = [head, dump_yaml({"rule_files": [Path(rule_file).name],
+                             "evaluation_interval": format_duration(interval_s or spec.evaluation_interval_s)}), "tests:\n"]
     for title, group in tests:
         whys = [c["_why"] for c in group.get("alert_rule_test", []) if "_why" in c]
         text.append(f"# {title}\n" + "".join(f"#  - {w}\n" for w in whys))
@@ -129,6 +137,18 @@ def _rule_files(spec: Spec, header: str, rules: Rules) -> dict[str, str]:
     cache: dict[tuple[int, ...], str] = {}  # input series and expected alerts, written once for both files
     out[RULE_TEST_FILE] = _test_text(h, spec, tests, cache)
     out[VMALERT_RULE_TEST_FILE] = _test_text(h + lag_note(rules.groups, spec.evaluation_interval_s), spec, vm_tests, cache)
+    if spec.slos:  # the burn-rate cases: windows of days, evaluated every minute (generator/render_slo.py)
+        # the burn-rate rules alone: the budget record reads 30 days of samples at every step
+        slo_groups = [{**{k: v for k, v in g.items() if k != "partial_response_strategy"},
+                       "rules": [r for r in g["rules"] if "budget" not in r.get("record", "")]}
+                      for g in rules.groups if g["name"].startswith(SLO_GROUP_PREFIX)]
+        note = f"# The SLO burn-rate groups of {Path(RULE_FILE).name}, alone: what {Path(SLO_TEST_FILE).name} tests.\n"
+        out[SLO_RULE_FILE] = h + note + dump_yaml({"groups": slo_groups})
+        slo_tests = slo_test_groups(spec)
+        out[SLO_TEST_FILE] = _test_text(h, spec, slo_tests, cache, TEST_INTERVAL_S, SLO_RULE_FILE)
+        out[SLO_VMALERT_TEST_FILE] = _test_text(h + lag_note(slo_groups, TEST_INTERVAL_S), spec,
+                                                vmalert_tests(slo_tests, slo_groups, TEST_INTERVAL_S), cache,
+                                                TEST_INTERVAL_S, SLO_RULE_FILE)
 
     out[ALERTMANAGER_FILE] = h + dump_yaml(render_alertmanager(spec))
     out[ROUTE_TEST_FILE] = h + dump_yaml({"tests": route_tests(spec)})

@@ -38,6 +38,7 @@ from fusebox.spec import Spec
 from fusebox.spec.deploy import object_name
 from fusebox.spec.units import format_duration
 
+from . import render_slo
 from .render_k8s import object_meta
 from .render_rules import absent_labels, alert_labels, gpu_down_enabled, gpu_down_labels, signal_raw_metrics
 from .selfmon import self_alerts, self_labels
@@ -333,8 +334,8 @@ WATCHDOG = {"alertname": "Watchdog", "severity": "none"}
 
 
 def fusebox_cases(spec: Spec) -> list[dict[str, Any]]:
-    """Route-test cases for this spec's own alerts, with the labels the generated rules give them:
-    ``{name, labels, receivers}``. They hold for the standalone config and for any config the
+    """Route-test cases for this spec's own alerts (every tier of every signal and SLO, ...), with
+    the labels the generated rules give them: ``{name, labels, receivers}``. They hold for the standalone config and for any config the
     fragment was merged into."""
     r = routing(spec)
     both, human = [r.fuse_receiver, r.human], [r.human]
@@ -345,6 +346,12 @@ def fusebox_cases(spec: Spec) -> list[dict[str, Any]]:
             out.append({"name": f"{sig.alert} {t.name} " + ("trips the fuse and tells the people" if t.fuse else
                                                             "tells the people only (it requests no fuse)"),
                         "labels": labels, "receivers": both if t.fuse else human})
+    for slo in spec.slos:  # the burn-rate alerts: the same route as a threshold tier of the same severity
+        for bt in slo.tiers:
+            labels = {"alertname": slo.alert, **{lb: "test" for lb in slo.by}, **render_slo.slo_alert_labels(slo, bt, spec)}
+            out.append({"name": f"{slo.alert} {bt.name} " + (f"trips the fuse ({bt.fuse}) and tells the people" if bt.fuse else
+                                                               "tells the people only (it requests no fuse)"),
+                        "labels": labels, "receivers": both if bt.fuse else human})
     if spec.signals:
         sig = spec.signals[0]
         metric = signal_raw_metrics(sig)[0]

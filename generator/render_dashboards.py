@@ -40,7 +40,7 @@ from fusebox import conventions as C
 from fusebox.signal_kinds import KINDS, records
 from fusebox.signal_kinds.base import UNITS, VARIABLES, DashboardDef, PanelDef, Query, sel, signal_legend, signal_panel, signal_sel, tier_text
 
-from . import shedding, tracing
+from . import render_slo, shedding, tracing
 from .producers import fed_spec
 from .render_rules import render_rules
 
@@ -365,7 +365,8 @@ def _builtin_annotation() -> dict:
 
 def _defs(spec) -> list[DashboardDef]:
     """The overview, then each kind's drill-down in the kinds' order, then the in-path shedding
-    board where the spec names a gateway shedder (:func:`.shedding.dashboard`)."""
+    board where the spec names a gateway shedder (:func:`.shedding.dashboard`), then the SLO
+    board where the spec has ``slos:`` (:func:`.render_slo.dashboard`)."""
     out = [_overview(spec)]
     for kind in KINDS.values():
         d = kind.dashboard(spec, [s for s in spec.signals if s.kind == kind.name])
@@ -374,6 +375,9 @@ def _defs(spec) -> list[DashboardDef]:
     board = shedding.dashboard(spec)
     if board is not None:
         out.append(board)
+    slos = render_slo.dashboard(spec)
+    if slos is not None:
+        out.append(slos)
     return out
 
 

@@ -26,7 +26,7 @@ from fusebox.signal_kinds.base import DCGM, FUSEBOX, SGLANG, TARGET, VLLM, dcgm_
 from fusebox.spec import Signal, Spec, Tier
 from fusebox.spec.units import format_duration, humanize
 
-from . import render_scaling, shedding
+from . import render_scaling, render_slo, shedding
 from .producers import fed_spec, gpu_power_backend
 from .rule_engines import shape_groups
 from .selfmon import GROUP as SELF_GROUP
@@ -341,6 +341,8 @@ def render_rules(spec: Spec) -> Rules:
         groups.append({"name": shedding.GROUP, "interval": slow, "rules": shedding.rules(spec)})
     # What the autoscalers read (generator/render_scaling.py): each load beside the value it reads.
     render_scaling.place_rules(spec, groups, slow)
+    # The SLOs' error ratios, budgets and burn-rate alerts (generator/render_slo.py), one group each.
+    groups += [render_slo.slo_rules(slo, spec) for slo in spec.slos]
     if spec.absent_enabled and raw_metrics:
         absent_rules = []
         for m in sorted(raw_metrics):

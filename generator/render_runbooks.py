@@ -12,7 +12,7 @@ from fusebox.signal_kinds import kind_of, lost_gpu_fuses, records
 from fusebox.spec import Spec
 from fusebox.spec.units import format_duration, format_number, humanize
 
-from . import render_scaling, shedding
+from . import render_scaling, render_slo, shedding
 from .render_rules import Rules
 from .selfmon import runbook_facts
 
@@ -64,6 +64,6 @@ def render_runbooks(spec: Spec, rules: Rules, header: str) -> dict[str, str]:
             header=header, alert=C.ABSENT_ALERT, absent_for=format_duration(spec.absent_for_s),
             metrics=sorted(rules.raw_metrics.items()),
         )
-    for alert, facts in (*runbook_facts(spec).items(), *render_scaling.runbook_facts(spec).items()):
+    for alert, facts in (*runbook_facts(spec).items(), *render_scaling.runbook_facts(spec).items(), *render_slo.runbook_facts(spec).items()):
         out[f"runbooks/{alert}.md"] = _ENV.get_template("runbook_self.md.j2").render(header=header, alert=alert, **facts)
     return out

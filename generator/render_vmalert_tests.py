@@ -167,15 +167,22 @@ def vmalert_tests(tests: list[tuple[str, dict[str, Any]]], groups: list[dict[str
 
 
 def lag_note(groups: list[dict[str, Any]], interval_s: float) -> str:
-    """Comment lines for the test file's header: each alert's lag on vmalert, in evaluations and
-    seconds, with its group."""
+    """Comment lines for the test file's header: each alert's lag on a deployed vmalert, in
+    evaluations of its own group and seconds at that group's ``interval`` (``interval_s`` for a
+    group without one), with its group; and how far this file moves each case: the same number of
+    evaluations at ``interval_s``, the file's evaluation_interval, at which vmalert-tool (like
+    promtool) evaluates every group whatever its own interval."""
+    file_step = format_duration(interval_s)
     lines = ["vmalert stores a recording rule's result after its group's evaluation: an alert reading a record",
              "of its own group sees it one evaluation later per level of that chain. This file's times are the",
-             "promtool file's plus that lag, per alert (computed from the rules); series of Unix timestamps",
+             f"promtool file's plus that many evaluations at its evaluation_interval ({file_step}: vmalert-tool evaluates",
+             "every group at it, whatever the group's own interval); series of Unix timestamps",
              f"(*{TIMESTAMP_SUFFIX}) start at vmalert-tool's epoch, 2000-01-01 (+{VMALERT_TOOL_EPOCH_S} s), not 1970.",
-             "Lag per alert:"]
+             "Lag per alert on a deployed vmalert (evaluations x its group's interval):"]
+    every = {g["name"]: parse_duration(g["interval"]) if g.get("interval") else interval_s for g in groups}
     for alert, per in sorted(alert_lags(groups).items()):
         for group_name, levels in sorted(per.items()):
-            lines.append(f"  {alert} ({group_name}): {levels} x {format_duration(interval_s)} = "
-                         f"{format_duration(levels * interval_s) if levels else '0s'}")
+            step = every[group_name]
+            lines.append(f"  {alert} ({group_name}): {levels} x {format_duration(step)} = "
+                         f"{format_duration(levels * step) if levels else '0s'}")
     return "".join(f"# {line}\n" for line in lines)

@@ -37,7 +37,7 @@ from fusebox.spec import Spec
 from fusebox.tooling import ToolMissing, thanos_tool, tools_dir, victoriametrics_tool
 
 from . import deadselectors
-from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE, VMALERT_RULE_TEST_FILE
+from .outputs import ALERTMANAGER_FILE, ROUTE_TEST_FILE, RULE_FILE, RULE_TEST_FILE, SLO_TEST_FILE, SLO_VMALERT_TEST_FILE, VMALERT_RULE_TEST_FILE
 from .rule_engines import promtool_text
 
 # The generated files the checks read (vmalert-tool's test only for the VictoriaMetrics engine).
@@ -142,6 +142,8 @@ def check_rules_and_tests(out_dir: Path, binaries: list[str]) -> list[ToolResult
             results.append(_run([b, "check", "rules", str(rules / Path(RULE_FILE).name)]))
             # run from rules/ so the test file's relative rule_files path resolves
             results.append(_run([b, "test", "rules", Path(RULE_TEST_FILE).name], cwd=rules))
+            if (rules / Path(SLO_TEST_FILE).name).exists():  # the SLOs' burn-rate cases (generator/render_slo.py)
+                results.append(_run([b, "test", "rules", Path(SLO_TEST_FILE).name], cwd=rules))
     return results
 
 
@@ -159,9 +161,12 @@ def check_vmalert(out_dir: Path, vmalert: str, vmalert_tool: str) -> list[ToolRe
     ``vmalert-tool unittest --files=VMALERT-TESTS`` (the generated tests, on its own in-process
     VictoriaMetrics)."""
     with rules_for_tools(out_dir) as rules:
-        return [_run([vmalert, "-dryRun", f"-rule={rules / Path(RULE_FILE).name}"]),
-                # run from rules/ (the tool's scratch storage goes to the temporary folder)
-                _run([vmalert_tool, "unittest", f"--files={Path(VMALERT_RULE_TEST_FILE).name}"], cwd=rules)]
+        results = [_run([vmalert, "-dryRun", f"-rule={rules / Path(RULE_FILE).name}"]),
+                   # run from rules/ (the tool's scratch storage goes to the temporary folder)
+                   _run([vmalert_tool, "unittest", f"--files={Path(VMALERT_RULE_TEST_FILE).name}"], cwd=rules)]
+        if (rules / Path(SLO_VMALERT_TEST_FILE).name).exists():  # the SLOs' burn-rate cases (generator/render_slo.py)
+            results.append(_run([vmalert_tool, "unittest", f"--files={Path(SLO_VMALERT_TEST_FILE).name}"], cwd=rules))
+        return results
 
 
 def check_thanos(out_dir: Path, thanos: str) -> list[ToolResult]:

@@ -29,9 +29,12 @@ def spec_text_at_30s() -> str:
 
 def without_signals(data: dict, *names: str) -> dict:
     """``data`` (a spec as YAML loads it) less the signals ``names``, and less what scales on them
-    (:func:`unscaled`: the spec would name unknown signals otherwise)."""
+    (:func:`unscaled`) and the SLOs on their histograms (the spec would name unknown signals otherwise)."""
     for n in names:
         data["signals"].pop(n, None)
+    slos = data.get("slos") or {}
+    for k in [k for k, v in slos.items() if v.get("signal") in names]:
+        del slos[k]
     return unscaled(data, *names)
 
 
@@ -53,14 +56,16 @@ def trimmed_spec(text: str, *keep: str) -> str:
     """The spec ``text`` with only the signals named in ``keep`` and GPU memory (the shipped in-path
     shedders read it), everything else as it is: for tests of what `fusebox check` and the rule tools
     do with a spec rather than of the shipped spec's cases, whose test file the tools then run in a
-    few seconds instead of minutes (about a fifth of its cases). Comments go and lines move: read
-    positions from this text, not from the shipped file."""
+    few seconds instead of minutes (about a fifth of its cases; no ``slos``, whose days-long burn-rate
+    cases take minutes: tests/generator/test_generator_slo.py runs them). Comments go and lines move:
+    read positions from this text, not from the shipped file."""
     import yaml
 
     data = yaml.safe_load(text)
     unknown = set(keep) - set(data["signals"])
     assert not unknown, f"no such signal in the spec: {sorted(unknown)}"
     without_signals(data, *(k for k in data["signals"] if k not in {"gpu_memory_utilization", *keep}))
+    data.pop("slos", None)
     return yaml.safe_dump(data, sort_keys=False)
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from fusebox import conventions as C
 from fusebox.spec.inpath import shedding_records
+from fusebox.spec.slo import slo_records
 
 from . import connection_idle, deriv, gauge, gpu_memory, quantile, rate, time_to_full
 from .base import Kind, dashboard_records
@@ -65,6 +66,8 @@ def recorded_names(spec: Spec) -> dict[str, str]:
     if spec.scaling is not None and spec.scaling.workloads:  # generator/render_scaling.py
         for name in (C.SCALING_SIGNAL_LOAD, C.SCALING_LOAD):
             out.setdefault(name, "scaling")
+    for name in slo_records([s.name for s in spec.slos]):  # generator/render_slo.py
+        out.setdefault(name, "slo")
     return out
 
 

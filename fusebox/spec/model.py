@@ -31,6 +31,7 @@ from .schema import RULE_ENGINES, RawSpec
 from .section_fuse import audit, check_after_shedding, check_human_receiver, group_timings, normalise_actions, normalise_self_monitoring
 from .section_global import normalise_defaults, normalise_global
 from .section_signals import SignalInputs, normalise_overrides, normalise_signals
+from .slo import normalise_slos
 from .validation import pydantic_problem
 
 __all__ = ["API_VERSION", "ENGINES", "RULE_ENGINES", "STANDARD_LEVELS", "TIER_ORDER", "Audit", "FuseAction", "Kubernetes", "RawSpec",
@@ -104,6 +105,7 @@ def _normalise(raw: RawSpec, data: dict, pos: Positions, base_dir: Path | None) 
     inpath = normalise_inpath(r.inpath, {s.name: s for s in signals}, set(r.signals), ck.err)
     check_after_shedding(ck, signals, inpath)
     scaling = normalise_scaling(r.scaling, {s.name: s for s in signals}, set(r.signals), ck.duration, ck.err)
+    slos = normalise_slos(r.slos, {s.name: s for s in signals}, set(r.signals), {n: a.level for n, a in actions.items()}, ck.duration, ck.err)
     if ck.problems:
         raise SpecError(ck.problems)
     d = r.defaults
@@ -122,6 +124,7 @@ def _normalise(raw: RawSpec, data: dict, pos: Positions, base_dir: Path | None) 
         kubernetes=kube, grafana=grafana, otelcol=otelcol, self_monitoring=self_monitoring,
         selectors={b: dict(m) for b, m in g.selectors.items()}, source=g.source, rule_engine=g.rule_engine,
         budget=budget, inpath=inpath, connections=connections, audit=audit(r.fuse), scaling=scaling,
+        slos=slos,
     )
     # runbook queries: references to records replaced, record-shaped names checked (spec/diagnosis.py)
     queries = resolve_diagnosis(spec, ck.err)

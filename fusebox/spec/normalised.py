@@ -14,6 +14,7 @@ from .connections import Connections
 from .deploy import Grafana, Kubernetes, Otelcol
 from .inpath import Inpath
 from .scaling import Scaling
+from .slo import Slo
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ class Spec:
     inpath: Inpath = field(default_factory=Inpath)  # inpath: the in-path shedders (spec/inpath.py)
     audit: Audit = field(default_factory=Audit)  # fuse.audit: the refused-alert audit's bound
     connections: Connections = field(default_factory=Connections)  # connections: what `collect conns` follows (spec/connections.py)
+    slos: tuple[Slo, ...] = ()  # slos: the service-level objectives (spec/slo.py), in spec order
     scaling: Scaling | None = None  # scaling: the workloads to autoscale (spec/scaling.py); None without the section
 
     def selector_for(self, backend: str) -> dict[str, str]:

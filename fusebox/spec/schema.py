@@ -22,6 +22,7 @@ from .connections import RawConnections
 from .deploy import RawGrafana, RawKubernetes, RawOtelcol
 from .inpath import RawInpath
 from .scaling import RawScaling
+from .slo import RawSlo
 
 # global.rule_engine: what evaluates the rules (docs/rule-engines.md); the first is the default.
 RULE_ENGINES = ("prometheus", "victoriametrics", "mimir", "thanos")
@@ -242,6 +243,8 @@ class RawSpec(_Strict):
     # optional: absent, no scaling outputs (fusebox/spec/scaling.py, docs/scaling.md)
     scaling: RawScaling | None = None
     signals: dict[str, RawSignal]
+    # optional: service-level objectives on latency histograms (fusebox/spec/slo.py, docs/slo.md)
+    slos: dict[str, RawSlo] = {}
     overrides: list[RawOverride] = []
 
     @model_validator(mode="before")

@@ -20,6 +20,10 @@ fuse service of a real deployment), scraped every second by Prometheus 2.42 with
   exact values are in tests/promtool/dashboard_records.test.yml;
 * vLLM prefix cache: 400 hits of 1000 queried tokens per second -> 0.4; SGLang's gauge 0.35;
 * the fuse service at level 2 on one engine scope;
+* first tokens from vLLM at 10/s, a twentieth of them slower than 1 s (0.5 s, and 2 s): the TTFT
+  SLO's error ratio 0.05 on every window, 5x its 1 % budget; the alignment SLO's 0.8 (the share over
+  1.28 s above), 80x; the budget left over 30 days, from the few minutes there are, 1 - 5 = -4 and
+  1 - 80 = -79;
 * the gateway refusing 5 requests/s (its rejected series born at the first scrape, so in the
   test's first minute the record reads the refusals so far over 60 s: above 0, at most 5/s),
   shedding 2/s at the selection stage (the stage alone above 0), one of two workers' breakers open
@@ -101,6 +105,12 @@ def exposition(t: float) -> str:
         # a PCIe link several GPUs share (the GPU collector from sysfs), and the connections collector
         f'{P["pcie_upstream_utilization"]}{{{HOST}, pcie_root_complex="pci0000:17", pcie_port="0000:17:00.0", numa_node="0"}} 0.96',
     ]
+    ttft = int(10 * t) + 20  # first tokens so far, one in twenty slow
+    for le, below in (("0.5", ttft - ttft // 20), ("1.0", ttft - ttft // 20), ("2.5", ttft), ("+Inf", ttft)):
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{{HOST}, namespace="inference", pod="vllm-0", '
+                     f'model_name="llava-hf/llava-1.5-7b-hf", le="{le}"}} {below}')
+    lines.append(f'vllm:time_to_first_token_seconds_count{{{HOST}, namespace="inference", pod="vllm-0", '
+                 f'model_name="llava-hf/llava-1.5-7b-hf"}} {ttft}')
     c = P["connection_idle_before_use"]
     uses = int(10 * t) + 10  # a tenth of the uses after 60 s idle, the rest within 5 s
     for le in ("1", "5", "15", "30", "45", "60", "120", "300", "600", "+Inf"):
@@ -168,7 +178,10 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
                       # the panels' own records, in slow groups of their own (each runs first at its
                       # offset within 30 s: without waiting for them a panel could read nothing yet)
                       *(r["record"] for g in yaml.safe_load(rules.read_text())["groups"]
-                        if g["name"].endswith("-panels") for r in g["rules"] if "record" in r)]
+                        if g["name"].endswith("-panels") for r in g["rules"] if "record" in r),
+                      # the SLO groups' error ratios and budgets (slow groups, each at its own offset)
+                      *(r["record"] for g in yaml.safe_load(rules.read_text())["groups"]
+                        if g["name"].startswith("fusebox-slo-") for r in g["rules"] if "record" in r)]
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 wanted = [w for w in wanted if not query(base, w)]
@@ -216,6 +229,13 @@ def test_every_panel_query_returns_data_on_a_replayed_breach(tmp_path):
             # 40000 MiB free at the start, 100 MiB/s: 400 - t seconds, t under two minutes here
             assert 280 < one('gpu:fusebox_gpu_memory_time_to_full:seconds_deriv1m{hw_id="GPU-4d2e9b71"}') < 400
             assert query(base, 'gpu:fusebox_gpu_memory_time_to_full:seconds_deriv1m{hw_id="GPU-8f1c2a5e"}') == []
+            # the SLO board's records: the error ratio of every window is the breach's share of bad events
+            # (the budget left moves by the ratio's tolerance over the 1 % budget)
+            for name, bad, tol in (("alignment_latency", 0.8, 0.02), ("time_to_first_token", 0.05, 0.01)):
+                for w in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
+                    assert one(f"slo:fusebox_{name}_errors:ratio_rate{w}") == pytest.approx(bad, abs=tol), (name, w)
+                budget_left = one(f"slo:fusebox_{name}_error_budget:remaining_ratio")
+                assert budget_left == pytest.approx(1 - bad / 0.01, abs=tol / 0.01 + 0.5), name
             # the in-path shedding board, once the fusebox-inpath group has run
             shed = shedding.records(spec)
             deadline = time.monotonic() + 60

@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNBOOK_BASE = "https://github.com/your-org/monitoring/blob/main/runbooks"
 
 # alert -> (Grafana unit, [threshold step values after the base step]) worked out from fusebox.yaml.
+# The SLO board's burn-rate lines (fusebox.yaml slos, 99 % over 30d): the SRE workbook's factors,
+# 14.4 (1h) and 6 (6h) paging (critical, red), 3 (1d) and 1 (3d) ticketing (warning, orange), ascending.
+_BURN = {"page windows": ("red", [6.0, 14.4]), "ticket windows": ("orange", [1.0, 3.0])}
+SLO_LINES = {"AlignmentLatencyErrorBudgetBurn": _BURN, "TimeToFirstTokenErrorBudgetBurn": _BURN}
 EXPECTED = {
     "GPUMemoryUtilizationHigh": ("percentunit", [0.72, 0.783]),
     "AlignmentLatencyP95High": ("s", [0.85, 1.28]),
@@ -61,9 +65,10 @@ def substitute(expr: str) -> str:
 
 def test_the_overview_and_seven_drill_downs_are_rendered(boards):
     # in-path-shedding: the shipped spec's inpath names gateway shedders (smg, sglang_router);
-    # connections: its connection_idle signals (idle time and cold starts)
+    # connections: its connection_idle signals (idle time and cold starts); and, no drill-down, the
+    # SLO board (slo): the shipped spec's slos
     assert sorted(boards) == ["alignment-latency", "connections", "gpu-memory", "in-path-shedding", "kv-cache", "overview",
-                              "secondary", "time-to-full"]
+                              "secondary", "slo", "time-to-full"]
 
 
 def test_every_panel_query_parses_as_promql(boards):
@@ -137,6 +142,13 @@ def test_every_threshold_drawn_equals_the_spec_figure(boards):
         if p["type"] != "timeseries" or p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "line":
             continue
         (alert,) = [u.rsplit("/", 1)[1][:-3] for u in urls]
+        if alert in SLO_LINES:  # the SLO board's burn-rate panels: the factors of each tier's window pairs
+            colour, values = SLO_LINES[alert][p["title"].rsplit(" burn rate, ", 1)[1]]
+            steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            assert steps == [{"color": "green", "value": 0}] + [{"color": colour, "value": v} for v in values], p["title"]
+            assert p["fieldConfig"]["defaults"]["unit"] == "none", p["title"]
+            seen.add(alert)
+            continue
         unit, values = EXPECTED[alert]
         steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
         # Base step: a number (Grafana's schema requires one; Grafana reads the first step as -Infinity).
@@ -146,7 +158,7 @@ def test_every_threshold_drawn_equals_the_spec_figure(boards):
         assert [s["value"] for s in steps[1:]] == pytest.approx(values, rel=1e-12), p["title"]
         assert p["fieldConfig"]["defaults"]["unit"] == unit, p["title"]
         seen.add(alert)
-    assert seen == set(EXPECTED)
+    assert seen == set(EXPECTED) | set(SLO_LINES)
 
 
 def test_overview_draws_every_signal_against_its_lines(boards):
@@ -159,7 +171,10 @@ def test_units_match_values(boards):
     for _, p in _panels(boards):
         unit = p["fieldConfig"]["defaults"]["unit"]
         exprs = " ".join(t["expr"] for t in p["targets"])
-        if ":ratio" in exprs or "over_threshold" in exprs:
+        if " burn rate, " in p["title"]:  # an SLO's error ratios over its budget (0.01): multiples, not a share
+            assert unit == "none" and all(t["expr"].endswith(":ratio_rate" + t["legendFormat"].split()[0] + '{cluster=~"$cluster"} / 0.01')
+                                          for t in p["targets"]), p["title"]
+        elif ":ratio" in exprs or "over_threshold" in exprs:
             assert unit == "percentunit", p["title"]
         if "_bytes{" in exprs and "/" not in exprs:
             assert unit == "decbytes", p["title"]
@@ -172,7 +187,7 @@ def test_units_match_values(boards):
 
 
 def test_every_panel_links_to_the_runbook_of_its_alert(boards, spec):
-    alerts = {s.alert for s in spec.signals}
+    alerts = {s.alert for s in spec.signals} | {slo.alert for slo in spec.slos}
     for _, p in _panels(boards):
         assert p["links"], p["title"]
         for link in p["links"]:

@@ -56,9 +56,10 @@ def _errors(validator, doc) -> list[str]:
     return sorted(f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in validator.iter_errors(doc))
 
 
-def test_the_committed_files_hold_eight_dashboards_twice():
-    assert len([k for k in COMMITTED if k.startswith("dashboards/")]) == 8
-    assert len([k for k in COMMITTED if k.startswith("k8s/")]) == 8
+def test_the_committed_files_hold_nine_dashboards_twice():
+    # the overview, seven drill-downs and the SLO board (fusebox-slo.json, the shipped spec's slos)
+    assert len([k for k in COMMITTED if k.startswith("dashboards/")]) == 9
+    assert len([k for k in COMMITTED if k.startswith("k8s/")]) == 9
 
 
 @pytest.mark.parametrize("where", sorted(COMMITTED))
@@ -68,7 +69,7 @@ def test_every_committed_dashboard_is_valid(validator, where):
 
 def test_every_rendered_dashboard_is_valid(validator, rendered):
     assert sorted(rendered) == ["alignment-latency", "connections", "gpu-memory", "in-path-shedding", "kv-cache", "overview",
-                                "secondary", "time-to-full"]
+                                "secondary", "slo", "time-to-full"]
     for name, d in rendered.items():
         assert d["schemaVersion"] == SCHEMA_VERSION == 41
         assert _errors(validator, d) == [], name

@@ -4,19 +4,22 @@ Two deployments, traced query by query by hand from the dashboards the spec rend
 
 * the shipped spec: the fusebox GPU collector (``kubernetes.collectors.run: {gpu: []}``), the fuse,
   the SGLang Model Gateway (``inpath.shedders``), engines of either kind scraped by the user's own
-  monitor (no ``kubernetes.engines``). 45 panels: 21 stay empty -- the alignment histogram (4
-  panels: the overview's and the drill-down's 3), KV bytes (overview: growth, OOM, time to full;
+  monitor (no ``kubernetes.engines``). 51 panels: 24 stay empty -- the alignment histogram (7
+  panels: the overview's, the drill-down's 3 and the SLO board's 3 of the alignment SLO), KV bytes (overview: growth, OOM, time to full;
   KV drill-down: 4; GPU memory: KV pool free bytes; time to full: the KV pool's) and the connection
   idle histogram (7: the overview's 2, the connections drill-down's 5; ``fusebox collect conns``
   runs in the gateway's network namespace, never in the collectors' DaemonSet) have no producer,
   and energy per token joins node power with engine tokens that carry no node. The deployments
-  below that run every collector leave the connection signals out for that reason.
+  below that run every collector leave the connection signals out for that reason. The SLO board's
+  3 panels of the TTFT SLO read vLLM's own histogram through the SLO group's records: fed.
+  Only the SLO board's 6 panels are new since the burn-rate SLOs (issue 35): 45 panels, 21 empty before.
 * a dcgm + vLLM cluster (:func:`dcgm_vllm`): ``global.source: dcgm`` (GPU memory, bandwidth and
   GPU time to full from dcgm-exporter), KV time to full from ``vllm:kv_cache_usage_perc``,
   alignment from the fusebox latency collector, the engines' PodMonitor (``kubernetes.engines``),
   no KV collector (so no KV growth signals), PCIe (per GPU and per shared link) disabled as
   docs/spec.md says. 25 panels (PCIe's four are left out: nothing can feed them), one empty: KV
-  pool free bytes per GPU.
+  pool free bytes per GPU; with the SLO board's 6 (alignment from the latency collector, TTFT from
+  vLLM, both fed) 34.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ SHIPPED_EMPTY = {
     ("connections", "ConnectionColdStartsHigh: idle time before a use, P50 / P92 / P99"),
     ("connections", "ConnectionColdStartsHigh: share of uses over warning 30s"),
     ("connections", "Connection uses per second"),
+    # the SLO board (generator/render_slo.py): the alignment SLO's row reads the same histogram
+    ("slo", "AlignmentLatencyErrorBudgetBurn: alignment latency error budget left"),
+    ("slo", "AlignmentLatencyErrorBudgetBurn: alignment latency burn rate, page windows"),
+    ("slo", "AlignmentLatencyErrorBudgetBurn: alignment latency burn rate, ticket windows"),
 }
 # The signals of `fusebox collect conns` (the gateway's network namespace, no k8s/ collector).
 CONNECTION_SIGNALS = ("connection_idle_p95", "connection_cold_start_share")
@@ -90,14 +97,14 @@ def _trace(spec):
     return trace_dashboards(spec, render_dashboards.dashboards(spec, groups=groups), groups)
 
 
-def test_the_shipped_spec_leaves_21_of_45_panels_empty_and_every_variable_with_values():
+def test_the_shipped_spec_leaves_24_of_51_panels_empty_and_every_variable_with_values():
     feds = _trace(load_spec(SPEC))
     panels = [f for f in feds if f.what == "panel"]
     # 33 before the preemption signal (its overview panel), the alignment row's two stage panels,
-    # the shared PCIe links' two panels (overview, secondary) and the connection signals' 7
-    assert len(panels) == 45
+    # the shared PCIe links' two panels (overview, secondary), the connection signals' 7 and the SLO board's 6
+    assert len(panels) == 51
     assert {(f.dashboard, f.title) for f in panels if not f.fed} == SHIPPED_EMPTY
-    assert sum(f.fed for f in panels) == 24
+    assert sum(f.fed for f in panels) == 27
     variables = {f.title: f for f in feds if f.what == "variable"}
     # namespace and pod filter no panel: left out; engine and model list the preemption record, which
     # vLLM's own counter feeds (the alignment record they listed before has no collector here)
@@ -123,15 +130,16 @@ def test_with_every_collector_and_the_engines_podmonitor_every_shipped_panel_is_
     data["kubernetes"]["engines"] = dict(ENGINES, models={
         "llava-hf/llava-1.5-7b-hf": {"layers": 32, "kv_heads": 32, "head_dim": 128, "dtype": "float16"}})
     feds = _trace(_load(tmp_path, data))
-    assert len([f for f in feds if f.what == "panel"]) == 38
+    assert len([f for f in feds if f.what == "panel"]) == 44  # 38 and the SLO board's 6
     assert [(f.dashboard, f.title) for f in feds if not f.fed] == []
 
 
-def test_a_dcgm_vllm_cluster_feeds_27_of_28_panels_and_every_variable(tmp_path):
+def test_a_dcgm_vllm_cluster_feeds_33_of_34_panels_and_every_variable(tmp_path):
     spec = _load(tmp_path, dcgm_vllm())
     feds = _trace(spec)
     panels = [f for f in feds if f.what == "panel"]
-    assert len(panels) == 28  # 25 before the preemption signal's overview panel and the two stage panels
+    # 25 before the preemption signal's overview panel and the two stage panels; 28 before the SLO board's 6
+    assert len(panels) == 34
     assert [(f.dashboard, f.title) for f in panels if not f.fed] == [("gpu-memory", "KV pool free bytes per GPU")]
     variables = [f for f in feds if f.what == "variable"]
     assert [(f.title, f.fed) for f in variables] == [(v, True) for v in ("cluster", "instance", "gpu", "engine", "model")]
@@ -182,7 +190,7 @@ def test_generate_warns_once_per_empty_panel_and_per_variable_without_values():
     spec = load_spec(SPEC)
     warnings = spec_warnings(spec)
     panels = [w for w in warnings if w.startswith("panel ")]
-    assert len(panels) == len(SHIPPED_EMPTY) == 21
+    assert len(panels) == len(SHIPPED_EMPTY) == 24
     for dashboard, title in SHIPPED_EMPTY:
         [w] = [w for w in panels if w.startswith(f"panel {title!r} (dashboards/fusebox-{dashboard}.json) stays empty: ")]
         assert " -- " in w  # and how to fix it
@@ -265,3 +273,45 @@ def test_the_dcgm_vllm_rules_have_no_empty_group_and_promtool_passes_them(tmp_pa
     (tmp_path / "kv.test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
     r = subprocess.run([promtool, "test", "rules", "kv.test.yml"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+SLO_BOARD = "slo"
+
+
+def test_every_slo_panel_reads_records_the_slo_groups_write_and_is_fed_where_the_histogram_is(tmp_path):
+    """The SLO board's queries name only records of the SLO groups (the error ratio per window,
+    the budget left), never a raw histogram; where the histograms are published (the latency
+    collector, vLLM's PodMonitor) every one of its 6 panels is fed and generate warns about none."""
+    spec = _load(tmp_path, dcgm_vllm())
+    groups = render_rules(spec).groups
+    slo_records = {r["record"] for g in groups if g["name"].startswith("fusebox-slo-") for r in g["rules"] if "record" in r}
+    board = render_dashboards.dashboards(spec, groups=groups)[SLO_BOARD]
+    import promql_parser
+
+    def names(node):
+        kind = type(node).__name__
+        if kind == "VectorSelector":
+            return {node.name}
+        return set().union(*(names(getattr(node, a)) for a in ("lhs", "rhs", "expr", "vector_selector") if hasattr(node, a)))
+
+    read = [n for p in board["panels"] for t in p["targets"] for n in names(promql_parser.parse(t["expr"].replace("$cluster", ".*")))]
+    assert len(board["panels"]) == 6 and len(read) == 2 * (1 + 4 + 4)  # per SLO: the budget, 4 page and 4 ticket windows
+    assert set(read) <= slo_records and "slo:fusebox_time_to_first_token_error_budget:remaining_ratio" in read
+    feds = [f for f in trace_dashboards(spec, {SLO_BOARD: board}, groups) if f.what == "panel"]
+    assert [(f.title, f.fed) for f in feds if not f.fed] == []
+    assert not [w for w in spec_warnings(spec) if "fusebox-slo.json" in w]
+
+
+def test_an_slo_panel_on_a_record_no_rule_writes_is_reported_empty(tmp_path):
+    """The trace is not vacuous: a burn-rate query on a window the SLO group does not record
+    (ratio_rate10m) is an empty panel."""
+    spec = _load(tmp_path, dcgm_vllm())
+    groups = render_rules(spec).groups
+    board = render_dashboards.dashboards(spec, groups=groups)[SLO_BOARD]
+    target = board["panels"][1]["targets"][0]
+    assert target["expr"].startswith("slo:fusebox_alignment_latency_errors:ratio_rate1h{")
+    target["expr"] = target["expr"].replace("ratio_rate1h", "ratio_rate10m")
+    board["panels"] = board["panels"][1:2]
+    board["panels"][0]["targets"] = [target]
+    [fed] = [f for f in trace_dashboards(spec, {SLO_BOARD: board}, groups) if f.what == "panel"]
+    assert not fed.fed and "publishes slo:fusebox_alignment_latency_errors:ratio_rate10m" in fed.why

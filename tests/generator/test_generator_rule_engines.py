@@ -387,6 +387,8 @@ def test_fusebox_check_runs_vmalert_and_vmalert_tool(shipped_check):
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^ok   vmalert -dryRun -rule=\S+fusebox.rules.yml$", r.stdout, re.M), r.stdout
     assert re.search(r"^ok   vmalert-tool unittest --files=\S*fusebox.rules.vmalert.test.yml$", r.stdout, re.M), r.stdout
+    # and the SLO burn-rate cases' own vmalert-tool file (docs/slo.md), beside their promtool runs
+    assert re.search(r"^ok   vmalert-tool unittest --files=\S*fusebox.slo.vmalert.test.yml$", r.stdout, re.M), r.stdout
 
 
 def test_fusebox_check_needs_vmalert_for_the_victoriametrics_engine(tmp_path, monkeypatch):
