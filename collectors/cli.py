@@ -98,6 +98,9 @@ def register(subparsers) -> None:
     s.add_argument("--timeline", choices=("text", "json"), default=None,
                    help="print the phases and the predicted threshold crossings, then exit")
     s.add_argument("--spec", default="fusebox.yaml", help="spec giving thresholds and buckets (default fusebox.yaml)")
+    s.add_argument("--traces", action="store_true",
+                   help="record each engine's slowest hand-off of each tick in an mm.handoff span, sent over OTLP "
+                        "http/protobuf to the --otlp-endpoint's /v1/traces: its trace id becomes the bucket's exemplar")
     common_options(s, once=False)
     s.set_defaults(func=cmd_scenario)
 
@@ -568,7 +571,11 @@ def cmd_scenario(args) -> int:
     conns = conn_buckets(spec)
     pipe = _pipeline(args, "scenario", ScenarioRunner.KEYS, buckets=buckets, once=once, host=sc.host,
                      cluster=sc.cluster or None, histograms={"connection_idle_before_use": conns} if conns else None)
-    runner = ScenarioRunner(sc, pipe, cold_after_s=spec.connections.cold_after_s)
+    spans = _span_provider(args, sc.host) if args.traces and not once else None
+    if args.traces and not once and spans is None:
+        return 2
+    runner = ScenarioRunner(sc, pipe, cold_after_s=spec.connections.cold_after_s,
+                            tracer=spans.get_tracer("fusebox.scenario") if spans else None)
     if once:
         runner.step(min(args.once_at, sc.duration_s))
         p = sc.phase_at(args.once_at)
@@ -581,4 +588,31 @@ def cmd_scenario(args) -> int:
         runner.run(speed=args.speed, say=lambda m: print(m, flush=True))
     finally:
         pipe.shutdown()
+        if spans is not None:
+            spans.shutdown()  # flushes the last spans
     return 0
+
+
+def _span_provider(args, host: str | None):
+    """``collect scenario --traces``: a TracerProvider (every span sampled) batching spans over OTLP
+    http/protobuf to ``--otlp-endpoint`` + ``/v1/traces``; None (after the error) where spans cannot go."""
+    if args.no_otlp or args.otlp_protocol != "http":
+        _err("--traces sends spans over OTLP http/protobuf: drop --no-otlp and --otlp-protocol grpc")
+        return None
+    import socket
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    from fusebox import conventions as C
+
+    base = (args.otlp_endpoint or _default_endpoint(args)).rstrip("/")
+    resource = Resource.create({"service.name": C.SERVICE["scenario"],
+                                "host.name": args.host_name or host or socket.gethostname()})
+    provider = TracerProvider(resource=resource, sampler=ALWAYS_ON)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=base + "/v1/traces", timeout=5),
+                                                   schedule_delay_millis=500))
+    return provider

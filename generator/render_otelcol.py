@@ -10,6 +10,13 @@ Pipeline (docs/pitfalls.md P5): ``otlp`` (gRPC + HTTP) [+ ``prometheus`` receive
 -> ``batch`` -> ``prometheus`` exporter [+ ``prometheusremotewrite``] [+ ``debug`` when asked;
 never the removed ``logging``].
 
+With the spec's ``otelcol.traces`` (docs/exemplars.md): a ``traces`` pipeline, ``otlp`` ->
+``memory_limiter`` -> ``batch`` -> ``otlp_grpc/traces`` (the trace backend, e.g. Jaeger v2; a
+Prometheus exporter cannot take spans) [+ the ``span_metrics`` connector, whose R.E.D. metrics,
+exemplars on, come out of a ``metrics/span_metrics`` pipeline into the same metric exporters], and
+the ``prometheus`` exporter serves OpenMetrics, the only format that carries exemplars. Without
+it the config is what it was.
+
 Resource attributes the rules group by (``host.name`` -> ``host_name``, ``cluster``) are
 promoted to labels with the exporter's ``resource_constant_labels`` (the pinned v0.165.1
 deprecates ``resource_to_telemetry_conversion``); without it they would land only on
@@ -23,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from fusebox import conventions as C
+from fusebox.spec.traces import Traces
 from fusebox.spec.units import format_duration
 
 from .yamlout import dump_yaml
@@ -47,9 +55,52 @@ ENV = {
 }
 
 
+# The trace backend's address: the spec's otelcol.traces.endpoint is the default.
+TRACES_ENDPOINT_ENV = "FUSEBOX_TRACES_ENDPOINT"
+TRACES_EXPORTER = "otlp_grpc/traces"  # the core otlp exporter's type in v0.165 (deprecated alias: otlp)
+SPAN_METRICS = "span_metrics"  # the contrib connector's type (alias: spanmetrics)
+
+
 def _env(key: str) -> str:
     name, default = ENV[key]
     return f"${{env:{name}:-{default}}}"
+
+
+def go_duration(seconds: float) -> str:
+    """Seconds as a Go ``time.Duration`` string, exact to the nanosecond (1.28 -> "1280ms")."""
+    ns = round(seconds * 1e9)
+    for unit, f in (("s", 10**9), ("ms", 10**6), ("us", 10**3)):
+        if ns % f == 0:
+            return f"{ns // f}{unit}"
+    return f"{ns}ns"
+
+
+def _span_metrics_connector(sm) -> dict:
+    """The ``span_metrics`` connector: seconds (Prometheus' base unit), exemplars kept."""
+    hist: dict = {"unit": "s"}
+    if sm.buckets_s is not None:
+        hist["explicit"] = {"buckets": [go_duration(b) for b in sm.buckets_s]}
+    conn: dict = {"histogram": hist, "exemplars": {"enabled": True},
+                  "metrics_flush_interval": go_duration(sm.flush_interval_s)}
+    if sm.dimensions:
+        conn["dimensions"] = [{"name": n} if d is None else {"name": n, "default": d} for n, d in sm.dimensions]
+    return conn
+
+
+def _add_traces(traces, cfg: dict, out_names: list[str]) -> None:
+    """The traces pipeline (and the span-metrics one) into ``cfg``'s components and pipelines."""
+    exporter: dict = {"endpoint": f"${{env:{TRACES_ENDPOINT_ENV}:-{traces.endpoint}}}"}
+    if traces.insecure:
+        exporter["tls"] = {"insecure": True}
+    cfg["exporters"][TRACES_EXPORTER] = exporter
+    cfg["exporters"]["prometheus"]["enable_open_metrics"] = True
+    pipelines = cfg["service"]["pipelines"]
+    pipelines["traces"] = {"receivers": ["otlp"], "processors": ["memory_limiter", "batch"], "exporters": [TRACES_EXPORTER]}
+    if traces.span_metrics is not None:
+        cfg["connectors"] = {SPAN_METRICS: _span_metrics_connector(traces.span_metrics)}
+        pipelines["traces"]["exporters"].append(SPAN_METRICS)
+        pipelines["metrics/span_metrics"] = {"receivers": [SPAN_METRICS], "processors": ["memory_limiter", "batch"],
+                                             "exporters": list(out_names)}
 
 
 @dataclass(frozen=True)
@@ -65,6 +116,8 @@ class OtelcolOptions:
         scrape_interval_s: interval of that scrape; None uses the spec's scrape interval.
         memory_limit_percentage / memory_spike_percentage: ``memory_limiter`` bounds (% of
             the container's or host's memory).
+        traces: the spec's ``otelcol.traces`` (:class:`fusebox.spec.traces.Traces`): the traces
+            pipeline to that backend and, with ``span_metrics``, the connector; None leaves both out.
     """
 
     remote_write_url: str | None = None
@@ -73,6 +126,7 @@ class OtelcolOptions:
     scrape_interval_s: float | None = None
     memory_limit_percentage: int = 80
     memory_spike_percentage: int = 20
+    traces: Traces | None = None
 
     @classmethod
     def from_spec(cls, spec) -> OtelcolOptions:
@@ -80,7 +134,7 @@ class OtelcolOptions:
         o = spec.otelcol
         return cls(remote_write_url=o.remote_write_url, debug=o.debug, scrape_targets=tuple(o.scrape_targets),
                    scrape_interval_s=o.scrape_interval_s, memory_limit_percentage=o.memory_limit_percentage,
-                   memory_spike_percentage=o.memory_spike_percentage)
+                   memory_spike_percentage=o.memory_spike_percentage, traces=o.traces)
 
 
 def metric_expiration_s(spec) -> int:
@@ -139,7 +193,7 @@ def otelcol_config(spec, options: OtelcolOptions = OtelcolOptions()) -> dict:
         ]}
         pipelines["metrics/engines"] = {"receivers": ["prometheus"], "processors": ["memory_limiter", "resource", "batch"],
                                         "exporters": list(out_names)}
-    return {
+    cfg = {
         "receivers": receivers,
         "processors": processors,
         "exporters": exporters,
@@ -151,6 +205,9 @@ def otelcol_config(spec, options: OtelcolOptions = OtelcolOptions()) -> dict:
                 "host": _env("telemetry_host"), "port": _env("telemetry_port")}}}}]}},
         },
     }
+    if options.traces is not None:
+        _add_traces(options.traces, cfg, out_names)
+    return cfg
 
 
 def outputs(spec, header: str) -> dict[str, str]:
@@ -166,5 +223,7 @@ def render_otelcol(spec, options: OtelcolOptions = OtelcolOptions(), header: str
         "# Listen addresses come from the environment, with loopback defaults:\n"
         + "".join(f"#   {name} (default {default})\n" for name, default in ENV.values())
     )
+    if options.traces is not None:
+        notes += f"# The trace backend's OTLP gRPC address: {TRACES_ENDPOINT_ENV} (default {options.traces.endpoint})\n"
     body = dump_yaml(otelcol_config(spec, options), sort_keys=True)
     return {OUT_PATH: header + notes + body}

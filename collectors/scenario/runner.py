@@ -30,9 +30,15 @@ class ScenarioRunner:
             "gpu_utilization", "gpu_memory_bandwidth_utilization", "gpu_pcie_utilization", "gpu_io", "gpu_power",
             "kv_cache_usage", "kv_cache_limit", "pcie_upstream_utilization")  # fmt: skip
 
-    def __init__(self, scenario: Scenario, pipeline: Any, *, cold_after_s: float | None = None):
+    HANDOFF_SPAN = "mm.handoff"  # the hand-off span's name (docs/exemplars.md's instrumenting example)
+
+    def __init__(self, scenario: Scenario, pipeline: Any, *, cold_after_s: float | None = None, tracer: Any = None):
         """``cold_after_s``: the spec's ``connections.cold_after``; with it (and a pipeline holding
-        the connection idle histogram) the phases' ``cold_starts`` are recorded too."""
+        the connection idle histogram) the phases' ``cold_starts`` are recorded too. ``tracer``: an
+        OpenTelemetry tracer; with it, each engine's slowest hand-off of each tick is recorded in a
+        sampled ``mm.handoff`` span of its duration (ending when it is recorded), as an
+        instrumented engine's would be, so its trace id becomes its bucket's exemplar."""
+        self.tracer = tracer
         self.sc = scenario
         self.cold_after_s = cold_after_s
         self.pipeline = pipeline
@@ -58,8 +64,14 @@ class ScenarioRunner:
         cold_after = self.cold_after_s
         for k in range(self._ticks_done, done):
             for e in self.sc.engines:
-                for v in self.sc.alignment_observations(e.id, k):
-                    hist.record(v, {A["engine"]: e.id, A["model"]: e.model})
+                obs = self.sc.alignment_observations(e.id, k)
+                slowest = max(range(len(obs)), key=obs.__getitem__) if obs and self.tracer is not None else None
+                for i, v in enumerate(obs):
+                    attrs = {A["engine"]: e.id, A["model"]: e.model}
+                    if i == slowest:
+                        self._traced(hist, v, attrs)
+                    else:
+                        hist.record(v, attrs)
                 if idle is not None and cold_after:
                     for v in self.sc.connection_idle_observations(e.id, k, cold_after):
                         idle.record(v, {A["peer_service"]: e.id})
@@ -69,6 +81,18 @@ class ScenarioRunner:
             readings.extend(kv.collect())
         self.pipeline.set_readings(readings)
         return readings
+
+    def _traced(self, hist: Any, seconds: float, attrs: dict) -> None:
+        """Record ``seconds`` inside an ``mm.handoff`` span that lasted as long, ending now."""
+        from opentelemetry import trace
+
+        end = time.time_ns()
+        span = self.tracer.start_span(self.HANDOFF_SPAN, start_time=end - round(seconds * 1e9),
+                                      attributes={**attrs, "gen_ai.request.model": attrs[A["model"]]})
+        try:
+            hist.record(seconds, attrs, context=trace.set_span_in_context(span))
+        finally:
+            span.end(end_time=end)
 
     def run(self, *, speed: float = 1.0, clock: Callable[[], float] | None = None,
             sleep: Callable[[float], None] | None = None, say: Callable[[str], None] = print,

@@ -5,11 +5,14 @@ critical's fuse level is tripped exactly once, on the scope of the entity the sc
 (GPU UUID for GPU memory, engine id for the engine signals); released exactly once, after the
 scenario's recovery phase began; and the gateway is told nothing else. With the SGLang Model
 Gateway in the loop, its own worker list (GET /workers) lost a worker while a fuse held it and
-had every worker back at the end.
+had every worker back at the end. With Jaeger in the loop (traces), the exemplar on the slowest
+alignment bucket is the scenario's slowest hand-off, and Jaeger holds its trace with the
+``mm.handoff`` span that lasted as long.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fusebox import conventions as C
@@ -112,10 +115,39 @@ def _call_problems(calls: list[Event], exp: list[Expectation]) -> list[str]:
     return problems
 
 
-def verify(events: list[Event], spec, scenario, *, sglang: bool = False) -> list[str]:
+def slowest_handoff(spec, scenario) -> tuple[float, float]:
+    """The scenario's slowest hand-off (seconds, over every engine and tick) and the upper bound of
+    the spec's alignment bucket it falls in (the lowest bound at or above it; inf past the last)."""
+    from fusebox.collectors.latency import alignment_signal
+
+    ticks = scenario.ticks(scenario.duration_s)
+    slowest = max(v for e in scenario.engines for k in range(ticks) for v in scenario.alignment_observations(e.id, k))
+    return slowest, next((float(b) for b in alignment_signal(spec).buckets if slowest <= b), math.inf)
+
+
+def _trace_problems(events: list[Event], spec, scenario) -> list[str]:
+    found = [e for e in events if e.kind == "trace"]
+    if not found:
+        return ["no exemplar on the slowest alignment bucket led to a trace in Jaeger"]
+    t = found[0].detail
+    slowest, le = slowest_handoff(spec, scenario)
+    problems = []
+    if float(t["le"]) != le or abs(t["value"] - slowest) > 1e-9:
+        problems.append(f"the slowest bucket's exemplar is {t['value']:g} s on le={t['le']}, expected the "
+                        f"scenario's slowest hand-off, {slowest:g} s on le={le:g}")
+    # the span lasted as long as the hand-off it timed (Jaeger keeps microseconds)
+    if t["span"] != "mm.handoff" or abs(t["duration_s"] - slowest) > 2e-6:
+        problems.append(f"trace {t['trace_id']}: span {t['span']} of {t['duration_s']:g} s, expected mm.handoff of {slowest:g} s")
+    return problems
+
+
+def verify(events: list[Event], spec, scenario, *, sglang: bool = False, traces: bool = False) -> list[str]:
     """Problems with ``events`` (an ordered log of one scenario run); empty means OK. ``sglang``:
-    the SGLang Model Gateway was in the loop (its ``workers`` events are checked too)."""
+    the SGLang Model Gateway was in the loop (its ``workers`` events are checked too); ``traces``:
+    Jaeger was (a ``trace`` event must show the slowest hand-off's trace)."""
     problems: list[str] = _sglang_problems(events) if sglang else []
+    if traces:
+        problems += _trace_problems(events, spec, scenario)
     exp = expectations(spec, scenario)
     want = len(primary_signals(spec))
     if len(exp) != want:

@@ -112,5 +112,5 @@ def summary(view, res) -> None:
     t0 = res.scenario_t0 or (res.events[0].at if res.events else 0)
     view.say(f"demo: events (wall seconds from scenario start, speed x{res.speed:g}):")
     for e in res.events:
-        if e.kind in ("phase", "fuse") or (e.kind == "alert" and e.what in ("firing", "resolved")):
+        if e.kind in ("phase", "fuse", "trace") or (e.kind == "alert" and e.what in ("firing", "resolved")):
             view.say(f"  {e.at - t0:7.1f}s  {e.kind:6s} {e.text}")

@@ -160,6 +160,7 @@ class PrometheusEngine(Engine):
         prom = ctx.sup.start("prometheus", [self.tools["prometheus"], f"--config.file={self.config_file}",
                                             f"--storage.tsdb.path={ctx.workdir / 'prometheus'}",
                                             f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
+                                            "--enable-feature=exemplar-storage",  # the alignment buckets' trace ids
                                             "--log.level=warn"])
         ctx.ready(prom, f"{url}/-/ready")
 

@@ -42,7 +42,8 @@ def _start(opts: StackOptions, stack: Stack, view: DemoView) -> Watcher:
     stack.prepare()
     replicas = f" x{opts.replicas}" if opts.replicas > 1 else ""
     view.say("demo: starting gateway" + (", SGLang Model Gateway" if opts.gateway == "sglang" else "")
-             + f", fuse service, Alertmanager, OpenTelemetry Collector, {stack.rule_engine.title}{replicas}")
+             + f", fuse service, Alertmanager, OpenTelemetry Collector, {stack.rule_engine.title}{replicas}"
+             + (", Jaeger" if stack.traces else ""))
     stack.start()
     return Watcher(stack.urls, stack.spec, stack.gateway_log,
                    fuse_token=stack.token_path.read_text(encoding="utf-8").strip(), worker_names=stack.worker_names,
@@ -87,7 +88,8 @@ def _watch(opts: StackOptions, stack: Stack, view: DemoView, watcher: Watcher, s
             on_poll(stack, watcher)
         if stop_when is not None and stop_when(watcher):
             return None
-        if once and done_at is not None and (not verify(watcher.events, spec, sc, sglang=opts.gateway == "sglang") or now - done_at > grace):
+        if once and done_at is not None and (not verify(watcher.events, spec, sc, sglang=opts.gateway == "sglang", traces=stack.traces)
+                                         or now - done_at > grace):
             return None
         if now - started > limit:
             return f"stopped after {limit:.0f}s without the scenario finishing"
@@ -135,7 +137,8 @@ def run(opts: StackOptions, *, once: bool, view: DemoView | None = None,
             view.say("demo: stopping " + ", ".join(f"{c.name} (pid {c.pid})" for c in reversed(stack.sup.children)))
         stack.stop()
     events = watcher.events if watcher else []
-    problems = verify(events, stack.spec, sc, sglang=opts.gateway == "sglang") if (once and watcher and not error) else []
+    problems = verify(events, stack.spec, sc, sglang=opts.gateway == "sglang", traces=stack.traces) \
+        if (once and watcher and not error) else []
     return RunResult(ok=error is None and not problems, problems=problems, events=list(events),
                      scenario_t0=watcher.scenario_t0 if watcher else None, spec=stack.spec, scenario=sc,
                      speed=opts.speed, workdir=stack.workdir, urls=stack.urls, error=error,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fusebox.spec.adapter_kinds import ADAPTER_LEVELS
-from fusebox.tooling import OTELCOL_VERSION, ToolMissing, free_port, otelcol_tool, tools_dir
+from fusebox.tooling import OTELCOL_VERSION, ToolMissing, free_port, jaeger_tool, otelcol_tool, tools_dir
 
 from .rule_engines import Engine, StartContext, engine_class, make_engine, prometheus_config
 from .spec import FAST, Timing, demo_spec_text
@@ -36,10 +36,11 @@ from .supervisor import Child, ChildDied, Supervisor
 if TYPE_CHECKING:
     from fusebox.spec import Spec
 
-__all__ = ["Ports", "StackOptions", "Stack", "ToolMissing", "find_tools", "prometheus_config"]
+__all__ = ["Ports", "StackOptions", "Stack", "ToolMissing", "find_tools", "jaeger_config", "prometheus_config"]
 
 PORT_NAMES = ("prometheus", "alertmanager", "otlp_grpc", "otlp_http", "otel_prometheus", "otel_health",
-              "otel_telemetry", "gateway", "fuse", "sglang", "sglang_metrics")
+              "otel_telemetry", "gateway", "fuse", "sglang", "sglang_metrics", "jaeger_otlp", "jaeger_query",
+              "jaeger_query_grpc")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Ports:
     fuse: int
     sglang: int
     sglang_metrics: int
+    jaeger_otlp: int
+    jaeger_query: int
+    jaeger_query_grpc: int
     # one per VictoriaMetrics + vmalert pair (the victoriametrics engine's replicas)
     victoriametrics: tuple[int, ...] = field(default=())
     vmalert: tuple[int, ...] = field(default=())
@@ -75,7 +79,7 @@ class Ports:
 
 def find_tools(engine: str = "prometheus") -> dict[str, str]:
     """Paths of the rule engine's programs (:mod:`.rule_engines`), Alertmanager and the Collector
-    built by tools/build-otelcol.sh.
+    built by tools/build-otelcol.sh; ``jaeger`` too where tools/build-jaeger.sh built it (optional).
 
     Raises:
         ToolMissing: naming each missing binary and ``make tools``.
@@ -96,7 +100,12 @@ def find_tools(engine: str = "prometheus") -> dict[str, str]:
     if missing:
         raise ToolMissing("missing " + ", ".join(missing)
                           + ": run `make tools` (tools/bootstrap.sh installs and builds them)")
-    return {**eng_found, **{k: str(v) for k, v in found.items()}}
+    tools = {**eng_found, **{k: str(v) for k, v in found.items()}}
+    try:  # optional: without it the demo runs as before, with no traces
+        tools["jaeger"] = str(jaeger_tool())
+    except ToolMissing:
+        pass
+    return tools
 
 
 @dataclass
@@ -164,7 +173,16 @@ class Stack:
             u["sglang"] = f"http://127.0.0.1:{p.sglang}"
         if self.opts.grafana_url:
             u["grafana"] = self.opts.grafana_url
+        if self.traces:
+            u["jaeger"] = f"http://127.0.0.1:{p.jaeger_query}"
         return u
+
+    @property
+    def traces(self) -> bool:
+        """Whether this run shows traces: Jaeger built, the spec's ``otelcol.traces`` set, Prometheus
+        the rule engine (the one that stores exemplars). Known after :meth:`prepare`."""
+        return bool(self.tools.get("jaeger")) and self.spec is not None and self.spec.otelcol.traces is not None \
+            and self.opts.engine == "prometheus"
 
     def _sglang_adapters(self) -> dict:
         """Stand-in engines (one per scenario GPU) and the spec's ``fuse.adapters`` mapping each
@@ -258,10 +276,24 @@ class Stack:
                    FUSEBOX_OTELCOL_PROMETHEUS_ENDPOINT=f"127.0.0.1:{p.otel_prometheus}",
                    FUSEBOX_OTELCOL_HEALTH_ENDPOINT=f"127.0.0.1:{p.otel_health}",
                    FUSEBOX_OTELCOL_TELEMETRY_HOST="127.0.0.1", FUSEBOX_OTELCOL_TELEMETRY_PORT=str(p.otel_telemetry))
+        if self.traces:
+            env["FUSEBOX_TRACES_ENDPOINT"] = f"127.0.0.1:{p.jaeger_otlp}"
+            self._start_jaeger(deadline_s)
         col = self.sup.start("otelcol", [t["otelcol"], f"--config={self.otel_file}"], env=env)
         self.rule_engine.start(StartContext(self.sup, lambda child, url: self._ready(child, url, deadline_s), w))
         self._ready(am, f"{self.urls['alertmanager']}/-/ready", deadline_s)
         self._ready(col, f"http://127.0.0.1:{p.otel_health}/", deadline_s)
+
+    def _start_jaeger(self, deadline_s: float) -> None:
+        """Jaeger v2 in memory on the demo's loopback ports (:func:`jaeger_config`)."""
+        import yaml
+
+        p = self.ports
+        cfg = self.workdir / "jaeger.yaml"
+        cfg.write_text(yaml.safe_dump(jaeger_config(otlp_grpc=p.jaeger_otlp, query=p.jaeger_query,
+                                                    query_grpc=p.jaeger_query_grpc)))
+        jaeger = self.sup.start("jaeger", [self.tools["jaeger"], f"--config={cfg}"])
+        self._ready(jaeger, f"{self.urls['jaeger']}/api/services", deadline_s)
 
     def stop_replica(self, index: int) -> None:
         """Stop the rule engine's replica ``index`` for good (a node lost mid-run), saying which
@@ -276,7 +308,8 @@ class Stack:
             self.sup.children.remove(self.scenario_child)
         self.scenario_runs += 1
         args = [*_fusebox(), "collect", "scenario"] + ([self.opts.scenario] if self.opts.scenario else []) + [
-            "--speed", f"{self.opts.speed:g}", "--spec", str(self.spec_path), "--otlp-endpoint", self.urls["otlp"]]
+            "--speed", f"{self.opts.speed:g}", "--spec", str(self.spec_path), "--otlp-endpoint", self.urls["otlp"]] \
+            + (["--traces"] if self.traces else [])
         self.scenario_child = self.sup.start(f"scenario-{self.scenario_runs}" if self.scenario_runs > 1 else "scenario",
                                              args, may_exit=True, on_line=on_line)
         return self.scenario_child
@@ -299,6 +332,27 @@ class Stack:
         for e in self.engines:
             e.stop()
         self.engines.clear()
+
+
+def jaeger_config(*, otlp_grpc: int, query: int, query_grpc: int) -> dict:
+    """Jaeger v2's all-in-one config (its cmd/jaeger/internal/all-in-one.yaml) cut to what the demo
+    uses: OTLP gRPC in, memory storage, the query service (UI and ``/api``); every listener on
+    127.0.0.1 at the given ports, no others (its own metrics and its queries' traces off)."""
+    loop = "127.0.0.1:{}".format
+    return {
+        "service": {"extensions": ["jaeger_storage", "jaeger_query"],
+                    "pipelines": {"traces": {"receivers": ["otlp"], "processors": ["batch"],
+                                             "exporters": ["jaeger_storage_exporter"]}},
+                    "telemetry": {"metrics": {"level": "none"}, "logs": {"level": "warn"}}},
+        "extensions": {
+            "jaeger_storage": {"backends": {"memstore": {"memory": {"max_traces": 100_000}}}},
+            "jaeger_query": {"storage": {"traces": "memstore"}, "enable_tracing": False,
+                             "http": {"endpoint": loop(query)}, "grpc": {"endpoint": loop(query_grpc)}},
+        },
+        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": loop(otlp_grpc)}}}},
+        "processors": {"batch": {"timeout": "200ms"}},
+        "exporters": {"jaeger_storage_exporter": {"trace_storage": "memstore"}},
+    }
 
 
 def _actions(spec_path: Path) -> dict:

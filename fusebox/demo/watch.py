@@ -17,7 +17,7 @@ import re
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,6 +26,7 @@ from fusebox import conventions as C
 from fusebox.signal_kinds import records
 
 from .stack import http_json, http_text
+from .traces import SlowTrace, slowest_exemplar_trace
 
 __all__ = ["Event", "Watcher", "primary_signals"]
 
@@ -95,6 +96,10 @@ class Watcher:
         self.scenario_t0: float | None = None  # wall time of scenario t=0 (latest run)
         self.errors: dict[str, str] = {}
         self._gw_offset = 0
+        # the breach's slowest hand-off's trace (.traces.SlowTrace), looked for from the recovery on
+        # where the stack runs Jaeger (urls["jaeger"])
+        self.slow_trace: SlowTrace | None = None
+        self._trace_tried = 0.0
 
     # -- scenario output (called from the supervisor's reader thread) --------------------
     def scenario_line(self, at: float, line: str) -> None:
@@ -115,7 +120,8 @@ class Watcher:
     def poll(self) -> list[Event]:
         new: list[Event] = []
         for name, fn in (("rule engine", self._poll_engine), ("alertmanager", self._poll_am),
-                         ("fuse", self._poll_fuse), ("gateway", self._poll_gateway), ("sglang", self._poll_sglang)):
+                         ("fuse", self._poll_fuse), ("gateway", self._poll_gateway), ("sglang", self._poll_sglang),
+                         ("jaeger", self._poll_trace)):
             try:
                 new.extend(fn())
                 self.errors.pop(name, None)
@@ -127,6 +133,20 @@ class Watcher:
         new.sort(key=lambda e: e.at)
         self.events.extend(new)
         return new
+
+    def _poll_trace(self) -> list[Event]:
+        """Once the scenario has reached its recovery: the exemplar on the slowest alignment bucket
+        and its trace in Jaeger (every 2 s until found; once)."""
+        if "jaeger" not in self.urls or self.slow_trace is not None or self.scenario_t0 is None:
+            return []
+        if not any(e.kind == "phase" and e.what == "recovery" for e in self.events) or time.time() - self._trace_tried < 2:
+            return []
+        self._trace_tried = time.time()
+        found = slowest_exemplar_trace(self.urls["prometheus"], self.urls["jaeger"], since=self.scenario_t0)
+        if found is None:
+            return []
+        self.slow_trace = found
+        return [Event(time.time(), "trace", "found", asdict(found), found.text())]
 
     def _bases(self, kind: str) -> list[str]:
         if self.engine is None:

@@ -38,6 +38,7 @@ from .k8snames import (
     image_repository_problem,
     object_name,
 )
+from .traces import RawTraces, Traces, normalise_traces
 
 COLLECTORS = ("gpu", "kv", "latency")  # `fusebox collect NAME` that may run in the DaemonSet
 
@@ -170,6 +171,9 @@ class RawOtelcol(_Strict):
     scrape_interval: Any | None = None  # a duration; None: global.scrape_interval
     memory_limit_percentage: Annotated[StrictInt, Field(ge=1, le=100)] = 80
     memory_spike_percentage: Annotated[StrictInt, Field(ge=1, le=100)] = 20
+    # The traces pipeline (OTLP in, OTLP gRPC out to a trace backend) and its span metrics
+    # (fusebox/spec/traces.py, docs/exemplars.md). None: no traces pipeline.
+    traces: RawTraces | None = None
 
 
 # ------------------------------------------------------------------------ normalised
@@ -269,6 +273,7 @@ class Otelcol:
     scrape_interval_s: float | None = None
     memory_limit_percentage: int = 80
     memory_spike_percentage: int = 20
+    traces: Traces | None = None
 
 
 # ------------------------------------------------------------------------ validation
@@ -467,7 +472,10 @@ def normalise_grafana(g: RawGrafana, err: Err) -> Grafana:
                    traces_url=g.traces_url)
 
 
-def normalise_otelcol(o: RawOtelcol, duration: Callable[[Any, tuple], float], err: Err) -> Otelcol:
+def normalise_otelcol(o: RawOtelcol, duration: Callable[[Any, tuple], float], err: Err,
+                      scrape_interval_s: float = 15.0) -> Otelcol:
+    """Check the ``otelcol:`` block; ``scrape_interval_s`` (the spec's) is the default span-metrics
+    flush interval of ``otelcol.traces``."""
     interval = None if o.scrape_interval is None else duration(o.scrape_interval, ("otelcol", "scrape_interval"))
     if interval is not None and interval <= 0 and o.scrape_interval is not None:
         err(("otelcol", "scrape_interval"), "scrape_interval must be positive", "e.g. '15s', or leave it out for global.scrape_interval")
@@ -480,4 +488,5 @@ def normalise_otelcol(o: RawOtelcol, duration: Callable[[Any, tuple], float], er
             "e.g. memory_limit_percentage: 80, memory_spike_percentage: 20")
     return Otelcol(remote_write_url=o.remote_write_url, debug=o.debug, scrape_targets=tuple(o.scrape_targets),
                    scrape_interval_s=interval, memory_limit_percentage=o.memory_limit_percentage,
-                   memory_spike_percentage=o.memory_spike_percentage)
+                   memory_spike_percentage=o.memory_spike_percentage,
+                   traces=normalise_traces(o.traces, scrape_interval_s, duration, err))

@@ -183,3 +183,43 @@ def test_a_misspelt_or_misshapen_scenario_key_is_refused_at_its_line_like_the_sp
     assert lines[0] == (f"{bad}:12:5: unknown key 'kv_grwoth' in phases.0 -- did you mean 'kv_growth'? "
                         "remove it or check its spelling against collectors/scenarios/breach.yaml")
     assert len(lines) == 2 and lines[1].startswith(f"{bad}:15:17: phases.1.gpu_memory: ")
+
+
+def test_with_a_tracer_each_ticks_slowest_hand_off_is_a_span_and_its_buckets_exemplar(sc):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    buckets = load_spec(str(ROOT / "fusebox.yaml")).signal("alignment_latency_p95").buckets
+    pipe = Pipeline("scenario", ScenarioRunner.KEYS, histogram_buckets=buckets, host=sc.host, cluster=sc.cluster)
+    spans = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON)
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    runner = ScenarioRunner(sc, pipe, tracer=provider.get_tracer("t"))
+    runner.step(110)  # ticks 0..109: baseline 45, pressure 60, breach 5 (ticks 105..109)
+    got = spans.get_finished_spans()
+    assert len(got) == 110  # one engine with hand-offs, one span per tick
+    assert {s.name for s in got} == {"mm.handoff"}
+    # the breach (p95 2.0 s, 10 a second): the slowest of a tick is 2.0/0.95 x 9.5/10 = 2.0 s
+    last = got[-1]
+    assert (last.end_time - last.start_time) / 1e9 == pytest.approx(2.0, abs=1e-9)
+    assert last.attributes["engine"] == ENGINE and last.attributes["gen_ai.request.model"] == last.attributes["model"]
+    # baseline (p95 0.40 s, 20 a second): 0.40/0.95 x 19.5/20 = 0.4105 s
+    assert (got[0].end_time - got[0].start_time) / 1e9 == pytest.approx(0.4 / 0.95 * 19.5 / 20, abs=1e-9)
+    # the 2.0 s hand-off is the exemplar of (1.5, 2.0], with the last breach span's trace id
+    fam = [f for f in pipe.families() if f.name == "fusebox_alignment_duration_seconds"]
+    ex = {s.labels["le"]: s.exemplar for f in fam for s in f.samples if s.name.endswith("_bucket")}
+    assert ex["2.0"].labels["trace_id"] == format(last.context.trace_id, "032x") and ex["2.0"].value == 2.0
+    assert ex["2.5"] is None and ex["+Inf"] is None
+    # observations are counted as before: every hand-off, traced or not
+    count = [s.value for f in fam for s in f.samples if s.name.endswith("_count")][0]
+    assert count == 45 * 20 + 60 * 20 + 5 * 10
+
+
+def test_without_a_tracer_no_exemplars(sc):
+    buckets = load_spec(str(ROOT / "fusebox.yaml")).signal("alignment_latency_p95").buckets
+    pipe = Pipeline("scenario", ScenarioRunner.KEYS, histogram_buckets=buckets, host=sc.host, cluster=sc.cluster)
+    ScenarioRunner(sc, pipe).step(110)
+    fam = [f for f in pipe.families() if f.name == "fusebox_alignment_duration_seconds"]
+    assert all(s.exemplar is None for f in fam for s in f.samples)

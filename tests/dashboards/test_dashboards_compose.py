@@ -41,7 +41,7 @@ def test_the_schema_rejects_a_malformed_service(validator):
 
 
 def test_the_stack_has_every_part(compose):
-    assert set(compose["services"]) == {"otelcol", "collectors", "fuse", "alertmanager", "prometheus", "grafana"}
+    assert set(compose["services"]) == {"otelcol", "collectors", "fuse", "alertmanager", "prometheus", "grafana", "jaeger"}
     # the image's entry point is `fusebox` (Dockerfile): commands are its subcommands
     assert compose["services"]["collectors"]["command"][:2] == ["collect", "scenario"]
     assert compose["services"]["fuse"]["command"][:2] == ["fuse", "serve"]
@@ -91,3 +91,18 @@ def test_fusebox_service_commands_parse_with_the_real_cli(compose, service):
     command = compose["services"][service]["command"]
     args = build_parser().parse_args(command)  # argparse exits (SystemExit) on a wrong flag
     assert callable(args.func)
+
+
+def test_the_collectors_traces_reach_the_jaeger_service_and_prometheus_keeps_exemplars(compose):
+    """fusebox.yaml's otelcol.traces.endpoint names this stack's Jaeger v2 by its service name and
+    OTLP gRPC port (the image's all-in-one config listens on 4317), and Prometheus stores the
+    exemplars that link to its traces."""
+    from fusebox.spec import load_spec
+
+    traces = load_spec(ROOT / "fusebox.yaml", display_path="fusebox.yaml").otelcol.traces
+    host, _, port = traces.endpoint.rpartition(":")
+    assert (host, port, traces.insecure) == ("jaeger", "4317", True)
+    jaeger = compose["services"]["jaeger"]
+    assert re.fullmatch(r"jaegertracing/jaeger:2\.\d+\.\d+", jaeger["image"])
+    assert "jaeger" in compose["services"]["otelcol"]["depends_on"]
+    assert "--enable-feature=exemplar-storage" in compose["services"]["prometheus"]["command"]

@@ -424,3 +424,52 @@ def test_demo_refuses_a_speed_out_of_range_on_stderr(tmp_path):
     assert (r.returncode, r.stdout) == (2, "")
     assert "--speed 0 is out of range: it must be in (0, 10]" in r.stderr
     assert not (tmp_path / "w").exists()
+
+
+# --- traces: the breach's slowest hand-off, its exemplar and its trace in Jaeger ---------------------
+def _trace_event(**over) -> Event:
+    # what the watcher records from Prometheus' exemplar and Jaeger's trace (fusebox.demo.traces.SlowTrace)
+    detail = {"le": "2", "value": 2.0, "trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331",
+              "span": "mm.handoff", "duration_s": 2.0, "spans": 1, "url": "http://127.0.0.1:1/trace/0af7..."}
+    return Event(200, "trace", "found", {**detail, **over})
+
+
+def test_the_breach_scenarios_slowest_hand_off_is_2_s_in_the_2_s_bucket(shipped, scenario):
+    from fusebox.demo.check import slowest_handoff
+
+    # breach phase: p95 2.0 s at ten hand-offs a second, spread over [0, 2.0/0.95]: the slowest is
+    # 2.0/0.95 x 9.5/10 = 2.0 s, in (1.5, 2.0] of the shipped alignment buckets
+    assert slowest_handoff(shipped, scenario) == (2.0, 2.0)
+
+
+def test_with_traces_the_run_needs_the_slowest_hand_offs_trace(shipped, scenario):
+    from fusebox.demo import verify
+
+    assert verify(_events() + [_trace_event()], shipped, scenario, traces=True) == []
+    assert verify(_events() + [_trace_event(le="2.0")], shipped, scenario, traces=True) == []  # either spelling
+    assert verify(_events(), shipped, scenario) == []  # without Jaeger, none is asked for
+    (missing,) = verify(_events(), shipped, scenario, traces=True)
+    assert "no exemplar on the slowest alignment bucket led to a trace in Jaeger" in missing
+
+
+@pytest.mark.parametrize("over, says", [
+    ({"le": "1", "value": 1.0}, "exemplar is 1 s on le=1, expected the scenario's slowest hand-off, 2 s on le=2"),
+    ({"span": "POST /v1/chat/completions"}, "span POST /v1/chat/completions of 2 s, expected mm.handoff of 2 s"),
+    ({"duration_s": 0.001}, "span mm.handoff of 0.001 s, expected mm.handoff of 2 s"),
+])
+def test_a_trace_that_is_not_the_slowest_hand_offs_fails_and_says_why(shipped, scenario, over, says):
+    from fusebox.demo import verify
+
+    problems = verify(_events() + [_trace_event(**over)], shipped, scenario, traces=True)
+    assert any(says in p for p in problems), problems
+
+
+def test_the_demos_jaeger_listens_only_on_the_ports_it_is_given():
+    from fusebox.demo.stack import jaeger_config
+
+    cfg = jaeger_config(otlp_grpc=1, query=2, query_grpc=3)
+    text = str(cfg)
+    assert sorted(int(p) for p in __import__("re").findall(r"'127\.0\.0\.1:(\d+)'", text)) == [1, 2, 3]
+    assert "0.0.0.0" not in text and "localhost" not in text
+    assert cfg["extensions"]["jaeger_storage"]["backends"]["memstore"] == {"memory": {"max_traces": 100_000}}
+    assert cfg["service"]["telemetry"]["metrics"] == {"level": "none"}  # no 8888

@@ -446,7 +446,8 @@ def test_every_renderer_option_is_reachable_from_the_spec():
         KUBE, grafana={"prometheus_url": "http://kps-prometheus.monitoring:9090", "dashboards_path": "/dash", "folder": "GPU",
                  "traces_url": "http://jaeger-query.monitoring:16686"},
         otelcol={"remote_write_url": "http://prom:9090/api/v1/write", "debug": True, "scrape_targets": ["vllm-0.inference:8000"],
-                 "scrape_interval": "30s", "memory_limit_percentage": 70, "memory_spike_percentage": 15})
+                 "scrape_interval": "30s", "memory_limit_percentage": 70, "memory_spike_percentage": 15,
+                 "traces": {"endpoint": "jaeger-collector.tracing:4317", "span_metrics": {"buckets": ["1.28s"]}}})
     spec = parse_spec(text, "fusebox.yaml")
     # every option the renderers have is filled from the spec (none left at its default here)
     for opts, defaults in ((ProvisioningOptions.from_spec(spec), ProvisioningOptions()), (OtelcolOptions.from_spec(spec), OtelcolOptions())):
@@ -460,6 +461,8 @@ def test_every_renderer_option_is_reachable_from_the_spec():
     assert scrape["static_configs"] == [{"targets": ["vllm-0.inference:8000"]}] and scrape["scrape_interval"] == "30s"
     assert otel["processors"]["memory_limiter"]["limit_percentage"] == 70
     assert otel["processors"]["memory_limiter"]["spike_limit_percentage"] == 15
+    assert otel["exporters"]["otlp_grpc/traces"] == {"endpoint": "${env:FUSEBOX_TRACES_ENDPOINT:-jaeger-collector.tracing:4317}"}
+    assert otel["connectors"]["span_metrics"]["histogram"]["explicit"] == {"buckets": ["1280ms"]}
     ds, traces = yaml.safe_load(out["grafana/provisioning/datasources/fusebox.yaml"])["datasources"]
     assert ds["url"] == "http://kps-prometheus.monitoring:9090"
     assert traces["url"] == "http://jaeger-query.monitoring:16686" and traces["type"] == "jaeger"
