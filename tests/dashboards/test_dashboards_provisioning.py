@@ -75,15 +75,36 @@ GRAFANA_BLOCK = ("grafana:\n  prometheus_url: http://prometheus:9090\n"
                  "  dashboards_path: /var/lib/grafana/dashboards/fusebox\n  folder: fusebox\n")
 
 
-def _with_traces_url(url: str) -> str:
+SHIPPED_TRACES_URL = "  traces_url: http://jaeger:16686\n"
+
+
+def _with_traces_url(url: str | None) -> str:
+    """The shipped spec with its grafana.traces_url line replaced by ``url`` (None: left out)."""
     text = (ROOT / "fusebox.yaml").read_text()
-    assert text.count(GRAFANA_BLOCK) == 1
-    return text.replace(GRAFANA_BLOCK, GRAFANA_BLOCK + f"  traces_url: {url}\n")
+    assert text.count(GRAFANA_BLOCK) == 1 and text.count(SHIPPED_TRACES_URL) == 1
+    return text.replace(SHIPPED_TRACES_URL, "" if url is None else f"  traces_url: {url}\n")
 
 
-def test_without_traces_url_no_trace_datasource_and_no_exemplar_link(files):
-    (ds,) = yaml.safe_load(files["grafana/provisioning/datasources/fusebox.yaml"])["datasources"]
+def test_without_traces_url_no_trace_datasource_and_no_exemplar_link():
+    from fusebox.spec import parse_spec
+
+    untraced = parse_spec(_with_traces_url(None), "fusebox.yaml")
+    assert untraced.grafana.traces_url is None
+    out = render_grafana_provisioning(untraced, ProvisioningOptions.from_spec(untraced))
+    (ds,) = yaml.safe_load(out["grafana/provisioning/datasources/fusebox.yaml"])["datasources"]
     assert "exemplarTraceIdDestinations" not in ds["jsonData"]
+
+
+def test_the_shipped_spec_links_exemplars_to_the_compose_stacks_jaeger():
+    # docker-compose.yml runs Jaeger as `jaeger` with its query API on 16686 and the shipped
+    # otelcol.traces sends it the spans, so the shipped Grafana opens an exemplar's trace there
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert "jaeger" in compose["services"] and compose["services"]["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")
+    # the committed file, the one docker-compose.yml mounts into Grafana
+    committed = (ROOT / "grafana/provisioning/datasources/fusebox.yaml").read_text()
+    prom, jaeger = yaml.safe_load(committed)["datasources"]
+    assert prom["jsonData"]["exemplarTraceIdDestinations"] == [{"name": "trace_id", "datasourceUid": "jaeger"}]
+    assert (jaeger["type"], jaeger["url"]) == ("jaeger", "http://jaeger:16686")
 
 
 def test_traces_url_adds_jaeger_and_links_exemplars_trace_id_to_it(spec, files):
