@@ -258,6 +258,8 @@ def moving_spec_text(smg_url: str, prometheus_url: str) -> str:
     # not run here) are left out: the expectations are worked out for the threshold signals
     data["signals"] = {n: s for n, s in data["signals"].items()
                        if s.get("kind") != "time_to_full" and not n.startswith("alignment")}
+    # and so is the SLO on the alignment signal (an SLO naming a signal the spec lacks is a spec error)
+    data["slos"] = {n: s for n, s in data.get("slos", {}).items() if s.get("signal", "") in ("", *data["signals"])}
     # no autoscaling here: its ScaledObjects need KEDA's CRDs and the engines' namespace (docs/scaling.md)
     data.pop("scaling", None)
     k = data.setdefault("kubernetes", {})
