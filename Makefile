@@ -36,7 +36,7 @@ lock: ## refresh requirements/{test,runtime}.lock from pyproject.toml, keeping p
 	"$$tmp/bin/uv" pip compile pyproject.toml requirements/build.in -c requirements/test.lock $(LOCK_FLAGS) -o requirements/runtime.lock; \
 	echo "requirements/test.lock and requirements/runtime.lock refreshed"
 
-tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt), build the pinned Go tools (promtool 3, otelcol, VictoriaMetrics, Thanos, kube-apiserver, kube-controller-manager and etcd, the Prometheus Operator, KEDA, Jaeger), fetch the operator CRDs
+tools: venv ## install promtool, amtool, prometheus, alertmanager, chromium (apt), build the pinned Go tools (promtool 3, otelcol, VictoriaMetrics, Thanos, kube-apiserver, kube-controller-manager and etcd, the Prometheus Operator, KEDA, Jaeger, Sloth), fetch the operator CRDs
 	bash tools/bootstrap.sh
 
 generate: venv ## generate every output from the spec (SPEC=fusebox.yaml) into OUT (default .); refresh the starter spec
