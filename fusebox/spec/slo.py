@@ -182,6 +182,15 @@ def _histogram(name: str, raw: RawSlo, signals: dict[str, Any], written: set[str
     if bad:
         err(path + ("by",), f"invalid label name {bad[0]!r}", LABEL_FIX)
         return None
+    # `le` is on the buckets only (a ratio by it divides by a count that has none: always empty);
+    # `__`-prefixed names are Prometheus' own; a name twice is a typo
+    odd = [lb for lb in raw.by or () if lb == "le" or lb.startswith("__")]
+    twice = sorted({lb for lb in raw.by or () if list(raw.by or ()).count(lb) > 1})
+    if odd or twice:
+        err(path + ("by",), f"'by' lists {odd[0]!r}, which the ratio cannot be grouped by" if odd
+            else f"'by' lists {twice[0]!r} twice",
+            "group by labels the histogram's _bucket and _count series share, each once, e.g. [cluster, model_name]")
+        return None
     if raw.signal is not None:
         if raw.metric is not None:
             err(path + ("metric",), "an SLO names either a signal or a metric", "drop 'metric': the signal's source is read")
@@ -210,6 +219,15 @@ def _histogram(name: str, raw: RawSlo, signals: dict[str, Any], written: set[str
         return None
     backend = raw.source or ("otel" if "." in raw.metric else raw.metric.split(":")[0] if ":" in raw.metric else "fusebox")
     return otel_prometheus_name(raw.metric), backend, buckets, tuple(raw.by or ("cluster",))
+
+
+def _is_duration(value: Any) -> bool:
+    """Whether ``value`` parses as a duration (a malformed one is reported by the caller's parser)."""
+    try:
+        units.parse_duration(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _tiers(name: str, raw: RawSlo, window_s: float, actions: dict[str, int], err: Err) -> tuple[BurnTier, ...]:
@@ -256,10 +274,11 @@ def normalise_slos(raw: dict[str, RawSlo], signals: dict[str, Any], written: set
             err(path + ("objective",), f"objective: {e}", "a share of good events, e.g. '99%'")
             continue
         if not 0 < objective < 1:
-            err(path + ("objective",), f"objective {units.format_number(objective)} is not between 0 and 1",
+            err(path + ("objective",), f"objective {units.format_number(objective * 100)} % is not above 0 % and below 100 %",
                 "e.g. '99%' (100 % leaves no error budget to burn)")
+            continue
         window_s = duration(r.window, path + ("window",))
-        if window_s and window_s < BURN_WINDOWS[-1][2]:
+        if _is_duration(r.window) and window_s < BURN_WINDOWS[-1][2]:
             err(path + ("window",), f"window {units.format_duration(window_s)} is shorter than the longest alerting window (3d)",
                 "use the SLO window you report on, e.g. 30d or 28d")
         if hist is None:
@@ -271,7 +290,16 @@ def normalise_slos(raw: dict[str, RawSlo], signals: dict[str, Any], written: set
                 + (f" (nearest: {near})" if near else ""),
                 f"use a bound ({near}): between bounds the good events cannot be counted, only interpolated")
             continue
+        tiers = _tiers(name, r, window_s, actions, err)
+        top = max((f for t in tiers for f, _, _ in t.windows), default=0.0)
+        budget = round(1.0 - objective, 12)
+        if top * budget >= 1:
+            err(path + ("objective",), f"objective {units.format_number(objective * 100)} % leaves an error budget of "
+                f"{units.format_number(budget * 100)} %: the page's {units.format_number(top)}x burn needs an error ratio of "
+                f"{units.format_number(top * budget)}, and a ratio never exceeds 1, so it could never fire",
+                f"an objective above {(1 - 1 / top) * 100:.2f} % (e.g. '99%'); a ratio is written as '99%' or 0.99")
+            continue
         out.append(Slo(name=name, alert=r.alert or f"{_camel(name)}ErrorBudgetBurn", description=" ".join(r.description.split()),
                        metric=metric, backend=backend, buckets=buckets, by=by, threshold=threshold, objective=objective,
-                       window_s=window_s, tiers=_tiers(name, r, window_s, actions, err), path=path))
+                       window_s=window_s, tiers=tiers, path=path))
     return tuple(out)

@@ -73,7 +73,7 @@ def test_slo_spec_errors():
                     "  d:\n    signal: alignment_latency_p95\n    threshold: 1.28s\n    objective: 99%\n    page: {fuse: nope}\n")
     assert "unknown signal 'nope'" in msg
     assert "the bucket bounds of 'my_latency_seconds' are not known -- list them under 'buckets'" in msg
-    assert "objective 1 is not between 0 and 1" in msg
+    assert "objective 100 % is not above 0 % and below 100 %" in msg
     assert "window 1d is shorter than the longest alerting window (3d)" in msg
     assert "unknown fuse action 'nope'" in msg
 
@@ -86,6 +86,31 @@ def test_a_by_that_is_no_label_name_is_an_error_at_its_line():
     text = _with_slos(block)
     line = text.count("\n", 0, text.index("\n    by: [0s")) + 2
     assert f"fusebox.yaml:{line}:" in msg and "invalid label name '0s' -- label names match [a-zA-Z_][a-zA-Z0-9_]*" in msg, msg
+
+
+def test_a_zero_window_an_unfireable_objective_and_a_by_no_ratio_can_use_are_spec_errors():
+    """A new user's trial: `window: 0d` ended generate in a traceback; `objective: 1.5%` (the hint
+    for `1.5` says to write a percentage) left a budget of 98.5 %, so the page's 14.4x burn needed an
+    error ratio of 14.184, which a ratio never reaches; `by: [cluster, le]` divided the buckets by
+    counts that have no `le`, so every record stayed empty."""
+    msg = _problems("slos:\n  a:\n    signal: alignment_latency_p95\n    threshold: 1.28s\n    objective: 99%\n    window: 0d\n")
+    assert "window 0s is shorter than the longest alerting window (3d)" in msg, msg
+    msg = _problems("slos:\n  a:\n    signal: alignment_latency_p95\n    threshold: 1.28s\n    objective: 1.5%\n")
+    # budget 1 - 0.015 = 0.985; 14.4 x 0.985 = 14.184 > 1; the lowest objective a 14.4x page can fire
+    # on is 1 - 1/14.4 = 93.06 %
+    assert "objective 1.5 % leaves an error budget of 98.5 %: the page's 14.4x burn needs an error ratio of 14.184" in msg, msg
+    assert "an objective above 93.06 %" in msg, msg
+    for by, what in (("[cluster, le]", "'by' lists 'le'"), ("[cluster, __name__]", "'by' lists '__name__'"),
+                     ("[cluster, cluster]", "'by' lists 'cluster' twice")):
+        block = f"slos:\n  ttft:\n    metric: vllm:time_to_first_token_seconds\n    by: {by}\n    threshold: 1s\n    objective: 99%\n"
+        msg = _problems(block)
+        text = _with_slos(block)
+        line = text.count("\n", 0, text.index("\n    by: [")) + 2
+        assert f"fusebox.yaml:{line}:" in msg and what in msg, msg
+    # 93.1 % is fireable (14.4 x 0.069 = 0.9936 < 1) and loads
+    spec = parse_spec(_with_slos("slos:\n  a:\n    signal: alignment_latency_p95\n    threshold: 1.28s\n    objective: 93.1%\n"),
+                      "fusebox.yaml")
+    assert spec.slos[0].objective == pytest.approx(0.931)
 
 
 def _group(spec, name):
