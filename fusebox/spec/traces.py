@@ -130,6 +130,7 @@ def _buckets(raw: list[Any], p: tuple, err: Err) -> tuple[float, ...]:
             err(p + (i,), f"bucket {getattr(e, 'what', str(e))}",
                 getattr(e, "fix", None) or "a duration with its unit, e.g. '1.28s' or '250ms'")
             continue
+        v = round(v * 1e9) / 1e9  # the Collector's durations are whole nanoseconds ("0.5ns" would be written 0s)
         if v <= 0 or (out and v <= out[-1]):
             err(p + (i,), f"bucket {b!r} is not above the one before it" if v > 0 else f"bucket {b!r} is not positive",
                 "list positive upper bounds in ascending order, each once")

@@ -59,6 +59,9 @@ def test_span_metrics_fields_as_the_collector_names_them():
      "      buckets: [1s, 2]", "bucket a bare number is ambiguous", "e.g. '2s'"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [2s, 1.28s]\n",
      "      buckets: [2s, 1.28s]", "bucket '1.28s' is not above the one before it", "ascending order"),
+    # the Collector's durations are whole nanoseconds: 0.5ns would be written 0s (a new user's trial)
+    ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [0.5ns, 1s]\n",
+     "      buckets: [0.5ns, 1s]", "bucket '0.5ns' is not positive", "ascending order"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [1 GB]\n",
      "      buckets: [1 GB]", "is bytes (GB), not seconds", "e.g. '1.28s'"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: []\n",
