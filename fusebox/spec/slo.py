@@ -221,15 +221,6 @@ def _histogram(name: str, raw: RawSlo, signals: dict[str, Any], written: set[str
     return otel_prometheus_name(raw.metric), backend, buckets, tuple(raw.by or ("cluster",))
 
 
-def _is_duration(value: Any) -> bool:
-    """Whether ``value`` parses as a duration (a malformed one is reported by the caller's parser)."""
-    try:
-        units.parse_duration(value)
-    except ValueError:
-        return False
-    return True
-
-
 def _tiers(name: str, raw: RawSlo, window_s: float, actions: dict[str, int], err: Err) -> tuple[BurnTier, ...]:
     out = []
     for tier, house in (("page", "critical"), ("ticket", "warning")):
@@ -278,7 +269,7 @@ def normalise_slos(raw: dict[str, RawSlo], signals: dict[str, Any], written: set
                 "e.g. '99%' (100 % leaves no error budget to burn)")
             continue
         window_s = duration(r.window, path + ("window",))
-        if _is_duration(r.window) and window_s < BURN_WINDOWS[-1][2]:
+        if units.is_duration(r.window) and window_s < BURN_WINDOWS[-1][2]:
             err(path + ("window",), f"window {units.format_duration(window_s)} is shorter than the longest alerting window (3d)",
                 "use the SLO window you report on, e.g. 30d or 28d")
         if hist is None:

@@ -104,18 +104,10 @@ def _span_metrics(sm: RawSpanMetrics, p: tuple, scrape_interval_s: float, durati
     flush = scrape_interval_s
     if sm.metrics_flush_interval is not None:
         flush = duration(sm.metrics_flush_interval, p + ("metrics_flush_interval",))
-        if flush <= 0 and _is_duration(sm.metrics_flush_interval):  # a malformed one is reported already
+        if flush <= 0 and units.is_duration(sm.metrics_flush_interval):  # a malformed one is reported already
             err(p + ("metrics_flush_interval",), "metrics_flush_interval must be positive",
                 "e.g. 15s, or leave it out for global.scrape_interval")
     return SpanMetrics(dimensions=tuple(dims), buckets_s=buckets, flush_interval_s=flush)
-
-
-def _is_duration(value: Any) -> bool:
-    try:
-        units.parse_duration(value)
-    except ValueError:
-        return False
-    return True
 
 
 def _buckets(raw: list[Any], p: tuple, err: Err) -> tuple[float, ...]:

@@ -231,6 +231,16 @@ def parse_duration(text: str | int) -> float:
     return ms / 1000
 
 
+def is_duration(value: object) -> bool:
+    """Whether ``value`` parses as a Prometheus duration (:func:`parse_duration`); for checks that
+    follow a parser which has already reported a malformed one."""
+    try:
+        parse_duration(value)  # type: ignore[arg-type]
+    except ValueError:
+        return False
+    return True
+
+
 def format_duration(seconds: float) -> str:
     """Seconds -> the shortest Prometheus duration string ("90" -> "1m30s")."""
     ms = int(round(seconds * 1000))
