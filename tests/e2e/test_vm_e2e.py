@@ -86,7 +86,11 @@ def _ha(tmp_path_factory):
 def runs(tmp_path_factory):
     """Both topologies' runs, side by side: each stack has its own ports, work folder and
     processes, and most of a run is the scenario's clock, so together they take about as long as
-    one (CI time); a failure in either is re-raised here."""
+    one (CI time); a failure in either is re-raised here.
+
+    The session's base folder is made here, before the threads: pytest's getbasetemp() is not
+    thread-safe, and two threads making it at once fail with FileExistsError (CI, stop 44)."""
+    tmp_path_factory.getbasetemp()
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         futures = {name: pool.submit(fn, tmp_path_factory) for name, fn in (("single", _single), ("ha", _ha))}
         return {name: f.result() for name, f in futures.items()}
