@@ -218,12 +218,18 @@ def outputs(spec, header: str) -> dict[str, str]:
 def render_otelcol(spec, options: OtelcolOptions = OtelcolOptions(), header: str | None = None) -> dict[str, str]:
     """``{"otel/otelcol.yaml": text}``: the config with a generated-file header. Deterministic."""
     header = "# " + (header or C.GENERATED_HEADER.format(spec=PurePath(spec.file).name)) + "\n"
+    body = dump_yaml(otelcol_config(spec, options), sort_keys=True)
+    # Only the variables this config reads: the scrape pipeline's stamps exist only with scrape_targets.
+    used = {k: v for k, v in ENV.items() if f"${{env:{v[0]}:-" in body}
+    stamps = [used.pop(k) for k in ("host", "cluster") if k in used]
     notes = (
         "# OpenTelemetry Collector (core v0.165.0, contrib v0.165.1; tools/build-otelcol.sh).\n"
         "# Listen addresses come from the environment, with loopback defaults:\n"
-        + "".join(f"#   {name} (default {default})\n" for name, default in ENV.values())
+        + "".join(f"#   {name} (default {default})\n" for name, default in used.values())
     )
+    if stamps:
+        notes += ("# The scraped engines' series are stamped from the environment:\n"
+                  + "".join(f"#   {name} (default {default})\n" for name, default in stamps))
     if options.traces is not None:
         notes += f"# The trace backend's OTLP gRPC address: {TRACES_ENDPOINT_ENV} (default {options.traces.endpoint})\n"
-    body = dump_yaml(otelcol_config(spec, options), sort_keys=True)
     return {OUT_PATH: header + notes + body}
