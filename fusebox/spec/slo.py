@@ -246,7 +246,8 @@ def normalise_slos(raw: dict[str, RawSlo], signals: dict[str, Any], written: set
     ``err(path, what, fix)``: a name that is no snake_case word, an unknown signal or fuse action,
     neither or both of ``signal`` and ``metric``, a metric of unknown buckets without ``buckets``, a
     threshold that is no bucket bound (naming the nearest bounds), a ``by`` that is no label name, an objective outside (0, 1), a
-    window shorter than the longest alerting window (3d)."""
+    window shorter than the longest alerting window (3d), a fuse on a tier whose ``by`` has no scope
+    label but cluster (:data:`fusebox.conventions.SCOPE_LABELS`)."""
     out = []
     for name, r in raw.items():
         path = ("slos", name)
@@ -282,6 +283,14 @@ def normalise_slos(raw: dict[str, RawSlo], signals: dict[str, Any], written: set
                 f"use a bound ({near}): between bounds the good events cannot be counted, only interpolated")
             continue
         tiers = _tiers(name, r, window_s, actions, err)
+        scopes = [lb for lb in C.SCOPE_LABELS if lb != C.LABEL["cluster"]]
+        if not set(by) & set(scopes):
+            for t in tiers:
+                if t.fuse is not None:  # the fuse scopes a trip by the alert's labels: cluster alone is a whole cluster
+                    err(path + (t.name, "fuse"), f"the SLO is by [{', '.join(by)}], which has no fuse scope label "
+                        f"({', '.join(scopes)}): its {t.name} would trip {t.fuse} on "
+                        + ("its whole cluster" if C.LABEL["cluster"] in by else "no scope (the fuse refuses it)"),
+                        "add engine or host_name to 'by' (the histogram must carry it), or remove the fuse")
         top = max((f for t in tiers for f, _, _ in t.windows), default=0.0)
         budget = round(1.0 - objective, 12)
         if top * budget >= 1:

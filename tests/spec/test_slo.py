@@ -113,6 +113,26 @@ def test_a_zero_window_an_unfireable_objective_and_a_by_no_ratio_can_use_are_spe
     assert spec.slos[0].objective == pytest.approx(0.931)
 
 
+def test_a_fuse_on_an_slo_whose_by_has_no_scope_label_is_a_spec_error():
+    """The fuse scopes a trip by the alert's labels among cluster, host_name, instance, hw_id, engine
+    (fusebox.conventions.SCOPE_LABELS): an SLO by [cluster, model_name] that requests a fuse would
+    trip its whole cluster, one by [model_name] no scope the fuse accepts. The threshold tiers refuse
+    the same (spec/section_signals.py); with engine in 'by' the page loads and carries the action."""
+    for by, where in (("[cluster, model_name]", "its whole cluster"), ("[model_name]", "no scope (the fuse refuses it)")):
+        block = (f"slos:\n  ttft:\n    metric: vllm:time_to_first_token_seconds\n    by: {by}\n    threshold: 1s\n"
+                 "    objective: 99%\n    page: {fuse: text_only_fallback}\n")
+        msg = _problems(block)
+        text = _with_slos(block)
+        line = text.count("\n", 0, text.index("\n    page: {fuse:")) + 2
+        assert f"fusebox.yaml:{line}:" in msg, msg
+        assert f"the SLO is by {by}, which has no fuse scope label (host_name, instance, hw_id, engine): its page " \
+               f"would trip text_only_fallback on {where}" in msg, msg
+        assert "add engine or host_name to 'by'" in msg, msg
+    spec = parse_spec(_with_slos("slos:\n  ttft:\n    metric: vllm:time_to_first_token_seconds\n    by: [cluster, engine]\n"
+                                 "    threshold: 1s\n    objective: 99%\n    page: {fuse: text_only_fallback}\n"), "fusebox.yaml")
+    assert [t.fuse for t in spec.slos[0].tiers] == ["text_only_fallback", None]
+
+
 def _group(spec, name):
     doc = yaml.safe_load(render_all(spec)["rules/fusebox.rules.yml"])
     return next(g for g in doc["groups"] if g["name"] == name)
