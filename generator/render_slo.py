@@ -276,7 +276,10 @@ def runbook_facts(spec: Spec) -> dict[str, dict[str, Any]]:
         alerts = [r for r in slo_rules(slo, spec)["rules"] if "alert" in r]
         routes = [f"{t.name}: the people" + (f" and the fuse ({t.fuse}, level {t.fuse_level})" if t.fuse else "") for t in slo.tiers]
         out[slo.alert] = {
-            "description": (slo.description + " " if slo.description else "") + alerts[0]["annotations"]["description"].split(" burns")[0] + ".",
+            # a sentence: the SLO's own words (as the user wrote them) after it, not before
+            "description": (f"The SLO {slo.name} holds while {format_number(slo.objective * 100)}% of {slo.metric} "
+                            f"observations are at or under {format_number(slo.threshold)}s over {format_duration(slo.window_s)}."
+                            + (f" Its description: {slo.description}" if slo.description else "")),
             "means": (f"bad events (over {format_number(slo.threshold)}s) arrive fast enough to spend the error budget of "
                       f"{format_number(slo.budget * 100)}% early: page when 2% of it goes in an hour or 5% in six hours, "
                       "ticket when 10% goes in a day or in three days (docs/slo.md)"),

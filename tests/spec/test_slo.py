@@ -212,12 +212,18 @@ def test_each_burn_rate_alert_links_its_runbook_which_says_what_pages_and_where_
     spec = parse_spec(SPEC.read_text(), "fusebox.yaml")
     out = render_all(spec)
     boards = {p["title"]: p for p in yaml.safe_load(out["dashboards/fusebox-slo.json"])["panels"]}
+    opening = {  # the spec's objectives, thresholds and windows (fusebox.yaml, slos:), in a sentence first
+        "AlignmentLatencyErrorBudgetBurn": "The SLO alignment_latency holds while 99% of fusebox_alignment_duration_seconds "
+                                           "observations are at or under 1.28s over 30d. Its description: Multimodal",
+        "TimeToFirstTokenErrorBudgetBurn": "The SLO time_to_first_token holds while 99% of vllm:time_to_first_token_seconds "
+                                           "observations are at or under 1s over 30d. Its description: First tokens"}
     for name, alert in (("alignment_latency", "AlignmentLatencyErrorBudgetBurn"), ("time_to_first_token", "TimeToFirstTokenErrorBudgetBurn")):
         url = f"https://github.com/your-org/monitoring/blob/main/runbooks/{alert}.md"
         alerts = [r for r in _group(spec, f"fusebox-slo-{name}")["rules"] if "alert" in r]
         assert [a["annotations"]["runbook_url"] for a in alerts] == [url, url]
         book = out[f"runbooks/{alert}.md"]
         assert book.splitlines()[1] == f"# {alert}"
+        assert book.splitlines()[3].startswith(opening[alert]), book.splitlines()[3]
         for a in alerts:
             assert f"- `{' '.join(a['expr'].split())}`" in book
         assert "**Routed to:** page: the people; ticket: the people." in book
