@@ -23,7 +23,10 @@ from .k8snames import Err
 # The dimensions the span_metrics connector always adds (and refuses as duplicates).
 INTRINSIC_DIMENSIONS = ("service.name", "span.name", "span.kind", "status.code", "collector.instance.id")
 _ATTRIBUTE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,127}")
-_HOST_PORT = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9.]*|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
+# host:port, or gRPC's dns:///host:port (grpc/doc/naming.md: the client's resolver keeps every address
+# of the name, e.g. a headless Service's pods, for the Collector's gRPC balancer to pick from). A scheme (http://) is refused: with the
+# Collector's otlp_grpc exporter it decides TLS over tls.insecure, which this block sets.
+_HOST_PORT = re.compile(r"(?:dns:///)?(?:[A-Za-z0-9][-A-Za-z0-9.]*|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
 
 
 class _Strict(BaseModel):
@@ -43,7 +46,7 @@ class RawSpanMetrics(_Strict):
 
 
 class RawTraces(_Strict):
-    endpoint: StrictStr  # OTLP gRPC host:port of the trace backend (Jaeger v2: 4317)
+    endpoint: StrictStr  # OTLP gRPC host:port (or dns:///host:port) of the trace backend (Jaeger v2: 4317)
     insecure: StrictBool = False  # plaintext gRPC (no TLS), e.g. inside docker-compose's network
     span_metrics: RawSpanMetrics | None = None
 
@@ -78,7 +81,8 @@ def normalise_traces(t: RawTraces | None, scrape_interval_s: float, duration: Ca
     m = _HOST_PORT.fullmatch(t.endpoint)
     if not m or not 1 <= int(m.group(1)) <= 65535:
         err(p + ("endpoint",), f"{t.endpoint[:100]!r} is not host:port",
-            "the trace backend's OTLP gRPC address without a scheme, e.g. jaeger:4317 (Jaeger v2's OTLP gRPC port)")
+            "the trace backend's OTLP gRPC address without a scheme, e.g. jaeger:4317 (Jaeger v2's OTLP gRPC port), "
+            "or dns:///jaeger-headless:4317 for gRPC to keep every address the name resolves to")
     sm = t.span_metrics
     if sm is None or not sm.enabled:
         return Traces(endpoint=t.endpoint, insecure=t.insecure)

@@ -27,6 +27,7 @@ SHIPPED_TRACES = Traces("jaeger:4317", insecure=True, span_metrics=SpanMetrics(
     dimensions=(("gen_ai.request.model", None),),
     buckets_s=(0.05, 0.1, 0.25, 0.5, 0.75, 0.85, 1.0, 1.28, 1.5, 2.0, 2.5, 5.0, 10.0), flush_interval_s=5.0))
 TRACES_ONLY = OtelcolOptions(traces=Traces("127.0.0.1:4317"))
+TRACES_DNS = OtelcolOptions(traces=Traces("dns:///localhost:4317", insecure=True))
 TRACES_ALL = dataclasses.replace(ALL_OPTIONS, traces=SHIPPED_TRACES)
 
 
@@ -161,8 +162,8 @@ def test_go_durations_are_exact(seconds, text):
 
 
 @pytest.mark.otelcol
-@pytest.mark.parametrize("options", [OtelcolOptions(), ALL_OPTIONS, TRACES_ONLY, TRACES_ALL],
-                         ids=["defaults", "all-options", "traces", "traces-span-metrics-all-options"])
+@pytest.mark.parametrize("options", [OtelcolOptions(), ALL_OPTIONS, TRACES_ONLY, TRACES_DNS, TRACES_ALL],
+                         ids=["defaults", "all-options", "traces", "traces-dns-target", "traces-span-metrics-all-options"])
 def test_the_pinned_collector_validates_the_generated_config(spec, tmp_path, options):
     binary = otelcol_binary()
     (text,) = render_otelcol(spec, options).values()

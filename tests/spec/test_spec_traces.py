@@ -39,6 +39,13 @@ def test_the_defaults_tls_on_no_span_metrics():
     assert (t.endpoint, t.insecure, t.span_metrics) == ("otel-gw.tracing:4317", False, None)
 
 
+def test_a_grpc_dns_target_is_an_endpoint():
+    """gRPC's naming (grpc/doc/naming.md): dns:///name:port keeps every address of the name."""
+    t = parse_spec(with_traces("  traces: {endpoint: 'dns:///jaeger-headless.tracing:4317'}\n"),
+                   "fusebox.yaml").otelcol.traces
+    assert t.endpoint == "dns:///jaeger-headless.tracing:4317"
+
+
 def test_span_metrics_fields_as_the_collector_names_them():
     t = parse_spec(with_traces(
         "  traces:\n    endpoint: '[::1]:4317'\n    span_metrics:\n"
