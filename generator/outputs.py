@@ -142,7 +142,8 @@ def _rule_files(spec: Spec, header: str, rules: Rules) -> dict[str, str]:
         slo_groups = [{**{k: v for k, v in g.items() if k != "partial_response_strategy"},
                        "rules": [r for r in g["rules"] if "budget" not in r.get("record", "")]}
                       for g in rules.groups if g["name"].startswith(SLO_GROUP_PREFIX)]
-        note = f"# The SLO burn-rate groups of {Path(RULE_FILE).name}, alone: what {Path(SLO_TEST_FILE).name} tests.\n"
+        note = (f"# A test fixture, not a file to load: the SLO burn-rate groups of {Path(RULE_FILE).name} alone, what\n"
+                f"# {Path(SLO_TEST_FILE).name} tests. Loaded beside {Path(RULE_FILE).name}, every SLO rule would run twice.\n")
         out[SLO_RULE_FILE] = h + note + dump_yaml({"groups": slo_groups})
         slo_tests = slo_test_groups(spec)
         out[SLO_TEST_FILE] = _test_text(h, spec, slo_tests, cache, TEST_INTERVAL_S, SLO_RULE_FILE)
