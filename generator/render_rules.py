@@ -341,8 +341,13 @@ def render_rules(spec: Spec) -> Rules:
         groups.append({"name": shedding.GROUP, "interval": slow, "rules": shedding.rules(spec)})
     # What the autoscalers read (generator/render_scaling.py): each load beside the value it reads.
     render_scaling.place_rules(spec, groups, slow)
-    # The SLOs' error ratios, budgets and burn-rate alerts (generator/render_slo.py), one group each.
+    # The SLOs' error ratios, budgets and burn-rate alerts (generator/render_slo.py), one group each;
+    # an SLO's histogram gets the absent alert too: without it its burn-rate alerts are silent for good.
     groups += [render_slo.slo_rules(slo, spec) for slo in spec.slos]
+    for slo in spec.slos:
+        m = f"{slo.metric}_count"
+        raw_metrics.setdefault(m, []).append(f"{slo.name} (SLO)")
+        raw_backends.setdefault(m, slo.backend)
     if spec.absent_enabled and raw_metrics:
         absent_rules = []
         for m in sorted(raw_metrics):

@@ -76,7 +76,8 @@ def test_alert_names_labels_and_runbook_links(generated, spec):
                       "fusebox_alignment_duration_seconds_count", "fusebox_gpu_memory_bandwidth_utilization_ratio",
                       "fusebox_gpu_pcie_utilization_ratio", "fusebox_gpu_pcie_upstream_utilization_ratio",
                       "fusebox_connection_idle_before_use_seconds_count",
-                      "vllm:num_preemptions_total"}  # the preemption signal reads vLLM's counter: a spec signal's source
+                      "vllm:num_preemptions_total",  # the preemption signal reads vLLM's counter: a spec signal's source
+                      "vllm:time_to_first_token_seconds_count"}  # the TTFT SLO's histogram (slos:)
 
 
 def test_dashboard_group_records_what_the_panels_read(generated, spec):
@@ -103,8 +104,10 @@ def test_dashboard_group_records_what_the_panels_read(generated, spec):
     assert "sglang:cache_hit_rate or sglang_cache_hit_rate" in records[d["prefix_hit_sglang"]]
     # no absent alert for the optional engine metrics the dashboard records read
     absent = {a["labels"]["metric"] for g in doc["groups"] for a in g["rules"] if a.get("alert") == C.ABSENT_ALERT}
-    # (vllm:num_preemptions_total has one: the preemption signal's own source, not a dashboard record's)
-    assert not {m for m in absent if m.startswith(("vllm", "sglang", "hw_power"))} - {C.VLLM_PREEMPTIONS}
+    # (vllm:num_preemptions_total has one: the preemption signal's own source, not a dashboard record's;
+    # vllm:time_to_first_token_seconds_count the TTFT SLO's histogram, fusebox.yaml slos:)
+    assert not {m for m in absent if m.startswith(("vllm", "sglang", "hw_power"))} - {C.VLLM_PREEMPTIONS,
+                                                                                      "vllm:time_to_first_token_seconds_count"}
 
 
 def test_dashboard_gpu_bytes_follow_the_dcgm_backend():

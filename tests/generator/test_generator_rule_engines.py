@@ -201,8 +201,9 @@ def test_every_group_is_within_mimirs_limits_and_chains_stay_together(many):
     absent = [g for g in groups if g["name"].startswith("fusebox-absent")]
     assert [g["name"] for g in absent] == ["fusebox-absent-1", "fusebox-absent-2"]
     # the shipped 11 metrics (GPU memory: ratio, usage, limit; the preemption counter; the shared PCIe
-    # links; the connection idle histogram, one for its two signals) and one per new signal
-    assert sum(len(g["rules"]) for g in absent) == 11 + 20
+    # links; the connection idle histogram, one for its two signals), the TTFT SLO's histogram (the
+    # alignment SLO's is its signal's) and one per new signal
+    assert sum(len(g["rules"]) for g in absent) == 11 + 1 + 20
     for g in groups:
         assert len(g["rules"]) <= MIMIR_RULES_PER_GROUP, (g["name"], len(g["rules"]))
     owner = _records(groups)
