@@ -16,11 +16,12 @@ and one histogram may carry several objectives. An SLO on a signal's histogram n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, FiniteFloat
+from pydantic import BaseModel, BeforeValidator, ConfigDict, FiniteFloat, StrictStr
 
 from fusebox import conventions as C
 
@@ -63,6 +64,8 @@ def slo_records(names: list[str]) -> list[str]:
     """Every record the SLOs ``names`` write (generator/render_slo.py)."""
     return [r for n in names for r in (*(ratio_record(n, w) for w in RATIO_WINDOWS), budget_record(n))]
 
+
+_SNAKE = re.compile(r"[a-z][a-z0-9_]*")
 
 # Histograms whose bucket bounds are known (docs/metrics.md): an SLO on one may leave out `buckets`.
 _VLLM_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -113,7 +116,8 @@ class RawSlo(_Strict):
     signal: str | None = None
     metric: str | None = None
     source: str | None = None
-    buckets: list[_Number] | None = None
+    # le bounds as numbers (seconds), or durations ('1.28s')
+    buckets: list[Annotated[FiniteFloat | StrictStr, BeforeValidator(units.reject_bool)]] | None = None
     by: list[str] | None = None
     threshold: _Value
     objective: _Value
@@ -173,6 +177,21 @@ def _nearest(threshold: float, buckets: tuple[float, ...]) -> str:
     return " and ".join(parts)
 
 
+def _bucket_values(raw: list[float | str], path: tuple, err: Err) -> tuple[float, ...] | None:
+    """``buckets:`` in seconds: a number is an ``le`` bound as the histogram writes it, a string a
+    duration ('1.28s', '250ms'); None after reporting one that is neither."""
+    out = []
+    for i, b in enumerate(raw):
+        if isinstance(b, str):
+            try:
+                b = units.parse_quantity(b, "seconds")
+            except ValueError as e:
+                err(path + (i,), f"bucket {b!r}: {getattr(e, 'what', str(e))}", "an le bound, e.g. 1.28, or a duration, e.g. '1.28s'")
+                return None
+        out.append(float(b))
+    return tuple(out)
+
+
 def _histogram(name: str, raw: RawSlo, signals: dict[str, Any], written: set[str],
                err: Err) -> tuple[str, str, tuple[float, ...], tuple[str, ...]] | None:
     """(metric, backend, buckets, by) of the SLO's histogram, or None after reporting (nothing
@@ -210,7 +229,16 @@ def _histogram(name: str, raw: RawSlo, signals: dict[str, Any], written: set[str
         err(path, "an SLO needs 'signal' (a quantile signal of the spec) or 'metric' (a histogram)",
             "e.g. 'metric: vllm:time_to_first_token_seconds'", key=True)
         return None
-    buckets = tuple(raw.buckets) if raw.buckets is not None else KNOWN_HISTOGRAMS.get(raw.metric)
+    if raw.buckets is not None and not raw.buckets:
+        err(path + ("buckets",), "the bucket list is empty",
+            "list the histogram's le bounds, e.g. [0.5, 1, 1.28, 2.5] or ['500ms', '1s', '1.28s', '2.5s']")
+        return None
+    if raw.buckets is not None:
+        buckets = _bucket_values(raw.buckets, path + ("buckets",), err)
+        if buckets is None:
+            return None
+    else:
+        buckets = KNOWN_HISTOGRAMS.get(raw.metric)
     if not buckets:
         err(path + ("metric",), f"the bucket bounds of {raw.metric!r} are not known", "list them under 'buckets'")
         return None
@@ -251,7 +279,7 @@ def normalise_slos(raw: dict[str, RawSlo], signals: dict[str, Any], written: set
     out = []
     for name, r in raw.items():
         path = ("slos", name)
-        if not name.replace("_", "a").isalnum() or not name[:1].islower():
+        if not _SNAKE.fullmatch(name):  # ASCII: the name goes into record names and PromQL
             err(path, f"SLO name {name!r} is no snake_case word", "e.g. time_to_first_token", key=True)
             continue
         hist = _histogram(name, r, signals, written, err)

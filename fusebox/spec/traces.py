@@ -79,7 +79,10 @@ def normalise_traces(t: RawTraces | None, scrape_interval_s: float, duration: Ca
         return None
     p = ("otelcol", "traces")
     m = _HOST_PORT.fullmatch(t.endpoint)
-    if not m or not 1 <= int(m.group(1)) <= 65535:
+    if m and not 1 <= int(m.group(1)) <= 65535:
+        err(p + ("endpoint",), f"port {int(m.group(1))} of {t.endpoint[:100]!r} is not in 1-65535",
+            "the trace backend's OTLP gRPC port, e.g. jaeger:4317 (Jaeger v2's)")
+    elif not m:
         err(p + ("endpoint",), f"{t.endpoint[:100]!r} is not host:port",
             "the trace backend's OTLP gRPC address without a scheme, e.g. jaeger:4317 (Jaeger v2's OTLP gRPC port), "
             "or dns:///jaeger-headless:4317 for gRPC to keep every address the name resolves to")
@@ -123,10 +126,15 @@ def _buckets(raw: list[Any], p: tuple, err: Err) -> tuple[float, ...]:
         try:
             v = units.parse_quantity(b, "seconds")
         except ValueError as e:
-            err(p + (i,), f"bucket {getattr(e, 'what', str(e))}",
+            err(p + (i,), f"bucket {b!r}: {getattr(e, 'what', str(e))}",
                 getattr(e, "fix", None) or "a duration with its unit, e.g. '1.28s' or '250ms'")
             continue
-        v = round(v * 1e9) / 1e9  # the Collector's durations are whole nanoseconds ("0.5ns" would be written 0s)
+        ns = v * 1e9
+        if ns > 0 and abs(ns - round(ns)) > 1e-6 * max(1.0, ns):  # the Collector's durations are whole nanoseconds
+            err(p + (i,), f"bucket {b!r} is not a whole number of nanoseconds",
+                "the Collector would round it (1.5ns to 2ns): write whole nanoseconds or a coarser unit")
+            continue
+        v = round(ns) / 1e9
         if v <= 0 or (out and v <= out[-1]):
             err(p + (i,), f"bucket {b!r} is not above the one before it" if v > 0 else f"bucket {b!r} is not positive",
                 "list positive upper bounds in ascending order, each once")

@@ -133,6 +133,22 @@ def test_a_fuse_on_an_slo_whose_by_has_no_scope_label_is_a_spec_error():
     assert [t.fuse for t in spec.slos[0].tiers] == ["text_only_fallback", None]
 
 
+def test_slo_buckets_are_le_bounds_or_durations_and_an_slo_name_is_ascii_snake_case():
+    """A new user's trial: span_metrics buckets take durations and refused SLO buckets written
+    the same way; `buckets: []` said the bounds were unknown; `ttft_äb` passed the name check
+    and ended generate in a PromQL parser's traceback."""
+    def slo(extra: str, name: str = "t") -> str:
+        return f"slos:\n  {name}:\n    metric: foo_seconds\n{extra}    threshold: 1.28s\n    objective: 99%\n"
+
+    for written in ("[0.5, 1, 1.28, 2.5]", "['500ms', 1s, 1.28s, 2.5s]", "[0.5, 1s, 1280ms, 2.5]"):
+        spec = parse_spec(_with_slos(slo(f"    buckets: {written}\n")), "fusebox.yaml")
+        assert spec.slos[0].buckets == (0.5, 1.0, 1.28, 2.5), written
+    assert "the bucket list is empty -- list the histogram's le bounds" in _problems(slo("    buckets: []\n"))
+    assert "bucket '1 GB': wrong unit" in _problems(slo("    buckets: [1 GB]\n"))
+    msg = _problems(slo("    buckets: [0.5, 1, 1.28]\n", name="ttft_äb"))
+    assert "SLO name 'ttft_äb' is no snake_case word -- e.g. time_to_first_token" in msg, msg
+
+
 def _group(spec, name):
     doc = yaml.safe_load(render_all(spec)["rules/fusebox.rules.yml"])
     return next(g for g in doc["groups"] if g["name"] == name)

@@ -61,14 +61,18 @@ def test_span_metrics_fields_as_the_collector_names_them():
 @pytest.mark.parametrize("block, bad_line, what, fix", [
     ("  traces:\n    endpoint: http://jaeger:4317\n", "    endpoint: http://jaeger:4317",
      "'http://jaeger:4317' is not host:port", "e.g. jaeger:4317"),
-    ("  traces:\n    endpoint: jaeger:99999\n", "    endpoint: jaeger:99999", "is not host:port", "OTLP gRPC"),
+    ("  traces:\n    endpoint: jaeger:99999\n", "    endpoint: jaeger:99999", "port 99999 of 'jaeger:99999' is not in 1-65535",
+     "OTLP gRPC port"),
+    ("  traces:\n    endpoint: jaeger:0\n", "    endpoint: jaeger:0", "port 0 of 'jaeger:0' is not in 1-65535", "OTLP gRPC port"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [1s, 2]\n",
-     "      buckets: [1s, 2]", "bucket a bare number is ambiguous", "e.g. '2s'"),
+     "      buckets: [1s, 2]", "bucket 2: a bare number is ambiguous", "e.g. '2s'"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [2s, 1.28s]\n",
      "      buckets: [2s, 1.28s]", "bucket '1.28s' is not above the one before it", "ascending order"),
-    # the Collector's durations are whole nanoseconds: 0.5ns would be written 0s (a new user's trial)
+    # the Collector's durations are whole nanoseconds: 0.5ns would be written 0s, 1.5ns 2ns (new users' trials)
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [0.5ns, 1s]\n",
-     "      buckets: [0.5ns, 1s]", "bucket '0.5ns' is not positive", "ascending order"),
+     "      buckets: [0.5ns, 1s]", "bucket '0.5ns' is not a whole number of nanoseconds", "1.5ns to 2ns"),
+    ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [1ns, 1.5ns, 1s]\n",
+     "      buckets: [1ns, 1.5ns, 1s]", "bucket '1.5ns' is not a whole number of nanoseconds", "coarser unit"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [1 GB]\n",
      "      buckets: [1 GB]", "is bytes (GB), not seconds", "e.g. '1.28s'"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: []\n",
