@@ -32,7 +32,7 @@ from .section_fuse import audit, check_after_shedding, check_human_receiver, gro
 from .section_global import normalise_defaults, normalise_global
 from .section_signals import SignalInputs, normalise_overrides, normalise_signals
 from .slo import normalise_slos
-from .validation import pydantic_problem
+from .validation import pydantic_problems
 
 __all__ = ["API_VERSION", "ENGINES", "RULE_ENGINES", "STANDARD_LEVELS", "TIER_ORDER", "Audit", "FuseAction", "Kubernetes", "RawSpec",
            "Runbook", "SelfMonitoring", "Signal", "Source", "Spec", "Tier", "load_spec", "parse_spec"]
@@ -70,7 +70,7 @@ def parse_spec(text: str, file: str = "<spec>", *, base_dir: Path | None = None)
     try:
         raw = RawSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError([pydantic_problem(err, pos, RawSpec, aliases=_ALIASES) for err in e.errors()]) from None
+        raise SpecError(pydantic_problems(e.errors(), pos, RawSpec, aliases=_ALIASES)) from None
     return _normalise(raw, data, pos, Path(file).parent if base_dir is None else base_dir)
 
 

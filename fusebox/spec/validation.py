@@ -16,7 +16,7 @@ from pydantic_core import ErrorDetails
 from .errors import Problem
 from .positions import Positions
 
-__all__ = ["pydantic_problem", "keys_at"]
+__all__ = ["pydantic_problem", "pydantic_problems", "keys_at"]
 
 
 def keys_at(root: type[BaseModel], loc: tuple) -> list[str]:
@@ -42,6 +42,66 @@ def keys_at(root: type[BaseModel], loc: tuple) -> list[str]:
     return [f.alias or n for n, f in hint.model_fields.items()]
 
 
+def _model_names() -> set[str]:
+    """The class names of every pydantic model defined so far (union members in an error's loc)."""
+    names: set[str] = set()
+    stack: list[type] = [BaseModel]
+    while stack:
+        subs: list[type] = stack.pop().__subclasses__()
+        for sub in subs:
+            names.add(sub.__name__)
+            stack.append(sub)
+    return names
+
+
+def _user_loc(loc: tuple, models: set[str] | None = None) -> tuple:
+    """``loc`` as the user wrote the path: pydantic adds a union member's type name (``str``,
+    ``function-after[...]``, a model's class name such as ``RawDimension``); drop such entries."""
+    models = _model_names() if models is None else models
+    return tuple(x for x in loc if not (isinstance(x, str) and (x in ("str", "int", "float", "bool") or "[" in x or x in models)))
+
+
+# pydantic's "not this type" errors: where a union's other member got further (an error deeper down
+# the same path), they only say that the value is not the member it was not meant to be.
+_TYPE_ONLY = {"string_type", "int_type", "float_type", "bool_type", "finite_number", "float_parsing", "int_parsing",
+              "list_type", "dict_type", "model_type"}
+
+
+def pydantic_problems(errors: list[ErrorDetails], pos: Positions, root: type[BaseModel], *, aliases: dict[str, str] | None = None,
+                      document: str = "the spec", reference: str = "the shipped fusebox.yaml") -> list[Problem]:
+    """:func:`pydantic_problem` of each of ``errors`` (``ValidationError.errors()``), less a union
+    member's type error where another error lies deeper on the same path, in order, each once.
+    The other arguments: as for :func:`pydantic_problem`. ``dimensions: [{nam: x}]`` gives the unknown key and
+    the missing one, not also "Input should be a valid string" (the member it was not meant as)."""
+    models = _model_names()
+    locs = [_user_loc(e["loc"], models) for e in errors]
+    keep = [e for e, loc in zip(errors, locs, strict=True)
+            if not (e["type"] in _TYPE_ONLY and any(len(o) > len(loc) and o[:len(loc)] == loc for o in locs))]
+    out: list[Problem] = []
+    merged: set[tuple] = set()
+    for e in keep:
+        loc = _user_loc(e["loc"], models)
+        alike = [o for o in keep if o["type"] in _TYPE_ONLY and _user_loc(o["loc"], models) == loc]
+        if e["type"] in _TYPE_ONLY and len(alike) > 1:  # a union's members each said "not me": one line
+            if loc in merged:
+                continue
+            merged.add(loc)
+            wanted = " or ".join(dict.fromkeys(_WANTED.get(o["type"], o["type"]) for o in alike))
+            at = tuple((aliases or {}).get(x, x) if isinstance(x, str) else x for x in loc)
+            pr = pos.problem(at, f"{'.'.join(map(str, at))}: {repr(e.get('input'))[:60]} is not {wanted}",
+                             f"see {reference} for the expected shape")
+        else:
+            pr = pydantic_problem(e, pos, root, aliases=aliases, document=document, reference=reference)
+        if pr not in out:
+            out.append(pr)
+    return out
+
+
+_WANTED = {"string_type": "a string", "int_type": "an integer", "int_parsing": "an integer", "float_type": "a number",
+           "float_parsing": "a number", "finite_number": "a finite number", "bool_type": "true or false",
+           "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping"}
+
+
 def pydantic_problem(err: ErrorDetails, pos: Positions, root: type[BaseModel], *, aliases: dict[str, str] | None = None,
                      document: str = "the spec", reference: str = "the shipped fusebox.yaml") -> Problem:
     """One pydantic error of validating ``root`` as a Problem at the place ``pos`` maps it to.
@@ -60,8 +120,7 @@ def pydantic_problem(err: ErrorDetails, pos: Positions, root: type[BaseModel], *
         loc = tuple(aliases.get(x, x) if isinstance(x, str) else x for x in raw_loc[:-1]) + (raw_loc[-1],)
     else:
         loc = tuple(aliases.get(x, x) if isinstance(x, str) else x for x in raw_loc)
-    # pydantic adds the union member's type name to the path; drop such entries.
-    loc = tuple(x for x in loc if not (isinstance(x, str) and (x in ("str", "int", "float", "bool") or "[" in x)))
+    loc = _user_loc(loc)
     kind = err["type"]
     name = ".".join(str(x) for x in loc)
     if kind == "extra_forbidden":

@@ -112,3 +112,23 @@ def test_a_malformed_traces_block_is_a_schema_error_naming_the_field(block, what
         parse_spec(text, "fusebox.yaml")
     msg = "\n".join(str(p) for p in e.value.problems)
     assert f"fusebox.yaml:{line}:" in msg and what in msg, msg
+
+
+@pytest.mark.parametrize("dims, problems", [
+    # a misspelt key: the unknown key and the missing one, not also "should be a valid string" (the
+    # union's other member) nor the model's class name (a new user's trial: three lines with RawDimension)
+    ("[{nam: x}]", ["missing required key 'name' in otelcol.traces.span_metrics.dimensions.0 -- add 'name:' here",
+                    "unknown key 'nam' in otelcol.traces.span_metrics.dimensions.0 -- remove it"]),
+    # neither member: one line naming both
+    ("[7]", ["otelcol.traces.span_metrics.dimensions.0: 7 is not a string or a mapping -- see the shipped fusebox.yaml"]),
+])
+def test_a_dimension_of_the_wrong_shape_is_one_clear_problem_per_fault(dims, problems):
+    text = with_traces(f"  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      dimensions: {dims}\n")
+    line = text.splitlines().index(f"      dimensions: {dims}") + 1
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "fusebox.yaml")
+    got = [str(p) for p in e.value.problems]
+    assert len(got) == len(problems), got
+    for msg, want in zip(got, problems, strict=True):
+        assert msg.startswith(f"fusebox.yaml:{line}:") and want in msg, got
+    assert "RawDimension" not in "\n".join(got)
