@@ -16,7 +16,7 @@ from fusebox.spec import Spec
 from fusebox.spec.adapter_kinds import ADAPTER_KINDS
 from fusebox.spec.adapters import Adapter as FuseAdapter
 from fusebox.spec.scaling import order_problems
-from fusebox.spec.units import format_duration
+from fusebox.spec.units import format_duration, format_number
 
 from . import render_dashboards, render_grafana_provisioning, render_haproxy, render_inpath, render_otelcol, render_scaling
 from .budget import late_scaling_text, scaling_rows
@@ -224,6 +224,8 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
       (:func:`fusebox.spec.scaling.order_problems`; ``fusebox check`` fails on them).
     * a ``scaling`` workload whose new replica is Ready only after the KV pool is full
       (:func:`.budget.late_scaling_text`; ``fusebox budget`` and ``fusebox check`` fail on it).
+    * an SLO window under 28d (Sloth's shortest standard one): its slow ticket fires on a burn
+      below 1x, which would still leave budget at the window's end (docs/slo.md).
     """
     from fusebox.signal_kinds.base import FUSEBOX
 
@@ -266,6 +268,14 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
                        f"{spec.kubernetes.namespace!r} (kubernetes.namespace) -- aggregate it by another label, or "
                        "merge the route into the main config (fusebox alertmanager merge)")
     out += empty_panel_warnings(trace_dashboards(spec, _boards(spec, groups, outputs), groups))
+    for slo in spec.slos:
+        low = [(f, lw) for t in slo.tiers if t.name == "ticket" for f, lw, _ in t.windows if f < 1]
+        if low and slo.window_s < 28 * 86400:
+            pairs = " and ".join(f"{format_number(round(f, 3))}x over {format_duration(lw)}" for f, lw in low)
+            out.append(f"SLO {slo.name!r} has a {format_duration(slo.window_s)} window: its ticket fires at {pairs}, below "
+                       "the sustainable rate (1x), so it tickets burns that would still leave budget at the window's end "
+                       "-- use a 28d or 30d window (the workbook's budget shares assume one), or read it as an early "
+                       "notice (docs/slo.md)")
     if spec.rule_engine == "mimir":
         n = len(groups)
         if n > MAX_GROUPS_PER_TENANT:

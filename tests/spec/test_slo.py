@@ -149,6 +149,23 @@ def test_slo_buckets_are_le_bounds_or_durations_and_an_slo_name_is_ascii_snake_c
     assert "SLO name 'ttft_äb' is no snake_case word -- e.g. time_to_first_token" in msg, msg
 
 
+def test_generate_warns_of_a_window_under_28d_whose_ticket_fires_below_1x():
+    """7d: 0.1 x 168h / 24h = 0.7x over 1d, 0.1 x 168 / 72 = 0.233x over 3d; 28d (Sloth's shortest
+    standard window, 0.933x over 3d) and 30d say nothing."""
+    from fusebox.generator.outputs import spec_warnings
+
+    def warned(window: str) -> list[str]:
+        spec = parse_spec(_with_slos(f"slos:\n  a:\n    signal: alignment_latency_p95\n    threshold: 1.28s\n"
+                                     f"    objective: 99%\n    window: {window}\n"), "fusebox.yaml")
+        return [w for w in spec_warnings(spec) if w.startswith("SLO ")]
+
+    (w,) = warned("7d")
+    assert w.startswith("SLO 'a' has a 7d window: its ticket fires at 0.7x over 1d and 0.233x over 3d, below the "
+                        "sustainable rate (1x)"), w
+    assert "-- use a 28d or 30d window" in w
+    assert warned("28d") == warned("30d") == []
+
+
 def _group(spec, name):
     doc = yaml.safe_load(render_all(spec)["rules/fusebox.rules.yml"])
     return next(g for g in doc["groups"] if g["name"] == name)
