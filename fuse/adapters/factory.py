@@ -15,7 +15,7 @@ __all__ = ["RUNTIME_CLASSES", "build_adapters", "runtime_class"]
 
 # kind (fusebox.spec.adapter_kinds.ADAPTER_KINDS, by the kinds' own names) -> the class that calls
 # it, built with the kind's normalised spec (fusebox.spec.adapters.Adapter). Every registered kind
-# has one (tests/test_adapter_kinds.py).
+# has one (tests/spec/test_adapter_kinds.py).
 RUNTIME_CLASSES: dict[str, type] = {
     adapter_kinds.sglang_gateway.KIND.name: SglangGateway,
     adapter_kinds.vllm_router.KIND.name: VllmRouter,

@@ -243,7 +243,7 @@ def _check_actions(a: RawAdapter, name: str, path: tuple, can: tuple[int, ...], 
             err(path + ("actions", i), f"unknown fuse action {act!r}", f"use one of: {', '.join(levels)}")
         elif levels[act] not in can:
             err(path + ("actions", i), f"adapter kind {a.kind} cannot apply fuse level {levels[act]} ({act})",
-                f"it applies levels {', '.join(map(str, can))}: remove {act!r} here and give it to an adapter that can "
+                f"it applies level{'s' if len(can) > 1 else ''} {', '.join(map(str, can))}: remove {act!r} here and give it to an adapter that can "
                 "(e.g. kind: http)")
 
 

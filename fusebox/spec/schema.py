@@ -94,7 +94,8 @@ class RawSignal(_Strict):
     kind: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]  # the registered kinds (fusebox/signal_kinds)
         description="How the value is computed: gauge (as read), deriv (growth per second), quantile (from a histogram), "
                     "gpu_memory (device-memory ratio with the KV-pool correction), time_to_full (seconds until a pool "
-                    "is full at its current growth; direction: below), rate (a counter's events per second, e.g. preemptions).")
+                    "is full at its current growth; direction: below), rate (a counter's events per second, e.g. preemptions), "
+                    "connection_idle (a share or quantile of the idle time before each connection use).")
     unit: Literal[tuple(units.UNITS)] = Field(  # type: ignore[valid-type]
         description="The value's unit: ratio (0-1; thresholds '78.3%'), seconds ('1.28s'), bytes ('2 GB'), "
                     "bytes_per_second ('14.7 MB/s') or count (a plain number: 50).")

@@ -53,33 +53,33 @@ def test_the_fuse_has_a_runtime_class_for_every_kind_and_no_other():
 
 
 def test_a_kind_without_a_runtime_class_is_an_error_naming_it():
-    with pytest.raises(LookupError, match="adapter kind 'envoy' has no runtime class"):
-        runtime_class("envoy")
+    with pytest.raises(LookupError, match="adapter kind 'acme' has no runtime class"):
+        runtime_class("acme")
 
 
 def test_a_kind_listed_in_the_registry_is_checked_by_its_own_module(monkeypatch):
     """normalise_adapters holds no kind's name: a kind added to ADAPTER_KINDS gets its levels
     enforced, its own target check called and other kinds' fields refused."""
 
-    class Envoy(AdapterKind):
-        name = "envoy"
+    class Acme(AdapterKind):
+        name = "acme"
         levels = (1,)
 
         def check_target(self, t, path, err):
-            err(path, f"an envoy target names a cluster, got {t.server!r}", "server: cluster_a")
+            err(path, f"an acme target names a cluster, got {t.server!r}", "server: cluster_a")
 
-    monkeypatch.setitem(ADAPTER_KINDS, "envoy", Envoy())
+    monkeypatch.setitem(ADAPTER_KINDS, "acme", Acme())
     # model_construct: the spec's Literal of kinds was fixed when RawAdapter was defined
-    raw = RawAdapter.model_construct(kind="envoy", actions=["kv_cache_eviction"], socket="/run/x.sock",
+    raw = RawAdapter.model_construct(kind="acme", actions=["kv_cache_eviction"], socket="/run/x.sock",
                                      targets=[RawTarget(match={"engine": "engine-0"})])
     problems = []
     (adapter,) = normalise_adapters({"edge": raw}, {"kv_cache_eviction": 3}, lambda value, path: 5.0,
                                     lambda path, what, fix, key=False: problems.append((path, what, fix, key)))
     base = ("fuse", "adapters", "edge")
     assert problems == [
-        (base + ("actions", 0), "adapter kind envoy cannot apply fuse level 3 (kv_cache_eviction)",
-         "it applies levels 1: remove 'kv_cache_eviction' here and give it to an adapter that can (e.g. kind: http)", False),
-        (base + ("targets", 0), "an envoy target names a cluster, got None", "server: cluster_a", False),
-        (base + ("socket",), "socket is for kind haproxy only", "remove it from this envoy adapter", True),
+        (base + ("actions", 0), "adapter kind acme cannot apply fuse level 3 (kv_cache_eviction)",
+         "it applies level 1: remove 'kv_cache_eviction' here and give it to an adapter that can (e.g. kind: http)", False),
+        (base + ("targets", 0), "an acme target names a cluster, got None", "server: cluster_a", False),
+        (base + ("socket",), "socket is for kind haproxy only", "remove it from this acme adapter", True),
     ]
-    assert (adapter.kind, adapter.timeout_s, adapter.socket) == ("envoy", 5.0, "/run/x.sock")
+    assert (adapter.kind, adapter.timeout_s, adapter.socket) == ("acme", 5.0, "/run/x.sock")

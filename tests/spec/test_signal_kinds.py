@@ -30,6 +30,17 @@ def test_every_kind_module_is_registered_once_under_its_own_name():
     assert all(isinstance(k, Kind) and k.name == name for name, k in KINDS.items())
 
 
+def test_every_kind_is_named_in_the_schemas_kind_description_and_docs_spec():
+    """`fusebox schema` shows editors the field's description: connection_idle was left out of it."""
+    from fusebox.spec.schema import RawSignal
+
+    described = RawSignal.model_fields["kind"].description or ""
+    table = next(line for line in (ROOT / "docs" / "spec.md").read_text().splitlines() if line.startswith("| `kind` |"))
+    for name in KINDS:
+        assert f"{name} (" in described, name
+        assert f"`{name}`" in table, name
+
+
 def _sig(kind: str):
     return next(s for s in SPEC.signals if s.kind == kind)
 
