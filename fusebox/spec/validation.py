@@ -43,13 +43,15 @@ def keys_at(root: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def _model_names() -> set[str]:
-    """The class names of every pydantic model defined so far (union members in an error's loc)."""
+    """The class names of fusebox's pydantic models defined so far (union members in an error's
+    loc); other libraries' models are left out, so a user's key that happens to match one stays."""
     names: set[str] = set()
     stack: list[type] = [BaseModel]
     while stack:
         subs: list[type] = stack.pop().__subclasses__()
         for sub in subs:
-            names.add(sub.__name__)
+            if sub.__module__.split(".")[0] in ("fusebox", "collectors", "fuse", "generator"):
+                names.add(sub.__name__)
             stack.append(sub)
     return names
 
