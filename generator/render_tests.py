@@ -297,7 +297,9 @@ def _gpu_down_group(spec: Spec) -> tuple[str, dict[str, Any]]:
     ok = {**lost, "hw_id": "GPU-5a3c1f2e-0000-4000-8000-000000000002", "hw_gpu_index": "1"}
     res = {k: v for k, v in lost.items() if k not in (C.LABEL["instance"], C.LABEL["job"])}
     ann = {k: _expand(v, res) for k, v in gpu_down_annotations(spec).items()}
-    checks = [{"eval_time": format_duration(GPU_DOWN_FOR_S - I), "alertname": C.GPU_DOWN_ALERT, "exp_alerts": []},
+    # quiet one evaluation before the `for` has passed (at 0 where the interval is longer than the `for`:
+    # a 61s evaluation_interval made this -1s, which promtool and vmalert-tool refuse)
+    checks = [{"eval_time": format_duration(max(0.0, GPU_DOWN_FOR_S - I)), "alertname": C.GPU_DOWN_ALERT, "exp_alerts": []},
               {"eval_time": format_duration(GPU_DOWN_FOR_S + I), "alertname": C.GPU_DOWN_ALERT,
                "exp_alerts": [{"exp_labels": {**res, **gpu_down_labels(spec, action)}, "exp_annotations": ann}
                               for action in lost_gpu_fuses(spec) or (None,)]}]
