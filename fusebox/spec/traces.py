@@ -123,6 +123,9 @@ def _buckets(raw: list[Any], p: tuple, err: Err) -> tuple[float, ...]:
         err(p, "the bucket list is empty", "list upper bounds with their unit, e.g. ['250ms', '1s', '1.28s', '2.5s'], "
             "or leave buckets out for the connector's defaults")
     for i, b in enumerate(raw):
+        if isinstance(b, bool) or not isinstance(b, (str, int, float)):  # a list, a mapping, null (the fuzz test)
+            err(p + (i,), f"bucket {str(b)[:40]} is not a duration", "a duration with its unit, e.g. '1.28s' or '250ms'")
+            continue
         try:
             v = units.parse_quantity(b, "seconds")
         except ValueError as e:

@@ -71,6 +71,9 @@ def test_span_metrics_fields_as_the_collector_names_them():
     # the Collector's durations are whole nanoseconds: 0.5ns would be written 0s, 1.5ns 2ns (new users' trials)
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [0.5ns, 1s]\n",
      "      buckets: [0.5ns, 1s]", "bucket '0.5ns' is not a whole number of nanoseconds", "1.5ns to 2ns"),
+    # the fuzz test: a list in the bucket list ended generate in a TypeError
+    ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [[], 1s]\n",
+     "      buckets: [[], 1s]", "bucket [] is not a duration", "e.g. '1.28s'"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [1ns, 1.5ns, 1s]\n",
      "      buckets: [1ns, 1.5ns, 1s]", "bucket '1.5ns' is not a whole number of nanoseconds", "coarser unit"),
     ("  traces:\n    endpoint: jaeger:4317\n    span_metrics:\n      buckets: [1 GB]\n",
