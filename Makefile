@@ -75,7 +75,7 @@ test: lint tools ## lint, then the whole test suite in TEST_WORKERS (4) workers 
 test-e2e: tools ## the end-to-end runs alone (tests/e2e/: the demo, VictoriaMetrics, the cluster tests on a real API server)
 	$(BIN)/python -m pytest -q tests/e2e
 
-test-unit: venv ## the inner loop: the tests that start no process and bind no port (~1,590; tests/_unit_rule.py decides, a guard enforces)
+test-unit: venv ## the inner loop: the tests that start no process and bind no port (~1,600; tests/_unit_rule.py decides, a guard enforces)
 	$(BIN)/python -m pytest -q -m unit
 
 test-fast: venv ## tests that need no external tool
