@@ -87,7 +87,7 @@ def test_an_absent_an_unreachable_and_a_slow_kubelet_are_counted_never_raised(so
     try:
         t0 = time.monotonic()
         assert c.devices() is None
-        assert time.monotonic() - t0 < 1.5
+        assert time.monotonic() - t0 < k.delay_s  # gave up before the kubelet's answer came
         k.delay_s = 0.0
         c.timeout_s = 10.0  # a loaded machine can take over 0.5 s for a prompt answer
         assert c.devices() is not None  # the same client recovers
