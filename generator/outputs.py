@@ -109,7 +109,7 @@ def _test_text(head: str, spec: Spec, tests: list[tuple[str, dict[str, Any]]], c
     The promtool and vmalert-tool files hold the same input series and expected alerts (the same
     objects): ``cache`` keeps their text, written once for both."""
     text = [head, dump_yaml({"rule_files": [Path(rule_file).name],
-                             "evaluation_interval": format_duration(interval_s or spec.evaluation_interval_s)}), "tests:\n"]
+                             "evaluation_interval": format_duration(interval_s or spec.test_interval_s)}), "tests:\n"]
     for title, group in tests:
         whys = [c["_why"] for c in group.get("alert_rule_test", []) if "_why" in c]
         text.append(f"# {title}\n" + "".join(f"#  - {w}\n" for w in whys))
@@ -133,10 +133,10 @@ def _rule_files(spec: Spec, header: str, rules: Rules) -> dict[str, str]:
 
     # Rendered once; the vmalert-tool file is the same cases, transformed (render_vmalert_tests).
     tests = render_rule_tests(spec, rules, Path(RULE_FILE).name)
-    vm_tests = vmalert_tests(tests, rules.groups, spec.evaluation_interval_s)
+    vm_tests = vmalert_tests(tests, rules.groups, spec.test_interval_s)
     cache: dict[tuple[int, ...], str] = {}  # input series and expected alerts, written once for both files
     out[RULE_TEST_FILE] = _test_text(h, spec, tests, cache)
-    out[VMALERT_RULE_TEST_FILE] = _test_text(h + lag_note(rules.groups, spec.evaluation_interval_s), spec, vm_tests, cache)
+    out[VMALERT_RULE_TEST_FILE] = _test_text(h + lag_note(rules.groups, spec.test_interval_s), spec, vm_tests, cache)
     if spec.slos:  # the burn-rate cases: windows of days, evaluated every minute (generator/render_slo.py)
         # the burn-rate rules alone: the budget record reads 30 days of samples at every step
         slo_groups = [{**{k: v for k, v in g.items() if k != "partial_response_strategy"},

@@ -216,7 +216,7 @@ def test_groups(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     CostQoS alert's ``for`` boundary. [] without ``scaling``."""
     if spec.scaling is None:
         return []
-    interval = spec.evaluation_interval_s
+    interval = spec.test_interval_s
     out: list[tuple[str, dict[str, Any]]] = []
     wl = C.SCALING_LABELS["workload"]
     for w in spec.scaling.workloads:
@@ -279,7 +279,7 @@ def _unmet_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     w = pols[0]
     slow = spec.slow_evaluation_interval_s  # fusebox-scaling's interval
     base = {"instance": "fusebox-costqos:8080", "job": "fusebox-costqos"}
-    n = int((UNMET_FOR_S + 2 * slow) / spec.evaluation_interval_s) + 1
+    n = int((UNMET_FOR_S + 2 * slow) / spec.test_interval_s) + 1
     unmet = {**base, "namespace": w.namespace, "policy": w.name}
     met = {**base, "namespace": w.namespace, "policy": f"{w.name}-met"}
     rule = alert_rule(spec)
@@ -289,7 +289,7 @@ def _unmet_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     before = UNMET_FOR_S - slow
     return [(f"{C.COSTQOS_ALERT}: a policy whose budget-capped point is chosen alerts after {format_duration(UNMET_FOR_S)} "
              f"(not at {format_duration(before)}); one that meets its QoS does not", {
-                 "interval": format_duration(spec.evaluation_interval_s),
+                 "interval": format_duration(spec.test_interval_s),
                  "input_series": [{"series": C.COSTQOS_METRICS["qos_unmet"] + label_str(unmet), "values": segments([(n, 1, 0)])},
                                   {"series": C.COSTQOS_METRICS["qos_unmet"] + label_str(met), "values": segments([(n, 0, 0)])}],
                  "alert_rule_test": [

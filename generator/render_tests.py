@@ -263,7 +263,7 @@ def _absent_check(spec: Spec, rules: Rules, group: dict[str, Any]) -> dict[str, 
     times = [parse_duration(c["eval_time"]) for c in group.get("alert_rule_test", [])]
     if not (spec.absent_enabled and rules.raw_metrics and times):
         return None
-    t, I, F = max(times), spec.evaluation_interval_s, spec.absent_for_s
+    t, I, F = max(times), spec.test_interval_s, spec.absent_for_s
     present = {s["series"].split("{")[0] for s in group["input_series"]}
     if t >= F + I:
         missing = [m for m in sorted(rules.raw_metrics) if m not in present]
@@ -291,7 +291,7 @@ def _extra_groups(sig: Signal, spec: Spec, rules: Rules) -> list[tuple[str, dict
 
 def _gpu_down_group(spec: Spec) -> tuple[str, dict[str, Any]]:
     """One GPU lost (up 0) beside a healthy one: the alert fires after its `for`, for the lost one only."""
-    I = spec.evaluation_interval_s
+    I = spec.test_interval_s
     n = int((GPU_DOWN_FOR_S + 4 * I) // I) + 1
     lost = {**GPU_LABELS, **spec.selector_for(FUSEBOX)}
     ok = {**lost, "hw_id": "GPU-5a3c1f2e-0000-4000-8000-000000000002", "hw_gpu_index": "1"}
@@ -325,7 +325,7 @@ def render_rule_tests(spec: Spec, rules: Rules, rule_file: str) -> list[tuple[st
     groups += self_tests(spec)
     groups += scaling_tests(spec)  # the autoscalers' load records and the CostQoS alert (render_scaling)
     if spec.absent_enabled and rules.raw_metrics:
-        I = spec.evaluation_interval_s
+        I = spec.test_interval_s
         t = spec.absent_for_s + I
         checks = [{"eval_time": format_duration(t), "alertname": C.ABSENT_ALERT, "exp_alerts": [
             {"exp_labels": {**spec.selector_for(rules.raw_backends[m]), **absent_labels(m, sigs, spec)},

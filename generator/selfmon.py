@@ -385,7 +385,7 @@ def self_tests(spec: Spec) -> list[tuple[str, dict[str, Any]]]:
     if not alerts:
         return []
     m = spec.self_monitoring
-    I = spec.evaluation_interval_s
+    I = spec.test_interval_s
     itv = format_duration(I)
     W = increase_window_s(spec)
     f = dict(m.fuse_selector)

@@ -302,7 +302,7 @@ class Synth:
             base = {"instance": SYNTH_VALUES["instance"], "job": sig.source.backend}
         for label in kept_by(sig):
             base.setdefault(label, SYNTH_VALUES.get(label, f"{label}-0"))
-        return cls(sig, spec, spec.evaluation_interval_s, {**base, **spec.selector_for(sig.source.backend)})
+        return cls(sig, spec, spec.test_interval_s, {**base, **spec.selector_for(sig.source.backend)})
 
 
 # ---------------------------------------------------------------------------- dashboards

@@ -196,7 +196,8 @@ def test_duration_bound_is_prometheus_int64_nanoseconds():
 def test_an_evaluation_interval_longer_than_a_generated_for_makes_no_negative_test_time(tmp_path):
     """The fuzz test found it: evaluation_interval 61s ended generate in a traceback, since the
     FuseboxGPUDown case (for: 1m) was quiet at 60 - 61 = -1s, a time vmalert-tool's twin could not
-    parse. Now it is quiet at 0s (pending, not firing) and fires at 61 + 61 = 2m1s."""
+    parse (a test step over 60 s is still clamped to 0s). The tests now step at the 5s scrape
+    interval (Spec.test_interval_s): quiet at 60 - 5 = 55s, firing at 60 + 5 = 1m5s."""
     import yaml
 
     text = BASE.replace("  evaluation_interval: 5s", "  evaluation_interval: 61s")
@@ -208,7 +209,7 @@ def test_an_evaluation_interval_longer_than_a_generated_for_makes_no_negative_te
     times = [c["eval_time"] for g in tests for c in g.get("alert_rule_test", []) + g.get("promql_expr_test", [])]
     assert not [t for t in times if str(t).startswith("-")]
     (down,) = [g for g in tests if any(c.get("alertname") == "FuseboxGPUDown" for c in g.get("alert_rule_test", []))]
-    assert [c["eval_time"] for c in down["alert_rule_test"]] == ["0s", "2m1s"]
+    assert [c["eval_time"] for c in down["alert_rule_test"]] == ["55s", "1m5s"] and down["interval"] == "5s"
 
 
 def test_zero_evaluation_interval_is_refused(tmp_path, old_out):

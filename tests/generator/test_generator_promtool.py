@@ -278,3 +278,25 @@ def test_lower_bound_and_custom_expression_signals(tmp_path, which):
     assert "GPUFreeMemoryLow critical: gpu_free_headroom just below 10%" in tests  # the firing side
     r = _run([promtools()[which], "test", "rules", "fusebox.rules.test.yml"], cwd=tmp_path / "rules")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["promtool-2.42", "promtool-3"])
+def test_generated_tests_pass_at_prometheus_default_evaluation_interval(tmp_path, which):
+    """``evaluation_interval: 1m`` (Prometheus's own default) with the 5s scrape: the generated
+    tests step at the scrape interval (Spec.test_interval_s), as the samples come on a server, and
+    pass. Stepping at 1m they had failed: a 1m window then held one sample under Prometheus 3's
+    left-open ranges (KV growth's deriv(...[1m]) and the scaling load read nothing at 3m), and
+    under promtool 2 the restarted engine's two samples after the drop gave a time-to-full sample
+    where the case expects none."""
+    text = SPEC.read_text()
+    assert "\n  scrape_interval: 5s\n  evaluation_interval: 5s\n" in text
+    text = text.replace("\n  evaluation_interval: 5s\n", "\n  evaluation_interval: 1m\n")
+    trimmed_outputs(tmp_path, "alignment_latency_p95", "kv_cache_growth_rate", "kv_cache_time_to_full", text=text)
+    rules = yaml.safe_load((tmp_path / "rules/fusebox.rules.yml").read_text())
+    assert {g["interval"] for g in rules["groups"] if g["name"] == "fusebox-kv_cache_growth_rate"} == {"1m"}  # the rules keep 1m
+    tests = yaml.safe_load((tmp_path / "rules/fusebox.rules.test.yml").read_text())
+    assert tests["evaluation_interval"] == "5s" and {g["interval"] for g in tests["tests"]} == {"5s"}
+    titles = (tmp_path / "rules/fusebox.rules.test.yml").read_text()
+    assert "an engine restart (used drops to about 0)" in titles and "Scaling llava-7b on kv_cache_growth_rate" in titles
+    r = _run([promtools()[which], "test", "rules", "fusebox.rules.test.yml"], cwd=tmp_path / "rules")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
