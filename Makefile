@@ -56,8 +56,9 @@ check-generated: venv ## fail when committed outputs drift from the spec, or the
 	$(BIN)/fusebox generate --spec $(SPEC) --out $(OUT) --check
 	@cmp -s fusebox.yaml fusebox/data/fusebox.yaml || { echo "fusebox/data/fusebox.yaml (the starter spec) differs from fusebox.yaml: run make generate"; exit 1; }
 
-lint: venv ## ruff, then mypy on an installed copy of fusebox (imports across areas followed)
+lint: venv ## ruff, the code-shape limits (tools/code_shape.py: MI >= 20, <= 700 lines, complexity <= 40), then mypy on an installed copy of fusebox
 	$(BIN)/ruff check .
+	$(BIN)/python tools/code_shape.py
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	rm -rf build; `# setuptools' build/ keeps modules removed since` $(BIN)/pip install -q --no-deps --no-build-isolation --target "$$tmp" . ; \
 	echo "mypy -p fusebox (an installed copy: fusebox.fuse, .generator, .collectors as users import them)"; \

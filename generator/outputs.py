@@ -12,7 +12,7 @@ import orjson
 from fusebox import conventions as C
 from fusebox.signal_kinds import kind_of
 from fusebox.signal_kinds.base import DCGM
-from fusebox.spec import Spec
+from fusebox.spec import Signal, Spec
 from fusebox.spec.adapter_kinds import ADAPTER_KINDS
 from fusebox.spec.adapters import Adapter as FuseAdapter
 from fusebox.spec.scaling import order_problems
@@ -227,61 +227,16 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
     * an SLO window under 28d (Sloth's shortest standard one): its slow ticket fires on a burn
       below 1x, which would still leave budget at the window's end (docs/slo.md).
     """
-    from fusebox.signal_kinds.base import FUSEBOX
-
-    out = []
-    reading = []
-    if not spec.kubernetes.collectors.enabled:
-        reading = [s for s in spec.signals if s.tiers and s.level == "gpu" and s.source.backend == FUSEBOX]
-        for s in reading:
-            out.append(f"signal {s.name!r} reads {s.source.metric or 'an expression'} from the fusebox collectors, "
-                       "but kubernetes.collectors.enabled is false: it cannot fire and its "
-                       f"{C.ABSENT_ALERT} will fire for good -- give it another source (global.source / its "
-                       f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
-        idle = [n for n in spec.kubernetes.collectors.run if n in DISCOVERING]
-        if idle:
-            out.append(f"kubernetes.collectors.run names {', '.join(idle)} but kubernetes.collectors.enabled is false: "
-                       "k8s/ deploys no collector, so nothing discovers the engines for them (their KV bytes / "
-                       "alignment series stay empty, see below) -- set kubernetes.collectors.enabled: true, or "
-                       "remove them from run")
-    warned = {(f"signal {s.name!r}", s.source.metric) for s in reading}
-    missing: dict[str, tuple[list[str], str]] = {}
     groups = render_rules(spec).groups
-    for reader, metric, how in unproduced(spec, groups):
-        if (reader, metric) not in warned:
-            missing.setdefault(reader, ([], how))[0].append(metric)
-    for reader, (metrics, how) in missing.items():
-        sig = next((s for s in spec.signals if reader == f"signal {s.name!r}"), None)
-        kind_says = kind_of(sig).unread_inputs_warning(sig, metrics) if sig is not None else None
-        if kind_says is not None:  # the rules compute something else, not nothing (e.g. GPU memory uncorrected)
-            out.append(kind_says)
-            continue
-        out.append(f"{reader} reads {', '.join(metrics)}, which nothing k8s/ deploys produces and no exporter the "
-                   f"spec names publishes: the rules reading {'it' if len(metrics) == 1 else 'them'} stay empty "
-                   f"(an absent alert on {'it' if len(metrics) == 1 else 'them'} fires for good) -- "
-                   + (how or "publish it, or read another source"))
-    for s in spec.signals:
-        if "namespace" in (s.by or ()) and any(t.fuse for t in s.tiers):
-            out.append(f"signal {s.name!r} is aggregated by namespace and requests a fuse: the Prometheus Operator "
-                       "routes an AlertmanagerConfig only the alerts of its own namespace (its default matcher "
-                       f"strategy), so k8s/alertmanagerconfig.yml takes {s.alert} to the fuse only from namespace "
-                       f"{spec.kubernetes.namespace!r} (kubernetes.namespace) -- aggregate it by another label, or "
-                       "merge the route into the main config (fusebox alertmanager merge)")
+    out, reading = _collector_warnings(spec)
+    out += _unproduced_warnings(spec, groups, {(f"signal {s.name!r}", s.source.metric) for s in reading})
+    out += _namespace_fuse_warnings(spec)
     out += empty_panel_warnings(trace_dashboards(spec, _boards(spec, groups, outputs), groups))
-    for slo in spec.slos:
-        low = [(f, lw) for t in slo.tiers if t.name == "ticket" for f, lw, _ in t.windows if f < 1]
-        if low and slo.window_s < 28 * 86400:
-            pairs = " and ".join(f"{format_number(round(f, 3))}x over {format_duration(lw)}" for f, lw in low)
-            out.append(f"SLO {slo.name!r} has a {format_duration(slo.window_s)} window: its ticket fires at {pairs}, below "
-                       "the sustainable rate (1x), so it tickets burns that would still leave budget at the window's end "
-                       "-- use a 28d or 30d window (the workbook's budget shares assume one), or read it as an early "
-                       "notice (docs/slo.md)")
-    if spec.rule_engine == "mimir":
-        n = len(groups)
-        if n > MAX_GROUPS_PER_TENANT:
-            out.append(f"global.rule_engine is mimir and the rules make {n} groups, over Mimir's default "
-                       f"-ruler.max-rule-groups-per-tenant {MAX_GROUPS_PER_TENANT} (ruler_max_rule_groups_per_tenant): "
-                       "the ruler refuses the upload -- raise the tenant's limit, or split the spec into tenants")
+    out += _slo_window_warnings(spec)
+    if spec.rule_engine == "mimir" and len(groups) > MAX_GROUPS_PER_TENANT:
+        out.append(f"global.rule_engine is mimir and the rules make {len(groups)} groups, over Mimir's default "
+                   f"-ruler.max-rule-groups-per-tenant {MAX_GROUPS_PER_TENANT} (ruler_max_rule_groups_per_tenant): "
+                   "the ruler refuses the upload -- raise the tenant's limit, or split the spec into tenants")
     e = spec.kubernetes.engines
     if "kv" in discovering(spec) and e is not None and not e.models:
         out.append("kubernetes.collectors.run has kv and kubernetes.engines names no models: the KV collector finds "
@@ -295,6 +250,76 @@ def spec_warnings(spec: Spec, outputs: dict[str, str] | None = None) -> list[str
     if "your-org" in spec.runbook_base_url:
         out.append(f"global.runbook_base_url is still the placeholder {spec.runbook_base_url!r}: every alert's "
                    "runbook link leads nowhere -- set it to where your runbooks/ are served")
+    return out
+
+
+def _collector_warnings(spec: Spec) -> tuple[list[str], list[Signal]]:
+    """With ``kubernetes.collectors.enabled: false``: the tiered GPU signals that read the fusebox
+    collectors (each a line), and one line for discovering collectors ``run`` still names; also
+    returns those signals (their metric is not warned of again as unproduced)."""
+    from fusebox.signal_kinds.base import FUSEBOX
+
+    if spec.kubernetes.collectors.enabled:
+        return [], []
+    out = []
+    reading = [s for s in spec.signals if s.tiers and s.level == "gpu" and s.source.backend == FUSEBOX]
+    for s in reading:
+        out.append(f"signal {s.name!r} reads {s.source.metric or 'an expression'} from the fusebox collectors, "
+                   "but kubernetes.collectors.enabled is false: it cannot fire and its "
+                   f"{C.ABSENT_ALERT} will fire for good -- give it another source (global.source / its "
+                   f"sources), or disable it (overrides: [{{alert: {s.alert}, enabled: false}}])")
+    idle = [n for n in spec.kubernetes.collectors.run if n in DISCOVERING]
+    if idle:
+        out.append(f"kubernetes.collectors.run names {', '.join(idle)} but kubernetes.collectors.enabled is false: "
+                   "k8s/ deploys no collector, so nothing discovers the engines for them (their KV bytes / "
+                   "alignment series stay empty, see below) -- set kubernetes.collectors.enabled: true, or "
+                   "remove them from run")
+    return out, reading
+
+
+def _unproduced_warnings(spec: Spec, groups: list[dict[str, Any]], warned: set[tuple[str, str | None]]) -> list[str]:
+    """One line per reader (a signal or a rule) of metrics nothing deployed or named publishes
+    (:func:`.producers.unproduced`), but ``warned`` (reader, metric) pairs; a kind may say instead
+    what its rules compute without them (``unread_inputs_warning``)."""
+    missing: dict[str, tuple[list[str], str]] = {}
+    for reader, metric, how in unproduced(spec, groups):
+        if (reader, metric) not in warned:
+            missing.setdefault(reader, ([], how))[0].append(metric)
+    out = []
+    for reader, (metrics, how) in missing.items():
+        sig = next((s for s in spec.signals if reader == f"signal {s.name!r}"), None)
+        kind_says = kind_of(sig).unread_inputs_warning(sig, metrics) if sig is not None else None
+        if kind_says is not None:  # the rules compute something else, not nothing (e.g. GPU memory uncorrected)
+            out.append(kind_says)
+            continue
+        them = "it" if len(metrics) == 1 else "them"
+        out.append(f"{reader} reads {', '.join(metrics)}, which nothing k8s/ deploys produces and no exporter the "
+                   f"spec names publishes: the rules reading {them} stay empty (an absent alert on {them} fires for "
+                   "good) -- " + (how or "publish it, or read another source"))
+    return out
+
+
+def _namespace_fuse_warnings(spec: Spec) -> list[str]:
+    """A signal aggregated by namespace that requests a fuse: the operator routes only its own namespace."""
+    return [f"signal {s.name!r} is aggregated by namespace and requests a fuse: the Prometheus Operator "
+            "routes an AlertmanagerConfig only the alerts of its own namespace (its default matcher "
+            f"strategy), so k8s/alertmanagerconfig.yml takes {s.alert} to the fuse only from namespace "
+            f"{spec.kubernetes.namespace!r} (kubernetes.namespace) -- aggregate it by another label, or "
+            "merge the route into the main config (fusebox alertmanager merge)"
+            for s in spec.signals if "namespace" in (s.by or ()) and any(t.fuse for t in s.tiers)]
+
+
+def _slo_window_warnings(spec: Spec) -> list[str]:
+    """An SLO window under 28d whose ticket pairs fire below 1x (docs/slo.md)."""
+    out = []
+    for slo in spec.slos:
+        low = [(f, lw) for t in slo.tiers if t.name == "ticket" for f, lw, _ in t.windows if f < 1]
+        if low and slo.window_s < 28 * 86400:
+            pairs = " and ".join(f"{format_number(round(f, 3))}x over {format_duration(lw)}" for f, lw in low)
+            out.append(f"SLO {slo.name!r} has a {format_duration(slo.window_s)} window: its ticket fires at {pairs}, below "
+                       "the sustainable rate (1x), so it tickets burns that would still leave budget at the window's end "
+                       "-- use a 28d or 30d window (the workbook's budget shares assume one), or read it as an early "
+                       "notice (docs/slo.md)")
     return out
 
 
