@@ -427,6 +427,15 @@ def tier_text(sig: Signal) -> str:
 Err = Callable[..., None]  # err(path, what, fix, *, key=False)
 
 
+def check_scrapes(window: float, scrape: float, least: int, fn: str, why: str, path: tuple, err: Err) -> None:
+    """A ``fn(...[window])`` window of under ``least`` scrape intervals (seconds both) is an error at
+    ``path``'s ``window``, the same words for every kind: the least window and both fixes."""
+    if window < least * scrape:
+        err(path + ("window",), f"{fn} window {format_duration(window)} is under {least} scrape intervals "
+            f"({format_duration(least * scrape)} at global.scrape_interval {format_duration(scrape)})",
+            f"use a window of at least {format_duration(least * scrape)}, or a shorter global.scrape_interval: {why}")
+
+
 class ScenarioModel(Protocol):
     """What a scenario (:class:`fusebox.collectors.scenario.Scenario`) offers a kind predicting its
     signal: entity ids, and each modelled quantity at a time ``t`` in seconds from the start."""

@@ -26,6 +26,7 @@ from .base import (
     ScenarioModel,
     Synth,
     by,
+    check_scrapes,
     dashboard_records,
     engine_labels,
     gigabytes,
@@ -71,9 +72,7 @@ class Deriv(Kind):
 
     # -- spec --------------------------------------------------------------------------
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
-        if window < 4 * scrape:
-            err(path + ("window",), f"deriv window {format_duration(window)} is under 4 scrape intervals ({format_duration(4 * scrape)})",
-                f"use a window of at least {format_duration(4 * scrape)}: deriv needs several samples to fit a slope")
+        check_scrapes(window, scrape, 4, "deriv", "deriv needs several samples to fit a slope", path, err)
 
     # -- rules -------------------------------------------------------------------------
     def records(self, sig: Signal) -> dict[str, str]:

@@ -40,6 +40,7 @@ from .base import (
     Synth,
     TestGroup,
     by,
+    check_scrapes,
     engine_labels,
     kept_by,
     label_str,
@@ -106,9 +107,7 @@ class Quantile(Kind):
 
     # -- spec --------------------------------------------------------------------------
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
-        if window < 2 * scrape:
-            err(path + ("window",), f"rate window {format_duration(window)} is under 2 scrape intervals",
-                f"use at least {format_duration(2 * scrape)}; 4 intervals or more is safer")
+        check_scrapes(window, scrape, 2, "rate", "rate needs two samples; 4 intervals or more is safer", path, err)
 
     def check_fields(self, raw: RawSignal, path: tuple, err: Err) -> tuple[float, ...]:
         if raw.quantile is None or not 0 < raw.quantile < 1:

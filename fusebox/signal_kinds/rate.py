@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from fusebox import conventions as C
 from fusebox.spec.units import format_duration, format_number
 
-from .base import Err, InputSeries, Kind, Rule, Synth, by, engine_labels, label_str, metric_of, segments, selector, window_word
+from .base import Err, InputSeries, Kind, Rule, Synth, by, check_scrapes, engine_labels, label_str, metric_of, segments, selector, window_word
 
 if TYPE_CHECKING:
     from fusebox.spec.normalised import Signal, Spec
@@ -52,9 +52,7 @@ class Rate(Kind):
                 "for a gauge's growth use kind: deriv")
 
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
-        if window < 2 * scrape:
-            err(path + ("window",), f"rate window {format_duration(window)} is under 2 scrape intervals",
-                f"use at least {format_duration(2 * scrape)}; 4 intervals or more is safer")
+        check_scrapes(window, scrape, 2, "rate", "rate needs two samples; 4 intervals or more is safer", path, err)
 
     # -- rules -------------------------------------------------------------------------
     def records(self, sig: Signal) -> dict[str, str]:

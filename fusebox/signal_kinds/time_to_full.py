@@ -48,6 +48,7 @@ from .base import (
     Synth,
     TestGroup,
     by,
+    check_scrapes,
     dcgm_labels,
     engine_labels,
     label_str,
@@ -115,9 +116,7 @@ class TimeToFull(Kind):
                 err(spath + (bad[0],), bad[1], bad[2])
 
     def check_window(self, window: float, scrape: float, path: tuple, err: Err) -> None:
-        if window < 4 * scrape:
-            err(path + ("window",), f"deriv window {format_duration(window)} is under 4 scrape intervals",
-                f"use at least {format_duration(4 * scrape)}")
+        check_scrapes(window, scrape, 4, "deriv", "deriv needs several samples to fit a slope", path, err)
 
     def check_fields(self, raw: RawSignal, path: tuple, err: Err) -> tuple[float, ...]:
         if raw.unit != "seconds":

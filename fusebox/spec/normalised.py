@@ -177,10 +177,11 @@ class Spec:
     def test_interval_s(self) -> float:
         """The step of the generated rule tests, seconds: their input series' sample spacing and
         the test files' ``evaluation_interval`` (promtool and vmalert-tool evaluate every group at
-        it), ``min(global.scrape_interval, global.evaluation_interval)``. Samples come at the
-        scrape interval, as on a server; at the evaluation interval alone a 1m window at a 30s or
-        1m evaluation_interval held one or two samples under Prometheus 3's left-open ranges, and
-        rate() and deriv() read nothing where the server, scraping every 5s, reads twelve."""
+        it), ``min(global.scrape_interval, global.evaluation_interval)``. Where the scrape is the
+        shorter, samples come a scrape apart, as on a server; at the evaluation interval alone a 1m
+        window at a 30s or 1m evaluation_interval held one or two samples under Prometheus 3's
+        left-open ranges, and deriv() read nothing where the server, scraping every 5s, reads twelve.
+        Where the evaluation is the shorter, the samples are denser than the server's (docs/spec.md)."""
         return min(self.scrape_interval_s, self.evaluation_interval_s)
 
     @property

@@ -49,3 +49,14 @@ def test_a_module_under_mi_20_is_named(tmp_path):
     assert s.mi < 20
     assert f"big.py:1: maintainability index {s.mi:.1f}, under 20 -- split the module" in shape.problems(s, code)
 
+
+
+def test_a_nested_function_and_a_method_count_and_a_class_does_not():
+    inner = "".join(f"        if y == {i}:\n            return {i}\n" for i in range(44))
+    code = f"def outer(y):\n    def inner(y):\n{inner}        return -1\n    return inner(y)\n"
+    method = "".join(f"        if x == {i}:\n            return {i}\n" for i in range(44))
+    code += f"\n\nclass C:\n    def meth(self, x):\n{method}        return -1\n"
+    s = shape.shape_of("m.py", code)
+    assert [p for p in shape.problems(s, code) if "complexity" in p] == [
+        "m.py:2: outer.inner has cyclomatic complexity 45, over 40 -- split it",
+        "m.py:96: C.meth has cyclomatic complexity 45, over 40 -- split it"]

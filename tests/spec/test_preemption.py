@@ -147,3 +147,20 @@ def test_real_vllm_capture_through_the_generated_rules(tmp_path):
         run = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, f"{promtool}:\n{run.stdout}\n{run.stderr}"
         assert re.search(r"SUCCESS", run.stdout + run.stderr)
+
+
+def test_a_30s_scrape_refuses_every_1m_window_in_the_same_words():
+    """scrape_interval 30s: deriv needs 4 x 30s = 2m, rate 2 x 30s = 1m (the shipped 1m rate windows
+    pass). KV growth, KV OOM and both time-to-full signals (deriv, 1m) are refused alike, each with
+    the least window and both fixes."""
+    text = SPEC.read_text().replace("\n  scrape_interval: 5s\n", "\n  scrape_interval: 30s\n")
+    with pytest.raises(SpecError) as e:
+        parse_spec(text, "fusebox.yaml", base_dir=ROOT)
+    msgs = [str(p) for p in e.value.problems]
+    want = ("deriv window 1m is under 4 scrape intervals (2m at global.scrape_interval 30s) -- use a window of at "
+            "least 2m, or a shorter global.scrape_interval: deriv needs several samples to fit a slope")
+    assert len(msgs) == 4 and all(m.endswith(want) for m in msgs), msgs
+    lines = text.splitlines()
+    for m in msgs:
+        line = int(m.split(":")[1])
+        assert lines[line - 1].strip() == "window: 1m", (m, lines[line - 1])
