@@ -96,9 +96,13 @@ def promtools(explicit: list[str] | None = None) -> list[str]:
 
 def _run(cmd: list[str], cwd: Path | None = None) -> ToolResult:
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
-    v = _version(cmd[0])
-    tool = Path(cmd[0]).name + (f" {'.'.join(map(str, v))}" if v else "")
-    return ToolResult(" ".join([tool] + cmd[1:]), p.returncode == 0, (p.stdout + p.stderr).strip())
+    return ToolResult(" ".join([_label(cmd[0])] + cmd[1:]), p.returncode == 0, (p.stdout + p.stderr).strip())
+
+
+def _label(binary: str) -> str:
+    """``promtool 3.16.0``: the binary's name and, where it prints one, its version."""
+    v = _version(binary)
+    return Path(binary).name + (f" {'.'.join(map(str, v))}" if v else "")
 
 
 def _attribute(output: str, spec: Spec) -> list[str]:
@@ -358,6 +362,20 @@ def _engine_tool(spec: Spec, engine: str, what: str, find: Callable[[], T], stre
         return None
 
 
+def _report(r: ToolResult, spec: Spec, stream) -> int:
+    """Print one check's line (and its output, attributed to the spec, when it failed); 1 if it failed."""
+    print(f"{'ok  ' if r.ok else 'FAIL'} {r.name}", file=stream, flush=True)
+    if r.ok:
+        return 0
+    print("     " + r.output.replace("\n", "\n     "), file=stream)
+    for line in _attribute(r.output, spec):
+        print(f"     {line}", file=stream)
+    if "test rules" in r.name or "unittest" in r.name:
+        print("     (if you edited the spec, run `fusebox generate` first: the tests check the generated rules)",
+              file=stream)
+    return 1
+
+
 def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
                captures: list[str] | None = None, allow_dead: Iterable[str] = (), stream=sys.stdout,
                prior: tuple[int, int] = (0, 0)) -> int:
@@ -401,20 +419,22 @@ def run_checks(spec: Spec, out_dir: Path, promtools: list[str] | None = None,
         except ValueError as e:
             print(f"fusebox check: --allow-dead {e} -- pass a selector as the rule writes it", file=sys.stderr)
             return 2
-    results = check_rules_and_tests(out_dir, binaries) + (check_vmalert(out_dir, *vm) if vm else [])
-    results += check_thanos(out_dir, thanos) if thanos else []
-    results += check_alertmanager(out_dir, amtool)
+    # each tool family reports as it ends; a line on stderr says what runs before the slow ones
+    steps: list[tuple[str, Callable[[], list[ToolResult]]]] = [
+        (f"{', '.join(_label(b) for b in binaries)}: check rules, test rules (the generated cases: a minute or "
+         "more each)", lambda: check_rules_and_tests(out_dir, binaries))]
+    if vm:
+        steps.append(("vmalert -dryRun, vmalert-tool unittest (a minute or more)", lambda: check_vmalert(out_dir, *vm)))
+    if thanos:
+        steps.append(("thanos tools rules-check", lambda: check_thanos(out_dir, thanos)))
+    steps.append(("amtool check-config, route tests", lambda: check_alertmanager(out_dir, amtool)))
+    results: list[ToolResult] = []
     failed = 0
-    for r in results:
-        print(f"{'ok  ' if r.ok else 'FAIL'} {r.name}", file=stream)
-        if not r.ok:
-            failed += 1
-            print("     " + r.output.replace("\n", "\n     "), file=stream)
-            for line in _attribute(r.output, spec):
-                print(f"     {line}", file=stream)
-            if "test rules" in r.name or "unittest" in r.name:
-                print("     (if you edited the spec, run `fusebox generate` first: the tests check the generated rules)",
-                      file=stream)
+    for what, run in steps:
+        print(f"fusebox check: running {what}", file=sys.stderr, flush=True)
+        for r in run():
+            results.append(r)
+            failed += _report(r, spec, stream)
     if caps is not None:
         rules = deadselectors.load_rules(out_dir / RULE_FILE)
         rep = deadselectors.dead_selectors(rules, caps, allow_dead)

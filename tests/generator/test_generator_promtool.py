@@ -154,6 +154,11 @@ def test_fusebox_check_cli_runs_all_tools(shipped_check):
     assert f"ok   generated files match {SPEC}" in r.stdout
     assert r.stdout.count("test rules fusebox.rules.test.yml") == 2  # 2.42 and 3.x
     assert "promtool 2.42 test rules" in r.stdout
+    # before each slow tool family, a line on stderr says what runs (a minute or more each on 2 cores)
+    running = [ln for ln in r.stderr.splitlines() if ln.startswith("fusebox check: running ")]
+    assert [ln.split(":")[1].split(",")[0].split()[1:] for ln in running] == [
+        ["promtool", "2.42"], ["vmalert", "-dryRun"], ["thanos", "tools", "rules-check"], ["amtool", "check-config"]], running
+    assert re.match(r"fusebox check: running promtool 2\.42, promtool 3\.\d+: check rules, test rules", running[0]), running
 
 
 def test_fusebox_check_reports_failure_against_the_spec(tmp_path):
