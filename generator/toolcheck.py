@@ -100,7 +100,7 @@ def _run(cmd: list[str], cwd: Path | None = None) -> ToolResult:
 
 
 def _label(binary: str) -> str:
-    """``promtool 3.16.0``: the binary's name and, where it prints one, its version."""
+    """``promtool 3.16``: the binary's name and, where it prints one, its major.minor version."""
     v = _version(binary)
     return Path(binary).name + (f" {'.'.join(map(str, v))}" if v else "")
 
